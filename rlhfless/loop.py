@@ -1,0 +1,133 @@
+"""One synchronous GRPO step, as a sequence of stage callables with timed boundaries.
+
+    prompts -> rollout (prefill + decode) -> score (rule-based reward) -> reference -> learn -> report
+
+Each stage is a method of `Stages` taking and returning typed records, timed as `timing_s/<stage>`, so a later
+runtime can run any stage as a serverless function (and insert plan/predict stages) without touching the others.
+No math lives here: advantages and losses are in `rlhfless.algo`, the update in `rlhfless.learner`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from rlhfless import metrics as M
+from rlhfless.config import RunConfig
+from rlhfless.learner import Learner
+from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.records import PromptGroup, Sample, TraceRow
+from rlhfless.rollout.engine import RolloutOutput, SamplingParams, generate
+from rlhfless.rollout.forward import response_logprobs
+from rlhfless.tasks.arith import score
+
+
+@dataclass
+class StepReport:
+    """What one step produced: the samples (for traces and tables) and every metric."""
+
+    step: int
+    epoch: int
+    groups: list[PromptGroup]
+    samples: list[Sample]
+    rollout: RolloutOutput
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def trace_rows(self) -> list[TraceRow]:
+        rows = []
+        for s in self.samples:
+            g = self.groups[s.group_index]
+            rows.append(TraceRow(prompt_id=g.prompt.prompt_id, prompt=g.prompt.text, epoch=self.epoch,
+                                 step=self.step, sample=s.sample_index, prompt_len=len(g.token_ids),
+                                 response_len=s.response_len, truncated=s.truncated, reward=s.reward))
+        return rows
+
+
+@contextmanager
+def timed(metrics: dict[str, float], stage: str):
+    t0 = time.perf_counter()
+    yield
+    metrics[M.timing(stage)] = time.perf_counter() - t0
+
+
+class Stages:
+    """The stage callables of one step, sharing the policy, the optional reference model and the config."""
+
+    def __init__(self, cfg: RunConfig, learner: Learner, reference=None):
+        self.cfg = cfg
+        self.learner = learner
+        self.reference = reference
+        self.tok = ByteTokenizer()
+        r = cfg.rollout
+        self.sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p)
+
+    def rollout(self, groups: list[PromptGroup], seed: int) -> RolloutOutput:
+        self.learner.model.eval()
+        return generate(self.learner.model, [g.token_ids for g in groups], self.cfg.algo.group_size,
+                        self.sampling, seed=seed, dedup=self.cfg.rollout.dedup_prefill)
+
+    def score(self, groups: list[PromptGroup], out: RolloutOutput) -> list[Sample]:
+        G = self.cfg.algo.group_size
+        samples = []
+        for r, resp in enumerate(out.responses):
+            g, s = divmod(r, G)
+            text = self.tok.decode(resp)
+            sc = score(text, groups[g].prompt.answer, finished=not out.truncated[r])
+            samples.append(Sample(g, s, tuple(resp), text, out.truncated[r], sc.reward, sc.correct, sc.well_formed))
+        return samples
+
+    @torch.no_grad()
+    def reference_logprobs(self, groups: list[PromptGroup], out: RolloutOutput) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        return response_logprobs(self.reference, [g.token_ids for g in groups], out.responses,
+                                 self.cfg.algo.group_size).logp
+
+    def learn(self, groups: list[PromptGroup], out: RolloutOutput, samples: list[Sample],
+              ref_logp: torch.Tensor | None) -> dict[str, float]:
+        self.learner.model.train()
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        return self.learner.update([g.token_ids for g in groups], out.responses, rewards, ref_logp)
+
+
+def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, seed: int) -> StepReport:
+    """One synchronous step; reads like the diagram in docs/architecture.md."""
+    m: dict[str, float] = {}
+    t0 = time.perf_counter()
+    with timed(m, "rollout"):
+        out = stages.rollout(groups, seed)
+    with timed(m, "reward"):
+        samples = stages.score(groups, out)
+    with timed(m, "reference"):
+        ref_logp = stages.reference_logprobs(groups, out)
+    with timed(m, "update"):
+        m.update(stages.learn(groups, out, samples, ref_logp))
+    m[M.timing("step")] = time.perf_counter() - t0
+    m.update(rollout_metrics(out, samples, stages.cfg.rollout.max_new_tokens))
+    return StepReport(step, epoch, groups, samples, out, m)
+
+
+def rollout_metrics(out: RolloutOutput, samples: list[Sample], max_new_tokens: int) -> dict[str, float]:
+    """Reward, length, prefill and throughput metrics of one rollout (pure)."""
+    lens = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    decode_s = max(out.decode_seconds, 1e-9)
+    return {
+        M.REWARD_MEAN: rewards.mean().item(),
+        M.REWARD_STD: rewards.std().item() if len(rewards) > 1 else 0.0,
+        M.ACCURACY: sum(s.correct for s in samples) / len(samples),
+        M.FORMAT_OK: sum(s.well_formed for s in samples) / len(samples),
+        M.RESP_LEN_MEAN: lens.mean().item(),
+        M.RESP_LEN_MAX: lens.max().item(),
+        M.RESP_LEN_MIN: lens.min().item(),
+        M.RESP_LEN_CLIP: sum(s.truncated for s in samples) / len(samples),
+        M.PREFILL_DEDUP_RATIO: out.prefill.dedup_ratio,
+        M.PREFILL_SAVED_TOKENS: float(out.prefill.tokens_naive - out.prefill.tokens_computed),
+        M.timing("prefill"): out.prefill.seconds,
+        M.timing("decode"): out.decode_seconds,
+        M.THROUGHPUT: out.generated_tokens / (decode_s + out.prefill.seconds),
+        M.TOKENS: float(out.generated_tokens),
+    }

@@ -1,0 +1,78 @@
+"""Metric-name constants: `<component>/<quantity>[/<stat>]`.
+
+Names users already know from verl/OpenRLHF where they exist (`timing_s/<stage>`, `perf/throughput`,
+`response_length/*`), plus ours for cost, planning, prediction and prefill. Modules return plain dicts keyed by
+these names; only `rlhfless.tracking` talks to W&B.
+"""
+
+# rollout and learning
+REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
+ACCURACY = "reward/accuracy"
+FORMAT_OK = "reward/format_ok"
+RESP_LEN_MEAN = "response_length/mean"
+RESP_LEN_MAX = "response_length/max"
+RESP_LEN_MIN = "response_length/min"
+RESP_LEN_CLIP = "response_length/clip_ratio"
+LOSS = "actor/loss"
+KL = "actor/kl"
+ENTROPY = "actor/entropy"
+GRAD_NORM = "actor/grad_norm"
+CLIP_FRAC = "actor/clip_frac"
+LR = "actor/lr"
+GROUPS_SKIPPED = "actor/groups_skipped_frac"
+THROUGHPUT = "perf/throughput"
+TOKENS = "perf/total_tokens"
+EVAL_ACC = "eval/accuracy"
+EVAL_ACC_GREEDY = "eval/accuracy_greedy"
+
+
+def timing(stage: str) -> str:
+    """`timing_s/<stage>`: wall seconds of one stage of one step."""
+    return f"timing_s/{stage}"
+
+
+# prefill dedup
+PREFILL_DEDUP_RATIO = "prefill/dedup_ratio"
+PREFILL_SAVED_TOKENS = "prefill/saved_tokens"
+
+# prediction
+PRED_MAE = "predictor/mae"
+PRED_KENDALL = "predictor/kendall_tau"
+
+# planning
+BAL_IMBALANCE = "balancer/imbalance"
+BAL_MIGRATIONS = "balancer/migrations"
+SCALER_NUM_ACTORS = "scaler/num_actors"
+
+# cost
+COST_GPU_S = "cost/gpu_seconds"
+COST_USD = "cost/usd"
+
+
+def function_billed(kind: str) -> str:
+    """`function/<kind>/billed_s`: billed seconds of one serverless function kind in one step."""
+    return f"function/{kind}/billed_s"
+
+
+# GRPO/PPO loss internals (rlhfless.algo)
+PG_LOSS = "actor/pg_loss"
+PPO_KL = "actor/ppo_kl"
+RATIO_MEAN = "actor/ratio/mean"
+RATIO_MIN = "actor/ratio/min"
+RATIO_MAX = "actor/ratio/max"
+ADV_ABS_MEAN = "actor/advantages/abs_mean"
+
+# planner (rlhfless.plan): balancer, migration, scaler
+BAL_MAKESPAN_S = "balancer/makespan_s"
+BAL_IDLE_DEVICE_S = "balancer/idle_device_s"
+BAL_ACTIVE_ACTORS = "balancer/active_actors"
+BAL_MIGRATED_TOKENS = "balancer/migrated_tokens"
+BAL_RELEASED_ACTORS = "balancer/released_actors"
+SCALER_CANDIDATES = "scaler/candidates"
+SCALER_STEP_S = "scaler/predicted_step_s"
+SCALER_COST_USD = "scaler/predicted_cost_usd"
+SCALER_GPU_S = "scaler/predicted_gpu_seconds"
+SCALER_SCORE = "scaler/score"
+SCALER_CONSTRAINT_MET = "scaler/constraint_met"
+PLAN_TIMING_S = "timing_s/plan"  # seconds the planner took for one step

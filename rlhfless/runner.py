@@ -1,0 +1,167 @@
+"""A whole training run: set-up, initial eval, the step loop, checkpoints, traces, final eval, summary.
+
+Output folder layout (`--out DIR`):
+    summary.json         headline numbers (see `Summary` keys below)
+    config.yaml          the resolved config
+    metrics.jsonl        one line of metrics per step (mirrors W&B)
+    traces/rollouts.jsonl every generated response (TraceRow), the raw material for predictors and the simulator
+    tables/*.jsonl       decision tables (completions, predicted vs actual lengths)
+    checkpoints/last     the policy after the last good checkpoint; checkpoints/final at the end
+    wandb/               the offline W&B run (`wandb sync DIR/wandb/offline-run-*`)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import yaml
+
+from rlhfless import metrics as M
+from rlhfless.config import RunConfig
+from rlhfless.errors import TrainingError
+from rlhfless.evaluate import EvalResult, evaluate
+from rlhfless.learner import Learner
+from rlhfless.loop import StepReport, Stages, run_step
+from rlhfless.model.factory import load_checkpoint, save_checkpoint
+from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.records import Prompt, PromptGroup
+from rlhfless.rollout.engine import SamplingParams
+from rlhfless.tasks.arith import make_splits
+from rlhfless.traces import TraceWriter
+from rlhfless.tracking import Tracker
+
+EVAL_SEED = 10_007  # the same sampling streams before and after training: a paired comparison
+
+
+def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int) -> Iterator[tuple[int, list[PromptGroup]]]:
+    """Yield (epoch, groups) forever: each epoch visits every train prompt once in a seeded shuffled order."""
+    tok = ByteTokenizer()
+    rng = random.Random(seed)
+    order: list[Prompt] = []
+    epoch, pos = -1, 0
+    while True:
+        take: list[Prompt] = []
+        while len(take) < batch:
+            if pos >= len(order):
+                order, pos, epoch = rng.sample(train, len(train)), 0, epoch + 1
+            n = min(batch - len(take), len(order) - pos)
+            take += order[pos:pos + n]
+            pos += n
+        yield epoch, [PromptGroup(p, tok.encode(p.text, bos=True), group_size) for p in take]
+
+
+def run_eval(model, prompts: list[Prompt], cfg: RunConfig) -> dict[str, EvalResult]:
+    if not prompts:
+        return {}
+    sampled = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
+    res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, seed=EVAL_SEED)}
+    if cfg.train.eval_greedy:
+        res["greedy"] = evaluate(model, prompts, 1, SamplingParams(cfg.rollout.max_new_tokens, 0.0), seed=EVAL_SEED)
+    return res
+
+
+def completions_table(report: StepReport, limit: int = 16) -> list[list]:
+    rows = []
+    for s in report.samples[:limit]:
+        g = report.groups[s.group_index]
+        rows.append([g.prompt.prompt_id, g.prompt.text, s.response_text, s.response_len, s.reward])
+    return rows
+
+
+def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
+    """Run GRPO as configured and return the summary (also written to OUT/summary.json)."""
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.train.seed)
+    policy = load_checkpoint(cfg.policy.resolved())
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+    learner = Learner(policy, cfg.optim, cfg.algo)
+    stages = Stages(cfg, learner, reference)
+    train_prompts, eval_prompts = make_splits(cfg.task)
+    eval_prompts = eval_prompts[: cfg.train.eval_prompts]
+    (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    tracker = Tracker(cfg.tracking, out, asdict(cfg))
+    traces = TraceWriter(out / "traces" / "rollouts.jsonl")
+    t_start = time.perf_counter()
+    initial = run_eval(policy, eval_prompts, cfg)
+    tracker.log(_eval_metrics(initial), step=0)
+    rewards: list[float] = []
+    stream = prompt_stream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size)
+    bar = tqdm(range(1, cfg.train.steps + 1), desc="GRPO", disable=not progress)
+    try:
+        for step in bar:
+            epoch, groups = next(stream)
+            report = run_step(stages, groups, step, epoch, seed=cfg.train.seed * 1_000_003 + step)
+            traces.write(report.trace_rows())
+            tracker.log(report.metrics, step=step)
+            rewards.append(report.metrics[M.REWARD_MEAN])
+            bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
+                            len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
+            if cfg.train.table_every and step % cfg.train.table_every == 0:
+                tracker.table("completions", ["prompt_id", "prompt", "response", "length", "reward"],
+                              completions_table(report), step)
+            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
+                tracker.log(_eval_metrics(run_eval(policy, eval_prompts, cfg)), step=step)
+            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                save_checkpoint(policy, out / "checkpoints" / "last", {"step": step})
+    except TrainingError as exc:
+        traces.close()
+        tracker.finish()
+        kept = out / "checkpoints" / "last"
+        raise TrainingError(f"{exc}; stopped. Last good checkpoint: "
+                            f"{kept if kept.exists() else cfg.policy.resolved()} (the starting weights)") from None
+    traces.close()
+    save_checkpoint(policy, out / "checkpoints" / "final", {"step": cfg.train.steps})
+    final = run_eval(policy, eval_prompts, cfg)
+    tracker.log(_eval_metrics(final), step=cfg.train.steps)
+    summary = _summary(cfg, initial, final, rewards, time.perf_counter() - t_start, out, tracker)
+    tracker.summary(summary)
+    tracker.finish()
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _eval_metrics(res: dict[str, EvalResult]) -> dict[str, float]:
+    m = {}
+    if "sampled" in res:
+        m[M.EVAL_ACC] = res["sampled"].accuracy
+    if "greedy" in res:
+        m[M.EVAL_ACC_GREEDY] = res["greedy"].accuracy
+    return m
+
+
+def _summary(cfg: RunConfig, initial: dict, final: dict, rewards: list[float], wall_s: float, out: Path,
+             tracker: Tracker) -> dict:
+    """reward_mean_first/last average the first/last max(1, steps // 10) steps (one step is noisy)."""
+    k = max(1, len(rewards) // 10)
+
+    def acc(res: dict, kind: str):
+        return res[kind].accuracy if kind in res else None
+
+    return {
+        "steps": len(rewards),
+        "eval_prompts": initial["sampled"].num_prompts if initial else 0,
+        "eval_samples_per_prompt": cfg.algo.group_size,
+        "eval_accuracy_initial": acc(initial, "sampled"),
+        "eval_accuracy_final": acc(final, "sampled"),
+        "eval_greedy_accuracy_initial": acc(initial, "greedy"),
+        "eval_greedy_accuracy_final": acc(final, "greedy"),
+        "eval_accuracy_per_k_initial": initial["sampled"].per_k if initial else {},
+        "eval_accuracy_per_k_final": final["sampled"].per_k if final else {},
+        "reward_mean_first": sum(rewards[:k]) / k,
+        "reward_mean_last": sum(rewards[-k:]) / k,
+        "wall_s": round(wall_s, 1),
+        "trace_path": str(out / "traces" / "rollouts.jsonl"),
+        "wandb_dir": tracker.wandb_dir,
+        "seed": cfg.train.seed,
+    }

@@ -1,0 +1,153 @@
+"""Chained addition with written steps: a verifiable task whose response lengths behave like real RLHF.
+
+Prompt ``7+3+1+5=``; a solution writes each partial sum, optionally re-checks the chain, then the answer:
+``7+3=10;10+1=11;11+5=16;#16`` or, with a check pass, ``7+3=10;10+1=11;11+5=16;chk:7+3=10;...;#16``.
+
+Why this shape (see shared/notes/task-calibration.md: plain chains gave near-identical lengths within a group):
+- length grows with the number of terms k, which is heavy-tailed (P(k) ~ k^-alpha on [k_min, k_max]), so the
+  response length depends strongly on the prompt and a few long prompts form a long tail;
+- a prompt's length is stable across epochs (it is set by k);
+- the optional check pass, written in a fraction `check_prob` of SFT solutions, makes the G samples of one prompt
+  differ (a sampled policy sometimes checks, sometimes not), like a reasoning model that sometimes re-verifies;
+  RL is free to change how often it checks, which gives the length drift real RL training shows.
+Rewards are rule-based: 1 for a well-formed response whose final ``#answer`` is right, else 0.
+Non-goals: natural language; GSM8K lives in `rlhfless.tasks.gsm8k`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from rlhfless.errors import require
+from rlhfless.records import Prompt
+
+
+@dataclass
+class ArithTaskConfig:
+    """Shape of the synthetic chained-addition task."""
+
+    k_min: int = 2
+    """Fewest terms in a prompt."""
+    k_max: int = 12
+    """Most terms in a prompt (the long tail)."""
+    k_alpha: float = 1.2
+    """Heavy-tail exponent: P(k) is proportional to k^-k_alpha (0 gives uniform k)."""
+    max_term: int = 9
+    """Terms are integers 0..max_term (0-9 is learnable by the tiny model in minutes)."""
+    check_prob: float = 0.25
+    """Fraction of SFT solutions that re-check the chain before answering."""
+    num_train: int = 512
+    """Prompts in the train split, revisited every epoch."""
+    num_eval: int = 1000
+    """Prompts in the held-out eval split (disjoint from train)."""
+    seed: int = 1234
+    """Seed of the prompt sets (not of training)."""
+
+    def __post_init__(self) -> None:
+        require(self.k_min >= 2, "task.k_min", f"must be >= 2 (got {self.k_min})")
+        require(self.k_max >= self.k_min, "task.k_max", f"must be >= task.k_min={self.k_min} (got {self.k_max})")
+        require(self.k_max <= 64, "task.k_max", f"must be <= 64 (got {self.k_max})")
+        require(self.k_alpha >= 0, "task.k_alpha", f"must be >= 0 (got {self.k_alpha})")
+        require(1 <= self.max_term <= 99, "task.max_term", f"must be in [1, 99] (got {self.max_term})")
+        require(0.0 <= self.check_prob <= 1.0, "task.check_prob", f"must be in [0, 1] (got {self.check_prob})")
+        require(self.num_train >= 1, "task.num_train", f"must be >= 1 (got {self.num_train})")
+        require(self.num_eval >= 1, "task.num_eval", f"must be >= 1 (got {self.num_eval})")
+
+
+@dataclass(frozen=True)
+class Problem:
+    terms: tuple[int, ...]
+
+    @property
+    def text(self) -> str:
+        return "+".join(map(str, self.terms)) + "="
+
+    @property
+    def answer(self) -> int:
+        return sum(self.terms)
+
+
+def chain(terms: tuple[int, ...]) -> str:
+    """The written steps ``a+b=c;`` for running sums (no answer)."""
+    out, acc = [], terms[0]
+    for t in terms[1:]:
+        out.append(f"{acc}+{t}={acc + t};")
+        acc += t
+    return "".join(out)
+
+
+def solution(problem: Problem, check: bool) -> str:
+    """A correct written solution; `check` adds the re-check pass."""
+    steps = chain(problem.terms)
+    body = steps + (f"chk:{steps}" if check else "")
+    return f"{body}#{problem.answer}"
+
+
+def sample_k(rng: random.Random, cfg: ArithTaskConfig) -> int:
+    ks = list(range(cfg.k_min, cfg.k_max + 1))
+    weights = [k ** -cfg.k_alpha for k in ks]
+    return rng.choices(ks, weights=weights)[0]
+
+
+def sample_problem(rng: random.Random, cfg: ArithTaskConfig) -> Problem:
+    k = sample_k(rng, cfg)
+    return Problem(tuple(rng.randint(0, cfg.max_term) for _ in range(k)))
+
+
+def make_splits(cfg: ArithTaskConfig) -> tuple[list[Prompt], list[Prompt]]:
+    """Disjoint train and eval prompt sets, reproducible from `cfg.seed`."""
+    rng = random.Random(cfg.seed)
+    seen: set[tuple[int, ...]] = set()
+    splits: list[list[Prompt]] = [[], []]
+    for split, (name, n) in enumerate((("train", cfg.num_train), ("eval", cfg.num_eval))):
+        attempts = 0
+        while len(splits[split]) < n:
+            attempts += 1
+            require(attempts < 100 * (n + 10), "task", f"cannot draw {n} distinct {name} prompts; widen k or terms")
+            p = sample_problem(rng, cfg)
+            if p.terms in seen:
+                continue
+            seen.add(p.terms)
+            pid = f"{name}-{len(splits[split]):05d}"
+            splits[split].append(Prompt(pid, p.text, str(p.answer), meta={"k": len(p.terms)}))
+    return splits[0], splits[1]
+
+
+@dataclass(frozen=True)
+class Score:
+    reward: float
+    correct: bool
+    well_formed: bool
+
+
+def score(response: str, answer: str, finished: bool) -> Score:
+    """Rule-based reward: 1 if the response ended (EOS) with ``#<answer>`` and nothing after it, else 0.
+
+    `response` is the decoded text without EOS; `finished` says whether the model emitted EOS.
+    """
+    head, sep, tail = response.rpartition("#")
+    well_formed = finished and bool(sep) and tail.isdigit() and "#" not in head
+    correct = well_formed and tail == answer
+    return Score(reward=1.0 if correct else 0.0, correct=correct, well_formed=well_formed)
+
+
+@dataclass
+class SFTStream:
+    """Endless SFT examples (prompt, solution) drawn from the task distribution, reproducible from a seed."""
+
+    cfg: ArithTaskConfig
+    seed: int
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def next(self) -> tuple[str, str]:
+        p = sample_problem(self._rng, self.cfg)
+        return p.text, solution(p, check=self._rng.random() < self.cfg.check_prob)
+
+    def permutation(self, n: int) -> list[int]:
+        order = list(range(n))
+        self._rng.shuffle(order)
+        return order

@@ -1,0 +1,36 @@
+"""Shared fixtures: one torch thread (tests share 2 cores), W&B disabled, tiny checkpoints made on the fly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+GSM8K = SHARED / "data" / "gsm8k" / "train.jsonl"
+SFT_CHECKPOINT = REPO / "data" / "checkpoints" / "sft"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A randomly initialised small model saved as a checkpoint (for plumbing tests, not learning tests)."""
+    from rlhfless.model.factory import ModelConfig, build_model, save_checkpoint
+
+    out = tmp_path_factory.mktemp("ckpt")
+    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                    intermediate_size=64, max_positions=256), seed=0)
+    return save_checkpoint(model, out)
+
+
+@pytest.fixture(scope="session")
+def sft_checkpoint() -> Path:
+    if not (SFT_CHECKPOINT / "model.safetensors").is_file():
+        pytest.fail(f"the shipped SFT checkpoint is missing at {SFT_CHECKPOINT}")
+    return SFT_CHECKPOINT

@@ -1,0 +1,77 @@
+import random
+import statistics
+
+import pytest
+import torch
+
+from rlhfless.errors import ConfigError, DataError
+from rlhfless.model.factory import ModelConfig, build_model, load_checkpoint, save_checkpoint
+from rlhfless.model.tokenizer import EOS_ID, ByteTokenizer
+from rlhfless.tasks.arith import ArithTaskConfig, Problem, SFTStream, make_splits, score, solution
+
+
+def test_tokenizer_round_trip_and_lengths():
+    tok = ByteTokenizer()
+    text = "7+3=10;#10 ünï"
+    ids = tok.encode(text, bos=True, eos=True)
+    assert ids[-1] == EOS_ID and tok.decode(ids) == text
+    assert tok.response_length("ab") == 3
+
+
+def test_solution_format_and_reward():
+    p = Problem((7, 3, 1))
+    assert solution(p, check=False) == "7+3=10;10+1=11;#11"
+    assert solution(p, check=True) == "7+3=10;10+1=11;chk:7+3=10;10+1=11;#11"
+    assert score("7+3=10;10+1=11;#11", "11", finished=True).reward == 1.0
+    assert score("7+3=10;10+1=11;#12", "11", finished=True).reward == 0.0
+    assert score("7+3=10;10+1=11;#11", "11", finished=False).reward == 0.0  # truncated
+    assert not score("7+3=10;#1#11", "11", finished=True).well_formed
+
+
+def test_splits_are_disjoint_reproducible_and_heavy_tailed():
+    cfg = ArithTaskConfig()
+    a_train, a_eval = make_splits(cfg)
+    b_train, _ = make_splits(cfg)
+    assert [p.text for p in a_train] == [p.text for p in b_train]
+    assert not {p.text for p in a_train} & {p.text for p in a_eval}
+    ks = [p.meta["k"] for p in a_train]
+    assert statistics.mean(k == 2 for k in ks) > 2 * statistics.mean(k == 8 for k in ks)
+    assert max(ks) >= 10
+
+
+def test_sft_lengths_vary_within_a_prompt_and_have_a_tail():
+    stream = SFTStream(ArithTaskConfig(), seed=0)
+    lens = sorted(len(stream.next()[1]) for _ in range(4000))
+    assert lens[-1] >= 5 * lens[0]
+    top = lens[int(0.9 * len(lens)):]
+    assert sum(top) / sum(lens) > 0.2  # the longest 10% carry well over 10% of tokens
+    p = Problem((1, 2, 3, 4))
+    assert len(solution(p, True)) > 1.5 * len(solution(p, False))
+
+
+def test_task_config_rejects_bad_values():
+    with pytest.raises(ConfigError, match="task.check_prob"):
+        ArithTaskConfig(check_prob=1.5)
+    with pytest.raises(ConfigError, match="task.k_max"):
+        ArithTaskConfig(k_min=5, k_max=3)
+
+
+def test_checkpoint_round_trip_keeps_tied_head(tmp_path):
+    model = build_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                    intermediate_size=64), seed=3)
+    save_checkpoint(model, tmp_path / "ck")
+    assert not list((tmp_path / "ck").glob("*.bin")) and not list((tmp_path / "ck").glob("*.pt"))
+    loaded = load_checkpoint(tmp_path / "ck")
+    x = torch.randint(3, 200, (2, 9))
+    assert torch.equal(model(x).logits, loaded(x).logits)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="rlhfless pretrain"):
+        load_checkpoint(tmp_path / "nothing")
+
+
+def test_model_config_validation():
+    with pytest.raises(ConfigError, match="model.num_heads"):
+        ModelConfig(hidden_size=30, num_heads=4)
