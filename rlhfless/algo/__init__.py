@@ -1,0 +1,29 @@
+"""GRPO and PPO math as pure tensor functions (no model code, no optimisers)."""
+
+from rlhfless.algo.config import LOSS_AGG_MODES, GRPOConfig
+from rlhfless.algo.gae import gae_advantages
+from rlhfless.algo.grpo import (
+    GroupAdvantages,
+    aggregate,
+    apply_group_skip,
+    clipped_surrogate,
+    group_advantages,
+    grpo_loss,
+    kl_k3,
+)
+from rlhfless.algo.logprobs import entropy_from_logits, token_logprobs
+
+__all__ = [
+    "LOSS_AGG_MODES",
+    "GRPOConfig",
+    "GroupAdvantages",
+    "aggregate",
+    "apply_group_skip",
+    "clipped_surrogate",
+    "entropy_from_logits",
+    "gae_advantages",
+    "group_advantages",
+    "grpo_loss",
+    "kl_k3",
+    "token_logprobs",
+]

@@ -1,0 +1,226 @@
+"""GRPO (and PPO-style clipped) policy-gradient math as pure tensor functions.
+
+Purpose: group-normalised advantages, the k3 KL estimator, the clipped surrogate, loss aggregation and the
+combined GRPO loss, each returning `(result, metrics)` with metric names from `rlhfless.metrics`.
+Non-goals: no model code, no optimiser, no batching or micro-batching; the learner calls these functions.
+Shapes: N = sequences in the batch (N = B * G for B prompts and G responses each), T = padded response
+length, V = vocabulary. `mask[N, T]` is True on response tokens that are trained on.
+
+Deviations from the paper (which runs standard GRPO/PPO from verl and publishes no loss details); choices:
+- Group std is the unbiased estimator (`torch.std`, divisor G - 1), as in verl's GRPO advantage; eps is
+  added to the std (not under the square root).
+- Groups whose G rewards are exactly equal get advantage exactly 0 and are flagged (`zero_variance`) so the
+  caller can drop them (DAPO-style filtering, without resampling replacements).
+- Default aggregation is token_mean (verl/DAPO token-level mean), not the original GRPO per-sequence mean;
+  both, and Dr.GRPO's constant-length normalisation, are available.
+- KL(pi || ref) uses the k3 estimator exp(ref - logp) - (ref - logp) - 1 added to the loss (not to the
+  reward), unclamped (verl clamps it to [-10, 10]; we keep the exact value so it can be tested exactly).
+- Clipping is asymmetric-capable (clip_eps_low, clip_eps_high), default 0.2/0.2; no dual-clip.
+- In the per-sequence modes a sequence with no valid tokens is left out of the sequence count, so masking a
+  row out is identical to dropping it from the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlhfless import metrics as M
+from rlhfless.algo.config import LOSS_AGG_MODES, GRPOConfig
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Result of `group_advantages`."""
+
+    advantages: Tensor
+    """[B * G] float: group-normalised advantage of each response (0 in zero-variance groups)."""
+    zero_variance: Tensor
+    """[B] bool: True where all G rewards of the group are equal (no learning signal)."""
+    group_size: int
+    """G, the responses per prompt."""
+
+    @property
+    def keep(self) -> Tensor:
+        """[B * G] bool: True for responses whose group has a learning signal."""
+        return (~self.zero_variance).repeat_interleave(self.group_size)
+
+
+def group_advantages(
+    rewards: Tensor, group_size: int, scale_by_std: bool = True, eps: float = 1e-6
+) -> tuple[GroupAdvantages, dict[str, float]]:
+    """GRPO outcome advantages: reward minus its group mean, optionally over (group std + eps).
+
+    Args:
+        rewards: [B * G] (groups contiguous: rows g*G .. g*G+G-1 share a prompt) or [B, G] scalar rewards.
+        group_size: G >= 2.
+        scale_by_std: divide by the unbiased group std (divisor G - 1) plus eps; False keeps raw centring.
+        eps: > 0, added to the std.
+    Returns:
+        (GroupAdvantages with advantages [B * G] and zero_variance [B], metrics with actor/groups_skipped_frac
+        (fraction of zero-variance groups) and actor/advantages/abs_mean).
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (got {group_size})")
+    if rewards.dim() == 2 and rewards.shape[1] != group_size:
+        raise ValueError(f"rewards {tuple(rewards.shape)} is [B, G] but group_size is {group_size}")
+    if rewards.dim() not in (1, 2) or rewards.numel() % group_size:
+        raise ValueError(f"rewards {tuple(rewards.shape)} is not [B * G] or [B, G] with G = {group_size}")
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.get_default_dtype())
+    r = rewards.reshape(-1, group_size)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale_by_std:
+        centred = centred / (r.std(dim=1, keepdim=True) + eps)
+    # exact equality, not std < eps: a tiny but real reward difference is still a signal
+    zero_var = r.amax(dim=1) == r.amin(dim=1)
+    adv = torch.where(zero_var.unsqueeze(1), torch.zeros_like(centred), centred).reshape(-1)
+    metrics = {
+        M.GROUPS_SKIPPED: zero_var.float().mean().item(),
+        M.ADV_ABS_MEAN: adv.abs().mean().item(),
+    }
+    return GroupAdvantages(adv, zero_var, group_size), metrics
+
+
+def apply_group_skip(mask: Tensor, groups: GroupAdvantages, cfg: GRPOConfig) -> Tensor:
+    """Training mask with zero-variance groups removed when `cfg.skip_zero_variance_groups` is set.
+
+    Args:
+        mask: [B * G, T] bool response mask.
+        groups: the `group_advantages` result for the same rows.
+    Returns:
+        [B * G, T] bool; unchanged when skipping is off.
+    """
+    if not cfg.skip_zero_variance_groups:
+        return mask
+    return mask & groups.keep.to(mask.device).unsqueeze(1)
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1.
+
+    Args:
+        logp: [N, T] log pi of the sampled tokens (samples drawn from pi).
+        ref_logp: [N, T] log ref of the same tokens.
+    Returns:
+        [N, T] non-negative estimates, 0 exactly where logp == ref_logp; unbiased for KL(pi || ref).
+    """
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO/GRPO clipped objective per token, negated for minimisation.
+
+    loss = max(-A * r, -A * clip(r, 1 - clip_eps_low, 1 + clip_eps_high)),  r = exp(logp - old_logp).
+
+    Args:
+        logp: [N, T] current-policy log-probs (carries the gradient).
+        old_logp: [N, T] log-probs of the policy that sampled the tokens (treated as constants).
+        advantages: [N] per-sequence (GRPO) or [N, T] per-token (PPO/GAE) advantages.
+        mask: [N, T] bool, True on trained tokens.
+        clip_eps_low, clip_eps_high: clip range offsets, > 0.
+    Returns:
+        ([N, T] per-token loss, 0 where mask is False; metrics actor/clip_frac (fraction of valid tokens where
+        the clipped branch is strictly larger, i.e. has no gradient), actor/ppo_kl (mean old_logp - logp),
+        actor/ratio/{mean,min,max} over valid tokens).
+    """
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    # zero the log-ratio on padding so exp() cannot overflow there and poison the gradient with 0 * inf
+    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high)
+    loss = torch.where(mask, torch.maximum(unclipped, clipped), torch.zeros_like(unclipped))
+    with torch.no_grad():
+        valid = ratio[mask]
+        metrics = {
+            M.CLIP_FRAC: _masked_mean((clipped > unclipped).to(logp.dtype), mask).item(),
+            M.PPO_KL: _masked_mean(-log_ratio, mask).item(),
+            M.RATIO_MEAN: valid.mean().item() if valid.numel() else 1.0,
+            M.RATIO_MIN: valid.min().item() if valid.numel() else 1.0,
+            M.RATIO_MAX: valid.max().item() if valid.numel() else 1.0,
+        }
+    return loss, metrics
+
+
+def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, max_len_norm: int | None = None) -> Tensor:
+    """Reduce per-token losses to one scalar.
+
+    Args:
+        loss_tok: [N, T] per-token loss.
+        mask: [N, T] bool, True on tokens that count.
+        mode: "token_mean": sum over valid tokens / number of valid tokens (verl/DAPO);
+            "seq_mean_token_mean": mean over each sequence's valid tokens, then mean over sequences (GRPO);
+            "seq_mean_token_sum_norm": each sequence's sum / max_len_norm, then mean over sequences (Dr.GRPO).
+            Sequence means run over sequences with at least one valid token.
+        max_len_norm: the constant divisor of the Dr.GRPO mode (tokens, >= 1); required there only.
+    Returns:
+        0-dim tensor; 0 when no token is valid.
+    """
+    m = mask.to(loss_tok.dtype)
+    masked = loss_tok * m
+    if mode == "token_mean":
+        return masked.sum() / m.sum().clamp(min=1.0)
+    tokens_per_seq = m.sum(dim=1)
+    n_seq = (tokens_per_seq > 0).to(loss_tok.dtype).sum().clamp(min=1.0)
+    if mode == "seq_mean_token_mean":
+        return (masked.sum(dim=1) / tokens_per_seq.clamp(min=1.0)).sum() / n_seq
+    if mode == "seq_mean_token_sum_norm":
+        if max_len_norm is None or max_len_norm < 1:
+            raise ValueError(f"mode {mode!r} needs max_len_norm >= 1 (got {max_len_norm})")
+        return (masked.sum(dim=1) / float(max_len_norm)).sum() / n_seq
+    raise ValueError(f"unknown aggregation mode {mode!r}; allowed: {list(LOSS_AGG_MODES)}")
+
+
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: GRPOConfig,
+    entropy: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GRPO loss: clipped surrogate + kl_coef * k3 KL(pi || ref), aggregated by `cfg.loss_agg`.
+
+    Args:
+        logp, old_logp: [N, T] current and sampling-policy log-probs of the response tokens.
+        ref_logp: [N, T] reference-model log-probs, or None (allowed only when cfg.kl_coef == 0).
+        advantages: [N] (or [N, T]) advantages, e.g. `group_advantages(...)[0].advantages`.
+        mask: [N, T] bool trained tokens (see `apply_group_skip`).
+        entropy: optional [N, T] entropies, only logged (actor/entropy, token mean).
+    Returns:
+        (0-dim loss, metrics: actor/loss, actor/pg_loss, actor/clip_frac, actor/ppo_kl, actor/ratio/*, and
+        actor/kl (token mean of k3) when ref_logp is given, actor/entropy when entropy is given).
+    """
+    if cfg.kl_coef > 0 and ref_logp is None:
+        raise ValueError(f"kl_coef={cfg.kl_coef} > 0 needs ref_logp")
+    pg_tok, metrics = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_eps_low, cfg.clip_eps_high)
+    loss_tok = pg_tok
+    if ref_logp is not None:
+        zero = torch.zeros_like(logp)
+        kl_tok = kl_k3(torch.where(mask, logp, zero), torch.where(mask, ref_logp, zero))
+        metrics[M.KL] = _masked_mean(kl_tok.detach(), mask).item()
+        if cfg.kl_coef > 0:
+            loss_tok = pg_tok + cfg.kl_coef * kl_tok
+    loss = aggregate(loss_tok, mask, cfg.loss_agg, cfg.max_seq_len_norm)
+    metrics[M.LOSS] = loss.item()
+    metrics[M.PG_LOSS] = aggregate(pg_tok.detach(), mask, cfg.loss_agg, cfg.max_seq_len_norm).item()
+    if entropy is not None:
+        metrics[M.ENTROPY] = _masked_mean(entropy.detach(), mask).item()
+    return loss, metrics
