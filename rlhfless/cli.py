@@ -19,6 +19,8 @@ from rlhfless.errors import UserError
 _MODULES = (
     "rlhfless.train_cli",
     "rlhfless.plan.cli",
+    "rlhfless.rollout.cli",
+    "rlhfless.predictor.cli",
 )
 
 

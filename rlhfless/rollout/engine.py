@@ -31,6 +31,9 @@ from rlhfless.model.tokenizer import EOS_ID, PAD_ID
 from rlhfless.rollout.prefix import PrefillPlan, PrefixCost, check_prompts, left_pad, plan_prefill, run_plan
 from rlhfless.rollout.stepper import make_stepper
 
+__all__ = ["SamplingParams", "PrefillStats", "PrefillState", "IterationRecord", "RolloutOutput", "left_pad",
+           "prefill", "decode", "generate", "sample_tokens"]
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -55,6 +58,8 @@ class SamplingParams:
 
 @dataclass
 class PrefillStats:
+    """What one prefill computed (logged as prefill/dedup_ratio, prefill/saved_tokens, timing_s/prefill)."""
+
     tokens_computed: int
     """Prompt tokens the prefill actually ran through the model (padding excluded)."""
     tokens_naive: int
@@ -83,10 +88,6 @@ class PrefillState:
     next_pos: torch.Tensor  # [R] long, position id of the next token
     next_logits: torch.Tensor  # [R, V] logits for the first response token
     stats: PrefillStats
-
-
-__all__ = ["SamplingParams", "PrefillStats", "PrefillState", "IterationRecord", "RolloutOutput", "left_pad",
-           "prefill", "decode", "generate", "sample_tokens"]
 
 
 @dataclass

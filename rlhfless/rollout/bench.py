@@ -1,0 +1,309 @@
+"""Side-by-side benchmarks of deduplicated prefill and of the decode engine (behind `rlhfless bench prefill|engine`).
+
+Every alternative runs in the same process on the same batch, interleaved repeat by repeat (so machine load
+drifts hit all of them alike), and medians are reported. Wall times are measured, never asserted in tests.
+- prefill: naive (every row) vs group dedup (each prompt once) vs prefix dedup (shared template once too), on
+  arithmetic prompts behind a template and, where the file exists, GSM8K few-shot prompts; plus the learner's
+  forward+backward with and without prompt reuse (`response_logprobs(reuse_prefix=...)`).
+- engine: this engine vs HF `model.generate` on a long-tailed length mix (the task's heavy-tailed prompts, the
+  shipped SFT checkpoint sampled at temperature 1), greedy and sampled; the TPOT profile is saved as JSON.
+Deviation: the GSM8K workload uses a freshly initialised model of the tiny architecture with a longer context
+(few-shot GSM8K prompts are ~1000 byte tokens, beyond the shipped checkpoint's 512); prefill time does not
+depend on the weights, and token identity is checked on that model's greedy outputs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlhfless.errors import require
+from rlhfless.model.tokenizer import EOS_ID, PAD_ID, ByteTokenizer
+
+DEFAULT_CHECKPOINT = "data/checkpoints/sft"
+
+
+@dataclass
+class PrefillBenchConfig:
+    """Sizes of the prefill benchmark."""
+
+    prompts: int = 16
+    """B: distinct prompts per batch (arithmetic workload)."""
+    group_size: int = 8
+    """G: samples per prompt."""
+    repeats: int = 5
+    """Timed repeats per mode (medians reported)."""
+    decode_tokens: int = 24
+    """Greedy tokens decoded for the token-identity check."""
+    forward_tokens: int = 64
+    """Max response tokens sampled for the learner forward+backward comparison."""
+    gsm8k_path: str = "../shared/data/gsm8k/train.jsonl"
+    """GSM8K-format JSONL; the workload is skipped when it is absent."""
+    gsm8k_prompts: int = 8
+    """B for the GSM8K workload."""
+    gsm8k_shots: int = 2
+    """Worked examples in the GSM8K template."""
+    checkpoint: str = DEFAULT_CHECKPOINT
+    """Policy for the arithmetic workload (a fresh model when absent)."""
+    threads: int = 1
+    """torch threads (1: steadier timings on a shared machine)."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "group_size", "repeats", "decode_tokens", "forward_tokens", "gsm8k_prompts",
+                     "threads"):
+            require(getattr(self, name) >= 1, f"bench.{name}", f"must be >= 1 (got {getattr(self, name)})")
+        require(self.gsm8k_shots >= 0, "bench.gsm8k_shots", f"must be >= 0 (got {self.gsm8k_shots})")
+
+
+@dataclass
+class EngineBenchConfig:
+    """Sizes of the engine benchmark."""
+
+    prompts: int = 32
+    """B: distinct prompts (the task's first train prompts: heavy-tailed number of terms)."""
+    group_size: int = 8
+    """G: samples per prompt."""
+    max_new_tokens: int = 192
+    """Response cap (the training default)."""
+    temperature: float = 1.0
+    """Sampling temperature of the sampled comparison."""
+    repeats: int = 3
+    """Timed repeats per engine (medians reported)."""
+    seed: int = 0
+    """Sampling seed (each repeat r uses seed + r, for both engines)."""
+    checkpoint: str = DEFAULT_CHECKPOINT
+    """Policy checkpoint; without it a fresh model is used and the result is flagged (no real length mix)."""
+    threads: int = 1
+    """torch threads."""
+    tpot_path: str | None = None
+    """Where to save the TPOT profile (default: next to the JSON report)."""
+    hf_step_ablation: bool = True
+    """Also time this engine with the HF forward as its decode step (shows what the fast step adds)."""
+
+    def __post_init__(self) -> None:
+        for name in ("prompts", "group_size", "max_new_tokens", "repeats", "threads"):
+            require(getattr(self, name) >= 1, f"bench.{name}", f"must be >= 1 (got {getattr(self, name)})")
+        require(self.temperature > 0, "bench.temperature", f"must be > 0 (got {self.temperature})")
+
+
+@dataclass
+class Timer:
+    """Interleaved repeats of named callables; medians of wall seconds."""
+
+    times: dict[str, list[float]] = field(default_factory=dict)
+
+    def run(self, fns: dict, repeats: int) -> dict:
+        results = {}
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                results[name] = fn()
+                self.times.setdefault(name, []).append(time.perf_counter() - t0)
+        return results
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.times[name])
+
+
+def load_policy(checkpoint: str | Path):
+    """(model in eval mode, label): the checkpoint when present, else a fresh tiny model."""
+    from rlhfless.model.factory import load_checkpoint
+
+    path = Path(checkpoint)
+    if (path / "model.safetensors").is_file():
+        return load_checkpoint(path).eval(), f"checkpoint:{path}"
+    return fresh_model(512)
+
+
+def fresh_model(max_positions: int):
+    """(a freshly initialised tiny model with this context, label)."""
+    from rlhfless.model.factory import ModelConfig, build_model
+
+    cfg = ModelConfig(max_positions=max_positions)
+    return build_model(cfg, seed=0).eval(), f"random-init(max_positions={max_positions})"
+
+
+# ---------------------------------------------------------------------------------------------------- prefill
+
+
+def arith_template_prompts(n: int) -> list[list[int]]:
+    """Arithmetic prompts behind a shared instruction + worked-examples template (BOS first)."""
+    from rlhfless.tasks.arith import ArithTaskConfig, Problem, make_splits, solution
+
+    shots = [Problem((3, 4, 5)), Problem((7, 1, 9, 2)), Problem((6, 6))]
+    header = "Add the numbers. Write each running sum, then '#' and the total.\n" + "".join(
+        f"Q: {p.text}\nA: {solution(p, check=False)}\n" for p in shots)
+    train, _ = make_splits(ArithTaskConfig(num_train=max(n, 1), num_eval=1))
+    tok = ByteTokenizer()
+    return [tok.encode(f"{header}Q: {p.text}\nA: ", bos=True) for p in train[:n]]
+
+
+def gsm8k_token_prompts(path: str, n: int, shots: int) -> list[list[int]] | None:
+    from rlhfless.tasks.gsm8k import GSM8KConfig, load_prompts
+
+    if not Path(path).is_file():
+        return None
+    tok = ByteTokenizer()
+    return [tok.encode(p.text, bos=True) for p in load_prompts(GSM8KConfig(path=path, n_shots=shots, limit=n))]
+
+
+def prefill_workload(model, prompts: list[list[int]], cfg: PrefillBenchConfig) -> dict:
+    """Naive vs group vs prefix dedup prefill on one batch, token identity, and learner forward reuse."""
+    from rlhfless.rollout.engine import SamplingParams, decode, prefill
+
+    G = cfg.group_size
+    modes = {"naive": dict(dedup=False), "group": dict(dedup=True, share_prefixes=False),
+             "prefix": dict(dedup=True, share_prefixes=True)}
+    timer = Timer()
+    states = timer.run({m: (lambda kw=kw: prefill(model, prompts, G, **kw)) for m, kw in modes.items()}, cfg.repeats)
+    greedy = SamplingParams(cfg.decode_tokens, temperature=0.0)
+    outs = {m: decode(model, prefill(model, prompts, G, **kw), greedy).responses for m, kw in modes.items()}
+    t = {m: timer.median(m) for m in modes}
+    stats = {m: states[m].stats for m in modes}
+    theo = stats["prefix"].dedup_ratio
+    plan = stats["prefix"].plan
+    return {
+        "prompts": len(prompts), "group_size": G, "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
+        "plan_mode": plan.mode, "shared_groups": [[g.length, len(g.members)] for g in plan.groups],
+        "tokens_naive": stats["naive"].tokens_naive, "tokens_computed": stats["prefix"].tokens_computed,
+        "tokens_computed_group_only": stats["group"].tokens_computed,
+        "t_naive_s": t["naive"], "t_group_s": t["group"], "t_dedup_s": t["prefix"],
+        "theoretical_ratio": theo, "prefill_time_ratio": t["naive"] / t["prefix"],
+        "fraction_of_theoretical_saving": _fraction(t["prefix"], t["naive"], theo),
+        "group_only_theoretical_ratio": stats["group"].dedup_ratio,
+        "group_only_time_ratio": t["naive"] / t["group"],
+        "group_only_fraction_of_theoretical_saving": _fraction(t["group"], t["naive"], stats["group"].dedup_ratio),
+        "tokens_identical": outs["prefix"] == outs["naive"] and outs["group"] == outs["naive"],
+        **forward_reuse(model, prompts, cfg),
+    }
+
+
+def _fraction(t_dedup: float, t_naive: float, theoretical_ratio: float) -> float:
+    """Measured saving as a fraction of the theoretical one: (1 - t_dedup/t_naive) / (1 - 1/ratio)."""
+    ideal = 1 - 1 / theoretical_ratio
+    return (1 - t_dedup / t_naive) / ideal if ideal > 0 else float("nan")
+
+
+def forward_reuse(model, prompts: list[list[int]], cfg: PrefillBenchConfig) -> dict:
+    """Learner forward+backward on sampled responses, with and without running each prompt once per group."""
+    from rlhfless.rollout.engine import SamplingParams, generate
+    from rlhfless.rollout.forward import response_logprobs
+
+    G = cfg.group_size
+    resp = generate(model, prompts, G, SamplingParams(cfg.forward_tokens, 1.0), seed=1).responses
+    model.train()
+
+    def step(reuse: bool):
+        model.zero_grad(set_to_none=True)
+        out = response_logprobs(model, prompts, resp, G, reuse_prefix=reuse)
+        (out.logp.sum() / out.mask.sum()).backward()
+        return out.logp.detach()
+
+    timer = Timer()
+    lp = timer.run({"naive": lambda: step(False), "reuse": lambda: step(True)}, cfg.repeats)
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return {"forward_naive_s": timer.median("naive"), "forward_reuse_s": timer.median("reuse"),
+            "forward_time_ratio": timer.median("naive") / timer.median("reuse"),
+            "forward_response_tokens_mean": sum(map(len, resp)) / len(resp),
+            "forward_logp_max_abs_diff": float((lp["naive"] - lp["reuse"]).abs().max())}
+
+
+def bench_prefill(cfg: PrefillBenchConfig) -> dict:
+    """Both workloads; the top-level keys repeat the arithmetic workload's (the one always available)."""
+    torch.set_num_threads(cfg.threads)
+    model, label = load_policy(cfg.checkpoint)
+    arith = {"model": label, **prefill_workload(model, arith_template_prompts(cfg.prompts), cfg)}
+    workloads = {"arith_template": arith}
+    gsm = gsm8k_token_prompts(cfg.gsm8k_path, cfg.gsm8k_prompts, cfg.gsm8k_shots)
+    if gsm is None:
+        workloads["gsm8k"] = {"skipped": f"{cfg.gsm8k_path} not found"}
+    else:
+        need = max(map(len, gsm)) + cfg.forward_tokens + cfg.decode_tokens + 1
+        big, big_label = fresh_model(1 << (need - 1).bit_length())
+        workloads["gsm8k"] = {"model": big_label, **prefill_workload(big, gsm, cfg)}
+    return {**{k: v for k, v in arith.items()}, "threads": cfg.threads, "workloads": workloads}
+
+
+# ----------------------------------------------------------------------------------------------------- engine
+
+
+def hf_generate(model, prompts: list[list[int]], G: int, max_new: int, temperature: float, seed: int):
+    """HF `generate` on the same B*G rows (left-padded); responses cut after EOS like the engine's."""
+    from rlhfless.rollout.prefix import left_pad
+
+    ids, mask = left_pad([p for p in prompts for _ in range(G)])
+    torch.manual_seed(seed)
+    kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else \
+        dict(do_sample=False)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=EOS_ID,
+                             pad_token_id=PAD_ID, **kw)
+    rows = []
+    for r in out[:, ids.shape[1]:].tolist():
+        cut = r.index(EOS_ID) + 1 if EOS_ID in r else len(r)
+        rows.append(r[:cut])
+    return rows
+
+
+def _tokens(responses: list[list[int]]) -> int:
+    return sum(len(r) for r in responses)
+
+
+def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) -> dict:
+    """This engine vs HF generate, greedy (same outputs) and sampled (same batch and seed, own random streams)."""
+    from rlhfless.rollout.engine import SamplingParams, generate
+    from rlhfless.rollout.tpot import profile_rows, save_profile
+    from rlhfless.tasks.arith import ArithTaskConfig, make_splits
+
+    torch.set_num_threads(cfg.threads)
+    model, label = load_policy(cfg.checkpoint)
+    train, _ = make_splits(ArithTaskConfig())
+    tok = ByteTokenizer()
+    prompts = [tok.encode(p.text, bos=True) for p in train[: cfg.prompts]]
+    G, n = cfg.group_size, cfg.max_new_tokens
+    report: dict = {"model": label, "prompts": len(prompts), "group_size": G, "max_new_tokens": n,
+                    "temperature": cfg.temperature, "threads": cfg.threads}
+    iters = []
+    for name, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
+        sp = SamplingParams(n, temp)
+        fns = {"engine": lambda sp=sp: generate(model, prompts, G, sp, seed=cfg.seed),
+               "hf_generate": lambda temp=temp: hf_generate(model, prompts, G, n, temp, cfg.seed)}
+        if cfg.hf_step_ablation:
+            fns["engine_hf_step"] = lambda sp=sp: generate(model, prompts, G, sp, seed=cfg.seed, impl="hf")
+        timer = Timer()
+        res = timer.run(fns, cfg.repeats)
+        ours, hf = res["engine"], res["hf_generate"]
+        iters += ours.iterations
+        t_e, t_h = timer.median("engine"), timer.median("hf_generate")
+        part = {"engine_s": t_e, "hf_generate_s": t_h,
+                "tokens": ours.generated_tokens, "hf_tokens": _tokens(hf),
+                "tokens_per_s": ours.generated_tokens / t_e, "hf_generate_tokens_per_s": _tokens(hf) / t_h,
+                "length_mean": ours.generated_tokens / len(ours.responses), "length_max": max(ours.lengths),
+                "hf_length_mean": _tokens(hf) / len(hf), "hf_length_max": max(map(len, hf)),
+                "truncated_frac": sum(ours.truncated) / len(ours.truncated)}
+        part["speedup_vs_hf_generate"] = part["tokens_per_s"] / part["hf_generate_tokens_per_s"]
+        if cfg.hf_step_ablation:
+            part["engine_hf_step_tokens_per_s"] = res["engine_hf_step"].generated_tokens / timer.median(
+                "engine_hf_step")
+        if temp == 0:
+            part["greedy_identical"] = ours.responses == hf
+        report[name] = part
+    tpot = Path(cfg.tpot_path) if cfg.tpot_path else _sibling(json_path, "_tpot.json")
+    report.update({k: report["sampled"][k] for k in ("tokens_per_s", "hf_generate_tokens_per_s",
+                                                     "speedup_vs_hf_generate")})
+    report["greedy_identical"] = report["greedy"]["greedy_identical"]
+    report["greedy_speedup_vs_hf_generate"] = report["greedy"]["speedup_vs_hf_generate"]
+    report["tpot_profile"] = str(save_profile(profile_rows(iters), tpot))
+    return report
+
+
+def _sibling(json_path: str | Path | None, suffix: str) -> Path:
+    if json_path is None:
+        return Path("tpot_profile.json")
+    p = Path(json_path)
+    return p.with_name(p.stem + suffix)

@@ -1,0 +1,114 @@
+"""`rlhfless bench prefill` and `rlhfless bench engine`: argparse wiring and printed tables (work in `bench.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub, bench) -> None:
+    p = bench.add_parser(
+        "prefill",
+        help="naive vs deduplicated prefill (within-group and shared template), token identity, learner reuse",
+        description=(
+            "Time naive prefill (every one of B x G rows), group dedup (each prompt once) and prefix dedup (shared "
+            "template computed once too), side by side and interleaved, on arithmetic prompts behind a template "
+            "and on GSM8K few-shot prompts (skipped when the file is absent). Also checks that greedy outputs are "
+            "identical and times the learner forward+backward with and without prompt reuse."
+        ),
+        epilog="example: rlhfless bench prefill --json runs/bench/prefill.json",
+    )
+    p.add_argument("--json", required=True, help="where to write the JSON report")
+    p.add_argument("--prompts", type=int, default=16, help="B, distinct arithmetic prompts (default 16)")
+    p.add_argument("--group-size", type=int, default=8, help="G, samples per prompt (default 8)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per mode, medians reported (default 5)")
+    p.add_argument("--gsm8k", default="../shared/data/gsm8k/train.jsonl", help="GSM8K-format JSONL (optional)")
+    p.add_argument("--gsm8k-prompts", type=int, default=8, help="B for the GSM8K workload (default 8)")
+    p.add_argument("--gsm8k-shots", type=int, default=2, help="worked examples in the GSM8K template (default 2)")
+    p.add_argument("--checkpoint", default="data/checkpoints/sft", help="policy for the arithmetic workload")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.set_defaults(func=_prefill)
+
+    e = bench.add_parser(
+        "engine",
+        help="this rollout engine vs HF model.generate on a long-tailed length mix; saves the TPOT profile",
+        description=(
+            "Generate B x G responses to the task's heavy-tailed prompts with this engine and with HF "
+            "model.generate on the same batch and seed, greedy (outputs must match) and sampled; report tokens/s "
+            "and the speedup, and save the per-iteration decode time profile (TPOT) as JSON for the planner."
+        ),
+        epilog="example: rlhfless bench engine --json runs/bench/engine.json",
+    )
+    e.add_argument("--json", required=True, help="where to write the JSON report")
+    e.add_argument("--tpot", default=None, help="TPOT profile path (default: <json stem>_tpot.json beside --json)")
+    e.add_argument("--prompts", type=int, default=32, help="B, distinct prompts (default 32)")
+    e.add_argument("--group-size", type=int, default=8, help="G, samples per prompt (default 8)")
+    e.add_argument("--max-new-tokens", type=int, default=192, help="response cap (default 192)")
+    e.add_argument("--temperature", type=float, default=1.0, help="sampled comparison temperature (default 1.0)")
+    e.add_argument("--repeats", type=int, default=3, help="timed repeats per engine (default 3)")
+    e.add_argument("--checkpoint", default="data/checkpoints/sft", help="policy checkpoint")
+    e.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    e.add_argument("--no-hf-step", action="store_true", help="skip the ablation with the HF forward as decode step")
+    e.set_defaults(func=_engine)
+
+
+def _write(report: dict, path: str) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {out}")
+
+
+def _prefill(args: argparse.Namespace) -> int:
+    from rlhfless.rollout.bench import PrefillBenchConfig, bench_prefill
+
+    cfg = PrefillBenchConfig(prompts=args.prompts, group_size=args.group_size, repeats=args.repeats,
+                             gsm8k_path=args.gsm8k, gsm8k_prompts=args.gsm8k_prompts, gsm8k_shots=args.gsm8k_shots,
+                             checkpoint=args.checkpoint, threads=args.threads)
+    report = bench_prefill(cfg)
+    print(prefill_table(report))
+    _write(report, args.json)
+    return 0
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from rlhfless.rollout.bench import EngineBenchConfig, bench_engine
+
+    cfg = EngineBenchConfig(prompts=args.prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                            temperature=args.temperature, repeats=args.repeats, checkpoint=args.checkpoint,
+                            threads=args.threads, tpot_path=args.tpot, hf_step_ablation=not args.no_hf_step)
+    report = bench_engine(cfg, args.json)
+    print(engine_table(report))
+    _write(report, args.json)
+    return 0
+
+
+def prefill_table(report: dict) -> str:
+    cols = [("model", "{}"), ("prompts", "{}"), ("prompt_tokens_mean", "{:.0f}"), ("plan_mode", "{}"),
+            ("theoretical_ratio", "{:.2f}"), ("t_naive_s", "{:.4f}"), ("t_group_s", "{:.4f}"),
+            ("t_dedup_s", "{:.4f}"), ("prefill_time_ratio", "{:.2f}"), ("fraction_of_theoretical_saving", "{:.3f}"),
+            ("group_only_fraction_of_theoretical_saving", "{:.3f}"), ("tokens_identical", "{}"),
+            ("forward_time_ratio", "{:.2f}")]
+    lines = []
+    for name, w in report["workloads"].items():
+        lines.append(f"-- {name}")
+        if "skipped" in w:
+            lines.append(f"   skipped: {w['skipped']}")
+            continue
+        lines += [f"   {k:<44} {f.format(w[k])}" for k, f in cols]
+    return "\n".join(lines)
+
+
+def engine_table(report: dict) -> str:
+    lines = [f"model {report['model']}  B={report['prompts']} G={report['group_size']} "
+             f"max_new={report['max_new_tokens']}",
+             f"{'mode':<8} {'engine tok/s':>13} {'HF gen tok/s':>13} {'speedup':>8} {'HF-step tok/s':>14} "
+             f"{'len mean':>9} {'len max':>8}"]
+    for mode in ("greedy", "sampled"):
+        r = report[mode]
+        lines.append(f"{mode:<8} {r['tokens_per_s']:>13.0f} {r['hf_generate_tokens_per_s']:>13.0f} "
+                     f"{r['speedup_vs_hf_generate']:>8.2f} {r.get('engine_hf_step_tokens_per_s', float('nan')):>14.0f} "
+                     f"{r['length_mean']:>9.1f} {r['length_max']:>8}")
+    lines.append(f"greedy_identical={report['greedy_identical']}  TPOT profile: {report['tpot_profile']}")
+    return "\n".join(lines)

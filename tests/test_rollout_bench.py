@@ -1,0 +1,34 @@
+"""The benchmark functions run end to end at toy sizes and report the documented keys (timings not asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from rlhfless.cli import build_parser, main
+from rlhfless.rollout.bench import PrefillBenchConfig, bench_prefill
+from rlhfless.rollout.tpot import load_profile
+
+
+def test_bench_prefill_reports_ratios_and_skips_missing_gsm8k(tmp_path):
+    cfg = PrefillBenchConfig(prompts=3, group_size=2, repeats=1, decode_tokens=3, forward_tokens=3,
+                             gsm8k_path=str(tmp_path / "absent.jsonl"), checkpoint=str(tmp_path / "none"))
+    r = bench_prefill(cfg)
+    for key in ("prefill_time_ratio", "theoretical_ratio", "tokens_identical", "fraction_of_theoretical_saving",
+                "forward_time_ratio"):
+        assert key in r
+    assert r["tokens_identical"] is True and r["theoretical_ratio"] > 2
+    assert "skipped" in r["workloads"]["gsm8k"]
+
+
+def test_bench_engine_cli_writes_report_and_tpot_profile(tmp_path):
+    out = tmp_path / "engine.json"
+    rc = main(["bench", "engine", "--json", str(out), "--prompts", "2", "--group-size", "2",
+               "--max-new-tokens", "4", "--repeats", "1", "--no-hf-step", "--checkpoint", str(tmp_path / "none")])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    for key in ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "greedy_identical"):
+        assert key in r
+    assert r["greedy_identical"] is True
+    rows = load_profile(r["tpot_profile"])
+    assert rows and {"batch_size", "context", "s_per_iter"} <= rows[0].keys()
+    assert build_parser().parse_args(["bench", "prefill", "--json", "x.json"]).func.__name__ == "_prefill"
