@@ -1,0 +1,185 @@
+"""Length-aware prompt assignment: jobs with predicted lengths -> N decode actors, with predicted busy time.
+
+Purpose: the balancer decision of one step. `assign(jobs, n_actors, capacity, time_model, policy)` returns
+`(AssignmentPlan, metrics)`; each policy is also callable on its own with the signature
+`policy(jobs, n_actors, capacity, time_model)`. The labels come from `rlhfless.plan.partition` (rules stated
+there); the busy seconds come from the continuous-batching simulation in `rlhfless.plan.timemodel`.
+Admission order inside an actor: arrival order for round_robin (as verl), longest predicted length first for
+the length-aware policies (long sequences start early, so the tail is shorter).
+
+A job keeps a group's n_seqs sequences together (shared prefix); per-sequence jobs (n_seqs=1) work too.
+The oracle is this same planner fed true lengths (`oracle_assign`), the upper bound of every comparison.
+
+Non-goals: no migration here (see `rlhfless.plan.migrate`), no choice of N (see `rlhfless.plan.scaler`).
+
+Deviations from the paper: beyond the paper's contiguous chunks we ship round-robin (baseline), LPT and
+Karmarkar-Karp for comparison; contiguous boundaries use equal token work (the paper does not state its rule).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from itertools import chain, repeat
+
+import numpy as np
+
+from rlhfless import metrics as M
+from rlhfless.errors import ConfigError, DataError
+from rlhfless.plan import partition
+from rlhfless.plan.records import AssignmentPlan, PlanJob
+from rlhfless.plan.timemodel import TimeModel, simulate
+
+POLICIES = ("round_robin", "contiguous", "lpt", "karmarkar_karp")
+
+
+@dataclass(frozen=True)
+class JobArrays:
+    """Jobs as flat arrays, built once and reusable across many N (the scaler's sweep).
+
+    sizes, prompt_len, work, mean_len: (J,) seqs, prompt tokens, predicted tokens, tokens per seq;
+    seq_len: (S,) per-sequence predicted tokens, job-major; offsets: (J+1,) first sequence of each job.
+    """
+
+    jobs: tuple[PlanJob, ...]
+    sizes: np.ndarray
+    prompt_len: np.ndarray
+    work: np.ndarray
+    mean_len: np.ndarray
+    seq_len: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def from_jobs(cls, jobs: Sequence[PlanJob]) -> JobArrays:
+        jobs = tuple(jobs)
+        for j in jobs:
+            if not isinstance(j, PlanJob):
+                raise DataError(f"assignment input must be PlanJob records (got {type(j).__name__})")
+        sizes = np.fromiter((j.n_seqs for j in jobs), dtype=np.int64, count=len(jobs))
+        prompt = np.fromiter((j.prompt_len for j in jobs), dtype=np.float64, count=len(jobs))
+        flat = chain.from_iterable(
+            j.predicted_len if isinstance(j.predicted_len, tuple) else repeat(j.predicted_len, j.n_seqs)
+            for j in jobs
+        )
+        seq_len = np.fromiter(flat, dtype=np.float64, count=int(sizes.sum()))
+        offsets = np.concatenate(([0], np.cumsum(sizes)))
+        work = np.add.reduceat(seq_len, offsets[:-1]) if len(jobs) else np.zeros(0)
+        return cls(jobs, sizes, prompt, work, work / np.maximum(sizes, 1), seq_len, offsets)
+
+
+def _validate(ja: JobArrays, n_actors: int, capacity: int) -> None:
+    if isinstance(n_actors, bool) or not isinstance(n_actors, (int, np.integer)) or n_actors < 1:
+        raise ConfigError(f"n_actors: must be an integer >= 1 (got {n_actors!r})")
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
+        raise ConfigError(f"capacity: must be an integer >= 1 concurrent sequences (got {capacity!r})")
+    if len(ja.sizes) and ja.sizes.max() > capacity:
+        big = ja.jobs[int(np.argmax(ja.sizes))]
+        raise ConfigError(
+            f"capacity: {capacity} concurrent sequences cannot hold group {big.group_id!r} of n_seqs="
+            f"{big.n_seqs} (its samples share a prefix and are admitted together); use capacity >= "
+            f"{int(ja.sizes.max())} or split the group into per-sequence jobs"
+        )
+
+
+def build_plan(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: int, capacity: int,
+               tm: TimeModel, policy: str) -> AssignmentPlan:
+    """Simulate a labelling. labels: (J,) actor per job; rank: (J,) admission priority (lower first)."""
+    order = np.lexsort((rank, labels))
+    sizes, jactor = ja.sizes[order], labels[order]
+    starts = ja.offsets[order]
+    before = np.cumsum(sizes) - sizes
+    seq_idx = np.repeat(starts - before, sizes) + np.arange(int(sizes.sum()))
+    sim = simulate(ja.seq_len[seq_idx], np.repeat(jactor, sizes), sizes, jactor, n_actors, capacity, tm)
+    njobs = np.bincount(labels, minlength=n_actors)
+    prefill = np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
+    busy = np.where(njobs > 0, tm.actor_fixed_s + prefill + sim.decode_s, 0.0)
+    bounds = np.concatenate(([0], np.cumsum(njobs)))
+    jobs = [ja.jobs[i] for i in order.tolist()]
+    actor_jobs = tuple(tuple(jobs[bounds[a]:bounds[a + 1]]) for a in range(n_actors))
+    makespan = float(busy.max()) if n_actors else 0.0
+    return AssignmentPlan(
+        policy=policy, n_actors=n_actors, capacity=capacity, actor_jobs=actor_jobs,
+        busy_s=tuple(busy.tolist()), makespan_s=makespan, idle_device_s=float((makespan - busy).sum()),
+        peak_batch=tuple(sim.peak_batch.tolist()),
+    )
+
+
+def plan_metrics(plan: AssignmentPlan) -> dict[str, float]:
+    """Balancer metrics of a plan (names from rlhfless.metrics)."""
+    return {
+        M.BAL_IMBALANCE: plan.imbalance,
+        M.BAL_MAKESPAN_S: plan.makespan_s,
+        M.BAL_IDLE_DEVICE_S: plan.idle_device_s,
+        M.BAL_ACTIVE_ACTORS: float(plan.active_actors),
+    }
+
+
+def _labels(policy: str, ja: JobArrays, n: int) -> tuple[np.ndarray, np.ndarray]:
+    if policy == "round_robin":
+        return partition.round_robin_labels(ja.work, n), np.arange(len(ja.work))
+    rank = np.empty(len(ja.work), dtype=np.int64)
+    if policy == "contiguous":
+        labels, order = partition.contiguous_labels(ja.mean_len, ja.work, n)
+    elif policy == "lpt":
+        labels, _ = partition.lpt_labels(ja.work, n)
+        order = np.argsort(-ja.mean_len, kind="stable")
+    else:
+        labels = partition.karmarkar_karp_labels(ja.work, n)
+        order = np.argsort(-ja.mean_len, kind="stable")
+    rank[order] = np.arange(len(order))
+    return labels, rank
+
+
+def assign(jobs: Sequence[PlanJob] | JobArrays, n_actors: int, capacity: int, time_model: TimeModel,
+           policy: str = "contiguous") -> tuple[AssignmentPlan, dict[str, float]]:
+    """Assign jobs to n_actors decode actors of `capacity` slots each with `policy`; return (plan, metrics).
+
+    Raises ConfigError for an unknown policy, n_actors < 1, or a capacity smaller than some job's n_seqs.
+    """
+    if policy not in POLICIES:
+        raise ConfigError(f"plan.policy: unknown assignment policy {policy!r}; allowed: {', '.join(POLICIES)}")
+    ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
+    _validate(ja, n_actors, capacity)
+    labels, rank = _labels(policy, ja, int(n_actors))
+    plan = build_plan(ja, labels, rank, int(n_actors), int(capacity), time_model, policy)
+    return plan, plan_metrics(plan)
+
+
+def _policy(name: str) -> Callable[..., tuple[AssignmentPlan, dict[str, float]]]:
+    def run(jobs, n_actors, capacity, time_model):  # noqa: ANN001 - same signature as assign
+        return assign(jobs, n_actors, capacity, time_model, policy=name)
+
+    run.__name__ = name
+    run.__doc__ = f"`assign(..., policy={name!r})`: returns (AssignmentPlan, metrics)."
+    return run
+
+
+round_robin = _policy("round_robin")
+contiguous = _policy("contiguous")
+lpt = _policy("lpt")
+karmarkar_karp = _policy("karmarkar_karp")
+
+
+def with_lengths(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | tuple[float, ...]]) -> list[PlanJob]:
+    """The same jobs with `predicted_len` replaced by `true_len(job)` (a float or a per-sequence tuple)."""
+    return [replace(j, predicted_len=true_len(j)) for j in jobs]
+
+
+def oracle_assign(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | tuple[float, ...]],
+                  n_actors: int, capacity: int, time_model: TimeModel,
+                  policy: str = "contiguous") -> tuple[AssignmentPlan, dict[str, float]]:
+    """The oracle: the same planner fed true lengths; the upper bound every comparison is measured against."""
+    return assign(with_lengths(jobs, true_len), n_actors, capacity, time_model, policy)
+
+
+def evaluate_plan(plan: AssignmentPlan, true_jobs: Sequence[PlanJob], time_model: TimeModel) -> AssignmentPlan:
+    """Re-simulate a plan's placement and admission order with other (e.g. true) lengths, matched by group_id."""
+    by_id = {j.group_id: j for j in true_jobs}
+    missing = [j.group_id for jobs in plan.actor_jobs for j in jobs if j.group_id not in by_id]
+    if missing:
+        raise DataError(f"evaluate_plan: no true lengths for group(s) {missing[:5]}")
+    flat = [by_id[j.group_id] for jobs in plan.actor_jobs for j in jobs]
+    labels = np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
+    ja = JobArrays.from_jobs(flat)
+    _validate(ja, plan.n_actors, plan.capacity)
+    return build_plan(ja, labels, np.arange(len(flat)), plan.n_actors, plan.capacity, time_model, plan.policy)

@@ -1,0 +1,84 @@
+"""CLI wiring of the planner: `rlhfless bench planner` and `rlhfless bench plan-trace`.
+
+Only argparse wiring lives here; the work is `rlhfless.plan.bench.run_planner_bench` and
+`rlhfless.plan.report.trace_report`, which tests call directly. Non-goals: no planning command of its own (the
+training loop and the simulator call the planner as a library). Deviations from the paper: none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rlhfless.configbase import apply_overrides, from_dict, load_yaml
+
+
+def load_plan_config(config: str | None, overrides: list[str]):  # noqa: ANN201 - PlanConfig (lazy import)
+    """PlanConfig from an optional YAML (its `plan:` section, or the whole file) plus `plan.key=value` overrides."""
+    from rlhfless.plan.config import PlanConfig
+
+    data = load_yaml(config) if config else {}
+    data = {"plan": data.get("plan", data if "plan" not in data and config else {})}
+    data = apply_overrides(data, [o if o.startswith("plan.") else f"plan.{o}" for o in overrides])
+    return from_dict(PlanConfig, data["plan"] or {}, prefix="plan")
+
+
+def _write(obj: dict, path: str | None) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=True)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    print(text)
+
+
+def cmd_bench_planner(args: argparse.Namespace) -> int:
+    from rlhfless.plan.bench import run_planner_bench
+
+    _write(run_planner_bench(n_groups=args.groups, group_size=args.group_size, n_actors=args.n_actors,
+                             n_candidates=args.candidates, policy=args.policy, capacity=args.capacity,
+                             repeats=args.repeats, seed=args.seed), args.json)
+    return 0
+
+
+def cmd_plan_trace(args: argparse.Namespace) -> int:
+    from rlhfless.plan.report import trace_report
+
+    cfg = load_plan_config(args.config, args.set or [])
+    _write(trace_report(args.trace, cfg, n_actors=args.n_actors, steps=args.steps), args.json)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
+    p = bench.add_parser(
+        "planner", help="planning time of one assignment (plan_ms_p50) and of a full scaler sweep",
+        description="Time one assign() of a heavy-tailed workload (default 1,024 groups x 8 = 8,192 sequences) "
+                    "and one scaler sweep over N=1..candidates; prints and optionally writes JSON.",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument("--groups", type=int, default=1024, help="prompt groups (default 1024)")
+    p.add_argument("--group-size", type=int, default=8, help="samples per group (default 8)")
+    p.add_argument("--n-actors", type=int, default=16, help="actors for the timed assign() (default 16)")
+    p.add_argument("--candidates", type=int, default=64, help="scaler sweep over N=1..this (default 64)")
+    p.add_argument("--policy", default="contiguous",
+                   help="round_robin | contiguous | lpt | karmarkar_karp (default contiguous)")
+    p.add_argument("--capacity", type=int, default=256, help="max concurrent sequences per actor (default 256)")
+    p.add_argument("--repeats", type=int, default=21, help="timed repetitions of assign() (default 21)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.set_defaults(func=cmd_bench_planner)
+
+    t = bench.add_parser(
+        "plan-trace", help="policies and scaler on a recorded length trace with true lengths",
+        description="On a TraceRow JSONL trace (true lengths), compare round-robin, contiguous, LPT and "
+                    "Karmarkar-Karp (predicted idle device-seconds and makespan, with and without cut-and-migrate) "
+                    "and report the scaler's choice with its T/C against every fixed N.",
+    )
+    t.add_argument("--trace", required=True, help="length trace (JSONL of TraceRow), e.g. data/traces/quickstart.jsonl")
+    t.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
+    t.add_argument("--config", help="YAML with a `plan:` section (PlanConfig fields)")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a PlanConfig field, e.g. --set max_actors=16 (repeatable)")
+    t.add_argument("--n-actors", type=int, default=None, help="actors for the policy comparison (default max_actors)")
+    t.add_argument("--steps", choices=("last_epoch", "all"), default="last_epoch",
+                   help="which steps of the trace to plan (default: the last epoch's)")
+    t.set_defaults(func=cmd_plan_trace)

@@ -1,0 +1,91 @@
+"""`PlanConfig`: every knob of the planner (assignment, cut-and-migrate, actor scaling, cost) in one dataclass.
+
+Purpose: one typed, validated source of truth for the planner's defaults; experiments override it from YAML
+(`plan:` section) or `plan.key=value`. Non-goals: no I/O besides loading the optional time-profile JSON.
+
+Deviations from the paper: the defaults for cold start and weight sync are assumptions for the tiny local model
+(the paper measures its own on L40S); capacity 256 stands in for a KV budget we do not model in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlhfless.errors import require
+from rlhfless.plan.balancer import POLICIES
+from rlhfless.plan.cost import CATALOG, BillingRules
+from rlhfless.plan.timemodel import TimeModel
+
+OBJECTIVES = ("score", "min_cost_under_deadline", "min_time_under_budget")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """Planner settings (the `plan:` section of a run config)."""
+
+    policy: str = "contiguous"
+    """Assignment policy: round_robin (verl-like), contiguous (paper), lpt, karmarkar_karp."""
+    capacity: int = 256
+    """Max concurrent sequences per decode actor (its KV budget in sequences); >= the largest group."""
+    migrate: bool = True
+    """Cut-and-migrate on: an actor whose finished fraction reaches tau hands its stragglers to others."""
+    tau: float = 0.7
+    """Finished fraction that triggers a cut, in (0, 1] (paper: about 0.7)."""
+    scale: bool = True
+    """Cost-aware actor scaling on; off = always max_actors actors."""
+    lam: float = 0.5
+    """lambda: weight of normalised time in the score lam*T/T_min + (1-lam)*C/C_min, in [0, 1]."""
+    min_actors: int = 1
+    """Smallest candidate number of decode actors (>= 1)."""
+    max_actors: int = 8
+    """Largest candidate number of decode actors (>= min_actors)."""
+    objective: Literal["score", "min_cost_under_deadline", "min_time_under_budget"] = "score"
+    """score: minimise the lambda score; min_cost_under_deadline / min_time_under_budget: constrained choice."""
+    deadline_s: float | None = None
+    """Decode-stage deadline in seconds (objective min_cost_under_deadline)."""
+    budget_usd: float | None = None
+    """Decode-stage budget in dollars per step (objective min_time_under_budget)."""
+    simulate_migration: bool = False
+    """Scaler evaluates each candidate WITH cuts at tau (slower: an event simulation per candidate)."""
+    gpu_kind: str = "cpu-core"
+    """Device kind priced from the catalog (rlhfless.plan.cost.CATALOG): H100, A100-80G, H200, L40S, cpu-core."""
+    gpus_per_actor: float = 1.0
+    """Devices each decode actor holds (> 0)."""
+    cold_start_s: float = 3.0
+    """Seconds a decode actor needs when it starts cold (process + model load), >= 0; assumed for the tiny model."""
+    weight_sync_s: float = 0.2
+    """Seconds to load the step's new weights into a decode actor, >= 0."""
+    time_profile: str | None = None
+    """JSON time profile from the engine benchmark; None = the assumed default for the tiny CPU model."""
+    billing: BillingRules = field(default_factory=BillingRules)
+    """Serverless billing rules (granularity, minimum, cold start billed, keep-alive)."""
+
+    def __post_init__(self) -> None:
+        require(self.policy in POLICIES, "plan.policy", f"must be one of {list(POLICIES)} (got {self.policy!r})")
+        require(isinstance(self.capacity, int) and self.capacity >= 1, "plan.capacity",
+                f"must be an integer >= 1 (got {self.capacity!r})")
+        require(0.0 < self.tau <= 1.0, "plan.tau", f"must lie in (0, 1] (got {self.tau})")
+        require(0.0 <= self.lam <= 1.0, "plan.lam", f"lambda must lie in [0, 1] (got {self.lam})")
+        require(isinstance(self.min_actors, int) and self.min_actors >= 1, "plan.min_actors",
+                f"must be an integer >= 1 (got {self.min_actors!r})")
+        require(isinstance(self.max_actors, int) and self.max_actors >= self.min_actors, "plan.max_actors",
+                f"must be an integer >= min_actors={self.min_actors} (got {self.max_actors!r})")
+        require(self.objective in OBJECTIVES, "plan.objective", f"must be one of {list(OBJECTIVES)} "
+                f"(got {self.objective!r})")
+        require(self.objective != "min_cost_under_deadline" or (self.deadline_s or 0) > 0, "plan.deadline_s",
+                f"objective min_cost_under_deadline needs deadline_s > 0 (got {self.deadline_s})")
+        require(self.objective != "min_time_under_budget" or (self.budget_usd or 0) > 0, "plan.budget_usd",
+                f"objective min_time_under_budget needs budget_usd > 0 (got {self.budget_usd})")
+        require(self.gpu_kind in CATALOG, "plan.gpu_kind", f"must be one of {list(CATALOG)} (got {self.gpu_kind!r})")
+        require(self.gpus_per_actor > 0, "plan.gpus_per_actor", f"must be > 0 (got {self.gpus_per_actor})")
+        require(self.cold_start_s >= 0, "plan.cold_start_s", f"must be >= 0 s (got {self.cold_start_s})")
+        require(self.weight_sync_s >= 0, "plan.weight_sync_s", f"must be >= 0 s (got {self.weight_sync_s})")
+
+    def candidates(self) -> range:
+        """Candidate numbers of decode actors: min_actors..max_actors (only max_actors when scaling is off)."""
+        return range(self.min_actors if self.scale else self.max_actors, self.max_actors + 1)
+
+    def time_model(self) -> TimeModel:
+        """The time model: the JSON profile when given, else the assumed default for the tiny CPU model."""
+        return TimeModel.from_json(self.time_profile) if self.time_profile else TimeModel.default_tiny_cpu()

@@ -1,0 +1,161 @@
+"""Cost model: a price catalog, billing rules, and the cost of invocations, steps and runs.
+
+Purpose: turn timelines into GPU-seconds and dollars, the paper's cost metric, for both modes:
+  * serverless: every function invocation is billed on its own (`cost_invocation`, `cost_step`, `cost_run`):
+    billed = max(minimum_s, ceil_to_granularity(duration - unbilled cold start + keep_alive_s)) x devices;
+  * serverful: a pool of devices held for the whole wall time (`cost_serverful`): devices x wall x hourly price.
+Prices are per device (one GPU, or one CPU core for local runs).
+
+Non-goals: no spot/preemptible pricing, no storage or network egress, no per-region prices.
+
+Deviations from the paper: the paper's platform bills "worker start to stop including a few seconds of idle,
+rounded up to 1 s"; we make each part a rule (`BillingRules`) and default to granularity 1 s, no minimum,
+cold start billed, 2 s of billed idle keep-alive ("a few seconds" is not stated more exactly). The catalog's
+on-demand prices are the paper's 8-GPU VM prices divided by 8; H200 has no recorded on-demand price, so
+serverful H200 costing raises a ConfigError. The "cpu-core" unit is ours (see `CPU_GB_PER_CORE`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from rlhfless import metrics as M
+from rlhfless.errors import ConfigError, require
+from rlhfless.plan.records import Invocation
+
+PRICE_DATE = "late 2026 public list prices as recorded in PAPER.md"
+_SERVERLESS_SRC = "serverless GPU per-second list price (PAPER.md, 'Reference prices')"
+_VM_SRC = "on-demand 8-GPU VM hourly list price / 8 (PAPER.md, 'Reference prices')"
+
+# Memory per CPU core assumed when pricing a core from the CPU serverless GB-second price (an assumption:
+# a common serverless memory-to-vCPU ratio; no source in PAPER.md states one).
+CPU_GB_PER_CORE = 2.0
+CPU_USD_PER_GB_S = 0.0000166667
+
+
+@dataclass(frozen=True)
+class DevicePrice:
+    """Prices of one device kind.
+
+    serverless_usd_per_s: serverless price per device-second.
+    ondemand_usd_per_h: on-demand price per device-hour (None when not recorded).
+    source, date: where the numbers come from, for reports.
+    """
+
+    kind: str
+    serverless_usd_per_s: float
+    ondemand_usd_per_h: float | None
+    source: str
+    date: str = PRICE_DATE
+
+
+CATALOG: dict[str, DevicePrice] = {
+    "H100": DevicePrice("H100", 0.00116, 55.04 / 8, f"{_SERVERLESS_SRC}; {_VM_SRC} ($55.04/h for 8)"),
+    "A100-80G": DevicePrice("A100-80G", 0.00076, 21.96 / 8, f"{_SERVERLESS_SRC}; {_VM_SRC} ($21.96/h for 8)"),
+    "H200": DevicePrice("H200", 0.00155, None, f"{_SERVERLESS_SRC}; no on-demand price recorded"),
+    "L40S": DevicePrice("L40S", 0.00053, 30.13 / 8, f"{_SERVERLESS_SRC}; {_VM_SRC} ($30.13/h for 8)"),
+    "cpu-core": DevicePrice(
+        "cpu-core", CPU_USD_PER_GB_S * CPU_GB_PER_CORE, CPU_USD_PER_GB_S * CPU_GB_PER_CORE * 3600,
+        f"CPU serverless ${CPU_USD_PER_GB_S}/GB-s (PAPER.md) x {CPU_GB_PER_CORE} GB per core (assumed); "
+        "on-demand taken equal to the serverless rate (no CPU VM price recorded)",
+    ),
+}
+
+
+def price(kind: str) -> DevicePrice:
+    """Catalog entry of `kind`; an unknown kind raises ConfigError listing the known ones."""
+    if kind not in CATALOG:
+        raise ConfigError(f"plan.gpu_kind: unknown device kind {kind!r}; allowed: {', '.join(CATALOG)}")
+    return CATALOG[kind]
+
+
+@dataclass(frozen=True)
+class BillingRules:
+    """How a serverless platform turns an invocation's duration into billed seconds.
+
+    granularity_s: billed time is rounded up to a multiple of this (> 0 s; 1 s on the paper's platform).
+    minimum_s: minimum billed seconds per invocation (>= 0).
+    bill_cold_start: whether the cold-start seconds at the beginning of an invocation are billed.
+    keep_alive_s: idle seconds billed after the function finishes before the worker stops (>= 0).
+    """
+
+    granularity_s: float = 1.0
+    minimum_s: float = 0.0
+    bill_cold_start: bool = True
+    keep_alive_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        require(self.granularity_s > 0, "plan.billing.granularity_s", f"must be > 0 s (got {self.granularity_s})")
+        require(self.minimum_s >= 0, "plan.billing.minimum_s", f"must be >= 0 s (got {self.minimum_s})")
+        require(self.keep_alive_s >= 0, "plan.billing.keep_alive_s", f"must be >= 0 s (got {self.keep_alive_s})")
+
+
+@dataclass(frozen=True)
+class CostSummary:
+    """GPU-seconds (billed seconds x devices) and dollars, with billed seconds summed per function kind."""
+
+    gpu_seconds: float
+    usd: float
+    billed_s_by_kind: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        out = {M.COST_GPU_S: self.gpu_seconds, M.COST_USD: self.usd}
+        out.update({M.function_billed(k): v for k, v in self.billed_s_by_kind.items()})
+        return out
+
+    def __add__(self, other: CostSummary) -> CostSummary:
+        kinds = dict(self.billed_s_by_kind)
+        for k, v in other.billed_s_by_kind.items():
+            kinds[k] = kinds.get(k, 0.0) + v
+        return CostSummary(self.gpu_seconds + other.gpu_seconds, self.usd + other.usd, kinds)
+
+
+def billed_seconds(inv: Invocation, rules: BillingRules) -> float:
+    """Billed seconds of one invocation (per device): rounded up, at least the minimum; never negative."""
+    raw = inv.duration_s + rules.keep_alive_s
+    if inv.cold and not rules.bill_cold_start:
+        raw -= inv.cold_start_s
+    # 1e-9 keeps an exact multiple (e.g. 3.0000000001 from float sums) from rounding up a whole unit
+    units = math.ceil(raw / rules.granularity_s - 1e-9) if raw > 0 else 0
+    return max(rules.minimum_s, units * rules.granularity_s)
+
+
+def cost_invocation(inv: Invocation, device: DevicePrice, rules: BillingRules) -> CostSummary:
+    """Serverless cost of one invocation: billed seconds x devices x per-second price."""
+    billed = billed_seconds(inv, rules)
+    gpu_s = billed * inv.gpus
+    return CostSummary(gpu_s, gpu_s * device.serverless_usd_per_s, {inv.kind: billed})
+
+
+def cost_step(invocations: Iterable[Invocation], device: DevicePrice,
+              rules: BillingRules) -> tuple[CostSummary, dict[str, float]]:
+    """Serverless cost of one step: the sum over its invocations. Returns (summary, metrics)."""
+    total = CostSummary(0.0, 0.0)
+    for inv in invocations:
+        total = total + cost_invocation(inv, device, rules)
+    return total, total.metrics()
+
+
+def cost_run(steps: Iterable[CostSummary]) -> tuple[CostSummary, dict[str, float]]:
+    """Cost of a run: the sum of its steps' summaries. Returns (summary, metrics)."""
+    total = CostSummary(0.0, 0.0)
+    for s in steps:
+        total = total + s
+    return total, total.metrics()
+
+
+def cost_serverful(n_devices: float, wall_s: float, device: DevicePrice) -> tuple[CostSummary, dict[str, float]]:
+    """Serverful pool cost: n_devices held for wall_s seconds at the on-demand hourly price.
+
+    Raises ConfigError for a device kind without a recorded on-demand price, or negative inputs.
+    """
+    require(n_devices >= 0, "serverful.n_devices", f"must be >= 0 (got {n_devices})")
+    require(wall_s >= 0, "serverful.wall_s", f"must be >= 0 s (got {wall_s})")
+    if device.ondemand_usd_per_h is None:
+        raise ConfigError(f"plan.gpu_kind: {device.kind} has no on-demand price in the catalog; serverful cost "
+                          f"needs one of: {', '.join(k for k, v in CATALOG.items() if v.ondemand_usd_per_h)}")
+    gpu_s = n_devices * wall_s
+    s = CostSummary(gpu_s, gpu_s * device.ondemand_usd_per_h / 3600.0)
+    return s, s.metrics()

@@ -1,0 +1,244 @@
+"""Cut-and-migrate: move an actor's stragglers elsewhere once most of its sequences are done.
+
+Purpose:
+  * `plan_migrations(progress, tau)`: the pure decision, used alike by the runtime and the simulator. Rule:
+    an actor whose finished fraction is >= tau and that still has unfinished sequences is a *source*; an actor
+    below tau with free slots is a *destination*. Sources are taken fewest-unfinished first; a source is cut
+    only if ALL its unfinished sequences fit in the destinations' free slots (a partial cut would not let it
+    release, so it would save nothing); its sequences go, longest predicted remaining first, each to the
+    destination with the most free slots left (ties: lowest actor id). A cut source releases itself at once.
+    Actors that finished everything have released and are never destinations, so nothing ping-pongs.
+  * `simulate_with_migration(plan, time_model, tau, true_jobs)`: an event simulation of all actors of a plan
+    on one decode clock, calling `plan_migrations` whenever an actor at or above tau completes sequences, so
+    the scaler and the simulator can quantify migration. A migrated sequence continues on its destination
+    after a stall of kv_transfer_s_per_token x (prompt + generated tokens) on that destination.
+
+Non-goals: no placement/locality model, no partial cuts, no migration of finished KV for reuse.
+
+Deviations from the paper: the paper cuts at tau (about 0.7) and moves stragglers to actors with free slots; the
+atomic-source rule, the destination choice and the KV-stall model are ours (the paper's are not published).
+Prefill and fixed overhead are added to each actor's busy time after the decode simulation (as in the plan).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlhfless import metrics as M
+from rlhfless.errors import ConfigError
+from rlhfless.plan.records import ActorProgress, AssignmentPlan, Migration, MigrationPlan, PlanJob, SeqProgress
+from rlhfless.plan.timemodel import TimeModel
+
+
+def _check_tau(tau: float) -> None:
+    if not (isinstance(tau, (int, float)) and 0.0 < tau <= 1.0):
+        raise ConfigError(f"plan.tau: the finished fraction that triggers a cut must lie in (0, 1] (got {tau!r})")
+
+
+def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[MigrationPlan, dict[str, float]]:
+    """Decide which unfinished sequences move where (rule in the module header). Pure; returns (plan, metrics)."""
+    _check_tau(tau)
+    free = {p.actor_id: p.free_slots for p in progress
+            if p.unfinished and p.finished_fraction < tau and p.free_slots > 0}
+    sources = sorted((p for p in progress if p.unfinished and p.finished_fraction >= tau),
+                     key=lambda p: (len(p.unfinished), p.actor_id))
+    moves: list[Migration] = []
+    released: list[int] = []
+    tokens = 0.0
+    for src in sources:
+        if len(src.unfinished) > sum(free.values()):
+            continue
+        for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
+            dst = max(free, key=lambda a: (free[a], -a))
+            free[dst] -= 1
+            if free[dst] == 0:
+                del free[dst]
+            moves.append(Migration(seq.seq_id, src.actor_id, dst))
+            tokens += seq.prompt_len + seq.generated
+        released.append(src.actor_id)
+    mp = MigrationPlan(moves=tuple(moves), released=tuple(released))
+    return mp, {M.BAL_MIGRATIONS: float(len(moves)), M.BAL_MIGRATED_TOKENS: tokens,
+                M.BAL_RELEASED_ACTORS: float(len(released))}
+
+
+@dataclass(frozen=True)
+class MigrationResult:
+    """Outcome of a plan simulated with cuts at tau.
+
+    busy_s[a]: seconds actor a is busy (until it finished or was cut), fixed overhead and prefill included.
+    moves: every migration in time order (a sequence may move more than once); released: actors cut early.
+    finished[a]: sequences that completed on actor a (they sum to the plan's sequences).
+    """
+
+    busy_s: tuple[float, ...]
+    makespan_s: float
+    idle_device_s: float
+    moves: tuple[Migration, ...]
+    released: tuple[int, ...]
+    finished: tuple[int, ...] = ()
+
+
+class _Seqs:
+    """Per-sequence facts of a simulation, indexed by an integer sid."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.true: list[float] = []
+        self.pred: list[float] = []
+        self.plen: list[int] = []
+        self.start_it: list[float] = []  # actor iteration counter value at which the seq had 0 tokens
+
+
+class _Actor:
+    """Decode state of one simulated actor on the decode clock.
+
+    `it` counts iterations this actor has run (fractional between events); a running seq is stored as
+    (iteration at which it finishes, sid) in a heap, so advancing the clock is O(1) and an event O(log n).
+    """
+
+    def __init__(self, aid: int) -> None:
+        self.aid = aid
+        self.it = 0.0
+        self.t = 0.0
+        self.heap: list[tuple[float, int]] = []
+        self.queue: deque[list[int]] = deque()  # jobs (lists of sids), admitted FIFO and together
+        self.finished = 0
+        self.total = 0
+        self.end: float | None = None
+
+    def admit(self, capacity: int, seqs: _Seqs) -> None:
+        while self.queue and len(self.queue[0]) <= capacity - len(self.heap):
+            for sid in self.queue.popleft():
+                seqs.start_it[sid] = self.it
+                heapq.heappush(self.heap, (self.it + seqs.true[sid], sid))
+
+    def advance(self, t: float, f: list[float]) -> None:
+        """Move the clock to t (no event of this actor lies in between, so its batch is constant)."""
+        if t > self.t:
+            if self.heap:
+                self.it += (t - self.t) / f[len(self.heap)]
+            self.t = t
+
+    def next_event(self, f: list[float]) -> float:
+        if self.end is not None or not self.heap:
+            return np.inf
+        return self.t + max(self.heap[0][0] - self.it, 0.0) * f[len(self.heap)]
+
+    def progress(self, capacity: int, seqs: _Seqs) -> ActorProgress:
+        out = []
+        for _, sid in self.heap:
+            gen = self.it - seqs.start_it[sid]
+            out.append(SeqProgress(seqs.ids[sid], int(gen), max(seqs.pred[sid] - gen, 1.0), seqs.plen[sid]))
+        for job in self.queue:
+            out.extend(SeqProgress(seqs.ids[s], 0, seqs.pred[s], seqs.plen[s]) for s in job)
+        return ActorProgress(self.aid, self.finished, tuple(out), capacity - len(self.heap))
+
+
+def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[list[_Actor], _Seqs]:
+    truth = {j.group_id: j for j in true_jobs} if true_jobs is not None else {}
+    seqs, actors = _Seqs(), []
+    for a, jobs in enumerate(plan.actor_jobs):
+        act = _Actor(a)
+        for j in jobs:
+            pred = j.lengths()
+            true = truth[j.group_id].lengths() if truth else pred
+            first = len(seqs.ids)
+            seqs.ids.extend(f"{j.group_id}/{k}" for k in range(j.n_seqs))
+            seqs.true.extend(true)
+            seqs.pred.extend(pred)
+            seqs.plen.extend([j.prompt_len] * j.n_seqs)
+            seqs.start_it.extend([0.0] * j.n_seqs)
+            act.queue.append(list(range(first, first + j.n_seqs)))
+            act.total += j.n_seqs
+        act.admit(plan.capacity, seqs)
+        actors.append(act)
+    return actors, seqs
+
+
+def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seqs: _Seqs,
+           f: list[float]) -> None:
+    """Move sequences (running or queued); each destination stalls for the KV transfer."""
+    sources = {actors[m.src] for m in mp.moves}
+    sid_of = {seqs.ids[s]: s for act in sources for s in [x for _, x in act.heap] + [x for j in act.queue for x in j]}
+    finish_of = {sid: fi for act in sources for fi, sid in act.heap}
+    moved = set()
+    for m in mp.moves:
+        sid, src, dst = sid_of[m.seq_id], actors[m.src], actors[m.dst]
+        finish = finish_of.get(sid)
+        gen = src.it - seqs.start_it[sid] if finish is not None else 0.0
+        rem = finish - src.it if finish is not None else seqs.true[sid]
+        dst.advance(t, f)
+        seqs.start_it[sid] = dst.it - gen
+        heapq.heappush(dst.heap, (dst.it + rem, sid))
+        dst.total += 1
+        dst.t += tm.kv_transfer_s_per_token * (seqs.plen[sid] + gen)
+        moved.add(sid)
+    for act in sources:
+        act.heap = [x for x in act.heap if x[1] not in moved]
+        heapq.heapify(act.heap)
+        act.queue = deque(job for job in ([s for s in j if s not in moved] for j in act.queue) if job)
+    for a in mp.released:
+        actors[a].end = t
+
+
+def _room(actors: list[_Actor], tau: float, capacity: int, a: int) -> bool:
+    """Cheap pre-check: could destinations take all of actor a's unfinished sequences now?"""
+    need = actors[a].total - actors[a].finished
+    free = sum(capacity - len(b.heap) for b in actors
+               if b.aid != a and b.end is None and b.heap and b.finished / b.total < tau)
+    return free >= need
+
+
+def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
+                            true_jobs: Sequence[PlanJob] | None = None) -> tuple[MigrationResult, dict[str, float]]:
+    """Simulate `plan` with cut-and-migrate at `tau`; decisions use the plan's predicted lengths, execution uses
+    `true_jobs` (matched by group_id; None = the predictions are the truth). Returns (result, metrics)."""
+    _check_tau(tau)
+    f = time_model.iter_seconds(np.arange(plan.capacity + 1)).tolist()
+    actors, seqs = _load(plan, true_jobs)
+    moves: list[Migration] = []
+    released: list[int] = []
+    nxt = [a.next_event(f) for a in actors] or [np.inf]
+    while (t := min(nxt)) < np.inf:
+        a = nxt.index(t)
+        act = actors[a]
+        act.advance(t, f)
+        while act.heap and act.heap[0][0] <= act.it + 1e-9:
+            heapq.heappop(act.heap)
+            act.finished += 1
+        act.admit(plan.capacity, seqs)
+        if not act.heap and not act.queue:
+            act.end = t
+        elif act.finished / act.total >= tau and _room(actors, tau, plan.capacity, a):
+            live = [b for b in actors if b.end is None and (b.heap or b.queue)]
+            for b in live:
+                b.advance(t, f)
+            mp, _ = plan_migrations([b.progress(plan.capacity, seqs) for b in live], tau)
+            if mp.moves:
+                _apply(mp, actors, t, time_model, seqs, f)
+                moves.extend(mp.moves)
+                released.extend(mp.released)
+                for b in live:
+                    nxt[b.aid] = b.next_event(f)
+        nxt[a] = act.next_event(f)
+    return _result(plan, actors, time_model, moves, released)
+
+
+def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: list[Migration],
+            released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
+    busy = []
+    for act, jobs in zip(actors, plan.actor_jobs):
+        prefill = sum(j.prompt_len for j in jobs) * tm.prefill_s_per_token
+        busy.append(tm.actor_fixed_s + prefill + (act.end or 0.0) if jobs else 0.0)
+    makespan = max(busy) if busy else 0.0
+    res = MigrationResult(tuple(busy), makespan, float(sum(makespan - b for b in busy)), tuple(moves),
+                          tuple(released), tuple(a.finished for a in actors))
+    mean = sum(busy) / len(busy) if busy else 0.0
+    return res, {M.BAL_MIGRATIONS: float(len(moves)), M.BAL_RELEASED_ACTORS: float(len(released)),
+                 M.BAL_MAKESPAN_S: makespan, M.BAL_IDLE_DEVICE_S: res.idle_device_s,
+                 M.BAL_IMBALANCE: makespan / mean if mean > 0 else 1.0}

@@ -1,0 +1,134 @@
+"""Cost-aware actor scaling: how many decode actors to start this step.
+
+Purpose: `choose(jobs, cfg, time_model, n_warm)` evaluates every candidate N in cfg.min_actors..max_actors:
+assignment (cfg.policy) -> per-actor busy seconds (optionally with cut-and-migrate simulated at tau) ->
+decode invocations -> predicted step time T(N) and billed cost C(N). Per active actor (one with jobs):
+    duration = cold_start_s (if it starts cold) + weight_sync_s + busy_s   (busy = fixed + prefill + decode)
+    T(N) = max duration;  C(N) = serverless cost of the invocations under cfg.billing at cfg.gpu_kind prices.
+Warm instances (n_warm, kept from the last step) go to the busiest actors, so cold starts avoid the critical path.
+Choice:
+  * objective "score": argmin  lam * T(N)/min_N T  +  (1 - lam) * C(N)/min_N C   (C in dollars; a zero
+    minimum makes that ratio 1); ties -> fewer actors.
+  * "min_cost_under_deadline": cheapest N with T <= deadline_s (ties: faster, then fewer actors);
+  * "min_time_under_budget": fastest N with C <= budget_usd (ties: cheaper, then fewer actors).
+  If no candidate meets the constraint, the closest is taken (fastest / cheapest) and constraint_met=False.
+
+Non-goals: only the decode stage is scaled; reward, reference and learner costs do not depend on N and are left
+to the runtime's meter.
+
+Deviations from the paper: the paper states the score only as "normalised time vs normalised cost with weight
+lambda"; normalising by the best candidate is ours, as are the constrained objectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlhfless import metrics as M
+from rlhfless.plan.balancer import JobArrays, assign
+from rlhfless.plan.config import PlanConfig
+from rlhfless.plan.cost import cost_step, price
+from rlhfless.plan.migrate import simulate_with_migration
+from rlhfless.plan.records import AssignmentPlan, Invocation, PlanJob, ScalingCandidate, ScalingDecision
+from rlhfless.plan.timemodel import TimeModel
+
+
+def decode_invocations(plan: AssignmentPlan, busy_s: Sequence[float], n_warm: int,
+                       cfg: PlanConfig) -> list[Invocation]:
+    """Predicted decode invocations of a plan: one per active actor, the busiest n_warm of them warm."""
+    active = [a for a, jobs in enumerate(plan.actor_jobs) if jobs]
+    by_busy = sorted(active, key=lambda a: (-busy_s[a], a))
+    warm = set(by_busy[:max(n_warm, 0)])
+    invs = []
+    for a in active:
+        cold = a not in warm
+        cold_s = cfg.cold_start_s if cold else 0.0
+        invs.append(Invocation("decode", a, 0.0, cold_s + cfg.weight_sync_s + busy_s[a], cold,
+                               cfg.gpus_per_actor, cold_s))
+    return invs
+
+
+def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel,
+                       n_warm: int) -> tuple[ScalingCandidate, AssignmentPlan]:
+    """T(n) and C(n) of one candidate (score filled in later by `choose`)."""
+    plan, _ = assign(ja, n, cfg.capacity, tm, cfg.policy)
+    busy, moves = plan.busy_s, 0
+    if cfg.migrate and cfg.simulate_migration:
+        res, _ = simulate_with_migration(plan, tm, cfg.tau)
+        busy, moves = res.busy_s, len(res.moves)
+    invs = decode_invocations(plan, busy, n_warm, cfg)
+    cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
+    step = max((i.duration_s for i in invs), default=0.0)
+    cand = ScalingCandidate(n, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True, moves)
+    return cand, plan
+
+
+def _scores(cands: list[ScalingCandidate], lam: float) -> list[float]:
+    t = np.array([c.step_s for c in cands])
+    c = np.array([c.cost_usd for c in cands])
+    tn = t / t.min() if t.min() > 0 else np.ones_like(t)
+    cn = c / c.min() if c.min() > 0 else np.ones_like(c)
+    return (lam * tn + (1.0 - lam) * cn).tolist()
+
+
+def _pick(cands: list[ScalingCandidate], cfg: PlanConfig) -> tuple[ScalingCandidate, bool]:
+    if cfg.objective == "score":
+        return min(cands, key=lambda c: (c.score, c.n_actors)), True
+    feasible = [c for c in cands if c.feasible]
+    if cfg.objective == "min_cost_under_deadline":
+        if feasible:
+            return min(feasible, key=lambda c: (c.cost_usd, c.step_s, c.n_actors)), True
+        return min(cands, key=lambda c: (c.step_s, c.cost_usd, c.n_actors)), False
+    if feasible:
+        return min(feasible, key=lambda c: (c.step_s, c.cost_usd, c.n_actors)), True
+    return min(cands, key=lambda c: (c.cost_usd, c.step_s, c.n_actors)), False
+
+
+def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
+           n_warm: int = 0) -> tuple[ScalingDecision, dict]:
+    """Pick the number of decode actors for this step (rule in the module header); returns (decision, metrics).
+
+    metrics holds scalars (scaler/*, balancer/* of the chosen plan) and `scaler/candidates`: a list of plain
+    rows (n_actors, active_actors, step_s, gpu_seconds, cost_usd, score, feasible, migrations) for a table.
+    """
+    tm = time_model or cfg.time_model()
+    ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
+    evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm) for n in cfg.candidates()]
+    cands = [c for c, _ in evaluated]
+    scores = _scores(cands, cfg.lam)
+    cands = [_with(c, s, cfg) for c, s in zip(cands, scores)]
+    best, met = _pick(cands, cfg)
+    plan = next(p for c, p in evaluated if c.n_actors == best.n_actors)
+    decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, met)
+    return decision, decision_metrics(decision)
+
+
+def _with(c: ScalingCandidate, score: float, cfg: PlanConfig) -> ScalingCandidate:
+    if cfg.objective == "min_cost_under_deadline":
+        feasible = c.step_s <= cfg.deadline_s
+    elif cfg.objective == "min_time_under_budget":
+        feasible = c.cost_usd <= cfg.budget_usd
+    else:
+        feasible = True
+    return ScalingCandidate(c.n_actors, c.active_actors, c.step_s, c.gpu_seconds, c.cost_usd, score, feasible,
+                            c.migrations)
+
+
+def decision_metrics(d: ScalingDecision) -> dict:
+    """Scaler metrics of a decision (names from rlhfless.metrics)."""
+    c = d.chosen
+    return {
+        M.SCALER_NUM_ACTORS: float(d.n_actors),
+        M.SCALER_STEP_S: c.step_s,
+        M.SCALER_COST_USD: c.cost_usd,
+        M.SCALER_GPU_S: c.gpu_seconds,
+        M.SCALER_SCORE: c.score,
+        M.SCALER_CONSTRAINT_MET: float(d.constraint_met),
+        M.BAL_IMBALANCE: d.plan.imbalance,
+        M.BAL_MAKESPAN_S: d.plan.makespan_s,
+        M.BAL_IDLE_DEVICE_S: d.plan.idle_device_s,
+        M.BAL_MIGRATIONS: float(c.migrations),
+        M.SCALER_CANDIDATES: d.table_rows(),
+    }

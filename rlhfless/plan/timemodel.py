@@ -1,0 +1,292 @@
+"""Time model of a decode actor: a continuous-batching engine simulated event by event.
+
+Purpose: predict how long each decode actor is busy for a given assignment, from a time-per-iteration profile
+(seconds per decode iteration as a function of the running batch size, piecewise-linear between profiled points),
+plus prefill seconds per prompt token and a fixed per-actor overhead. The simulation is exact for that model:
+  * an actor has `capacity` slots (max concurrent sequences, i.e. its KV budget);
+  * jobs are admitted FIFO in plan order; a job's n_seqs sequences are admitted together ("gang" admission,
+    so the shared prefix KV is built once) as soon as n_seqs slots are free;
+  * every iteration each running sequence emits one token; a sequence of length L leaves L iterations after it
+    entered, freeing its slot; the iteration time is s_per_iter(current batch), so an actor whose batch shrinks
+    speeds up, as a real continuous-batching engine does.
+The busy decode time is sum over piecewise-constant batch segments of (segment iterations x s_per_iter(batch)),
+computed with numpy over entry/finish events of all actors at once; only actors whose sequences exceed their
+capacity need a Python heap (one push and pop per sequence) to find admission times.
+
+Lengths are real numbers of tokens (predictions are fractional); the model does not round them.
+
+Non-goals: no per-token loops, no memory model beyond the slot count, no chunked-prefill interleaving.
+
+Deviations from the paper: the paper profiles time-per-output-token (TPOT) on its GPUs; we take any profile
+table (the engine benchmark writes one as JSON). Prefill is charged to the decode actor as seconds per prompt
+token of each job (one prefix per job), standing in for the prefill actor's work plus KV transfer. The
+`default_tiny_cpu` table is an assumed shape for the tiny CPU model (overhead-dominated at small batch,
+about linear once compute bound), to be replaced by the engine benchmark's measured JSON.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.errors import ConfigError, DataError, require
+
+# Assumed profile of the tiny CPU model (batch size -> seconds per decode iteration); see the module header.
+_TINY_CPU_TABLE = ((1, 0.010), (2, 0.011), (4, 0.012), (8, 0.015), (16, 0.021), (32, 0.033),
+                   (64, 0.058), (128, 0.110), (256, 0.215))
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Seconds per decode iteration vs batch size, plus prefill and fixed overheads.
+
+    batch_sizes: profiled batch sizes, strictly increasing integers >= 1.
+    s_per_iter: seconds per decode iteration at each profiled batch size (> 0). Between points: linear
+        interpolation; below the first point: the first value; above the last: the last segment's slope
+        (never negative).
+    prefill_s_per_token: seconds per prompt token prefilled (>= 0), charged once per job.
+    actor_fixed_s: seconds every decode actor with work spends on fixed setup/teardown per step (>= 0).
+    kv_transfer_s_per_token: seconds per context token to move a sequence's KV on migration (>= 0).
+    source: where the profile came from (a path or "default_tiny_cpu"), for logs.
+    """
+
+    batch_sizes: tuple[int, ...]
+    s_per_iter: tuple[float, ...]
+    prefill_s_per_token: float = 0.0002
+    actor_fixed_s: float = 0.05
+    kv_transfer_s_per_token: float = 0.00002
+    source: str = "given"
+    _x: np.ndarray = field(init=False, repr=False, compare=False)
+    _y: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        b, s = tuple(self.batch_sizes), tuple(self.s_per_iter)
+        require(len(b) >= 1 and len(b) == len(s), "time_model.batch_sizes",
+                f"need one s_per_iter per batch size and at least one point (got {len(b)} and {len(s)})")
+        require(all(isinstance(x, (int, np.integer)) and x >= 1 for x in b), "time_model.batch_sizes",
+                f"must be integers >= 1 (got {b})")
+        require(all(b2 > b1 for b1, b2 in zip(b, b[1:])), "time_model.batch_sizes",
+                f"must be strictly increasing (got {b})")
+        require(all(np.isfinite(x) and x > 0 for x in s), "time_model.s_per_iter", f"must be > 0 (got {s})")
+        for name in ("prefill_s_per_token", "actor_fixed_s", "kv_transfer_s_per_token"):
+            v = getattr(self, name)
+            require(np.isfinite(v) and v >= 0, f"time_model.{name}", f"must be >= 0 (got {v})")
+        object.__setattr__(self, "_x", np.asarray(b, dtype=np.float64))
+        object.__setattr__(self, "_y", np.asarray(s, dtype=np.float64))
+
+    def iter_seconds(self, batch: np.ndarray | float) -> np.ndarray:
+        """Seconds of one decode iteration at batch size `batch` (array or scalar; 0 for batch 0)."""
+        b = np.asarray(batch, dtype=np.float64)
+        y = np.interp(b, self._x, self._y)
+        if len(self._x) >= 2:
+            # a noisy measured profile can dip at its end: never extrapolate a falling cost
+            slope = max((self._y[-1] - self._y[-2]) / (self._x[-1] - self._x[-2]), 0.0)
+            y = np.where(b > self._x[-1], self._y[-1] + slope * (b - self._x[-1]), y)
+        return np.where(b > 0, y, 0.0)
+
+    # ---- constructors -------------------------------------------------------------------------------
+    @classmethod
+    def default_tiny_cpu(cls) -> TimeModel:
+        """The shipped assumed profile of the tiny CPU model (see the module header)."""
+        b, s = zip(*_TINY_CPU_TABLE)
+        return cls(batch_sizes=b, s_per_iter=s, source="default_tiny_cpu")
+
+    @classmethod
+    def per_token(cls, s_per_token: float, **kw: float) -> TimeModel:
+        """Linear model: an iteration at batch b costs b * s_per_token, so busy time = tokens x s_per_token.
+
+        Under it an actor's decode time is proportional to its token work, which makes the classic bounds
+        (makespan >= max(longest job, total/N)) exact; tests and the LPT guarantee use it.
+        """
+        kw.setdefault("prefill_s_per_token", 0.0)
+        kw.setdefault("actor_fixed_s", 0.0)
+        return cls(batch_sizes=(1, 2), s_per_iter=(s_per_token, 2 * s_per_token), source="per_token", **kw)
+
+    @classmethod
+    def from_rows(cls, rows: list[dict], context: int | None = None, **kw: float) -> TimeModel:
+        """Build from engine-benchmark rows {"batch_size": int, "context": int, "s_per_iter": float}.
+
+        With several contexts per batch size: the rows whose context is nearest `context` are used, or, with
+        `context=None`, the mean over all contexts of that batch size.
+        """
+        if not isinstance(rows, list) or not rows:
+            raise DataError("time profile: expected a non-empty list of {batch_size, context, s_per_iter} rows")
+        by_b: dict[int, list[tuple[float, float]]] = {}
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict) or "batch_size" not in r or "s_per_iter" not in r:
+                raise DataError(f"time profile row {i}: needs keys batch_size and s_per_iter (got {r!r})")
+            ctx = float(r.get("context", 0) or 0)
+            by_b.setdefault(int(r["batch_size"]), []).append((ctx, float(r["s_per_iter"])))
+        bs, ys = [], []
+        for b in sorted(by_b):
+            pts = by_b[b]
+            if context is None:
+                y = float(np.mean([p[1] for p in pts]))
+            else:
+                best = min(abs(p[0] - context) for p in pts)
+                y = float(np.mean([p[1] for p in pts if abs(p[0] - context) == best]))
+            bs.append(b)
+            ys.append(y)
+        return cls(batch_sizes=tuple(bs), s_per_iter=tuple(ys), **kw)
+
+    @classmethod
+    def from_json(cls, path: str | Path, context: int | None = None, **kw: float) -> TimeModel:
+        """Read a JSON profile: a list of rows, or {"rows": [...], optional scalar fields of TimeModel}."""
+        p = Path(path)
+        if not p.is_file():
+            raise DataError(f"time profile not found: {p}")
+        try:
+            obj = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{p}: not valid JSON ({exc.msg})") from None
+        rows = obj
+        if isinstance(obj, dict):
+            rows = obj.get("rows")
+            for k in ("prefill_s_per_token", "actor_fixed_s", "kv_transfer_s_per_token"):
+                if k in obj:
+                    kw.setdefault(k, float(obj[k]))
+        try:
+            return cls.from_rows(rows, context=context, source=str(p), **kw)
+        except ConfigError as exc:
+            raise DataError(f"{p}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Per-actor outcome of the simulation; arrays are (n_actors,) unless noted.
+
+    decode_s: seconds of decode iterations; peak_batch: max concurrent sequences seen;
+    entry_iter, finish_iter: (S,) iteration at which each sequence entered / finished (input order).
+    """
+
+    decode_s: np.ndarray
+    peak_batch: np.ndarray
+    entry_iter: np.ndarray
+    finish_iter: np.ndarray
+
+
+def _gang_fifo_entries(lengths: np.ndarray, sizes: np.ndarray, capacity: int) -> np.ndarray:
+    """Admission iteration of each sequence of one actor: jobs FIFO, a job's seqs enter together.
+
+    lengths: (S_a,) tokens per sequence in admission order; sizes: (J_a,) seqs per job (sum = S_a).
+    Keeps the iterations at which the slots free: a job of g seqs enters at the g-th earliest. Jobs that fit
+    in the empty engine enter at 0 without a loop; the rest cost one insertion per sequence.
+    """
+    cs = np.cumsum(sizes)
+    k = int(np.searchsorted(cs, capacity, side="right"))  # jobs admitted at iteration 0
+    n0 = int(cs[k - 1]) if k else 0
+    lens = lengths.tolist()
+    free = lens[:n0] + [0.0] * (capacity - n0)
+    out: list[float] = []
+    if bool((sizes == 1).all()):  # per-sequence jobs: a heap with one replace per sequence is fastest
+        heapq.heapify(free)
+        rep, app = heapq.heapreplace, out.append
+        for length in lens[n0:]:
+            t = free[0]
+            app(t)
+            rep(free, t + length)
+    else:  # groups: a sorted list; take the g earliest, insert the g new finish times
+        free.sort()
+        ins, i = bisect.insort, n0
+        for g in sizes[k:].tolist():
+            t = free[g - 1]
+            del free[:g]
+            for length in lens[i:i + g]:
+                ins(free, t + length)
+            out.append(t)
+            i += g
+        out = np.repeat(out, sizes[k:]).tolist()
+    entries = np.zeros(len(lens))
+    entries[n0:] = out
+    return entries
+
+
+def _uniform_fifo_entries(lengths: np.ndarray, starts: np.ndarray, actors: np.ndarray, g: int, capacity: int,
+                          entry: np.ndarray) -> None:
+    """`_gang_fifo_entries` for many actors at once when every job has g seqs; fills `entry` in place.
+
+    The actors advance in lock step, one queued job each per step, on an (actors, capacity) matrix of sorted
+    slot-free iterations; actors with fewer jobs are padded with zero-length jobs after their real ones.
+    """
+    k0 = capacity // g  # jobs admitted at iteration 0
+    n_jobs = (starts[actors + 1] - starts[actors]) // g
+    rows = np.argsort(-n_jobs, kind="stable")  # busiest first: the rows still queueing are a prefix
+    actors, n_jobs = actors[rows], n_jobs[rows]
+    jmax = int(n_jobs[0])
+    lens = np.zeros((len(actors), jmax * g))
+    for r, a in enumerate(actors):
+        lens[r, :starts[a + 1] - starts[a]] = lengths[starts[a]:starts[a + 1]]
+    lens = lens.reshape(len(actors), jmax, g)
+    free = np.zeros((len(actors), capacity))
+    free[:, :k0 * g] = lens[:, :k0].reshape(len(actors), -1)
+    free.sort(axis=1)
+    job_entry = np.zeros((len(actors), jmax))
+    live = (n_jobs[None, :] > np.arange(jmax)[:, None]).sum(axis=1).tolist()  # rows with a k-th job
+    for k in range(k0, jmax):
+        m = live[k]
+        f = free[:m]
+        t = f[:, g - 1]
+        job_entry[:m, k] = t
+        f = np.concatenate((f[:, g:], t[:, None] + lens[:m, k]), axis=1)
+        f.sort(axis=1, kind="stable")  # two sorted runs: timsort merges them in linear time
+        free[:m] = f
+    for r, a in enumerate(actors):
+        entry[starts[a]:starts[a + 1]] = np.repeat(job_entry[r, :n_jobs[r]], g)
+
+
+def simulate(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray, job_actor: np.ndarray,
+             n_actors: int, capacity: int, tm: TimeModel) -> SimResult:
+    """Simulate every actor's continuous-batching decode.
+
+    lengths: (S,) tokens per sequence, grouped by actor and in admission order within an actor;
+    seq_actor: (S,) actor of each sequence (non-decreasing); job_sizes, job_actor: (J,) the same per job.
+    Returns decode seconds per actor (fixed overhead and prefill are added by the caller).
+    """
+    counts = np.bincount(seq_actor, minlength=n_actors)
+    entry = np.zeros(len(lengths))
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    queued = np.flatnonzero(counts > capacity)
+    # lock-step numpy pays off from a few queued actors on (measured: slower than the loop for 1-3)
+    if len(queued) >= 4 and bool((job_sizes == job_sizes[0]).all()):
+        _uniform_fifo_entries(lengths, starts, queued, int(job_sizes[0]), capacity, entry)
+    else:
+        for a in queued:
+            sl = slice(starts[a], starts[a + 1])
+            entry[sl] = _gang_fifo_entries(lengths[sl], job_sizes[job_actor == a], capacity)
+    finish = entry + lengths
+    decode, peak = _segments(entry, finish, seq_actor, n_actors, tm)
+    return SimResult(decode_s=decode, peak_batch=peak, entry_iter=entry, finish_iter=finish)
+
+
+def _segments(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
+              tm: TimeModel) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of (iterations x s_per_iter(batch)) over the piecewise-constant batch of every actor.
+
+    Events (+1 at entry, -1 at finish) are sorted by (actor, iteration); since each actor's deltas sum to
+    zero, one global cumsum gives every actor's running batch size after each event.
+    """
+    if len(entry) == 0:
+        return np.zeros(n_actors), np.zeros(n_actors, dtype=np.int64)
+    times = np.concatenate((entry, finish))
+    delta = np.concatenate((np.ones(len(entry)), -np.ones(len(entry))))
+    actor = np.concatenate((seq_actor, seq_actor))
+    span = float(finish.max()) + 1.0
+    key = actor * span + times  # by (actor, iteration); one float key sorts fastest
+    order = np.argsort(key)
+    key, d, a = key[order], delta[order], actor[order]
+    batch = np.cumsum(d)
+    # segment lengths from the same key that ordered the events, so events the key cannot tell apart form
+    # zero-length segments (any order among them is then harmless)
+    seg = np.diff(key)
+    live = (a[1:] == a[:-1]) & (seg > 0)  # zero-length segments (an exit and an entry at one instant) cost 0
+    b = batch[:-1]
+    cost = np.where(live, seg * tm.iter_seconds(b), 0.0)
+    decode = np.bincount(a[:-1], weights=cost, minlength=n_actors)
+    peak = np.zeros(n_actors, dtype=np.int64)
+    np.maximum.at(peak, a[:-1][live], b[live].astype(np.int64))
+    return decode, peak

@@ -1,0 +1,86 @@
+"""Actor scaling: hand-worked choices for every objective, warm pools, config validation, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhfless import metrics as M
+from rlhfless.configbase import from_dict
+from rlhfless.errors import ConfigError
+from rlhfless.plan.config import PlanConfig
+from rlhfless.plan.cost import BillingRules, price
+from rlhfless.plan.records import PlanJob
+from rlhfless.plan.scaler import choose
+from rlhfless.plan.timemodel import TimeModel
+
+TM = TimeModel.per_token(0.01)
+JOBS = [PlanJob(x, 1, 100.0) for x in "abcd"]  # 1 s of decode work each under TM
+RULES = BillingRules(granularity_s=1.0, minimum_s=0.0, bill_cold_start=True, keep_alive_s=0.0)
+
+
+def _cfg(**kw):
+    base = dict(min_actors=1, max_actors=4, cold_start_s=3.0, weight_sync_s=0.2, billing=RULES, migrate=False)
+    base.update(kw)
+    return PlanConfig(**base)
+
+
+def test_hand_worked_table_and_score_choice():
+    # N=1: 3 + 0.2 + 4 = 7.2 s, billed 8; N=2: 5.2 s, 2 x 6 = 12; N=3 (chunks 1,2,1): 5.2 s, 5+6+5 = 16;
+    # N=4: 4.2 s, 4 x 5 = 20 GPU-s.  lam=0.5: N=1 scores .5*7.2/4.2 + .5*8/8 = 1.357 (N=2: 1.369)
+    d, m = choose(JOBS, _cfg(lam=0.5), TM)
+    table = [(c.n_actors, round(c.step_s, 6), c.gpu_seconds) for c in d.candidates]
+    assert table == [(1, 7.2, 8.0), (2, 5.2, 12.0), (3, 5.2, 16.0), (4, 4.2, 20.0)]
+    assert d.n_actors == 1
+    assert d.chosen.score == pytest.approx(0.5 * 7.2 / 4.2 + 0.5)
+    assert m[M.SCALER_NUM_ACTORS] == 1.0
+    assert m[M.SCALER_COST_USD] == pytest.approx(8.0 * price("cpu-core").serverless_usd_per_s)
+    assert [r["n_actors"] for r in m[M.SCALER_CANDIDATES]] == [1, 2, 3, 4]
+    # lam=0.9 favours time: N=4 scores .9*1 + .1*2.5 = 1.15 (N=2: 1.264)
+    assert choose(JOBS, _cfg(lam=0.9), TM)[0].n_actors == 4
+    assert choose(JOBS, _cfg(lam=1.0), TM)[0].n_actors == 4
+    assert choose(JOBS, _cfg(lam=0.0), TM)[0].n_actors == 1
+
+
+def test_constrained_objectives():
+    d, m = choose(JOBS, _cfg(objective="min_cost_under_deadline", deadline_s=6.0), TM)
+    assert d.n_actors == 2 and d.constraint_met and m[M.SCALER_CONSTRAINT_MET] == 1.0
+    usd = price("cpu-core").serverless_usd_per_s
+    d, _ = choose(JOBS, _cfg(objective="min_time_under_budget", budget_usd=13 * usd), TM)
+    assert d.n_actors == 2
+    d, _ = choose(JOBS, _cfg(objective="min_cost_under_deadline", deadline_s=1.0), TM)
+    assert d.n_actors == 4 and not d.constraint_met  # nothing meets 1 s: the fastest is taken
+    d, _ = choose(JOBS, _cfg(objective="min_time_under_budget", budget_usd=usd), TM)
+    assert d.n_actors == 1 and not d.constraint_met
+
+
+def test_warm_actors_skip_the_cold_start():
+    d, _ = choose(JOBS, _cfg(lam=0.5), TM, n_warm=4)
+    # warm: N=1 4.2 s / 5 GPU-s; N=4 1.2 s / 4 x 2 = 8 GPU-s -> scores 0.5*3.5+0.5 = 2.25 vs 0.5 + 0.8 = 1.3
+    assert [(c.n_actors, round(c.step_s, 6), c.gpu_seconds) for c in d.candidates][::3] == [(1, 4.2, 5.0),
+                                                                                           (4, 1.2, 8.0)]
+    assert d.n_actors == 4
+
+
+def test_scaling_off_uses_max_actors_and_migration_can_be_simulated():
+    d, _ = choose(JOBS, _cfg(scale=False), TM)
+    assert [c.n_actors for c in d.candidates] == [4]
+    d, _ = choose(JOBS, _cfg(migrate=True, simulate_migration=True, tau=0.5), TM)
+    assert len(d.candidates) == 4
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(lam=1.5), "plan.lam"), (dict(lam=-0.1), "plan.lam"), (dict(min_actors=0), "plan.min_actors"),
+    (dict(max_actors=0), "plan.max_actors"), (dict(policy="random"), "plan.policy"),
+    (dict(gpu_kind="TPU"), "plan.gpu_kind"), (dict(tau=0.0), "plan.tau"), (dict(capacity=0), "plan.capacity"),
+    (dict(objective="min_cost_under_deadline"), "plan.deadline_s"),
+])
+def test_config_errors_name_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field):
+        PlanConfig(**kw)
+
+
+def test_config_from_dict_and_capacity_error():
+    cfg = from_dict(PlanConfig, {"policy": "lpt", "billing": {"granularity_s": 0.1}}, prefix="plan")
+    assert cfg.billing.granularity_s == 0.1
+    with pytest.raises(ConfigError, match="capacity"):
+        choose([PlanJob("g", 8, 10.0)], _cfg(capacity=4), TM)

@@ -1,0 +1,103 @@
+"""Time model: exact continuous-batching timelines, the vectorised FIFO vs the loop reference, profile I/O."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhfless.errors import ConfigError, DataError
+from rlhfless.plan import timemodel as T
+from rlhfless.plan.timemodel import TimeModel, simulate
+
+TM = TimeModel(batch_sizes=(1, 2), s_per_iter=(1.0, 1.5), prefill_s_per_token=0.0, actor_fixed_s=0.0)
+
+
+def _sim(lengths, sizes, capacity, tm=TM, actors=None):
+    lengths = np.asarray(lengths, dtype=float)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    job_actor = np.zeros(len(sizes), dtype=np.int64) if actors is None else np.asarray(actors, dtype=np.int64)
+    seq_actor = np.repeat(job_actor, sizes)
+    return simulate(lengths, seq_actor, sizes, job_actor, int(job_actor.max()) + 1, capacity, tm)
+
+
+def test_batch_shrinks_and_actor_speeds_up():
+    # two seqs (2 and 4 tokens) together: 2 iterations at batch 2 (1.5 s) then 2 at batch 1 (1 s)
+    r = _sim([2, 4], [1, 1], capacity=2)
+    assert r.decode_s[0] == pytest.approx(2 * 1.5 + 2 * 1.0)
+    assert r.peak_batch[0] == 2
+
+
+def test_queue_waits_for_a_free_slot():
+    r = _sim([2, 3], [1, 1], capacity=1)
+    assert r.entry_iter.tolist() == [0.0, 2.0]
+    assert r.decode_s[0] == pytest.approx(5.0)
+    assert r.peak_batch[0] == 1
+
+
+def test_group_is_admitted_together():
+    # job A = (1, 3), job B = (1, 1), capacity 2: B waits until both of A's slots are free (iteration 3)
+    r = _sim([1, 3, 1, 1], [2, 2], capacity=2)
+    assert r.entry_iter.tolist() == [0.0, 0.0, 3.0, 3.0]
+    assert r.decode_s[0] == pytest.approx(1 * 1.5 + 2 * 1.0 + 1 * 1.5)
+
+
+def test_interpolation_and_extrapolation():
+    tm = TimeModel(batch_sizes=(1, 4, 8), s_per_iter=(1.0, 2.5, 4.5))
+    assert tm.iter_seconds(2) == pytest.approx(1.5)
+    assert tm.iter_seconds(16) == pytest.approx(4.5 + 8 * 0.5)  # last slope continues
+    assert tm.iter_seconds(0) == 0.0
+
+
+def test_per_token_model_is_linear_in_tokens():
+    tm = TimeModel.per_token(0.01)
+    r = _sim([5, 7, 11, 2], [2, 2], capacity=2, tm=tm)
+    assert r.decode_s[0] == pytest.approx(0.01 * 25)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8), st.integers(2, 12), st.integers(1, 4), st.integers(0, 2**31 - 1))
+def test_vectorised_fifo_matches_loop_reference(n_actors, cap_groups, g, seed):
+    rng = np.random.default_rng(seed)
+    capacity = cap_groups * g
+    counts = rng.integers(0, 3 * cap_groups, n_actors)
+    actors = np.repeat(np.arange(n_actors), counts)
+    if len(actors) == 0:
+        return
+    lengths = rng.lognormal(3, 1, len(actors) * g)
+    sizes = np.full(len(actors), g)
+    r = _sim(lengths, sizes, capacity, actors=actors)
+    seq_actor = np.repeat(actors, g)
+    for a in range(n_actors):
+        sl = seq_actor == a
+        if sl.sum() > capacity:
+            ref = T._gang_fifo_entries(lengths[sl], sizes[actors == a], capacity)
+            np.testing.assert_allclose(r.entry_iter[sl], ref)
+    assert (r.peak_batch <= capacity).all()
+
+
+def test_json_profile_rows_and_context(tmp_path):
+    rows = [{"batch_size": 1, "context": 128, "s_per_iter": 0.01}, {"batch_size": 1, "context": 1024, "s_per_iter": 0.03},
+            {"batch_size": 8, "context": 128, "s_per_iter": 0.02}, {"batch_size": 8, "context": 1024, "s_per_iter": 0.06}]
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps(rows))
+    assert TimeModel.from_json(p).s_per_iter == pytest.approx((0.02, 0.04))
+    assert TimeModel.from_json(p, context=100).s_per_iter == pytest.approx((0.01, 0.02))
+    p.write_text(json.dumps({"rows": rows, "prefill_s_per_token": 0.001}))
+    assert TimeModel.from_json(p).prefill_s_per_token == 0.001
+
+
+def test_bad_profiles_are_clear_errors(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        TimeModel.from_json(tmp_path / "missing.json")
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps([{"batch_size": 1}]))
+    with pytest.raises(DataError, match="s_per_iter"):
+        TimeModel.from_json(p)
+    with pytest.raises(ConfigError, match="strictly increasing"):
+        TimeModel(batch_sizes=(4, 2), s_per_iter=(1.0, 2.0))
+    with pytest.raises(ConfigError, match="s_per_iter"):
+        TimeModel(batch_sizes=(1,), s_per_iter=(-1.0,))
