@@ -1,0 +1,162 @@
+"""`rlhfless predictor {train,eval,compare}` and `rlhfless data {gsm8k-lengths,synthetic-trace}`.
+
+Only argparse wiring: each command calls a function of `rlhfless.predictor.commands` (tests call those
+directly). Heavy libraries are imported inside the functions so `rlhfless --help` stays instant.
+Non-goals and deviations: see `rlhfless.predictor.commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rlhfless.errors import ConfigError
+
+
+def _split_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--test-epoch", type=int, default=None,
+                   help="traces: test on this epoch, train on earlier ones (default: the last epoch)")
+    p.add_argument("--test-frac", type=float, default=0.2,
+                   help="text-only data: fraction of prompts held out for testing (default 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out prompt split (default 0)")
+
+
+def _config(name: str, sets: list[str]):
+    from rlhfless.configbase import parse_override
+    from rlhfless.predictor.config import PredictorConfig
+
+    data = {"name": name}
+    for item in sets:
+        keys, value = parse_override(item)
+        if len(keys) != 1:
+            raise ConfigError(f"--set {item}: predictor keys are not nested (for example --set alpha=0.3)")
+        data[keys[0]] = value
+    return PredictorConfig.from_dict(data)
+
+
+def _spec(args):
+    from rlhfless.predictor.commands import SplitSpec
+
+    if not 0.0 < args.test_frac < 1.0:
+        raise ConfigError(f"--test-frac: must be in (0, 1) (got {args.test_frac})")
+    return SplitSpec(args.test_epoch, args.test_frac, args.seed)
+
+
+def cmd_train(args) -> int:
+    from rlhfless.predictor.commands import train_predictor
+
+    cfg = _config(args.model, args.set)
+    train_predictor(args.data, cfg, args.out, split=_spec(args), use_all=args.all)
+    print(f"saved {cfg.name} predictor to {args.out}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from rlhfless.predictor.commands import eval_predictor, write_json
+
+    if args.actors < 1:
+        raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
+    result = eval_predictor(args.model, args.data, n_actors=args.actors)
+    if args.json:
+        write_json(result, args.json)
+    print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from rlhfless.predictor.commands import compare_predictors, plot_comparison, write_json
+    from rlhfless.predictor.config import PREDICTOR_NAMES
+    from rlhfless.predictor.data import read_lengths
+
+    names = tuple(args.models.split(",")) if args.models else PREDICTOR_NAMES
+    bad = [n for n in names if n not in PREDICTOR_NAMES]
+    if bad:
+        raise ConfigError(f"--models: unknown predictor {bad[0]!r}; allowed: {', '.join(PREDICTOR_NAMES)}")
+    comp = compare_predictors(read_lengths(args.data), names=names, base=_config(names[0], args.set),
+                              split=_spec(args), n_actors=args.actors)
+    fig = Path(args.figure) if args.figure else Path(args.json).with_suffix(".png")
+    plot_comparison(comp, fig)
+    write_json(comp.to_json(), args.json)
+    for name, m in comp.metrics.items():
+        print(f"{name:14s} mae={m['mae']:.1f} kendall_tau={m['kendall_tau']:.3f} "
+              f"makespan_ratio={m['makespan_ratio']:.3f}")
+    print(f"wrote {args.json} and {fig}")
+    return 0
+
+
+def cmd_gsm8k(args) -> int:
+    from rlhfless.predictor.data import gsm8k_lengths
+
+    n = gsm8k_lengths(args.inp, args.out)
+    print(f"wrote {n} rows to {args.out} (response_length = UTF-8 bytes of the reference answer + EOS)")
+    return 0
+
+
+def cmd_synthetic(args) -> int:
+    from rlhfless.configbase import parse_override
+    from rlhfless.predictor.commands import synthetic_trace_file
+
+    params = {}
+    for item in args.set:
+        keys, value = parse_override(item)
+        params[".".join(keys)] = value
+    n = synthetic_trace_file(args.out, seed=args.seed, fit_from=args.fit_from, **params)
+    print(f"wrote {n} rows to {args.out}")
+    return 0
+
+
+def register(sub, bench_sub) -> None:
+    """Add the `predictor` and `data` command groups."""
+    pred = sub.add_parser("predictor", help="train, evaluate and compare response-length predictors",
+                          description="Response-length predictors: ewma (the paper), sibling, learned, "
+                                      "global_mean, prompt_length.")
+    psub = pred.add_subparsers(dest="predictor_command", metavar="ACTION", required=True)
+
+    t = psub.add_parser("train", help="fit a predictor and save it to a directory",
+                        description="Fit on the train split of --data (traces: epochs before the test epoch; "
+                                    "text-only data: prompts outside the held-out fraction), or on all rows.")
+    t.add_argument("--data", required=True, help="length data or loop trace (JSONL)")
+    t.add_argument("--model", required=True, help="ewma, sibling, learned, global_mean or prompt_length")
+    t.add_argument("--out", required=True, help="directory to save the model in")
+    t.add_argument("--all", action="store_true", help="train on every row (for deployment; no held-out test)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="predictor config field, e.g. --set alpha=0.3 (repeatable)")
+    _split_args(t)
+    t.set_defaults(func=cmd_train)
+
+    e = psub.add_parser("eval", help="metrics of a saved predictor on held-out data",
+                        description="Evaluate on the test split recorded at training time.")
+    e.add_argument("--model", required=True, help="directory written by `rlhfless predictor train`")
+    e.add_argument("--data", required=True, help="length data or loop trace (JSONL)")
+    e.add_argument("--json", default=None, help="write the metrics (mae, kendall_tau, ...) to this JSON file")
+    e.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
+    e.set_defaults(func=cmd_eval)
+
+    c = psub.add_parser("compare", help="all predictors side by side (JSON + seaborn figure)",
+                        description="Fit every predictor on the same split and compare them.")
+    c.add_argument("--data", required=True, help="length data or loop trace (JSONL)")
+    c.add_argument("--json", required=True, help="output JSON (metrics per predictor)")
+    c.add_argument("--figure", default=None, help="output PNG (default: the JSON path with .png)")
+    c.add_argument("--models", default=None, help="comma-separated subset of predictors (default: all)")
+    c.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config field shared by all predictors, e.g. --set alpha=0.3")
+    _split_args(c)
+    c.set_defaults(func=cmd_compare)
+
+    data = sub.add_parser("data", help="make length data sets", description="Make length data sets.")
+    dsub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    g = dsub.add_parser("gsm8k-lengths", help="GSM8K JSONL -> length data (reference-answer lengths)",
+                        description="Length of each reference answer under the byte tokenizer (bytes + EOS).")
+    g.add_argument("--in", dest="inp", required=True, help="GSM8K JSONL with question and answer fields")
+    g.add_argument("--out", required=True, help="output length data (JSONL)")
+    g.set_defaults(func=cmd_gsm8k)
+    s = dsub.add_parser("synthetic-trace", help="write a synthetic multi-epoch length trace",
+                        description="Synthetic trace (heavy-tailed per-prompt lengths, group noise, drift, "
+                                    "truncation); optionally with parameters fitted to a real trace.")
+    s.add_argument("--out", required=True, help="output trace (JSONL of TraceRow)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--fit-from", default=None, help="fit the parameters to this trace first")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="generator parameter, e.g. --set n_prompts=256 (repeatable)")
+    s.set_defaults(func=cmd_synthetic)
