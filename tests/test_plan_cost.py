@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless import metrics as M
 from rlhfless.errors import ConfigError, DataError
-from rlhfless.plan.cost import CATALOG, BillingRules, billed_seconds, cost_run, cost_serverful, cost_step, price
+from rlhfless.plan.cost import (
+    CATALOG,
+    BillingRules,
+    billed_seconds,
+    billed_seconds_array,
+    cost_run,
+    cost_serverful,
+    cost_step,
+    price,
+)
 from rlhfless.plan.records import Invocation
 
 TIMELINE = [
@@ -70,3 +80,15 @@ def test_bad_input_is_a_clear_error():
         Invocation("decode", 0, 5.0, 1.0)
     with pytest.raises(ConfigError, match="wall_s"):
         cost_serverful(1, -1.0, price("H100"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e3), st.booleans(), st.floats(0, 1)), min_size=1, max_size=8),
+       st.floats(0.01, 10), st.floats(0, 20), st.booleans(), st.floats(0, 5))
+def test_vectorised_billing_equals_the_scalar_rule(rows, gran, minimum, bill_cold, keep):
+    rules = BillingRules(gran, minimum, bill_cold, keep)
+    invs = [Invocation("decode", i, 0.0, d, cold=c, cold_start_s=f * d if c else 0.0)
+            for i, (d, c, f) in enumerate(rows)]
+    got = billed_seconds_array(np.array([i.duration_s for i in invs]), np.array([i.cold for i in invs]),
+                               np.array([i.cold_start_s for i in invs]), rules)
+    assert got.tolist() == [billed_seconds(i, rules) for i in invs]

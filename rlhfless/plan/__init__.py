@@ -5,9 +5,24 @@ Pure and fast; the same code drives the real runtime and the simulator. Entry po
 `cost_step` / `cost_serverful` (cost), `TimeModel` (continuous-batching time model), `PlanConfig`.
 """
 
-from rlhfless.plan.balancer import POLICIES, JobArrays, assign, evaluate_plan, oracle_assign, with_lengths
+from rlhfless.plan.balancer import (
+    POLICIES,
+    JobArrays,
+    assign,
+    evaluate_plan,
+    oracle_assign,
+    with_lengths,
+)
 from rlhfless.plan.config import PlanConfig
-from rlhfless.plan.cost import CATALOG, BillingRules, CostSummary, cost_run, cost_serverful, cost_step, price
+from rlhfless.plan.cost import (
+    CATALOG,
+    BillingRules,
+    CostSummary,
+    cost_run,
+    cost_serverful,
+    cost_step,
+    price,
+)
 from rlhfless.plan.migrate import plan_migrations, simulate_with_migration
 from rlhfless.plan.records import (
     ActorProgress,
@@ -24,8 +39,31 @@ from rlhfless.plan.scaler import choose
 from rlhfless.plan.timemodel import TimeModel
 
 __all__ = [
-    "POLICIES", "JobArrays", "assign", "evaluate_plan", "oracle_assign", "with_lengths", "PlanConfig", "CATALOG",
-    "BillingRules", "CostSummary", "cost_run", "cost_serverful", "cost_step", "price", "plan_migrations",
-    "simulate_with_migration", "ActorProgress", "AssignmentPlan", "Invocation", "Migration", "MigrationPlan",
-    "PlanJob", "ScalingCandidate", "ScalingDecision", "SeqProgress", "choose", "TimeModel",
+    "CATALOG",
+    "POLICIES",
+    "ActorProgress",
+    "AssignmentPlan",
+    "BillingRules",
+    "CostSummary",
+    "Invocation",
+    "JobArrays",
+    "Migration",
+    "MigrationPlan",
+    "PlanConfig",
+    "PlanJob",
+    "ScalingCandidate",
+    "ScalingDecision",
+    "SeqProgress",
+    "TimeModel",
+    "assign",
+    "choose",
+    "cost_run",
+    "cost_serverful",
+    "cost_step",
+    "evaluate_plan",
+    "oracle_assign",
+    "plan_migrations",
+    "price",
+    "simulate_with_migration",
+    "with_lengths",
 ]

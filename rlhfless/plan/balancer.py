@@ -3,7 +3,9 @@
 Purpose: the balancer decision of one step. `assign(jobs, n_actors, capacity, time_model, policy)` returns
 `(AssignmentPlan, metrics)`; each policy is also callable on its own with the signature
 `policy(jobs, n_actors, capacity, time_model)`. The labels come from `rlhfless.plan.partition` (rules stated
-there); the busy seconds come from the continuous-batching simulation in `rlhfless.plan.timemodel`.
+there) and, for `contiguous`, from the time-balanced chunk rule of `rlhfless.plan.sweep`; the busy seconds come
+from the continuous-batching simulation in `rlhfless.plan.timemodel` (`simulate_fast`: exact, closed form for
+actors that never queue).
 Admission order inside an actor: arrival order for round_robin (as verl), longest predicted length first for
 the length-aware policies (long sequences start early, so the tail is shorter).
 
@@ -13,7 +15,8 @@ The oracle is this same planner fed true lengths (`oracle_assign`), the upper bo
 Non-goals: no migration here (see `rlhfless.plan.migrate`), no choice of N (see `rlhfless.plan.scaler`).
 
 Deviations from the paper: beyond the paper's contiguous chunks we ship round-robin (baseline), LPT and
-Karmarkar-Karp for comparison; contiguous boundaries use equal token work (the paper does not state its rule).
+Karmarkar-Karp for comparison; contiguous boundaries equalise predicted busy TIME (rule in `sweep`; the paper
+does not state its rule).
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import numpy as np
 
 from rlhfless import metrics as M
 from rlhfless.errors import ConfigError, DataError
-from rlhfless.plan import partition
+from rlhfless.plan import sweep as sw
 from rlhfless.plan.records import AssignmentPlan, PlanJob
-from rlhfless.plan.timemodel import TimeModel, simulate
+from rlhfless.plan.timemodel import TimeModel, simulate_fast
 
 POLICIES = ("round_robin", "contiguous", "lpt", "karmarkar_karp")
 
@@ -89,7 +92,7 @@ def build_plan(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: in
     starts = ja.offsets[order]
     before = np.cumsum(sizes) - sizes
     seq_idx = np.repeat(starts - before, sizes) + np.arange(int(sizes.sum()))
-    sim = simulate(ja.seq_len[seq_idx], np.repeat(jactor, sizes), sizes, jactor, n_actors, capacity, tm)
+    sim = simulate_fast(ja.seq_len[seq_idx], np.repeat(jactor, sizes), sizes, jactor, n_actors, capacity, tm)
     njobs = np.bincount(labels, minlength=n_actors)
     prefill = np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
     busy = np.where(njobs > 0, tm.actor_fixed_s + prefill + sim.decode_s, 0.0)
@@ -114,19 +117,16 @@ def plan_metrics(plan: AssignmentPlan) -> dict[str, float]:
     }
 
 
-def _labels(policy: str, ja: JobArrays, n: int) -> tuple[np.ndarray, np.ndarray]:
-    if policy == "round_robin":
-        return partition.round_robin_labels(ja.work, n), np.arange(len(ja.work))
-    rank = np.empty(len(ja.work), dtype=np.int64)
+def _labels(policy: str, ja: JobArrays, n: int, capacity: int, tm: TimeModel) -> tuple[np.ndarray, np.ndarray]:
+    """(labels (J,), admission rank (J,)): the same labels the scaler's sweep uses for this N."""
     if policy == "contiguous":
-        labels, order = partition.contiguous_labels(ja.mean_len, ja.work, n)
-    elif policy == "lpt":
-        labels, _ = partition.lpt_labels(ja.work, n)
-        order = np.argsort(-ja.mean_len, kind="stable")
-    else:
-        labels = partition.karmarkar_karp_labels(ja.work, n)
-        order = np.argsort(-ja.mean_len, kind="stable")
-    rank[order] = np.arange(len(order))
+        res = sw.sweep(ja, (n,), capacity, tm, policy)
+        return res.labels(0), res.rank
+    labels = sw.policy_labels(policy, ja, n)
+    if policy == "round_robin":  # verl admits in arrival order
+        return labels, np.arange(len(ja.work))
+    rank = np.empty(len(ja.work), dtype=np.int64)
+    rank[np.argsort(-ja.mean_len, kind="stable")] = np.arange(len(ja.work))
     return labels, rank
 
 
@@ -140,13 +140,13 @@ def assign(jobs: Sequence[PlanJob] | JobArrays, n_actors: int, capacity: int, ti
         raise ConfigError(f"plan.policy: unknown assignment policy {policy!r}; allowed: {', '.join(POLICIES)}")
     ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
     _validate(ja, n_actors, capacity)
-    labels, rank = _labels(policy, ja, int(n_actors))
+    labels, rank = _labels(policy, ja, int(n_actors), int(capacity), time_model)
     plan = build_plan(ja, labels, rank, int(n_actors), int(capacity), time_model, policy)
     return plan, plan_metrics(plan)
 
 
 def _policy(name: str) -> Callable[..., tuple[AssignmentPlan, dict[str, float]]]:
-    def run(jobs, n_actors, capacity, time_model):  # noqa: ANN001 - same signature as assign
+    def run(jobs, n_actors, capacity, time_model):
         return assign(jobs, n_actors, capacity, time_model, policy=name)
 
     run.__name__ = name

@@ -48,6 +48,10 @@ class PlanConfig:
     """Decode-stage budget in dollars per step (objective min_time_under_budget)."""
     simulate_migration: bool = False
     """Scaler evaluates each candidate WITH cuts at tau (slower: an event simulation per candidate)."""
+    exact_sweep: bool = False
+    """Scaler simulates every candidate exactly (slow: milliseconds per candidate) instead of the fast sweep of
+    rlhfless.plan.sweep (exact when no actor queues and lengths are per job; estimated otherwise). The chosen
+    plan is simulated exactly either way."""
     gpu_kind: str = "cpu-core"
     """Device kind priced from the catalog (rlhfless.plan.cost.CATALOG): H100, A100-80G, H200, L40S, cpu-core."""
     gpus_per_actor: float = 1.0

@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rlhfless import metrics as M
 from rlhfless.errors import ConfigError, require
 from rlhfless.plan.records import Invocation
@@ -120,6 +122,16 @@ def billed_seconds(inv: Invocation, rules: BillingRules) -> float:
     # 1e-9 keeps an exact multiple (e.g. 3.0000000001 from float sums) from rounding up a whole unit
     units = math.ceil(raw / rules.granularity_s - 1e-9) if raw > 0 else 0
     return max(rules.minimum_s, units * rules.granularity_s)
+
+
+def billed_seconds_array(duration_s: np.ndarray, cold: np.ndarray, cold_start_s: np.ndarray | float,
+                         rules: BillingRules) -> np.ndarray:
+    """`billed_seconds` of many invocations at once; duration_s, cold (bool), cold_start_s broadcast together."""
+    raw = np.asarray(duration_s, dtype=np.float64) + rules.keep_alive_s
+    if not rules.bill_cold_start:
+        raw = raw - np.where(cold, cold_start_s, 0.0)
+    units = np.where(raw > 0, np.ceil(raw / rules.granularity_s - 1e-9), 0.0)
+    return np.maximum(rules.minimum_s, units * rules.granularity_s)
 
 
 def cost_invocation(inv: Invocation, device: DevicePrice, rules: BillingRules) -> CostSummary:

@@ -31,7 +31,14 @@ import numpy as np
 
 from rlhfless import metrics as M
 from rlhfless.errors import ConfigError
-from rlhfless.plan.records import ActorProgress, AssignmentPlan, Migration, MigrationPlan, PlanJob, SeqProgress
+from rlhfless.plan.records import (
+    ActorProgress,
+    AssignmentPlan,
+    Migration,
+    MigrationPlan,
+    PlanJob,
+    SeqProgress,
+)
 from rlhfless.plan.timemodel import TimeModel
 
 

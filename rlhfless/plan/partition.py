@@ -3,10 +3,12 @@
 Purpose: pure functions that map per-job work (predicted tokens) to an actor index in [0, n). The balancer
 wraps them with validation, the time model and typed plans.
   * round_robin: job i -> actor i mod n, in arrival order (verl-like: equal counts, blind to length).
-  * contiguous (the paper): jobs sorted by predicted per-sequence length, longest first, then cut into n
-    contiguous chunks of about EQUAL TOKEN WORK (not equal counts). Rule: a job goes to chunk
-    floor(n * m / W), where m is the cumulative work up to the job's midpoint in the sorted order and W the
-    total work. A job heavier than W/n fills a chunk alone, so an actor can stay empty; it is then not started.
+  * contiguous_labels (the starting point of the paper's contiguous policy): jobs sorted by predicted
+    per-sequence length, longest first, then cut into n contiguous chunks of about EQUAL TOKEN WORK. Rule: a job
+    goes to chunk floor(n * m / W), where m is the cumulative work up to the job's midpoint in the sorted order
+    and W the total work. A job heavier than W/n fills a chunk alone, so an actor can stay empty; it is then not
+    started. The `contiguous` POLICY refines these cuts to equal predicted busy TIME (`rlhfless.plan.sweep`,
+    which needs the time model): equal work balances time poorly when the iteration cost depends on the batch.
   * lpt: longest-processing-time greedy: jobs by work descending, each to the currently least-loaded actor.
   * karmarkar_karp: the multiway largest-differencing method: every job starts as an n-tuple of bin sums;
     the two tuples with the largest (max - min) spread are merged, largest bin with smallest bin, until one
@@ -15,7 +17,8 @@ Work is measured in tokens (n_seqs x predicted length); the time model then turn
 
 Non-goals: no capacity awareness here (the engine queues what exceeds its slots), no time-model calls.
 
-Deviations from the paper: the paper does not say how chunk boundaries are chosen; equal token work is ours.
+Deviations from the paper: the paper does not say how chunk boundaries are chosen; equal token work (and its
+time-balanced refinement in `sweep`) is ours.
 LPT and KK are comparison baselines (KK is what verl uses for TRAINING micro-batches, not rollout).
 """
 

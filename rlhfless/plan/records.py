@@ -189,6 +189,9 @@ class ScalingCandidate:
     gpu_seconds: billed GPU-seconds of the decode invocations; cost_usd: the same in dollars.
     score: lam * step_s / min_step + (1 - lam) * cost_usd / min_cost (lower is better; nan if not scored).
     feasible: True when the candidate meets the objective's constraint (always True for objective "score").
+    exact: True when step_s and cost equal the continuous-batching simulation (up to float rounding); False
+        when they are the fast sweep's estimate (an actor queues, or per-sample lengths out of order; see
+        rlhfless.plan.sweep).
     """
 
     n_actors: int
@@ -199,6 +202,7 @@ class ScalingCandidate:
     score: float
     feasible: bool
     migrations: int = 0
+    exact: bool = True
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,6 @@ class ScalingDecision:
         return [
             {"n_actors": c.n_actors, "active_actors": c.active_actors, "step_s": c.step_s,
              "gpu_seconds": c.gpu_seconds, "cost_usd": c.cost_usd, "score": c.score,
-             "feasible": c.feasible, "migrations": c.migrations}
+             "feasible": c.feasible, "migrations": c.migrations, "exact": c.exact}
             for c in self.candidates
         ]

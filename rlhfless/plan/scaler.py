@@ -1,8 +1,11 @@
 """Cost-aware actor scaling: how many decode actors to start this step.
 
 Purpose: `choose(jobs, cfg, time_model, n_warm)` evaluates every candidate N in cfg.min_actors..max_actors:
-assignment (cfg.policy) -> per-actor busy seconds (optionally with cut-and-migrate simulated at tau) ->
-decode invocations -> predicted step time T(N) and billed cost C(N). Per active actor (one with jobs):
+assignment (cfg.policy) -> per-actor busy seconds -> decode invocations -> predicted step time T(N) and billed
+cost C(N). Busy seconds come from the fast sweep (`rlhfless.plan.sweep`: all candidates at once from prefix sums;
+exact when no actor queues and each job has one predicted length, an estimate otherwise, flagged per
+candidate), or, with cfg.exact_sweep or cfg.simulate_migration, from simulating each candidate (with
+cut-and-migrate at tau for the latter). The chosen N's plan is always simulated exactly. Per active actor:
     duration = cold_start_s (if it starts cold) + weight_sync_s + busy_s   (busy = fixed + prefill + decode)
     T(N) = max duration;  C(N) = serverless cost of the invocations under cfg.billing at cfg.gpu_kind prices.
 Warm instances (n_warm, kept from the last step) go to the busiest actors, so cold starts avoid the critical path.
@@ -27,11 +30,18 @@ from collections.abc import Sequence
 import numpy as np
 
 from rlhfless import metrics as M
-from rlhfless.plan.balancer import JobArrays, assign
+from rlhfless.plan import sweep as sw
+from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan
 from rlhfless.plan.config import PlanConfig
-from rlhfless.plan.cost import cost_step, price
+from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import simulate_with_migration
-from rlhfless.plan.records import AssignmentPlan, Invocation, PlanJob, ScalingCandidate, ScalingDecision
+from rlhfless.plan.records import (
+    AssignmentPlan,
+    Invocation,
+    PlanJob,
+    ScalingCandidate,
+    ScalingDecision,
+)
 from rlhfless.plan.timemodel import TimeModel
 
 
@@ -86,21 +96,53 @@ def _pick(cands: list[ScalingCandidate], cfg: PlanConfig) -> tuple[ScalingCandid
     return min(cands, key=lambda c: (c.cost_usd, c.step_s, c.n_actors)), False
 
 
+def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
+                     n_warm: int) -> tuple[list[ScalingCandidate], sw.SweepResult]:
+    """T(N) and C(N) of every candidate from the fast sweep, costed like `decode_invocations` + `cost_step`."""
+    res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
+    busy, active = res.busy_s, res.njobs > 0
+    m = busy.shape[1]
+    # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations
+    order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
+    cold = active & (pos >= max(n_warm, 0))
+    cold_s = np.where(cold, cfg.cold_start_s, 0.0)
+    dur = cold_s + cfg.weight_sync_s + busy
+    billed = np.where(active, billed_seconds_array(dur, cold, cold_s, cfg.billing), 0.0)
+    gpu_s = (billed * cfg.gpus_per_actor).sum(axis=1)
+    usd = gpu_s * price(cfg.gpu_kind).serverless_usd_per_s
+    step = np.where(active, dur, 0.0).max(axis=1)
+    n_active = active.sum(axis=1)
+    cands = [ScalingCandidate(k, int(n_active[r]), float(step[r]), float(gpu_s[r]), float(usd[r]), float("nan"),
+                              True, 0, bool(res.exact[r])) for r, k in enumerate(res.candidates)]
+    return cands, res
+
+
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
            n_warm: int = 0) -> tuple[ScalingDecision, dict]:
     """Pick the number of decode actors for this step (rule in the module header); returns (decision, metrics).
 
     metrics holds scalars (scaler/*, balancer/* of the chosen plan) and `scaler/candidates`: a list of plain
-    rows (n_actors, active_actors, step_s, gpu_seconds, cost_usd, score, feasible, migrations) for a table.
+    rows (n_actors, active_actors, step_s, gpu_seconds, cost_usd, score, feasible, migrations, exact).
     """
     tm = time_model or cfg.time_model()
     ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
-    evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm) for n in cfg.candidates()]
-    cands = [c for c, _ in evaluated]
+    if cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration):
+        evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm) for n in cfg.candidates()]
+        cands = [c for c, _ in evaluated]
+        plans = {c.n_actors: p for c, p in evaluated}
+    else:
+        _validate(ja, cfg.max_actors, cfg.capacity)
+        cands, res = sweep_candidates(ja, cfg, tm, n_warm)
     scores = _scores(cands, cfg.lam)
     cands = [_with(c, s, cfg) for c, s in zip(cands, scores)]
     best, met = _pick(cands, cfg)
-    plan = next(p for c, p in evaluated if c.n_actors == best.n_actors)
+    if cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration):
+        plan = plans[best.n_actors]
+    else:  # the chosen candidate's plan, simulated exactly from the sweep's own labels
+        r = res.candidates.index(best.n_actors)
+        plan = build_plan(ja, res.labels(r), res.rank, best.n_actors, cfg.capacity, tm, cfg.policy)
     decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, met)
     return decision, decision_metrics(decision)
 
@@ -113,7 +155,7 @@ def _with(c: ScalingCandidate, score: float, cfg: PlanConfig) -> ScalingCandidat
     else:
         feasible = True
     return ScalingCandidate(c.n_actors, c.active_actors, c.step_s, c.gpu_seconds, c.cost_usd, score, feasible,
-                            c.migrations)
+                            c.migrations, c.exact)
 
 
 def decision_metrics(d: ScalingDecision) -> dict:

@@ -11,7 +11,10 @@ plus prefill seconds per prompt token and a fixed per-actor overhead. The simula
     speeds up, as a real continuous-batching engine does.
 The busy decode time is sum over piecewise-constant batch segments of (segment iterations x s_per_iter(batch)),
 computed with numpy over entry/finish events of all actors at once; only actors whose sequences exceed their
-capacity need a Python heap (one push and pop per sequence) to find admission times.
+capacity need a Python heap (one push and pop per sequence) to find admission times. `simulate_fast` gives the
+same numbers faster: an actor that never queues admits everything at iteration 0, so with its lengths sorted
+ascending L_(1) <= ... <= L_(m) the batch is m - j + 1 on (L_(j-1), L_(j)] and decode = sum_j (L_(j) - L_(j-1))
+x s_per_iter(m - j + 1), one sort for all such actors; only queued actors go through `simulate`.
 
 Lengths are real numbers of tokens (predictions are fractional); the model does not round them.
 
@@ -261,6 +264,41 @@ def simulate(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray, 
     finish = entry + lengths
     decode, peak = _segments(entry, finish, seq_actor, n_actors, tm)
     return SimResult(decode_s=decode, peak_batch=peak, entry_iter=entry, finish_iter=finish)
+
+
+def simulate_fast(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray, job_actor: np.ndarray,
+                  n_actors: int, capacity: int, tm: TimeModel) -> SimResult:
+    """`simulate` (same arguments and result), in closed form for every actor that never queues (module header)."""
+    counts = np.bincount(seq_actor, minlength=n_actors)
+    queued = counts > capacity
+    decode = np.zeros(n_actors)
+    peak = np.zeros(n_actors, dtype=np.int64)
+    entry = np.zeros(len(lengths))
+    free = ~queued[seq_actor]
+    if free.any():
+        lens, act = lengths[free], seq_actor[free]
+        # one sort by (actor, length): the same float key the event simulation sorts by
+        span = float(2.0 ** np.ceil(np.log2(float(lens.max()) + 1.0)))
+        off = act * span
+        key = np.sort(off + lens)
+        act_sorted = np.repeat(np.arange(n_actors), np.bincount(act, minlength=n_actors))
+        tau = key - act_sorted * span
+        ends = np.cumsum(np.bincount(act, minlength=n_actors))
+        step = np.diff(tau, prepend=0.0)
+        first = np.concatenate(([True], act_sorted[1:] != act_sorted[:-1]))
+        step[first] = tau[first]
+        batch = ends[act_sorted] - np.arange(len(tau))
+        decode += np.bincount(act_sorted, weights=step * tm.iter_seconds(batch), minlength=n_actors)
+        peak += np.bincount(act, weights=lens > 0, minlength=n_actors).astype(np.int64)
+    if queued.any():
+        qa = np.flatnonzero(queued)
+        remap = np.cumsum(queued) - 1
+        sq, jq = ~free, queued[job_actor]
+        sub = simulate(lengths[sq], remap[seq_actor[sq]], job_sizes[jq], remap[job_actor[jq]], len(qa), capacity, tm)
+        decode[qa] = sub.decode_s
+        peak[qa] = sub.peak_batch
+        entry[sq] = sub.entry_iter
+    return SimResult(decode_s=decode, peak_batch=peak, entry_iter=entry, finish_iter=entry + lengths)
 
 
 def _segments(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
