@@ -1,6 +1,5 @@
 """Every notebook executes top to bottom with small parameters (RLHFLESS_NB_SMALL=1)."""
 
-import os
 from pathlib import Path
 
 import pytest

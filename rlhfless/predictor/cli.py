@@ -1,4 +1,4 @@
-"""`rlhfless predictor {train,eval,compare}` and `rlhfless data {gsm8k-lengths,synthetic-trace}`.
+"""`rlhfless predictor {train,eval,compare}` and `rlhfless data {gsm8k-lengths,synthetic-trace,trace-stats}`.
 
 Only argparse wiring: each command calls a function of `rlhfless.predictor.commands` (tests call those
 directly). Heavy libraries are imported inside the functions so `rlhfless --help` stays instant.
@@ -8,6 +8,7 @@ Non-goals and deviations: see `rlhfless.predictor.commands`.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from rlhfless.errors import ConfigError
@@ -92,6 +93,18 @@ def cmd_gsm8k(args) -> int:
     return 0
 
 
+def cmd_trace_stats(args) -> int:
+    from rlhfless.traces import length_stats, read_trace
+
+    stats = length_stats(read_trace(args.trace))
+    for k, v in stats.items():
+        print(f"{k:30s} {v:.4g}" if isinstance(v, float) else f"{k:30s} {v}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(stats, indent=1))
+    return 0
+
+
 def cmd_synthetic(args) -> int:
     from rlhfless.configbase import parse_override
     from rlhfless.predictor.commands import synthetic_trace_file
@@ -160,3 +173,9 @@ def register(sub, bench_sub) -> None:
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="generator parameter, e.g. --set n_prompts=256 (repeatable)")
     s.set_defaults(func=cmd_synthetic)
+    ts = dsub.add_parser("trace-stats", help="how RLHF-like a trace's lengths are (spread, stability, tail)",
+                         description="Per-prompt mean-length spread, consecutive-epoch correlation of per-prompt "
+                                     "means, within-group coefficient of variation, and the tail's token share.")
+    ts.add_argument("--trace", required=True, help="loop trace (.jsonl or .jsonl.gz)")
+    ts.add_argument("--json", default=None, help="also write the numbers as JSON")
+    ts.set_defaults(func=cmd_trace_stats)

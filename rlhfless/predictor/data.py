@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfless.errors import DataError
+from rlhfless.jsonl import iter_jsonl
 
 
 @dataclass(frozen=True)
@@ -101,22 +102,9 @@ def parse_row(obj: object, where: str) -> LengthRow:
 def read_lengths(path: str | Path) -> list[LengthRow]:
     """Read length data or a loop trace (JSONL). Missing/empty files and bad lines raise `DataError`
     naming the file and line."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"length data file not found: {p}")
-    rows = []
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-            rows.append(parse_row(obj, where))
+    rows = [parse_row(obj, where) for where, obj in iter_jsonl(path, "length data")]
     if not rows:
-        raise DataError(f"{p}: no rows (expected JSONL with prompt_id, prompt, response_length)")
+        raise DataError(f"{path}: no rows (expected JSONL with prompt_id, prompt, response_length)")
     return rows
 
 
@@ -174,22 +162,11 @@ def gsm8k_lengths(in_path: str | Path, out_path: str | Path) -> int:
     from rlhfless.model.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
-    p = Path(in_path)
-    if not p.is_file():
-        raise DataError(f"GSM8K file not found: {p}")
     rows = []
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in ("question", "answer")):
-                raise DataError(f"{where}: expected an object with string fields 'question' and 'answer'")
-            rows.append(LengthRow(f"gsm8k-{lineno}", obj["question"], tok.response_length(obj["answer"])))
+    for where, obj in iter_jsonl(in_path, "GSM8K"):
+        if not all(isinstance(obj.get(k), str) for k in ("question", "answer")):
+            raise DataError(f"{where}: expected an object with string fields 'question' and 'answer'")
+        rows.append(LengthRow(f"gsm8k-{where.rsplit(':', 1)[1]}", obj["question"], tok.response_length(obj["answer"])))
     if not rows:
-        raise DataError(f"{p}: no rows (expected GSM8K JSONL with question and answer)")
+        raise DataError(f"{in_path}: no rows (expected GSM8K JSONL with question and answer)")
     return write_lengths(rows, out_path)

@@ -9,11 +9,11 @@ Non-goals: a GSM8K reward (the tiny byte-level model cannot solve it; the RL tas
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfless.errors import DataError, require
+from rlhfless.jsonl import iter_jsonl
 from rlhfless.records import Prompt
 
 DEFAULT_PATH = "../shared/data/gsm8k/train.jsonl"
@@ -56,27 +56,16 @@ class QA:
 
 def read_jsonl(path: str | Path) -> list[QA]:
     """Parse the file; a malformed row raises DataError naming its line."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"GSM8K file not found: {p} (expected JSONL with 'question' and 'answer' per line)")
     rows = []
-    for n, raw in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{p}:{n}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"{p}:{n}: expected a JSON object with 'question' and 'answer'")
+    for where, obj in iter_jsonl(path, "GSM8K"):
         q, a = obj.get("question"), obj.get("answer")
         if not isinstance(q, str) or not q.strip() or not isinstance(a, str):
-            raise DataError(f"{p}:{n}: needs a non-empty string 'question' and a string 'answer'")
+            raise DataError(f"{where}: needs a non-empty string 'question' and a string 'answer'")
         if "####" not in a or not a.rpartition("####")[2].strip():
-            raise DataError(f"{p}:{n}: 'answer' must end with '#### <final answer>'")
-        rows.append(QA(q.strip(), a.strip(), n))
+            raise DataError(f"{where}: 'answer' must end with '#### <final answer>'")
+        rows.append(QA(q.strip(), a.strip(), int(where.rsplit(":", 1)[1])))
     if not rows:
-        raise DataError(f"{p}: no rows")
+        raise DataError(f"{path}: no rows (expected JSONL with 'question' and 'answer' per line)")
     return rows
 
 
