@@ -15,6 +15,8 @@ from typing import Literal
 from rlhfless.algo.config import GRPOConfig
 from rlhfless.configbase import apply_overrides, from_dict, load_yaml, merge
 from rlhfless.errors import ConfigError, require
+from rlhfless.plan.config import PlanConfig
+from rlhfless.predictor.config import PredictorConfig
 from rlhfless.tasks.arith import ArithTaskConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +51,8 @@ class RolloutConfig:
     """Nucleus mass in (0, 1]."""
     dedup_prefill: bool = True
     """Compute each shared prompt prefix once (the paper's deduplicated prefill); False = naive prefill."""
+    reuse_prefix_forward: bool = True
+    """Learner and reference forward passes run each prompt once per group and reuse its KV for the G responses."""
 
     def __post_init__(self) -> None:
         require(self.prompts_per_step >= 1, "rollout.prompts_per_step", f"must be >= 1 (got {self.prompts_per_step})")
@@ -97,6 +101,8 @@ class TrainConfig:
     """Log a table of sample completions every N steps (0 = never)."""
     checkpoint_every: int = 100
     """Save the policy every N steps (0 = only at the end); the last good checkpoint survives a NaN."""
+    plan: bool = True
+    """Run the planner every step (predict lengths, choose N actors and the assignment) and log its decisions."""
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "train.steps", f"must be >= 1 (got {self.steps})")
@@ -131,8 +137,12 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
     def __post_init__(self) -> None:
+        require(self.plan.capacity >= self.algo.group_size, "plan.capacity",
+                f"must hold one group: >= algo.group_size={self.algo.group_size} (got {self.plan.capacity})")
         if self.algo.max_seq_len_norm is not None:
             require(self.algo.max_seq_len_norm >= self.rollout.max_new_tokens, "algo.max_seq_len_norm",
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")

@@ -23,8 +23,9 @@ from rlhfless.rollout.forward import response_logprobs
 class Learner:
     """Owns the trainable policy and its AdamW state."""
 
-    def __init__(self, model, optim: OptimConfig, algo: GRPOConfig):
+    def __init__(self, model, optim: OptimConfig, algo: GRPOConfig, reuse_prefix: bool = True):
         self.model = model
+        self.reuse_prefix = reuse_prefix
         self.algo = algo
         self.optim_cfg = optim
         self.opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
@@ -57,11 +58,12 @@ class Learner:
         old = None
         if self.algo.inner_epochs > 1:
             with torch.no_grad():
-                old = response_logprobs(self.model, sub_prompts, sub_resp, G).logp
+                old = response_logprobs(self.model, sub_prompts, sub_resp, G, reuse_prefix=self.reuse_prefix).logp
         for g in self.opt.param_groups:
             g["lr"] = self._lr()
         for _ in range(self.algo.inner_epochs):
-            out = response_logprobs(self.model, sub_prompts, sub_resp, G, with_entropy=True)
+            out = response_logprobs(self.model, sub_prompts, sub_resp, G, with_entropy=True,
+                                    reuse_prefix=self.reuse_prefix)
             mask = out.mask.bool()
             ref = sub_ref[:, : out.logp.shape[1]] if sub_ref is not None else None
             loss, m = grpo_loss(out.logp, out.logp.detach() if old is None else old, ref, sub_adv, mask,

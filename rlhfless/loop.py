@@ -1,6 +1,7 @@
 """One synchronous GRPO step, as a sequence of stage callables with timed boundaries.
 
-    prompts -> rollout (prefill + decode) -> score (rule-based reward) -> reference -> learn -> report
+    prompts -> plan (predict lengths, choose N, assign) -> rollout (prefill + decode) -> score (rule-based
+    reward) -> reference -> learn -> observe (predictor update, plan scored with true lengths) -> report
 
 Each stage is a method of `Stages` taking and returning typed records, timed as `timing_s/<stage>`, so a later
 runtime can run any stage as a serverless function (and insert plan/predict stages) without touching the others.
@@ -19,6 +20,7 @@ from rlhfless import metrics as M
 from rlhfless.config import RunConfig
 from rlhfless.learner import Learner
 from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.planning import Planner, StepPlan
 from rlhfless.records import PromptGroup, Sample, TraceRow
 from rlhfless.rollout.engine import RolloutOutput, SamplingParams, generate
 from rlhfless.rollout.forward import response_logprobs
@@ -35,6 +37,8 @@ class StepReport:
     samples: list[Sample]
     rollout: RolloutOutput
     metrics: dict[str, float] = field(default_factory=dict)
+    plan: StepPlan | None = None
+    prediction_rows: list = field(default_factory=list)
 
     def trace_rows(self) -> list[TraceRow]:
         rows = []
@@ -56,10 +60,11 @@ def timed(metrics: dict[str, float], stage: str):
 class Stages:
     """The stage callables of one step, sharing the policy, the optional reference model and the config."""
 
-    def __init__(self, cfg: RunConfig, learner: Learner, reference=None):
+    def __init__(self, cfg: RunConfig, learner: Learner, reference=None, planner: Planner | None = None):
         self.cfg = cfg
         self.learner = learner
         self.reference = reference
+        self.planner = planner
         self.tok = ByteTokenizer()
         r = cfg.rollout
         self.sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p)
@@ -84,7 +89,7 @@ class Stages:
         if self.reference is None:
             return None
         return response_logprobs(self.reference, [g.token_ids for g in groups], out.responses,
-                                 self.cfg.algo.group_size).logp
+                                 self.cfg.algo.group_size, reuse_prefix=self.cfg.rollout.reuse_prefix_forward).logp
 
     def learn(self, groups: list[PromptGroup], out: RolloutOutput, samples: list[Sample],
               ref_logp: torch.Tensor | None) -> dict[str, float]:
@@ -97,6 +102,11 @@ def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, s
     """One synchronous step; reads like the diagram in docs/architecture.md."""
     m: dict[str, float] = {}
     t0 = time.perf_counter()
+    plan = None
+    if stages.planner is not None:
+        with timed(m, "plan"):
+            plan, plan_metrics = stages.planner.plan_step(groups)
+        m.update(plan_metrics)
     with timed(m, "rollout"):
         out = stages.rollout(groups, seed)
     with timed(m, "reward"):
@@ -105,9 +115,14 @@ def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, s
         ref_logp = stages.reference_logprobs(groups, out)
     with timed(m, "update"):
         m.update(stages.learn(groups, out, samples, ref_logp))
+    rows = []
+    if plan is not None:
+        with timed(m, "observe"):
+            rows, observed = stages.planner.observe_step(plan, groups, samples, epoch, step)
+        m.update(observed)
     m[M.timing("step")] = time.perf_counter() - t0
     m.update(rollout_metrics(out, samples, stages.cfg.rollout.max_new_tokens))
-    return StepReport(step, epoch, groups, samples, out, m)
+    return StepReport(step, epoch, groups, samples, out, m, plan, rows)
 
 
 def rollout_metrics(out: RolloutOutput, samples: list[Sample], max_new_tokens: int) -> dict[str, float]:

@@ -76,3 +76,9 @@ SCALER_GPU_S = "scaler/predicted_gpu_seconds"
 SCALER_SCORE = "scaler/score"
 SCALER_CONSTRAINT_MET = "scaler/constraint_met"
 PLAN_TIMING_S = "timing_s/plan"  # seconds the planner took for one step
+
+# the loop's per-step planning decision scored against the true lengths (rlhfless.planning)
+PLAN_REALIZED_MAKESPAN_S = "plan/realized_makespan_s"  # chosen placement re-simulated with the true lengths
+PLAN_REALIZED_IMBALANCE = "plan/realized_imbalance"
+PLAN_ORACLE_MAKESPAN_S = "plan/oracle_makespan_s"  # the same planner fed the true lengths
+PLAN_MAKESPAN_VS_ORACLE = "plan/makespan_vs_oracle"

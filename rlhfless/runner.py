@@ -31,6 +31,7 @@ from rlhfless.learner import Learner
 from rlhfless.loop import StepReport, Stages, run_step
 from rlhfless.model.factory import load_checkpoint, save_checkpoint
 from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.planning import Planner
 from rlhfless.records import Prompt, PromptGroup
 from rlhfless.rollout.engine import SamplingParams
 from rlhfless.tasks.arith import make_splits
@@ -85,8 +86,9 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
     torch.manual_seed(cfg.train.seed)
     policy = load_checkpoint(cfg.policy.resolved())
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
-    learner = Learner(policy, cfg.optim, cfg.algo)
-    stages = Stages(cfg, learner, reference)
+    learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
+    planner = Planner(cfg.predictor, cfg.plan) if cfg.train.plan else None
+    stages = Stages(cfg, learner, reference, planner)
     train_prompts, eval_prompts = make_splits(cfg.task)
     eval_prompts = eval_prompts[: cfg.train.eval_prompts]
     (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
@@ -103,13 +105,10 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
             epoch, groups = next(stream)
             report = run_step(stages, groups, step, epoch, seed=cfg.train.seed * 1_000_003 + step)
             traces.write(report.trace_rows())
-            tracker.log(report.metrics, step=step)
+            log_step(tracker, report, cfg.train.table_every)
             rewards.append(report.metrics[M.REWARD_MEAN])
             bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
-            if cfg.train.table_every and step % cfg.train.table_every == 0:
-                tracker.table("completions", ["prompt_id", "prompt", "response", "length", "reward"],
-                              completions_table(report), step)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 tracker.log(_eval_metrics(run_eval(policy, eval_prompts, cfg)), step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
@@ -129,6 +128,28 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
     tracker.finish()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def log_step(tracker: Tracker, report: StepReport, table_every: int) -> None:
+    """Scalars every step; decision tables (scaler candidates, assignment, predictions, completions) every N
+    steps: a W&B table per step costs more than the step's planning itself."""
+    scalars = {k: v for k, v in report.metrics.items() if not isinstance(v, list)}
+    tracker.log(scalars, step=report.step)
+    if table_every and report.step % table_every == 0:
+        if report.plan is not None:
+            rows = report.plan.decision.table_rows()
+            tracker.table("scaler_candidates", list(rows[0]), [list(r.values()) for r in rows], report.step)
+        tracker.table("completions", ["prompt_id", "prompt", "response", "length", "reward"],
+                      completions_table(report), report.step)
+        if report.prediction_rows:
+            cols = ["prompt_id", "predicted", "actual_mean", "actual_max", "abs_error"]
+            tracker.table("predicted_vs_actual", cols,
+                          [[getattr(r, c) for c in cols] for r in report.prediction_rows], report.step)
+        if report.plan is not None:
+            tracker.table("assignment", ["actor", "prompt_id", "n_seqs", "predicted_len"],
+                          [[a, j.group_id, j.n_seqs, j.tokens / j.n_seqs]
+                           for a, jobs in enumerate(report.plan.decision.plan.actor_jobs) for j in jobs],
+                          report.step)
 
 
 def _eval_metrics(res: dict[str, EvalResult]) -> dict[str, float]:
@@ -156,8 +177,8 @@ def _summary(cfg: RunConfig, initial: dict, final: dict, rewards: list[float], w
         "eval_accuracy_final": acc(final, "sampled"),
         "eval_greedy_accuracy_initial": acc(initial, "greedy"),
         "eval_greedy_accuracy_final": acc(final, "greedy"),
-        "eval_accuracy_per_k_initial": initial["sampled"].per_k if initial else {},
-        "eval_accuracy_per_k_final": final["sampled"].per_k if final else {},
+        "eval_accuracy_per_k_initial": {str(k): v for k, v in initial["sampled"].per_k.items()} if initial else {},
+        "eval_accuracy_per_k_final": {str(k): v for k, v in final["sampled"].per_k.items()} if final else {},
         "reward_mean_first": sum(rewards[:k]) / k,
         "reward_mean_last": sum(rewards[-k:]) / k,
         "wall_s": round(wall_s, 1),

@@ -14,7 +14,8 @@ from rlhfless.runner import train
 from rlhfless.traces import read_trace
 
 SMALL = ["train.steps=2", "train.eval_prompts=6", "rollout.prompts_per_step=4", "algo.group_size=2",
-         "rollout.max_new_tokens=12", "train.threads=1", "tracking.mode=disabled", "train.checkpoint_every=1"]
+         "rollout.max_new_tokens=12", "train.threads=1", "tracking.mode=disabled", "train.checkpoint_every=1",
+         "train.table_every=2"]
 
 
 def _run(tmp_path: Path, ckpt: Path, name: str, extra=()):
@@ -43,7 +44,18 @@ def test_cli_writes_summary_traces_and_metrics(tiny_checkpoint, tmp_path, capsys
                 "prefill/dedup_ratio"):
         assert key in step_lines[0]
     assert step_lines[0]["prefill/dedup_ratio"] == pytest.approx(2.0)  # G = 2 copies share one prefill
+    for key in ("scaler/num_actors", "balancer/imbalance", "predictor/mae", "plan/makespan_vs_oracle",
+                "timing_s/plan"):
+        assert key in step_lines[1], key
+    assert (out / "tables" / "scaler_candidates.jsonl").is_file()
+    assert (out / "tables" / "predicted_vs_actual.jsonl").is_file()
     assert "held-out accuracy" in capsys.readouterr().err
+
+
+def test_planning_can_be_switched_off(tiny_checkpoint, tmp_path):
+    _run(tmp_path, tiny_checkpoint, "noplan", ["train.plan=false", "train.eval_prompts=0"])
+    lines = [json.loads(x) for x in (tmp_path / "noplan" / "metrics.jsonl").read_text().splitlines()]
+    assert lines and not any("scaler/num_actors" in x for x in lines)
 
 
 def test_same_seed_gives_the_same_run(tiny_checkpoint, tmp_path):
