@@ -1,3 +1,4 @@
+import random
 import statistics
 
 import pytest
@@ -6,7 +7,7 @@ import torch
 from rlhfless.errors import ConfigError, DataError
 from rlhfless.model.factory import ModelConfig, build_model, load_checkpoint, save_checkpoint
 from rlhfless.model.tokenizer import EOS_ID, ByteTokenizer
-from rlhfless.tasks.arith import ArithTaskConfig, Problem, SFTStream, make_splits, score, solution
+from rlhfless.tasks.arith import ArithTaskConfig, Problem, SFTStream, make_splits, sample_k, score, solution
 
 
 def test_tokenizer_round_trip_and_lengths():
@@ -27,15 +28,22 @@ def test_solution_format_and_reward():
     assert not score("7+3=10;#1#11", "11", finished=True).well_formed
 
 
-def test_splits_are_disjoint_reproducible_and_heavy_tailed():
-    cfg = ArithTaskConfig()
+def test_splits_are_disjoint_reproducible_and_eval_does_not_depend_on_train_size():
+    cfg = ArithTaskConfig(num_train=600, num_eval=200)
     a_train, a_eval = make_splits(cfg)
-    b_train, _ = make_splits(cfg)
+    b_train, b_eval = make_splits(cfg)
     assert [p.text for p in a_train] == [p.text for p in b_train]
     assert not {p.text for p in a_train} & {p.text for p in a_eval}
-    ks = [p.meta["k"] for p in a_train]
-    assert statistics.mean(k == 2 for k in ks) > 2 * statistics.mean(k == 8 for k in ks)
-    assert max(ks) >= 10
+    _, c_eval = make_splits(ArithTaskConfig(num_train=50, num_eval=200))
+    assert [p.text for p in c_eval] == [p.text for p in a_eval]
+    assert max(p.meta["k"] for p in a_train) >= 10
+
+
+def test_number_of_terms_is_heavy_tailed():
+    rng = random.Random(0)
+    ks = [sample_k(rng, ArithTaskConfig()) for _ in range(20000)]
+    assert statistics.mean(k == 2 for k in ks) > 4 * statistics.mean(k == 8 for k in ks)
+    assert statistics.mean(k >= 10 for k in ks) > 0.03
 
 
 def test_sft_lengths_vary_within_a_prompt_and_have_a_tail():
