@@ -1,8 +1,8 @@
 """SFT warm start: teach the tiny model written solutions until it is partly competent.
 
 Produces the checkpoint shipped in `data/checkpoints/sft` that the quickstart GRPO run starts from. Reproducible
-from a seed on CPU (fixed step count, not a wall-clock budget; one torch thread by default so the float
-reductions are ordered the same way on every machine).
+from a seed on CPU (fixed step count, not a wall-clock budget, and a fixed torch thread count so float reductions
+are ordered the same way).
 Loss: next-token cross-entropy on the solution tokens and EOS only (the prompt is given, not learned).
 Non-goals: packing, mixed precision, multi-device.
 """
@@ -26,7 +26,7 @@ from rlhfless.tasks.arith import ArithTaskConfig, SFTStream, make_splits
 class PretrainConfig:
     """SFT warm start settings."""
 
-    steps: int = 1200
+    steps: int = 2400
     """Optimiser steps (fixed, for reproducibility)."""
     batch_size: int = 128
     """Examples per step."""
@@ -38,8 +38,8 @@ class PretrainConfig:
     """AdamW weight decay."""
     seed: int = 0
     """Seeds the initial weights and the example stream."""
-    threads: int = 1
-    """torch threads (1 keeps runs bitwise reproducible across machines)."""
+    threads: int = 2
+    """torch threads; a run is bitwise reproducible for a fixed thread count (2 is 1.8x faster than 1 here)."""
     eval_prompts: int = 500
     """Held-out prompts for the final greedy accuracy report."""
     model: ModelConfig = field(default_factory=ModelConfig)
