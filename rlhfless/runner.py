@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -80,8 +81,7 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
     """Run GRPO as configured and return the summary (also written to OUT/summary.json)."""
     from tqdm.auto import tqdm
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _fresh_run_dir(Path(out_dir))
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     policy = load_checkpoint(cfg.policy.resolved())
@@ -96,7 +96,8 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
     t_start = time.perf_counter()
     initial = run_eval(policy, eval_prompts, cfg)
-    tracker.log(_eval_metrics(initial), step=0)
+    if initial:
+        tracker.log(_eval_metrics(initial), step=0)
     rewards: list[float] = []
     stream = prompt_stream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size)
     bar = tqdm(range(1, cfg.train.steps + 1), desc="GRPO", disable=not progress)
@@ -122,7 +123,8 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
     traces.close()
     save_checkpoint(policy, out / "checkpoints" / "final", {"step": cfg.train.steps})
     final = run_eval(policy, eval_prompts, cfg)
-    tracker.log(_eval_metrics(final), step=cfg.train.steps)
+    if final:
+        tracker.log(_eval_metrics(final), step=cfg.train.steps)
     summary = _summary(cfg, initial, final, rewards, time.perf_counter() - t_start, out, tracker)
     tracker.summary(summary)
     tracker.finish()
@@ -150,6 +152,16 @@ def log_step(tracker: Tracker, report: StepReport, table_every: int) -> None:
                           [[a, j.group_id, j.n_seqs, j.tokens / j.n_seqs]
                            for a, jobs in enumerate(report.plan.decision.plan.actor_jobs) for j in jobs],
                           report.step)
+
+
+def _fresh_run_dir(out: Path) -> Path:
+    """Create `out`; an earlier run there is moved aside to `out.<timestamp>` (never overwritten or mixed)."""
+    if out.exists() and any(out.iterdir()):
+        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        out.rename(aside)
+        print(f"rlhfless: {out} held an earlier run; moved it to {aside}", file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def _eval_metrics(res: dict[str, EvalResult]) -> dict[str, float]:

@@ -80,3 +80,12 @@ def test_nan_loss_stops_with_a_clear_message(tiny_checkpoint, tmp_path):
     save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(TrainingError, match="non-finite.*Last good checkpoint"):
         _run(tmp_path, bad, "nan", ["algo.skip_zero_variance_groups=false", "train.eval_prompts=0"])
+
+
+def test_an_earlier_run_in_the_same_folder_is_moved_aside_not_mixed(tiny_checkpoint, tmp_path):
+    _run(tmp_path, tiny_checkpoint, "same", ["train.eval_prompts=0"])
+    _run(tmp_path, tiny_checkpoint, "same", ["train.eval_prompts=0"])
+    lines = (tmp_path / "same" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # only the second run's two steps
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("same.")]
+    assert len(aside) == 1 and (aside[0] / "summary.json").is_file()
