@@ -39,6 +39,10 @@ def register(sub, bench) -> None:
     q.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="pretrain config overrides, e.g. steps=300")
     q.set_defaults(func=_pretrain)
 
+    from rlhfless.loopbench import register_bench
+
+    register_bench(bench)
+
 
 def _train(args: argparse.Namespace) -> int:
     from rlhfless.config import load_run_config
