@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -40,3 +41,22 @@ def iter_jsonl(path: str | Path, kind: str = "data") -> Iterator[tuple[str, dict
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object")
             yield where, obj
+
+
+def json_safe(obj):
+    """NaN/inf -> None and keys -> str, recursively, so the output is standard JSON (no bare NaN tokens)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def write_json(obj, path: str | Path, indent: int = 1) -> Path:
+    """Write one JSON report (parents created); NaN becomes null, other non-JSON values (paths) strings."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(json_safe(obj), indent=indent, allow_nan=False, default=str) + "\n")
+    return p

@@ -8,13 +8,12 @@ curves are identical and reports the median step time of each arm and their rati
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlhfless import metrics as M
 from rlhfless.config import load_run_config
+from rlhfless.jsonl import write_json
 
 ARMS = {
     "dedup_prefill": ("rollout.dedup_prefill=true", "rollout.dedup_prefill=false"),
@@ -99,8 +98,7 @@ def cmd_bench_loop(args) -> int:
     for stage, r in sorted(res["stage_ratio_off_over_on"].items()):
         print(f"  {stage:10s} on {res['median_s_on'][stage]:.4f} s  off {res['median_s_off'][stage]:.4f} s  {r:.2f}x")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        write_json(res, args.json)
     return 0
 
 

@@ -17,8 +17,22 @@ from pathlib import Path
 
 from rlhfless import metrics as M
 from rlhfless.config import REPO_ROOT
-from rlhfless.plan import PlanConfig, PlanJob, ScalingDecision, TimeModel, choose, evaluate_plan, oracle_assign
-from rlhfless.predictor import Observation, Prediction, build_predictor, prediction_table, step_metrics
+from rlhfless.plan import (
+    PlanConfig,
+    PlanJob,
+    ScalingDecision,
+    TimeModel,
+    choose,
+    evaluate_plan,
+    oracle_assign,
+)
+from rlhfless.predictor import (
+    Observation,
+    Prediction,
+    build_predictor,
+    prediction_table,
+    step_metrics,
+)
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.records import PromptGroup, Sample
 

@@ -29,7 +29,7 @@ from rlhfless.config import RunConfig
 from rlhfless.errors import TrainingError
 from rlhfless.evaluate import EvalResult, evaluate
 from rlhfless.learner import Learner
-from rlhfless.loop import StepReport, Stages, run_step
+from rlhfless.loop import Stages, StepReport, run_step
 from rlhfless.model.factory import load_checkpoint, save_checkpoint
 from rlhfless.model.tokenizer import ByteTokenizer
 from rlhfless.planning import Planner

@@ -10,7 +10,12 @@ import pytest
 
 from rlhfless.errors import ConfigError, DataError, UserError
 from rlhfless.predictor import cli
-from rlhfless.predictor.commands import compare_predictors, eval_predictor, synthetic_trace_file, train_predictor
+from rlhfless.predictor.commands import (
+    compare_predictors,
+    eval_predictor,
+    synthetic_trace_file,
+    train_predictor,
+)
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.predictor.data import read_lengths
 

@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 
 from rlhfless.errors import DataError
-from rlhfless.predictor.data import (LengthRow, gsm8k_lengths, group_observations, read_lengths, rows_from_trace,
-                                     write_lengths)
+from rlhfless.predictor.data import (
+    LengthRow,
+    group_observations,
+    gsm8k_lengths,
+    read_lengths,
+    rows_from_trace,
+    write_lengths,
+)
 from rlhfless.records import TraceRow
 from rlhfless.traces import TraceWriter
 

@@ -15,8 +15,14 @@ from rlhfless.errors import DataError
 from rlhfless.predictor.base import Prediction
 from rlhfless.predictor.config import PredictorConfig, build_predictor
 from rlhfless.predictor.data import LengthRow
-from rlhfless.predictor.evaluate import (bucket_accuracy, chunk_assignment, evaluate, makespan_ratio, split_rows,
-                                         step_metrics)
+from rlhfless.predictor.evaluate import (
+    bucket_accuracy,
+    chunk_assignment,
+    evaluate,
+    makespan_ratio,
+    split_rows,
+    step_metrics,
+)
 
 
 def _kendall_tau_b(x, y):

@@ -11,8 +11,18 @@ import pytest
 
 from rlhfless.errors import ConfigError, DataError
 from rlhfless.predictor.base import LengthPredictor
-from rlhfless.predictor.config import PREDICTOR_NAMES, PredictorConfig, build_predictor, load_predictor
-from rlhfless.predictor.data import LengthRow, Observation, group_observations, rows_from_trace
+from rlhfless.predictor.config import (
+    PREDICTOR_NAMES,
+    PredictorConfig,
+    build_predictor,
+    load_predictor,
+)
+from rlhfless.predictor.data import (
+    LengthRow,
+    Observation,
+    group_observations,
+    rows_from_trace,
+)
 from rlhfless.predictor.evaluate import evaluate, split_rows
 from rlhfless.predictor.sibling import censored_posterior_mean, evaluate_refinement
 from rlhfless.predictor.synthetic import SyntheticParams, generate_trace

@@ -14,7 +14,13 @@ from scipy import stats
 from rlhfless.model.factory import ModelConfig, build_model
 from rlhfless.model.tokenizer import EOS_ID
 from rlhfless.rollout.bench import hf_generate
-from rlhfless.rollout.engine import SamplingParams, decode, generate, prefill, sample_tokens
+from rlhfless.rollout.engine import (
+    SamplingParams,
+    decode,
+    generate,
+    prefill,
+    sample_tokens,
+)
 from rlhfless.rollout.prefix import PrefixCost
 from rlhfless.rollout.tpot import profile_rows
 

@@ -5,9 +5,22 @@ import pytest
 import torch
 
 from rlhfless.errors import ConfigError, DataError
-from rlhfless.model.factory import ModelConfig, build_model, load_checkpoint, save_checkpoint
+from rlhfless.model.factory import (
+    ModelConfig,
+    build_model,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rlhfless.model.tokenizer import EOS_ID, ByteTokenizer
-from rlhfless.tasks.arith import ArithTaskConfig, Problem, SFTStream, make_splits, sample_k, score, solution
+from rlhfless.tasks.arith import (
+    ArithTaskConfig,
+    Problem,
+    SFTStream,
+    make_splits,
+    sample_k,
+    score,
+    solution,
+)
 
 
 def test_tokenizer_round_trip_and_lengths():

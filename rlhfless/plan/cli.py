@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rlhfless.configbase import apply_overrides, from_dict, load_yaml
+from rlhfless.jsonl import write_json
 
 
 def load_plan_config(config: str | None, overrides: list[str]):
@@ -25,11 +25,9 @@ def load_plan_config(config: str | None, overrides: list[str]):
 
 
 def _write(obj: dict, path: str | None) -> None:
-    text = json.dumps(obj, indent=2, sort_keys=True)
     if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(text + "\n")
-    print(text)
+        write_json(obj, path, indent=2)
+    print(json.dumps(obj, indent=2, sort_keys=True))
 
 
 def cmd_bench_planner(args: argparse.Namespace) -> int:

@@ -8,10 +8,10 @@ Non-goals and deviations: see `rlhfless.predictor.commands`.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rlhfless.errors import ConfigError
+from rlhfless.jsonl import write_json
 
 
 def _split_args(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from rlhfless.predictor.commands import eval_predictor, write_json
+    from rlhfless.predictor.commands import eval_predictor
 
     if args.actors < 1:
         raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
@@ -65,7 +65,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from rlhfless.predictor.commands import compare_predictors, plot_comparison, write_json
+    from rlhfless.predictor.commands import compare_predictors, plot_comparison
     from rlhfless.predictor.config import PREDICTOR_NAMES
     from rlhfless.predictor.data import read_lengths
 
@@ -100,8 +100,7 @@ def cmd_trace_stats(args) -> int:
     for k, v in stats.items():
         print(f"{k:30s} {v:.4g}" if isinstance(v, float) else f"{k:30s} {v}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(stats, indent=1))
+        write_json(stats, args.json)
     return 0
 
 

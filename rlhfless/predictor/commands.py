@@ -10,14 +10,19 @@ Deviation from the paper: none (the paper has no predictor tooling).
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlhfless.errors import DataError
+from rlhfless.jsonl import json_safe, write_json  # noqa: F401  (json_safe is re-exported)
 from rlhfless.predictor.base import LengthPredictor
-from rlhfless.predictor.config import PREDICTOR_NAMES, PredictorConfig, build_predictor, load_predictor
+from rlhfless.predictor.config import (
+    PREDICTOR_NAMES,
+    PredictorConfig,
+    build_predictor,
+    load_predictor,
+)
 from rlhfless.predictor.data import LengthRow, read_lengths
 from rlhfless.predictor.evaluate import Split, evaluate, split_rows
 
@@ -34,23 +39,6 @@ class SplitSpec:
 
     def apply(self, rows: list[LengthRow]) -> Split:
         return split_rows(rows, test_epoch=self.test_epoch, test_frac=self.test_frac, seed=self.seed)
-
-
-def json_safe(obj):
-    """NaN/inf -> None recursively, so the JSON is standard (no bare NaN tokens)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def write_json(obj, path: str | Path) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(json_safe(obj), indent=1, allow_nan=False))
 
 
 def train_predictor(data: str | Path, cfg: PredictorConfig, out: str | Path, *, split: SplitSpec = SplitSpec(),

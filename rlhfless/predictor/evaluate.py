@@ -24,7 +24,12 @@ from scipy.stats import kendalltau, spearmanr
 from rlhfless import metrics as M
 from rlhfless.errors import DataError
 from rlhfless.predictor.base import LengthPredictor, Prediction
-from rlhfless.predictor.data import LengthRow, Observation, group_observations, has_epochs
+from rlhfless.predictor.data import (
+    LengthRow,
+    Observation,
+    group_observations,
+    has_epochs,
+)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
+
+from rlhfless.jsonl import write_json
 
 
 def register(sub, bench) -> None:
@@ -54,10 +54,7 @@ def register(sub, bench) -> None:
 
 
 def _write(report: dict, path: str) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1, default=str))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(report, path)}")
 
 
 def _prefill(args: argparse.Namespace) -> int:

@@ -28,7 +28,14 @@ import torch
 
 from rlhfless.errors import require
 from rlhfless.model.tokenizer import EOS_ID, PAD_ID
-from rlhfless.rollout.prefix import PrefillPlan, PrefixCost, check_prompts, left_pad, plan_prefill, run_plan
+from rlhfless.rollout.prefix import (
+    PrefillPlan,
+    PrefixCost,
+    check_prompts,
+    left_pad,
+    plan_prefill,
+    run_plan,
+)
 from rlhfless.rollout.stepper import make_stepper
 
 __all__ = ["SamplingParams", "PrefillStats", "PrefillState", "IterationRecord", "RolloutOutput", "left_pad",
