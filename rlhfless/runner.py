@@ -26,7 +26,7 @@ import yaml
 
 from rlhfless import metrics as M
 from rlhfless.config import RunConfig
-from rlhfless.errors import TrainingError
+from rlhfless.errors import ConfigError, TrainingError
 from rlhfless.evaluate import EvalResult, evaluate
 from rlhfless.learner import Learner
 from rlhfless.loop import Stages, StepReport, run_step
@@ -81,7 +81,6 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
     """Run GRPO as configured and return the summary (also written to OUT/summary.json)."""
     from tqdm.auto import tqdm
 
-    out = _fresh_run_dir(Path(out_dir))
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     policy = load_checkpoint(cfg.policy.resolved())
@@ -91,6 +90,8 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
     stages = Stages(cfg, learner, reference, planner)
     train_prompts, eval_prompts = make_splits(cfg.task)
     eval_prompts = eval_prompts[: cfg.train.eval_prompts]
+    _check_fits_context(train_prompts + eval_prompts, cfg, policy.config.max_position_embeddings)
+    out = _fresh_run_dir(Path(out_dir))  # only once every check has passed: a bad config leaves nothing behind
     (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg))
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
@@ -152,6 +153,16 @@ def log_step(tracker: Tracker, report: StepReport, table_every: int) -> None:
                           [[a, j.group_id, j.n_seqs, j.tokens / j.n_seqs]
                            for a, jobs in enumerate(report.plan.decision.plan.actor_jobs) for j in jobs],
                           report.step)
+
+
+def _check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int) -> None:
+    """The longest prompt plus rollout.max_new_tokens must fit the model's context (fail before any work)."""
+    longest = max(len(p.text.encode()) + 1 for p in prompts)  # bytes + BOS
+    if longest + cfg.rollout.max_new_tokens > context:
+        raise ConfigError(
+            f"rollout.max_new_tokens: the longest prompt has {longest} tokens, so at most {context - longest} "
+            f"new tokens fit the checkpoint's context of {context} (got {cfg.rollout.max_new_tokens}); "
+            "lower rollout.max_new_tokens or task.k_max")
 
 
 def _fresh_run_dir(out: Path) -> Path:

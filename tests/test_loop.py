@@ -89,3 +89,11 @@ def test_an_earlier_run_in_the_same_folder_is_moved_aside_not_mixed(tiny_checkpo
     assert len(lines) == 2  # only the second run's two steps
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("same.")]
     assert len(aside) == 1 and (aside[0] / "summary.json").is_file()
+
+
+def test_prompt_plus_max_new_tokens_must_fit_the_context(tiny_checkpoint, tmp_path):
+    from rlhfless.errors import ConfigError
+
+    # the tiny checkpoint's context is 256 tokens
+    with pytest.raises(ConfigError, match="rollout.max_new_tokens: the longest prompt has"):
+        _run(tmp_path, tiny_checkpoint, "ctx", ["rollout.max_new_tokens=250"])
