@@ -121,11 +121,11 @@ def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, s
             rows, observed = stages.planner.observe_step(plan, groups, samples, epoch, step)
         m.update(observed)
     m[M.timing("step")] = time.perf_counter() - t0
-    m.update(rollout_metrics(out, samples, stages.cfg.rollout.max_new_tokens))
+    m.update(rollout_metrics(out, samples))
     return StepReport(step, epoch, groups, samples, out, m, plan, rows)
 
 
-def rollout_metrics(out: RolloutOutput, samples: list[Sample], max_new_tokens: int) -> dict[str, float]:
+def rollout_metrics(out: RolloutOutput, samples: list[Sample]) -> dict[str, float]:
     """Reward, length, prefill and throughput metrics of one rollout (pure)."""
     lens = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)

@@ -12,7 +12,6 @@ import statistics
 from dataclasses import dataclass
 
 from rlhfless import metrics as M
-from rlhfless.config import load_run_config
 from rlhfless.jsonl import write_json
 
 ARMS = {
@@ -31,6 +30,7 @@ class Arm:
 
 
 def _arm(name: str, config: str | None, overrides: list[str]) -> Arm:
+    from rlhfless.config import load_run_config
     from rlhfless.learner import Learner
     from rlhfless.loop import Stages
     from rlhfless.model.factory import load_checkpoint

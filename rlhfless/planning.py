@@ -11,7 +11,6 @@ against the time model with the true lengths, not (yet) executed actor by actor.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,7 +43,6 @@ class StepPlan:
     prediction: Prediction
     jobs: list[PlanJob]
     decision: ScalingDecision
-    plan_ms: float
 
 
 class Planner:
@@ -59,12 +57,11 @@ class Planner:
         self.time_model: TimeModel = plan_cfg.time_model()
 
     def plan_step(self, groups: list[PromptGroup]) -> tuple[StepPlan, dict]:
-        t0 = time.perf_counter()
         pred = self.predictor.predict([g.prompt.prompt_id for g in groups], [g.prompt.text for g in groups])
         jobs = [PlanJob(g.prompt.prompt_id, g.group_size, max(1.0, float(m)), len(g.token_ids))
                 for g, m in zip(groups, pred.mean)]
         decision, metrics = choose(jobs, self.cfg, self.time_model)
-        return StepPlan(pred, jobs, decision, (time.perf_counter() - t0) * 1e3), metrics
+        return StepPlan(pred, jobs, decision), metrics
 
     def observe_step(self, sp: StepPlan, groups: list[PromptGroup], samples: list[Sample], epoch: int,
                      step: int) -> tuple[list, dict[str, float]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 QUICKSTART = "experiments/configs/quickstart.yaml"
 
@@ -49,14 +48,8 @@ def _train(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + ([f"tracking.mode={args.wandb}"] if args.wandb else [])
     cfg = load_run_config(args.config, overrides)
-    from rlhfless.model.factory import load_checkpoint  # noqa: F401  (fail fast on a bad checkpoint path below)
     from rlhfless.runner import train
 
-    ck = cfg.policy.resolved()
-    if not (Path(ck) / "model.safetensors").is_file():
-        from rlhfless.errors import DataError
-
-        raise DataError(f"policy.checkpoint: no checkpoint at {ck}; run `rlhfless pretrain --out {ck}` first")
     summary = train(cfg, args.out, progress=not args.no_progress)
     _print_table(summary)
     return 0

@@ -96,7 +96,7 @@ def load_checkpoint(directory: str | Path):
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
         raise DataError(
             f"checkpoint not found at {path} (expected config.json and model.safetensors); "
-            "run `rlhfless pretrain --out DIR` to make one, or point model.checkpoint at an existing one"
+            "run `rlhfless pretrain --out DIR` to make one, or point policy.checkpoint at an existing one"
         )
     ByteTokenizer.load(path)
     model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
+from rlhfless.config import DEFAULT_CHECKPOINT
 from rlhfless.errors import require
 from rlhfless.model.tokenizer import EOS_ID, PAD_ID, ByteTokenizer
 
-DEFAULT_CHECKPOINT = "data/checkpoints/sft"
 
 
 @dataclass
