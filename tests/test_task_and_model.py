@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rlhfless.errors import ConfigError, DataError
+from rlhfless.model.pretrain import PretrainConfig, sft_chunks
 from rlhfless.model.factory import (
     ModelConfig,
     build_model,
@@ -20,6 +21,7 @@ from rlhfless.tasks.arith import (
     sample_k,
     score,
     solution,
+    split_of,
 )
 
 
@@ -50,6 +52,29 @@ def test_splits_are_disjoint_reproducible_and_eval_does_not_depend_on_train_size
     _, c_eval = make_splits(ArithTaskConfig(num_train=50, num_eval=200))
     assert [p.text for p in c_eval] == [p.text for p in a_eval]
     assert max(p.meta["k"] for p in a_train) >= 10
+
+
+class _RecordingStream(SFTStream):
+    def next(self):
+        prompt, sol = super().next()
+        self.seen.add(prompt)
+        return prompt, sol
+
+
+def test_sft_stream_never_shows_a_train_or_eval_prompt_over_the_whole_sft_budget():
+    cfg = PretrainConfig()
+    stream = _RecordingStream(cfg.task, seed=cfg.seed + 1)
+    stream.seen = set()
+    batches = sft_chunks(stream, cfg.batch_size)
+    for _ in range(cfg.steps):  # exactly what `rlhfless pretrain` consumes (sft_batches tokenizes these)
+        next(batches)
+    train, evals = make_splits(cfg.task)
+    assert len(stream.seen) > 20_000
+    assert not stream.seen & {p.text for p in train}
+    assert not stream.seen & {p.text for p in evals}
+    # by construction, not by luck of the draw: every SFT problem is in the SFT population
+    assert {split_of(tuple(map(int, t[:-1].split("+")))) for t in stream.seen} == {"sft"}
+    assert {split_of(tuple(map(int, p.text[:-1].split("+")))) for p in train} == {"train"}
 
 
 def test_number_of_terms_is_heavy_tailed():

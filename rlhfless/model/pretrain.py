@@ -67,20 +67,22 @@ def _pad_batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, 
     return ids, lab
 
 
-def sft_batches(stream: SFTStream, batch_size: int, pool: int = 8):
-    """Endless (ids, labels) batches; each pool of `pool` batches is sorted by length so that a batch holds
-    examples of similar length (long-tailed lengths would otherwise make most of every batch padding)."""
-    tok = ByteTokenizer()
+def sft_chunks(stream: SFTStream, batch_size: int, pool: int = 8):
+    """Endless batches of (prompt, solution) texts; each pool of `pool` batches is sorted by length so that a
+    batch holds examples of similar length (long-tailed lengths would otherwise make most of every batch padding)."""
     while True:
-        pairs = []
-        for _ in range(batch_size * pool):
-            prompt, sol = stream.next()
-            pairs.append((tok.encode(prompt, bos=True), tok.encode(sol, eos=True)))
-        pairs.sort(key=lambda pr: len(pr[0]) + len(pr[1]))
+        pairs = [stream.next() for _ in range(batch_size * pool)]
+        pairs.sort(key=lambda pr: len(pr[0]) + len(pr[1]))  # byte tokenizer: text length orders token length
         chunks = [pairs[i:i + batch_size] for i in range(0, len(pairs), batch_size)]
-        order = stream.permutation(len(chunks))
-        for j in order:
-            yield _pad_batch(chunks[j])
+        for j in stream.permutation(len(chunks)):
+            yield chunks[j]
+
+
+def sft_batches(stream: SFTStream, batch_size: int, pool: int = 8):
+    """Endless (ids, labels) batches of `sft_chunks`."""
+    tok = ByteTokenizer()
+    for chunk in sft_chunks(stream, batch_size, pool):
+        yield _pad_batch([(tok.encode(p, bos=True), tok.encode(s, eos=True)) for p, s in chunk])
 
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:

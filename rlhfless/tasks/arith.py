@@ -19,8 +19,9 @@ from __future__ import annotations
 import random
 import zlib
 from dataclasses import dataclass, field
+from typing import Literal
 
-from rlhfless.errors import require
+from rlhfless.errors import ConfigError, require
 from rlhfless.records import Prompt
 
 
@@ -96,36 +97,52 @@ def sample_problem(rng: random.Random, cfg: ArithTaskConfig) -> Problem:
     return Problem(tuple(rng.randint(0, cfg.max_term) for _ in range(k)))
 
 
-EVAL_BUCKETS = 5  # one prompt in five (by a hash of its text) may be drawn for eval, the rest for train
+SPLIT_BUCKETS = 5
+"""A hash of a problem's text puts it in one of five buckets: bucket 0 is the held-out eval population, buckets
+1-2 the GRPO train population, buckets 3-4 the SFT population. The three are disjoint by construction, whatever
+the sizes or seeds drawn from them, so no eval (or RL) prompt is ever an SFT example. (Bucket 0 was eval before
+the SFT split existed: the eval set is unchanged, so accuracies before and after stay comparable.)"""
+Split = Literal["eval", "train", "sft"]
+_BUCKET_SPLIT: tuple[Split, ...] = ("eval", "train", "train", "sft", "sft")
 
 
-def _is_eval(terms: tuple[int, ...]) -> bool:
-    return zlib.crc32("+".join(map(str, terms)).encode()) % EVAL_BUCKETS == 0
+def split_of(terms: tuple[int, ...]) -> Split:
+    """Which population a problem belongs to (pure; see SPLIT_BUCKETS)."""
+    return _BUCKET_SPLIT[zlib.crc32("+".join(map(str, terms)).encode()) % SPLIT_BUCKETS]
 
 
-def _draw(rng: random.Random, cfg: ArithTaskConfig, n: int, name: str, want_eval: bool) -> list[Prompt]:
+def sample_from(rng: random.Random, cfg: ArithTaskConfig, split: Split) -> Problem:
+    """Draw from the task distribution restricted to one population (rejection: the hash is uniform)."""
+    for _ in range(100_000):
+        p = sample_problem(rng, cfg)
+        if split_of(p.terms) == split:
+            return p
+    raise ConfigError(f"task: cannot draw a {split} problem; widen task.k_max or task.max_term")
+
+
+def _draw(rng: random.Random, cfg: ArithTaskConfig, n: int, split: Split) -> list[Prompt]:
     seen: set[tuple[int, ...]] = set()
     out: list[Prompt] = []
     attempts = 0
     while len(out) < n:
         attempts += 1
-        require(attempts < 200 * (n + 10), "task", f"cannot draw {n} distinct {name} prompts; widen k or terms")
-        p = sample_problem(rng, cfg)
-        if p.terms in seen or _is_eval(p.terms) != want_eval:
+        require(attempts < 200 * (n + 10), "task", f"cannot draw {n} distinct {split} prompts; widen k or terms")
+        p = sample_from(rng, cfg, split)
+        if p.terms in seen:
             continue
         seen.add(p.terms)
-        out.append(Prompt(f"{name}-{len(out):05d}", p.text, str(p.answer), meta={"k": len(p.terms)}))
+        out.append(Prompt(f"{split}-{len(out):05d}", p.text, str(p.answer), meta={"k": len(p.terms)}))
     return out
 
 
 def make_splits(cfg: ArithTaskConfig) -> tuple[list[Prompt], list[Prompt]]:
     """Disjoint train and eval prompt sets, reproducible from `cfg.seed`.
 
-    A hash of each prompt decides which split it may belong to, and each split is drawn from its own random
+    A hash of each prompt decides which split it may belong to (`split_of`), and each split is drawn from its own random
     stream, so the eval set does not change when `num_train` does (comparisons across train sizes stay fair).
     """
-    train = _draw(random.Random(cfg.seed), cfg, cfg.num_train, "train", want_eval=False)
-    evals = _draw(random.Random(cfg.seed + 1), cfg, cfg.num_eval, "eval", want_eval=True)
+    train = _draw(random.Random(cfg.seed), cfg, cfg.num_train, "train")
+    evals = _draw(random.Random(cfg.seed + 1), cfg, cfg.num_eval, "eval")
     return train, evals
 
 
@@ -149,7 +166,8 @@ def score(response: str, answer: str, finished: bool) -> Score:
 
 @dataclass
 class SFTStream:
-    """Endless SFT examples (prompt, solution) drawn from the task distribution, reproducible from a seed."""
+    """Endless SFT examples (prompt, solution) from the SFT population only (never a train or eval prompt),
+    reproducible from a seed."""
 
     cfg: ArithTaskConfig
     seed: int
@@ -159,7 +177,7 @@ class SFTStream:
         self._rng = random.Random(self.seed)
 
     def next(self) -> tuple[str, str]:
-        p = sample_problem(self._rng, self.cfg)
+        p = sample_from(self._rng, self.cfg, "sft")
         return p.text, solution(p, check=self._rng.random() < self.cfg.check_prob)
 
     def permutation(self, n: int) -> list[int]:
