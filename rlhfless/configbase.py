@@ -118,7 +118,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{item}': value is not valid YAML ({exc})") from None
+        raise ConfigError(f"override '{item}': value is not valid YAML ({yaml_error_line(exc)})") from None
     return key.split("."), value
 
 
@@ -143,6 +143,13 @@ def _deep_copy(d: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """PyYAML's multi-line error as one line: the problem and where it is."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing file or a non-mapping raises `ConfigError` naming the path."""
     p = Path(path)
@@ -151,7 +158,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        raise ConfigError(f"{p}: not valid YAML ({yaml_error_line(exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
     return data

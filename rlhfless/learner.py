@@ -30,6 +30,8 @@ class Learner:
         self.optim_cfg = optim
         self.opt = torch.optim.AdamW(model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
         self.updates = 0
+        """Optimizer steps taken or skipped (a batch without reward variance still counts: warm-up is per step)."""
+        self.last_grad_norm: float | None = None
 
     def _lr(self) -> float:
         w = self.optim_cfg.warmup_steps
@@ -47,7 +49,9 @@ class Learner:
         keep_groups = (~adv.zero_variance).nonzero().squeeze(-1).tolist()
         if self.algo.skip_zero_variance_groups:
             if not keep_groups:
-                return {**metrics, M.LR: self._lr()}
+                lr = self._lr()
+                self.updates += 1
+                return {**metrics, M.LR: lr}
         else:
             keep_groups = list(range(len(prompts)))
         rows = [g * G + s for g in keep_groups for s in range(G)]
@@ -70,7 +74,7 @@ class Learner:
                                 self.algo, entropy=out.entropy)
             self._step(loss)
             metrics.update(m)
-        metrics[M.GRAD_NORM] = self._last_grad_norm
+        metrics[M.GRAD_NORM] = self.last_grad_norm
         metrics[M.LR] = self._lr()
         self.updates += 1
         return metrics
@@ -83,5 +87,5 @@ class Learner:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)
         if not math.isfinite(norm.item()):
             raise TrainingError(f"non-finite gradient norm at update {self.updates}")
-        self._last_grad_norm = norm.item()
+        self.last_grad_norm = norm.item()
         self.opt.step()

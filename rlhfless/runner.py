@@ -12,13 +12,13 @@ Output folder layout (`--out DIR`):
 
 from __future__ import annotations
 
-import copy
 import json
 import random
+import shutil
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +26,7 @@ import yaml
 
 from rlhfless import metrics as M
 from rlhfless.config import RunConfig
-from rlhfless.errors import ConfigError, TrainingError
+from rlhfless.errors import ConfigError, DataError, TrainingError
 from rlhfless.evaluate import EvalResult, evaluate
 from rlhfless.learner import Learner
 from rlhfless.loop import Stages, StepReport, run_step
@@ -35,6 +35,18 @@ from rlhfless.model.tokenizer import ByteTokenizer
 from rlhfless.planning import Planner
 from rlhfless.records import Prompt, PromptGroup
 from rlhfless.rollout.engine import SamplingParams
+from rlhfless.runstate import (
+    RunState,
+    check_outputs,
+    config_changes,
+    file_sizes,
+    find_checkpoint,
+    read_rng,
+    read_state,
+    restore_optimizer,
+    rewind_outputs,
+    save_run_checkpoint,
+)
 from rlhfless.tasks.arith import make_splits
 from rlhfless.traces import TraceWriter
 from rlhfless.tracking import Tracker
@@ -42,21 +54,37 @@ from rlhfless.tracking import Tracker
 EVAL_SEED = 10_007  # the same sampling streams before and after training: a paired comparison
 
 
-def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int) -> Iterator[tuple[int, list[PromptGroup]]]:
-    """Yield (epoch, groups) forever: each epoch visits every train prompt once in a seeded shuffled order."""
-    tok = ByteTokenizer()
-    rng = random.Random(seed)
-    order: list[Prompt] = []
-    epoch, pos = -1, 0
-    while True:
+class PromptStream:
+    """Epochs over the train prompts, each in its own seeded order; the position (epoch, pos) is the whole state,
+    so a resumed run continues with exactly the prompts an uninterrupted run would have drawn."""
+
+    def __init__(self, train: list[Prompt], batch: int, seed: int, group_size: int, epoch: int = 0, pos: int = 0):
+        self.train, self.batch, self.seed, self.group_size = train, batch, seed, group_size
+        self.epoch, self.pos = epoch, pos
+        self._order = self._epoch_order(epoch)
+        self._tok = ByteTokenizer()
+
+    def _epoch_order(self, epoch: int) -> list[Prompt]:
+        return random.Random(f"{self.seed}:{epoch}").sample(self.train, len(self.train))
+
+    def next(self) -> tuple[int, list[PromptGroup]]:
+        """(epoch of the last prompt drawn, the next `batch` prompt groups)."""
         take: list[Prompt] = []
-        while len(take) < batch:
-            if pos >= len(order):
-                order, pos, epoch = rng.sample(train, len(train)), 0, epoch + 1
-            n = min(batch - len(take), len(order) - pos)
-            take += order[pos:pos + n]
-            pos += n
-        yield epoch, [PromptGroup(p, tok.encode(p.text, bos=True), group_size) for p in take]
+        while len(take) < self.batch:
+            if self.pos >= len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+            n = min(self.batch - len(take), len(self._order) - self.pos)
+            take += self._order[self.pos:self.pos + n]
+            self.pos += n
+        return self.epoch, [PromptGroup(p, self._tok.encode(p.text, bos=True), self.group_size) for p in take]
+
+
+def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int) -> Iterator[tuple[int, list[PromptGroup]]]:
+    """Yield (epoch, groups) forever (a generator view of `PromptStream`)."""
+    stream = PromptStream(train, batch, seed, group_size)
+    while True:
+        yield stream.next()
 
 
 def run_eval(model, prompts: list[Prompt], cfg: RunConfig) -> dict[str, EvalResult]:
@@ -77,58 +105,188 @@ def completions_table(report: StepReport, limit: int = 16) -> list[list]:
     return rows
 
 
-def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict:
-    """Run GRPO as configured and return the summary (also written to OUT/summary.json)."""
-    from tqdm.auto import tqdm
+@dataclass
+class Run:
+    """Everything a run holds between set-up and summary."""
 
+    cfg: RunConfig
+    out: Path
+    learner: Learner
+    planner: Planner | None
+    stages: Stages
+    eval_prompts: list[Prompt]
+    stream: PromptStream
+    tracker: Tracker
+    traces: TraceWriter
+    state: RunState
+    initial: dict[str, EvalResult]
+    t_start: float
+
+
+
+def output_files(out: Path) -> list[Path]:
+    """The files steps append to: rewound to their checkpoint sizes on resume."""
+    tables = sorted((out / "tables").glob("*.jsonl")) if (out / "tables").is_dir() else []
+    return [out / "metrics.jsonl", out / "traces" / "rollouts.jsonl", *tables]
+
+
+def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bool = False,
+          allow_config_change: bool = False) -> dict:
+    """Run GRPO as configured and return the summary (also written to OUT/summary.json).
+
+    resume: continue the run in `out_dir` from its last checkpoint; the result equals an uninterrupted run's.
+    allow_config_change: resume even if the config differs in keys that change results (listed in a warning).
+    """
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
-    policy = load_checkpoint(cfg.policy.resolved())
-    reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.algo.kl_coef > 0 else None
+    run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir))
+    _steps(run, progress)
+    return _finish(run)
+
+
+def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:
+    """Learner, planner and stages around `policy`, restored from a run checkpoint `ckpt` when given."""
+    reference = None
+    if cfg.algo.kl_coef > 0:  # the reference is always the run's starting policy, also when resuming
+        reference = load_checkpoint(cfg.policy.resolved()).eval().requires_grad_(False)
     learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
     planner = Planner(cfg.predictor, cfg.plan) if cfg.train.plan else None
-    stages = Stages(cfg, learner, reference, planner)
+    if ckpt is not None and planner is not None:
+        from rlhfless.predictor import load_predictor
+
+        planner.predictor = load_predictor(ckpt / "predictor")
     train_prompts, eval_prompts = make_splits(cfg.task)
     eval_prompts = eval_prompts[: cfg.train.eval_prompts]
-    _check_fits_context(train_prompts + eval_prompts, cfg, policy.config.max_position_embeddings)
-    out = _fresh_run_dir(Path(out_dir))  # only once every check has passed: a bad config leaves nothing behind
+    check_fits_context(train_prompts + eval_prompts, cfg, policy.config.max_position_embeddings)
+    return learner, planner, Stages(cfg, learner, reference, planner), train_prompts, eval_prompts
+
+
+def _start(cfg: RunConfig, out_dir: Path) -> Run:
+    policy = load_checkpoint(cfg.policy.resolved())
+    learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
+    out = _fresh_run_dir(out_dir)  # only once every check has passed: a bad config leaves nothing behind
     (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg))
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
-    t_start = time.perf_counter()
-    initial = run_eval(policy, eval_prompts, cfg)
-    if initial:
-        tracker.log(_eval_metrics(initial), step=0)
-    rewards: list[float] = []
-    stream = prompt_stream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size)
-    bar = tqdm(range(1, cfg.train.steps + 1), desc="GRPO", disable=not progress)
+    stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size)
+    state = RunState(0, 0, None, 0, 0, [], wandb_id=tracker.run_id)
+    run = Run(cfg, out, learner, planner, stages, eval_prompts, stream, tracker, traces, state, {},
+              time.perf_counter())
+    run.initial = run_eval(policy, eval_prompts, cfg)
+    if run.initial:
+        tracker.log(_eval_metrics(run.initial), step=0)
+    return run
+
+
+def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
+    ckpt = find_checkpoint(out)
+    state = read_state(ckpt)
+    _check_resume_config(cfg, out, allow_config_change)
+    if state.step >= cfg.train.steps:
+        raise ConfigError(f"train.steps: the run in {out} already has {state.step} steps; "
+                          f"set train.steps above {state.step} to extend it")
+    policy = load_checkpoint(ckpt)
+    learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
+    restore_optimizer(learner.opt, ckpt, state.optimizer_groups)
+    rng = read_rng(ckpt)
+    check_outputs(out, state.file_sizes, state.step, output_files(out))  # every check before any file changes
+    learner.updates, learner.last_grad_norm = state.learner_updates, state.last_grad_norm
+    stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size,
+                          state.stream_epoch, state.stream_pos)
+    initial = _initial_eval(state, ckpt)
+    rewind_outputs(out, state.file_sizes, state.step, output_files(out))
+    kept = out / "resumed" / f"step-{state.step}"
+    kept.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(out / "config.yaml", kept / "config.yaml")  # the config the run had before this resume
+    for done in (out / "summary.json", out / "checkpoints" / "final"):  # a finished run being extended
+        if done.exists():
+            done.rename(kept / done.name)
+    (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    tracker = Tracker(cfg.tracking, out, asdict(cfg), resume_id=state.wandb_id)
+    traces = TraceWriter(out / "traces" / "rollouts.jsonl")
+    torch.set_rng_state(rng)  # last: loading weights above may draw from the global generator
+    print(f"rlhfless: resuming {out} after step {state.step} (checkpoint {ckpt})", file=sys.stderr)
+    return Run(cfg, out, learner, planner, stages, eval_prompts, stream, tracker, traces, state, initial,
+               time.perf_counter() - state.elapsed_s)
+
+
+def _initial_eval(state: RunState, ckpt: Path) -> dict[str, EvalResult]:
+    try:
+        return {k: EvalResult(**{**v, "per_k": {int(a): b for a, b in v["per_k"].items()}})
+                for k, v in state.initial_eval.items()}
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise DataError(f"{ckpt / 'state.json'}: corrupt initial evaluation ({exc!r})") from None
+
+
+def _check_resume_config(cfg: RunConfig, out: Path, allow: bool) -> None:
+    path = out / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise DataError(f"{path}: cannot read the run's config ({exc})") from None
+    if not isinstance(saved, dict):
+        raise DataError(f"{path}: not a run config")
+    changes = config_changes(saved, asdict(cfg))
+    if changes and not allow:
+        raise ConfigError(f"--resume: the config differs from the run in {out} in {', '.join(changes)}, which would "
+                          "change results; resume with the same config, or pass --allow-config-change to accept it")
+    if changes:
+        print(f"rlhfless: warning: resuming with changed {', '.join(changes)}; results differ from an "
+              "uninterrupted run from here on", file=sys.stderr)
+
+
+def _steps(run: Run, progress: bool) -> None:
+    from tqdm.auto import tqdm
+
+    cfg, st = run.cfg, run.state
+    bar = tqdm(range(st.step + 1, cfg.train.steps + 1), desc="GRPO", disable=not progress,
+               initial=st.step, total=cfg.train.steps)
     try:
         for step in bar:
-            epoch, groups = next(stream)
-            report = run_step(stages, groups, step, epoch, seed=cfg.train.seed * 1_000_003 + step)
-            traces.write(report.trace_rows())
-            log_step(tracker, report, cfg.train.table_every)
-            rewards.append(report.metrics[M.REWARD_MEAN])
+            epoch, groups = run.stream.next()
+            report = run_step(run.stages, groups, step, epoch, seed=cfg.train.seed * 1_000_003 + step)
+            run.traces.write(report.trace_rows())
+            log_step(run.tracker, report, cfg.train.table_every)
+            st.rewards.append(report.metrics[M.REWARD_MEAN])
+            st.step = step
             bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-                tracker.log(_eval_metrics(run_eval(policy, eval_prompts, cfg)), step=step)
+                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg)), step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                save_checkpoint(policy, out / "checkpoints" / "last", {"step": step})
+                _checkpoint(run)
     except TrainingError as exc:
-        traces.close()
-        tracker.finish()
-        kept = out / "checkpoints" / "last"
+        run.traces.close()
+        run.tracker.finish()
+        kept = run.out / "checkpoints" / "last"
         raise TrainingError(f"{exc}; stopped. Last good checkpoint: "
                             f"{kept if kept.exists() else cfg.policy.resolved()} (the starting weights)") from None
-    traces.close()
-    save_checkpoint(policy, out / "checkpoints" / "final", {"step": cfg.train.steps})
-    final = run_eval(policy, eval_prompts, cfg)
+
+
+def _checkpoint(run: Run) -> None:
+    st = run.state
+    st.learner_updates, st.last_grad_norm = run.learner.updates, run.learner.last_grad_norm
+    st.stream_epoch, st.stream_pos = run.stream.epoch, run.stream.pos
+    st.initial_eval = {k: asdict(v) for k, v in run.initial.items()}
+    st.file_sizes = file_sizes(run.out, output_files(run.out))
+    st.elapsed_s = time.perf_counter() - run.t_start
+    save_run_checkpoint(run.out / "checkpoints", run.learner.model, run.learner.opt, st,
+                        run.planner.predictor if run.planner is not None else None)
+
+
+def _finish(run: Run) -> dict:
+    cfg, out = run.cfg, run.out
+    run.traces.close()
+    if not (cfg.train.checkpoint_every and cfg.train.steps % cfg.train.checkpoint_every == 0):
+        _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
+    save_checkpoint(run.learner.model, out / "checkpoints" / "final", {"step": cfg.train.steps})
+    final = run_eval(run.learner.model, run.eval_prompts, cfg)
     if final:
-        tracker.log(_eval_metrics(final), step=cfg.train.steps)
-    summary = _summary(cfg, initial, final, rewards, time.perf_counter() - t_start, out, tracker)
-    tracker.summary(summary)
-    tracker.finish()
+        run.tracker.log(_eval_metrics(final), step=cfg.train.steps)
+    summary = _summary(cfg, run.initial, final, run.state.rewards, time.perf_counter() - run.t_start, out,
+                       run.tracker)
+    run.tracker.summary(summary)
+    run.tracker.finish()
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -155,7 +313,7 @@ def log_step(tracker: Tracker, report: StepReport, table_every: int) -> None:
                           report.step)
 
 
-def _check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int) -> None:
+def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int) -> None:
     """The longest prompt plus rollout.max_new_tokens must fit the model's context (fail before any work)."""
     longest = max(len(p.text.encode()) + 1 for p in prompts)  # bytes + BOS
     if longest + cfg.rollout.max_new_tokens > context:

@@ -25,7 +25,9 @@ def _jsonable(v: Any) -> Any:
 class Tracker:
     """Log scalars per step and decision tables; mirror everything to local JSONL files."""
 
-    def __init__(self, cfg: TrackingConfig, run_dir: str | Path, config: dict, job_type: str = "train"):
+    def __init__(self, cfg: TrackingConfig, run_dir: str | Path, config: dict, job_type: str = "train",
+                 resume_id: str | None = None):
+        """resume_id: continue that W&B run (a resumed training run); its steps go on from the checkpoint."""
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -39,8 +41,13 @@ class Tracker:
             self._run = wandb.init(
                 project=cfg.project, name=cfg.name or self.run_dir.name, group=cfg.group, job_type=job_type,
                 dir=str(self.run_dir), mode=cfg.mode, config=config, reinit="finish_previous",
+                id=resume_id, resume="allow" if resume_id else None,
                 settings=wandb.Settings(console="off", x_disable_stats=True),
             )
+
+    @property
+    def run_id(self) -> str | None:
+        return self._run.id if self._run is not None else None
 
     @property
     def wandb_dir(self) -> str | None:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from rlhfless.errors import ConfigError
+
 QUICKSTART = "experiments/configs/quickstart.yaml"
 
 
@@ -24,6 +26,13 @@ def register(sub, bench) -> None:
     p.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None,
                    help="W&B mode (overrides tracking.mode; default offline)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in OUT from its last checkpoint (train.checkpoint_every); the result is "
+                        "identical to an uninterrupted run. Extend a finished run with a larger train.steps")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept a config that differs in keys that change results")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config, the checkpoint and the task, print the resolved config, and stop")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides, e.g. algo.group_size=8 optim.lr=1e-4 rollout.dedup_prefill=false")
     p.set_defaults(func=_train)
@@ -48,10 +57,34 @@ def _train(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + ([f"tracking.mode={args.wandb}"] if args.wandb else [])
     cfg = load_run_config(args.config, overrides)
+    if args.allow_config_change and not args.resume:
+        raise ConfigError("--allow-config-change only applies with --resume")
+    if args.dry_run:
+        return _dry_run(cfg)
     from rlhfless.runner import train
 
-    summary = train(cfg, args.out, progress=not args.no_progress)
+    summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
+                    allow_config_change=args.allow_config_change)
     _print_table(summary)
+    return 0
+
+
+def _dry_run(cfg) -> int:
+    """Every check `train` makes before work (checkpoint, task splits, context fit), without a run folder."""
+    from dataclasses import asdict
+
+    import yaml
+
+    from rlhfless.model.factory import load_checkpoint
+    from rlhfless.runner import check_fits_context
+    from rlhfless.tasks.arith import make_splits
+
+    context = load_checkpoint(cfg.policy.resolved()).config.max_position_embeddings
+    train_prompts, eval_prompts = make_splits(cfg.task)
+    check_fits_context(train_prompts + eval_prompts[: cfg.train.eval_prompts], cfg, context)
+    print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
+    print(f"rlhfless: config OK ({len(train_prompts)} train / {cfg.train.eval_prompts} eval prompts, "
+          f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)
     return 0
 
 
