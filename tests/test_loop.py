@@ -97,3 +97,18 @@ def test_prompt_plus_max_new_tokens_must_fit_the_context(tiny_checkpoint, tmp_pa
     # the tiny checkpoint's context is 256 tokens
     with pytest.raises(ConfigError, match="rollout.max_new_tokens: the longest prompt has"):
         _run(tmp_path, tiny_checkpoint, "ctx", ["rollout.max_new_tokens=250"])
+
+
+def test_warmup_advances_on_a_batch_without_reward_variance(tiny_checkpoint):
+    from rlhfless.config import OptimConfig
+    from rlhfless.learner import Learner
+    from rlhfless.model.factory import load_checkpoint
+
+    cfg = load_run_config(None, ["algo.group_size=2", "optim.warmup_steps=4", "optim.lr=1e-3"])
+    learner = Learner(load_checkpoint(tiny_checkpoint), cfg.optim, cfg.algo)
+    assert isinstance(cfg.optim, OptimConfig)
+    flat = learner.update([[1, 5, 6]], [[7, 2], [8, 2]], torch.tensor([1.0, 1.0]))  # no variance: no step
+    assert flat["actor/lr"] == pytest.approx(0.25e-3)
+    varied = learner.update([[1, 5, 6]], [[7, 2], [8, 2]], torch.tensor([1.0, 0.0]))
+    assert varied["actor/lr"] == pytest.approx(0.5e-3)  # the skipped batch counted as a warm-up step
+    assert learner.updates == 2
