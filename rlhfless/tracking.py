@@ -3,23 +3,28 @@
 Every run also writes `metrics.jsonl` (one line per step) and `tables/<name>.jsonl` in its run directory, so
 notebooks and summaries never depend on W&B being installed or online. W&B runs offline by default (files under
 `<run_dir>/wandb`, upload later with `wandb sync`); `disabled` skips importing wandb at all (unit tests).
+The JSONL mirror is standard JSON like every other report (`rlhfless.jsonl.write_json`): NaN and inf become null.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from rlhfless.config import TrackingConfig
+from rlhfless.jsonl import json_safe
 
 
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return v
+def _default(v: Any) -> Any:
+    """numpy scalars as Python numbers (NaN -> null), anything else not JSON as its string (as `write_json`)."""
+    return json_safe(v.item()) if hasattr(v, "item") else str(v)
+
+
+def json_line(obj: dict) -> str:
+    """One standard-JSON line: NaN/inf -> null (never the bare `NaN` token or the string "nan")."""
+    return json.dumps(json_safe(obj), allow_nan=False, default=_default) + "\n"
 
 
 class Tracker:
@@ -47,7 +52,7 @@ class Tracker:
         return str(Path(self._run.dir).parent) if self._run is not None else None
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self._metrics.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}) + "\n")
+        self._metrics.write(json_line({"step": step, **metrics}))
         self._metrics.flush()
         if self._run is not None:
             self._run.log(metrics, step=step)
@@ -58,7 +63,7 @@ class Tracker:
         tdir.mkdir(exist_ok=True)
         with (tdir / f"{name}.jsonl").open("a", encoding="utf-8") as fh:
             for r in rows:
-                fh.write(json.dumps({"step": step, **dict(zip(columns, map(_jsonable, r)))}) + "\n")
+                fh.write(json_line({"step": step, **dict(zip(columns, r))}))
         if self._run is not None:
             self._run.log({name: self._wandb.Table(columns=columns, data=rows)}, step=step)
 
