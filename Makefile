@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make demo   - the quickstart GRPO run on its embedded defaults (creates/reuses .venv)
 #   make test   - the default test suite (creates/reuses .venv)
+#   make notebooks - execute every notebook at full size, saving outputs into the committed .ipynb files
 # torch is pinned and installed FIRST: an unpinned torch would pull a multi-GB CUDA build.
 
 PYTHON ?= python3
@@ -11,7 +12,7 @@ OUT ?= runs/quickstart
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow env pretrain bench clean-runs
+.PHONY: demo test test-slow env pretrain bench notebooks clean-runs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +41,10 @@ bench: $(STAMP)
 	$(BIN)/rlhfless bench prefill --json runs/bench/prefill.json
 	$(BIN)/rlhfless bench engine --json runs/bench/engine.json
 	$(BIN)/rlhfless bench planner --json runs/bench/planner.json
+
+# Full size, outputs written in place (the tests run them small, on copies). NOTEBOOKS= picks some.
+notebooks: $(STAMP)
+	$(BIN)/python notebooks/run_all.py $(NOTEBOOKS)
 
 clean-runs:
 	rm -rf runs
