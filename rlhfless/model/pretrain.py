@@ -26,8 +26,9 @@ from rlhfless.tasks.arith import ArithTaskConfig, SFTStream, make_splits
 class PretrainConfig:
     """SFT warm start settings."""
 
-    steps: int = 2400
-    """Optimiser steps (fixed, for reproducibility)."""
+    steps: int = 3600
+    """Optimiser steps (fixed, for reproducibility). With the SFT population disjoint from eval, 2400 steps
+    reached 41% greedy held-out (k >= 5 barely solved) and 3600 steps 70% (k <= 6 solved): the shipped checkpoint."""
     batch_size: int = 128
     """Examples per step."""
     lr: float = 3e-3

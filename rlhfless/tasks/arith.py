@@ -16,6 +16,8 @@ Non-goals: natural language; GSM8K lives in `rlhfless.tasks.gsm8k`.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import random
 import zlib
 from dataclasses import dataclass, field
@@ -86,10 +88,16 @@ def solution(problem: Problem, check: bool) -> str:
     return f"{body}#{problem.answer}"
 
 
+@functools.lru_cache(maxsize=64)
+def _k_table(k_min: int, k_max: int, alpha: float) -> tuple[list[int], list[float]]:
+    ks = list(range(k_min, k_max + 1))
+    return ks, list(itertools.accumulate(k ** -alpha for k in ks))
+
+
 def sample_k(rng: random.Random, cfg: ArithTaskConfig) -> int:
-    ks = list(range(cfg.k_min, cfg.k_max + 1))
-    weights = [k ** -cfg.k_alpha for k in ks]
-    return rng.choices(ks, weights=weights)[0]
+    # cum_weights are what `choices(weights=...)` computes on every call: same draws, computed once
+    ks, cum = _k_table(cfg.k_min, cfg.k_max, cfg.k_alpha)
+    return rng.choices(ks, cum_weights=cum)[0]
 
 
 def sample_problem(rng: random.Random, cfg: ArithTaskConfig) -> Problem:
