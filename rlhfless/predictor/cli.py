@@ -1,4 +1,4 @@
-"""`rlhfless predictor {train,eval,compare}` and `rlhfless data {gsm8k-lengths,synthetic-trace,trace-stats}`.
+"""`rlhfless predictor {train,eval,convert,compare}` and `rlhfless data {gsm8k-lengths,synthetic-trace,trace-stats}`.
 
 Only argparse wiring: each command calls a function of `rlhfless.predictor.commands` (tests call those
 directly). Heavy libraries are imported inside the functions so `rlhfless --help` stays instant.
@@ -20,6 +20,12 @@ def _split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-frac", type=float, default=0.2,
                    help="text-only data: fraction of prompts held out for testing (default 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out prompt split (default 0)")
+
+
+def _trust_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="also read a learned predictor saved by rlhfless 0.1 (model.pkl). Unpickling runs code the "
+                        "file holds: only for files you made yourself")
 
 
 def _config(name: str, sets: list[str]):
@@ -57,10 +63,18 @@ def cmd_eval(args) -> int:
 
     if args.actors < 1:
         raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
-    result = eval_predictor(args.model, args.data, n_actors=args.actors)
+    result = eval_predictor(args.model, args.data, n_actors=args.actors, trust_pickle=args.trust_pickle)
     if args.json:
         write_json(result, args.json)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from rlhfless.predictor.commands import convert_predictor
+
+    p = convert_predictor(args.model, args.out, trust_pickle=args.trust_pickle)
+    print(f"saved {p.name} predictor to {args.out} (current format, no pickle)")
     return 0
 
 
@@ -119,6 +133,11 @@ def cmd_synthetic(args) -> int:
 
 def register(sub, bench_sub) -> None:
     """Add the `predictor` and `data` command groups."""
+    _register_predictor(sub)
+    _register_data(sub)
+
+
+def _register_predictor(sub) -> None:
     pred = sub.add_parser("predictor", help="train, evaluate and compare response-length predictors",
                           description="Response-length predictors: ewma (the paper), sibling, learned, "
                                       "global_mean, prompt_length.")
@@ -142,7 +161,17 @@ def register(sub, bench_sub) -> None:
     e.add_argument("--data", required=True, help="length data or loop trace (JSONL)")
     e.add_argument("--json", default=None, help="write the metrics (mae, kendall_tau, ...) to this JSON file")
     e.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
+    _trust_arg(e)
     e.set_defaults(func=cmd_eval)
+
+    v = psub.add_parser("convert", help="re-save a predictor in the current format (drops an old pickle)",
+                        description="Load a saved predictor and write it to --out in the current format: plain JSON "
+                                    "and .npz arrays that load without running code. A learned predictor saved by "
+                                    "rlhfless 0.1 is a pickle: convert it once, with --trust-pickle, if you made it.")
+    v.add_argument("--model", required=True, help="directory of the saved predictor")
+    v.add_argument("--out", required=True, help="directory to write the converted predictor to")
+    _trust_arg(v)
+    v.set_defaults(func=cmd_convert)
 
     c = psub.add_parser("compare", help="all predictors side by side (JSON + seaborn figure)",
                         description="Fit every predictor on the same split and compare them.")
@@ -156,6 +185,8 @@ def register(sub, bench_sub) -> None:
     _split_args(c)
     c.set_defaults(func=cmd_compare)
 
+
+def _register_data(sub) -> None:
     data = sub.add_parser("data", help="make length data sets", description="Make length data sets.")
     dsub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     g = dsub.add_parser("gsm8k-lengths", help="GSM8K JSONL -> length data (reference-answer lengths)",

@@ -6,12 +6,22 @@ last group mean, mean, EWMA with `alpha`, std of past sample lengths; -1 without
 than NaN because an all-NaN column, as in text-only data, breaks scikit-learn's binning). Training examples
 are built causally: a step's features come only from earlier steps, exactly what the loop sees online. The
 point model predicts the group mean (squared error); one quantile model per level predicts single-sample
-quantiles (`loss="quantile"`). scikit-learn runs on `learned_n_threads` OpenMP threads (1 by default).
+quantiles (`loss="quantile"`). scikit-learn fits on `learned_n_threads` OpenMP threads (1 by default); each
+fitted model is then exported to a `rlhfless.predictor.trees.Forest` (plain arrays), which predicts exactly as
+the estimator did, in numpy: saved files hold no code, and load under any scikit-learn version.
 
-Saved models: ``predictor.json`` holds the config and the history as JSON; the fitted scikit-learn models need
-pickle and go to ``model.pkl``, whose first line is a JSON header (rlhfless version, scikit-learn version,
-predictor name). Loading refuses a file whose header does not match the running versions, with a message
-saying to retrain. Unpickling runs code: load only model files you made or trust.
+Saved models (format 2): ``predictor.json`` holds the config and the JSON state (per-prompt history, last fitted
+epoch, global mean, whether models exist); ``model.npz`` (loaded with ``allow_pickle=False``) holds every array:
+    quantiles (Q,) float64                      the config's quantile levels, in order
+    point.* and quantile<i>.* for i < Q         one `Forest` each (see `rlhfless.predictor.trees`); absent if unfitted
+    examples.history (E, 5) float64            history features of each training example
+    examples.prompt_index (E,) int64           its prompt in the prompt table
+    examples.prompt_bytes (B,) uint8, examples.prompt_start (P+1,) int64   UTF-8 prompt table
+    examples.lengths (L,) int64, examples.length_start (E+1,) int64        each example's G lengths
+Loading refuses, with a `DataError` naming the file: a missing or unreadable ``model.npz``, a pickle or object
+array in it, a missing or extra array, a wrong dtype or shape, an index out of range, non-UTF-8 prompt text,
+quantile levels that differ from the config, a state naming another model file. Format-1 models
+(``model.pkl``, a pickle) load only with ``trust_pickle`` (see `rlhfless.predictor.legacy`).
 
 Deviation from the paper: the paper uses only the per-prompt EWMA; this predictor is an addition, and is
 the one that can predict prompts never seen before. Non-goals: neural text encoders, per-token models.
@@ -19,30 +29,36 @@ the one that can predict prompts never seen before. Non-goals: neural text encod
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
 import re
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-import rlhfless
 from rlhfless.errors import DataError
-from rlhfless.predictor.base import Prediction, check_inputs, write_model
+from rlhfless.predictor.base import (
+    Prediction,
+    SavedState,
+    check_inputs,
+    number,
+    whole,
+    write_model,
+)
 from rlhfless.predictor.data import LengthRow, Observation, group_observations
+from rlhfless.predictor.trees import FIELDS as FOREST_FIELDS
+from rlhfless.predictor.trees import Forest, from_sklearn
 
-PICKLE_FILE = "model.pkl"
-PICKLE_FORMAT = "rlhfless-learned-predictor"
+NPZ_FILE = "model.npz"
+N_HISTORY = 5
+N_TEXT = 3
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
 _HIST = ("count", "last", "sum", "ewma", "n", "total", "total_sq")
-
-
-def _sklearn_version() -> str:
-    import sklearn
-
-    return sklearn.__version__
+_HIST_KEYS = set(_HIST)
+_EXAMPLE_ARRAYS = {"examples.history": np.float64, "examples.prompt_index": np.int64,
+                   "examples.prompt_bytes": np.uint8, "examples.prompt_start": np.int64,
+                   "examples.lengths": np.int64, "examples.length_start": np.int64}
 
 
 def history_features(h: dict | None) -> list[float]:
@@ -57,6 +73,24 @@ def history_features(h: dict | None) -> list[float]:
 def text_features(prompts: Sequence[str]) -> np.ndarray:
     """[bytes, words, numbers] per prompt, shape (n, 3)."""
     return np.array([[len(p.encode("utf-8")), len(p.split()), len(_NUMBER.findall(p))] for p in prompts], dtype=float)
+
+
+def fit_estimators(cfg, X: np.ndarray, groups: Sequence[Sequence[int]]) -> dict:
+    """Fit the point model (group means, weighted by G) and one quantile model per level (single samples).
+
+    X: (E, n_features) one row per example; groups: the E examples' observed lengths (tokens).
+    Returns ``{"point": estimator, "quantiles": {level: estimator}}`` (scikit-learn HistGradientBoostingRegressor).
+    """
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    sizes = np.array([len(g) for g in groups])
+    means = np.array([np.mean(g) for g in groups])
+    kw = dict(max_iter=cfg.learned_max_iter, random_state=cfg.seed, early_stopping=False)
+    point = HistGradientBoostingRegressor(loss="squared_error", **kw).fit(X, means, sample_weight=sizes)
+    X_s = np.repeat(X, sizes, axis=0)
+    y_s = np.concatenate([np.asarray(g, dtype=float) for g in groups])
+    quant = {q: HistGradientBoostingRegressor(loss="quantile", quantile=q, **kw).fit(X_s, y_s) for q in cfg.quantiles}
+    return {"point": point, "quantiles": quant}
 
 
 class LearnedPredictor:
@@ -79,7 +113,11 @@ class LearnedPredictor:
         vec = HashingVectorizer(analyzer="char_wb", ngram_range=(2, 4), n_features=self.cfg.learned_hash_features,
                                 alternate_sign=False, norm="l2")
         text = vec.transform(list(prompts)).toarray()
-        return np.hstack([text, text_features(prompts), np.asarray(hist, dtype=float).reshape(len(prompts), 5)])
+        return np.hstack([text, text_features(prompts), np.asarray(hist, dtype=float).reshape(len(prompts), N_HISTORY)])
+
+    def n_features(self) -> int:
+        """Columns of the feature matrix: hashed n-grams, text counts, history."""
+        return self.cfg.learned_hash_features + N_TEXT + N_HISTORY
 
     def _absorb(self, obs: Observation) -> None:
         h = self.history.setdefault(obs.prompt_id, dict.fromkeys(_HIST, 0.0))
@@ -118,22 +156,15 @@ class LearnedPredictor:
             self._train_models()
 
     def _train_models(self) -> None:
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
         if not self.examples:
             raise DataError("learned predictor: no training rows")
-        prompts = [e[0] for e in self.examples]
-        X = self._matrix(prompts, [e[1] for e in self.examples])
-        sizes = np.array([len(e[2]) for e in self.examples])
-        means = np.array([np.mean(e[2]) for e in self.examples])
-        self.global_mean = float(np.average(means, weights=sizes))
-        kw = dict(max_iter=self.cfg.learned_max_iter, random_state=self.cfg.seed, early_stopping=False)
-        point = HistGradientBoostingRegressor(loss="squared_error", **kw).fit(X, means, sample_weight=sizes)
-        X_s = np.repeat(X, sizes, axis=0)
-        y_s = np.concatenate([np.asarray(e[2], dtype=float) for e in self.examples])
-        quant = {q: HistGradientBoostingRegressor(loss="quantile", quantile=q, **kw).fit(X_s, y_s)
-                 for q in self.cfg.quantiles}
-        self.models = {"point": point, "quantiles": quant}
+        X = self._matrix([e[0] for e in self.examples], [e[1] for e in self.examples])
+        groups = [e[2] for e in self.examples]
+        sizes = np.array([len(g) for g in groups])
+        self.global_mean = float(np.average([np.mean(g) for g in groups], weights=sizes))
+        est = fit_estimators(self.cfg, X, groups)
+        self.models = {"point": from_sklearn(est["point"]),
+                       "quantiles": {q: from_sklearn(e) for q, e in est["quantiles"].items()}}
 
     def update(self, observations: Sequence[Observation]) -> None:
         if not observations:
@@ -152,52 +183,129 @@ class LearnedPredictor:
             m = [h[3] if h[0] > 0 else self.cfg.prior_length for h in hist]
             return Prediction(tuple(prompt_ids), tuple(m), {})
         X = self._matrix(prompts, hist)
-        with self._threads():
-            m = np.maximum(self.models["point"].predict(X), 1.0)
-            qs = {q: tuple(np.maximum(model.predict(X), 1.0).tolist()) for q, model in self.models["quantiles"].items()}
+        m = np.maximum(self.models["point"].predict(X), 1.0)
+        qs = {q: tuple(np.maximum(model.predict(X), 1.0).tolist()) for q, model in self.models["quantiles"].items()}
         return Prediction(tuple(prompt_ids), tuple(m.tolist()), qs)
 
-    # --- persistence -----------------------------------------------------------------------------------
-    def header(self) -> dict:
-        return {"format": PICKLE_FORMAT, "rlhfless_version": rlhfless.__version__,
-                "sklearn_version": _sklearn_version(), "predictor": self.name}
 
+    # --- persistence -----------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        payload = {"models": self.models, "examples": self.examples}
-        with (d / PICKLE_FILE).open("wb") as fh:
-            fh.write((json.dumps(self.header()) + "\n").encode())
-            pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        np.savez_compressed(d / NPZ_FILE, **self.arrays())
         state = {"history": self.history, "fitted_epoch": self.fitted_epoch, "global_mean": self.global_mean,
-                 "model_file": PICKLE_FILE}
+                 "fitted": self.models is not None, "model_file": NPZ_FILE}
         write_model(d, self.name, self.cfg.to_dict(), state)
 
-    def load_state(self, state: dict, directory: Path) -> None:
-        payload = read_pickle(directory / state["model_file"], self.header())
-        self.models, self.examples = payload["models"], payload["examples"]
-        self.history = state["history"]
-        self.fitted_epoch = int(state["fitted_epoch"])
-        self.global_mean = state["global_mean"]
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything ``model.npz`` holds (see the module header)."""
+        out = {"quantiles": np.asarray(self.cfg.quantiles, dtype=np.float64), **examples_to_arrays(self.examples)}
+        if self.models is not None:
+            out.update(self.models["point"].to_arrays("point"))
+            for i, q in enumerate(self.cfg.quantiles):
+                out.update(self.models["quantiles"][q].to_arrays(f"quantile{i}"))
+        return out
+
+    def load_state(self, saved: SavedState) -> None:
+        state = saved.state
+        self.history = history_from_state(state["history"])
+        self.fitted_epoch = whole(state["fitted_epoch"], "fitted_epoch")
+        self.global_mean = None if state["global_mean"] is None else number(state["global_mean"], "global_mean")
+        if saved.version == 1:
+            from rlhfless.predictor.legacy import read_legacy
+
+            self.models, examples = read_legacy(saved.directory, self.cfg.quantiles, trust_pickle=saved.trust_pickle)
+            self.examples = examples_from_arrays(examples_to_arrays(examples), saved.directory / "model.pkl")
+            return
+        if state["model_file"] != NPZ_FILE or not isinstance(state["fitted"], bool):
+            raise ValueError(f"model_file must be {NPZ_FILE!r} and fitted true or false")
+        self.models, self.examples = self._read_npz(saved.directory / NPZ_FILE, state["fitted"])
+
+    def _read_npz(self, path: Path, fitted: bool) -> tuple[dict | None, list]:
+        arrays = load_arrays(path)
+        prefixes = ["point", *(f"quantile{i}" for i in range(len(self.cfg.quantiles)))] if fitted else []
+        expected = {"quantiles", *_EXAMPLE_ARRAYS, *(f"{p}.{f}" for p in prefixes for f in FOREST_FIELDS)}
+        if set(arrays) != expected:
+            missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
+            raise DataError(f"{path}: arrays do not match a {'fitted' if fitted else 'unfitted'} learned model "
+                            f"(missing {missing}, unexpected {extra})")
+        levels = arrays["quantiles"]
+        if levels.dtype != np.float64 or levels.tolist() != list(self.cfg.quantiles):
+            raise DataError(f"{path}: quantile levels {levels.tolist()} differ from the config's "
+                            f"{list(self.cfg.quantiles)}")
+        examples = examples_from_arrays(arrays, path)
+        if not fitted:
+            return None, examples
+        forests = [Forest.from_arrays(arrays, p, self.n_features(), path) for p in prefixes]
+        return {"point": forests[0], "quantiles": dict(zip(self.cfg.quantiles, forests[1:]))}, examples
 
 
-def read_pickle(path: Path, expected: dict) -> dict:
-    """Check the JSON header line of a learned-model file against `expected`, then unpickle the rest."""
+def history_from_state(value: object) -> dict[str, dict[str, float]]:
+    """Per-prompt history as saved in ``predictor.json``; anything but objects of numbers raises ValueError."""
+    if not isinstance(value, dict):
+        raise ValueError(f"history must be an object (got {type(value).__name__})")
+    out = {}
+    for pid, h in value.items():  # 4k+ prompts: checked inline rather than by one call per number
+        if not isinstance(h, dict) or h.keys() != _HIST_KEYS or not all(type(v) in (int, float) for v in h.values()):
+            raise ValueError(f"history[{pid!r}] must be an object of numbers with keys {list(_HIST)}")
+        out[pid] = {k: float(h[k]) for k in _HIST}
+    return out
+
+
+def load_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, never unpickling: a pickle or an object array raises `DataError`."""
     if not path.is_file():
         raise DataError(f"learned predictor model file not found: {path}")
-    with path.open("rb") as fh:
-        first = fh.readline()
-        try:
-            header = json.loads(first.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise DataError(f"{path}: no rlhfless header line; not a learned-predictor file") from None
-        if not isinstance(header, dict) or header.get("format") != PICKLE_FORMAT:
-            raise DataError(f"{path}: not a rlhfless learned-predictor file (header {header!r})")
-        for key in ("rlhfless_version", "sklearn_version", "predictor"):
-            if header.get(key) != expected[key]:
-                raise DataError(
-                    f"{path}: saved with {key} {header.get(key)!r} but this is {expected[key]!r}; pickled "
-                    f"scikit-learn models are only loaded by the same versions; retrain with "
-                    f"`rlhfless predictor train --model learned`"
-                )
-        return pickle.load(fh)
+    try:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise DataError(f"{path}: not an .npz archive of arrays")
+        with z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"{path}: not a readable .npz of plain arrays ({exc})") from None
+
+
+def examples_to_arrays(examples: Sequence[tuple[str, Sequence[float], Sequence[int]]]) -> dict[str, np.ndarray]:
+    """Training examples (prompt, history features, lengths) as the ``examples.*`` arrays of the module header."""
+    table: dict[str, int] = {}
+    index = [table.setdefault(e[0], len(table)) for e in examples]
+    encoded = [p.encode("utf-8") for p in table]
+    counts = [len(e[2]) for e in examples]
+    return {
+        "examples.history": np.array([e[1] for e in examples], dtype=np.float64).reshape(len(examples), N_HISTORY),
+        "examples.prompt_index": np.array(index, dtype=np.int64),
+        "examples.prompt_bytes": np.frombuffer(b"".join(encoded), dtype=np.uint8),
+        "examples.prompt_start": np.concatenate([[0], np.cumsum([len(b) for b in encoded])]).astype(np.int64),
+        "examples.lengths": np.array([x for e in examples for x in e[2]], dtype=np.int64),
+        "examples.length_start": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+    }
+
+
+def _offsets_ok(start: np.ndarray, total: int, min_step: int) -> bool:
+    return start.ndim == 1 and len(start) >= 1 and start[0] == 0 and start[-1] == total and bool(
+        np.all(np.diff(start) >= min_step))
+
+
+def examples_from_arrays(arrays: dict[str, np.ndarray], where: Path) -> list[tuple[str, list[float], tuple]]:
+    """Inverse of `examples_to_arrays`; wrong dtypes, shapes or offsets and non-UTF-8 text raise `DataError`."""
+    for key, dtype in _EXAMPLE_ARRAYS.items():
+        if arrays[key].dtype != dtype or arrays[key].ndim != (2 if key == "examples.history" else 1):
+            raise DataError(f"{where}: array '{key}' has dtype {arrays[key].dtype} and shape {arrays[key].shape}")
+    hist, index = arrays["examples.history"], arrays["examples.prompt_index"]
+    blob, p_start = arrays["examples.prompt_bytes"].tobytes(), arrays["examples.prompt_start"]
+    lengths, l_start = arrays["examples.lengths"], arrays["examples.length_start"]
+    n = len(index)
+    if hist.shape != (n, N_HISTORY) or not np.isfinite(hist).all() or len(l_start) != n + 1:
+        raise DataError(f"{where}: examples.history must be ({n}, {N_HISTORY}) finite and length_start ({n + 1},)")
+    if not _offsets_ok(p_start, len(blob), 0) or not _offsets_ok(l_start, len(lengths), 1):
+        raise DataError(f"{where}: prompt_start/length_start are not offsets from 0 to the array's end")
+    if np.any((index < 0) | (index >= len(p_start) - 1)) or np.any(lengths < 0):
+        raise DataError(f"{where}: a prompt index is out of range or a length is negative")
+    try:
+        prompts = [blob[a:b].decode("utf-8") for a, b in zip(p_start[:-1].tolist(), p_start[1:].tolist())]
+    except UnicodeDecodeError:
+        raise DataError(f"{where}: examples.prompt_bytes is not UTF-8 text") from None
+    ls = l_start.tolist()
+    flat, rows = lengths.tolist(), hist.tolist()
+    return [(prompts[i], rows[k], tuple(flat[ls[k]:ls[k + 1]])) for k, i in enumerate(index.tolist())]
