@@ -13,6 +13,9 @@ from pathlib import Path
 from rlhfless.errors import ConfigError
 from rlhfless.jsonl import write_json
 
+SET_EXAMPLE = "alpha=0.3"  # valid --set examples the help and messages give (tests apply them)
+SYNTHETIC_SET_EXAMPLE = "n_prompts=256"
+
 
 def _split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-epoch", type=int, default=None,
@@ -34,9 +37,9 @@ def _config(name: str, sets: list[str]):
 
     data = {"name": name}
     for item in sets:
-        keys, value = parse_override(item)
+        keys, value = parse_override(item, SET_EXAMPLE)
         if len(keys) != 1:
-            raise ConfigError(f"--set {item}: predictor keys are not nested (for example --set alpha=0.3)")
+            raise ConfigError(f"--set {item}: predictor keys are not nested (for example --set {SET_EXAMPLE})")
         data[keys[0]] = value
     return PredictorConfig.from_dict(data)
 
@@ -118,14 +121,21 @@ def cmd_trace_stats(args) -> int:
     return 0
 
 
-def cmd_synthetic(args) -> int:
+def _synthetic_params(sets: list[str]) -> dict:
+    """``--set key=value`` items of `data synthetic-trace` as a dict of generator parameters."""
     from rlhfless.configbase import parse_override
-    from rlhfless.predictor.commands import synthetic_trace_file
 
     params = {}
-    for item in args.set:
-        keys, value = parse_override(item)
+    for item in sets:
+        keys, value = parse_override(item, SYNTHETIC_SET_EXAMPLE)
         params[".".join(keys)] = value
+    return params
+
+
+def cmd_synthetic(args) -> int:
+    from rlhfless.predictor.commands import synthetic_trace_file
+
+    params = _synthetic_params(args.set)
     n = synthetic_trace_file(args.out, seed=args.seed, fit_from=args.fit_from, **params)
     print(f"wrote {n} rows to {args.out}")
     return 0
@@ -151,13 +161,13 @@ def _register_predictor(sub) -> None:
     t.add_argument("--out", required=True, help="directory to save the model in")
     t.add_argument("--all", action="store_true", help="train on every row (for deployment; no held-out test)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="predictor config field, e.g. --set alpha=0.3 (repeatable)")
+                   help=f"predictor config field, e.g. --set {SET_EXAMPLE} (repeatable)")
     _split_args(t)
     t.set_defaults(func=cmd_train)
 
     e = psub.add_parser("eval", help="metrics of a saved predictor on held-out data",
                         description="Evaluate on the test split recorded at training time.")
-    e.add_argument("--model", required=True, help="directory written by `rlhfless predictor train`")
+    e.add_argument("--model", required=True, help="directory written by rlhfless predictor train (its --out)")
     e.add_argument("--data", required=True, help="length data or loop trace (JSONL)")
     e.add_argument("--json", default=None, help="write the metrics (mae, kendall_tau, ...) to this JSON file")
     e.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
@@ -181,7 +191,7 @@ def _register_predictor(sub) -> None:
     c.add_argument("--models", default=None, help="comma-separated subset of predictors (default: all)")
     c.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config field shared by all predictors, e.g. --set alpha=0.3")
+                   help=f"config field shared by all predictors, e.g. --set {SET_EXAMPLE}")
     _split_args(c)
     c.set_defaults(func=cmd_compare)
 
@@ -201,7 +211,7 @@ def _register_data(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--fit-from", default=None, help="fit the parameters to this trace first")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="generator parameter, e.g. --set n_prompts=256 (repeatable)")
+                   help=f"generator parameter, e.g. --set {SYNTHETIC_SET_EXAMPLE} (repeatable)")
     s.set_defaults(func=cmd_synthetic)
     ts = dsub.add_parser("trace-stats", help="how RLHF-like a trace's lengths are (spread, stability, tail)",
                          description="Per-prompt mean-length spread, consecutive-epoch correlation of per-prompt "
