@@ -112,8 +112,13 @@ BAD_NPZ = [
     (lambda a: a.__setitem__("point.tree_start", a["point.tree_start"][::-1].copy()), "tree_start must rise"),
     (_set("quantiles", np.array([0.2, 0.5, 0.9])), "quantile levels .* differ from the config"),
     (lambda a: a.__setitem__("examples.prompt_index", a["examples.prompt_index"] + 10**6), "prompt index is out"),
-    (_set("examples.prompt_bytes", np.array([0xFF, 0xFE] * 10, dtype=np.uint8)), "prompt_start/length_start"),
+    (_set("examples.prompts.bytes", np.array([0xFF, 0xFE] * 10, dtype=np.uint8)), "examples.prompts.start are not"),
     (lambda a: a.__setitem__("examples.history", a["examples.history"][:, :4].copy()), "examples.history must be"),
+    (lambda a: a.__setitem__("examples.lengths", -a["examples.lengths"]), "a length is negative"),
+    (lambda a: a.__setitem__("history.values", a["history.values"][:-1]), "history.values must be"),
+    (lambda a: a.__setitem__("history.values", a["history.values"] * np.nan), "history.values must be"),
+    (lambda a: a.__setitem__("history.ids.start", a["history.ids.start"].astype(np.int32)), "'history.ids.start' has"),
+    (_set("history.values", np.array([1.0])), "'history.values' has dtype float64 and shape"),
 ]
 
 
@@ -131,8 +136,8 @@ def test_non_utf8_prompt_text_and_missing_npz_are_refused(tmp_path, fitted):
     npz = tmp_path / "m" / NPZ_FILE
 
     def garble(a):
-        a["examples.prompt_bytes"] = a["examples.prompt_bytes"].copy()
-        a["examples.prompt_bytes"][0] = 0xFF
+        a["examples.prompts.bytes"] = a["examples.prompts.bytes"].copy()
+        a["examples.prompts.bytes"][0] = 0xFF
 
     _rewrite_npz(npz, garble)
     with pytest.raises(DataError, match="not UTF-8 text"):

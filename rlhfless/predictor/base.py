@@ -6,12 +6,13 @@ quantiles of a single sample's length. It is `fit` on length rows, `predict`s a 
 the online predictors).
 
 Model directories hold ``predictor.json``: a header (format, format version, rlhfless version, predictor name),
-the config, and the whole online state as plain JSON, so `save` then `load_predictor` resumes exactly where the
-predictor was. The learned predictor adds ``model.npz`` (plain numeric arrays; see `rlhfless.predictor.learned`).
-Nothing is ever unpickled unless the caller passes ``trust_pickle=True`` (format version 1 learned models only).
+the config, and the online state as plain JSON; the learned predictor keeps its arrays (trees, training examples,
+history) in ``model.npz`` (see `rlhfless.predictor.learned`), and the sibling one its base predictor in ``base/``.
+`save` then `load_predictor` resumes exactly where the predictor was. Nothing is ever unpickled unless the caller
+passes ``trust_pickle=True`` (format version 1 learned models only).
 
-Format versions: 2 (written now); 1 (read: identical JSON, but a learned predictor kept its models in a pickle,
-``model.pkl``). `read_model` refuses, with a `DataError` naming the file: a missing file, invalid JSON, another
+Format versions: 2 (written now); 1 (read: the same JSON, but a learned predictor kept its history in the JSON
+state and its models and examples in a pickle, ``model.pkl``). `read_model` refuses, with a `DataError` naming the file: a missing file, invalid JSON, another
 format, an unknown version, and a header/config/state of the wrong JSON type. Each predictor's `load_state`
 refuses missing or wrongly typed state (`load_predictor` turns that into one line naming the file).
 

@@ -5,8 +5,8 @@ rows, and records the split in ``training.json`` beside the model so `eval_predi
 held-out part (a ``training.json`` that is not an object with integer test_epoch/seed and numeric test_frac
 is refused). `convert_predictor` re-saves a model in the current format (how an old pickled learned model,
 loaded once with ``trust_pickle``, becomes a safe one). `compare_predictors` fits every predictor on the same
-split and reports them side by side, plus the sibling refinement at several numbers of revealed samples. Non-goal: model selection by search.
-Deviation from the paper: none (the paper has no predictor tooling).
+split and reports them side by side, plus the sibling refinement at several numbers of revealed samples.
+Non-goal: model selection by search. Deviation from the paper: none (the paper has no predictor tooling).
 """
 
 from __future__ import annotations

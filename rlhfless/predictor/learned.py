@@ -10,18 +10,15 @@ quantiles (`loss="quantile"`). scikit-learn fits on `learned_n_threads` OpenMP t
 fitted model is then exported to a `rlhfless.predictor.trees.Forest` (plain arrays), which predicts exactly as
 the estimator did, in numpy: saved files hold no code, and load under any scikit-learn version.
 
-Saved models (format 2): ``predictor.json`` holds the config and the JSON state (per-prompt history, last fitted
-epoch, global mean, whether models exist); ``model.npz`` (loaded with ``allow_pickle=False``) holds every array:
-    quantiles (Q,) float64                      the config's quantile levels, in order
-    point.* and quantile<i>.* for i < Q         one `Forest` each (see `rlhfless.predictor.trees`); absent if unfitted
-    examples.history (E, 5) float64            history features of each training example
-    examples.prompt_index (E,) int64           its prompt in the prompt table
-    examples.prompt_bytes (B,) uint8, examples.prompt_start (P+1,) int64   UTF-8 prompt table
-    examples.lengths (L,) int64, examples.length_start (E+1,) int64        each example's G lengths
-Loading refuses, with a `DataError` naming the file: a missing or unreadable ``model.npz``, a pickle or object
-array in it, a missing or extra array, a wrong dtype or shape, an index out of range, non-UTF-8 prompt text,
-quantile levels that differ from the config, a state naming another model file. Format-1 models
-(``model.pkl``, a pickle) load only with ``trust_pickle`` (see `rlhfless.predictor.legacy`).
+Saved models (format 2): ``predictor.json`` holds the config and a small JSON state (last fitted epoch, global
+mean, whether models exist, the model file's name, which must be ``model.npz``); ``model.npz``, loaded with
+``allow_pickle=False``, holds every array:
+    quantiles (Q,) float64                  the config's quantile levels, in order (must equal the config's)
+    point.*, quantile<i>.* for i < Q        one `Forest` each (`rlhfless.predictor.trees`); absent if unfitted
+    examples.*, history.*                   training examples and per-prompt history (`rlhfless.predictor.npzio`)
+Loading refuses, with a `DataError` naming the file, anything those modules refuse, a missing or extra array,
+and other quantile levels. Format-1 models (``model.pkl``, a pickle) load only with ``trust_pickle`` (see
+`rlhfless.predictor.legacy`).
 
 Deviation from the paper: the paper uses only the per-prompt EWMA; this predictor is an addition, and is
 the one that can predict prompts never seen before. Non-goals: neural text encoders, per-token models.
@@ -31,7 +28,6 @@ from __future__ import annotations
 
 import math
 import re
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,18 +43,26 @@ from rlhfless.predictor.base import (
     write_model,
 )
 from rlhfless.predictor.data import LengthRow, Observation, group_observations
+from rlhfless.predictor.npzio import (
+    ARRAY_DTYPES,
+    HISTORY_FIELDS,
+    N_HISTORY_FEATURES,
+    check_dtypes,
+    examples_from_arrays,
+    examples_to_arrays,
+    history_from_arrays,
+    history_to_arrays,
+    load_arrays,
+)
 from rlhfless.predictor.trees import FIELDS as FOREST_FIELDS
 from rlhfless.predictor.trees import Forest, from_sklearn
 
 NPZ_FILE = "model.npz"
-N_HISTORY = 5
+N_HISTORY = N_HISTORY_FEATURES
 N_TEXT = 3
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
-_HIST = ("count", "last", "sum", "ewma", "n", "total", "total_sq")
+_HIST = HISTORY_FIELDS
 _HIST_KEYS = set(_HIST)
-_EXAMPLE_ARRAYS = {"examples.history": np.float64, "examples.prompt_index": np.int64,
-                   "examples.prompt_bytes": np.uint8, "examples.prompt_start": np.int64,
-                   "examples.lengths": np.int64, "examples.length_start": np.int64}
 
 
 def history_features(h: dict | None) -> list[float]:
@@ -187,19 +191,19 @@ class LearnedPredictor:
         qs = {q: tuple(np.maximum(model.predict(X), 1.0).tolist()) for q, model in self.models["quantiles"].items()}
         return Prediction(tuple(prompt_ids), tuple(m.tolist()), qs)
 
-
     # --- persistence -----------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(d / NPZ_FILE, **self.arrays())
-        state = {"history": self.history, "fitted_epoch": self.fitted_epoch, "global_mean": self.global_mean,
+        state = {"fitted_epoch": self.fitted_epoch, "global_mean": self.global_mean,
                  "fitted": self.models is not None, "model_file": NPZ_FILE}
         write_model(d, self.name, self.cfg.to_dict(), state)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Everything ``model.npz`` holds (see the module header)."""
-        out = {"quantiles": np.asarray(self.cfg.quantiles, dtype=np.float64), **examples_to_arrays(self.examples)}
+        out = {"quantiles": np.asarray(self.cfg.quantiles, dtype=np.float64), **examples_to_arrays(self.examples),
+               **history_to_arrays(self.history)}
         if self.models is not None:
             out.update(self.models["point"].to_arrays("point"))
             for i, q in enumerate(self.cfg.quantiles):
@@ -208,23 +212,29 @@ class LearnedPredictor:
 
     def load_state(self, saved: SavedState) -> None:
         state = saved.state
-        self.history = history_from_state(state["history"])
         self.fitted_epoch = whole(state["fitted_epoch"], "fitted_epoch")
         self.global_mean = None if state["global_mean"] is None else number(state["global_mean"], "global_mean")
         if saved.version == 1:
-            from rlhfless.predictor.legacy import read_legacy
-
-            self.models, examples = read_legacy(saved.directory, self.cfg.quantiles, trust_pickle=saved.trust_pickle)
-            self.examples = examples_from_arrays(examples_to_arrays(examples), saved.directory / "model.pkl")
+            self._load_legacy(saved)
             return
         if state["model_file"] != NPZ_FILE or not isinstance(state["fitted"], bool):
             raise ValueError(f"model_file must be {NPZ_FILE!r} and fitted true or false")
-        self.models, self.examples = self._read_npz(saved.directory / NPZ_FILE, state["fitted"])
+        self._read_npz(saved.directory / NPZ_FILE, state["fitted"])
 
-    def _read_npz(self, path: Path, fitted: bool) -> tuple[dict | None, list]:
+    def _load_legacy(self, saved: SavedState) -> None:
+        """Format 1: history in the JSON state, models and examples in a pickle (only with trust_pickle)."""
+        from rlhfless.predictor.legacy import read_legacy
+
+        history = history_from_state(saved.state["history"])
+        self.models, examples = read_legacy(saved.directory, self.cfg.quantiles, trust_pickle=saved.trust_pickle)
+        where = saved.directory / "model.pkl"
+        self.examples = examples_from_arrays(examples_to_arrays(examples), where)  # the same checks as format 2
+        self.history = history_from_arrays(history_to_arrays(history), where)
+
+    def _read_npz(self, path: Path, fitted: bool) -> None:
         arrays = load_arrays(path)
         prefixes = ["point", *(f"quantile{i}" for i in range(len(self.cfg.quantiles)))] if fitted else []
-        expected = {"quantiles", *_EXAMPLE_ARRAYS, *(f"{p}.{f}" for p in prefixes for f in FOREST_FIELDS)}
+        expected = {"quantiles", *ARRAY_DTYPES, *(f"{p}.{f}" for p in prefixes for f in FOREST_FIELDS)}
         if set(arrays) != expected:
             missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
             raise DataError(f"{path}: arrays do not match a {'fitted' if fitted else 'unfitted'} learned model "
@@ -233,15 +243,16 @@ class LearnedPredictor:
         if levels.dtype != np.float64 or levels.tolist() != list(self.cfg.quantiles):
             raise DataError(f"{path}: quantile levels {levels.tolist()} differ from the config's "
                             f"{list(self.cfg.quantiles)}")
-        examples = examples_from_arrays(arrays, path)
-        if not fitted:
-            return None, examples
+        check_dtypes(arrays, path)
+        self.examples = examples_from_arrays(arrays, path)
+        self.history = history_from_arrays(arrays, path)
         forests = [Forest.from_arrays(arrays, p, self.n_features(), path) for p in prefixes]
-        return {"point": forests[0], "quantiles": dict(zip(self.cfg.quantiles, forests[1:]))}, examples
+        self.models = {"point": forests[0], "quantiles": dict(zip(self.cfg.quantiles, forests[1:]))} if fitted else None
 
 
 def history_from_state(value: object) -> dict[str, dict[str, float]]:
-    """Per-prompt history as saved in ``predictor.json``; anything but objects of numbers raises ValueError."""
+    """Per-prompt history as format 1 saved it in ``predictor.json``; anything but objects of numbers raises
+    ValueError."""
     if not isinstance(value, dict):
         raise ValueError(f"history must be an object (got {type(value).__name__})")
     out = {}
@@ -250,62 +261,3 @@ def history_from_state(value: object) -> dict[str, dict[str, float]]:
             raise ValueError(f"history[{pid!r}] must be an object of numbers with keys {list(_HIST)}")
         out[pid] = {k: float(h[k]) for k in _HIST}
     return out
-
-
-def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file, never unpickling: a pickle or an object array raises `DataError`."""
-    if not path.is_file():
-        raise DataError(f"learned predictor model file not found: {path}")
-    try:
-        z = np.load(path, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise DataError(f"{path}: not an .npz archive of arrays")
-        with z:
-            return {k: z[k] for k in z.files}
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise DataError(f"{path}: not a readable .npz of plain arrays ({exc})") from None
-
-
-def examples_to_arrays(examples: Sequence[tuple[str, Sequence[float], Sequence[int]]]) -> dict[str, np.ndarray]:
-    """Training examples (prompt, history features, lengths) as the ``examples.*`` arrays of the module header."""
-    table: dict[str, int] = {}
-    index = [table.setdefault(e[0], len(table)) for e in examples]
-    encoded = [p.encode("utf-8") for p in table]
-    counts = [len(e[2]) for e in examples]
-    return {
-        "examples.history": np.array([e[1] for e in examples], dtype=np.float64).reshape(len(examples), N_HISTORY),
-        "examples.prompt_index": np.array(index, dtype=np.int64),
-        "examples.prompt_bytes": np.frombuffer(b"".join(encoded), dtype=np.uint8),
-        "examples.prompt_start": np.concatenate([[0], np.cumsum([len(b) for b in encoded])]).astype(np.int64),
-        "examples.lengths": np.array([x for e in examples for x in e[2]], dtype=np.int64),
-        "examples.length_start": np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-    }
-
-
-def _offsets_ok(start: np.ndarray, total: int, min_step: int) -> bool:
-    return start.ndim == 1 and len(start) >= 1 and start[0] == 0 and start[-1] == total and bool(
-        np.all(np.diff(start) >= min_step))
-
-
-def examples_from_arrays(arrays: dict[str, np.ndarray], where: Path) -> list[tuple[str, list[float], tuple]]:
-    """Inverse of `examples_to_arrays`; wrong dtypes, shapes or offsets and non-UTF-8 text raise `DataError`."""
-    for key, dtype in _EXAMPLE_ARRAYS.items():
-        if arrays[key].dtype != dtype or arrays[key].ndim != (2 if key == "examples.history" else 1):
-            raise DataError(f"{where}: array '{key}' has dtype {arrays[key].dtype} and shape {arrays[key].shape}")
-    hist, index = arrays["examples.history"], arrays["examples.prompt_index"]
-    blob, p_start = arrays["examples.prompt_bytes"].tobytes(), arrays["examples.prompt_start"]
-    lengths, l_start = arrays["examples.lengths"], arrays["examples.length_start"]
-    n = len(index)
-    if hist.shape != (n, N_HISTORY) or not np.isfinite(hist).all() or len(l_start) != n + 1:
-        raise DataError(f"{where}: examples.history must be ({n}, {N_HISTORY}) finite and length_start ({n + 1},)")
-    if not _offsets_ok(p_start, len(blob), 0) or not _offsets_ok(l_start, len(lengths), 1):
-        raise DataError(f"{where}: prompt_start/length_start are not offsets from 0 to the array's end")
-    if np.any((index < 0) | (index >= len(p_start) - 1)) or np.any(lengths < 0):
-        raise DataError(f"{where}: a prompt index is out of range or a length is negative")
-    try:
-        prompts = [blob[a:b].decode("utf-8") for a, b in zip(p_start[:-1].tolist(), p_start[1:].tolist())]
-    except UnicodeDecodeError:
-        raise DataError(f"{where}: examples.prompt_bytes is not UTF-8 text") from None
-    ls = l_start.tolist()
-    flat, rows = lengths.tolist(), hist.tolist()
-    return [(prompts[i], rows[k], tuple(flat[ls[k]:ls[k + 1]])) for k, i in enumerate(index.tolist())]
