@@ -56,18 +56,27 @@ class Forest:
     def predict(self, X: np.ndarray) -> np.ndarray:
         """(n,) predictions for float64 features X of shape (n, n_features); equal to the source estimator's."""
         X = np.asarray(X, dtype=np.float64)
-        rows = np.arange(X.shape[0])[:, None]
-        node = np.broadcast_to(self.tree_start[:-1], (X.shape[0], self.n_trees)).copy()  # (n, T) roots
+        n, n_trees = X.shape[0], self.n_trees
+        node = np.tile(self.tree_start[:-1], n)  # (n * T,) every (row, tree) walk starts at its tree's root
+        row_offset = np.repeat(np.arange(n) * X.shape[1], n_trees)
+        flat_x = X.ravel()
+        children = np.stack([self.right, self.left], axis=1)  # children[i, go_left]
+        walking = np.flatnonzero(~self.is_leaf[node])
         for _ in range(int(np.diff(self.tree_start).max(initial=0))):  # a walk visits at most a tree's size
-            inner = ~self.is_leaf[node]
-            if not inner.any():
+            if walking.size == 0:
                 break
-            x = X[rows, self.feature[node]]
-            go_left = np.where(np.isnan(x), self.missing_left[node], x <= self.threshold[node])
-            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
-        leaf_values = self.value[node]
-        raw = np.full(X.shape[0], float(self.baseline))
-        for t in range(self.n_trees):  # sequential, as scikit-learn adds them: the sums are bit-identical
+            at = node[walking]
+            x = flat_x[row_offset[walking] + self.feature[at]]
+            go_left = x <= self.threshold[at]  # False for NaN, which follows missing_left instead
+            missing = np.isnan(x)
+            if missing.any():
+                go_left[missing] = self.missing_left[at[missing]]
+            at = children[at, go_left.astype(np.intp)]
+            node[walking] = at
+            walking = walking[~self.is_leaf[at]]  # only walks still at a split go on: work ~ mean depth, not max
+        leaf_values = self.value[node].reshape(n, n_trees)
+        raw = np.full(n, float(self.baseline))
+        for t in range(n_trees):  # sequential, as scikit-learn adds them: the sums are bit-identical
             raw += leaf_values[:, t]
         return raw
 
