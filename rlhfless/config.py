@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from rlhfless.algo.config import GRPOConfig
-from rlhfless.configbase import apply_overrides, from_dict, load_yaml, merge
+from rlhfless.configbase import build_config, load_yaml, merge
 from rlhfless.errors import ConfigError, require
 from rlhfless.plan.config import PlanConfig
 from rlhfless.predictor.config import PredictorConfig
@@ -162,5 +162,4 @@ def _load_with_defaults(path: Path, depth: int = 0) -> dict:
 def load_run_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Build a validated `RunConfig` from a YAML file (or the defaults) plus dotted overrides."""
     data = _load_with_defaults(Path(path)) if path else {}
-    data = apply_overrides(data, overrides or [])
-    return from_dict(RunConfig, data)
+    return build_config(RunConfig, data, overrides or [], source=path)

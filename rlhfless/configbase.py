@@ -2,7 +2,10 @@
 
 Every part of rlhfless owns one small dataclass (a docstring per field, validation in `__post_init__` via
 `rlhfless.errors.require`). This module turns plain dicts (from YAML or `key=value` overrides) into those
-dataclasses with type checking, and rejects unknown keys with the list of allowed ones.
+dataclasses with type checking, and rejects unknown keys with the list of allowed ones. YAML is read with
+`yaml.safe_load` (no object tags, so a config file cannot construct Python objects); a file that is not YAML
+or not a mapping, an unknown key, a wrong type and an out-of-range value raise a one-line `ConfigError`, which
+`build_config` prefixes with the file's path when the file itself (not an override) is at fault.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import yaml
 from rlhfless.errors import ConfigError
 
 T = TypeVar("T")
+OVERRIDE_EXAMPLE = "algo.group_size=8"  # a valid override of `rlhfless train` (tests apply it)
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -86,6 +90,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from `data`, recursively; unknown keys and wrong types raise `ConfigError`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of fields (got {type(data).__name__})")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
@@ -102,31 +108,58 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     return cls(**kwargs)
 
 
+def build_config(cls: type[T], data: dict[str, Any], overrides: list[str], source: str | Path | None = None,
+                 prefix: str = "", example: str = OVERRIDE_EXAMPLE) -> T:
+    """`cls` from file `data` plus dotted `overrides`; an error the file causes on its own names `source`.
+
+    Validating the file alone only on failure keeps a file that an override completes (say a cross-field
+    bound) loadable, while a bad value in the file is reported as ``path: field: message``.
+    """
+    try:
+        return from_dict(cls, apply_overrides(data, overrides, example), prefix=prefix)
+    except ConfigError as exc:
+        if source is not None:
+            try:
+                from_dict(cls, data, prefix=prefix)
+            except ConfigError as alone:
+                if str(alone) == str(exc):
+                    raise ConfigError(f"{source}: {exc}") from None
+        raise
+
+
 def to_dict(obj: Any) -> dict[str, Any]:
     """Plain nested dict of a config dataclass (for YAML, W&B config and summaries)."""
     return dataclasses.asdict(obj)
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """Parse ``a.b.c=value``; the value is read as YAML so numbers, booleans and lists keep their types."""
+def parse_override(item: str, example: str = OVERRIDE_EXAMPLE) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as YAML so numbers, booleans and lists keep their types.
+
+    `example`: a valid override where the caller uses it (its messages suggest it), e.g. ``alpha=0.3``.
+    """
     if "=" not in item:
-        raise ConfigError(f"override '{item}': expected dotted.key=value, for example rollout.group_size=8")
+        raise ConfigError(f"override '{item}': expected dotted.key=value, for example {example}")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"override '{item}': empty key")
+        raise ConfigError(f"override '{item}': empty key, expected dotted.key=value, for example {example}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{item}': value is not valid YAML ({yaml_error_line(exc)})") from None
+        raise ConfigError(f"override '{item}': value is not valid YAML ({_one_line(exc)})") from None
     return key.split("."), value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of nested `data` with every ``dotted.key=value`` override applied."""
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], example: str = OVERRIDE_EXAMPLE) -> dict[str, Any]:
+    """Return a copy of nested `data` with every ``dotted.key=value`` override applied (`example`: see
+    `parse_override`)."""
     out = _deep_copy(data)
     for item in overrides:
-        keys, value = parse_override(item)
+        keys, value = parse_override(item, example)
         node = out
         for k in keys[:-1]:
             child = node.get(k)
@@ -143,13 +176,6 @@ def _deep_copy(d: dict[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
-def yaml_error_line(exc: yaml.YAMLError) -> str:
-    """PyYAML's multi-line error as one line: the problem and where it is."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else problem
-
-
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing file or a non-mapping raises `ConfigError` naming the path."""
     p = Path(path)
@@ -158,7 +184,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML ({yaml_error_line(exc)})") from None
+        raise ConfigError(f"{p}: not valid YAML ({_one_line(exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
     return data

@@ -28,7 +28,7 @@ def require(cond: bool, field: str, message: str) -> None:
     """Raise `ConfigError` naming `field` unless `cond` holds.
 
     Used in every config dataclass's `__post_init__` so messages share one shape:
-    ``rollout.group_size: must be >= 2 (got 1)``.
+    ``algo.group_size: must be >= 2 (got 1)``.
     """
     if not cond:
         raise ConfigError(f"{field}: {message}")

@@ -1,7 +1,9 @@
 """JSON-lines I/O shared by traces, length data and dataset loaders (plain or gzip, by the `.gz` suffix).
 
-One reader so that every data file reports problems the same way: a missing file, a line that is not JSON, or a
-line that is not an object raises `DataError` naming the file and line.
+One reader so that every data file reports problems the same way: a missing file, a line that is not JSON, a
+line that is not an object, and bytes that cannot be read (a truncated or corrupt `.gz`, text that is not UTF-8)
+raise a one-line `DataError` naming the file and line. What the fields of an object must be is the caller's check
+(`rlhfless.traces.read_trace`, `rlhfless.predictor.data.parse_row`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -30,17 +33,30 @@ def iter_jsonl(path: str | Path, kind: str = "data") -> Iterator[tuple[str, dict
     if not p.is_file():
         raise DataError(f"{kind} file not found: {p}")
     with open_text(p) as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
+        lineno = 0
+        while True:
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{where}: expected a JSON object")
-            yield where, obj
+                line = fh.readline()
+            except (EOFError, OSError, zlib.error, UnicodeDecodeError) as exc:  # gzip.BadGzipFile is an OSError
+                raise DataError(f"{p}:{lineno + 1}: cannot read the {kind} file past line {lineno}: it is truncated "
+                                f"or corrupt ({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+            if not line:
+                return
+            lineno += 1
+            if line.strip():
+                yield f"{p}:{lineno}", _object(line, f"{p}:{lineno}")
+
+
+def _object(line: str, where: str) -> dict:
+    from rlhfless.errors import DataError
+
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object")
+    return obj
 
 
 def json_safe(obj):

@@ -2,6 +2,10 @@
 
 Written by the training loop into the run directory and read by the predictors and the simulator. JSONL keeps
 traces appendable (nothing is lost if a run stops) and readable with `pandas.read_json(lines=True)`.
+`read_trace` refuses, with a one-line `DataError` naming the file and line: unreadable bytes (a truncated `.gz`),
+a line that is not a JSON object, a missing field, and a field of the wrong type (prompt_id and prompt strings;
+epoch, step, sample, prompt_len, response_len integers >= 0; truncated true/false; reward a number). Fields
+beyond TraceRow's are ignored, so newer traces stay readable.
 """
 
 from __future__ import annotations
@@ -46,13 +50,38 @@ class TraceWriter:
         self.close()
 
 
+_COUNTS = ("epoch", "step", "sample", "prompt_len", "response_len")
+
+
 def read_trace(path: str | Path) -> Iterator[TraceRow]:
     """Yield rows of a trace file (`.jsonl` or `.jsonl.gz`); problems raise `DataError` naming the line."""
     for where, obj in iter_jsonl(path, "trace"):
         missing = [f for f in TRACE_FIELDS if f not in obj]
         if missing:
             raise DataError(f"{where}: missing trace field(s) {missing}")
+        problem = _field_problem(obj)
+        if problem:
+            raise DataError(f"{where}: trace field {problem}")
         yield TraceRow(**{f: obj[f] for f in TRACE_FIELDS})
+
+
+def _field_problem(obj: dict) -> str | None:
+    """What is wrong with the types of a trace row's fields, or None."""
+    def bad(name: str, kind: str) -> str:
+        return f"'{name}' must be {kind} (got {json.dumps(obj[name])[:60]})"
+
+    for name in ("prompt_id", "prompt"):
+        if not isinstance(obj[name], str):
+            return bad(name, "a string")
+    for name in _COUNTS:
+        v = obj[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            return bad(name, "an integer >= 0")
+    if not isinstance(obj["truncated"], bool):
+        return bad("truncated", "true or false")
+    if isinstance(obj["reward"], bool) or not isinstance(obj["reward"], (int, float)):
+        return bad("reward", "a number")
+    return None
 
 
 def length_stats(rows: Iterable[TraceRow]) -> dict[str, float]:

@@ -9,6 +9,8 @@ import sys
 from rlhfless.errors import ConfigError
 
 QUICKSTART = "experiments/configs/quickstart.yaml"
+OVERRIDES_EXAMPLE = "algo.group_size=8 optim.lr=1e-4 rollout.dedup_prefill=false"  # valid (tests apply them)
+PRETRAIN_EXAMPLE = "steps=300"
 
 
 def register(sub, bench) -> None:
@@ -34,7 +36,7 @@ def register(sub, bench) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="check the config, the checkpoint and the task, print the resolved config, and stop")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="dotted config overrides, e.g. algo.group_size=8 optim.lr=1e-4 rollout.dedup_prefill=false")
+                   help=f"dotted config overrides, e.g. {OVERRIDES_EXAMPLE}")
     p.set_defaults(func=_train)
 
     q = sub.add_parser(
@@ -44,7 +46,8 @@ def register(sub, bench) -> None:
     )
     q.add_argument("--out", required=True, help="checkpoint folder to write")
     q.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    q.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="pretrain config overrides, e.g. steps=300")
+    q.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help=f"pretrain config overrides, e.g. {PRETRAIN_EXAMPLE}")
     q.set_defaults(func=_pretrain)
 
     from rlhfless.loopbench import register_bench
@@ -107,7 +110,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from rlhfless.configbase import apply_overrides, from_dict
     from rlhfless.model.pretrain import PretrainConfig, pretrain
 
-    cfg = from_dict(PretrainConfig, apply_overrides({}, args.overrides))
+    cfg = from_dict(PretrainConfig, apply_overrides({}, args.overrides, PRETRAIN_EXAMPLE))
     summary = pretrain(cfg, args.out, progress=not args.no_progress)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1))
     return 0

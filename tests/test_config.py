@@ -52,3 +52,36 @@ def test_defaults_inheritance(tmp_path):
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_run_config(tmp_path / "nope.yaml")
+
+
+def test_a_bad_value_in_a_file_names_the_file_and_an_override_names_itself(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text("algo:\n  group_size: 1\n")
+    with pytest.raises(ConfigError, match=rf"^{p}: algo\.group_size: must be >= 2"):
+        load_run_config(p)
+    p.write_text("algo:\n  group_size: 4\n")
+    with pytest.raises(ConfigError, match=r"^algo\.group_size: must be >= 2"):
+        load_run_config(p, ["algo.group_size=1"])
+    # a file that only an override completes still loads (max_seq_len_norm must cover max_new_tokens)
+    p.write_text("algo:\n  max_seq_len_norm: 100\n")
+    assert load_run_config(p, ["rollout.max_new_tokens=64"]).algo.max_seq_len_norm == 100
+    with pytest.raises(ConfigError, match=rf"^{p}: algo\.max_seq_len_norm"):
+        load_run_config(p)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("plan:\n  max_actors: many\n", r"plan\.max_actors: expected an integer"),
+    ("plan:\n  max_actor: 4\n", r"unknown config key 'plan\.max_actor'"),
+    ("plan: 5\n", "'plan' must be a mapping"),
+    ("plan:\n  policy: [unclosed\n", "not valid YAML"),
+    ("- 1\n- 2\n", "expected a mapping at the top level"),
+    ("plan:\n  policy: !!python/object/apply:os.system ['true']\n", "not valid YAML"),
+])
+def test_plan_config_file_errors_name_the_file_in_one_line(tmp_path, text, message):
+    from rlhfless.plan.cli import load_plan_config
+
+    p = tmp_path / "plan.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_plan_config(str(p), [])
+    assert str(err.value).startswith(str(p)) and "\n" not in str(err.value)

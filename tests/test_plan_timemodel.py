@@ -101,3 +101,45 @@ def test_bad_profiles_are_clear_errors(tmp_path):
         TimeModel(batch_sizes=(4, 2), s_per_iter=(1.0, 2.0))
     with pytest.raises(ConfigError, match="s_per_iter"):
         TimeModel(batch_sizes=(1,), s_per_iter=(-1.0,))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ([{"batch_size": 1, "s_per_iter": -0.01}], r"row 0: s_per_iter must be finite seconds > 0 \(got -0.01\)"),
+    ([{"batch_size": 1, "s_per_iter": 0.01}, {"batch_size": 2, "s_per_iter": "fast"}], "row 1: s_per_iter must be"),
+    ([{"batch_size": 2.5, "s_per_iter": 0.01}], "row 0: batch_size must be an integer >= 1"),
+    ([{"batch_size": 0, "s_per_iter": 0.01}], "row 0: batch_size must be an integer >= 1"),
+    ([{"batch_size": 1, "s_per_iter": 0.01, "context": -5}], "row 0: context must be a number of keys >= 0"),
+    ([{"batch_size": 1, "s_per_iter": 0.01, "n": 0}], "row 0: n must be an integer >= 1"),
+    ([{"s_per_iter": 0.01}], "row 0 needs keys batch_size and s_per_iter"),
+    ([], "expected a non-empty list"),
+    ({"rows": [{"batch_size": 1, "s_per_iter": 0.01}], "actor_fixed_s": -1}, "time_model.actor_fixed_s: must be >= 0"),
+    ({"rows": [{"batch_size": 1, "s_per_iter": 0.01}], "actor_fixed_s": "1"}, "actor_fixed_s must be a number"),
+    ({"rows": [{"batch_size": 1, "s_per_iter": 0.01}], "prefil_s_per_token": 0.1}, "unknown key 'prefil_s_per_token'"),
+    ("rows", "expected a non-empty list"),
+])
+def test_malformed_profile_is_refused_naming_file_and_row(tmp_path, bad, message):
+    """Both readers of a profile (the planner's TimeModel.from_json and the engine's load_profile) refuse it."""
+    from rlhfless.rollout.tpot import load_profile
+
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps(bad))
+    with pytest.raises(DataError, match=message) as err:
+        TimeModel.from_json(p)
+    assert str(p) in str(err.value) and "\n" not in str(err.value)
+    if isinstance(bad, list):
+        with pytest.raises(DataError, match=message):
+            load_profile(p)
+    p.write_text("[{")
+    for read in (TimeModel.from_json, load_profile):
+        with pytest.raises(DataError, match="profile.json: not valid JSON"):
+            read(p)
+
+
+def test_shipped_profile_loads_through_both_readers():
+    from pathlib import Path
+
+    from rlhfless.rollout.tpot import load_profile
+
+    p = Path(__file__).parents[1] / "data" / "profiles" / "tpot_tiny_cpu.json"
+    assert len(load_profile(p)) == len(json.loads(p.read_text()))
+    assert TimeModel.from_json(p).s_per_iter[0] > 0

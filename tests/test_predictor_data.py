@@ -51,6 +51,7 @@ def test_reads_loop_trace_directly(tmp_path):
     ('{"prompt_id": "a", "prompt": "x", "response_length": "4"}', "must be an integer"),
     ('{"prompt_id": "a", "prompt": "x", "response_length": -1}', "must be >= 0"),
     ('{"prompt_id": "a", "prompt": "x", "response_length": 4, "epoch": 1.5}', "'epoch' must be an integer"),
+    ('{"prompt_id": "a", "prompt": "x", "response_length": 4, "truncated": "no"}', "'truncated' must be true or false"),
     ("[1, 2]", "expected a JSON object"),
 ])
 def test_malformed_rows_name_the_line(tmp_path, line, msg):

@@ -115,19 +115,51 @@ def test_learned_refits_only_when_an_epoch_completes(trace_rows):
     assert p.models["point"] is not first_model and p.fitted_epoch == 2
 
 
+IDS = ["syn-1", "syn-2", "syn-7", "never-seen"]
+TEXTS = ["synthetic prompt 1: lorem", "synthetic prompt 2: lorem", "synthetic prompt 7: lorem", "other"]
+
+
+def _same_predictions(p, q):
+    a, b = p.predict(IDS, TEXTS), q.predict(IDS, TEXTS)
+    assert a == b and a.quantiles == b.quantiles  # exact: the whole state came back bit for bit
+
+
 @pytest.mark.parametrize("name", PREDICTOR_NAMES)
-def test_save_load_round_trip(tmp_path, trace_rows, name):
+def test_save_load_resumes_the_whole_online_state(tmp_path, trace_rows, name):
+    """After save + load, predictions are identical, and stay identical under the same further updates
+    (the learned one refits on its restored examples when epoch 3 begins)."""
     p = build_predictor(PredictorConfig(name=name, alpha=0.4, **FAST_LEARNED))
     assert isinstance(p, LengthPredictor)
-    p.fit(trace_rows)
+    p.fit([r for r in trace_rows if r.epoch < 2])
     p.save(tmp_path / name)
     q = load_predictor(tmp_path / name)
-    ids = ["syn-1", "syn-2", "never-seen"]
-    texts = ["synthetic prompt 1: lorem", "synthetic prompt 2: lorem", "other"]
-    assert q.predict(ids, texts) == p.predict(ids, texts)
-    assert q.predict(ids, texts).quantiles == p.predict(ids, texts).quantiles
-    if name != "learned":
-        assert not list((tmp_path / name).rglob("*.pkl"))  # JSON only
+    _same_predictions(p, q)
+    for batch in group_observations([r for r in trace_rows if r.epoch >= 2]):
+        p.update(batch)
+        q.update(batch)
+        _same_predictions(p, q)
+    if name == "sibling":
+        assert q.refine("syn-1", [40, 50], 3, prompt=TEXTS[0]) == p.refine("syn-1", [40, 50], 3, prompt=TEXTS[0])
+    if name == "learned":
+        assert p.fitted_epoch == q.fitted_epoch == 2
+    assert not list((tmp_path / name).rglob("*.pkl"))  # no pickle, for any predictor
+
+
+@pytest.mark.parametrize("cfg", [dict(name="learned"), dict(name="sibling", sibling_base="learned")])
+def test_learned_state_round_trips_before_any_fit(tmp_path, trace_rows, cfg):
+    """The loop's learned predictor starts unfitted and is only updated: a resume at that point must work too."""
+    p = build_predictor(PredictorConfig(**cfg, **FAST_LEARNED))
+    batches = group_observations(trace_rows)
+    p.update(batches[0])
+    p.save(tmp_path / "m")
+    q = load_predictor(tmp_path / "m")
+    _same_predictions(p, q)
+    for batch in batches[1:]:
+        p.update(batch)
+        q.update(batch)
+    _same_predictions(p, q)
+    learned = (p, q) if cfg["name"] == "learned" else (p.base, q.base)
+    assert learned[0].models is not None and learned[0].examples == learned[1].examples
 
 
 def test_unknown_name_and_bad_fields():
@@ -146,25 +178,30 @@ def test_unknown_name_and_bad_fields():
 def test_model_file_errors(tmp_path, trace_rows):
     with pytest.raises(DataError, match="no saved predictor"):
         load_predictor(tmp_path / "missing")
-    p = build_predictor(PredictorConfig(name="learned", **FAST_LEARNED))
+    p = build_predictor(PredictorConfig(name="ewma"))
     p.fit(trace_rows)
     p.save(tmp_path / "m")
-    pkl = tmp_path / "m" / "model.pkl"
-    blob = pkl.read_bytes()
-    header, rest = blob.split(b"\n", 1)
-    meta = json.loads(header)
-    pkl.write_bytes(json.dumps({**meta, "sklearn_version": "0.0.1"}).encode() + b"\n" + rest)
-    with pytest.raises(DataError, match="saved with sklearn_version '0.0.1'.*retrain"):
-        load_predictor(tmp_path / "m")
-    pkl.write_bytes(rest)
-    with pytest.raises(DataError, match="header"):
-        load_predictor(tmp_path / "m")
-    doc = json.loads((tmp_path / "m" / "predictor.json").read_text())
-    (tmp_path / "m" / "predictor.json").write_text(json.dumps({**doc, "format_version": 99}))
-    with pytest.raises(DataError, match="format version 99 is not supported"):
-        load_predictor(tmp_path / "m")
-    (tmp_path / "m" / "predictor.json").write_text(json.dumps({**doc, "state": {}}))
-    with pytest.raises(DataError, match="incomplete or corrupt"):
+    path = tmp_path / "m" / "predictor.json"
+    doc = json.loads(path.read_text())
+    cases = [
+        ({**doc, "format_version": 99}, "format version 99 is not supported"),
+        ({**doc, "format": "pytorch"}, "not a rlhfless length-predictor file"),
+        ({**doc, "predictor": "magic", "config": {**doc["config"], "name": "magic"}}, "bad saved config"),
+        ({**doc, "predictor": "learned"}, "header says predictor 'learned' but config says 'ewma'"),
+        ({**doc, "state": []}, "field 'state' must be a JSON object"),
+        ({**doc, "state": {}}, "incomplete or corrupt"),
+        ({**doc, "state": {**doc["state"], "mean": {"syn-1": "12"}}}, r"mean\['syn-1'\] must be a number"),
+        ({**doc, "state": {**doc["state"], "count": {"syn-1": 1.5}}}, "must be an integer"),
+        ({**doc, "state": {**doc["state"], "stats": {"n": 1}}}, "stats must be an object with keys"),
+        ([1, 2], "not a rlhfless length-predictor file"),
+    ]
+    for bad, message in cases:
+        path.write_text(json.dumps(bad))
+        with pytest.raises(DataError, match=message) as err:
+            load_predictor(tmp_path / "m")
+        assert str(path) in str(err.value) and "\n" not in str(err.value)
+    path.write_text("{not json")
+    with pytest.raises(DataError, match="predictor.json: not valid JSON"):
         load_predictor(tmp_path / "m")
 
 

@@ -46,3 +46,41 @@ def test_malformed_trace_names_the_line(tmp_path):
     p.write_text("\n{not json\n")
     with pytest.raises(DataError, match=r"bad.jsonl:2: not valid JSON"):
         list(read_trace(p))
+
+
+def test_truncated_gzip_names_the_file_and_line(tmp_path):
+    p = tmp_path / "t.jsonl.gz"
+    with TraceWriter(p) as w:
+        w.write([_row(f"p{i}", 0, 1, s, 10 + i) for i in range(400) for s in range(4)])
+    blob = p.read_bytes()
+    p.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(DataError, match=r"t.jsonl.gz:\d+: cannot read the trace file past line \d+: .*trunc") as err:
+        list(read_trace(p))
+    assert "\n" not in str(err.value)
+    p.write_bytes(b"\x1f\x8b" + bytes(range(200)))  # gzip magic, then garbage
+    with pytest.raises(DataError, match=r"t.jsonl.gz:1: cannot read"):
+        list(read_trace(p))
+    q = tmp_path / "latin1.jsonl"
+    q.write_bytes('{"prompt": "caf\xe9"}\n'.encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.jsonl:1: cannot read .*UnicodeDecodeError"):
+        list(read_trace(q))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("response_len", "12", "'response_len' must be an integer >= 0"),
+    ("epoch", -1, "'epoch' must be an integer >= 0"),
+    ("sample", 1.5, "'sample' must be an integer >= 0"),
+    ("step", True, "'step' must be an integer >= 0"),
+    ("prompt_id", 7, "'prompt_id' must be a string"),
+    ("truncated", "no", "'truncated' must be true or false"),
+    ("reward", None, "'reward' must be a number"),
+])
+def test_wrongly_typed_trace_field_names_the_line(tmp_path, field, value, message):
+    import dataclasses
+    import json
+
+    p = tmp_path / "bad.jsonl"
+    good = dataclasses.asdict(ROWS[0])
+    p.write_text(json.dumps(good) + "\n" + json.dumps({**good, field: value}) + "\n")
+    with pytest.raises(DataError, match=rf"bad.jsonl:2: trace field {message}"):
+        list(read_trace(p))

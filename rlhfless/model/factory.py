@@ -4,6 +4,14 @@ The defaults are the size measured to learn the arithmetic task on a 2-core CPU 
 (shared/notes/task-calibration.md): hidden 128, 2 layers, 4 heads, 2 KV heads, 0.53M parameters, tied embeddings.
 Tied `lm_head` is kept correct by `save_pretrained`/`from_pretrained` (the weight is stored once and re-tied on
 load); `load_checkpoint` checks that the tie survived.
+
+A checkpoint folder (`save_checkpoint`): ``config.json`` (Hugging Face Qwen2 config), ``model.safetensors``
+(float32 weights, ``lm_head`` omitted as it is tied), ``tokenizer.json`` (the byte tokenizer), ``rlhfless.json``
+(metadata). Checkpoints are shared, so `load_checkpoint` checks everything before transformers sees it and
+refuses, with one line naming the file: a missing file; a ``config.json`` that is not JSON, not a qwen2 causal
+LM, untied, not float32, out of `ModelConfig`'s ranges or with another vocabulary than the tokenizer's; an
+unreadable or truncated ``model.safetensors``; a missing or unexpected tensor, or one whose shape differs from
+what ``config.json`` implies or whose dtype is not F32; an unknown tokenizer file.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlhfless.errors import DataError, require
+from rlhfless.errors import ConfigError, DataError, require
 from rlhfless.model.tokenizer import ByteTokenizer
 
 META_FILE = "rlhfless.json"
@@ -88,7 +96,7 @@ def save_checkpoint(model, directory: str | Path, meta: dict | None = None) -> P
 
 
 def load_checkpoint(directory: str | Path):
-    """Load a checkpoint written by `save_checkpoint`; a missing or foreign folder raises `DataError`."""
+    """Load a checkpoint written by `save_checkpoint`; anything missing, foreign or inconsistent raises `DataError`."""
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -99,15 +107,98 @@ def load_checkpoint(directory: str | Path):
             "run `rlhfless pretrain --out DIR` to make one, or point policy.checkpoint at an existing one"
         )
     ByteTokenizer.load(path)
-    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    check_weights(path, read_hf_config(path))
+    try:
+        model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    except (OSError, ValueError, RuntimeError) as exc:  # e.g. a malformed generation_config.json
+        raise DataError(f"{path}: transformers cannot load this checkpoint ({_one_line(exc)})") from None
     if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
         raise DataError(f"{path}: lm_head is not tied to the embeddings after loading")
     return model
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def read_hf_config(directory: str | Path):
+    """The checked Qwen2Config of a checkpoint's ``config.json`` (see the module header for what is refused)."""
+    from transformers import Qwen2Config
+
+    p = Path(directory) / "config.json"
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(f"{p}: not valid JSON") from None
+    problem = _config_problem(raw)
+    if problem:
+        raise DataError(f"{p}: {problem}")
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+            "max_position_embeddings")
+    try:
+        ModelConfig(*(raw.get(k) for k in keys))
+    except (ConfigError, TypeError) as exc:
+        raise DataError(f"{p}: {exc} (fields {', '.join(keys)} must be integers)") from None
+    try:
+        return Qwen2Config.from_dict(raw)
+    except Exception as exc:  # noqa: BLE001  (transformers' own checks raise several types, not all ValueError)
+        raise DataError(f"{p}: transformers rejects this config ({_one_line(exc)})") from None
+
+
+def _config_problem(raw: object) -> str | None:
+    """What makes a parsed ``config.json`` foreign to rlhfless checkpoints, or None."""
+    if not isinstance(raw, dict) or raw.get("model_type") != "qwen2":
+        return "not a qwen2 model config (no model_type 'qwen2')"
+    arch = raw.get("architectures", ["Qwen2ForCausalLM"])
+    if arch != ["Qwen2ForCausalLM"] or raw.get("tie_word_embeddings") is not True:
+        return "expected a Qwen2ForCausalLM with tie_word_embeddings true"
+    dtype = raw.get("dtype", raw.get("torch_dtype", "float32"))
+    if dtype != "float32":
+        return f"dtype must be float32 (got {dtype!r})"
+    if raw.get("vocab_size") != ByteTokenizer.vocab_size:
+        return f"vocab_size {raw.get('vocab_size')!r} is not the byte tokenizer's {ByteTokenizer.vocab_size}"
+    return None
+
+
+def check_weights(directory: str | Path, hf_cfg) -> None:
+    """Every tensor ``config.json`` implies is in ``model.safetensors`` with that shape and dtype F32, and no other."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+    from transformers import Qwen2ForCausalLM
+
+    p = Path(directory) / "model.safetensors"
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        ref = Qwen2ForCausalLM(hf_cfg)
+    expected = {k: list(v.shape) for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+    try:
+        with safe_open(p, framework="np") as fh:
+            found = {k: (fh.get_slice(k).get_shape(), fh.get_slice(k).get_dtype()) for k in fh.keys()}
+    except (SafetensorError, OSError) as exc:
+        raise DataError(f"{p}: not a readable safetensors file, or truncated ({_one_line(exc)})") from None
+    for name, shape in expected.items():
+        if name not in found:
+            raise DataError(f"{p}: tensor '{name}' is missing (config.json implies it)")
+        if list(found[name][0]) != shape:
+            raise DataError(f"{p}: tensor '{name}' has shape {list(found[name][0])} but config.json implies {shape}")
+        if found[name][1] != "F32":
+            raise DataError(f"{p}: tensor '{name}' has dtype {found[name][1]}, expected F32")
+    extra = sorted(set(found) - set(expected))
+    if extra:
+        raise DataError(f"{p}: unexpected tensor '{extra[0]}' ({len(extra)} in all); does config.json match?")
+
+
 def read_meta(directory: str | Path) -> dict:
+    """``rlhfless.json`` of a checkpoint ({} when absent); anything but a JSON object raises `DataError`."""
     p = Path(directory) / META_FILE
-    return json.loads(p.read_text()) if p.is_file() else {}
+    if not p.is_file():
+        return {}
+    try:
+        meta = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(f"{p}: not valid JSON") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{p}: expected a JSON object")
+    return meta
 
 
 def model_config_of(model) -> ModelConfig:

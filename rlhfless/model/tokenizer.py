@@ -50,7 +50,11 @@ class ByteTokenizer:
         path = Path(directory) / TOKENIZER_FILE
         if not path.is_file():
             raise DataError(f"tokenizer file not found: {path}")
-        meta = json.loads(path.read_text())
-        if meta.get("type") != "byte" or meta.get("offset") != _OFFSET or meta.get("specials") != SPECIALS:
-            raise DataError(f"{path}: not a rlhfless byte tokenizer (got {meta})")
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(f"{path}: not valid JSON; expected a rlhfless byte tokenizer") from None
+        if not isinstance(meta, dict) or meta.get("type") != "byte" or meta.get("offset") != _OFFSET \
+                or meta.get("specials") != SPECIALS:
+            raise DataError(f"{path}: not a rlhfless byte tokenizer (got {json.dumps(meta)[:200]})")
         return cls()

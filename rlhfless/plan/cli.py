@@ -10,18 +10,28 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlhfless.configbase import apply_overrides, from_dict, load_yaml
+from rlhfless.configbase import build_config, load_yaml
+from rlhfless.errors import ConfigError
 from rlhfless.jsonl import write_json
+
+SET_EXAMPLE = "max_actors=16"  # a valid --set of the plan commands (tests apply it)
 
 
 def load_plan_config(config: str | None, overrides: list[str]):
-    """PlanConfig from an optional YAML (its `plan:` section, or the whole file) plus `plan.key=value` overrides."""
+    """PlanConfig from an optional YAML (its `plan:` section, or the whole file) plus `plan.key=value` overrides.
+
+    A file that is not a YAML mapping, or whose fields are unknown, wrongly typed or out of range, raises a
+    one-line `ConfigError` naming the file (`build_config`); a bad override is named by its key instead.
+    """
     from rlhfless.plan.config import PlanConfig
 
     data = load_yaml(config) if config else {}
-    data = {"plan": data.get("plan", data if "plan" not in data and config else {})}
-    data = apply_overrides(data, [o if o.startswith("plan.") else f"plan.{o}" for o in overrides])
-    return from_dict(PlanConfig, data["plan"] or {}, prefix="plan")
+    section = data.get("plan", data) if config else {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"{config}: 'plan' must be a mapping of PlanConfig fields")
+    plan_overrides = [o[len("plan."):] if o.startswith("plan.") else o for o in overrides]
+    return build_config(PlanConfig, section or {}, plan_overrides, source=config, prefix="plan",
+                        example=SET_EXAMPLE)
 
 
 def _write(obj: dict, path: str | None) -> None:
@@ -74,11 +84,12 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
                     "Karmarkar-Karp (predicted idle device-seconds and makespan, with and without cut-and-migrate) "
                     "and report the scaler's choice with its T/C against every fixed N.",
     )
-    t.add_argument("--trace", required=True, help="length trace (JSONL of TraceRow), e.g. data/traces/quickstart.jsonl")
+    t.add_argument("--trace", required=True,
+                   help="length trace (JSONL of TraceRow), e.g. data/traces/quickstart.jsonl.gz")
     t.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
     t.add_argument("--config", help="YAML with a `plan:` section (PlanConfig fields)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a PlanConfig field, e.g. --set max_actors=16 (repeatable)")
+                   help=f"override a PlanConfig field, e.g. --set {SET_EXAMPLE} (repeatable)")
     t.add_argument("--n-actors", type=int, default=None, help="actors for the policy comparison (default max_actors)")
     t.add_argument("--steps", choices=("last_epoch", "all"), default="last_epoch",
                    help="which steps of the trace to plan (default: the last epoch's)")

@@ -115,16 +115,13 @@ class TimeModel:
         """Build from engine-benchmark rows {"batch_size": int, "context": int, "s_per_iter": float}.
 
         With several contexts per batch size: the rows whose context is nearest `context` are used, or, with
-        `context=None`, the mean over all contexts of that batch size.
+        `context=None`, the mean over all contexts of that batch size. Malformed rows raise `DataError`
+        (see `check_profile_rows`).
         """
-        if not isinstance(rows, list) or not rows:
-            raise DataError("time profile: expected a non-empty list of {batch_size, context, s_per_iter} rows")
+        check_profile_rows(rows, str(kw.get("source", "time profile")))
         by_b: dict[int, list[tuple[float, float]]] = {}
-        for i, r in enumerate(rows):
-            if not isinstance(r, dict) or "batch_size" not in r or "s_per_iter" not in r:
-                raise DataError(f"time profile row {i}: needs keys batch_size and s_per_iter (got {r!r})")
-            ctx = float(r.get("context", 0) or 0)
-            by_b.setdefault(int(r["batch_size"]), []).append((ctx, float(r["s_per_iter"])))
+        for r in rows:
+            by_b.setdefault(r["batch_size"], []).append((float(r.get("context") or 0), float(r["s_per_iter"])))
         bs, ys = [], []
         for b in sorted(by_b):
             pts = by_b[b]
@@ -139,24 +136,70 @@ class TimeModel:
 
     @classmethod
     def from_json(cls, path: str | Path, context: int | None = None, **kw: float) -> TimeModel:
-        """Read a JSON profile: a list of rows, or {"rows": [...], optional scalar fields of TimeModel}."""
+        """Read a JSON profile: a list of rows, or {"rows": [...], optional scalar fields of TimeModel}.
+
+        Refused with a one-line `DataError` naming the file: a missing file, invalid JSON, another top-level
+        shape or key, a scalar field that is not a number >= 0, and any malformed row (`check_profile_rows`).
+        """
         p = Path(path)
         if not p.is_file():
             raise DataError(f"time profile not found: {p}")
         try:
-            obj = json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{p}: not valid JSON ({exc.msg})") from None
+            obj = json.loads(p.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(f"{p}: not valid JSON") from None
         rows = obj
         if isinstance(obj, dict):
+            unknown = sorted(set(obj) - {"rows", *_PROFILE_SCALARS})
+            if unknown:
+                raise DataError(f"{p}: unknown key '{unknown[0]}'; allowed: rows, {', '.join(_PROFILE_SCALARS)}")
             rows = obj.get("rows")
-            for k in ("prefill_s_per_token", "actor_fixed_s", "kv_transfer_s_per_token"):
+            for k in _PROFILE_SCALARS:
                 if k in obj:
+                    if isinstance(obj[k], bool) or not isinstance(obj[k], (int, float)):
+                        raise DataError(f"{p}: {k} must be a number of seconds (got {obj[k]!r})")
                     kw.setdefault(k, float(obj[k]))
         try:
             return cls.from_rows(rows, context=context, source=str(p), **kw)
         except ConfigError as exc:
             raise DataError(f"{p}: {exc}") from None
+
+
+_PROFILE_SCALARS = ("prefill_s_per_token", "actor_fixed_s", "kv_transfer_s_per_token")
+
+
+def check_profile_rows(rows: object, where: str) -> list[dict]:
+    """`rows` as a profile's rows, or a one-line `DataError` starting with `where` and naming the row.
+
+    A non-empty list of objects with batch_size (integer >= 1) and s_per_iter (finite seconds > 0); optional
+    context (keys attended: a number >= 0, or null for unknown) and n (integer >= 1 iterations measured); other
+    keys are ignored.
+    """
+    if not isinstance(rows, list) or not rows:
+        raise DataError(f"{where}: expected a non-empty list of {{batch_size, context, s_per_iter}} rows")
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or "batch_size" not in r or "s_per_iter" not in r:
+            raise DataError(f"{where}: row {i} needs keys batch_size and s_per_iter (got {json.dumps(r)[:80]})")
+        problem = _row_problem(r)
+        if problem:
+            raise DataError(f"{where}: row {i}: {problem}")
+    return rows
+
+
+def _row_problem(r: dict) -> str | None:
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+    s, ctx = r["s_per_iter"], r.get("context")
+    if not number(s) or s <= 0:
+        return f"s_per_iter must be finite seconds > 0 (got {s!r})"
+    if ctx is not None and (not number(ctx) or ctx < 0):
+        return f"context must be a number of keys >= 0 (got {ctx!r})"
+    for key in ("batch_size", "n"):
+        v = r.get(key, 1)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return f"{key} must be an integer >= 1 (got {v!r})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,15 @@ quantiles of a single sample's length. It is `fit` on length rows, `predict`s a 
 the online predictors).
 
 Model directories hold ``predictor.json``: a header (format, format version, rlhfless version, predictor name),
-the config, and the state as plain JSON. No pickle for ewma, sibling and the baselines. The learned
-predictor additionally stores a scikit-learn pickle; see `rlhfless.predictor.learned` for its versioned header.
+the config, and the online state as plain JSON; the learned predictor keeps its arrays (trees, training examples,
+history) in ``model.npz`` (see `rlhfless.predictor.learned`), and the sibling one its base predictor in ``base/``.
+`save` then `load_predictor` resumes exactly where the predictor was. Nothing is ever unpickled unless the caller
+passes ``trust_pickle=True`` (format version 1 learned models only).
+
+Format versions: 2 (written now); 1 (read: the same JSON, but a learned predictor kept its history in the JSON
+state and its models and examples in a pickle, ``model.pkl``). `read_model` refuses, with a `DataError` naming the file: a missing file, invalid JSON, another
+format, an unknown version, and a header/config/state of the wrong JSON type. Each predictor's `load_state`
+refuses missing or wrongly typed state (`load_predictor` turns that into one line naming the file).
 
 Deviation from the paper: the paper predicts one number per prompt; we also expose per-sample quantiles so a
 planner can reason about the tail. Non-goal: a predictor never sees a step's own lengths before `update`.
@@ -16,7 +23,7 @@ planner can reason about the tail. Non-goal: a predictor never sees a step's own
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -26,8 +33,26 @@ from rlhfless.errors import DataError
 from rlhfless.predictor.data import LengthRow, Observation
 
 MODEL_FILE = "predictor.json"
+TRAIN_EXAMPLE = "`rlhfless predictor train --data TRACE --model ewma --out DIR`"
 FORMAT = "rlhfless-length-predictor"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True)
+class SavedState:
+    """A checked ``predictor.json``: what a predictor's `load_state` gets.
+
+    directory: the model folder (side files such as ``model.npz`` and ``base/`` live there).
+    version: its format version (one of READABLE_VERSIONS).
+    state: the predictor's JSON state (a dict; its contents are checked by `load_state`).
+    trust_pickle: whether a version-1 pickle may be unpickled (runs code from the file: trusted files only).
+    """
+
+    directory: Path
+    version: int
+    state: dict[str, Any]
+    trust_pickle: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,7 +92,10 @@ class LengthPredictor(Protocol):
         """Absorb the observed lengths of one step (all groups of that step)."""
 
     def save(self, directory: str | Path) -> None:
-        """Write the model to `directory` (created if needed)."""
+        """Write the model and its whole online state to `directory` (created if needed)."""
+
+    def load_state(self, saved: SavedState) -> None:
+        """Restore what `save` wrote; missing or wrongly typed state raises KeyError, TypeError or ValueError."""
 
 
 def check_inputs(prompt_ids: Sequence[str], prompts: Sequence[str]) -> None:
@@ -97,17 +125,53 @@ def read_model(directory: str | Path) -> dict[str, Any]:
     """Read and check ``predictor.json``; a missing, foreign or newer-format file raises `DataError`."""
     path = Path(directory) / MODEL_FILE
     if not path.is_file():
-        raise DataError(f"no saved predictor at {directory} (expected {path}; "
-                        "make one with `rlhfless predictor train`)")
+        raise DataError(f"no saved predictor at {directory} (expected {path}; make one with {TRAIN_EXAMPLE})")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not valid JSON (not UTF-8 text)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise DataError(f"{path}: not a rlhfless length-predictor file (format {doc.get('format')!r})")
-    if doc.get("format_version") != FORMAT_VERSION:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise DataError(f"{path}: not a rlhfless length-predictor file (format {found!r})")
+    version = doc.get("format_version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise DataError(
-            f"{path}: predictor file format version {doc.get('format_version')!r} is not supported by this "
-            f"rlhfless {rlhfless.__version__} (reads version {FORMAT_VERSION}); retrain with `rlhfless predictor train`"
+            f"{path}: predictor file format version {version!r} is not supported by this rlhfless "
+            f"{rlhfless.__version__} (reads versions {list(READABLE_VERSIONS)}); retrain with {TRAIN_EXAMPLE}"
         )
+    for key, kind in (("predictor", str), ("config", dict), ("state", dict)):
+        if not isinstance(doc.get(key), kind):
+            raise DataError(f"{path}: field '{key}' must be a JSON {'object' if kind is dict else 'string'}")
     return doc
+
+
+# --- checks for load_state: raise ValueError/TypeError, which `load_predictor` reports naming the file ------------
+def number(value: Any, what: str) -> float:
+    """`value` as a float; a bool, string or null raises ValueError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number (got {value!r})")
+    return float(value)
+
+
+def whole(value: Any, what: str) -> int:
+    """`value` as an int; anything but a JSON integer raises ValueError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer (got {value!r})")
+    return value
+
+
+def record(value: Any, keys: Sequence[str], what: str) -> dict[str, Any]:
+    """`value` must be a JSON object with exactly `keys`."""
+    if not isinstance(value, dict) or set(value) != set(keys):
+        got = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise ValueError(f"{what} must be an object with keys {sorted(keys)} (got {got})")
+    return value
+
+
+def number_map(value: Any, what: str, convert: Callable[[Any, str], Any] = number) -> dict[str, Any]:
+    """A JSON object of numbers (prompt id -> value), each checked and converted by `convert`."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be an object (got {type(value).__name__})")
+    return {str(k): convert(v, f"{what}[{k!r}]") for k, v in value.items()}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from scipy.stats import norm
 
-from rlhfless.predictor.base import Prediction, check_inputs, write_model
+from rlhfless.predictor.base import Prediction, SavedState, check_inputs, number, record, whole, write_model
 from rlhfless.predictor.data import LengthRow, Observation, group_observations
 
 
@@ -61,6 +61,12 @@ class RunningStats:
     def mean(self, fallback: float) -> float:
         return self.total / self.n if self.n else fallback
 
+    @classmethod
+    def from_state(cls, state: object) -> RunningStats:
+        """Rebuild from `vars(stats)` as saved; wrong keys or types raise ValueError."""
+        d = record(state, ("n", "total", "total_sq"), "stats")
+        return cls(whole(d["n"], "stats.n"), number(d["total"], "stats.total"), number(d["total_sq"], "stats.total_sq"))
+
     def std(self) -> float:
         if self.n < 2:
             return 0.0
@@ -95,8 +101,8 @@ class GlobalMeanPredictor:
     def save(self, directory: str | Path) -> None:
         write_model(directory, self.name, self.cfg.to_dict(), vars(self.stats).copy())
 
-    def load_state(self, state: dict, directory: Path) -> None:
-        self.stats = RunningStats(**state)
+    def load_state(self, saved: SavedState) -> None:
+        self.stats = RunningStats.from_state(saved.state)
 
 
 class PromptLengthPredictor:
@@ -151,5 +157,6 @@ class PromptLengthPredictor:
     def save(self, directory: str | Path) -> None:
         write_model(directory, self.name, self.cfg.to_dict(), dict(self.sums))
 
-    def load_state(self, state: dict, directory: Path) -> None:
-        self.sums = {k: float(state[k]) for k in self.sums}
+    def load_state(self, saved: SavedState) -> None:
+        state = record(saved.state, tuple(self.sums), "state")
+        self.sums = {k: number(state[k], k) for k in self.sums}

@@ -1,4 +1,4 @@
-"""`rlhfless predictor {train,eval,compare}` and `rlhfless data {gsm8k-lengths,synthetic-trace,trace-stats}`.
+"""`rlhfless predictor {train,eval,convert,compare}` and `rlhfless data {gsm8k-lengths,synthetic-trace,trace-stats}`.
 
 Only argparse wiring: each command calls a function of `rlhfless.predictor.commands` (tests call those
 directly). Heavy libraries are imported inside the functions so `rlhfless --help` stays instant.
@@ -13,6 +13,9 @@ from pathlib import Path
 from rlhfless.errors import ConfigError
 from rlhfless.jsonl import write_json
 
+SET_EXAMPLE = "alpha=0.3"  # valid --set examples the help and messages give (tests apply them)
+SYNTHETIC_SET_EXAMPLE = "n_prompts=256"
+
 
 def _split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--test-epoch", type=int, default=None,
@@ -22,15 +25,21 @@ def _split_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out prompt split (default 0)")
 
 
+def _trust_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="also read a learned predictor saved by rlhfless 0.1 (model.pkl). Unpickling runs code the "
+                        "file holds: only for files you made yourself")
+
+
 def _config(name: str, sets: list[str]):
     from rlhfless.configbase import parse_override
     from rlhfless.predictor.config import PredictorConfig
 
     data = {"name": name}
     for item in sets:
-        keys, value = parse_override(item)
+        keys, value = parse_override(item, SET_EXAMPLE)
         if len(keys) != 1:
-            raise ConfigError(f"--set {item}: predictor keys are not nested (for example --set alpha=0.3)")
+            raise ConfigError(f"--set {item}: predictor keys are not nested (for example --set {SET_EXAMPLE})")
         data[keys[0]] = value
     return PredictorConfig.from_dict(data)
 
@@ -57,10 +66,18 @@ def cmd_eval(args) -> int:
 
     if args.actors < 1:
         raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
-    result = eval_predictor(args.model, args.data, n_actors=args.actors)
+    result = eval_predictor(args.model, args.data, n_actors=args.actors, trust_pickle=args.trust_pickle)
     if args.json:
         write_json(result, args.json)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+def cmd_convert(args) -> int:
+    from rlhfless.predictor.commands import convert_predictor
+
+    p = convert_predictor(args.model, args.out, trust_pickle=args.trust_pickle)
+    print(f"saved {p.name} predictor to {args.out} (current format, no pickle)")
     return 0
 
 
@@ -104,14 +121,21 @@ def cmd_trace_stats(args) -> int:
     return 0
 
 
-def cmd_synthetic(args) -> int:
+def _synthetic_params(sets: list[str]) -> dict:
+    """``--set key=value`` items of `data synthetic-trace` as a dict of generator parameters."""
     from rlhfless.configbase import parse_override
-    from rlhfless.predictor.commands import synthetic_trace_file
 
     params = {}
-    for item in args.set:
-        keys, value = parse_override(item)
+    for item in sets:
+        keys, value = parse_override(item, SYNTHETIC_SET_EXAMPLE)
         params[".".join(keys)] = value
+    return params
+
+
+def cmd_synthetic(args) -> int:
+    from rlhfless.predictor.commands import synthetic_trace_file
+
+    params = _synthetic_params(args.set)
     n = synthetic_trace_file(args.out, seed=args.seed, fit_from=args.fit_from, **params)
     print(f"wrote {n} rows to {args.out}")
     return 0
@@ -119,6 +143,11 @@ def cmd_synthetic(args) -> int:
 
 def register(sub, bench_sub) -> None:
     """Add the `predictor` and `data` command groups."""
+    _register_predictor(sub)
+    _register_data(sub)
+
+
+def _register_predictor(sub) -> None:
     pred = sub.add_parser("predictor", help="train, evaluate and compare response-length predictors",
                           description="Response-length predictors: ewma (the paper), sibling, learned, "
                                       "global_mean, prompt_length.")
@@ -132,17 +161,27 @@ def register(sub, bench_sub) -> None:
     t.add_argument("--out", required=True, help="directory to save the model in")
     t.add_argument("--all", action="store_true", help="train on every row (for deployment; no held-out test)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="predictor config field, e.g. --set alpha=0.3 (repeatable)")
+                   help=f"predictor config field, e.g. --set {SET_EXAMPLE} (repeatable)")
     _split_args(t)
     t.set_defaults(func=cmd_train)
 
     e = psub.add_parser("eval", help="metrics of a saved predictor on held-out data",
                         description="Evaluate on the test split recorded at training time.")
-    e.add_argument("--model", required=True, help="directory written by `rlhfless predictor train`")
+    e.add_argument("--model", required=True, help="directory written by rlhfless predictor train (its --out)")
     e.add_argument("--data", required=True, help="length data or loop trace (JSONL)")
     e.add_argument("--json", default=None, help="write the metrics (mae, kendall_tau, ...) to this JSON file")
     e.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
+    _trust_arg(e)
     e.set_defaults(func=cmd_eval)
+
+    v = psub.add_parser("convert", help="re-save a predictor in the current format (drops an old pickle)",
+                        description="Load a saved predictor and write it to --out in the current format: plain JSON "
+                                    "and .npz arrays that load without running code. A learned predictor saved by "
+                                    "rlhfless 0.1 is a pickle: convert it once, with --trust-pickle, if you made it.")
+    v.add_argument("--model", required=True, help="directory of the saved predictor")
+    v.add_argument("--out", required=True, help="directory to write the converted predictor to")
+    _trust_arg(v)
+    v.set_defaults(func=cmd_convert)
 
     c = psub.add_parser("compare", help="all predictors side by side (JSON + seaborn figure)",
                         description="Fit every predictor on the same split and compare them.")
@@ -152,10 +191,12 @@ def register(sub, bench_sub) -> None:
     c.add_argument("--models", default=None, help="comma-separated subset of predictors (default: all)")
     c.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config field shared by all predictors, e.g. --set alpha=0.3")
+                   help=f"config field shared by all predictors, e.g. --set {SET_EXAMPLE}")
     _split_args(c)
     c.set_defaults(func=cmd_compare)
 
+
+def _register_data(sub) -> None:
     data = sub.add_parser("data", help="make length data sets", description="Make length data sets.")
     dsub = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
     g = dsub.add_parser("gsm8k-lengths", help="GSM8K JSONL -> length data (reference-answer lengths)",
@@ -170,7 +211,7 @@ def register(sub, bench_sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--fit-from", default=None, help="fit the parameters to this trace first")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="generator parameter, e.g. --set n_prompts=256 (repeatable)")
+                   help=f"generator parameter, e.g. --set {SYNTHETIC_SET_EXAMPLE} (repeatable)")
     s.set_defaults(func=cmd_synthetic)
     ts = dsub.add_parser("trace-stats", help="how RLHF-like a trace's lengths are (spread, stability, tail)",
                          description="Per-prompt mean-length spread, consecutive-epoch correlation of per-prompt "

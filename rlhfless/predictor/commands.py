@@ -2,9 +2,11 @@
 
 `train_predictor` fits on the train part of the standard split (`evaluate.split_rows`) unless told to use all
 rows, and records the split in ``training.json`` beside the model so `eval_predictor` scores exactly the
-held-out part. `compare_predictors` fits every predictor on the same split and reports them side by side,
-plus the sibling refinement at several numbers of revealed samples. Non-goal: model selection by search.
-Deviation from the paper: none (the paper has no predictor tooling).
+held-out part (a ``training.json`` that is not an object with integer test_epoch/seed and numeric test_frac
+is refused). `convert_predictor` re-saves a model in the current format (how an old pickled learned model,
+loaded once with ``trust_pickle``, becomes a safe one). `compare_predictors` fits every predictor on the same
+split and reports them side by side, plus the sibling refinement at several numbers of revealed samples.
+Non-goal: model selection by search. Deviation from the paper: none (the paper has no predictor tooling).
 """
 
 from __future__ import annotations
@@ -55,11 +57,27 @@ def train_predictor(data: str | Path, cfg: PredictorConfig, out: str | Path, *, 
     return predictor
 
 
-def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4) -> dict:
+def read_training_meta(model_dir: str | Path) -> dict:
+    """``training.json`` beside a model ({} when absent); a file that is not a JSON object raises `DataError`."""
+    path = Path(model_dir) / TRAINING_FILE
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(f"{path}: not valid JSON") from None
+    ok = isinstance(meta, dict) and all(
+        not isinstance(meta.get(k), bool) and isinstance(meta.get(k, 0), kinds)
+        for k, kinds in (("test_epoch", (int, type(None))), ("test_frac", (int, float)), ("seed", int)))
+    if not ok:
+        raise DataError(f"{path}: expected a JSON object with integer test_epoch (or null) and seed, numeric test_frac")
+    return meta
+
+
+def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4, trust_pickle: bool = False) -> dict:
     """Metrics of a saved predictor on the held-out part of `data` (the split recorded at training)."""
-    predictor = load_predictor(model_dir)
-    meta_path = Path(model_dir) / TRAINING_FILE
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    predictor = load_predictor(model_dir, trust_pickle=trust_pickle)
+    meta = read_training_meta(model_dir)
     spec = SplitSpec(meta.get("test_epoch"), meta.get("test_frac", 0.2), meta.get("seed", 0))
     s = spec.apply(read_lengths(data))
     if meta.get("use_all") and meta.get("data") == str(Path(data).resolve()):
@@ -67,6 +85,17 @@ def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4
               file=sys.stderr)
     metrics = evaluate(predictor, s.test, n_actors=n_actors)
     return {"predictor": predictor.name, "split": s.kind, "test_epoch": s.test_epoch, **metrics}
+
+
+def convert_predictor(model_dir: str | Path, out: str | Path, *, trust_pickle: bool = False) -> LengthPredictor:
+    """Load a saved predictor (any readable format) and save it in the current one to `out`, with its
+    ``training.json``: how a format-1 (pickled) learned model becomes a safe one, once, with `trust_pickle`."""
+    predictor = load_predictor(model_dir, trust_pickle=trust_pickle)
+    predictor.save(out)
+    meta = read_training_meta(model_dir)
+    if meta:
+        write_json(meta, Path(out) / TRAINING_FILE)
+    return predictor
 
 
 @dataclass

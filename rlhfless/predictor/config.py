@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlhfless.errors import ConfigError, DataError, require
-from rlhfless.predictor.base import LengthPredictor, read_model
+from rlhfless.predictor.base import MODEL_FILE, LengthPredictor, SavedState, read_model
 
 PREDICTOR_NAMES = ("ewma", "sibling", "learned", "global_mean", "prompt_length")
 
@@ -101,19 +101,25 @@ def build_predictor(cfg: PredictorConfig) -> LengthPredictor:
     return GlobalMeanPredictor(cfg) if cfg.name == "global_mean" else PromptLengthPredictor(cfg)
 
 
-def load_predictor(directory: str | Path) -> LengthPredictor:
-    """Load a predictor saved with `save`; foreign, corrupt or other-version files raise `DataError`."""
+def load_predictor(directory: str | Path, *, trust_pickle: bool = False) -> LengthPredictor:
+    """Load a predictor saved with `save`, with its whole online state.
+
+    Foreign, corrupt, unknown-version or wrongly typed files raise `DataError` naming the file; nothing from the
+    file is executed. `trust_pickle` allows reading a format-1 learned model (``model.pkl``), which unpickles:
+    only for files you made yourself; it warns (`UnsafeLoadWarning`). Re-save such a model to drop the pickle.
+    """
     doc = read_model(directory)
-    where = Path(directory) / "predictor.json"
+    where = Path(directory) / MODEL_FILE
     try:
         cfg = PredictorConfig.from_dict(doc["config"])
     except (ConfigError, KeyError, TypeError) as exc:
         raise DataError(f"{where}: bad saved config ({exc})") from None
-    if doc.get("predictor") != cfg.name:
-        raise DataError(f"{where}: header says predictor {doc.get('predictor')!r} but config says {cfg.name!r}")
+    if doc["predictor"] != cfg.name:
+        raise DataError(f"{where}: header says predictor {doc['predictor']!r} but config says {cfg.name!r}")
     predictor = build_predictor(cfg)
+    saved = SavedState(Path(directory), doc["format_version"], doc["state"], trust_pickle)
     try:
-        predictor.load_state(doc["state"], Path(directory))
+        predictor.load_state(saved)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DataError(f"{where}: saved {cfg.name} state is incomplete or corrupt ({exc!r}); retrain it") from None
     return predictor

@@ -85,6 +85,8 @@ def parse_row(obj: object, where: str) -> LengthRow:
     for name in ("prompt_id", "prompt"):
         if not isinstance(obj.get(name), str):
             raise DataError(f"{where}: field '{name}' must be a string (got {obj.get(name)!r})")
+    if not isinstance(obj.get("truncated", False), bool):
+        raise DataError(f"{where}: field 'truncated' must be true or false (got {obj['truncated']!r})")
     length = _int_field(obj, key, where, required=True)
     if length < 0:
         raise DataError(f"{where}: field '{key}' must be >= 0 (got {length})")
@@ -95,7 +97,7 @@ def parse_row(obj: object, where: str) -> LengthRow:
         epoch=_int_field(obj, "epoch", where, required=False),
         step=_int_field(obj, "step", where, required=False),
         sample=_int_field(obj, "sample", where, required=False),
-        truncated=bool(obj.get("truncated", False)),
+        truncated=obj.get("truncated", False),
     )
 
 

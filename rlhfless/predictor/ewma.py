@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlhfless.predictor.base import Prediction, check_inputs, write_model
+from rlhfless.predictor.base import Prediction, SavedState, check_inputs, number_map, whole, write_model
 from rlhfless.predictor.baselines import RunningStats, lognormal_quantiles
 from rlhfless.predictor.data import LengthRow, Observation, group_observations
 
@@ -74,8 +74,9 @@ class EWMAPredictor:
     def save(self, directory: str | Path) -> None:
         write_model(directory, self.name, self.cfg.to_dict(), self.state())
 
-    def load_state(self, state: dict, directory: Path) -> None:
-        self.mean = {k: float(v) for k, v in state["mean"].items()}
-        self.var = {k: float(v) for k, v in state["var"].items()}
-        self.count = {k: int(v) for k, v in state["count"].items()}
-        self.stats = RunningStats(**state["stats"])
+    def load_state(self, saved: SavedState) -> None:
+        state = saved.state
+        self.mean = number_map(state["mean"], "mean")
+        self.var = number_map(state["var"], "var")
+        self.count = number_map(state["count"], "count", whole)
+        self.stats = RunningStats.from_state(state["stats"])

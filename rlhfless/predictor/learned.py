@@ -6,12 +6,19 @@ last group mean, mean, EWMA with `alpha`, std of past sample lengths; -1 without
 than NaN because an all-NaN column, as in text-only data, breaks scikit-learn's binning). Training examples
 are built causally: a step's features come only from earlier steps, exactly what the loop sees online. The
 point model predicts the group mean (squared error); one quantile model per level predicts single-sample
-quantiles (`loss="quantile"`). scikit-learn runs on `learned_n_threads` OpenMP threads (1 by default).
+quantiles (`loss="quantile"`). scikit-learn fits on `learned_n_threads` OpenMP threads (1 by default); each
+fitted model is then exported to a `rlhfless.predictor.trees.Forest` (plain arrays), which predicts exactly as
+the estimator did, in numpy: saved files hold no code, and load under any scikit-learn version.
 
-Saved models: ``predictor.json`` holds the config and the history as JSON; the fitted scikit-learn models need
-pickle and go to ``model.pkl``, whose first line is a JSON header (rlhfless version, scikit-learn version,
-predictor name). Loading refuses a file whose header does not match the running versions, with a message
-saying to retrain. Unpickling runs code: load only model files you made or trust.
+Saved models (format 2): ``predictor.json`` holds the config and a small JSON state (last fitted epoch, global
+mean, whether models exist, the model file's name, which must be ``model.npz``); ``model.npz``, loaded with
+``allow_pickle=False``, holds every array:
+    quantiles (Q,) float64                  the config's quantile levels, in order (must equal the config's)
+    point.*, quantile<i>.* for i < Q        one `Forest` each (`rlhfless.predictor.trees`); absent if unfitted
+    examples.*, history.*                   training examples and per-prompt history (`rlhfless.predictor.npzio`)
+Loading refuses, with a `DataError` naming the file, anything those modules refuse, a missing or extra array,
+and other quantile levels. Format-1 models (``model.pkl``, a pickle) load only with ``trust_pickle`` (see
+`rlhfless.predictor.legacy`).
 
 Deviation from the paper: the paper uses only the per-prompt EWMA; this predictor is an addition, and is
 the one that can predict prompts never seen before. Non-goals: neural text encoders, per-token models.
@@ -19,30 +26,43 @@ the one that can predict prompts never seen before. Non-goals: neural text encod
 
 from __future__ import annotations
 
-import json
 import math
-import pickle
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-import rlhfless
 from rlhfless.errors import DataError
-from rlhfless.predictor.base import Prediction, check_inputs, write_model
+from rlhfless.predictor.base import (
+    Prediction,
+    SavedState,
+    check_inputs,
+    number,
+    whole,
+    write_model,
+)
 from rlhfless.predictor.data import LengthRow, Observation, group_observations
+from rlhfless.predictor.npzio import (
+    ARRAY_DTYPES,
+    HISTORY_FIELDS,
+    N_HISTORY_FEATURES,
+    check_dtypes,
+    examples_from_arrays,
+    examples_to_arrays,
+    history_from_arrays,
+    history_to_arrays,
+    load_arrays,
+)
+from rlhfless.predictor.trees import FIELDS as FOREST_FIELDS
+from rlhfless.predictor.trees import Forest, from_sklearn
 
-PICKLE_FILE = "model.pkl"
-PICKLE_FORMAT = "rlhfless-learned-predictor"
+NPZ_FILE = "model.npz"
+N_HISTORY = N_HISTORY_FEATURES
+N_TEXT = 3
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?")
-_HIST = ("count", "last", "sum", "ewma", "n", "total", "total_sq")
-
-
-def _sklearn_version() -> str:
-    import sklearn
-
-    return sklearn.__version__
+_HIST = HISTORY_FIELDS
+_HIST_KEYS = set(_HIST)
 
 
 def history_features(h: dict | None) -> list[float]:
@@ -57,6 +77,24 @@ def history_features(h: dict | None) -> list[float]:
 def text_features(prompts: Sequence[str]) -> np.ndarray:
     """[bytes, words, numbers] per prompt, shape (n, 3)."""
     return np.array([[len(p.encode("utf-8")), len(p.split()), len(_NUMBER.findall(p))] for p in prompts], dtype=float)
+
+
+def fit_estimators(cfg, X: np.ndarray, groups: Sequence[Sequence[int]]) -> dict:
+    """Fit the point model (group means, weighted by G) and one quantile model per level (single samples).
+
+    X: (E, n_features) one row per example; groups: the E examples' observed lengths (tokens).
+    Returns ``{"point": estimator, "quantiles": {level: estimator}}`` (scikit-learn HistGradientBoostingRegressor).
+    """
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    sizes = np.array([len(g) for g in groups])
+    means = np.array([np.mean(g) for g in groups])
+    kw = dict(max_iter=cfg.learned_max_iter, random_state=cfg.seed, early_stopping=False)
+    point = HistGradientBoostingRegressor(loss="squared_error", **kw).fit(X, means, sample_weight=sizes)
+    X_s = np.repeat(X, sizes, axis=0)
+    y_s = np.concatenate([np.asarray(g, dtype=float) for g in groups])
+    quant = {q: HistGradientBoostingRegressor(loss="quantile", quantile=q, **kw).fit(X_s, y_s) for q in cfg.quantiles}
+    return {"point": point, "quantiles": quant}
 
 
 class LearnedPredictor:
@@ -79,7 +117,11 @@ class LearnedPredictor:
         vec = HashingVectorizer(analyzer="char_wb", ngram_range=(2, 4), n_features=self.cfg.learned_hash_features,
                                 alternate_sign=False, norm="l2")
         text = vec.transform(list(prompts)).toarray()
-        return np.hstack([text, text_features(prompts), np.asarray(hist, dtype=float).reshape(len(prompts), 5)])
+        return np.hstack([text, text_features(prompts), np.asarray(hist, dtype=float).reshape(len(prompts), N_HISTORY)])
+
+    def n_features(self) -> int:
+        """Columns of the feature matrix: hashed n-grams, text counts, history."""
+        return self.cfg.learned_hash_features + N_TEXT + N_HISTORY
 
     def _absorb(self, obs: Observation) -> None:
         h = self.history.setdefault(obs.prompt_id, dict.fromkeys(_HIST, 0.0))
@@ -118,22 +160,15 @@ class LearnedPredictor:
             self._train_models()
 
     def _train_models(self) -> None:
-        from sklearn.ensemble import HistGradientBoostingRegressor
-
         if not self.examples:
             raise DataError("learned predictor: no training rows")
-        prompts = [e[0] for e in self.examples]
-        X = self._matrix(prompts, [e[1] for e in self.examples])
-        sizes = np.array([len(e[2]) for e in self.examples])
-        means = np.array([np.mean(e[2]) for e in self.examples])
-        self.global_mean = float(np.average(means, weights=sizes))
-        kw = dict(max_iter=self.cfg.learned_max_iter, random_state=self.cfg.seed, early_stopping=False)
-        point = HistGradientBoostingRegressor(loss="squared_error", **kw).fit(X, means, sample_weight=sizes)
-        X_s = np.repeat(X, sizes, axis=0)
-        y_s = np.concatenate([np.asarray(e[2], dtype=float) for e in self.examples])
-        quant = {q: HistGradientBoostingRegressor(loss="quantile", quantile=q, **kw).fit(X_s, y_s)
-                 for q in self.cfg.quantiles}
-        self.models = {"point": point, "quantiles": quant}
+        X = self._matrix([e[0] for e in self.examples], [e[1] for e in self.examples])
+        groups = [e[2] for e in self.examples]
+        sizes = np.array([len(g) for g in groups])
+        self.global_mean = float(np.average([np.mean(g) for g in groups], weights=sizes))
+        est = fit_estimators(self.cfg, X, groups)
+        self.models = {"point": from_sklearn(est["point"]),
+                       "quantiles": {q: from_sklearn(e) for q, e in est["quantiles"].items()}}
 
     def update(self, observations: Sequence[Observation]) -> None:
         if not observations:
@@ -152,52 +187,77 @@ class LearnedPredictor:
             m = [h[3] if h[0] > 0 else self.cfg.prior_length for h in hist]
             return Prediction(tuple(prompt_ids), tuple(m), {})
         X = self._matrix(prompts, hist)
-        with self._threads():
-            m = np.maximum(self.models["point"].predict(X), 1.0)
-            qs = {q: tuple(np.maximum(model.predict(X), 1.0).tolist()) for q, model in self.models["quantiles"].items()}
+        m = np.maximum(self.models["point"].predict(X), 1.0)
+        qs = {q: tuple(np.maximum(model.predict(X), 1.0).tolist()) for q, model in self.models["quantiles"].items()}
         return Prediction(tuple(prompt_ids), tuple(m.tolist()), qs)
 
     # --- persistence -----------------------------------------------------------------------------------
-    def header(self) -> dict:
-        return {"format": PICKLE_FORMAT, "rlhfless_version": rlhfless.__version__,
-                "sklearn_version": _sklearn_version(), "predictor": self.name}
-
     def save(self, directory: str | Path) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        payload = {"models": self.models, "examples": self.examples}
-        with (d / PICKLE_FILE).open("wb") as fh:
-            fh.write((json.dumps(self.header()) + "\n").encode())
-            pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
-        state = {"history": self.history, "fitted_epoch": self.fitted_epoch, "global_mean": self.global_mean,
-                 "model_file": PICKLE_FILE}
+        np.savez_compressed(d / NPZ_FILE, **self.arrays())
+        state = {"fitted_epoch": self.fitted_epoch, "global_mean": self.global_mean,
+                 "fitted": self.models is not None, "model_file": NPZ_FILE}
         write_model(d, self.name, self.cfg.to_dict(), state)
 
-    def load_state(self, state: dict, directory: Path) -> None:
-        payload = read_pickle(directory / state["model_file"], self.header())
-        self.models, self.examples = payload["models"], payload["examples"]
-        self.history = state["history"]
-        self.fitted_epoch = int(state["fitted_epoch"])
-        self.global_mean = state["global_mean"]
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Everything ``model.npz`` holds (see the module header)."""
+        out = {"quantiles": np.asarray(self.cfg.quantiles, dtype=np.float64), **examples_to_arrays(self.examples),
+               **history_to_arrays(self.history)}
+        if self.models is not None:
+            out.update(self.models["point"].to_arrays("point"))
+            for i, q in enumerate(self.cfg.quantiles):
+                out.update(self.models["quantiles"][q].to_arrays(f"quantile{i}"))
+        return out
+
+    def load_state(self, saved: SavedState) -> None:
+        state = saved.state
+        self.fitted_epoch = whole(state["fitted_epoch"], "fitted_epoch")
+        self.global_mean = None if state["global_mean"] is None else number(state["global_mean"], "global_mean")
+        if saved.version == 1:
+            self._load_legacy(saved)
+            return
+        if state["model_file"] != NPZ_FILE or not isinstance(state["fitted"], bool):
+            raise ValueError(f"model_file must be {NPZ_FILE!r} and fitted true or false")
+        self._read_npz(saved.directory / NPZ_FILE, state["fitted"])
+
+    def _load_legacy(self, saved: SavedState) -> None:
+        """Format 1: history in the JSON state, models and examples in a pickle (only with trust_pickle)."""
+        from rlhfless.predictor.legacy import read_legacy
+
+        history = history_from_state(saved.state["history"])
+        self.models, examples = read_legacy(saved.directory, self.cfg.quantiles, trust_pickle=saved.trust_pickle)
+        where = saved.directory / "model.pkl"
+        self.examples = examples_from_arrays(examples_to_arrays(examples), where)  # the same checks as format 2
+        self.history = history_from_arrays(history_to_arrays(history), where)
+
+    def _read_npz(self, path: Path, fitted: bool) -> None:
+        arrays = load_arrays(path)
+        prefixes = ["point", *(f"quantile{i}" for i in range(len(self.cfg.quantiles)))] if fitted else []
+        expected = {"quantiles", *ARRAY_DTYPES, *(f"{p}.{f}" for p in prefixes for f in FOREST_FIELDS)}
+        if set(arrays) != expected:
+            missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
+            raise DataError(f"{path}: arrays do not match a {'fitted' if fitted else 'unfitted'} learned model "
+                            f"(missing {missing}, unexpected {extra})")
+        levels = arrays["quantiles"]
+        if levels.dtype != np.float64 or levels.tolist() != list(self.cfg.quantiles):
+            raise DataError(f"{path}: quantile levels {levels.tolist()} differ from the config's "
+                            f"{list(self.cfg.quantiles)}")
+        check_dtypes(arrays, path)
+        self.examples = examples_from_arrays(arrays, path)
+        self.history = history_from_arrays(arrays, path)
+        forests = [Forest.from_arrays(arrays, p, self.n_features(), path) for p in prefixes]
+        self.models = {"point": forests[0], "quantiles": dict(zip(self.cfg.quantiles, forests[1:]))} if fitted else None
 
 
-def read_pickle(path: Path, expected: dict) -> dict:
-    """Check the JSON header line of a learned-model file against `expected`, then unpickle the rest."""
-    if not path.is_file():
-        raise DataError(f"learned predictor model file not found: {path}")
-    with path.open("rb") as fh:
-        first = fh.readline()
-        try:
-            header = json.loads(first.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise DataError(f"{path}: no rlhfless header line; not a learned-predictor file") from None
-        if not isinstance(header, dict) or header.get("format") != PICKLE_FORMAT:
-            raise DataError(f"{path}: not a rlhfless learned-predictor file (header {header!r})")
-        for key in ("rlhfless_version", "sklearn_version", "predictor"):
-            if header.get(key) != expected[key]:
-                raise DataError(
-                    f"{path}: saved with {key} {header.get(key)!r} but this is {expected[key]!r}; pickled "
-                    f"scikit-learn models are only loaded by the same versions; retrain with "
-                    f"`rlhfless predictor train --model learned`"
-                )
-        return pickle.load(fh)
+def history_from_state(value: object) -> dict[str, dict[str, float]]:
+    """Per-prompt history as format 1 saved it in ``predictor.json``; anything but objects of numbers raises
+    ValueError."""
+    if not isinstance(value, dict):
+        raise ValueError(f"history must be an object (got {type(value).__name__})")
+    out = {}
+    for pid, h in value.items():  # 4k+ prompts: checked inline rather than by one call per number
+        if not isinstance(h, dict) or h.keys() != _HIST_KEYS or not all(type(v) in (int, float) for v in h.values()):
+            raise ValueError(f"history[{pid!r}] must be an object of numbers with keys {list(_HIST)}")
+        out[pid] = {k: float(h[k]) for k in _HIST}
+    return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import norm
 
-from rlhfless.predictor.base import Prediction, write_model
+from rlhfless.predictor.base import Prediction, SavedState, number, record, whole, write_model
 from rlhfless.predictor.data import LengthRow, Observation, group_observations
 
 _GRID = 401
@@ -42,6 +42,11 @@ class _MeanSq:
     def add(self, x: float) -> None:
         self.n += 1
         self.total += x * x
+
+    @classmethod
+    def from_state(cls, state: object, what: str) -> _MeanSq:
+        d = record(state, ("n", "total"), what)
+        return cls(whole(d["n"], f"{what}.n"), number(d["total"], f"{what}.total"))
 
     def rms(self, fallback: float) -> float:
         return math.sqrt(self.total / self.n) if self.n else fallback
@@ -146,14 +151,19 @@ class SiblingPredictor:
                  "err_unseen": vars(self.err_unseen).copy(), "seen": sorted(self.seen)}
         write_model(directory, self.name, self.cfg.to_dict(), state)
 
-    def load_state(self, state: dict, directory: Path) -> None:
+    def load_state(self, saved: SavedState) -> None:
         from rlhfless.predictor.config import load_predictor
 
-        self.base = load_predictor(directory / "base")
-        self.within = _MeanSq(**state["within"])
-        self.err_seen = _MeanSq(**state["err_seen"])
-        self.err_unseen = _MeanSq(**state["err_unseen"])
+        state = saved.state
+        self.within = _MeanSq.from_state(state["within"], "within")
+        self.err_seen = _MeanSq.from_state(state["err_seen"], "err_seen")
+        self.err_unseen = _MeanSq.from_state(state["err_unseen"], "err_unseen")
+        if not isinstance(state["seen"], list) or not all(isinstance(p, str) for p in state["seen"]):
+            raise ValueError("seen must be a list of prompt ids")
         self.seen = set(state["seen"])
+        self.base = load_predictor(saved.directory / "base", trust_pickle=saved.trust_pickle)
+        if self.base.name != self.cfg.sibling_base:
+            raise ValueError(f"base/ holds a {self.base.name} predictor but sibling_base is {self.cfg.sibling_base}")
 
 
 def evaluate_refinement(predictor: SiblingPredictor, test_batches: Sequence[Sequence[Observation]],

@@ -4,6 +4,8 @@ Format (what `rlhfless.plan.timemodel.TimeModel.from_rows` reads): a JSON list o
 ``{"batch_size": int, "context": int, "s_per_iter": float, "n": int}``, one per batch-size bucket (powers of
 two: 1, 2-3, 4-7, ...): batch_size is the median batch size in the bucket, context the mean number of keys
 attended, s_per_iter the median seconds of one iteration, n the iterations aggregated.
+`load_profile` refuses, with one line naming the file: a missing file, invalid JSON, and any row that
+`rlhfless.plan.timemodel.check_profile_rows` refuses (missing keys, wrong types, times that are not > 0).
 Non-goals: fitting a model to the rows (the planner does that).
 """
 
@@ -42,11 +44,14 @@ def save_profile(rows: list[dict], path: str | Path) -> Path:
 
 
 def load_profile(path: str | Path) -> list[dict]:
+    """The checked rows of a TPOT profile written by `save_profile`."""
+    from rlhfless.plan.timemodel import check_profile_rows
+
     p = Path(path)
     if not p.is_file():
         raise DataError(f"TPOT profile not found: {p} (make one with `rlhfless bench engine --json OUT`)")
-    rows = json.loads(p.read_text())
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"batch_size", "s_per_iter"} <= r.keys()
-                                             for r in rows):
-        raise DataError(f"{p}: expected a list of {{batch_size, context, s_per_iter}} rows")
-    return rows
+    try:
+        rows = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(f"{p}: not valid JSON") from None
+    return check_profile_rows(rows, str(p))
