@@ -94,11 +94,11 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         raise ConfigError(f"{prefix or 'config'}: expected a mapping of fields (got {type(data).__name__})")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(set(data) - set(fields), key=str)  # YAML keys may be numbers or null
     if unknown:
         where = f"{prefix}." if prefix else ""
         raise ConfigError(
-            f"unknown config key '{where}{unknown[0]}'; allowed keys{' under ' + prefix if prefix else ''}: "
+            f"unknown config key {where + str(unknown[0])!r}; allowed keys{' under ' + prefix if prefix else ''}: "
             f"{', '.join(sorted(fields))}"
         )
     kwargs = {}
@@ -138,15 +138,15 @@ def parse_override(item: str, example: str = OVERRIDE_EXAMPLE) -> tuple[list[str
     `example`: a valid override where the caller uses it (its messages suggest it), e.g. ``alpha=0.3``.
     """
     if "=" not in item:
-        raise ConfigError(f"override '{item}': expected dotted.key=value, for example {example}")
+        raise ConfigError(f"override {item!r}: expected dotted.key=value, for example {example}")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"override '{item}': empty key, expected dotted.key=value, for example {example}")
+        raise ConfigError(f"override {item!r}: empty key, expected dotted.key=value, for example {example}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{item}': value is not valid YAML ({_one_line(exc)})") from None
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({_one_line(exc)})") from None
     return key.split("."), value
 
 
@@ -166,7 +166,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], example: str = O
             if child is None:
                 child = node[k] = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"override '{item}': '{k}' is not a section")
+                raise ConfigError(f"override {item!r}: {k!r} is not a section")
             node = child
         node[keys[-1]] = value
     return out

@@ -8,6 +8,7 @@ work, so this covers the path a user's typo takes.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 
 import pytest
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from rlhfless.cli import main
 from rlhfless.config import RunConfig
 
-FUZZ_EXAMPLES = 250
+FUZZ_EXAMPLES = int(os.environ.get("RLHFLESS_FUZZ_EXAMPLES", "250"))
 
 
 def _fields(cls, prefix="") -> list[str]:
@@ -68,7 +69,9 @@ def _override(key: str, value) -> str:
 
 
 overrides = st.lists(st.one_of(st.builds(_override, keys, values), st.text(max_size=20)), max_size=4)
-configs = st.one_of(st.dictionaries(keys, values, max_size=4).map(_nest), values, st.text(max_size=40))
+odd_keys = st.one_of(st.integers(-2, 2), st.none(), st.booleans())  # YAML keys that are not strings
+configs = st.one_of(st.dictionaries(keys, values, max_size=4).map(_nest), values, st.text(max_size=40),
+                    st.dictionaries(st.one_of(keys, odd_keys), values, max_size=3))
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
