@@ -2,7 +2,8 @@
 
 Pure and fast; the same code drives the real runtime and the simulator. Entry points:
 `assign` (balancer), `plan_migrations` / `simulate_with_migration` (migrate), `choose` (scaler),
-`cost_step` / `cost_serverful` (cost), `TimeModel` (continuous-batching time model), `PlanConfig`.
+`cost_step` / `cost_serverful` (cost), `hindsight_assign` / `makespan_lower_bound` (references for
+scoring a decision), `TimeModel` (continuous-batching time model), `PlanConfig`.
 """
 
 from rlhfless.plan.balancer import (
@@ -10,9 +11,10 @@ from rlhfless.plan.balancer import (
     JobArrays,
     assign,
     evaluate_plan,
-    oracle_assign,
+    hindsight_assign,
     with_lengths,
 )
+from rlhfless.plan.bounds import makespan_lower_bound
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import (
     CATALOG,
@@ -61,7 +63,8 @@ __all__ = [
     "cost_serverful",
     "cost_step",
     "evaluate_plan",
-    "oracle_assign",
+    "hindsight_assign",
+    "makespan_lower_bound",
     "plan_migrations",
     "price",
     "simulate_with_migration",

@@ -10,7 +10,9 @@ Admission order inside an actor: arrival order for round_robin (as verl), longes
 the length-aware policies (long sequences start early, so the tail is shorter).
 
 A job keeps a group's n_seqs sequences together (shared prefix); per-sequence jobs (n_seqs=1) work too.
-The oracle is this same planner fed true lengths (`oracle_assign`), the upper bound of every comparison.
+`hindsight_assign` is this same policy fed the true lengths: a reference for how much prediction error costs,
+NOT a bound (another policy, or the same one with other lengths, can beat it); the true bound on the makespan of
+any plan is `rlhfless.plan.bounds.makespan_lower_bound`.
 
 Non-goals: no migration here (see `rlhfless.plan.migrate`), no choice of N (see `rlhfless.plan.scaler`).
 
@@ -165,10 +167,11 @@ def with_lengths(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | 
     return [replace(j, predicted_len=true_len(j)) for j in jobs]
 
 
-def oracle_assign(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | tuple[float, ...]],
-                  n_actors: int, capacity: int, time_model: TimeModel,
-                  policy: str = "contiguous") -> tuple[AssignmentPlan, dict[str, float]]:
-    """The oracle: the same planner fed true lengths; the upper bound every comparison is measured against."""
+def hindsight_assign(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | tuple[float, ...]],
+                     n_actors: int, capacity: int, time_model: TimeModel,
+                     policy: str = "contiguous") -> tuple[AssignmentPlan, dict[str, float]]:
+    """The same policy fed the true lengths (hindsight): what the decision would have been with a perfect
+    predictor. Not a bound: see `rlhfless.plan.bounds.makespan_lower_bound` for one."""
     return assign(with_lengths(jobs, true_len), n_actors, capacity, time_model, policy)
 
 
