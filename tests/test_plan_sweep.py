@@ -58,6 +58,8 @@ def test_simulate_fast_equals_simulate(n_actors, capacity, g, seed, tm):
     ref = simulate(lengths, seq_actor, sizes, job_actor, n_actors, capacity, tm)
     got = simulate_fast(lengths, seq_actor, sizes, job_actor, n_actors, capacity, tm)
     np.testing.assert_allclose(got.decode_s, ref.decode_s, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(got.entry_iter, ref.entry_iter)  # the same FIFO: identical admissions
+    np.testing.assert_array_equal(got.peak_batch, ref.peak_batch)
     np.testing.assert_array_equal(got.peak_batch, ref.peak_batch)
     np.testing.assert_allclose(got.entry_iter, ref.entry_iter)
 

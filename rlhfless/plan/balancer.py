@@ -57,16 +57,15 @@ class JobArrays:
     @classmethod
     def from_jobs(cls, jobs: Sequence[PlanJob]) -> JobArrays:
         jobs = tuple(jobs)
-        for j in jobs:
-            if not isinstance(j, PlanJob):
-                raise DataError(f"assignment input must be PlanJob records (got {type(j).__name__})")
-        sizes = np.fromiter((j.n_seqs for j in jobs), dtype=np.int64, count=len(jobs))
-        prompt = np.fromiter((j.prompt_len for j in jobs), dtype=np.float64, count=len(jobs))
-        flat = chain.from_iterable(
-            j.predicted_len if isinstance(j.predicted_len, tuple) else repeat(j.predicted_len, j.n_seqs)
-            for j in jobs
-        )
-        seq_len = np.fromiter(flat, dtype=np.float64, count=int(sizes.sum()))
+        bad = next((j for j in jobs if not isinstance(j, PlanJob)), None)
+        if bad is not None:
+            raise DataError(f"assignment input must be PlanJob records (got {type(bad).__name__})")
+        sizes = np.array([j.n_seqs for j in jobs], dtype=np.int64)
+        prompt = np.array([j.prompt_len for j in jobs], dtype=np.float64)
+        lens = [j.predicted_len for j in jobs]
+        if not all(type(x) is tuple for x in lens):  # a float stands for every sequence of its job
+            lens = [x if isinstance(x, tuple) else repeat(x, j.n_seqs) for x, j in zip(lens, jobs)]
+        seq_len = np.fromiter(chain.from_iterable(lens), dtype=np.float64, count=int(sizes.sum()))
         offsets = np.concatenate(([0], np.cumsum(sizes)))
         work = np.add.reduceat(seq_len, offsets[:-1]) if len(jobs) else np.zeros(0)
         return cls(jobs, sizes, prompt, work, work / np.maximum(sizes, 1), seq_len, offsets)
@@ -99,8 +98,9 @@ def build_plan(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: in
     prefill = np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
     busy = np.where(njobs > 0, tm.actor_fixed_s + prefill + sim.decode_s, 0.0)
     bounds = np.concatenate(([0], np.cumsum(njobs)))
-    jobs = [ja.jobs[i] for i in order.tolist()]
-    actor_jobs = tuple(tuple(jobs[bounds[a]:bounds[a + 1]]) for a in range(n_actors))
+    jobs = list(map(ja.jobs.__getitem__, order.tolist()))
+    b = bounds.tolist()
+    actor_jobs = tuple(tuple(jobs[b[a]:b[a + 1]]) for a in range(n_actors))
     makespan = float(busy.max()) if n_actors else 0.0
     return AssignmentPlan(
         policy=policy, n_actors=n_actors, capacity=capacity, actor_jobs=actor_jobs,
