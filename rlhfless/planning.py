@@ -23,9 +23,9 @@ from rlhfless.plan import (
     ScalingDecision,
     TimeModel,
     choose,
-    evaluate_plan,
     hindsight_assign,
     makespan_lower_bound,
+    realized_plan,
 )
 from rlhfless.predictor import (
     Observation,
@@ -73,12 +73,13 @@ class Planner:
         metrics = step_metrics(sp.prediction, actual)
         true_jobs = [PlanJob(j.group_id, j.n_seqs, tuple(float(x) for x in lens), j.prompt_len)
                      for j, lens in zip(sp.jobs, actual)]
-        realized = evaluate_plan(sp.decision.plan, true_jobs, self.time_model)
+        realized = realized_plan(sp.decision, true_jobs, self.time_model, self.cfg.tau)
         by_id = {j.group_id: j.predicted_len for j in true_jobs}
         n = sp.decision.n_actors
         hindsight, _ = hindsight_assign(sp.jobs, lambda j: by_id[j.group_id], n, self.cfg.capacity,
                                         self.time_model, self.cfg.policy)
-        bound = makespan_lower_bound(true_jobs, n, self.cfg.capacity, self.time_model)
+        bound = makespan_lower_bound(true_jobs, n, self.cfg.capacity, self.time_model,
+                                     split_jobs=sp.decision.migration is not None)
         metrics.update({
             M.PLAN_REALIZED_MAKESPAN_S: realized.makespan_s,
             M.PLAN_REALIZED_IMBALANCE: realized.imbalance,

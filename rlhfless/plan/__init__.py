@@ -1,7 +1,7 @@
 """The planner: cost model + price catalog, length-aware assignment, cut-and-migrate, cost-aware actor scaling.
 
 Pure and fast; the same code drives the real runtime and the simulator. Entry points:
-`assign` (balancer), `plan_migrations` / `simulate_with_migration` (migrate), `choose` (scaler),
+`assign` (balancer), `plan_migrations` / `simulate_with_migration` (migrate), `choose` / `realized_plan` (scaler),
 `cost_step` / `cost_serverful` (cost), `hindsight_assign` / `makespan_lower_bound` (references for
 scoring a decision), `TimeModel` (continuous-batching time model), `PlanConfig`.
 """
@@ -32,12 +32,13 @@ from rlhfless.plan.records import (
     Invocation,
     Migration,
     MigrationPlan,
+    MigrationResult,
     PlanJob,
     ScalingCandidate,
     ScalingDecision,
     SeqProgress,
 )
-from rlhfless.plan.scaler import choose
+from rlhfless.plan.scaler import choose, realized_plan
 from rlhfless.plan.timemodel import TimeModel
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "JobArrays",
     "Migration",
     "MigrationPlan",
+    "MigrationResult",
     "PlanConfig",
     "PlanJob",
     "ScalingCandidate",
@@ -67,6 +69,7 @@ __all__ = [
     "makespan_lower_bound",
     "plan_migrations",
     "price",
+    "realized_plan",
     "simulate_with_migration",
     "with_lengths",
 ]
