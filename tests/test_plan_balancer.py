@@ -145,3 +145,15 @@ def test_bad_input_is_a_clear_error():
         PlanJob("a", 0, 5.0)
     with pytest.raises(DataError, match="2 entries but n_seqs is 3"):
         PlanJob("a", 3, (1.0, 2.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0, 40.0, 300.0]) | st.floats(0, 1000, allow_nan=False),
+                min_size=1, max_size=40), st.lists(st.integers(1, 9), min_size=1, max_size=6, unique=True))
+def test_lpt_for_many_candidates_at_once_equals_the_heap(work, ns):
+    from rlhfless.plan.partition import lpt_labels, lpt_labels_many
+
+    w = np.array(work)
+    many = lpt_labels_many(w, ns)
+    for r, n in enumerate(ns):
+        np.testing.assert_array_equal(many[r], lpt_labels(w, n)[0])  # ties included: lower actor first

@@ -135,3 +135,37 @@ def test_range_head_max_matches_a_loop():
     got = lay.range_head_max(lo.ravel(), hi.ravel())
     want = [lay.head[a:b].max() if b > a else 0.0 for a, b in zip(lo.ravel(), hi.ravel())]
     np.testing.assert_array_equal(got, want)
+
+
+# Labels (as a hash) and the chosen plan of the implementation before the planner was vectorised further
+# (commit 2fae8f7), on three workloads: the faster code must decide exactly the same.
+PINNED = {
+    "3-contiguous": ["77db582003402bb7", 19, 43.0705625, 738.35578125],
+    "3-lpt": ["0a791a11068a32cd", 15, 51.88559375, 757.52325],
+    "3-round_robin": ["b975c3836f53ecac", 15, 66.42, 746.973],
+    "3-karmarkar_karp": ["6bd99d97bb3b5d79", 17, 47.97246875, 784.38821875],
+    "5-contiguous": ["5ed4ee204a74bf24", 16, 40.31075, 562.16375],
+    "5-lpt": ["d1e8cf8d8d9e40d1", 23, 33.585, 697.86875],
+    "5-round_robin": ["ae6a358cf8580070", 18, 45.772, 627.85225],
+    "5-karmarkar_karp": ["3d4f832b9eb772da", 23, 33.49325, 697.86875],
+    "7-contiguous": ["e539e1ad9f6abefd", 2, 32.97, 60.5705],
+    "7-lpt": ["633fd364d0573a34", 5, 25.15175, 98.86475],
+    "7-round_robin": ["536cf68315407fb8", 5, 26.5695, 91.051],
+    "7-karmarkar_karp": ["2411a2f1012fa9ae", 5, 25.22425, 98.92475],
+}
+
+
+@pytest.mark.parametrize("seed, groups, g, cap", [(3, 200, 8, 64), (5, 300, 4, 32), (7, 120, 1, 16)])
+def test_decisions_pinned_to_the_reference_implementation(seed, groups, g, cap):
+    import hashlib
+
+    jobs = heavy_tailed_jobs(groups, g, seed=seed)
+    ja = JobArrays.from_jobs(jobs)
+    for policy in POLICIES:
+        res = sw.sweep(ja, range(1, 25), cap, TINY, policy)
+        labels = np.stack([res.labels(r) for r in range(24)])
+        digest = hashlib.sha1(labels.tobytes() + res.exact.tobytes()).hexdigest()[:16]
+        d, _ = choose(jobs, PlanConfig(min_actors=1, max_actors=24, policy=policy, capacity=cap, migrate=False), TINY)
+        want = PINNED[f"{seed}-{policy}"]
+        assert [digest, d.n_actors] == want[:2], policy
+        assert (d.plan.makespan_s, sum(d.plan.busy_s)) == pytest.approx(tuple(want[2:]), rel=1e-9), policy

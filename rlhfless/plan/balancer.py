@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -98,9 +99,9 @@ def build_plan(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: in
     prefill = np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
     busy = np.where(njobs > 0, tm.actor_fixed_s + prefill + sim.decode_s, 0.0)
     bounds = np.concatenate(([0], np.cumsum(njobs)))
-    jobs = list(map(ja.jobs.__getitem__, order.tolist()))
+    jobs = tuple(ja.jobs[i] for i in order.tolist()) if len(order) < 2 else itemgetter(*order.tolist())(ja.jobs)
     b = bounds.tolist()
-    actor_jobs = tuple(tuple(jobs[b[a]:b[a + 1]]) for a in range(n_actors))
+    actor_jobs = tuple(jobs[b[a]:b[a + 1]] for a in range(n_actors))
     makespan = float(busy.max()) if n_actors else 0.0
     return AssignmentPlan(
         policy=policy, n_actors=n_actors, capacity=capacity, actor_jobs=actor_jobs,

@@ -123,10 +123,12 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     busy, active = res.busy_s, res.njobs > 0
     m = busy.shape[1]
     # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations
-    order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
-    cold = active & (pos >= max(n_warm, 0))
+    cold = active
+    if n_warm > 0:
+        order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
+        pos = np.empty_like(order)
+        np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
+        cold = active & (pos >= n_warm)
     cold_s = np.where(cold, cfg.cold_start_s, 0.0)
     dur = cold_s + cfg.weight_sync_s + busy
     billed = np.where(active, billed_seconds_array(dur, cold, cold_s, cfg.billing), 0.0)

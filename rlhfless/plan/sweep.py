@@ -101,15 +101,17 @@ class Layout:
     tail: np.ndarray
     sizes: np.ndarray
     head_max: np.ndarray | None = None
+    log2: np.ndarray | None = None
 
     def range_head_max(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Longest sequence of sorted jobs [lo, hi) (0 where the range is empty)."""
-        if len(self.head) == 0:
+        j = len(self.head)
+        if j == 0:
             return np.zeros(np.shape(lo))
         span = np.maximum(hi - lo, 1)
-        k = np.frexp(span.astype(np.float64))[1] - 1  # floor(log2(span)), exact for integers
-        t, top = self.head_max, max(len(self.head) - 1, 0)
-        best = np.maximum(t[k, np.minimum(lo, top)], t[k, np.clip(hi - (1 << k), 0, top)])
+        k = self.log2[span]  # floor(log2(span)), from a table
+        flat, row = self.head_max.ravel(), k * j
+        best = np.maximum(flat[row + np.minimum(lo, j - 1)], flat[row + np.clip(hi - (1 << k), 0, j - 1)])
         return np.where(hi > lo, best, 0.0)
 
     @classmethod
@@ -135,9 +137,10 @@ class Layout:
         for k in range(1, len(table)):
             step = 1 << (k - 1)
             np.maximum(table[k - 1, :-step], table[k - 1, step:], out=table[k, :len(head) - step])
+        log2 = np.frexp(np.arange(len(head) + 1, dtype=np.float64))[1] - 1  # floor(log2(x)) for x >= 1
         return cls(order, lens, np.concatenate(([0.0], np.cumsum(lens))), seq_start, work,
                    np.concatenate(([0.0], np.cumsum(ja.prompt_len[order]))), work[:-1] + 0.5 * w,
-                   head, lens[last] if n else np.zeros(0), sizes, table)
+                   head, lens[last] if n else np.zeros(0), sizes, table, log2)
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,17 @@ def _top_fix(longest: np.ndarray, first: np.ndarray, m: np.ndarray, rc: RankCost
 
 def _padded_busy(lay: Layout, bounds: np.ndarray, valid: np.ndarray, rc: RankCosts, tm: TimeModel) -> np.ndarray:
     """(R, M) chunk busy seconds of padded bounds (R, M+1), computed only on the valid (actor < N) cells."""
-    out = np.zeros(valid.shape)
-    out[valid] = _chunk_busy(lay, bounds[:, :-1][valid], bounds[:, 1:][valid], rc, tm)
+    cells = np.flatnonzero(valid)
+    return _cell_busy(lay, bounds, cells, cells + cells // valid.shape[1], valid.shape, rc, tm)
+
+
+def _cell_busy(lay: Layout, bounds: np.ndarray, cells: np.ndarray, lo_at: np.ndarray, shape: tuple[int, int],
+               rc: RankCosts, tm: TimeModel) -> np.ndarray:
+    """`_padded_busy` with the valid cells (flat indices into (R, M)) and their flat positions in `bounds`
+    precomputed, for callers that evaluate the same cells many times."""
+    out = np.zeros(shape)
+    flat = bounds.ravel()
+    out.ravel()[cells] = _chunk_busy(lay, flat[lo_at], flat[lo_at + 1], rc, tm)
     return out
 
 
@@ -235,28 +247,34 @@ def contiguous_bounds(lay: Layout, ns: Sequence[int], rc: RankCosts, tm: TimeMod
         return bounds
     bounds[:, 1:m] = np.where(inside, np.searchsorted(lay.wmid, a * total / n[:, None], "left"), j)
     valid = np.arange(m)[None, :] < n[:, None]
-    for _ in range(passes):
-        busy = _padded_busy(lay, bounds, valid, rc, tm)
-        wb = lay.work[bounds]
-        busy = np.where(np.diff(wb, axis=1) > 0, busy, 0.0)  # zero-work chunks carry no time share
-        cw = np.concatenate((np.zeros((len(n), 1)), np.cumsum(busy, axis=1)), axis=1)
-        total_t = cw[:, -1:]
-        level = a * total_t / n[:, None]
-        # chunk holding level a: #{i >= 1: cw[i] <= a T / N} = #{i: ceil(N cw[i] / T) <= a}, counted with one
-        # bincount; element-wise arithmetic only, so a row does not depend on the other candidates swept with it
-        with np.errstate(invalid="ignore", divide="ignore"):
+    cells = np.flatnonzero(valid)
+    lo_at = cells + cells // m
+    rows = np.arange(len(n))[:, None]
+    base = (rows * (m + 1)).ravel()  # flat start of each row of an (R, M+1) matrix
+    cw = np.zeros((len(n), m + 1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for _ in range(passes):
+            busy = _cell_busy(lay, bounds, cells, lo_at, valid.shape, rc, tm)
+            wb = lay.work[bounds]
+            busy[np.diff(wb, axis=1) <= 0] = 0.0  # zero-work chunks carry no time share
+            np.cumsum(busy, axis=1, out=cw[:, 1:])
+            total_t = cw[:, -1:]
+            level = a * total_t / n[:, None]
+            # chunk holding level a: #{i >= 1: cw[i] <= a T / N} = #{i: ceil(N cw[i] / T) <= a}, counted with one
+            # bincount; element-wise arithmetic only, so a row does not depend on the other candidates swept
+            # with it
             u = np.ceil(n[:, None] * cw[:, 1:] / total_t)
-        u = np.where(u <= m, u, m).astype(np.int64)  # NaN (no time at all) and padding -> m
-        rows = np.arange(len(n))[:, None]
-        hist = np.bincount((rows * (m + 1) + u).ravel(), minlength=len(n) * (m + 1))
-        i = np.minimum(np.cumsum(hist.reshape(len(n), m + 1), axis=1)[:, 1:m], n[:, None] - 1)
-        lo, hi, wlo, whi = cw[rows, i], cw[rows, i + 1], wb[rows, i], wb[rows, i + 1]
-        with np.errstate(invalid="ignore", divide="ignore"):
+            u = np.where(u <= m, u, m).astype(np.int64)  # NaN (no time at all) and padding -> m
+            hist = np.bincount((base[:, None] + u).ravel(), minlength=len(n) * (m + 1))
+            i = np.minimum(np.cumsum(hist.reshape(len(n), m + 1), axis=1)[:, 1:m], n[:, None] - 1)
+            at = base[:, None] + i
+            cwf, wbf = cw.ravel(), wb.ravel()
+            lo, hi, wlo, whi = cwf[at], cwf[at + 1], wbf[at], wbf[at + 1]
             target = wlo + (level - lo) / (hi - lo) * (whi - wlo)
-        new = bounds.copy()
-        ok = inside & (cw[:, -1:] > 0)
-        new[:, 1:m] = np.where(ok, np.searchsorted(lay.wmid, np.where(ok, target, 0.0), "left"), bounds[:, 1:m])
-        bounds = new
+            ok = inside & (total_t > 0)
+            bounds = bounds.copy()
+            bounds[:, 1:m] = np.where(ok, np.searchsorted(lay.wmid, np.where(ok, target, 0.0), "left"),
+                                      bounds[:, 1:m])
     return bounds
 
 
@@ -307,8 +325,9 @@ def sweep(ja, candidates: Sequence[int], capacity: int, tm: TimeModel,
     m = max(ns)
     busy, njobs = np.zeros((len(ns), m)), np.zeros((len(ns), m), dtype=np.int64)
     labels, exact = [], []
+    many = partition.lpt_labels_many(ja.work, ns) if policy == "lpt" else None
     for r, k in enumerate(ns):
-        lab = policy_labels(policy, ja, k)
+        lab = many[r] if many is not None else policy_labels(policy, ja, k)
         busy[r, :k], ex = _general(lay, lab, k, rc, tm)
         njobs[r, :k] = np.bincount(lab, minlength=k)
         labels.append(lab)

@@ -234,43 +234,41 @@ def _lockstep_fifo(lengths: np.ndarray, starts: np.ndarray, actors: np.ndarray, 
     """`_gang_fifo_entries` for many actors at once when every job has g seqs.
 
     lengths: (S,) grouped by actor, admission order within; starts: (n_actors+1,) first sequence of each actor;
-    actors: the (queued) actors to run. All actors advance together on an (actors, capacity) matrix of sorted
-    slot-free iterations. A step admits up to `max_batch` jobs of a row at once: jobs k..k+B-1 take the next B
-    groups of g earliest free slots whenever none of the slots that jobs before k+b refill frees earlier than
-    job k+b's own g-th slot (then the FIFO takes exactly those slots; checked per row and step), so the result
-    equals the one-job-at-a-time loop value for value, in far fewer numpy steps.
+    actors: the (queued) actors to run. All actors advance together, job k of every row in the same step, on an
+    (actors, capacity) matrix of sorted slot-free iterations. A step admits b <= `max_batch` jobs per row at
+    once: jobs k..k+b-1 take the next b groups of g earliest free slots, which is what the FIFO does whenever
+    no slot refilled by jobs before k+i frees earlier than job k+i's own g-th slot (checked for every row), so
+    the result equals the one-job-at-a-time loop value for value, in far fewer numpy steps.
     """
     k0 = capacity // g  # jobs admitted at iteration 0
     n_jobs = (starts[actors + 1] - starts[actors]) // g
-    rows = np.argsort(-n_jobs, kind="stable")  # busiest first
+    rows = np.argsort(-n_jobs, kind="stable")  # busiest first: the rows still queueing are a prefix
     actors, n_jobs = actors[rows], n_jobs[rows]
     n_rows, jmax = len(actors), int(n_jobs[0])
-    lens = np.zeros((n_rows, jmax * g))
+    nb = max(1, min(max_batch, k0))
+    lens = np.zeros((n_rows, (jmax + nb) * g))  # nb padding jobs: the look-ahead never runs off the end
     for r, a in enumerate(actors.tolist()):
         lens[r, :starts[a + 1] - starts[a]] = lengths[starts[a]:starts[a + 1]]
-    lens = lens.reshape(n_rows, jmax, g)
+    run = np.sort(lens.reshape(n_rows, jmax + nb, g), axis=2)  # a job's lengths ascending: entry + run is sorted
+    shortest = run[:, :, 0]
     free = np.zeros((n_rows, capacity))
-    free[:, :k0 * g] = lens[:, :k0].reshape(n_rows, -1)
+    free[:, :k0 * g] = run[:, :k0].reshape(n_rows, -1)
     free.sort(axis=1)
-    run = np.sort(lens, axis=2)  # each job's lengths ascending, so entry + run is a sorted run
     popped = np.zeros((n_rows, jmax, g))
-    nb = max(1, min(max_batch, k0))
-    last = np.arange(nb) * g + g - 1  # column of the g-th free slot of each of the next nb jobs
-    nxt = np.full(n_rows, k0)
-    while (act := np.flatnonzero(nxt < n_jobs)).size:
-        f, k = free[act], nxt[act]
-        t = f[:, last]  # (A, nb) entry of jobs k, k+1, ... if the earlier ones do not interfere
-        jobs = np.minimum(k[:, None] + np.arange(nb), jmax - 1)
-        refill = np.minimum.accumulate(t + run[act[:, None], jobs, 0], axis=1)  # earliest slot refilled so far
-        fine = np.concatenate((refill[:, :-1] >= t[:, 1:], np.zeros((len(act), 1), dtype=bool)), axis=1)
-        b = np.minimum(np.argmin(fine, axis=1) + 1, n_jobs[act] - k)  # jobs admitted this step, per row
-        ri, ci = np.nonzero(np.arange(nb * g)[None, :] < (b * g)[:, None])
-        ji, si = k[ri] + ci // g, ci % g
-        popped[act[ri], ji, si] = f[ri, ci]
-        f[ri, ci] = t[ri, ci // g] + run[act[ri], ji, si]  # the admitted seqs take the freed slots
+    n_list = n_jobs.tolist()
+    k, m = k0, len(n_list)
+    while k < jmax:
+        while n_list[m - 1] <= k:  # rows without a k-th job are done (rows are sorted busiest first)
+            m -= 1
+        f = free[:m]
+        t = f[:, g - 1:nb * g:g]  # (m, nb) entry of jobs k, k+1, ... if the earlier ones do not interfere
+        refill = np.minimum.accumulate(t + shortest[:m, k:k + nb], axis=1)  # earliest slot refilled so far
+        bad = (refill[:, :-1] < t[:, 1:]).any(axis=0)
+        b = min(int(bad.argmax()) + 1 if bad.any() else nb, n_list[m - 1] - k)
+        popped[:m, k:k + b] = f[:, :b * g].reshape(m, b, g)
+        f[:, :b * g] = (t[:, :b, None] + run[:m, k:k + b]).reshape(m, b * g)  # the b jobs take the freed slots
         f.sort(axis=1, kind="stable")  # a few sorted runs: timsort merges them in linear time
-        free[act] = f
-        nxt[act] = k + b
+        k += b
     return _Lockstep(actors, n_jobs, popped, free)
 
 
