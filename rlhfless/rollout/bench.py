@@ -221,7 +221,9 @@ def bench_prefill(cfg: PrefillBenchConfig) -> dict:
     workloads = {"arith_template": arith}
     gsm = gsm8k_token_prompts(cfg.gsm8k_path, cfg.gsm8k_prompts, cfg.gsm8k_shots)
     if gsm is None:
-        workloads["gsm8k"] = {"skipped": f"{cfg.gsm8k_path} not found"}
+        from rlhfless.tasks.gsm8k import missing_message
+
+        workloads["gsm8k"] = {"skipped": missing_message(cfg.gsm8k_path)}
     else:
         need = max(map(len, gsm)) + cfg.forward_tokens + cfg.decode_tokens + 1
         big, big_label = fresh_model(1 << (need - 1).bit_length())
