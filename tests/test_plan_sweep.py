@@ -169,3 +169,25 @@ def test_decisions_pinned_to_the_reference_implementation(seed, groups, g, cap):
         want = PINNED[f"{seed}-{policy}"]
         assert [digest, d.n_actors] == want[:2], policy
         assert (d.plan.makespan_s, sum(d.plan.busy_s)) == pytest.approx(tuple(want[2:]), rel=1e-9), policy
+
+
+mixed_jobs = st.lists(
+    st.tuples(st.integers(1, 4), st.lists(st.floats(0, 300, allow_nan=False), min_size=4, max_size=4),
+              st.integers(0, 40)), min_size=1, max_size=30,
+).map(lambda xs: [PlanJob(f"g{i}", n, tuple(ls[:n]), p) for i, (n, ls, p) in enumerate(xs)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(mixed_jobs, st.integers(1, 9), st.sampled_from(["round_robin", "lpt", "karmarkar_karp"]),
+       st.sampled_from([4, 8, 64]), st.sampled_from([TINY, ODD]))
+def test_all_candidates_at_once_equal_one_candidate_at_a_time(jobs, n_max, policy, cap, tm):
+    ja = JobArrays.from_jobs(jobs)
+    cap = max(cap, int(ja.sizes.max()))
+    res = sw.sweep(ja, range(1, n_max + 1), cap, tm, policy)
+    lay, rc = sw.Layout.build(ja), sw.rank_costs(tm, cap)
+    for r, k in enumerate(res.candidates):
+        labels = sw.policy_labels(policy, ja, k)
+        busy, exact = sw._general(lay, labels, k, rc, tm)  # the one-candidate reference
+        np.testing.assert_array_equal(res.labels(r), labels)
+        np.testing.assert_array_equal(res.busy_s[r, :k], busy)  # value for value
+        assert res.exact[r] == exact and not res.busy_s[r, k:].any()

@@ -312,6 +312,49 @@ def _general(lay: Layout, labels: np.ndarray, k: int, rc: RankCosts, tm: TimeMod
     return _busy(decode, njobs, prompt, tm), exact
 
 
+def _general_many(lay: Layout, labels: np.ndarray, ns: np.ndarray, rc: RankCosts,
+                  tm: TimeModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_general` for every candidate at once. labels: (R, J) actor of each job for candidate ns[r].
+
+    Returns (busy (R, M), njobs (R, M), exact (R,)), M = max(ns). Per row the arithmetic is `_general`'s, in the
+    same order (row-wise cumulative sums, row-local prefix sums), so each row equals it value for value; the
+    rows only share the integer searches, through offsets that keep them apart.
+    """
+    n_rows, j, m = len(ns), len(lay.order), int(ns.max())
+    lab = labels[:, lay.order]
+    grp = np.argsort(lab, axis=1, kind="stable")  # each row's sorted positions grouped by actor
+    zeros = np.zeros((n_rows, 1))
+    cs = np.concatenate((zeros.astype(np.int64), np.cumsum(lay.sizes[grp], axis=1)), axis=1)  # (R, J+1)
+    pj = np.concatenate((zeros, np.cumsum(np.diff(lay.work)[grp], axis=1)), axis=1)
+    gstart = lay.seq_start[grp]
+    rows = np.arange(n_rows)[:, None]
+    span = int(cs[0, -1]) + 1
+    keys = (cs + rows * span).ravel()  # rows kept apart: one search for all
+    flat_gs, flat_pj = gstart.ravel(), pj.ravel()
+
+    def prefix_at(x: np.ndarray, r: np.ndarray) -> np.ndarray:  # x: positions of row r (broadcast shapes)
+        i = np.minimum(np.searchsorted(keys, x + r * span, "right") - 1 - r * (j + 1), j - 1)
+        at = r * j + i
+        return flat_pj[r * (j + 1) + i] + lay.prefix[flat_gs[at] + (x - cs[r, i])] - lay.prefix[flat_gs[at]]
+
+    key = (rows * m + lab).ravel()
+    njobs = np.bincount(key, minlength=n_rows * m).reshape(n_rows, m)
+    jb = np.concatenate((zeros.astype(np.int64), np.cumsum(njobs, axis=1)), axis=1)
+    cells = np.flatnonzero(np.arange(m)[None, :] < ns[:, None])
+    r, a = np.divmod(cells, m)
+    lo_seq, hi_seq = cs[r, jb[r, a]], cs[r, jb[r, a + 1]]
+    decode = np.zeros(n_rows * m)
+    decode[cells] = _estimate(lambda x: prefix_at(x, r.reshape(r.shape + (1,) * (np.ndim(x) - 1))),
+                              lo_seq, hi_seq, rc)
+    prompt = np.bincount(key, weights=np.tile(np.diff(lay.prompt), n_rows), minlength=n_rows * m)
+    busy = _busy(decode.reshape(n_rows, m), njobs, prompt.reshape(n_rows, m), tm)
+    srt = np.take_along_axis(lab, grp, axis=1)
+    seam = (lay.tail[grp[:, :-1]] < lay.head[grp[:, 1:]]) & (srt[:, :-1] == srt[:, 1:])
+    seqs = np.diff(np.take_along_axis(cs, jb, axis=1), axis=1)
+    over = np.where(np.arange(m)[None, :] < ns[:, None], seqs, 0) > rc.capacity
+    return busy, njobs, ~(seam.any(axis=1) | over.any(axis=1))
+
+
 def sweep(ja, candidates: Sequence[int], capacity: int, tm: TimeModel,
           policy: str = "contiguous") -> SweepResult:
     """Labels and predicted busy seconds of every candidate N (module header); inputs validated by the caller."""
@@ -322,19 +365,24 @@ def sweep(ja, candidates: Sequence[int], capacity: int, tm: TimeModel,
     rank[lay.order] = np.arange(len(lay.order))
     if policy == "contiguous":
         return _contiguous(lay, ns, rank, rc, tm)
-    m = max(ns)
-    busy, njobs = np.zeros((len(ns), m)), np.zeros((len(ns), m), dtype=np.int64)
-    labels, exact = [], []
-    many = partition.lpt_labels_many(ja.work, ns) if policy == "lpt" else None
-    for r, k in enumerate(ns):
-        lab = many[r] if many is not None else policy_labels(policy, ja, k)
-        busy[r, :k], ex = _general(lay, lab, k, rc, tm)
-        njobs[r, :k] = np.bincount(lab, minlength=k)
-        labels.append(lab)
-        exact.append(ex)
+    labels = many_labels(policy, ja, ns)
+    if len(lay.order):
+        busy, njobs, exact = _general_many(lay, labels, np.array(ns), rc, tm)
+    else:
+        busy, njobs = np.zeros((len(ns), max(ns))), np.zeros((len(ns), max(ns)), dtype=np.int64)
+        exact = np.ones(len(ns), dtype=bool)
     if policy == "round_robin":  # verl admits in arrival order
         rank = np.arange(len(lay.order))
-    return SweepResult(ns, busy, njobs, rank, np.array(exact), lay.order, label_rows=tuple(labels))
+    return SweepResult(ns, busy, njobs, rank, exact, lay.order, label_rows=tuple(labels))
+
+
+def many_labels(policy: str, ja, ns: Sequence[int]) -> np.ndarray:
+    """(R, J) labels of the length-blind or greedy policies for every N in ns (round-robin and LPT in numpy)."""
+    if policy == "round_robin":
+        return np.arange(len(ja.work))[None, :] % np.asarray(ns)[:, None]
+    if policy == "lpt":
+        return partition.lpt_labels_many(ja.work, ns)
+    return np.array([policy_labels(policy, ja, k) for k in ns]).reshape(len(ns), len(ja.work))
 
 
 def policy_labels(policy: str, ja, k: int) -> np.ndarray:
