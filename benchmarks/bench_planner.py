@@ -24,9 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = run_planner_bench(n_actors=args.n_actors, n_candidates=args.candidates, policy=args.policy,
                             repeats=args.repeats)
-    print(f"{res['what']}")
+    print(f"{res['what']}\nCPU: {res['cpu']}")
     print(f"plan_ms p50 {res['plan_ms_p50']:.2f}  p90 {res['plan_ms_p90']:.2f}  cpu p50 {res['plan_cpu_ms_p50']:.2f}"
           f"   (target <= 10 ms p50); scaler chose N={res['scaler_choice']}")
+    print(f"plan_migrate_ms p50 {res['plan_migrate_ms_p50']:.2f} (plan.migrate=true: the chosen plan also simulated "
+          f"with cuts at tau; kept: {res['migrate_used']})")
     print(f"assign_ms p50 {res['assign_ms_p50']:.2f}  p90 {res['assign_ms_p90']:.2f}")
     base = res["policy_ms_p50"]["round_robin"]
     for pol, ms in res["policy_ms_p50"].items():

@@ -1,8 +1,9 @@
 """`rlhfless` command-line entry point.
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
-`train`, `pretrain`, `predictor ...`, `data ...`, `bench <name>`, `simulate`, `repro`. Heavy imports (torch,
-transformers, scikit-learn) happen inside the command functions, so `rlhfless --help` is instant.
+`train`, `pretrain`, `predictor train|eval|compare`, `data gsm8k-lengths|synthetic-trace|trace-stats`, and
+`bench prefill|engine|loop|planner|plan-trace`. Heavy imports (torch, transformers, scikit-learn) happen inside
+the command functions, so `rlhfless --help` is instant.
 
 User errors (`rlhfless.errors.UserError`) print one line and exit with status 2, without a traceback.
 """

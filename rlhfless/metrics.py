@@ -69,6 +69,9 @@ BAL_IDLE_DEVICE_S = "balancer/idle_device_s"
 BAL_ACTIVE_ACTORS = "balancer/active_actors"
 BAL_MIGRATED_TOKENS = "balancer/migrated_tokens"
 BAL_RELEASED_ACTORS = "balancer/released_actors"
+BAL_MIGRATE_USED = "balancer/migrate_used"  # 1 when the chosen plan cuts and migrates at tau (plan.migrate only)
+BAL_MIGRATE_STEP_S = "balancer/migrate_predicted_step_s"  # the chosen N with cuts at tau, kept or not
+BAL_MIGRATE_COST_USD = "balancer/migrate_predicted_cost_usd"
 SCALER_CANDIDATES = "scaler/candidates"
 SCALER_STEP_S = "scaler/predicted_step_s"
 SCALER_COST_USD = "scaler/predicted_cost_usd"
@@ -80,5 +83,7 @@ PLAN_TIMING_S = "timing_s/plan"  # seconds the planner took for one step
 # the loop's per-step planning decision scored against the true lengths (rlhfless.planning)
 PLAN_REALIZED_MAKESPAN_S = "plan/realized_makespan_s"  # chosen placement re-simulated with the true lengths
 PLAN_REALIZED_IMBALANCE = "plan/realized_imbalance"
-PLAN_ORACLE_MAKESPAN_S = "plan/oracle_makespan_s"  # the same planner fed the true lengths
-PLAN_MAKESPAN_VS_ORACLE = "plan/makespan_vs_oracle"
+PLAN_HINDSIGHT_MAKESPAN_S = "plan/hindsight_makespan_s"  # the same policy fed the true lengths (not a bound)
+PLAN_MAKESPAN_VS_HINDSIGHT = "plan/makespan_vs_hindsight"  # realized / hindsight: what prediction error cost
+PLAN_MAKESPAN_LOWER_BOUND_S = "plan/makespan_lower_bound_s"  # no plan of the true lengths on N actors beats it
+PLAN_MAKESPAN_VS_LOWER_BOUND = "plan/makespan_vs_lower_bound"  # realized / bound, >= 1

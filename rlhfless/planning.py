@@ -2,7 +2,8 @@
 
     plan_step:    predictor.predict -> PlanJob per group -> plan.choose (scaler over N, assignment per N)
     observe_step: predictor metrics on the actual lengths; the chosen placement re-simulated with the true lengths
-                  ("realized") and the oracle (same planner fed true lengths); predictor.update
+                  ("realized"), the same policy fed the true lengths ("hindsight") and a lower bound no plan
+                  beats (plan.bounds); predictor.update
 
 Deviation (stated, not hidden): on this machine the rollout itself runs as ONE local engine batch; the plan's N
 decode actors are what a serverless runtime would start. So the plan is a decision that is logged and scored
@@ -22,8 +23,9 @@ from rlhfless.plan import (
     ScalingDecision,
     TimeModel,
     choose,
-    evaluate_plan,
-    oracle_assign,
+    hindsight_assign,
+    makespan_lower_bound,
+    realized_plan,
 )
 from rlhfless.predictor import (
     Observation,
@@ -71,15 +73,20 @@ class Planner:
         metrics = step_metrics(sp.prediction, actual)
         true_jobs = [PlanJob(j.group_id, j.n_seqs, tuple(float(x) for x in lens), j.prompt_len)
                      for j, lens in zip(sp.jobs, actual)]
-        realized = evaluate_plan(sp.decision.plan, true_jobs, self.time_model)
+        realized = realized_plan(sp.decision, true_jobs, self.time_model, self.cfg.tau)
         by_id = {j.group_id: j.predicted_len for j in true_jobs}
-        oracle, _ = oracle_assign(sp.jobs, lambda j: by_id[j.group_id], sp.decision.n_actors, self.cfg.capacity,
-                                  self.time_model, self.cfg.policy)
+        n = sp.decision.n_actors
+        hindsight, _ = hindsight_assign(sp.jobs, lambda j: by_id[j.group_id], n, self.cfg.capacity,
+                                        self.time_model, self.cfg.policy)
+        bound = makespan_lower_bound(true_jobs, n, self.cfg.capacity, self.time_model,
+                                     split_jobs=sp.decision.migration is not None)
         metrics.update({
             M.PLAN_REALIZED_MAKESPAN_S: realized.makespan_s,
             M.PLAN_REALIZED_IMBALANCE: realized.imbalance,
-            M.PLAN_ORACLE_MAKESPAN_S: oracle.makespan_s,
-            M.PLAN_MAKESPAN_VS_ORACLE: realized.makespan_s / max(oracle.makespan_s, 1e-12),
+            M.PLAN_HINDSIGHT_MAKESPAN_S: hindsight.makespan_s,
+            M.PLAN_MAKESPAN_VS_HINDSIGHT: realized.makespan_s / max(hindsight.makespan_s, 1e-12),
+            M.PLAN_MAKESPAN_LOWER_BOUND_S: bound,
+            M.PLAN_MAKESPAN_VS_LOWER_BOUND: realized.makespan_s / max(bound, 1e-12),
         })
         self.predictor.update([Observation(g.prompt.prompt_id, g.prompt.text, tuple(a), epoch, step)
                                for g, a in zip(groups, actual)])

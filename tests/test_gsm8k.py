@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from rlhfless.errors import ConfigError, DataError
-from rlhfless.tasks.gsm8k import GSM8KConfig, load_prompts, read_jsonl
+from rlhfless.tasks.gsm8k import GSM8KConfig, load_prompts, missing_message, read_jsonl
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "train.jsonl"
+REQUIRE_SHARED = "RLHFLESS_REQUIRE_SHARED"  # .ci/run sets it: there a missing ../shared file is a failure
+
+
+def require_shared_file(path: Path) -> Path:
+    """The path when the file exists; otherwise skip with the reason, or fail when RLHFLESS_REQUIRE_SHARED=1."""
+    why = missing_message(path)
+    if why is None:
+        return path
+    if os.environ.get(REQUIRE_SHARED) == "1":
+        pytest.fail(f"{why} ({REQUIRE_SHARED}=1)")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def real_gsm8k() -> Path:
+    return require_shared_file(REAL)
 
 
 def _write(tmp_path, lines):
@@ -58,9 +75,21 @@ def test_missing_file_too_few_rows_and_bad_config(tmp_path):
         GSM8KConfig(n_shots=-1)
 
 
-@pytest.mark.skipif(not REAL.is_file(), reason="shared/data/gsm8k/train.jsonl is not present")
-def test_real_gsm8k_file_loads():
-    prompts = load_prompts(GSM8KConfig(path=str(REAL), n_shots=2, limit=20))
+def test_real_gsm8k_file_loads(real_gsm8k):
+    prompts = load_prompts(GSM8KConfig(path=str(real_gsm8k), n_shots=2, limit=20))
     assert len(prompts) == 20
     assert all(p.answer.replace(",", "").lstrip("-").replace(".", "").isdigit() for p in prompts)
     assert len({p.text[: p.meta["header_chars"]] for p in prompts}) == 1
+
+
+def test_a_missing_shared_file_skips_with_the_reason_and_fails_when_required(tmp_path, monkeypatch):
+    absent = tmp_path / "shared" / "train.jsonl"
+    monkeypatch.delenv(REQUIRE_SHARED, raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r"GSM8K file not found at .*train.jsonl: .*\.\./shared/data/gsm8k/"):
+        require_shared_file(absent)
+    monkeypatch.setenv(REQUIRE_SHARED, "1")
+    with pytest.raises(pytest.fail.Exception, match="RLHFLESS_REQUIRE_SHARED=1"):
+        require_shared_file(absent)
+    present = tmp_path / "qa.jsonl"
+    present.write_text(json.dumps(ROWS[0]) + "\n")
+    assert require_shared_file(present) == present and missing_message(present) is None

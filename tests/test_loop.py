@@ -44,7 +44,7 @@ def test_cli_writes_summary_traces_and_metrics(tiny_checkpoint, tmp_path, capsys
                 "prefill/dedup_ratio"):
         assert key in step_lines[0]
     assert step_lines[0]["prefill/dedup_ratio"] == pytest.approx(2.0)  # G = 2 copies share one prefill
-    for key in ("scaler/num_actors", "balancer/imbalance", "predictor/mae", "plan/makespan_vs_oracle",
+    for key in ("scaler/num_actors", "balancer/imbalance", "predictor/mae", "plan/makespan_vs_hindsight",
                 "timing_s/plan"):
         assert key in step_lines[1], key
     assert (out / "tables" / "scaler_candidates.jsonl").is_file()

@@ -26,11 +26,27 @@ def test_exact_decision():
         ActorProgress(3, finished=5, unfinished=(), free_slots=8),                     # done: released, not a dst
     ]
     mp, metrics = plan_migrations(progress, tau=0.7)
-    # longest remaining first, each to the destination with the most free slots
-    assert [(m.seq_id, m.src, m.dst) for m in mp.moves] == [("a1", 0, 2), ("a0", 0, 2)]
+    # longest remaining first, each to the destination free earliest: 1 and 2 both end in 100 -> more free
+    # slots (2) takes a1, which keeps it busy until 300; a0 then goes to 1 (free at 100)
+    assert [(m.seq_id, m.src, m.dst) for m in mp.moves] == [("a1", 0, 2), ("a0", 0, 1)]
     assert mp.released == (0,)
     assert metrics[M.BAL_MIGRATIONS] == 2
     assert metrics[M.BAL_MIGRATED_TOKENS] == 2 * (5 + 10)
+
+
+def test_stragglers_spread_over_the_actors_free_earliest_not_onto_the_critical_path():
+    # actor 1 holds long sequences (few, so the most free slots), actors 2 and 3 short ones: the old rule (most
+    # free slots) sent every straggler to actor 1; now 3 (free at 12) takes a0 (40), 2 (free at 15) takes a1
+    # (30) and, still free earliest (30 < 40), a2 and a3
+    progress = [
+        ActorProgress(0, finished=8, unfinished=_seqs("a", [40, 30, 20, 10]), free_slots=4),
+        ActorProgress(1, finished=0, unfinished=_seqs("b", [500, 500]), free_slots=6),
+        ActorProgress(2, finished=1, unfinished=_seqs("c", [15, 15, 15, 15]), free_slots=4),
+        ActorProgress(3, finished=1, unfinished=_seqs("d", [12, 12, 12, 12]), free_slots=4),
+    ]
+    mp, _ = plan_migrations(progress, tau=0.6)
+    assert [(m.seq_id, m.dst) for m in mp.moves] == [("a0", 3), ("a1", 2), ("a2", 2), ("a3", 2)]
+    assert mp.released == (0,)
 
 
 def test_source_is_cut_only_if_everything_fits():

@@ -83,7 +83,7 @@ def test_cli_plan_trace_and_bench(tmp_path, capsys):
 def test_planner_bench_small():
     res = run_planner_bench(n_groups=32, group_size=4, n_actors=4, n_candidates=6, repeats=3)
     for key in ("plan_ms_p50", "plan_ms_p90", "plan_cpu_ms_p50", "assign_ms_p50", "assign_ms_p90", "policy_ms_p50",
-                "exact_sweep_ms"):
+                "exact_sweep_ms", "plan_migrate_ms_p50", "migrate_used", "cpu"):
         assert key in res
     assert res["plan_ms_p50"] > 0 and res["sequences"] == 128 and 1 <= res["scaler_choice"] <= 6
     assert res["sweep_vs_exact"]["exact_choice"] in range(1, 7) and "full decision" in res["what"]

@@ -84,3 +84,38 @@ def test_config_from_dict_and_capacity_error():
     assert cfg.billing.granularity_s == 0.1
     with pytest.raises(ConfigError, match="capacity"):
         choose([PlanJob("g", 8, 10.0)], _cfg(capacity=4), TM)
+
+
+TINY = TimeModel.default_tiny_cpu()
+FINE = BillingRules(granularity_s=0.001, minimum_s=0.0, bill_cold_start=True, keep_alive_s=0.0)
+# two actors: one of long groups, one of short groups plus a group with one straggler (300 tokens)
+STRAGGLER = ([PlanJob(f"L{i}", 2, 400.0) for i in range(3)] + [PlanJob(f"S{i}", 4, 20.0) for i in range(3)]
+             + [PlanJob("X", 4, (20.0, 20.0, 20.0, 300.0))])
+
+
+def _two(**kw):
+    return PlanConfig(min_actors=2, max_actors=2, scale=False, capacity=16, cold_start_s=0.0, billing=FINE, **kw)
+
+
+def test_migrate_switch_changes_the_decision_only_when_cuts_help_the_objective():
+    off, m_off = choose(STRAGGLER, _two(migrate=False, lam=0.0), TINY)
+    assert off.migration is None and off.cut_option is None and M.BAL_MIGRATE_USED not in m_off
+    assert m_off[M.BAL_MIGRATIONS] == 0
+    # cost only (lam = 0): cutting the short actor at tau releases it (its straggler joins the long actor's
+    # batch, where an iteration costs little more), so the plan includes the cuts
+    on, m_on = choose(STRAGGLER, _two(migrate=True, lam=0.0), TINY)
+    assert on.migration is not None and on.chosen.migrations == len(on.migration.moves) == 3
+    assert m_on[M.BAL_MIGRATE_USED] == 1.0 and m_on[M.BAL_MIGRATIONS] == 3 and m_on[M.BAL_RELEASED_ACTORS] == 1
+    assert on.chosen.gpu_seconds < off.chosen.gpu_seconds  # what it buys: billed device-seconds
+    assert m_on[M.BAL_MAKESPAN_S] == pytest.approx(on.migration.makespan_s)
+    assert on.migration.makespan_s > off.plan.makespan_s  # what it costs: time
+    assert on.plan == off.plan  # the placement itself is the same
+    # time only (lam = 1): a straggler cannot finish sooner elsewhere, so cuts are declined and the decision
+    # is the one without them; the variant with cuts is still logged
+    no, m_no = choose(STRAGGLER, _two(migrate=True, lam=1.0), TINY)
+    off1, m_off1 = choose(STRAGGLER, _two(migrate=False, lam=1.0), TINY)
+    assert no.migration is None and m_no[M.BAL_MIGRATE_USED] == 0.0
+    assert no.candidates == off1.candidates and no.plan == off1.plan
+    assert {k: v for k, v in m_no.items() if not k.startswith("balancer/migrate")} == {
+        **m_off1, M.BAL_RELEASED_ACTORS: 0.0}
+    assert m_no[M.BAL_MIGRATE_STEP_S] == pytest.approx(on.cut_option.step_s)

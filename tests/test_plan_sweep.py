@@ -58,6 +58,8 @@ def test_simulate_fast_equals_simulate(n_actors, capacity, g, seed, tm):
     ref = simulate(lengths, seq_actor, sizes, job_actor, n_actors, capacity, tm)
     got = simulate_fast(lengths, seq_actor, sizes, job_actor, n_actors, capacity, tm)
     np.testing.assert_allclose(got.decode_s, ref.decode_s, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(got.entry_iter, ref.entry_iter)  # the same FIFO: identical admissions
+    np.testing.assert_array_equal(got.peak_batch, ref.peak_batch)
     np.testing.assert_array_equal(got.peak_batch, ref.peak_batch)
     np.testing.assert_allclose(got.entry_iter, ref.entry_iter)
 
@@ -133,3 +135,59 @@ def test_range_head_max_matches_a_loop():
     got = lay.range_head_max(lo.ravel(), hi.ravel())
     want = [lay.head[a:b].max() if b > a else 0.0 for a, b in zip(lo.ravel(), hi.ravel())]
     np.testing.assert_array_equal(got, want)
+
+
+# Labels (as a hash) and the chosen plan of the implementation before the planner was vectorised further
+# (commit 2fae8f7), on three workloads: the faster code must decide exactly the same.
+PINNED = {
+    "3-contiguous": ["77db582003402bb7", 19, 43.0705625, 738.35578125],
+    "3-lpt": ["0a791a11068a32cd", 15, 51.88559375, 757.52325],
+    "3-round_robin": ["b975c3836f53ecac", 15, 66.42, 746.973],
+    "3-karmarkar_karp": ["6bd99d97bb3b5d79", 17, 47.97246875, 784.38821875],
+    "5-contiguous": ["5ed4ee204a74bf24", 16, 40.31075, 562.16375],
+    "5-lpt": ["d1e8cf8d8d9e40d1", 23, 33.585, 697.86875],
+    "5-round_robin": ["ae6a358cf8580070", 18, 45.772, 627.85225],
+    "5-karmarkar_karp": ["3d4f832b9eb772da", 23, 33.49325, 697.86875],
+    "7-contiguous": ["e539e1ad9f6abefd", 2, 32.97, 60.5705],
+    "7-lpt": ["633fd364d0573a34", 5, 25.15175, 98.86475],
+    "7-round_robin": ["536cf68315407fb8", 5, 26.5695, 91.051],
+    "7-karmarkar_karp": ["2411a2f1012fa9ae", 5, 25.22425, 98.92475],
+}
+
+
+@pytest.mark.parametrize("seed, groups, g, cap", [(3, 200, 8, 64), (5, 300, 4, 32), (7, 120, 1, 16)])
+def test_decisions_pinned_to_the_reference_implementation(seed, groups, g, cap):
+    import hashlib
+
+    jobs = heavy_tailed_jobs(groups, g, seed=seed)
+    ja = JobArrays.from_jobs(jobs)
+    for policy in POLICIES:
+        res = sw.sweep(ja, range(1, 25), cap, TINY, policy)
+        labels = np.stack([res.labels(r) for r in range(24)])
+        digest = hashlib.sha1(labels.tobytes() + res.exact.tobytes()).hexdigest()[:16]
+        d, _ = choose(jobs, PlanConfig(min_actors=1, max_actors=24, policy=policy, capacity=cap, migrate=False), TINY)
+        want = PINNED[f"{seed}-{policy}"]
+        assert [digest, d.n_actors] == want[:2], policy
+        assert (d.plan.makespan_s, sum(d.plan.busy_s)) == pytest.approx(tuple(want[2:]), rel=1e-9), policy
+
+
+mixed_jobs = st.lists(
+    st.tuples(st.integers(1, 4), st.lists(st.floats(0, 300, allow_nan=False), min_size=4, max_size=4),
+              st.integers(0, 40)), min_size=1, max_size=30,
+).map(lambda xs: [PlanJob(f"g{i}", n, tuple(ls[:n]), p) for i, (n, ls, p) in enumerate(xs)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(mixed_jobs, st.integers(1, 9), st.sampled_from(["round_robin", "lpt", "karmarkar_karp"]),
+       st.sampled_from([4, 8, 64]), st.sampled_from([TINY, ODD]))
+def test_all_candidates_at_once_equal_one_candidate_at_a_time(jobs, n_max, policy, cap, tm):
+    ja = JobArrays.from_jobs(jobs)
+    cap = max(cap, int(ja.sizes.max()))
+    res = sw.sweep(ja, range(1, n_max + 1), cap, tm, policy)
+    lay, rc = sw.Layout.build(ja), sw.rank_costs(tm, cap)
+    for r, k in enumerate(res.candidates):
+        labels = sw.policy_labels(policy, ja, k)
+        busy, exact = sw._general(lay, labels, k, rc, tm)  # the one-candidate reference
+        np.testing.assert_array_equal(res.labels(r), labels)
+        np.testing.assert_array_equal(res.busy_s[r, :k], busy)  # value for value
+        assert res.exact[r] == exact and not res.busy_s[r, k:].any()

@@ -79,6 +79,24 @@ def test_vectorised_fifo_matches_loop_reference(n_actors, cap_groups, g, seed):
     assert (r.peak_batch <= capacity).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 10), st.integers(1, 4), st.sampled_from([1, 3, 16]), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_batched_lockstep_equals_the_one_job_loop_value_for_value(n_actors, cap_groups, g, max_batch, ties, seed):
+    # several jobs per step only where the FIFO provably takes the same slots: entries must be identical
+    rng = np.random.default_rng(seed)
+    capacity = cap_groups * g + int(rng.integers(0, g))  # also capacities that are not a multiple of g
+    jobs = rng.integers(cap_groups + 1, 6 * cap_groups + 2, n_actors)  # every actor queues
+    lengths = rng.integers(0, 6, jobs.sum() * g).astype(float) if ties else rng.lognormal(3, 1, jobs.sum() * g)
+    starts = np.concatenate(([0], np.cumsum(jobs * g)))
+    ls = T._lockstep_fifo(lengths, starts, np.arange(n_actors), g, capacity, max_batch=max_batch)
+    entry = np.zeros(len(lengths))
+    T._lockstep_entries(ls, starts, g, entry)
+    for a in range(n_actors):
+        sl = slice(starts[a], starts[a + 1])
+        np.testing.assert_array_equal(entry[sl], T._gang_fifo_entries(lengths[sl], np.full(jobs[a], g), capacity))
+
+
 def test_json_profile_rows_and_context(tmp_path):
     rows = [{"batch_size": 1, "context": 128, "s_per_iter": 0.01}, {"batch_size": 1, "context": 1024, "s_per_iter": 0.03},
             {"batch_size": 8, "context": 128, "s_per_iter": 0.02}, {"batch_size": 8, "context": 1024, "s_per_iter": 0.06}]

@@ -26,9 +26,27 @@ def test_bench_engine_cli_writes_report_and_tpot_profile(tmp_path):
                "--max-new-tokens", "4", "--repeats", "1", "--no-hf-step", "--checkpoint", str(tmp_path / "none")])
     assert rc == 0
     r = json.loads(out.read_text())
-    for key in ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "greedy_identical"):
+    for key in ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "greedy_identical",
+                "hf_generate_dedup_tokens_per_s", "speedup_vs_hf_generate_dedup"):
         assert key in r
-    assert r["greedy_identical"] is True
+    assert r["greedy_identical"] is True and r["greedy"]["greedy_identical_hf_dedup"] is True
     rows = load_profile(r["tpot_profile"])
     assert rows and {"batch_size", "context", "s_per_iter"} <= rows[0].keys()
     assert build_parser().parse_args(["bench", "prefill", "--json", "x.json"]).func.__name__ == "_prefill"
+
+
+def test_cli_docstring_lists_only_commands_that_exist():
+    import re
+
+    import rlhfless.cli as cli
+
+    def choices(parser):
+        action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+        return action.choices
+
+    top = choices(build_parser())
+    listed = re.findall(r"`([a-z0-9-]+)(?: ([a-z0-9|-]+))?`", cli.__doc__.split("dispatcher:")[1].split("Heavy")[0])
+    assert {name for name, _ in listed} == set(top)  # every command, and nothing that does not exist
+    for name, subs in listed:
+        if subs:
+            assert set(subs.split("|")) == set(choices(top[name])), name

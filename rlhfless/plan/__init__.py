@@ -1,8 +1,9 @@
 """The planner: cost model + price catalog, length-aware assignment, cut-and-migrate, cost-aware actor scaling.
 
 Pure and fast; the same code drives the real runtime and the simulator. Entry points:
-`assign` (balancer), `plan_migrations` / `simulate_with_migration` (migrate), `choose` (scaler),
-`cost_step` / `cost_serverful` (cost), `TimeModel` (continuous-batching time model), `PlanConfig`.
+`assign` (balancer), `plan_migrations` / `simulate_with_migration` (migrate), `choose` / `realized_plan` (scaler),
+`cost_step` / `cost_serverful` (cost), `hindsight_assign` / `makespan_lower_bound` (references for
+scoring a decision), `TimeModel` (continuous-batching time model), `PlanConfig`.
 """
 
 from rlhfless.plan.balancer import (
@@ -10,9 +11,10 @@ from rlhfless.plan.balancer import (
     JobArrays,
     assign,
     evaluate_plan,
-    oracle_assign,
+    hindsight_assign,
     with_lengths,
 )
+from rlhfless.plan.bounds import makespan_lower_bound
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import (
     CATALOG,
@@ -30,12 +32,13 @@ from rlhfless.plan.records import (
     Invocation,
     Migration,
     MigrationPlan,
+    MigrationResult,
     PlanJob,
     ScalingCandidate,
     ScalingDecision,
     SeqProgress,
 )
-from rlhfless.plan.scaler import choose
+from rlhfless.plan.scaler import choose, realized_plan
 from rlhfless.plan.timemodel import TimeModel
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "JobArrays",
     "Migration",
     "MigrationPlan",
+    "MigrationResult",
     "PlanConfig",
     "PlanJob",
     "ScalingCandidate",
@@ -61,9 +65,11 @@ __all__ = [
     "cost_serverful",
     "cost_step",
     "evaluate_plan",
-    "oracle_assign",
+    "hindsight_assign",
+    "makespan_lower_bound",
     "plan_migrations",
     "price",
+    "realized_plan",
     "simulate_with_migration",
     "with_lengths",
 ]

@@ -10,7 +10,9 @@ Admission order inside an actor: arrival order for round_robin (as verl), longes
 the length-aware policies (long sequences start early, so the tail is shorter).
 
 A job keeps a group's n_seqs sequences together (shared prefix); per-sequence jobs (n_seqs=1) work too.
-The oracle is this same planner fed true lengths (`oracle_assign`), the upper bound of every comparison.
+`hindsight_assign` is this same policy fed the true lengths: a reference for how much prediction error costs,
+NOT a bound (another policy, or the same one with other lengths, can beat it); the true bound on the makespan of
+any plan is `rlhfless.plan.bounds.makespan_lower_bound`.
 
 Non-goals: no migration here (see `rlhfless.plan.migrate`), no choice of N (see `rlhfless.plan.scaler`).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -55,16 +58,15 @@ class JobArrays:
     @classmethod
     def from_jobs(cls, jobs: Sequence[PlanJob]) -> JobArrays:
         jobs = tuple(jobs)
-        for j in jobs:
-            if not isinstance(j, PlanJob):
-                raise DataError(f"assignment input must be PlanJob records (got {type(j).__name__})")
-        sizes = np.fromiter((j.n_seqs for j in jobs), dtype=np.int64, count=len(jobs))
-        prompt = np.fromiter((j.prompt_len for j in jobs), dtype=np.float64, count=len(jobs))
-        flat = chain.from_iterable(
-            j.predicted_len if isinstance(j.predicted_len, tuple) else repeat(j.predicted_len, j.n_seqs)
-            for j in jobs
-        )
-        seq_len = np.fromiter(flat, dtype=np.float64, count=int(sizes.sum()))
+        bad = next((j for j in jobs if not isinstance(j, PlanJob)), None)
+        if bad is not None:
+            raise DataError(f"assignment input must be PlanJob records (got {type(bad).__name__})")
+        sizes = np.array([j.n_seqs for j in jobs], dtype=np.int64)
+        prompt = np.array([j.prompt_len for j in jobs], dtype=np.float64)
+        lens = [j.predicted_len for j in jobs]
+        if not all(type(x) is tuple for x in lens):  # a float stands for every sequence of its job
+            lens = [x if isinstance(x, tuple) else repeat(x, j.n_seqs) for x, j in zip(lens, jobs)]
+        seq_len = np.fromiter(chain.from_iterable(lens), dtype=np.float64, count=int(sizes.sum()))
         offsets = np.concatenate(([0], np.cumsum(sizes)))
         work = np.add.reduceat(seq_len, offsets[:-1]) if len(jobs) else np.zeros(0)
         return cls(jobs, sizes, prompt, work, work / np.maximum(sizes, 1), seq_len, offsets)
@@ -97,8 +99,9 @@ def build_plan(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: in
     prefill = np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
     busy = np.where(njobs > 0, tm.actor_fixed_s + prefill + sim.decode_s, 0.0)
     bounds = np.concatenate(([0], np.cumsum(njobs)))
-    jobs = [ja.jobs[i] for i in order.tolist()]
-    actor_jobs = tuple(tuple(jobs[bounds[a]:bounds[a + 1]]) for a in range(n_actors))
+    jobs = tuple(ja.jobs[i] for i in order.tolist()) if len(order) < 2 else itemgetter(*order.tolist())(ja.jobs)
+    b = bounds.tolist()
+    actor_jobs = tuple(jobs[b[a]:b[a + 1]] for a in range(n_actors))
     makespan = float(busy.max()) if n_actors else 0.0
     return AssignmentPlan(
         policy=policy, n_actors=n_actors, capacity=capacity, actor_jobs=actor_jobs,
@@ -165,10 +168,11 @@ def with_lengths(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | 
     return [replace(j, predicted_len=true_len(j)) for j in jobs]
 
 
-def oracle_assign(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | tuple[float, ...]],
-                  n_actors: int, capacity: int, time_model: TimeModel,
-                  policy: str = "contiguous") -> tuple[AssignmentPlan, dict[str, float]]:
-    """The oracle: the same planner fed true lengths; the upper bound every comparison is measured against."""
+def hindsight_assign(jobs: Sequence[PlanJob], true_len: Callable[[PlanJob], float | tuple[float, ...]],
+                     n_actors: int, capacity: int, time_model: TimeModel,
+                     policy: str = "contiguous") -> tuple[AssignmentPlan, dict[str, float]]:
+    """The same policy fed the true lengths (hindsight): what the decision would have been with a perfect
+    predictor. Not a bound: see `rlhfless.plan.bounds.makespan_lower_bound` for one."""
     return assign(with_lengths(jobs, true_len), n_actors, capacity, time_model, policy)
 
 

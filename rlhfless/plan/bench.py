@@ -3,12 +3,16 @@
 Purpose: `run_planner_bench(...)` builds a heavy-tailed workload (default 1,024 groups x 8 samples = 8,192
 sequences; group means log-normal, samples log-normal around their group's mean, 1..max_len tokens) and
 measures, side by side in one process:
-  * plan_ms_p50 / plan_ms_p90: ONE full planning decision, `choose(jobs, cfg, time_model)` with candidates
-    N = 1..n_candidates (default 64), from the list of PlanJob records to the ScalingDecision: job arrays, the
-    fast sweep (assignment + predicted busy seconds of every candidate), T(N) and C(N) of every candidate, the
-    choice, and the chosen N's plan simulated exactly (default policy contiguous, capacity 256, lambda 0.5);
+  * plan_ms_p50 / plan_ms_p90: ONE full planning decision without cut-and-migrate (`plan.migrate=false`),
+    `choose(jobs, cfg, time_model)` with candidates N = 1..n_candidates (default 64), from the list of PlanJob
+    records to the ScalingDecision: job arrays, the fast sweep (assignment + predicted busy seconds of every
+    candidate), T(N) and C(N) of every candidate, the choice, and the chosen N's plan simulated exactly
+    (default policy contiguous, capacity 256, lambda 0.5);
   * plan_cpu_ms_p50 / p90: the same in CPU seconds of this process (on a shared machine wall time also
     counts waiting for a core);
+  * plan_migrate_ms_p50 (and _cpu_): the same decision with `plan.migrate=true` (the default): the chosen
+    plan is also simulated with cuts at tau, event by event, and costed; migrate_used says whether the
+    decision kept the cuts;
   * assign_ms_p50 / p90 (and assign_cpu_ms_p50): ONE `assign(jobs, n_actors, capacity, time_model, policy)` at
     n_actors (default 16), records in -> exactly simulated plan out; policy_ms_p50: the same per policy;
   * exact_sweep_ms: one `choose` with `exact_sweep=True` (every candidate simulated; the reference), and
@@ -32,6 +36,17 @@ from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.migrate import simulate_with_migration
 from rlhfless.plan.records import PlanJob
 from rlhfless.plan.scaler import choose
+
+
+def _cpu_name() -> str:
+    """The CPU model (absolute times mean little without it)."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def heavy_tailed_jobs(n_groups: int = 1024, group_size: int = 8, seed: int = 0, max_len: int = 2048,
@@ -77,11 +92,16 @@ def run_planner_bench(n_groups: int = 1024, group_size: int = 8, n_actors: int =
                       compare_exact: bool = True) -> dict:
     """Measure planning times (see the module header for what each key covers)."""
     jobs = heavy_tailed_jobs(n_groups, group_size, seed)
-    cfg = PlanConfig(policy=policy, capacity=capacity, min_actors=1, max_actors=n_candidates)
+    cfg = PlanConfig(policy=policy, capacity=capacity, min_actors=1, max_actors=n_candidates, migrate=False)
     tm = cfg.time_model()
     decide = lambda: choose(jobs, cfg, tm)
     p50, p90 = _pct(_timed(decide, repeats))
     c50, c90 = _pct(_timed(decide, repeats, time.process_time))
+    with_cuts = replace(cfg, migrate=True)
+    m_reps = max(3, repeats // 4)  # an event simulation: tens of milliseconds at this size
+    m50, m_cpu50 = _pct(_timed(lambda: choose(jobs, with_cuts, tm), m_reps))[0], \
+        _pct(_timed(lambda: choose(jobs, with_cuts, tm), m_reps, time.process_time))[0]
+    cut_decision, _ = choose(jobs, with_cuts, tm)
     one = lambda: assign(jobs, n_actors, capacity, tm, policy)
     a50, a90 = _pct(_timed(one, repeats))
     ac50 = _pct(_timed(one, repeats, time.process_time))[0]
@@ -96,11 +116,16 @@ def run_planner_bench(n_groups: int = 1024, group_size: int = 8, n_actors: int =
     mig_ms = (time.perf_counter() - t) * 1e3
     return {
         "plan_ms_p50": p50, "plan_ms_p90": p90, "plan_cpu_ms_p50": c50, "plan_cpu_ms_p90": c90,
+        "plan_migrate_ms_p50": m50, "plan_migrate_cpu_ms_p50": m_cpu50,
+        "migrate_used": cut_decision.migration is not None,
         "assign_ms_p50": a50, "assign_ms_p90": a90, "assign_cpu_ms_p50": ac50, "policy_ms_p50": per_policy,
         "exact_sweep_ms": exact_ms, "sweep_vs_exact": versus, "migrate_sim_ms": mig_ms,
         "what": f"plan_ms: one full decision choose() over N=1..{n_candidates} for {n_groups * group_size} "
                 f"sequences ({n_groups} groups x {group_size}), records in -> decision with the chosen plan "
-                f"simulated exactly; assign_ms: one assign() into {n_actors} actors with policy {policy}",
+                f"simulated exactly, plan.migrate=false; plan_migrate_ms: the same with plan.migrate=true (the "
+                f"chosen plan also simulated with cuts at tau); assign_ms: one assign() into {n_actors} actors "
+                f"with policy {policy}",
+        "cpu": _cpu_name(),
         "sequences": n_groups * group_size, "groups": n_groups, "n_actors": n_actors, "candidates": n_candidates,
         "policy": policy, "capacity": capacity, "repeats": repeats, "time_model": tm.source,
         "scaler_choice": decision.n_actors, "plan_makespan_s": plan.makespan_s,

@@ -6,8 +6,12 @@ Purpose:
     below tau with free slots is a *destination*. Sources are taken fewest-unfinished first; a source is cut
     only if ALL its unfinished sequences fit in the destinations' free slots (a partial cut would not let it
     release, so it would save nothing); its sequences go, longest predicted remaining first, each to the
-    destination with the most free slots left (ties: lowest actor id). A cut source releases itself at once.
-    Actors that finished everything have released and are never destinations, so nothing ping-pongs.
+    destination predicted to be free EARLIEST (its longest predicted remaining sequence, raised to the
+    remaining of every sequence placed on it; ties: more free slots, then lowest actor id). So stragglers
+    spread over the actors that would otherwise go idle instead of piling onto the one with the most free
+    slots, which under length-aware assignment is the actor of the long sequences: the critical path. A cut
+    source releases itself at once. Actors that finished everything have released and are never
+    destinations, so nothing ping-pongs.
   * `simulate_with_migration(plan, time_model, tau, true_jobs)`: an event simulation of all actors of a plan
     on one decode clock, calling `plan_migrations` whenever an actor at or above tau completes sequences, so
     the scaler and the simulator can quantify migration. A migrated sequence continues on its destination
@@ -17,6 +21,10 @@ Non-goals: no placement/locality model, no partial cuts, no migration of finishe
 
 Deviations from the paper: the paper cuts at tau (about 0.7) and moves stragglers to actors with free slots; the
 atomic-source rule, the destination choice and the KV-stall model are ours (the paper's are not published).
+An earlier destination rule (most free slots) made the time model's makespan WORSE on the quickstart trace
+(contiguous, 4 actors: 6.07 -> 7.07 s) because the stragglers piled onto the long-sequence actors. Cuts are
+still not free (KV transfer; a destination's batch grows), so the scaler keeps them in a plan only where the
+time model says they help the objective (`rlhfless.plan.scaler`).
 Prefill and fixed overhead are added to each actor's busy time after the decode simulation (as in the plan).
 """
 
@@ -25,7 +33,6 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +43,7 @@ from rlhfless.plan.records import (
     AssignmentPlan,
     Migration,
     MigrationPlan,
+    MigrationResult,
     PlanJob,
     SeqProgress,
 )
@@ -57,11 +65,13 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
     moves: list[Migration] = []
     released: list[int] = []
     tokens = 0.0
+    avail = {p.actor_id: max(s.predicted_remaining for s in p.unfinished) for p in progress if p.actor_id in free}
     for src in sources:
         if len(src.unfinished) > sum(free.values()):
             continue
         for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
-            dst = max(free, key=lambda a: (free[a], -a))
+            dst = min(free, key=lambda a: (avail[a], -free[a], a))
+            avail[dst] = max(avail[dst], seq.predicted_remaining)
             free[dst] -= 1
             if free[dst] == 0:
                 del free[dst]
@@ -71,23 +81,6 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
     mp = MigrationPlan(moves=tuple(moves), released=tuple(released))
     return mp, {M.BAL_MIGRATIONS: float(len(moves)), M.BAL_MIGRATED_TOKENS: tokens,
                 M.BAL_RELEASED_ACTORS: float(len(released))}
-
-
-@dataclass(frozen=True)
-class MigrationResult:
-    """Outcome of a plan simulated with cuts at tau.
-
-    busy_s[a]: seconds actor a is busy (until it finished or was cut), fixed overhead and prefill included.
-    moves: every migration in time order (a sequence may move more than once); released: actors cut early.
-    finished[a]: sequences that completed on actor a (they sum to the plan's sequences).
-    """
-
-    busy_s: tuple[float, ...]
-    makespan_s: float
-    idle_device_s: float
-    moves: tuple[Migration, ...]
-    released: tuple[int, ...]
-    finished: tuple[int, ...] = ()
 
 
 class _Seqs:

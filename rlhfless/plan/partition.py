@@ -9,7 +9,8 @@ wraps them with validation, the time model and typed plans.
     and W the total work. A job heavier than W/n fills a chunk alone, so an actor can stay empty; it is then not
     started. The `contiguous` POLICY refines these cuts to equal predicted busy TIME (`rlhfless.plan.sweep`,
     which needs the time model): equal work balances time poorly when the iteration cost depends on the batch.
-  * lpt: longest-processing-time greedy: jobs by work descending, each to the currently least-loaded actor.
+  * lpt: longest-processing-time greedy: jobs by work descending, each to the currently least-loaded actor
+    (a heap for one n; `lpt_labels_many` runs every candidate n at once in numpy for the scaler's sweep).
   * karmarkar_karp: the multiway largest-differencing method: every job starts as an n-tuple of bin sums;
     the two tuples with the largest (max - min) spread are merged, largest bin with smallest bin, until one
     tuple remains. Bins are kept sparse (only non-empty ones), so early merges are plain unions.
@@ -25,6 +26,7 @@ LPT and KK are comparison baselines (KK is what verl uses for TRAINING micro-bat
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from itertools import count
 from operator import itemgetter
 
@@ -64,6 +66,25 @@ def lpt_labels(work: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
         labels[j] = a
         heapq.heapreplace(heap, (load + wl[j], a))
     return labels, order
+
+
+def lpt_labels_many(work: np.ndarray, ns: Sequence[int]) -> np.ndarray:
+    """`lpt_labels` for every n in `ns` at once: (J,) work -> (R, J) labels, row r for ns[r].
+
+    The jobs are placed in the same order for all rows, each into its row's least-loaded actor (first minimum:
+    the lower actor, as the heap's ties); actors >= n start at +inf so they are never chosen. One numpy step
+    per job instead of one heap operation per job and candidate; the same loads, added in the same order.
+    """
+    n = np.asarray(ns, dtype=np.int64)
+    order = np.argsort(-work, kind="stable")
+    loads = np.where(np.arange(int(n.max()))[None, :] < n[:, None], 0.0, np.inf)
+    labels = np.empty((len(n), len(work)), dtype=np.int64)
+    rows = np.arange(len(n))
+    for j, w in zip(order.tolist(), work[order].tolist()):
+        a = loads.argmin(axis=1)
+        labels[:, j] = a
+        loads[rows, a] += w
+    return labels
 
 
 def _kk_merge(a: list, b: list, n: int) -> list:

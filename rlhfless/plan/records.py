@@ -147,6 +147,29 @@ class MigrationPlan:
 
 
 @dataclass(frozen=True)
+class MigrationResult:
+    """Outcome of a plan simulated with cuts at tau.
+
+    busy_s[a]: seconds actor a is busy (until it finished or was cut), fixed overhead and prefill included.
+    moves: every migration in time order (a sequence may move more than once); released: actors cut early.
+    finished[a]: sequences that completed on actor a (they sum to the plan's sequences).
+    """
+
+    busy_s: tuple[float, ...]
+    makespan_s: float
+    idle_device_s: float
+    moves: tuple[Migration, ...]
+    released: tuple[int, ...]
+    finished: tuple[int, ...] = ()
+
+    @property
+    def imbalance(self) -> float:
+        """max/mean busy seconds over all actors, as `AssignmentPlan.imbalance`."""
+        mean = sum(self.busy_s) / len(self.busy_s) if self.busy_s else 0.0
+        return self.makespan_s / mean if mean > 0 else 1.0
+
+
+@dataclass(frozen=True)
 class Invocation:
     """One serverless function invocation (or one held serverful device interval).
 
@@ -210,6 +233,9 @@ class ScalingDecision:
     """The scaler's choice with every candidate it weighed, and the chosen plan.
 
     constraint_met: False when no candidate met the deadline/budget and the closest one was taken.
+    plan: the chosen placement (without cuts); migration: the cuts at tau the plan includes (simulated on the
+    predictions), None when it has none; cut_option: the chosen N costed with cuts at tau, whether or not they
+    were kept (None when plan.migrate is off). `chosen` is the row as decided (with the cuts when kept).
     """
 
     n_actors: int
@@ -217,6 +243,8 @@ class ScalingDecision:
     candidates: tuple[ScalingCandidate, ...]
     plan: AssignmentPlan
     constraint_met: bool = True
+    migration: MigrationResult | None = None
+    cut_option: ScalingCandidate | None = None
 
     @property
     def chosen(self) -> ScalingCandidate:

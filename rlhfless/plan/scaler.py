@@ -1,4 +1,4 @@
-"""Cost-aware actor scaling: how many decode actors to start this step.
+"""Cost-aware actor scaling: how many decode actors to start this step, and whether to cut and migrate.
 
 Purpose: `choose(jobs, cfg, time_model, n_warm)` evaluates every candidate N in cfg.min_actors..max_actors:
 assignment (cfg.policy) -> per-actor busy seconds -> decode invocations -> predicted step time T(N) and billed
@@ -15,12 +15,20 @@ Choice:
   * "min_cost_under_deadline": cheapest N with T <= deadline_s (ties: faster, then fewer actors);
   * "min_time_under_budget": fastest N with C <= budget_usd (ties: cheaper, then fewer actors).
   If no candidate meets the constraint, the closest is taken (fastest / cheapest) and constraint_met=False.
+Cut-and-migrate (cfg.migrate): the chosen N's plan is simulated with cuts at cfg.tau
+(`migrate.simulate_with_migration`) and costed the same way; the plan includes the cuts only when the same rule
+prefers them to the plan without cuts (scores normalised over the table and both variants; ties: no cuts).
+Cuts cannot make a straggler finish sooner in this time model (one token per iteration wherever it runs, plus
+the KV transfer), so they pay only in cost (a cut actor stops billing) or when a queue drains: with lam = 0.5
+they are usually declined, with a cost-heavy lam or objective taken. `balancer/migrate_used` says which;
+`balancer/migrate_predicted_step_s` / `_cost_usd` log the variant with cuts either way.
 
 Non-goals: only the decode stage is scaled; reward, reference and learner costs do not depend on N and are left
 to the runtime's meter.
 
 Deviations from the paper: the paper states the score only as "normalised time vs normalised cost with weight
-lambda"; normalising by the best candidate is ours, as are the constrained objectives.
+lambda"; normalising by the best candidate is ours, as are the constrained objectives and the rule that keeps
+cuts only where the time model says they help (the paper always cuts at tau).
 """
 
 from __future__ import annotations
@@ -31,13 +39,14 @@ import numpy as np
 
 from rlhfless import metrics as M
 from rlhfless.plan import sweep as sw
-from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan
+from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan, evaluate_plan
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import simulate_with_migration
 from rlhfless.plan.records import (
     AssignmentPlan,
     Invocation,
+    MigrationResult,
     PlanJob,
     ScalingCandidate,
     ScalingDecision,
@@ -60,19 +69,30 @@ def decode_invocations(plan: AssignmentPlan, busy_s: Sequence[float], n_warm: in
     return invs
 
 
-def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel,
-                       n_warm: int) -> tuple[ScalingCandidate, AssignmentPlan]:
-    """T(n) and C(n) of one candidate (score filled in later by `choose`)."""
-    plan, _ = assign(ja, n, cfg.capacity, tm, cfg.policy)
-    busy, moves = plan.busy_s, 0
-    if cfg.migrate and cfg.simulate_migration:
-        res, _ = simulate_with_migration(plan, tm, cfg.tau)
-        busy, moves = res.busy_s, len(res.moves)
-    invs = decode_invocations(plan, busy, n_warm, cfg)
+def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
+            n_warm: int) -> ScalingCandidate:
+    """T and C of a plan whose actors are busy `busy_s` (score filled in later by `choose`)."""
+    invs = decode_invocations(plan, busy_s, n_warm, cfg)
     cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     step = max((i.duration_s for i in invs), default=0.0)
-    cand = ScalingCandidate(n, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True, moves)
-    return cand, plan
+    return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
+                            migrations)
+
+
+def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel,
+              n_warm: int) -> tuple[ScalingCandidate, MigrationResult]:
+    """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations) and the simulated cuts."""
+    res, _ = simulate_with_migration(plan, tm, cfg.tau)
+    return _costed(plan, res.busy_s, len(res.moves), cfg, n_warm), res
+
+
+def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel,
+                       n_warm: int) -> tuple[ScalingCandidate, AssignmentPlan]:
+    """T(n) and C(n) of one candidate, simulated (with cuts at tau when cfg.migrate and cfg.simulate_migration)."""
+    plan, _ = assign(ja, n, cfg.capacity, tm, cfg.policy)
+    if cfg.migrate and cfg.simulate_migration:
+        return with_cuts(plan, cfg, tm, n_warm)[0], plan
+    return _costed(plan, plan.busy_s, 0, cfg, n_warm), plan
 
 
 def _scores(cands: list[ScalingCandidate], lam: float) -> list[float]:
@@ -103,10 +123,12 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     busy, active = res.busy_s, res.njobs > 0
     m = busy.shape[1]
     # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations
-    order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
-    cold = active & (pos >= max(n_warm, 0))
+    cold = active
+    if n_warm > 0:
+        order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
+        pos = np.empty_like(order)
+        np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
+        cold = active & (pos >= n_warm)
     cold_s = np.where(cold, cfg.cold_start_s, 0.0)
     dur = cold_s + cfg.weight_sync_s + busy
     billed = np.where(active, billed_seconds_array(dur, cold, cold_s, cfg.billing), 0.0)
@@ -121,30 +143,58 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
 
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
            n_warm: int = 0) -> tuple[ScalingDecision, dict]:
-    """Pick the number of decode actors for this step (rule in the module header); returns (decision, metrics).
+    """Pick the number of decode actors for this step and whether it cuts and migrates (rule in the module
+    header); returns (decision, metrics).
 
     metrics holds scalars (scaler/*, balancer/* of the chosen plan) and `scaler/candidates`: a list of plain
     rows (n_actors, active_actors, step_s, gpu_seconds, cost_usd, score, feasible, migrations, exact).
     """
     tm = time_model or cfg.time_model()
     ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
-    if cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration):
+    simulated = cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration)
+    if simulated:
         evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm) for n in cfg.candidates()]
         cands = [c for c, _ in evaluated]
         plans = {c.n_actors: p for c, p in evaluated}
     else:
         _validate(ja, cfg.max_actors, cfg.capacity)
         cands, res = sweep_candidates(ja, cfg, tm, n_warm)
-    scores = _scores(cands, cfg.lam)
-    cands = [_with(c, s, cfg) for c, s in zip(cands, scores)]
-    best, met = _pick(cands, cfg)
-    if cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration):
+    cands = _scored(cands, cfg)
+    best, _ = _pick(cands, cfg)
+    if simulated:
         plan = plans[best.n_actors]
     else:  # the chosen candidate's plan, simulated exactly from the sweep's own labels
         r = res.candidates.index(best.n_actors)
         plan = build_plan(ja, res.labels(r), res.rank, best.n_actors, cfg.capacity, tm, cfg.policy)
-    decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, met)
+    cut, migration = None, None
+    if cfg.migrate:
+        cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm)
+    decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, best.feasible, migration, cut)
     return decision, decision_metrics(decision)
+
+
+def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
+                 tm: TimeModel, n_warm: int):
+    """Keep cuts at tau in the chosen plan only where the objective prefers them (module header).
+
+    Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None). The table changes only
+    when the decision differs from how it was scored (without cuts, or with them under simulate_migration):
+    then the chosen row is replaced and the table re-scored.
+    """
+    cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm)
+    plain_row = _costed(plan, plan.busy_s, 0, cfg, n_warm)
+    others = [c for c in cands if c.n_actors != best.n_actors]
+    *_, plain, cut = _scored(others + [plain_row, cut_row], cfg)
+    keep = _pick([plain, cut], cfg)[0] is cut  # ties keep the plan without cuts
+    if keep != cfg.simulate_migration:
+        cands = sorted(_scored(others + [cut_row if keep else plain_row], cfg), key=lambda c: c.n_actors)
+        best = next(c for c in cands if c.n_actors == plan.n_actors)
+    return cands, best, cut, (cut_res if keep else None)
+
+
+def _scored(cands: list[ScalingCandidate], cfg: PlanConfig) -> list[ScalingCandidate]:
+    """The candidates with their score and feasibility for cfg's objective (normalised over this list)."""
+    return [_with(c, s, cfg) for c, s in zip(cands, _scores(cands, cfg.lam))]
 
 
 def _with(c: ScalingCandidate, score: float, cfg: PlanConfig) -> ScalingCandidate:
@@ -159,18 +209,34 @@ def _with(c: ScalingCandidate, score: float, cfg: PlanConfig) -> ScalingCandidat
 
 
 def decision_metrics(d: ScalingDecision) -> dict:
-    """Scaler metrics of a decision (names from rlhfless.metrics)."""
+    """Scaler metrics of a decision (names from rlhfless.metrics); balancer/* describe the plan as chosen,
+    with its cuts when it includes them."""
     c = d.chosen
-    return {
+    done = d.migration if d.migration is not None else d.plan
+    out = {
         M.SCALER_NUM_ACTORS: float(d.n_actors),
         M.SCALER_STEP_S: c.step_s,
         M.SCALER_COST_USD: c.cost_usd,
         M.SCALER_GPU_S: c.gpu_seconds,
         M.SCALER_SCORE: c.score,
         M.SCALER_CONSTRAINT_MET: float(d.constraint_met),
-        M.BAL_IMBALANCE: d.plan.imbalance,
-        M.BAL_MAKESPAN_S: d.plan.makespan_s,
-        M.BAL_IDLE_DEVICE_S: d.plan.idle_device_s,
+        M.BAL_IMBALANCE: done.imbalance,
+        M.BAL_MAKESPAN_S: done.makespan_s,
+        M.BAL_IDLE_DEVICE_S: done.idle_device_s,
         M.BAL_MIGRATIONS: float(c.migrations),
         M.SCALER_CANDIDATES: d.table_rows(),
     }
+    if d.cut_option is not None:  # plan.migrate: the chosen N with cuts at tau was weighed
+        out.update({M.BAL_MIGRATE_USED: float(d.migration is not None),
+                    M.BAL_RELEASED_ACTORS: float(len(d.migration.released)) if d.migration is not None else 0.0,
+                    M.BAL_MIGRATE_STEP_S: d.cut_option.step_s, M.BAL_MIGRATE_COST_USD: d.cut_option.cost_usd})
+    return out
+
+
+def realized_plan(decision: ScalingDecision, true_jobs: Sequence[PlanJob], time_model: TimeModel,
+             tau: float) -> AssignmentPlan | MigrationResult:
+    """The decision's placement (and its cuts at tau, when it includes them) re-simulated with `true_jobs`'
+    lengths (matched by group_id); the cuts are decided on the predictions, as a runtime would."""
+    if decision.migration is None:
+        return evaluate_plan(decision.plan, true_jobs, time_model)
+    return simulate_with_migration(decision.plan, time_model, tau, true_jobs)[0]

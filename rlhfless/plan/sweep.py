@@ -101,15 +101,17 @@ class Layout:
     tail: np.ndarray
     sizes: np.ndarray
     head_max: np.ndarray | None = None
+    log2: np.ndarray | None = None
 
     def range_head_max(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Longest sequence of sorted jobs [lo, hi) (0 where the range is empty)."""
-        if len(self.head) == 0:
+        j = len(self.head)
+        if j == 0:
             return np.zeros(np.shape(lo))
         span = np.maximum(hi - lo, 1)
-        k = np.frexp(span.astype(np.float64))[1] - 1  # floor(log2(span)), exact for integers
-        t, top = self.head_max, max(len(self.head) - 1, 0)
-        best = np.maximum(t[k, np.minimum(lo, top)], t[k, np.clip(hi - (1 << k), 0, top)])
+        k = self.log2[span]  # floor(log2(span)), from a table
+        flat, row = self.head_max.ravel(), k * j
+        best = np.maximum(flat[row + np.minimum(lo, j - 1)], flat[row + np.clip(hi - (1 << k), 0, j - 1)])
         return np.where(hi > lo, best, 0.0)
 
     @classmethod
@@ -135,9 +137,10 @@ class Layout:
         for k in range(1, len(table)):
             step = 1 << (k - 1)
             np.maximum(table[k - 1, :-step], table[k - 1, step:], out=table[k, :len(head) - step])
+        log2 = np.frexp(np.arange(len(head) + 1, dtype=np.float64))[1] - 1  # floor(log2(x)) for x >= 1
         return cls(order, lens, np.concatenate(([0.0], np.cumsum(lens))), seq_start, work,
                    np.concatenate(([0.0], np.cumsum(ja.prompt_len[order]))), work[:-1] + 0.5 * w,
-                   head, lens[last] if n else np.zeros(0), sizes, table)
+                   head, lens[last] if n else np.zeros(0), sizes, table, log2)
 
 
 @dataclass(frozen=True)
@@ -210,8 +213,17 @@ def _top_fix(longest: np.ndarray, first: np.ndarray, m: np.ndarray, rc: RankCost
 
 def _padded_busy(lay: Layout, bounds: np.ndarray, valid: np.ndarray, rc: RankCosts, tm: TimeModel) -> np.ndarray:
     """(R, M) chunk busy seconds of padded bounds (R, M+1), computed only on the valid (actor < N) cells."""
-    out = np.zeros(valid.shape)
-    out[valid] = _chunk_busy(lay, bounds[:, :-1][valid], bounds[:, 1:][valid], rc, tm)
+    cells = np.flatnonzero(valid)
+    return _cell_busy(lay, bounds, cells, cells + cells // valid.shape[1], valid.shape, rc, tm)
+
+
+def _cell_busy(lay: Layout, bounds: np.ndarray, cells: np.ndarray, lo_at: np.ndarray, shape: tuple[int, int],
+               rc: RankCosts, tm: TimeModel) -> np.ndarray:
+    """`_padded_busy` with the valid cells (flat indices into (R, M)) and their flat positions in `bounds`
+    precomputed, for callers that evaluate the same cells many times."""
+    out = np.zeros(shape)
+    flat = bounds.ravel()
+    out.ravel()[cells] = _chunk_busy(lay, flat[lo_at], flat[lo_at + 1], rc, tm)
     return out
 
 
@@ -235,28 +247,34 @@ def contiguous_bounds(lay: Layout, ns: Sequence[int], rc: RankCosts, tm: TimeMod
         return bounds
     bounds[:, 1:m] = np.where(inside, np.searchsorted(lay.wmid, a * total / n[:, None], "left"), j)
     valid = np.arange(m)[None, :] < n[:, None]
-    for _ in range(passes):
-        busy = _padded_busy(lay, bounds, valid, rc, tm)
-        wb = lay.work[bounds]
-        busy = np.where(np.diff(wb, axis=1) > 0, busy, 0.0)  # zero-work chunks carry no time share
-        cw = np.concatenate((np.zeros((len(n), 1)), np.cumsum(busy, axis=1)), axis=1)
-        total_t = cw[:, -1:]
-        level = a * total_t / n[:, None]
-        # chunk holding level a: #{i >= 1: cw[i] <= a T / N} = #{i: ceil(N cw[i] / T) <= a}, counted with one
-        # bincount; element-wise arithmetic only, so a row does not depend on the other candidates swept with it
-        with np.errstate(invalid="ignore", divide="ignore"):
+    cells = np.flatnonzero(valid)
+    lo_at = cells + cells // m
+    rows = np.arange(len(n))[:, None]
+    base = (rows * (m + 1)).ravel()  # flat start of each row of an (R, M+1) matrix
+    cw = np.zeros((len(n), m + 1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        for _ in range(passes):
+            busy = _cell_busy(lay, bounds, cells, lo_at, valid.shape, rc, tm)
+            wb = lay.work[bounds]
+            busy[np.diff(wb, axis=1) <= 0] = 0.0  # zero-work chunks carry no time share
+            np.cumsum(busy, axis=1, out=cw[:, 1:])
+            total_t = cw[:, -1:]
+            level = a * total_t / n[:, None]
+            # chunk holding level a: #{i >= 1: cw[i] <= a T / N} = #{i: ceil(N cw[i] / T) <= a}, counted with one
+            # bincount; element-wise arithmetic only, so a row does not depend on the other candidates swept
+            # with it
             u = np.ceil(n[:, None] * cw[:, 1:] / total_t)
-        u = np.where(u <= m, u, m).astype(np.int64)  # NaN (no time at all) and padding -> m
-        rows = np.arange(len(n))[:, None]
-        hist = np.bincount((rows * (m + 1) + u).ravel(), minlength=len(n) * (m + 1))
-        i = np.minimum(np.cumsum(hist.reshape(len(n), m + 1), axis=1)[:, 1:m], n[:, None] - 1)
-        lo, hi, wlo, whi = cw[rows, i], cw[rows, i + 1], wb[rows, i], wb[rows, i + 1]
-        with np.errstate(invalid="ignore", divide="ignore"):
+            u = np.where(u <= m, u, m).astype(np.int64)  # NaN (no time at all) and padding -> m
+            hist = np.bincount((base[:, None] + u).ravel(), minlength=len(n) * (m + 1))
+            i = np.minimum(np.cumsum(hist.reshape(len(n), m + 1), axis=1)[:, 1:m], n[:, None] - 1)
+            at = base[:, None] + i
+            cwf, wbf = cw.ravel(), wb.ravel()
+            lo, hi, wlo, whi = cwf[at], cwf[at + 1], wbf[at], wbf[at + 1]
             target = wlo + (level - lo) / (hi - lo) * (whi - wlo)
-        new = bounds.copy()
-        ok = inside & (cw[:, -1:] > 0)
-        new[:, 1:m] = np.where(ok, np.searchsorted(lay.wmid, np.where(ok, target, 0.0), "left"), bounds[:, 1:m])
-        bounds = new
+            ok = inside & (total_t > 0)
+            bounds = bounds.copy()
+            bounds[:, 1:m] = np.where(ok, np.searchsorted(lay.wmid, np.where(ok, target, 0.0), "left"),
+                                      bounds[:, 1:m])
     return bounds
 
 
@@ -294,6 +312,49 @@ def _general(lay: Layout, labels: np.ndarray, k: int, rc: RankCosts, tm: TimeMod
     return _busy(decode, njobs, prompt, tm), exact
 
 
+def _general_many(lay: Layout, labels: np.ndarray, ns: np.ndarray, rc: RankCosts,
+                  tm: TimeModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_general` for every candidate at once. labels: (R, J) actor of each job for candidate ns[r].
+
+    Returns (busy (R, M), njobs (R, M), exact (R,)), M = max(ns). Per row the arithmetic is `_general`'s, in the
+    same order (row-wise cumulative sums, row-local prefix sums), so each row equals it value for value; the
+    rows only share the integer searches, through offsets that keep them apart.
+    """
+    n_rows, j, m = len(ns), len(lay.order), int(ns.max())
+    lab = labels[:, lay.order]
+    grp = np.argsort(lab, axis=1, kind="stable")  # each row's sorted positions grouped by actor
+    zeros = np.zeros((n_rows, 1))
+    cs = np.concatenate((zeros.astype(np.int64), np.cumsum(lay.sizes[grp], axis=1)), axis=1)  # (R, J+1)
+    pj = np.concatenate((zeros, np.cumsum(np.diff(lay.work)[grp], axis=1)), axis=1)
+    gstart = lay.seq_start[grp]
+    rows = np.arange(n_rows)[:, None]
+    span = int(cs[0, -1]) + 1
+    keys = (cs + rows * span).ravel()  # rows kept apart: one search for all
+    flat_gs, flat_pj = gstart.ravel(), pj.ravel()
+
+    def prefix_at(x: np.ndarray, r: np.ndarray) -> np.ndarray:  # x: positions of row r (broadcast shapes)
+        i = np.minimum(np.searchsorted(keys, x + r * span, "right") - 1 - r * (j + 1), j - 1)
+        at = r * j + i
+        return flat_pj[r * (j + 1) + i] + lay.prefix[flat_gs[at] + (x - cs[r, i])] - lay.prefix[flat_gs[at]]
+
+    key = (rows * m + lab).ravel()
+    njobs = np.bincount(key, minlength=n_rows * m).reshape(n_rows, m)
+    jb = np.concatenate((zeros.astype(np.int64), np.cumsum(njobs, axis=1)), axis=1)
+    cells = np.flatnonzero(np.arange(m)[None, :] < ns[:, None])
+    r, a = np.divmod(cells, m)
+    lo_seq, hi_seq = cs[r, jb[r, a]], cs[r, jb[r, a + 1]]
+    decode = np.zeros(n_rows * m)
+    decode[cells] = _estimate(lambda x: prefix_at(x, r.reshape(r.shape + (1,) * (np.ndim(x) - 1))),
+                              lo_seq, hi_seq, rc)
+    prompt = np.bincount(key, weights=np.tile(np.diff(lay.prompt), n_rows), minlength=n_rows * m)
+    busy = _busy(decode.reshape(n_rows, m), njobs, prompt.reshape(n_rows, m), tm)
+    srt = np.take_along_axis(lab, grp, axis=1)
+    seam = (lay.tail[grp[:, :-1]] < lay.head[grp[:, 1:]]) & (srt[:, :-1] == srt[:, 1:])
+    seqs = np.diff(np.take_along_axis(cs, jb, axis=1), axis=1)
+    over = np.where(np.arange(m)[None, :] < ns[:, None], seqs, 0) > rc.capacity
+    return busy, njobs, ~(seam.any(axis=1) | over.any(axis=1))
+
+
 def sweep(ja, candidates: Sequence[int], capacity: int, tm: TimeModel,
           policy: str = "contiguous") -> SweepResult:
     """Labels and predicted busy seconds of every candidate N (module header); inputs validated by the caller."""
@@ -304,18 +365,24 @@ def sweep(ja, candidates: Sequence[int], capacity: int, tm: TimeModel,
     rank[lay.order] = np.arange(len(lay.order))
     if policy == "contiguous":
         return _contiguous(lay, ns, rank, rc, tm)
-    m = max(ns)
-    busy, njobs = np.zeros((len(ns), m)), np.zeros((len(ns), m), dtype=np.int64)
-    labels, exact = [], []
-    for r, k in enumerate(ns):
-        lab = policy_labels(policy, ja, k)
-        busy[r, :k], ex = _general(lay, lab, k, rc, tm)
-        njobs[r, :k] = np.bincount(lab, minlength=k)
-        labels.append(lab)
-        exact.append(ex)
+    labels = many_labels(policy, ja, ns)
+    if len(lay.order):
+        busy, njobs, exact = _general_many(lay, labels, np.array(ns), rc, tm)
+    else:
+        busy, njobs = np.zeros((len(ns), max(ns))), np.zeros((len(ns), max(ns)), dtype=np.int64)
+        exact = np.ones(len(ns), dtype=bool)
     if policy == "round_robin":  # verl admits in arrival order
         rank = np.arange(len(lay.order))
-    return SweepResult(ns, busy, njobs, rank, np.array(exact), lay.order, label_rows=tuple(labels))
+    return SweepResult(ns, busy, njobs, rank, exact, lay.order, label_rows=tuple(labels))
+
+
+def many_labels(policy: str, ja, ns: Sequence[int]) -> np.ndarray:
+    """(R, J) labels of the length-blind or greedy policies for every N in ns (round-robin and LPT in numpy)."""
+    if policy == "round_robin":
+        return np.arange(len(ja.work))[None, :] % np.asarray(ns)[:, None]
+    if policy == "lpt":
+        return partition.lpt_labels_many(ja.work, ns)
+    return np.array([policy_labels(policy, ja, k) for k in ns]).reshape(len(ns), len(ja.work))
 
 
 def policy_labels(policy: str, ja, k: int) -> np.ndarray:

@@ -17,6 +17,7 @@ from rlhfless.jsonl import iter_jsonl
 from rlhfless.records import Prompt
 
 DEFAULT_PATH = "../shared/data/gsm8k/train.jsonl"
+SHARED_HOME = "../shared/data/gsm8k/"  # beside the repository; never copied into it (MIT, see its LICENSE there)
 DEFAULT_SYSTEM = "Solve the math word problem. Think step by step, then give the final answer after '####'.\n\n"
 DEFAULT_TEMPLATE = "Question: {question}\nAnswer:"
 
@@ -52,6 +53,15 @@ class QA:
     @property
     def final(self) -> str:
         return self.answer.rpartition("####")[2].strip()
+
+
+def missing_message(path: str | Path) -> str | None:
+    """None when the GSM8K file exists, else one line saying exactly why it is missing and where it lives."""
+    p = Path(path)
+    if p.is_file():
+        return None
+    return (f"GSM8K file not found at {p.resolve()}: it is not part of the repository but lives in {SHARED_HOME} "
+            f"beside it (a plain clone has no ../shared; CI provides it)")
 
 
 def read_jsonl(path: str | Path) -> list[QA]:
