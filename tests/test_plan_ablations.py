@@ -25,7 +25,7 @@ from rlhfless.predictor.data import Observation
 from rlhfless.records import Prompt, PromptGroup
 
 G = 4
-BASE = ["rollout.prompts_per_step=8", f"algo.group_size={G}", "rollout.max_new_tokens=16", "plan.max_actors=4",
+BASE = ["rollout.prompts_per_step=8", f"algo.group_size={G}", "rollout.max_new_tokens=72", "plan.max_actors=4",
         "plan.capacity=16", "tracking.mode=disabled"]
 # per-prompt response lengths seen in an earlier epoch: heavy-tailed, so length-aware choices matter
 HISTORY = [(4, 4, 5, 4), (60, 64, 58, 70), (9, 8, 9, 10), (120, 100, 130, 110), (6, 6, 7, 6), (30, 28, 33, 31),
@@ -34,7 +34,9 @@ HISTORY = [(4, 4, 5, 4), (60, 64, 58, 70), (9, 8, 9, 10), (120, 100, 130, 110), 
 
 def _groups() -> list[PromptGroup]:
     tok = ByteTokenizer()
-    prompts = [Prompt(f"p{i}", f"{i}+{i + 1}+{2 * i}=", str(4 * i + 1)) for i in range(len(HISTORY))]
+    # 8 terms: the SFT checkpoint is right on some samples and wrong on others, so the update has signal
+    terms = [[i % 10, (i + 1) % 10, 2 * i % 10, 3, 5, 7, (9 * i) % 10, 1] for i in range(len(HISTORY))]
+    prompts = [Prompt(f"p{i}", "+".join(map(str, t)) + "=", str(sum(t))) for i, t in enumerate(terms)]
     return [PromptGroup(p, tok.encode(p.text, bos=True), G) for p in prompts]
 
 
@@ -96,7 +98,7 @@ def _step(ckpt, *overrides: str, count: str | None = None):
     """One GRPO step of the shipped SFT policy (some groups have mixed rewards, so the update runs) from the
     same weights and seed; optionally counts the tokens the model receives in the stage `count` ("rollout" or
     "learn") through a forward pre-hook. Returns (report, tokens counted, updated weights)."""
-    cfg = load_run_config(None, BASE + ["rollout.max_new_tokens=40", f"policy.checkpoint={ckpt}", *overrides])
+    cfg = load_run_config(None, BASE + [f"policy.checkpoint={ckpt}", *overrides])
     torch.manual_seed(0)
     model = load_checkpoint(ckpt)
     learner = Learner(copy.deepcopy(model), cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
