@@ -1,7 +1,7 @@
 """`rlhfless` command-line entry point.
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
-`train`, `pretrain`, `predictor train|eval|compare`, `data gsm8k-lengths|synthetic-trace|trace-stats`, and
+`train`, `pretrain`, `predictor train|eval|convert|compare`, `data gsm8k-lengths|synthetic-trace|trace-stats`, and
 `bench prefill|engine|loop|planner|plan-trace`. Heavy imports (torch, transformers, scikit-learn) happen inside
 the command functions, so `rlhfless --help` is instant.
 
