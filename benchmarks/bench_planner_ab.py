@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                     t[name].append(time.process_time() - t0)
             o, n = np.median(t["old"]) * 1e3, np.median(t["new"]) * 1e3
             pa, pb = (a[0].plan, b[0].plan) if "choose" in key else (a[0], b[0])
-            same = [[j.group_id for j in js] for js in pa.actor_jobs] == [[j.group_id for j in js] for js in pb.actor_jobs]
+            ids = lambda plan: [[j.group_id for j in js] for js in plan.actor_jobs]  # noqa: E731
+            same = ids(pa) == ids(pb)
             print(f"{key:28s} {o:8.2f} {n:8.2f} {o / n:8.2f}  {same}")
     return 0
 

@@ -85,7 +85,7 @@ def test_real_gsm8k_file_loads(real_gsm8k):
 def test_a_missing_shared_file_skips_with_the_reason_and_fails_when_required(tmp_path, monkeypatch):
     absent = tmp_path / "shared" / "train.jsonl"
     monkeypatch.delenv(REQUIRE_SHARED, raising=False)
-    with pytest.raises(pytest.skip.Exception, match=r"GSM8K file not found at .*train.jsonl: .*\.\./shared/data/gsm8k/"):
+    with pytest.raises(pytest.skip.Exception, match=r"GSM8K file not found at .*train.jsonl: .*\.\./shared/data/gsm"):
         require_shared_file(absent)
     monkeypatch.setenv(REQUIRE_SHARED, "1")
     with pytest.raises(pytest.fail.Exception, match="RLHFLESS_REQUIRE_SHARED=1"):

@@ -58,13 +58,14 @@ class JobArrays:
     @classmethod
     def from_jobs(cls, jobs: Sequence[PlanJob]) -> JobArrays:
         jobs = tuple(jobs)
-        bad = next((j for j in jobs if not isinstance(j, PlanJob)), None)
-        if bad is not None:
-            raise DataError(f"assignment input must be PlanJob records (got {type(bad).__name__})")
+        if not set(map(type, jobs)) <= {PlanJob}:  # the usual case checked in C; subclasses are fine
+            bad = next((j for j in jobs if not isinstance(j, PlanJob)), None)
+            if bad is not None:
+                raise DataError(f"assignment input must be PlanJob records (got {type(bad).__name__})")
         sizes = np.array([j.n_seqs for j in jobs], dtype=np.int64)
         prompt = np.array([j.prompt_len for j in jobs], dtype=np.float64)
         lens = [j.predicted_len for j in jobs]
-        if not all(type(x) is tuple for x in lens):  # a float stands for every sequence of its job
+        if set(map(type, lens)) - {tuple}:  # a float stands for every sequence of its job
             lens = [x if isinstance(x, tuple) else repeat(x, j.n_seqs) for x, j in zip(lens, jobs)]
         seq_len = np.fromiter(chain.from_iterable(lens), dtype=np.float64, count=int(sizes.sum()))
         offsets = np.concatenate(([0], np.cumsum(sizes)))

@@ -1,4 +1,4 @@
-"""Planner report on a recorded length trace, with TRUE lengths (the oracle view).
+"""Planner report on a recorded length trace, with TRUE lengths (hindsight: every decision sees them).
 
 Purpose: `trace_report(trace_path, cfg, n_actors, steps)` answers the planner's two target questions on a real
 trace: (1) at a fixed number of actors, how much predicted idle device time does each assignment policy leave
@@ -96,6 +96,8 @@ def trace_report(trace_path: str | Path, cfg: PlanConfig | None = None, n_actors
             scaler[k] += getattr(c, k)
     rr_idle = totals["round_robin"]["idle_device_s"]
     return {
+        "what": "seconds predicted by the planner's time model (profile: time_model) on the trace's true "
+                "lengths, not measured seconds",
         "trace": str(trace_path), "steps": len(per_step), "selection": steps, "n_actors": n,
         "sequences": sum(j.n_seqs for js in per_step.values() for j in js),
         "time_model": tm.source, "policy": cfg.policy, "tau": cfg.tau if cfg.migrate else None,

@@ -96,11 +96,22 @@ def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel,
 
 
 def _scores(cands: list[ScalingCandidate], lam: float) -> list[float]:
-    t = np.array([c.step_s for c in cands])
-    c = np.array([c.cost_usd for c in cands])
+    return _score_arrays(np.array([c.step_s for c in cands]), np.array([c.cost_usd for c in cands]), lam).tolist()
+
+
+def _score_arrays(t: np.ndarray, c: np.ndarray, lam: float) -> np.ndarray:
+    """lam * T/min T + (1 - lam) * C/min C over candidates (a zero minimum makes that ratio 1)."""
     tn = t / t.min() if t.min() > 0 else np.ones_like(t)
     cn = c / c.min() if c.min() > 0 else np.ones_like(c)
-    return (lam * tn + (1.0 - lam) * cn).tolist()
+    return lam * tn + (1.0 - lam) * cn
+
+
+def _feasible(step_s: np.ndarray, cost_usd: np.ndarray, cfg: PlanConfig) -> np.ndarray:
+    if cfg.objective == "min_cost_under_deadline":
+        return step_s <= cfg.deadline_s
+    if cfg.objective == "min_time_under_budget":
+        return cost_usd <= cfg.budget_usd
+    return np.ones(len(step_s), dtype=bool)
 
 
 def _pick(cands: list[ScalingCandidate], cfg: PlanConfig) -> tuple[ScalingCandidate, bool]:
@@ -118,7 +129,8 @@ def _pick(cands: list[ScalingCandidate], cfg: PlanConfig) -> tuple[ScalingCandid
 
 def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
                      n_warm: int) -> tuple[list[ScalingCandidate], sw.SweepResult]:
-    """T(N) and C(N) of every candidate from the fast sweep, costed like `decode_invocations` + `cost_step`."""
+    """T(N) and C(N) of every candidate from the fast sweep, costed like `decode_invocations` + `cost_step`,
+    and scored for cfg's objective as `_scored` would."""
     res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
     busy, active = res.busy_s, res.njobs > 0
     m = busy.shape[1]
@@ -136,9 +148,9 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     usd = gpu_s * price(cfg.gpu_kind).serverless_usd_per_s
     step = np.where(active, dur, 0.0).max(axis=1)
     n_active = active.sum(axis=1)
-    cands = [ScalingCandidate(k, int(n_active[r]), float(step[r]), float(gpu_s[r]), float(usd[r]), float("nan"),
-                              True, 0, bool(res.exact[r])) for r, k in enumerate(res.candidates)]
-    return cands, res
+    rows = zip(res.candidates, n_active.tolist(), step.tolist(), gpu_s.tolist(), usd.tolist(),
+               _score_arrays(step, usd, cfg.lam).tolist(), _feasible(step, usd, cfg).tolist(), res.exact.tolist())
+    return [ScalingCandidate(k, a, t, g, c, sc, f, 0, e) for k, a, t, g, c, sc, f, e in rows], res
 
 
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
@@ -158,8 +170,9 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
         plans = {c.n_actors: p for c, p in evaluated}
     else:
         _validate(ja, cfg.max_actors, cfg.capacity)
-        cands, res = sweep_candidates(ja, cfg, tm, n_warm)
-    cands = _scored(cands, cfg)
+        cands, res = sweep_candidates(ja, cfg, tm, n_warm)  # already scored
+    if simulated:
+        cands = _scored(cands, cfg)
     best, _ = _pick(cands, cfg)
     if simulated:
         plan = plans[best.n_actors]
@@ -198,12 +211,7 @@ def _scored(cands: list[ScalingCandidate], cfg: PlanConfig) -> list[ScalingCandi
 
 
 def _with(c: ScalingCandidate, score: float, cfg: PlanConfig) -> ScalingCandidate:
-    if cfg.objective == "min_cost_under_deadline":
-        feasible = c.step_s <= cfg.deadline_s
-    elif cfg.objective == "min_time_under_budget":
-        feasible = c.cost_usd <= cfg.budget_usd
-    else:
-        feasible = True
+    feasible = bool(_feasible(np.array([c.step_s]), np.array([c.cost_usd]), cfg)[0])
     return ScalingCandidate(c.n_actors, c.active_actors, c.step_s, c.gpu_seconds, c.cost_usd, score, feasible,
                             c.migrations, c.exact)
 

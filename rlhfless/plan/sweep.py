@@ -322,7 +322,8 @@ def _general_many(lay: Layout, labels: np.ndarray, ns: np.ndarray, rc: RankCosts
     """
     n_rows, j, m = len(ns), len(lay.order), int(ns.max())
     lab = labels[:, lay.order]
-    grp = np.argsort(lab, axis=1, kind="stable")  # each row's sorted positions grouped by actor
+    small = lab.astype(np.int16) if m < 2**15 else lab  # a stable sort of 16-bit keys is a radix sort
+    grp = np.argsort(small, axis=1, kind="stable")  # each row's sorted positions grouped by actor
     zeros = np.zeros((n_rows, 1))
     cs = np.concatenate((zeros.astype(np.int64), np.cumsum(lay.sizes[grp], axis=1)), axis=1)  # (R, J+1)
     pj = np.concatenate((zeros, np.cumsum(np.diff(lay.work)[grp], axis=1)), axis=1)

@@ -96,21 +96,27 @@ class EngineBenchConfig:
 
 @dataclass
 class Timer:
-    """Interleaved repeats of named callables; medians of wall seconds."""
+    """Interleaved repeats of named callables; medians of wall seconds and of this process's CPU seconds (on a
+    shared machine wall time also counts waiting for a core; CPU time counts only the work, all threads)."""
 
     times: dict[str, list[float]] = field(default_factory=dict)
+    cpu_times: dict[str, list[float]] = field(default_factory=dict)
 
     def run(self, fns: dict, repeats: int) -> dict:
         results = {}
         for _ in range(repeats):
             for name, fn in fns.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 results[name] = fn()
                 self.times.setdefault(name, []).append(time.perf_counter() - t0)
+                self.cpu_times.setdefault(name, []).append(time.process_time() - c0)
         return results
 
     def median(self, name: str) -> float:
         return statistics.median(self.times[name])
+
+    def cpu_median(self, name: str) -> float:
+        return statistics.median(self.cpu_times[name])
 
 
 def load_policy(checkpoint: str | Path):
@@ -325,8 +331,14 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
         part["hf_generate_dedup_s"] = timer.median("hf_generate_dedup")
         part["hf_generate_dedup_tokens_per_s"] = _tokens(dd) / part["hf_generate_dedup_s"]
         part["speedup_vs_hf_generate_dedup"] = part["tokens_per_s"] / part["hf_generate_dedup_tokens_per_s"]
+        part["hf_dedup_length_max"] = max(map(len, dd))  # a static batch runs until its longest row ends
         part["dedup_prefill_speedup_of_hf_generate"] = (part["hf_generate_dedup_tokens_per_s"]
                                                         / part["hf_generate_tokens_per_s"])
+        cpu = {k: timer.cpu_median(k) for k in fns}
+        part["cpu_s"] = cpu  # CPU seconds per arm (tokens differ between arms only through sampling)
+        ours_rate = ours.generated_tokens / cpu["engine"]
+        part["cpu_speedup_vs_hf_generate"] = ours_rate / (_tokens(hf) / cpu["hf_generate"])
+        part["cpu_speedup_vs_hf_generate_dedup"] = ours_rate / (_tokens(dd) / cpu["hf_generate_dedup"])
         if cfg.hf_step_ablation:
             part["engine_hf_step_tokens_per_s"] = res["engine_hf_step"].generated_tokens / timer.median(
                 "engine_hf_step")
