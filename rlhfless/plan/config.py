@@ -29,7 +29,9 @@ class PlanConfig:
     capacity: int = 256
     """Max concurrent sequences per decode actor (its KV budget in sequences); >= the largest group."""
     migrate: bool = True
-    """Cut-and-migrate on: an actor whose finished fraction reaches tau hands its stragglers to others."""
+    """Cut-and-migrate: the chosen plan is also simulated with cuts at tau (an actor whose finished fraction
+    reaches tau hands its stragglers to others) and keeps them only where the scaler's rule prefers them
+    (balancer/migrate_used); off = plans never cut. Decided and logged; not yet executed (one engine batch)."""
     tau: float = 0.7
     """Finished fraction that triggers a cut, in (0, 1] (paper: about 0.7)."""
     scale: bool = True
@@ -47,7 +49,8 @@ class PlanConfig:
     budget_usd: float | None = None
     """Decode-stage budget in dollars per step (objective min_time_under_budget)."""
     simulate_migration: bool = False
-    """Scaler evaluates each candidate WITH cuts at tau (slower: an event simulation per candidate)."""
+    """With migrate: weigh EVERY candidate N with cuts at tau, not only the chosen one (slower: an event
+    simulation per candidate)."""
     exact_sweep: bool = False
     """Scaler simulates every candidate exactly (slow: milliseconds per candidate) instead of the fast sweep of
     rlhfless.plan.sweep (exact when no actor queues and lengths are per job; estimated otherwise). The chosen

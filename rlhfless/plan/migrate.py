@@ -218,7 +218,10 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
             live = [b for b in actors if b.end is None and (b.heap or b.queue)]
             for b in live:
                 b.advance(t, f)
-            mp, _ = plan_migrations([b.progress(plan.capacity, seqs) for b in live], tau)
+            # the decision reads only sources (at or above tau) and destinations (free slots): actors that are
+            # neither (below tau and full, e.g. still queueing) need no per-sequence progress
+            cand = [b for b in live if b.finished / b.total >= tau or len(b.heap) < plan.capacity]
+            mp, _ = plan_migrations([b.progress(plan.capacity, seqs) for b in cand], tau)
             if mp.moves:
                 _apply(mp, actors, t, time_model, seqs, f)
                 moves.extend(mp.moves)
