@@ -16,6 +16,25 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 GSM8K = SHARED / "data" / "gsm8k" / "train.jsonl"
 SFT_CHECKPOINT = REPO / "data" / "checkpoints" / "sft"
+REQUIRE_SHARED = "RLHFLESS_REQUIRE_SHARED"  # .ci/run sets it: there a missing ../shared file is a failure
+
+
+def require_shared_file(path: Path) -> Path:
+    """The path when the file exists; otherwise skip with the reason, or fail when RLHFLESS_REQUIRE_SHARED=1."""
+    from rlhfless.tasks.gsm8k import missing_message
+
+    why = missing_message(path)
+    if why is None:
+        return path
+    if os.environ.get(REQUIRE_SHARED) == "1":
+        pytest.fail(f"{why} ({REQUIRE_SHARED}=1)")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def gsm8k_file() -> Path:
+    """The GSM8K train split from ../shared (skips with the reason outside CI; fails in CI when missing)."""
+    return require_shared_file(GSM8K)
 
 
 @pytest.fixture(scope="session")

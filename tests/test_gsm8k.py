@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from rlhfless.errors import ConfigError, DataError
 from rlhfless.tasks.gsm8k import GSM8KConfig, load_prompts, missing_message, read_jsonl
 
-REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "train.jsonl"
-REQUIRE_SHARED = "RLHFLESS_REQUIRE_SHARED"  # .ci/run sets it: there a missing ../shared file is a failure
-
-
-def require_shared_file(path: Path) -> Path:
-    """The path when the file exists; otherwise skip with the reason, or fail when RLHFLESS_REQUIRE_SHARED=1."""
-    why = missing_message(path)
-    if why is None:
-        return path
-    if os.environ.get(REQUIRE_SHARED) == "1":
-        pytest.fail(f"{why} ({REQUIRE_SHARED}=1)")
-    pytest.skip(why)
+from conftest import GSM8K as REAL
+from conftest import REQUIRE_SHARED, require_shared_file
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from rlhfless.predictor.commands import (
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.predictor.data import read_lengths
 
-GSM8K = Path(__file__).parents[1] / ".." / "shared" / "data" / "gsm8k" / "train.jsonl"
+
 SMALL = ["--set", "n_prompts=24", "--set", "n_epochs=3", "--set", "prompts_per_step=8", "--set", "group_size=4"]
 
 
@@ -98,12 +98,11 @@ def test_main_entry_point_reports_user_errors(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not GSM8K.is_file(), reason="GSM8K train split not present at ../shared/data/gsm8k")
-def test_gsm8k_learned_beats_prompt_length(tmp_path):
+def test_gsm8k_learned_beats_prompt_length(tmp_path, gsm8k_file):
     """Issue target: on held-out GSM8K prompts, learned beats the prompt-length-only baseline (MAE and tau)."""
     from rlhfless.predictor.data import gsm8k_lengths
 
-    gsm8k_lengths(GSM8K, tmp_path / "gsm.jsonl")
+    gsm8k_lengths(gsm8k_file, tmp_path / "gsm.jsonl")
     comp = compare_predictors(read_lengths(tmp_path / "gsm.jsonl"), names=("learned", "prompt_length"))
     learned, base = comp.metrics["learned"], comp.metrics["prompt_length"]
     assert learned["mae"] < base["mae"] and learned["kendall_tau"] > base["kendall_tau"]

@@ -19,8 +19,6 @@ from rlhfless.predictor.data import (
 from rlhfless.records import TraceRow
 from rlhfless.traces import TraceWriter
 
-GSM8K = Path(__file__).parents[1] / ".." / "shared" / "data" / "gsm8k" / "train.jsonl"
-
 
 def _write(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n")
@@ -91,9 +89,8 @@ def test_gsm8k_bad_line_is_named(tmp_path):
         gsm8k_lengths(src, tmp_path / "out.jsonl")
 
 
-@pytest.mark.skipif(not GSM8K.is_file(), reason="GSM8K train split not present at ../shared/data/gsm8k")
-def test_real_gsm8k_converts(tmp_path):
-    n = gsm8k_lengths(GSM8K, tmp_path / "gsm.jsonl")
+def test_real_gsm8k_converts(tmp_path, gsm8k_file):
+    n = gsm8k_lengths(gsm8k_file, tmp_path / "gsm.jsonl")
     rows = read_lengths(tmp_path / "gsm.jsonl")
     assert n == len(rows) > 7000
     assert all(r.response_length > 1 and r.epoch is None for r in rows)
