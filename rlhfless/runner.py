@@ -80,7 +80,8 @@ class PromptStream:
         return self.epoch, [PromptGroup(p, self._tok.encode(p.text, bos=True), self.group_size) for p in take]
 
 
-def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int) -> Iterator[tuple[int, list[PromptGroup]]]:
+def prompt_stream(train: list[Prompt], batch: int, seed: int,
+                  group_size: int) -> Iterator[tuple[int, list[PromptGroup]]]:
     """Yield (epoch, groups) forever (a generator view of `PromptStream`)."""
     stream = PromptStream(train, batch, seed, group_size)
     while True:

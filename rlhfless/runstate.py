@@ -131,10 +131,12 @@ def read_state(ckpt: Path) -> RunState:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"{path}: not a readable run checkpoint state ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise DataError(f"{path}: not an rlhfless run checkpoint (format {doc.get('format') if isinstance(doc, dict) else None!r})")
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    if fmt != FORMAT:
+        raise DataError(f"{path}: not an rlhfless run checkpoint (format {fmt!r})")
     if doc.get("version") != FORMAT_VERSION:
-        raise DataError(f"{path}: checkpoint format version {doc.get('version')!r}, this rlhfless reads {FORMAT_VERSION}")
+        raise DataError(f"{path}: checkpoint format version {doc.get('version')!r}, "
+                        f"this rlhfless reads {FORMAT_VERSION}")
     names = {f.name for f in fields(RunState)}
     try:
         state = RunState(**{k: v for k, v in doc.items() if k in names})
