@@ -12,7 +12,6 @@ Output folder layout (`--out DIR`):
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import sys
@@ -28,6 +27,7 @@ from rlhfless import metrics as M
 from rlhfless.config import RunConfig
 from rlhfless.errors import ConfigError, DataError, TrainingError
 from rlhfless.evaluate import EvalResult, evaluate
+from rlhfless.jsonl import write_json
 from rlhfless.learner import Learner
 from rlhfless.loop import Stages, StepReport, run_step
 from rlhfless.model.factory import load_checkpoint, save_checkpoint
@@ -288,7 +288,7 @@ def _finish(run: Run) -> dict:
                        run.tracker)
     run.tracker.summary(summary)
     run.tracker.finish()
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(summary, out / "summary.json")
     return summary
 
 

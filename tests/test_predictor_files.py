@@ -249,3 +249,16 @@ def test_cli_eval_refuses_old_pickle_until_trusted_and_convert_makes_it_safe(tmp
         assert main(["predictor", "convert", "--model", str(old), "--out", str(new), "--trust-pickle"]) == 0
     assert (new / NPZ_FILE).is_file() and not (new / PICKLE_FILE).exists()
     assert main(["predictor", "eval", "--model", str(new), "--data", str(trace)]) == 0
+
+
+def test_an_npz_that_would_expand_past_the_limit_is_refused_before_loading(tmp_path, monkeypatch):
+    import rlhfless.predictor.npzio as npzio
+
+    bomb = tmp_path / "model.npz"
+    np.savez_compressed(bomb, zeros=np.zeros(20_000, dtype=np.uint8))  # 20 kB of zeros in well under 1 kB
+    assert bomb.stat().st_size < 1_000
+    monkeypatch.setattr(npzio, "MAX_NPZ_BYTES", 10_000)
+    with pytest.raises(DataError, match="over the 10,000-byte limit"):
+        npzio.load_arrays(bomb)
+    monkeypatch.setattr(npzio, "MAX_NPZ_BYTES", 1 << 30)
+    assert npzio.load_arrays(bomb)["zeros"].shape == (20_000,)

@@ -36,10 +36,28 @@ ARRAY_DTYPES = {
 _MATRICES = ("examples.history", "history.values")
 
 
+MAX_NPZ_BYTES = 1 << 30
+"""Refuse archives whose members claim more than this uncompressed (a shipped model is well under 1 MB): a small,
+highly compressed file must not be able to exhaust memory. zipfile never yields more than a member's claimed size."""
+
+
+def _check_uncompressed_size(path: Path) -> None:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            total = sum(info.file_size for info in zf.infolist())
+    except (zipfile.BadZipFile, OSError):
+        return  # not a zip: np.load below says what it is
+    if total > MAX_NPZ_BYTES:
+        raise DataError(f"{path}: its arrays would take {total:,} bytes uncompressed, over the "
+                        f"{MAX_NPZ_BYTES:,}-byte limit for a learned predictor; refused")
+
+
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file, never unpickling: a pickle or an object array raises `DataError`."""
+    """Every array of an ``.npz`` file, never unpickling: a pickle or an object array raises `DataError`, and so
+    does an archive larger than MAX_NPZ_BYTES uncompressed."""
     if not path.is_file():
         raise DataError(f"learned predictor model file not found: {path}")
+    _check_uncompressed_size(path)
     try:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):
