@@ -70,6 +70,19 @@ def json_safe(obj):
     return obj
 
 
+def read_json_file(path: str | Path):
+    """The JSON value in `path`, or None when the file is absent; bytes that are not JSON raise `DataError`."""
+    from rlhfless.errors import DataError
+
+    p = Path(path)
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(f"{p}: not valid JSON") from None
+
+
 def write_json(obj, path: str | Path, indent: int = 1) -> Path:
     """Write one JSON report (parents created); NaN becomes null, other non-JSON values (paths) strings."""
     p = Path(path)

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlhfless.errors import ConfigError, DataError, require
+from rlhfless.jsonl import read_json_file
 from rlhfless.model.tokenizer import ByteTokenizer
 
 META_FILE = "rlhfless.json"
@@ -190,12 +191,9 @@ def check_weights(directory: str | Path, hf_cfg) -> None:
 def read_meta(directory: str | Path) -> dict:
     """``rlhfless.json`` of a checkpoint ({} when absent); anything but a JSON object raises `DataError`."""
     p = Path(directory) / META_FILE
-    if not p.is_file():
+    meta = read_json_file(p)
+    if meta is None:
         return {}
-    try:
-        meta = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise DataError(f"{p}: not valid JSON") from None
     if not isinstance(meta, dict):
         raise DataError(f"{p}: expected a JSON object")
     return meta

@@ -11,13 +11,12 @@ Non-goal: model selection by search. Deviation from the paper: none (the paper h
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlhfless.errors import DataError
-from rlhfless.jsonl import json_safe, write_json  # noqa: F401  (json_safe is re-exported)
+from rlhfless.jsonl import json_safe, read_json_file, write_json  # noqa: F401  (json_safe is re-exported)
 from rlhfless.predictor.base import LengthPredictor
 from rlhfless.predictor.config import (
     PREDICTOR_NAMES,
@@ -60,12 +59,9 @@ def train_predictor(data: str | Path, cfg: PredictorConfig, out: str | Path, *, 
 def read_training_meta(model_dir: str | Path) -> dict:
     """``training.json`` beside a model ({} when absent); a file that is not a JSON object raises `DataError`."""
     path = Path(model_dir) / TRAINING_FILE
-    if not path.is_file():
+    meta = read_json_file(path)
+    if meta is None:
         return {}
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise DataError(f"{path}: not valid JSON") from None
     ok = isinstance(meta, dict) and all(
         not isinstance(meta.get(k), bool) and isinstance(meta.get(k, 0), kinds)
         for k, kinds in (("test_epoch", (int, type(None))), ("test_frac", (int, float)), ("seed", int)))
