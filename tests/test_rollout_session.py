@@ -5,6 +5,12 @@ Every check compares tokens with one undisturbed `decode` of the whole step."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -149,6 +155,44 @@ def test_state_slice_shipped_through_safetensors_decodes_identically(model, prom
         state_from_tensors({k: v for k, v in tensors.items() if k != "kv.1.values"}, meta, model)
     with pytest.raises(DataError, match="format"):
         state_from_tensors(tensors, {}, model)
+
+
+DECODE_IN_ANOTHER_PROCESS = """
+import json, sys, torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from rlhfless.model.factory import load_checkpoint
+from rlhfless.rollout.engine import SamplingParams
+from rlhfless.rollout.session import DecodeSession, state_from_tensors
+torch.set_num_threads(1)
+path, req = sys.argv[1], json.loads(sys.argv[2])
+model = load_checkpoint("data/checkpoints/sft").eval()
+with safe_open(path, "pt") as f:
+    meta = f.metadata()
+state = state_from_tensors(load_file(path), meta, model)
+s = DecodeSession(model, state, SamplingParams(**req["params"]), req["seed"], row_ids=req["rows"],
+                  n_total=req["n_total"])
+s.advance(req["params"]["max_new_tokens"])
+print(json.dumps({str(k): v for k, v in s.finished_rows().items()}))
+"""
+
+
+@pytest.mark.slow
+def test_state_slice_decodes_identically_in_another_process(model, prompts, ref, tmp_path):
+    """The prefill function writes a slice; a fresh interpreter (no shared state) decodes it to the same tokens."""
+    n = len(prompts) * G
+    part = list(range(3, n, 5))
+    tensors, meta = state_to_tensors(prefill(model, prompts, G).select(part))
+    save_file(tensors, tmp_path / "slice.safetensors", metadata=meta)
+    req = {"params": {"max_new_tokens": PARAMS.max_new_tokens, "temperature": PARAMS.temperature},
+           "seed": SEED, "rows": part, "n_total": n}
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", DECODE_IN_ANOTHER_PROCESS, str(tmp_path / "slice.safetensors"),
+                          json.dumps(req)], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {int(k): v[0] for k, v in rows.items()} == {r: ref.responses[r] for r in part}
 
 
 def test_bad_input_is_refused_with_a_clear_error(model, prompts):
