@@ -224,3 +224,16 @@ def test_load_learner_state_refuses_other_files(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"garbage")
     with pytest.raises(DataError, match="not a readable"):
         load_learner_state(learner, tmp_path / "junk.safetensors")
+
+
+def test_non_finite_loss_raises_after_the_all_reduce_on_every_rank():
+    from rlhfless.errors import TrainingError
+
+    calls = []
+    learner = Learner(_model(), OptimConfig(**OPTIM), GRPOConfig(group_size=G))
+    with torch.no_grad():
+        learner.model.get_input_embeddings().weight.fill_(float("nan"))
+    b = CASES[0]["batches"][0]
+    with pytest.raises(TrainingError, match="non-finite loss"):
+        learner.update(b["prompts"], b["responses"], torch.tensor(b["rewards"]), shard=Shard(0, 1, calls.append))
+    assert len(calls) == 1  # reached the collective, so the peers are not left waiting in it
