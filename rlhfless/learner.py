@@ -218,3 +218,25 @@ def load_learner_state(learner: Learner, path: Path | str) -> None:
                           groups, path)
     learner.updates = updates
     learner.last_grad_norm = grad_norm
+
+
+def load_policy_weights(model, path: Path | str) -> None:
+    """Load only the weights of a `save_learner_state` file into `model` (a decode replica: no optimizer)."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            weights = {k[len("model/"):]: fh.get_tensor(k) for k in fh.keys() if k.startswith("model/")}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable learner state ({exc})") from None
+    if meta.get("format") != STATE_FORMAT:
+        raise DataError(f"{path}: not an rlhfless learner state (format {meta.get('format')!r})")
+    own = model.state_dict()
+    unexpected = sorted(set(weights) - set(own))
+    if unexpected or any(t.shape != own[n].shape for n, t in weights.items() if n in own):
+        raise DataError(f"{path}: weights do not fit the model (unexpected {unexpected[:3]})")
+    with torch.no_grad():
+        for name, t in weights.items():
+            own[name].copy_(t)

@@ -13,6 +13,8 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
@@ -51,6 +53,23 @@ class WorkerDied(Exception):
         self.handle = handle
 
 
+@contextmanager
+def _without_main():
+    """Hide the driver's __main__ while a worker starts: multiprocessing would re-run the driver's script (a
+    user's script, pytest, a notebook kernel) in every worker, and workers need nothing from it."""
+    main = sys.modules.get("__main__")
+    had_file, file_, spec = hasattr(main, "__file__"), getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    try:
+        main.__spec__ = None
+        if had_file:
+            del main.__file__
+        yield
+    finally:
+        main.__spec__ = spec
+        if had_file:
+            main.__file__ = file_
+
+
 class LocalBackend:
     def __init__(self, start_method: str = "forkserver"):
         self.start_method = start_method
@@ -65,7 +84,8 @@ class LocalBackend:
             return 0.0
         t0 = now()
         p = self.ctx.Process(target=os.getpid)
-        p.start()
+        with _without_main():
+            p.start()
         p.join()
         self.platform_start_s = now() - t0
         return self.platform_start_s
@@ -76,7 +96,8 @@ class LocalBackend:
         payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores)})
         t = now()
         proc = self.ctx.Process(target=main, args=(theirs, payload), daemon=True, name=f"rlhfless-{worker}")
-        proc.start()
+        with _without_main():
+            proc.start()
         theirs.close()
         return Handle(worker, proc, ours, tuple(cores), tuple(kinds), t)
 

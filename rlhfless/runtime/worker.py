@@ -25,7 +25,7 @@ from rlhfless.runtime import wire
 # Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
 PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
            "rlhfless.rollout.session", "rlhfless.learner", "rlhfless.runtime.dist", "rlhfless.tasks.arith",
-           "rlhfless.config", "safetensors.torch"]
+           "rlhfless.config", "rlhfless.dataparallel", "safetensors.torch"]
 
 
 def now() -> float:
@@ -76,10 +76,12 @@ class Worker:
 
             self.reference = load_checkpoint(setup["reference_checkpoint"]).eval().requires_grad_(False)
         if setup.get("dist"):
+            from rlhfless.dataparallel import Shard
             from rlhfless.runtime.dist import init_group
 
             d = setup["dist"]
-            self.shard = init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"])
+            self.shard = Shard(d["rank"], d["world"],
+                               init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"]))
 
     # -- weights ------------------------------------------------------------------------------------------------
     def _load_policy(self, state_path: str | None, version: int) -> None:
