@@ -262,9 +262,8 @@ def _steps(run: Run, progress: bool) -> None:
         run.stages = RuntimeStages(run.cfg, run.learner, run.planner, run.cfg.runtime.mode, run.out)
     try:
         _loop(run, progress)
-        run.stages.sync_learner()
     finally:
-        run.stages.close()
+        run.stages.close()  # the runtime releases every worker, then brings run.learner up to date
     run.runtime_summary = run.stages.summary()
     if run.runtime_summary:
         from rlhfless.runtime.compare import gantt_steps

@@ -25,6 +25,7 @@ MODES = ("inline", "serverless", "serverful", "compare")
 BACKENDS = ("local",)
 START_METHODS = ("forkserver", "spawn")
 SHIP_KV = ("auto", "always", "never")
+MIGRATE = ("plan", "always", "never")
 
 
 def available_cores() -> int:
@@ -61,6 +62,10 @@ class RuntimeConfig:
     """never: each decode function prefills its own groups (shared prompt computed once per group); always: a
     prefill function computes the deduplicated prefix KV once and ships each decode function its rows;
     auto: ship when the time model says shipping is cheaper than recomputing (logged as runtime/ship_kv)."""
+    migrate: str = "plan"
+    """Live cut-and-migrate in serverless decode: plan = when the planner kept cuts at tau in its decision
+    (balancer/migrate_used); always = whenever an actor reaches plan.tau (the paper's rule, for ablations);
+    never = no cuts."""
     progress_every: int = 8
     """Decode iterations between a decode function's progress reports (cut-and-migrate decisions)."""
     invocation_timeout_s: float = 600.0
@@ -85,6 +90,7 @@ class RuntimeConfig:
         require(self.prewarm_buffer_s >= 0, "runtime.prewarm_buffer_s", f"must be >= 0 s (got {self.prewarm_buffer_s})")
         require(self.ship_prefix_kv in SHIP_KV, "runtime.ship_prefix_kv",
                 f"must be one of {list(SHIP_KV)} (got {self.ship_prefix_kv!r})")
+        require(self.migrate in MIGRATE, "runtime.migrate", f"must be one of {list(MIGRATE)} (got {self.migrate!r})")
         require(self.progress_every >= 1, "runtime.progress_every", f"must be >= 1 (got {self.progress_every})")
         require(self.invocation_timeout_s > 0, "runtime.invocation_timeout_s",
                 f"must be > 0 s (got {self.invocation_timeout_s})")

@@ -231,13 +231,21 @@ class Runtime:
                 f.write(json.dumps(inv.to_json()) + "\n")
         self._written = len(self.invocations)
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """Release every worker (billing ends) and write the records; the scratch files stay for sync_learner."""
         self.pool.release_all()
         self._write_invocations()
         with (self.out / "workers.jsonl").open("w") as f:
             for rec in self.pool.records.values():
                 f.write(json.dumps(rec.to_json()) + "\n")
+
+    def cleanup(self) -> None:
+        self.pool.release_all()
         wire.remove_scratch(self.scratch)
+
+    def close(self) -> None:
+        self.release()
+        self.cleanup()
 
 
 def fail(what: str, attempts: int) -> TrainingError:

@@ -42,7 +42,7 @@ class Chaos:
         pool = self.runtime.pool
         try:
             live = [h for h in list(pool.handles.values()) if h.ready_s is not None]
-            busy = [h for h in live if h.worker not in pool.idle_since]
+            busy = [h for h in live if h.worker in pool.working]
         except RuntimeError:  # the pool changed while we looked: try again next tick
             return None
         cands = busy or live

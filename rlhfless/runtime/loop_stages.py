@@ -51,7 +51,12 @@ class RuntimeStages(Stages):
         self.runtime.sync_learner(self.learner)
 
     def close(self) -> None:
-        self.runtime.close()
+        """Release every worker first (billing stops), then load the last state into the driver's learner."""
+        try:
+            self.runtime.release()
+            self.sync_learner()
+        finally:
+            self.runtime.cleanup()
 
     def summary(self) -> dict:
         return self.runtime.summary()

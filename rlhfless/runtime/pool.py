@@ -24,6 +24,7 @@ class Pool:
         self.handles: dict[str, Handle] = {}
         self.records: dict[str, WorkerRecord] = {}
         self.idle_since: dict[str, float] = {}
+        self.working: set[str] = set()
         self._ids = itertools.count()
 
     def rel(self, t: float) -> float:
@@ -42,7 +43,8 @@ class Pool:
     def mark_ready(self, h: Handle, msg: dict) -> None:
         h.ready_s = msg["t"]
         self.records[h.worker].ready_s = self.rel(msg["t"])
-        self.idle_since[h.worker] = msg["t"]
+        if h.worker not in self.working:  # a worker sent work before it was ready is busy from the start
+            self.idle_since[h.worker] = msg["t"]
 
     def await_ready(self, hs: list[Handle], on_other=None) -> None:
         """Block until every handle in `hs` said ready; a death raises WorkerDied."""
@@ -60,9 +62,11 @@ class Pool:
                     h.pending.append(msg)
 
     def busy(self, h: Handle) -> None:
+        self.working.add(h.worker)
         self.idle_since.pop(h.worker, None)
 
     def idle(self, h: Handle) -> None:
+        self.working.discard(h.worker)
         self.idle_since[h.worker] = now()
 
     def release(self, h: Handle) -> None:
@@ -82,6 +86,7 @@ class Pool:
         rec.released_s, rec.killed = self.rel(now()), killed
         self.handles.pop(h.worker, None)
         self.idle_since.pop(h.worker, None)
+        self.working.discard(h.worker)
         try:
             h.conn.close()
         except OSError:

@@ -52,7 +52,9 @@ class DecodeStage:
         self.G = rt.cfg.algo.group_size
         self.n_rows = len(groups) * self.G
         self.split = split_by_count(len(groups), rt.rt.workers()) if rt.serverful else plan_split(plan)
-        self.migrate = (not rt.serverful) and plan.decision.migration is not None
+        policy = rt.rt.migrate
+        self.migrate = not rt.serverful and (policy == "always" or policy == "plan" and
+                                             plan.decision.migration is not None)
         self.tau = rt.cfg.plan.tau
         self.results: dict[int, list] = {}
         self.prefix: dict[int, list[int]] = {}  # rows moved: the tokens they had when cut
@@ -217,6 +219,7 @@ class DecodeStage:
         h = self.rt.start_decoders(1, prewarmed=False)[0]
         a = _Actor(len(self.actors), h, set(), now(), cold=self.rt.first_use(h))
         self.actors[h.worker] = a
+        self.rt.pool.busy(h)
         return a
 
     # -- faults -------------------------------------------------------------------------------------------------
@@ -237,6 +240,7 @@ class DecodeStage:
                    groups=a.groups)
         del self.actors[h.worker]
         self.actors[new.worker] = b
+        rt.pool.busy(new)
         self._send(b, "decode", b.rows)
 
     def _restart_serverful(self, a: _Actor) -> None:
@@ -306,8 +310,8 @@ def run_learner(rt, prompts, responses, rewards: torch.Tensor, ref_logp, step: i
             if attempt > rt.rt.max_attempts:
                 raise fail(f"learner of step {step}", attempt - 1) from None
     rt.version += 1
-    old = rt.state_path(rt.version - 1)
-    old.unlink(missing_ok=True)
+    # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
+    rt.state_path(rt.version - 2).unlink(missing_ok=True)
     batch.unlink(missing_ok=True)
     if not rt.serverful:
         for h in hs:
@@ -345,6 +349,8 @@ def _learn_once(rt, hs: list, batch, step: int, attempt: int) -> dict[str, float
                 replies[h.worker] = msg
         if now() - requested > rt.rt.invocation_timeout_s:
             raise WorkerDied(hs[0])
+    if pw is not None:  # the learner beat the history's estimate: start the next decode functions now, still
+        rt.start_decoders(pw[1], prewarmed=True)  # ahead of the driver's logging and planning
     for h in hs:
         r = replies[h.worker]
         rt.record(step, "learner", h, requested, r["t_start"], r["t_end"], cold[h.worker], attempt,
@@ -361,6 +367,7 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
                                                     rt.pool.start(("reference",), (0,), {}, prewarmed=False))
         rt.reference_worker = None if rt.serverful else h
         requested, cold = now(), rt.first_use(h)
+        rt.pool.busy(h)
         rt.backend.send(h, {"op": "reference", "batch": str(batch), "out": str(out)})
         msg = _await(rt, h, "referenced")
         if msg is not None:
