@@ -17,7 +17,7 @@ import torch
 
 from rlhfless.model.tokenizer import ByteTokenizer
 from rlhfless.rollout.engine import SamplingParams, prefill
-from rlhfless.rollout.session import DecodeSession, PartialRow, resume_prefill
+from rlhfless.rollout.session import DecodeSession, PartialRow, resume_prefill, state_from_tensors, state_to_tensors
 from rlhfless.runtime import wire
 from rlhfless.runtime.worker import now
 from rlhfless.tasks.arith import score
@@ -37,14 +37,16 @@ class _Job:
         self.adopted = 0
         self.prefill = [0, 0, 0.0]  # prompt tokens computed, naive tokens, seconds
 
-    def add(self, items: list[dict]) -> None:
+    def add(self, items: list[dict], kv: dict | None = None) -> None:
         fresh = [it for it in items if it.get("prefix") is None]
         moved = [it for it in items if it.get("prefix") is not None]
         for it in items:
             for row in it["rows"]:
                 self.answers[row] = it["answer"]
                 self.prompts[row] = it["prompt"]
-        if fresh:
+        if fresh and kv is not None:
+            self.sessions.append(self._shipped(kv))
+        elif fresh:
             self.sessions.append(self._fresh(fresh))
         if moved:
             partials = [PartialRow(row, tuple(p)) for it in moved for row, p in zip(it["rows"], it["prefix"])]
@@ -68,6 +70,16 @@ class _Job:
             keep = torch.tensor([i for i, r in enumerate(rows.tolist()) if r in wanted])
             state, rows = state.select(keep), rows[keep]
         return DecodeSession(self.worker.model, state, self.params, self.seed, row_ids=rows, n_total=self.n_total)
+
+    def _shipped(self, kv: dict) -> DecodeSession:
+        """The prefix KV the prefill function computed for this actor's groups (rows in kv["rows"] order)."""
+        from safetensors import safe_open
+
+        with safe_open(kv["path"], framework="pt") as fh:
+            meta = fh.metadata()
+        state = state_from_tensors(wire.read_tensors(kv["path"]), meta, self.worker.model)
+        return DecodeSession(self.worker.model, state, self.params, self.seed, row_ids=kv["rows"],
+                             n_total=self.n_total)
 
     def unfinished(self) -> list[list[int]]:
         return [[row, gen] for s in self.sessions for row, gen in s.progress().unfinished]
@@ -93,7 +105,7 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
     """Decode the request's rows to the end (or until cut); returns the `done` reply with scored rows."""
     t0 = now()
     job = _Job(worker, msg)
-    job.add(msg["items"])
+    job.add(msg["items"], msg.get("kv"))
     every, report = msg.get("progress_every", 8), msg.get("report", False)
     cut_rows: list = []
     worker.model.eval()
@@ -117,3 +129,23 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
     return {"op": "done", "t_start": t0, "t_decode_end": t_decode, "t_end": now(), "sync_s": sync_s,
             "reward_s": reward_s, "results": results, "prefill": job.prefill, "adopted": job.adopted, "cut": len(cut_rows),
             "iterations": sum(len(s.iterations) for s in job.sessions)}
+
+
+def run_prefill(worker, msg: dict, sync_s: float) -> dict:
+    """The prefill function: every group's prompt (and prefixes shared across prompts) computed ONCE for the whole
+    step, then each decode actor's rows written to its own safetensors file (KV, masks, first logits)."""
+    t0 = now()
+    G = worker.G
+    with torch.no_grad():
+        state = prefill(worker.model, msg["prompts"], G, dedup=worker.cfg.rollout.dedup_prefill)
+    pos = {g: i for i, g in enumerate(msg["groups"])}
+    files = []
+    for a, gs in enumerate(msg["actors"]):
+        rows = [pos[g] * G + s for g in gs for s in range(G)]
+        tensors, meta = state_to_tensors(state.select(torch.tensor(rows)))
+        path = f"{msg['out_prefix']}-{a}.safetensors"
+        wire.write_tensors(path, tensors, meta)
+        files.append({"path": path, "rows": [g * G + s for g in gs for s in range(G)]})
+    st = state.stats
+    return {"op": "prefilled", "t_start": t0, "t_end": now(), "sync_s": sync_s, "files": files,
+            "prefill": [st.tokens_computed, st.tokens_naive, st.seconds]}

@@ -40,13 +40,16 @@ RUNTIME_HOOKS: list = []
 
 
 class Runtime:
-    def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None):
+    def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
+                 planner=None):
         from rlhfless.learner import save_learner_state
         from rlhfless.runtime.dist import free_port
 
         self._free_port = free_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
         self.serverful = mode == "serverful"
+        self.planner = planner
+        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.units = self.rt.resolved_units()
         self.backend = LocalBackend(self.rt.start_method)
         self.platform_start_s = self.backend.boot()
@@ -175,11 +178,23 @@ class Runtime:
                            self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful)
         m = bill.metrics()
         m.update(self.counters)
+        m.update(self._calibrate(step))
         for k, v in self.counters.items():
             self.totals[k] = self.totals.get(k, 0.0) + v
         self.steps_done += 1
         self._write_invocations()
         return m
+
+    def _calibrate(self, step: int) -> dict[str, float]:
+        """Hand the planner the measured decode cold start and weight-sync seconds in place of its assumptions."""
+        if self.planner is None or self.serverful:
+            return {}
+        cold = self.history.cold_s.get("decode")
+        syncs = [i.extra["sync_s"] for i in self.invocations
+                 if i.step == step and i.kind == "decode" and i.extra.get("sync_s", 0) > 0]
+        self.planner.calibrate(sum(cold) / len(cold) if cold else None, sum(syncs) / len(syncs) if syncs else None)
+        return {M.RUNTIME_PLANNER_COLD_START_S: self.planner.cfg.cold_start_s,
+                M.RUNTIME_PLANNER_WEIGHT_SYNC_S: self.planner.cfg.weight_sync_s}
 
     def next_decode_prewarm(self):
         """(seconds after the learner's start, how many) for the next step's decode workers, or None."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlhfless.planning import StepPlan
+from rlhfless.rollout.prefix import plan_prefill
 
 HISTORY = 3
 
@@ -73,3 +74,19 @@ def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Pr
         return Prewarm(None)
     expected = min(history.learn_s) + (min(history.between_s) if history.between_s else 0.0)
     return Prewarm(max(0.0, expected - history.cold("decode", cold_default) - buffer_s))
+
+
+def ship_saves_tokens(prompts: list[list[int]], split: list[list[int]], group_size: int, dedup: bool) -> int:
+    """Prompt tokens a prefill function computing every prefix once saves over actors prefilling their own groups
+    (each actor still computes each of its prompts once: only prefixes shared ACROSS actors are saved)."""
+    local = sum(plan_prefill([prompts[g] for g in gs], group_size, dedup=dedup).tokens_computed
+                for gs in split if gs)
+    return local - plan_prefill(prompts, group_size, dedup=dedup).tokens_computed
+
+
+def should_ship(mode: str, saved_tokens: int, prefill_s_per_token: float, cold_start_s: float) -> bool:
+    """never / always / auto: ship when the recompute it saves outweighs starting a prefill function (its cold
+    start sits on the critical path: the decode functions wait for its KV)."""
+    if mode != "auto":
+        return mode == "always"
+    return saved_tokens * prefill_s_per_token > cold_start_s

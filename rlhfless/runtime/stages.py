@@ -22,7 +22,7 @@ from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.executor import fail
-from rlhfless.runtime.policy import plan_split, prewarm_learner, split_by_count
+from rlhfless.runtime.policy import plan_split, prewarm_learner, ship_saves_tokens, should_ship, split_by_count
 from rlhfless.runtime.worker import now
 
 
@@ -81,10 +81,43 @@ class DecodeStage:
         grp = self.groups[g]
         return {"g": g, "prompt": grp.token_ids, "answer": grp.prompt.answer, "rows": rows, "prefix": prefix}
 
-    def _send(self, a: _Actor, op: str, rows: set[int]) -> None:
+    def _send(self, a: _Actor, op: str, rows: set[int], kv: dict | None = None) -> None:
         msg = {"op": op, "step": self.step, "seed": self.seed, "n_total": self.n_rows, "items": self._items(rows),
-               "report": self.migrate, "progress_every": self.rt.rt.progress_every, **self.rt.state_setup()}
+               "report": self.migrate, "progress_every": self.rt.rt.progress_every, "kv": kv,
+               **self.rt.state_setup()}
         self.rt.backend.send(a.handle, msg)
+
+    def _ship_kv(self) -> list[dict] | None:
+        """Run the prefill function when the policy says shipping its KV pays; the files per actor, or None."""
+        rt = self.rt
+        prompts = [g.token_ids for g in self.groups]
+        saved = ship_saves_tokens(prompts, self.split, self.G, rt.cfg.rollout.dedup_prefill)
+        tm = rt.planner_time_model
+        ship = not rt.serverful and should_ship(rt.rt.ship_prefix_kv, saved, tm.prefill_s_per_token,
+                                                rt.history.cold("prefill", rt.history.cold("decode", 0.3)))
+        rt.count(M.RUNTIME_SHIP_KV, float(ship))
+        rt.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
+        if not ship:
+            return None
+        for attempt in range(1, rt.rt.max_attempts + 1):
+            h = rt.pool.start(("prefill",), (0,), rt.state_setup())
+            requested, cold = now(), rt.first_use(h)
+            rt.pool.busy(h)
+            rt.backend.send(h, {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))),
+                                "actors": self.split, "out_prefix": str(rt.scratch / f"kv-{self.step}"),
+                                **rt.state_setup()})
+            from rlhfless.runtime.stages import _await
+
+            msg = _await(rt, h, "prefilled")
+            if msg is not None:
+                rt.record(self.step, "prefill", h, requested, msg["t_start"], msg["t_end"], cold, attempt)
+                self.prefill = list(msg["prefill"])
+                rt.pool.release(h)
+                return msg["files"]
+            rt.record(self.step, "prefill", h, requested, requested, now(), cold, attempt, ok=False)
+            rt.pool.dead(h)
+            rt.count(M.RUNTIME_RETRIES)
+        raise fail(f"prefill function of step {self.step}", rt.rt.max_attempts)
 
     def _handles(self, n: int) -> list:
         rt = self.rt
@@ -101,13 +134,14 @@ class DecodeStage:
         rt = self.rt
         t_start = now()
         handles = self._handles(len(self.split))
+        kv = self._ship_kv()
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
             a = _Actor(i, h, rows, now(), cold=rt.first_use(h), groups=set(gs))
             self.actors[h.worker] = a
             if rows:
                 rt.pool.busy(h)
-                self._send(a, "decode", rows)
+                self._send(a, "decode", rows, kv[i] if kv else None)
             else:
                 a.done = True
         rt.decode_prewarm = len([a for a in self.actors.values() if a.rows])

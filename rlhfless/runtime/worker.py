@@ -40,6 +40,9 @@ def main(conn, setup_json: str) -> None:
     import torch
 
     torch.set_num_threads(len(setup["cores"]))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per cold start would drown the driver's output
     worker = Worker(setup)
     wire.send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
     while True:
@@ -69,7 +72,7 @@ class Worker:
         self.learner = None
         self.reference = None
         self.shard = None
-        if "decode" in self.kinds or "learner" in self.kinds:
+        if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
         if "reference" in self.kinds:
             from rlhfless.model.factory import load_checkpoint
@@ -123,6 +126,11 @@ class Worker:
 
             sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
             return run_decode(self, msg, conn, sync_s)
+        if op == "prefill":
+            from rlhfless.runtime.decoding import run_prefill
+
+            sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+            return run_prefill(self, msg, sync_s)
         if op == "cut":  # arrived after this worker had finished: nothing left to hand over
             return {"op": "cut_rows", "rows": [], "late": True}
         if op == "learn":
