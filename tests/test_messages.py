@@ -79,6 +79,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 HELP_CHECKS = {  # "command option": how to apply the example its help gives
     "train overrides": lambda ex: load_run_config(REPO / "experiments/configs/quickstart.yaml", ex.split()),
+    "bench faults overrides": lambda ex: load_run_config(REPO / "experiments/configs/faults.yaml", ex.split()),
     "pretrain overrides": lambda ex: from_dict(PretrainConfig, apply_overrides({}, ex.split())),
     "bench plan-trace --trace": lambda ex: (REPO / ex).is_file() or pytest.fail(f"{ex} does not exist"),
     "bench plan-trace --set": lambda ex: load_plan_config(None, [ex.removeprefix("--set ")]),
