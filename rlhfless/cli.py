@@ -22,6 +22,7 @@ _MODULES = (
     "rlhfless.plan.cli",
     "rlhfless.rollout.cli",
     "rlhfless.predictor.cli",
+    "rlhfless.sim.cli",
 )
 
 
