@@ -167,12 +167,13 @@ class RLHFless:
     """Serverless functions through the planner, each optimization switchable (module header)."""
 
     def __init__(self, c: Cluster, sw: Switches, lam: float, tau: float, prefill_actors: int = 1,
-                 name: str = "rlhfless", predictor: PredictorConfig | None = None):
+                 name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0):
+        """max_actors: candidates N go up to this (0 = every replica); with scaling off exactly this many."""
         self.c, self.sw, self.name = c, sw, name
         pm = c.perf
         self.cfg = PlanConfig(policy="contiguous" if sw.assign else "round_robin", capacity=c.capacity,
                               migrate=sw.migrate, tau=tau, scale=sw.scale, lam=lam, min_actors=1,
-                              max_actors=c.replicas, gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
+                              max_actors=min(max_actors, c.replicas) if max_actors else c.replicas, gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
                               cold_start_s=pm.cold_start_s(), weight_sync_s=pm.weight_sync_s(colocated=False),
                               billing=c.billing)
         self.predictor = build_predictor(predictor or PredictorConfig(name="ewma"))
