@@ -16,7 +16,8 @@ COLORS = {"decode": "#4c72b0", "prefill": "#55a868", "reference": "#c44e52", "va
 
 
 def gantt(timelines: dict, step: int, path: str | Path) -> Path:
-    """One panel per policy: the spans of `step` (decode actors one row each), cold starts hatched."""
+    """One panel per policy: the spans of `step` (decode actors one row each), cold starts hatched, pre-warm
+    billed before the step's start drawn pale at negative times."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,16 +28,21 @@ def gantt(timelines: dict, step: int, path: str | Path) -> Path:
     for ax, name in zip(axes[:, 0], names):
         tl = timelines[name][0]
         spans = [s for s in tl.spans if s.step == step and s.kind not in ("pool", "trainer")]
-        t0 = min((s.start_s for s in spans), default=0.0)
+        t0 = next((a for k, name_, a, _ in tl.stages if k == step and name_ == "rollout"), 0.0)
         rows = sorted({(s.kind != "decode", s.kind, s.instance) for s in spans})
         for s in spans:
             y = rows.index((s.kind != "decode", s.kind, s.instance))
-            ax.barh(y, s.end_s - s.start_s, left=s.start_s - t0, color=COLORS.get(s.kind, "grey"), height=0.8)
+            color = COLORS.get(s.kind, "grey")
+            start = max(s.start_s, t0)
+            ax.barh(y, s.end_s - start, left=start - t0, color=color, height=0.8)
+            if s.start_s < t0:  # pre-warmed during the previous step: billed, off this step's critical path
+                ax.barh(y, t0 - s.start_s, left=s.start_s - t0, color=color, alpha=0.3, height=0.8)
             if s.cold_s > 0:
-                ax.barh(y, s.cold_s, left=s.start_s - t0, color="none", hatch="///", edgecolor="black", height=0.8)
+                ax.barh(y, s.cold_s, left=start - t0, color="none", hatch="///", edgecolor="black", height=0.8)
+        ax.axvline(0.0, color="black", lw=0.6)
         ax.set_yticks(range(len(rows)), [f"{k}{i}" if k == "decode" else k for _, k, i in rows], fontsize=6)
         ax.set_title(name, fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("seconds from the step's start (hatched: cold start)")
+    axes[-1, 0].set_xlabel("seconds from the step's start (hatched: cold start; pale, before 0: pre-warm, billed)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for k, c in COLORS.items() if k not in ("pool", "trainer")]
     fig.legend(handles, [k for k in COLORS if k not in ("pool", "trainer")], loc="upper right", fontsize=7)
     fig.tight_layout()

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
 from rlhfless.sim.step import play_step
 from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, replay_trace, synthetic
 
+REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that module imports torch (1.3 s)
 ALGOS = ("grpo", "ppo")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
 ABLATION = (("serverless-verl", Switches(False, False, False, False, False)),
@@ -155,18 +158,22 @@ def workload(cfg: SimConfig) -> tuple[list[StepWork], str]:
         if path is None:
             note = "GSM8K not found (set gsm8k=PATH or RLHFLESS_GSM8K); lognormal prompts instead"
         else:
-            pool, note = gsm8k_prompt_tokens(path, cfg.template_tokens), f"synthetic lengths, GSM8K prompts {path}"
+            pool, note = _gsm8k_pool(str(path), cfg.template_tokens), f"synthetic lengths, GSM8K prompts {path}"
     return synthetic(cfg.lengths, cfg.n_prompts, cfg.prompts_per_step, cfg.group_size, cfg.steps, cfg.seed,
                      prompt_tokens=pool, template_tokens=cfg.template_tokens), note
+
+
+@lru_cache(maxsize=4)
+def _gsm8k_pool(path: str, template_tokens: int):
+    """GSM8K prompt lengths, read once per scenario run (every case of the testbed uses them)."""
+    return gsm8k_prompt_tokens(path, template_tokens)
 
 
 def gsm8k_path(given: str):
     """The GSM8K file to use: `given` when set (it must exist), else the first that exists of $RLHFLESS_GSM8K and
     ../shared beside the checkout or beside its parent (worktrees); None when there is none."""
     import os
-    from pathlib import Path
 
-    from rlhfless.config import REPO_ROOT
     from rlhfless.errors import DataError
 
     if given:
@@ -181,8 +188,6 @@ def gsm8k_path(given: str):
 
 
 def _path(p: str):
-    from rlhfless.config import REPO_ROOT
-
     q = REPO_ROOT / p
     return q if q.exists() else p
 

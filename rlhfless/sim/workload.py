@@ -130,7 +130,7 @@ def synthetic(dist: LengthDist, n_prompts: int, prompts_per_step: int, group_siz
     return _synthetic_arrays(params, plen, steps, seed)
 
 
-SMALL_TRACE = 50_000  # rows: above this the vectorised generator avoids a Python object per sample
+SMALL_TRACE = 5_000  # rows: above this the vectorised generator avoids a Python object per sample
 
 
 def _group_rows(rows, plen: np.ndarray, steps: int) -> list[StepWork]:
