@@ -5,7 +5,9 @@ Purpose: `SimConfig` (one case: device, count, model, TP, algorithm, workload, p
 plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON report of the CLI.
 
 Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
-`Timeline` per policy. Reported per policy: mean step seconds, device-seconds billed per step (`cost_device_s`,
+`Timeline` per policy. Policies: verl, rlhfuse, rlhfless (lam as configured), oracle, and rlhfless-lam1 (the same
+system asked for time only: how fast it can go on this cluster); with `ablation=true` also the ladder
+serverless-verl, +dedup, +assign, +migrate, +scale. Reported per policy: mean step seconds, device-seconds billed per step (`cost_device_s`,
 the paper's GPU-second metric: serverful = devices x wall, serverless = billed invocations), dollars per step
 (`cost_usd`: on-demand prices for serverful, serverless prices otherwise, from `plan.cost.CATALOG`).
 `speedup` = verl step / rlhfless step; `cost_reduction` = 1 - rlhfless / verl device-seconds;
@@ -87,6 +89,12 @@ class SimConfig:
     ablation: bool = False
     """Also run the ablation ladder (verl-equivalent serverless, +dedup, +assign, +migrate, +scale)."""
     billing: BillingRules = field(default_factory=BillingRules)
+    container_start_s: float = 2.0
+    """Serverless container start (assumed; see PerfModel)."""
+    engine_init_s: float = 5.0
+    """Inference-engine start of a prefill/decode function (assumed; see PerfModel)."""
+    storage_gbps: float = 2.5
+    """GB/s per device reading weights at a cold start (assumed; see PerfModel)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -107,6 +115,9 @@ class SimConfig:
         require(0 < self.tau <= 1, "tau", f"must lie in (0, 1] (got {self.tau})")
         require(self.template_tokens >= 0, "template_tokens", f"must be >= 0 (got {self.template_tokens})")
         require(self.rlhfless_tp >= 0, "rlhfless_tp", f"must be >= 0 (got {self.rlhfless_tp})")
+        for f in ("container_start_s", "engine_init_s"):
+            require(getattr(self, f) >= 0, f, f"must be >= 0 s (got {getattr(self, f)})")
+        require(self.storage_gbps > 0, "storage_gbps", f"must be > 0 (got {self.storage_gbps})")
         require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
 
 
@@ -133,7 +144,7 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork]) -> Cluster:
     """The shared perf model, time model and KV capacity for a TP degree (context from the workload)."""
     dev, shape = hw.device(cfg.device), hw.model(cfg.model)
     eff = FITTED[dev.name]
-    pm = PerfModel(dev, shape, tp, eff)
+    pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9)
     require(cfg.n_devices % tp == 0, "n_devices", f"must be a multiple of tp={tp} (got {cfg.n_devices})")
     lens = np.array([x for s in work[:4] for g in s.groups for x in g.lengths], float)
     plen = float(np.mean([g.prompt_len for s in work[:4] for g in s.groups]))
