@@ -76,3 +76,19 @@ def test_step_without_actors_goes_straight_to_scoring():
     res = play_step(loop, tl, 0.0, plan, 0)
     loop.run()
     assert (res.rollout_end_s, res.end_s) == (3.0, 4.0)
+
+
+def test_event_order_is_sorted_by_time_priority_then_insertion():
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 2)), max_size=40))
+    @hypothesis.settings(max_examples=30, deadline=None)
+    def check(events):
+        loop, seen = EventLoop(), []
+        for i, (t, prio) in enumerate(events):
+            loop.at(float(t), prio, lambda lp, i=i: seen.append(i))
+        loop.run()
+        assert seen == sorted(range(len(events)), key=lambda i: (events[i][0], events[i][1], i))
+
+    check()

@@ -99,3 +99,16 @@ def test_config_errors_name_the_field():
                       (dict(device="TPU"), "device"), (dict(model="x"), "model")]:
         with pytest.raises(ConfigError, match=f"^{field}:"):
             SimConfig(**kw)
+
+
+def test_verl_gets_its_fastest_tensor_parallel_degree():
+    from rlhfless.sim.scenario import _tuned_tp, build_cluster, workload
+
+    cfg = case_configs("paper-testbed", 2, ["workload=synthetic"])[0]
+    work, _ = workload(cfg)
+    best = _tuned_tp(cfg, work)
+    times = {}
+    for tp in (1, 2, 4, 8):
+        c = build_cluster(cfg, tp, work)
+        times[tp] = simulate_policy(Verl(c), work[:2], c)[0]["step_time_s"]
+    assert times[best] == min(times.values())
