@@ -77,11 +77,14 @@ FITTED = {
 }
 FITTED["H200"] = replace(FITTED["H100"], source="H100's fit (same SM; assumed)")
 FITTED["L40S"] = replace(FITTED["A40"], source="A40's fit applied to L40S peaks (nearest profiled relative; assumed)")
-# this machine's core: overheads dominate the tiny model; fitted by calibrate.fit_cpu_decode to
-# data/profiles/tpot_tiny_cpu.json and calibrate.fit_cpu_train to a quickstart run (values in calibrate)
-FITTED["cpu-core"] = Efficiency(0.5, 0.5, 0.0, iter_overhead_s=1.5e-3, allreduce_latency_s=0.0, train_mfu=0.3,
-                                fwd_mfu=0.3, train_fixed_s=0.2, kv_mem_frac=0.5, max_num_seqs=4096,
-                                source="assumed placeholder; replaced by the calibrated CPU model")
+# This machine's core running the tiny fp32 model. Decode: calibrate.fit_cpu_decode on
+# data/profiles/tpot_tiny_cpu.json gives 2.63 GB/s effective (0.263 of the nominal 10 GB/s) and 0.94 ms per
+# iteration (median error 5.6%); the profile never reaches the compute roof, so compute_eff stays 1.0 (not
+# identifiable). Training: validate.calibrate on runs/qs_seed0 steps 1-100 gives 1.37e-4 s per trained token on 2
+# cores = 6 x 524,672 / 1.37e-4 / 2 = 11.5 GFLOP/s per core = 0.144 of the nominal 80 (scoring assumed the same).
+FITTED["cpu-core"] = Efficiency(1.0, 0.263, 0.0, iter_overhead_s=9.4e-4, allreduce_latency_s=0.0, train_mfu=0.144,
+                                fwd_mfu=0.144, train_fixed_s=0.0, kv_mem_frac=0.5, max_num_seqs=4096,
+                                source="fit_cpu_decode on the TPOT profile; update time of runs/qs_seed0")
 
 
 @dataclass(frozen=True)

@@ -263,6 +263,9 @@ def validate_mode(run: RunData, calib: RunData | None) -> dict:
     for st in STAGES:
         meas = _measured(run, val, f"timing_s/{st}")
         stages[st] = _row(float(sim[st].mean()), float(meas.mean()))
+    tpot = tpot_profile_decode(run, val, ctx)
+    if tpot is not None:  # the engine benchmark's profile alone, without fitting to this run: for reference
+        stages["decode_from_tpot_profile"] = _row(tpot, float(_measured(run, val, "timing_s/decode").mean()))
     return {"mode": run.mode, "path": str(run.path), "steps_validated": len(val),
             "calibrated_on": str((calib or run).path) + ("" if calib else f" steps {cal_steps[0].step}.."
                                                          f"{cal_steps[-1].step}"),
@@ -272,13 +275,26 @@ def validate_mode(run: RunData, calib: RunData | None) -> dict:
             "stages": stages, "cost": cost_rows(run, val, sim)}
 
 
+def tpot_profile_decode(run: RunData, steps: list[StepWork], ctx: float) -> float | None:
+    """Mean decode seconds of `steps` from the CPU model fitted to the shipped TPOT profile (None without it)."""
+    from rlhfless.sim.calibrate import fit_cpu_decode
+
+    profile = Path(__file__).resolve().parents[2] / "data" / "profiles" / "tpot_tiny_cpu.json"
+    if not profile.is_file():
+        return None
+    pm, _ = fit_cpu_decode(profile, tiny_model())
+    n, cap = _actors(run, steps)
+    tm = pm.time_model(cap, ctx)
+    return float(np.mean([assign(_jobs(s), k, cap, tm, "round_robin")[0].makespan_s for s, k in zip(steps, n)]))
+
+
 def validate(run_dir: str | Path, calibrate_from: str | Path | None = None) -> dict:
     """The `--validate` report: per mode, and the largest step-time and cost errors over modes."""
     runs = load_runs(run_dir)
     calib = load_runs(calibrate_from) if calibrate_from else {}
     modes = {m: validate_mode(r, calib.get(m) or (next(iter(calib.values())) if calib else None))
              for m, r in runs.items()}
-    step_err = max(m["stages"]["step"]["rel_error"] for m in modes.values())
+    step_err = max(m["stages"]["step"]["rel_error"] for m in modes.values())  # the reference row is not a mode
     costs = [m["cost"]["cost_device_s"].get("rel_error") for m in modes.values()]
     cost_err = max((c for c in costs if c is not None), default=float("nan"))
     return {"run_dir": str(run_dir), "modes": modes, "step_time_error": step_err, "cost_error": cost_err}
