@@ -12,7 +12,15 @@ import yaml
 
 from rlhfless.cli import main
 from rlhfless.records import TraceRow
-from rlhfless.sim.validate import _context, decode_features, trained_tokens, unique_prompt_tokens, validate
+from rlhfless.plan import PlanJob, assign
+from rlhfless.sim.validate import (
+    StageModel,
+    _context,
+    decode_features,
+    trained_tokens,
+    unique_prompt_tokens,
+    validate,
+)
 from rlhfless.sim.workload import replay_trace
 from rlhfless.traces import TraceWriter
 
@@ -53,10 +61,13 @@ def test_bad_input_is_one_line_naming_the_field(argv, field, capsys):
 
 
 # ---- --validate on run dirs made here ------------------------------------------------------------------
-OV, BW = 0.0015, 2e9  # the "true" machine the fake runs were measured on
+OV, BW, OVERHEAD = 0.0015, 2e9, 0.4  # the "true" machine the fake runs were measured on
 
 
 def _write_run(d: Path, mode: str, steps: int = 8, extra: dict | None = None) -> None:
+    """A run dir as `rlhfless train` (inline) or the runtime (serverless/serverful) writes it, measured on a
+    machine with known constants: decode = OV x iterations + bytes / BW; prefill, update linear in tokens;
+    serverless workers billed busy + OVERHEAD each (2 decode actors, 2 learner ranks)."""
     rng = np.random.default_rng(0)
     d.mkdir(parents=True)
     rows = [TraceRow(f"p{p}", "x", s // 4, s, k, 10 + p, int(rng.integers(5, 120)), False, float(rng.integers(0, 2)))
@@ -64,15 +75,15 @@ def _write_run(d: Path, mode: str, steps: int = 8, extra: dict | None = None) ->
     with TraceWriter(d / "traces" / "rollouts.jsonl") as w:
         w.write(rows)
     cfg = {"algo": {"skip_zero_variance_groups": True}, "train": {"threads": 2},
-           "plan": {"capacity": 32, "billing": {"granularity_s": 1.0, "keep_alive_s": 0.0}}}
+           "plan": {"capacity": 32, "policy": "contiguous"}}
     if mode != "inline":
         cfg["runtime"] = {"mode": mode, "units": 2}
     (d / "config.yaml").write_text(yaml.safe_dump(cfg))
     work = replay_trace(d / "traces" / "rollouts.jsonl")
-    n = 1 if mode == "inline" else 2
-
+    n, policy = (1, "round_robin") if mode == "inline" else (2, "contiguous")
     # inline: one engine batch of all 32 sequences; runtime: plan.capacity 32 per actor
-    feats = decode_features(work, [n] * len(work), 32, _context(work))
+    feats = decode_features(work, [n] * len(work), 32, _context(work), policy)
+    invocations = []
     with (d / "metrics.jsonl").open("w") as fh:
         for s, f in zip(work, feats):
             dec = f @ np.array([OV, 1 / BW])
@@ -81,8 +92,19 @@ def _write_run(d: Path, mode: str, steps: int = 8, extra: dict | None = None) ->
             roll = pre + dec + 0.001
             m = {"step": s.step, "timing_s/decode": dec, "timing_s/prefill": pre, "timing_s/update": upd,
                  "timing_s/rollout": roll, "timing_s/step": roll + upd + 0.01, "scaler/num_actors": n}
+            if mode == "serverless":
+                tm = StageModel(BW, OV, (0, 0), (0, 0), 0, 0, {}).time_model(32, _context(work))
+                busy = sum(assign([PlanJob(g.prompt_id, len(g.lengths), tuple(map(float, g.lengths)))
+                                   for g in s.groups], 2, 32, tm, "contiguous")[0].busy_s)
+                m["function/decode/billed_s"] = busy + 2 * OVERHEAD
+                m["function/learner/billed_s"] = 2 * (upd + OVERHEAD)
+                m["cost/device_seconds"] = m["function/decode/billed_s"] + m["function/learner/billed_s"]
+                invocations += [{"step": s.step, "kind": k, "worker": f"{k}-{s.step}-{i}", "units": 1.0, "ok": True}
+                                for k in ("decode", "learner") for i in range(2)]
             m.update(extra or {})
             fh.write(json.dumps(m) + "\n")
+    if invocations:
+        (d / "invocations.jsonl").write_text("".join(json.dumps(i) + "\n" for i in invocations))
 
 
 def test_validate_inline_run_recovers_the_machine(tmp_path, capsys):
@@ -112,13 +134,13 @@ def test_validate_detects_a_wrong_model(tmp_path):
 
 def test_validate_runtime_comparison_dir(tmp_path):
     _write_run(tmp_path / "cmp" / "serverful", "serverful")
-    _write_run(tmp_path / "cmp" / "serverless", "serverless", extra={"function/decode/billed_s": 1.0,
-                                                                      "cost/device_seconds": 6.0})
-    (tmp_path / "cmp" / "serverless" / "workers.jsonl").write_text(json.dumps({"worker": 0, "cold_start_s": 0.5}))
+    _write_run(tmp_path / "cmp" / "serverless", "serverless")
     rep = validate(tmp_path / "cmp")
     assert set(rep["modes"]) == {"serverless", "serverful"}
     sl = rep["modes"]["serverless"]["cost"]
-    assert sl["function/decode/billed_s"]["measured"] == 1.0 and "simulated" in sl["function/decode/billed_s"]
-    assert "missing" in sl["function/learner/billed_s"]  # not measured: said so, not guessed
+    for kind in ("decode", "learner"):  # busy device-seconds + the per-worker overhead fitted on the first half
+        row = sl[f"function/{kind}/billed_s"]
+        assert row["rel_error"] < 1e-3 and row["overhead_per_worker_s"] == pytest.approx(OVERHEAD, rel=1e-3)
+    assert "missing" in sl["function/prefill/billed_s"]  # not billed by the run: said so, not guessed
     assert rep["modes"]["serverful"]["cost"]["cost_device_s"]["rel_error"] < 1e-3  # units x wall
-    assert np.isfinite(rep["cost_error"]) and rep["step_time_error"] < 1e-3
+    assert rep["cost_error"] < 1e-3 and rep["step_time_error"] < 1e-3

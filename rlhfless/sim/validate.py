@@ -11,9 +11,14 @@ relative error of the mean over modes) and per-stage rows. A run dir is one run 
     first half of the steps and validated on the second half.
   * Simulation: each validated step's groups, as recorded, through the same time model (inline: one engine
     batch; runtime modes: the planner's actor count per step from metrics) plus the fitted stage models.
-  * Cost: inline = units x wall (serverful-like; units = train.threads cores); runtime runs: `cost/device_seconds`
-    and `function/<kind>/billed_s` from metrics (or `invocations.jsonl`), simulated with `plan.cost`'s billing and
-    cold starts measured in `workers.jsonl`. Fields that are absent are reported as such (`missing`), not guessed.
+  * Cost, by the runtime's rule (`rlhfless.runtime.meter`: a worker is billed from request to release, x its
+    units): inline = units x wall (serverful-like; units = train.threads cores); serverful = the pool's units
+    (workers.jsonl, else the config, else billed/wall of the calibration steps) x simulated wall; serverless =
+    per kind (decode, prefill, learner) the simulated busy device-seconds (decode: every actor's busy time from
+    the time model with the run's actor count and policy; learner: the update on each data-parallel rank) plus a
+    per-worker overhead (cold start, pre-warm, idle) fitted on the calibration steps' `function/<kind>/billed_s`;
+    compared with `function/<kind>/billed_s` and `cost/device_seconds`. Workers per step come from
+    `invocations.jsonl`. Fields that are absent are reported as such (`missing`), not guessed.
 
 Non-goals: no per-token replay; no simulation of process start-up outside the steps.
 
@@ -30,7 +35,6 @@ import numpy as np
 
 from rlhfless.errors import DataError
 from rlhfless.plan import PlanJob, TimeModel, assign
-from rlhfless.plan.cost import BillingRules, billed_seconds_array
 from rlhfless.sim.calibrate import cpu_decode_model, fit_linear
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.workload import StepWork, replay_trace
@@ -106,7 +110,8 @@ def _jobs(step: StepWork) -> list[PlanJob]:
     return [PlanJob(g.prompt_id, len(g.lengths), tuple(float(x) for x in g.lengths), 0) for g in step.groups]
 
 
-def decode_features(work: list[StepWork], n_actors: list[int], capacity: int, ctx: float) -> np.ndarray:
+def decode_features(work: list[StepWork], n_actors: list[int], capacity: int, ctx: float,
+                    policy: str = "round_robin") -> np.ndarray:
     """(steps, 2): per step, decode iterations of the slowest actor and the bytes the roofline moves on it, from
     the planner's time model with unit costs (iteration = 1 s; bytes at 1 byte/s, no overhead)."""
     ones = TimeModel((1, capacity), (1.0, 1.0), 0.0, 0.0, source="unit")
@@ -115,8 +120,8 @@ def decode_features(work: list[StepWork], n_actors: list[int], capacity: int, ct
     out = np.zeros((len(work), 2))
     for i, (s, n) in enumerate(zip(work, n_actors)):
         jobs = _jobs(s)
-        a, _ = assign(jobs, n, capacity, per_byte, "round_robin")
-        b, _ = assign(jobs, n, capacity, ones, "round_robin")
+        a, _ = assign(jobs, n, capacity, per_byte, policy)
+        b, _ = assign(jobs, n, capacity, ones, policy)
         out[i] = (b.makespan_s, a.makespan_s)
     return out
 
@@ -162,19 +167,36 @@ def _measured(run: RunData, steps: list[StepWork], key: str) -> np.ndarray:
     return np.array([run.metrics[s.step].get(key) or 0.0 for s in steps], dtype=float)
 
 
+def _workers(run: RunData, step: int, kind: str) -> tuple[int, float]:
+    """(workers, units per worker) that ran `kind` in `step`, from invocations.jsonl ((0, 1.0) when absent)."""
+    rows = [i for i in run.invocations if i.get("step") == step and i.get("kind") == kind and i.get("ok", True)]
+    units = {i.get("worker"): float(i.get("units") or 1.0) for i in rows}
+    return len(units), (float(np.mean(list(units.values()))) if units else 1.0)
+
+
 def _actors(run: RunData, steps: list[StepWork]) -> tuple[list[int], int]:
-    """Decode actors per step and their capacity: one engine batch inline, the planner's choice otherwise."""
+    """Decode actors per step and their capacity: one engine batch inline; otherwise the decode workers the run
+    logged (invocations.jsonl, else `runtime/decode_actors`, else the planner's `scaler/num_actors`)."""
     if run.mode == "inline":
         return [1] * len(steps), max(s.n_seqs for s in steps)
     cap = int((run.config.get("plan") or {}).get("capacity", 256))
     cap = max(cap, max(len(g.lengths) for s in steps for g in s.groups))
-    return [max(1, int(run.metrics[s.step].get("scaler/num_actors") or 1)) for s in steps], cap
+    out = []
+    for s in steps:
+        m = run.metrics[s.step]
+        n = _workers(run, s.step, "decode")[0] or m.get("runtime/decode_actors") or m.get("scaler/num_actors") or 1
+        out.append(max(1, int(n)))
+    return out, cap
+
+
+def _policy(run: RunData) -> str:
+    return "round_robin" if run.mode == "inline" else str((run.config.get("plan") or {}).get("policy", "contiguous"))
 
 
 def calibrate(run: RunData, steps: list[StepWork], ctx: float) -> StageModel:
     """Fit the stage models on `steps` of `run` (module header)."""
     n, cap = _actors(run, steps)
-    feats = decode_features(steps, n, cap, ctx)
+    feats = decode_features(steps, n, cap, ctx, _policy(run))
     dec = _measured(run, steps, "timing_s/decode")
     bw, ov = fit_decode(feats, dec)
     pre = _measured(run, steps, "timing_s/prefill")
@@ -192,16 +214,18 @@ def calibrate(run: RunData, steps: list[StepWork], ctx: float) -> StageModel:
 
 # ---- simulation and comparison ---------------------------------------------------------------------
 def simulate_steps(run: RunData, steps: list[StepWork], sm: StageModel, ctx: float) -> dict[str, np.ndarray]:
-    """Per-step simulated seconds of every stage (STAGES) for the recorded steps."""
+    """Per-step simulated seconds of every stage (STAGES) for the recorded steps, plus `decode_busy`: the decode
+    actors' busy seconds summed (what serverless decode workers are billed for, before overheads)."""
     n, cap = _actors(run, steps)
     tm = sm.time_model(cap, ctx)
     skip = bool((run.config.get("algo") or {}).get("skip_zero_variance_groups", False))
-    decode = np.array([assign(_jobs(s), k, cap, tm, "round_robin")[0].makespan_s for s, k in zip(steps, n)])
+    plans = [assign(_jobs(s), k, cap, tm, _policy(run))[0] for s, k in zip(steps, n)]
+    decode = np.array([p.makespan_s for p in plans])
     prefill = np.array([sm.prefill[0] + sm.prefill[1] * unique_prompt_tokens(s) for s in steps])
     update = np.array([sm.update[0] + sm.update[1] * trained_tokens(s, skip) for s in steps])
     rollout = prefill + decode + sm.rollout_other_s
     return {"decode": decode, "prefill": prefill, "update": update, "rollout": rollout,
-            "step": rollout + update + sm.step_other_s}
+            "step": rollout + update + sm.step_other_s, "decode_busy": np.array([sum(p.busy_s) for p in plans])}
 
 
 def _units(run: RunData) -> float:
@@ -209,37 +233,80 @@ def _units(run: RunData) -> float:
     return float(rt.get("units") or (run.config.get("train") or {}).get("threads") or 1)
 
 
-def cost_rows(run: RunData, steps: list[StepWork], sim: dict[str, np.ndarray]) -> dict:
-    """Simulated vs measured device-seconds per step (mean), and per function kind where the run billed any."""
-    units, measured_step = _units(run), _measured(run, steps, "timing_s/step")
-    if run.mode in ("inline", "serverful"):
-        meas = [run.metrics[s.step].get("cost/device_seconds") for s in steps]
-        m = float(np.mean(meas)) if all(v is not None for v in meas) else float(units * measured_step.mean())
-        return {"cost_device_s": _row(units * sim["step"].mean(), m),
-                "note": "units x wall" + ("" if run.mode == "serverful" else " (inline: serverful-like)")}
-    return _serverless_cost(run, steps, sim, units)
+def _measured_cost(run: RunData, steps: list[StepWork]) -> np.ndarray | None:
+    vals = [run.metrics[s.step].get("cost/device_seconds") for s in steps]
+    return np.array(vals, float) if all(v is not None for v in vals) else None
 
 
-def _serverless_cost(run: RunData, steps: list[StepWork], sim: dict[str, np.ndarray], units: float) -> dict:
-    """Serverless: each stage billed as invocations of `units` cores under the run's billing rules; cold starts
-    measured in workers.jsonl (absent: none)."""
-    billing = BillingRules(**(run.config.get("plan") or {}).get("billing", {}))
-    cold = float(np.mean([w["cold_start_s"] for w in run.workers if w.get("cold_start_s") is not None] or [0.0]))
-    kinds = {"decode": sim["decode"], "prefill": sim["prefill"], "learner": sim["update"]}
-    out, total_sim = {}, 0.0
-    for kind, secs in kinds.items():
-        billed = billed_seconds_array(secs + cold, np.ones(len(secs), bool), cold, billing)
-        total_sim += float((billed * units).mean())
-        meas = [run.metrics[s.step].get(f"function/{kind}/billed_s") for s in steps]
-        if all(v is not None for v in meas):
-            out[f"function/{kind}/billed_s"] = _row(float(billed.mean()), float(np.mean(meas)))
-        else:
-            out[f"function/{kind}/billed_s"] = {"simulated": float(billed.mean()), "missing": "not in metrics.jsonl"}
-    meas = [run.metrics[s.step].get("cost/device_seconds") for s in steps]
-    if all(v is not None for v in meas):
-        out["cost_device_s"] = _row(total_sim, float(np.mean(meas)))
-    else:
-        out["cost_device_s"] = {"simulated": total_sim, "missing": "cost/device_seconds not in metrics.jsonl"}
+def cost_rows(run: RunData, cal_run: RunData, cal: list[StepWork], val: list[StepWork], sm: StageModel,
+              ctx: float, sim: dict[str, np.ndarray]) -> dict:
+    """Simulated vs measured device-seconds per step (mean) and, for serverless runs, per function kind; what is
+    fitted is fitted on `cal` steps of `cal_run`, never on the validated steps."""
+    if run.mode == "serverless":
+        return _serverless_cost(run, cal_run, cal, val, sm, ctx, sim)
+    meas = _measured_cost(run, val)
+    if run.mode == "inline" or meas is None:
+        units = _units(run)
+        m = float(meas.mean()) if meas is not None else units * float(_measured(run, val, "timing_s/step").mean())
+        return {"cost_device_s": _row(units * float(sim["step"].mean()), m),
+                "note": f"{units:g} units x wall" + (" (inline: serverful-like)" if run.mode == "inline" else "")}
+    pool = _pool_units(run, cal_run, cal)
+    return {"cost_device_s": _row(pool * float(sim["step"].mean()), float(meas.mean())),
+            "note": f"serverful pool of {pool:g} units x wall"}
+
+
+def _pool_units(run: RunData, cal_run: RunData, cal: list[StepWork]) -> float:
+    """Units the serverful pool holds: workers.jsonl (workers hosting several kinds), else the config, else the
+    calibration steps' billed device-seconds per second of wall time."""
+    pool = [w for w in run.workers if len(w.get("kinds") or ()) > 1]
+    if pool:
+        return float(sum(float(w.get("units") or 1.0) for w in pool))
+    rt = run.config.get("runtime") or {}
+    if rt.get("serverful_workers") or rt.get("units"):
+        return float(rt.get("serverful_workers") or rt.get("units"))
+    meas = _measured_cost(cal_run, cal)
+    if meas is None:
+        raise DataError(f"validate: {run.path}: serverful pool size unknown (no workers.jsonl, runtime.units 0 and no "
+                        "cost/device_seconds)")
+    return float(np.mean(meas / _measured(cal_run, cal, "timing_s/step")))
+
+
+_BUSY = {"decode": "decode_busy", "prefill": "prefill", "learner": "update"}  # billed kind -> simulated busy
+
+
+def _kind_busy(run: RunData, steps: list[StepWork], sim: dict[str, np.ndarray], kind: str) -> tuple[np.ndarray, ...]:
+    """(busy device-seconds, workers) per step of `kind`: decode actors' summed busy x units; prefill and learner
+    busy x their workers' units (a data-parallel learner keeps every rank busy for the update)."""
+    wk = [_workers(run, s.step, kind) for s in steps]
+    n = np.array([max(w[0], 1) for w in wk], float)
+    units = np.array([w[1] for w in wk])
+    busy = sim[_BUSY[kind]] * units * (1.0 if kind == "decode" else n)
+    return busy, n
+
+
+def _serverless_cost(run: RunData, cal_run: RunData, cal: list[StepWork], val: list[StepWork], sm: StageModel,
+                     ctx: float, sim: dict[str, np.ndarray]) -> dict:
+    """Serverless, the runtime's rule (a worker is billed request to release, x units): simulated busy
+    device-seconds per kind plus a per-worker overhead (cold start, pre-warm, keep-alive, idle) fitted on the
+    calibration steps from `function/<kind>/billed_s`; kinds the run did not bill are reported as missing."""
+    sim_cal = simulate_steps(cal_run, cal, sm, ctx)
+    out, total = {}, np.zeros(len(val))
+    for kind in _BUSY:
+        key = f"function/{kind}/billed_s"
+        meas_cal = [cal_run.metrics[s.step].get(key) for s in cal]
+        meas_val = [run.metrics[s.step].get(key) for s in val]
+        if any(v is None for v in meas_cal + meas_val):
+            out[key] = {"missing": f"{key} not in metrics.jsonl (the run has no worker of that kind)"}
+            continue
+        busy_c, n_c = _kind_busy(cal_run, cal, sim_cal, kind)
+        overhead = max(0.0, float(np.mean((np.array(meas_cal) - busy_c) / n_c)))
+        busy_v, n_v = _kind_busy(run, val, sim, kind)
+        billed = busy_v + n_v * overhead
+        total += billed
+        out[key] = {**_row(float(billed.mean()), float(np.mean(meas_val))), "overhead_per_worker_s": overhead}
+    meas = _measured_cost(run, val)
+    out["cost_device_s"] = (_row(float(total.mean()), float(meas.mean())) if meas is not None else
+                            {"simulated": float(total.mean()), "missing": "cost/device_seconds not in metrics.jsonl"})
     return out
 
 
@@ -272,7 +339,7 @@ def validate_mode(run: RunData, calib: RunData | None) -> dict:
             "calibration": {"bytes_per_s": sm.bytes_per_s, "iter_overhead_s": sm.iter_overhead_s,
                             "prefill": sm.prefill, "update": sm.update, "rollout_other_s": sm.rollout_other_s,
                             "step_other_s": sm.step_other_s, **sm.fit},
-            "stages": stages, "cost": cost_rows(run, val, sim)}
+            "stages": stages, "cost": cost_rows(run, calib or run, cal_steps, val, sm, ctx, sim)}
 
 
 def tpot_profile_decode(run: RunData, steps: list[StepWork], ctx: float) -> float | None:
