@@ -17,6 +17,7 @@ from rlhfless.configbase import build_config, load_yaml, merge
 from rlhfless.errors import ConfigError, require
 from rlhfless.plan.config import PlanConfig
 from rlhfless.predictor.config import PredictorConfig
+from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.tasks.arith import ArithTaskConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +140,12 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
+        if self.runtime.mode in ("serverless", "compare"):
+            require(self.train.plan, "train.plan", f"runtime.mode={self.runtime.mode} executes the planner's "
+                    "decision, so the planner must run: set train.plan=true")
         require(self.plan.capacity >= self.algo.group_size, "plan.capacity",
                 f"must hold one group: >= algo.group_size={self.algo.group_size} (got {self.plan.capacity})")
         if self.algo.max_seq_len_norm is not None:

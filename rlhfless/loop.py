@@ -39,6 +39,8 @@ class StepReport:
     metrics: dict[str, float] = field(default_factory=dict)
     plan: StepPlan | None = None
     prediction_rows: list = field(default_factory=list)
+    invocations: list[dict] = field(default_factory=list)
+    """The runtime's invocation records of this step (empty inline)."""
 
     def trace_rows(self) -> list[TraceRow]:
         rows = []
@@ -69,7 +71,29 @@ class Stages:
         r = cfg.rollout
         self.sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p)
 
-    def rollout(self, groups: list[PromptGroup], seed: int) -> RolloutOutput:
+    def begin_step(self, step: int) -> None:
+        """Called first in every step (the runtime opens its billing window here)."""
+
+    def end_step(self, step: int) -> dict[str, float]:
+        """Called last in every step; returns the step's runtime metrics (none inline)."""
+        return {}
+
+    def sync_learner(self) -> None:
+        """Make `learner` hold the newest weights and optimizer state (inline: it always does)."""
+
+    def close(self) -> None:
+        """Release whatever the stages hold (inline: nothing)."""
+
+    def summary(self) -> dict:
+        """What the run's stages cost and did (inline: nothing to report)."""
+        return {}
+
+    def step_invocations(self, step: int) -> list[dict]:
+        """The function invocations of `step` as plain rows (inline: none)."""
+        return []
+
+    def rollout(self, groups: list[PromptGroup], seed: int, plan: StepPlan | None = None) -> RolloutOutput:
+        """Generate G responses per group (inline: one engine batch; the plan is only logged)."""
         self.learner.model.eval()
         return generate(self.learner.model, [g.token_ids for g in groups], self.cfg.algo.group_size,
                         self.sampling, seed=seed, dedup=self.cfg.rollout.dedup_prefill)
@@ -102,13 +126,14 @@ def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, s
     """One synchronous step; reads like the diagram in docs/architecture.md."""
     m: dict[str, float] = {}
     t0 = time.perf_counter()
+    stages.begin_step(step)
     plan = None
     if stages.planner is not None:
         with timed(m, "plan"):
             plan, plan_metrics = stages.planner.plan_step(groups)
         m.update(plan_metrics)
     with timed(m, "rollout"):
-        out = stages.rollout(groups, seed)
+        out = stages.rollout(groups, seed, plan)
     with timed(m, "reward"):
         samples = stages.score(groups, out)
     with timed(m, "reference"):
@@ -120,9 +145,10 @@ def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, s
         with timed(m, "observe"):
             rows, observed = stages.planner.observe_step(plan, groups, samples, epoch, step)
         m.update(observed)
+    m.update(stages.end_step(step))
     m[M.timing("step")] = time.perf_counter() - t0
     m.update(rollout_metrics(out, samples))
-    return StepReport(step, epoch, groups, samples, out, m, plan, rows)
+    return StepReport(step, epoch, groups, samples, out, m, plan, rows, stages.step_invocations(step))
 
 
 def rollout_metrics(out: RolloutOutput, samples: list[Sample]) -> dict[str, float]:

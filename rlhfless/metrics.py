@@ -48,6 +48,21 @@ SCALER_NUM_ACTORS = "scaler/num_actors"
 # cost
 COST_GPU_S = "cost/gpu_seconds"
 COST_USD = "cost/usd"
+COST_DEVICE_S = "cost/device_seconds"  # billed device-seconds (GPU-seconds on GPUs, core-seconds here)
+
+# runtime (rlhfless.runtime): what the functions did
+RUNTIME_IDLE_FRACTION = "runtime/idle_fraction"
+RUNTIME_COLD_STARTS = "runtime/cold_starts"
+RUNTIME_COLD_START_S = "runtime/cold_start_s"
+RUNTIME_MIGRATED_SEQS = "runtime/migrated_seqs"
+RUNTIME_WEIGHT_SYNC_S = "runtime/weight_sync_s"
+RUNTIME_DECODE_ACTORS = "runtime/decode_actors"
+RUNTIME_RETRIES = "runtime/retries"
+RUNTIME_SHIP_KV = "runtime/ship_kv"
+RUNTIME_SHIP_SAVED_TOKENS = "runtime/ship_saved_tokens"
+RUNTIME_PREWARMED = "runtime/prewarmed"
+RUNTIME_PLANNER_COLD_START_S = "runtime/planner_cold_start_s"  # the measured value the planner now uses
+RUNTIME_PLANNER_WEIGHT_SYNC_S = "runtime/planner_weight_sync_s"
 
 
 def function_billed(kind: str) -> str:

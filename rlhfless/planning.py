@@ -5,9 +5,11 @@
                   ("realized"), the same policy fed the true lengths ("hindsight") and a lower bound no plan
                   beats (plan.bounds); predictor.update
 
-Deviation (stated, not hidden): on this machine the rollout itself runs as ONE local engine batch; the plan's N
-decode actors are what a serverless runtime would start. So the plan is a decision that is logged and scored
-against the time model with the true lengths, not (yet) executed actor by actor.
+Inline (runtime.mode=inline) the rollout runs as ONE local engine batch and the plan is only logged and scored;
+with runtime.mode=serverless the runtime executes it: N decode functions, each running exactly its assigned
+groups, with live cut-and-migrate (rlhfless.runtime). Either way the decision is scored against the time model
+with the true lengths. The runtime replaces the assumed cold start and weight-sync seconds with measured ones
+(`calibrate`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ class Planner:
             plan_cfg = replace(plan_cfg, time_profile=str(REPO_ROOT / profile))
         self.cfg = plan_cfg
         self.time_model: TimeModel = plan_cfg.time_model()
+
+    def calibrate(self, cold_start_s: float | None = None, weight_sync_s: float | None = None) -> None:
+        """Replace the assumed cold start / weight-sync seconds with measured ones (the runtime does, every step)."""
+        changes = {k: v for k, v in (("cold_start_s", cold_start_s), ("weight_sync_s", weight_sync_s)) if v is not None}
+        if changes:
+            self.cfg = replace(self.cfg, **changes)
 
     def plan_step(self, groups: list[PromptGroup]) -> tuple[StepPlan, dict]:
         pred = self.predictor.predict([g.prompt.prompt_id for g in groups], [g.prompt.text for g in groups])

@@ -12,6 +12,8 @@ Output folder layout (`--out DIR`):
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import shutil
 import sys
@@ -122,13 +124,24 @@ class Run:
     state: RunState
     initial: dict[str, EvalResult]
     t_start: float
+    runtime_summary: dict | None = None
 
 
 
 def output_files(out: Path) -> list[Path]:
     """The files steps append to: rewound to their checkpoint sizes on resume."""
     tables = sorted((out / "tables").glob("*.jsonl")) if (out / "tables").is_dir() else []
-    return [out / "metrics.jsonl", out / "traces" / "rollouts.jsonl", *tables]
+    return [out / "metrics.jsonl", out / "traces" / "rollouts.jsonl", out / "traces" / "samples_digest.jsonl",
+            *tables, out / "invocations.jsonl"]
+
+
+def write_digest(out: Path, step: int, report: StepReport) -> None:
+    """One SHA-256 over the step's responses (row order), so two runs can be checked sample for sample."""
+    h = hashlib.sha256()
+    for s in report.samples:
+        h.update(bytes(str(list(s.response_ids)), "ascii") + b"\n")
+    with (out / "traces" / "samples_digest.jsonl").open("a") as f:
+        f.write(json.dumps({"step": step, "sha256": h.hexdigest()}) + "\n")
 
 
 def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bool = False,
@@ -138,6 +151,11 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     resume: continue the run in `out_dir` from its last checkpoint; the result equals an uninterrupted run's.
     allow_config_change: resume even if the config differs in keys that change results (listed in a warning).
     """
+    cfg.runtime.check_machine(cfg.plan.max_actors)
+    if cfg.runtime.mode == "compare":
+        from rlhfless.runtime.compare import compare
+
+        return compare(cfg, Path(out_dir), progress)
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir))
@@ -237,6 +255,25 @@ def _check_resume_config(cfg: RunConfig, out: Path, allow: bool) -> None:
 
 
 def _steps(run: Run, progress: bool) -> None:
+    """The step loop; with runtime.mode serverless/serverful the stages run on worker processes."""
+    if run.cfg.runtime.executes:
+        from rlhfless.runtime.loop_stages import RuntimeStages
+
+        run.stages = RuntimeStages(run.cfg, run.learner, run.planner, run.cfg.runtime.mode, run.out)
+    try:
+        _loop(run, progress)
+    finally:
+        run.stages.close()  # the runtime releases every worker, then brings run.learner up to date
+    run.runtime_summary = run.stages.summary()
+    if run.runtime_summary:
+        from rlhfless.runtime.compare import gantt_steps
+        from rlhfless.runtime.gantt import plot_steps
+
+        for k in gantt_steps(run.cfg.train.steps, run.cfg.runtime.gantt_every):
+            plot_steps({run.cfg.runtime.mode: run.out}, k, run.out / "gantt" / f"step-{k}.png")
+
+
+def _loop(run: Run, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     cfg, st = run.cfg, run.state
@@ -247,14 +284,17 @@ def _steps(run: Run, progress: bool) -> None:
             epoch, groups = run.stream.next()
             report = run_step(run.stages, groups, step, epoch, seed=cfg.train.seed * 1_000_003 + step)
             run.traces.write(report.trace_rows())
+            write_digest(run.out, step, report)
             log_step(run.tracker, report, cfg.train.table_every)
             st.rewards.append(report.metrics[M.REWARD_MEAN])
             st.step = step
             bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
+                run.stages.sync_learner()
                 run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg)), step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                run.stages.sync_learner()
                 _checkpoint(run)
     except TrainingError as exc:
         run.traces.close()
@@ -286,6 +326,8 @@ def _finish(run: Run) -> dict:
         run.tracker.log(_eval_metrics(final), step=cfg.train.steps)
     summary = _summary(cfg, run.initial, final, run.state.rewards, time.perf_counter() - run.t_start, out,
                        run.tracker)
+    if run.runtime_summary:
+        summary["runtime"] = run.runtime_summary
     run.tracker.summary(summary)
     run.tracker.finish()
     write_json(summary, out / "summary.json")
@@ -308,10 +350,15 @@ def log_step(tracker: Tracker, report: StepReport, table_every: int) -> None:
             tracker.table("predicted_vs_actual", cols,
                           [[getattr(r, c) for c in cols] for r in report.prediction_rows], report.step)
         if report.plan is not None:
-            tracker.table("assignment", ["actor", "prompt_id", "n_seqs", "predicted_len"],
-                          [[a, j.group_id, j.n_seqs, j.tokens / j.n_seqs]
+            index = {id(j): g for g, j in enumerate(report.plan.jobs)}
+            tracker.table("assignment", ["actor", "group", "prompt_id", "n_seqs", "predicted_len"],
+                          [[a, index[id(j)], j.group_id, j.n_seqs, j.tokens / j.n_seqs]
                            for a, jobs in enumerate(report.plan.decision.plan.actor_jobs) for j in jobs],
                           report.step)
+        if report.invocations:
+            cols = list(report.invocations[0])
+            tracker.table("invocations", cols, [[json.dumps(v) if isinstance(v, (dict, list)) else v
+                                                 for v in r.values()] for r in report.invocations], report.step)
 
 
 def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int) -> None:

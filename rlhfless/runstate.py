@@ -170,7 +170,12 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 def restore_optimizer(opt: torch.optim.Optimizer, ckpt: Path, groups: list[dict]) -> None:
     """Load optimizer.safetensors into `opt`; a tensor set that does not fit the model raises `DataError`."""
     path = ckpt / "optimizer.safetensors"
-    flat = load_tensors(path)
+    set_optimizer_tensors(opt, load_tensors(path), groups, path)
+
+
+def set_optimizer_tensors(opt: torch.optim.Optimizer, flat: dict[str, torch.Tensor], groups: list[dict],
+                          path: Path) -> None:
+    """Inverse of `optimizer_tensors`; `path` names the source in the `DataError` raised on a mismatch."""
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, t in flat.items():
         idx, _, name = key.partition("/")

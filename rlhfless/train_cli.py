@@ -66,10 +66,25 @@ def _train(args: argparse.Namespace) -> int:
         return _dry_run(cfg)
     from rlhfless.runner import train
 
+    if args.resume and cfg.runtime.mode == "compare":
+        raise ConfigError("--resume: runtime.mode=compare runs two fresh runs; resume OUT/serverful or "
+                          "OUT/serverless with its own config instead")
     summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
                     allow_config_change=args.allow_config_change)
-    _print_table(summary)
+    if cfg.runtime.mode == "compare":
+        _print_comparison(summary)
+    else:
+        _print_table(summary)
     return 0
+
+
+def _print_comparison(c: dict) -> None:
+    print(f"\n{'':24s} {'serverful':>12s} {'serverless':>12s} {'ratio':>7s}", file=sys.stderr)
+    for name, key, ratio in (("step wall time (s)", "step_time_s", c["step_time_ratio"]),
+                             ("billed device-seconds", "cost_device_s", c["cost_ratio"])):
+        print(f"{name:24s} {c['serverful'][key]:12.3f} {c['serverless'][key]:12.3f} {ratio:7.3f}", file=sys.stderr)
+    print(f"samples identical in every step: {c['samples_identical']}; gantt: {', '.join(c['gantt'])}",
+          file=sys.stderr)
 
 
 def _dry_run(cfg) -> int:

@@ -18,6 +18,7 @@ from rlhfless.algo import (
     group_advantages,
     grpo_loss,
     kl_k3,
+    loss_denominator,
     token_logprobs,
 )
 from rlhfless.configbase import from_dict
@@ -368,6 +369,48 @@ def test_grpo_loss_without_reference():
     assert loss.item() == pytest.approx(metrics[M.PG_LOSS])
     with pytest.raises(ValueError, match="ref_logp"):
         grpo_loss(logp, old, None, adv, mask, GRPOConfig(group_size=2, kl_coef=0.1))
+
+
+# ---------------------------------------------------------------- global denominator (data parallelism)
+
+_SHARDS = [[0, 1], [2], [3, 4, 5]]  # unequal row shards of the 6 rows; row 2's mask is emptied below
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
+def test_shard_losses_with_global_denominator_sum_to_the_full_loss(mode):
+    logp, old, adv, mask = _surrogate_inputs(10)
+    logp.requires_grad_(True)
+    mask[2] = False  # an empty row: left out of the sequence count on its shard and in the full batch alike
+    ref = old + torch.randn(old.shape, generator=torch.Generator().manual_seed(13), dtype=D) * 0.3
+    cfg = GRPOConfig(group_size=2, kl_coef=0.05, clip_eps_high=0.28, loss_agg=mode, max_seq_len_norm=10)
+    pg, _ = ref_surrogate(logp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.2, 0.28)
+    kl = [[math.exp(r - p) - (r - p) - 1 for p, r in zip(pr, rr)] for pr, rr in zip(logp.tolist(), ref.tolist())]
+    total = [[pg[i][t] + 0.05 * kl[i][t] for t in range(len(pg[i]))] for i in range(len(pg))]
+    want = ref_aggregate(total, mask.tolist(), mode, 10)
+    denom = loss_denominator(mask, mode)
+    assert denom == (mask.sum().item() if mode == "token_mean" else 5)
+    full_grad = torch.autograd.grad(grpo_loss(logp, old, ref, adv, mask, cfg)[0], logp)[0]
+    parts, grads, pg_parts = [], torch.zeros_like(logp), []
+    for rows in _SHARDS:
+        loss, m = grpo_loss(logp[rows], old[rows], ref[rows], adv[rows], mask[rows], cfg, denom=denom)
+        grads[rows] = torch.autograd.grad(loss, logp)[0][rows]
+        parts.append(loss.item())
+        pg_parts.append(m[M.PG_LOSS])
+    assert sum(parts) == pytest.approx(want, abs=1e-12)
+    assert sum(pg_parts) == pytest.approx(ref_aggregate(pg, mask.tolist(), mode, 10), abs=1e-12)
+    _close(grads, full_grad)
+    # the shard's own normaliser does not give shares of the full loss: the global one is what makes it exact
+    local = sum(grpo_loss(logp[r], old[r], ref[r], adv[r], mask[r], cfg)[0].item() for r in _SHARDS)
+    assert local != pytest.approx(want, abs=1e-6)
+
+
+def test_global_denominator_rejects_nonpositive_and_bad_mode():
+    loss, mask = torch.zeros(2, 2), torch.ones(2, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="denom"):
+        aggregate(loss, mask, "token_mean", denom=0.0)
+    with pytest.raises(ValueError, match="token_mean"):
+        loss_denominator(mask, "seq_sum")
+    assert loss_denominator(torch.zeros_like(mask), "token_mean") == 1.0
 
 
 # ---------------------------------------------------------------- GAE

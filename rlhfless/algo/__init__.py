@@ -10,6 +10,7 @@ from rlhfless.algo.grpo import (
     group_advantages,
     grpo_loss,
     kl_k3,
+    loss_denominator,
 )
 from rlhfless.algo.logprobs import entropy_from_logits, token_logprobs
 
@@ -25,5 +26,6 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "kl_k3",
+    "loss_denominator",
     "token_logprobs",
 ]

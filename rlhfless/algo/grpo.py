@@ -18,6 +18,11 @@ Deviations from the paper (which runs standard GRPO/PPO from verl and publishes 
 - Clipping is asymmetric-capable (clip_eps_low, clip_eps_high), default 0.2/0.2; no dual-clip.
 - In the per-sequence modes a sequence with no valid tokens is left out of the sequence count, so masking a
   row out is identical to dropping it from the batch.
+
+Data parallelism: `aggregate` and `grpo_loss` take an optional global normaliser `denom` (the FULL batch's valid
+token count for token_mean, its count of sequences with a valid token for the per-sequence modes; see
+`loss_denominator`). With it, the loss of a shard of rows is exactly that shard's share of the full-batch loss,
+so shard losses -- and shard gradients -- sum to the full-batch ones (up to float rounding).
 """
 
 from __future__ import annotations
@@ -158,7 +163,18 @@ def clipped_surrogate(
     return loss, metrics
 
 
-def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, max_len_norm: int | None = None) -> Tensor:
+def loss_denominator(mask: Tensor, mode: str) -> float:
+    """The normaliser `aggregate` divides by for `mask` [N, T] (bool): valid tokens (token_mean) or sequences
+    with at least one valid token (per-sequence modes), at least 1. Pass the FULL batch's value as `denom`."""
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; allowed: {list(LOSS_AGG_MODES)}")
+    m = mask.bool()
+    n = m.sum() if mode == "token_mean" else m.any(dim=1).sum()
+    return float(max(int(n.item()), 1))
+
+
+def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, max_len_norm: int | None = None,
+              denom: float | None = None) -> Tensor:
     """Reduce per-token losses to one scalar.
 
     Args:
@@ -169,15 +185,19 @@ def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, max_len_norm: int | Non
             "seq_mean_token_sum_norm": each sequence's sum / max_len_norm, then mean over sequences (Dr.GRPO).
             Sequence means run over sequences with at least one valid token.
         max_len_norm: the constant divisor of the Dr.GRPO mode (tokens, >= 1); required there only.
+        denom: global normaliser replacing this batch's own token / sequence count (> 0): with the full batch's
+            `loss_denominator`, the result is this shard's share of the full-batch loss (data parallelism).
     Returns:
         0-dim tensor; 0 when no token is valid.
     """
+    if denom is not None and not denom > 0:
+        raise ValueError(f"denom must be > 0 (got {denom})")
     m = mask.to(loss_tok.dtype)
     masked = loss_tok * m
     if mode == "token_mean":
-        return masked.sum() / m.sum().clamp(min=1.0)
+        return masked.sum() / (m.sum().clamp(min=1.0) if denom is None else denom)
     tokens_per_seq = m.sum(dim=1)
-    n_seq = (tokens_per_seq > 0).to(loss_tok.dtype).sum().clamp(min=1.0)
+    n_seq = (tokens_per_seq > 0).to(loss_tok.dtype).sum().clamp(min=1.0) if denom is None else denom
     if mode == "seq_mean_token_mean":
         return (masked.sum(dim=1) / tokens_per_seq.clamp(min=1.0)).sum() / n_seq
     if mode == "seq_mean_token_sum_norm":
@@ -195,6 +215,7 @@ def grpo_loss(
     mask: Tensor,
     cfg: GRPOConfig,
     entropy: Tensor | None = None,
+    denom: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO loss: clipped surrogate + kl_coef * k3 KL(pi || ref), aggregated by `cfg.loss_agg`.
 
@@ -204,6 +225,8 @@ def grpo_loss(
         advantages: [N] (or [N, T]) advantages, e.g. `group_advantages(...)[0].advantages`.
         mask: [N, T] bool trained tokens (see `apply_group_skip`).
         entropy: optional [N, T] entropies, only logged (actor/entropy, token mean).
+        denom: global loss normaliser (see `aggregate`); it scales actor/loss and actor/pg_loss too, while the
+            token-mean metrics (clip_frac, ppo_kl, ratio/*, kl, entropy) stay means over this shard's tokens.
     Returns:
         (0-dim loss, metrics: actor/loss, actor/pg_loss, actor/clip_frac, actor/ppo_kl, actor/ratio/*, and
         actor/kl (token mean of k3) when ref_logp is given, actor/entropy when entropy is given).
@@ -218,9 +241,9 @@ def grpo_loss(
         metrics[M.KL] = _masked_mean(kl_tok.detach(), mask).item()
         if cfg.kl_coef > 0:
             loss_tok = pg_tok + cfg.kl_coef * kl_tok
-    loss = aggregate(loss_tok, mask, cfg.loss_agg, cfg.max_seq_len_norm)
+    loss = aggregate(loss_tok, mask, cfg.loss_agg, cfg.max_seq_len_norm, denom)
     metrics[M.LOSS] = loss.item()
-    metrics[M.PG_LOSS] = aggregate(pg_tok.detach(), mask, cfg.loss_agg, cfg.max_seq_len_norm).item()
+    metrics[M.PG_LOSS] = aggregate(pg_tok.detach(), mask, cfg.loss_agg, cfg.max_seq_len_norm, denom).item()
     if entropy is not None:
         metrics[M.ENTROPY] = _masked_mean(entropy.detach(), mask).item()
     return loss, metrics

@@ -3,15 +3,19 @@
 Two separate calls, so a later stage can run them in different serverless functions and ship the KV between them:
 - `prefill(model, prompts, group_size, dedup=...)` -> `PrefillState` (KV cache, masks, positions, next-token
   logits, and the `PrefillPlan` of what was shared: see `rollout.prefix` for the rule and its cost model)
-- `decode(model, state, params, seed)` -> `RolloutOutput` (responses, per-iteration time profile)
+- `decode(model, state, params, seed)` -> `RolloutOutput` (responses, per-iteration time profile): a
+  `rollout.session.DecodeSession` run to completion. The session is the decode actor's interface (run in slices,
+  hand unfinished rows over for migration, resume them elsewhere); `PrefillState.select` and
+  `session.state_to_tensors` / `state_from_tensors` ship a slice of the prefill KV to another process.
 
 Why the sampling is written by hand: every step draws one uniform number for every ORIGINAL row from a
 generator seeded by (seed, step), and a row uses its own number whatever the batch looks like. So outputs do not
 depend on compaction, on prefill dedup or on how rows are split between decode actors: the same seed gives the
-same tokens, which is what makes the dedup/no-dedup and migration ablations exact comparisons. (Exact up to float
-rounding: a different batch layout can change the last bits of a logit, which could flip a sampled token only at
-a near-tie; the tests check token identity on real runs.) HF `generate` draws from torch's global stream, so its
-samples differ from ours for the same seed; tests compare the two distributions instead.
+same tokens (`rollout.session` states the contract), which is what makes the dedup/no-dedup and migration
+ablations exact comparisons. (Exact up to float rounding: a different batch layout can change the last bits of a
+logit, which could flip a sampled token only at a near-tie; the tests check token identity on real runs.)
+HF `generate` draws from torch's global stream, so its samples differ from ours for the same seed; tests compare
+the two distributions instead.
 
 Speed: tokens are written into a preallocated [R, max_new] tensor, the KV lives in a preallocated buffer
 (`rollout.stepper.FastStepper`), and finished rows are dropped once enough have finished to pay for the copy.
@@ -27,7 +31,6 @@ from dataclasses import dataclass, field
 import torch
 
 from rlhfless.errors import require
-from rlhfless.model.tokenizer import EOS_ID, PAD_ID
 from rlhfless.rollout.prefix import (
     PrefillPlan,
     PrefixCost,
@@ -36,10 +39,9 @@ from rlhfless.rollout.prefix import (
     plan_prefill,
     run_plan,
 )
-from rlhfless.rollout.stepper import make_stepper
 
 __all__ = ["SamplingParams", "PrefillStats", "PrefillState", "IterationRecord", "RolloutOutput", "left_pad",
-           "prefill", "decode", "generate", "sample_tokens"]
+           "prefill", "decode", "generate", "sample_tokens", "dynamic_cache"]
 
 
 @dataclass(frozen=True)
@@ -86,15 +88,43 @@ class PrefillStats:
         return self.tokens_naive / max(1, self.tokens_computed)
 
 
+def dynamic_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A `transformers.DynamicCache` of plain (full-attention) layers holding these (keys, values) tensors."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=layers)
+
+
 @dataclass
 class PrefillState:
-    """Everything decode needs: one row per sample, rows ordered group-major (row = g * G + s)."""
+    """Everything decode needs: one row per sample, rows ordered group-major (row = g * G + s).
+
+    `cache` is a `transformers.DynamicCache`; layer i holds `.layers[i].keys/.values` [R, kv_heads, P, head_dim]
+    aligned with `attention_mask`. Decoding consumes it (see `rollout.session`).
+    """
 
     cache: object
     attention_mask: torch.Tensor  # [R, P] long, 1 = real token
     next_pos: torch.Tensor  # [R] long, position id of the next token
     next_logits: torch.Tensor  # [R, V] logits for the first response token
     stats: PrefillStats
+    """Of the whole prefill this state came from (a `select`ed slice keeps them)."""
+
+    def select(self, rows: torch.Tensor | list[int]) -> PrefillState:
+        """A new state holding only `rows` (in that order), for the decode actor that owns them; this state is
+        left intact. Its cache holds copies, so the two can be decoded independently."""
+        from transformers.cache_utils import DynamicLayer
+
+        R = int(self.attention_mask.shape[0])
+        idx = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+        require(len(idx) >= 1, "prefill.select", "needs at least one row")
+        require(int(idx.min()) >= 0 and int(idx.max()) < R, "prefill.select",
+                f"rows must be in [0, {R}) (got {int(idx.min())}..{int(idx.max())})")
+        layers = list(self.cache.layers)
+        require(all(type(layer) is DynamicLayer for layer in layers), "prefill.select",
+                "only full-attention DynamicCache layers can be sliced (not sliding-window or static ones)")
+        cache = dynamic_cache([(layer.keys[idx], layer.values[idx]) for layer in layers])
+        return PrefillState(cache, self.attention_mask[idx], self.next_pos[idx], self.next_logits[idx], self.stats)
 
 
 @dataclass
@@ -164,54 +194,27 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor | None, temperature: flo
     return idx.squeeze(-1) if order is None else order.gather(-1, idx).squeeze(-1)
 
 
-def _responses(tokens: torch.Tensor) -> tuple[list[list[int]], list[bool]]:
-    """Cut each row of [R, T] tokens after its first EOS (rows without EOS ran the full T: truncated)."""
-    is_eos = tokens == EOS_ID
-    has_eos = is_eos.any(-1)
-    lengths = torch.where(has_eos, is_eos.int().argmax(-1) + 1, tokens.shape[1])
-    rows = [r[:n] for r, n in zip(tokens.tolist(), lengths.tolist())]
-    return rows, (~has_eos).tolist()
-
-
 @torch.no_grad()
 def decode(model, state: PrefillState, params: SamplingParams, seed: int = 0,
-           row_ids: torch.Tensor | None = None, *, impl: str = "auto") -> RolloutOutput:
+           row_ids: torch.Tensor | None = None, *, n_total: int | None = None, impl: str = "auto") -> RolloutOutput:
     """Sample until every row emits EOS or reaches max_new_tokens, dropping finished rows from the batch.
 
-    row_ids: the original row index of each state row (for sampling streams); default 0..R-1. Pass it when a
-    decode actor holds a subset of a step's rows so its samples match the single-actor run.
+    A `DecodeSession` advanced until done. row_ids: the original row index of each state row (for sampling
+    streams); default 0..R-1. Pass it when a decode actor holds a subset of a step's rows so its samples match the
+    single-actor run; n_total: rows in the step's full batch (default: largest row id + 1, which draws the same
+    numbers because a row's uniform does not depend on how many are drawn after it).
     impl: "auto" (fast preallocated-KV step for Qwen2 models, else the HF forward), "fast" or "hf".
     The state's cache is consumed (the HF path mutates it; the fast path copies it).
     """
+    from rlhfless.rollout.session import DecodeSession
+
     t_start = time.perf_counter()
-    n = state.attention_mask.shape[0]
-    orig = torch.arange(n) if row_ids is None else row_ids.clone()
-    n_total = int(orig.max()) + 1
-    tokens = torch.full((n, params.max_new_tokens), PAD_ID, dtype=torch.long)
-    local = torch.arange(n)  # row of `tokens` for each batch row
-    live = torch.ones(n, dtype=torch.bool)  # batch rows that have not emitted EOS
-    stepper = make_stepper(model, state.cache, state.attention_mask, params.max_new_tokens, impl)
-    logits, pos = state.next_logits, state.next_pos.clone()
-    iters: list[IterationRecord] = []
-    for step in range(params.max_new_tokens):
-        t0 = time.perf_counter()
-        u = None if params.temperature == 0 else _row_uniforms(seed, step, n_total)[orig]
-        tok = sample_tokens(logits, u, params.temperature, params.top_p)
-        tokens[local[live], step] = tok[live]
-        live = live & (tok != EOS_ID)
-        n_live = int(live.sum())
-        if n_live == 0 or step == params.max_new_tokens - 1:
-            break
-        # Compacting copies the whole cache, so wait until enough rows have finished to make it pay.
-        if len(live) - n_live >= max(1, params.compact_fraction * len(live)):
-            keep = live.nonzero().squeeze(-1)
-            stepper.select(keep)
-            tok, pos, local, orig, live = tok[keep], pos[keep], local[keep], orig[keep], live[keep]
-        logits = stepper.step(torch.where(live, tok, PAD_ID), pos, live)
-        pos = pos + 1
-        iters.append(IterationRecord(len(live), stepper.context, time.perf_counter() - t0))
-    responses, truncated = _responses(tokens)
-    return RolloutOutput(responses, truncated, state.stats, time.perf_counter() - t_start, iters)
+    if row_ids is not None and n_total is None:
+        n_total = int(torch.as_tensor(row_ids).max()) + 1
+    session = DecodeSession(model, state, params, seed, row_ids=row_ids, n_total=n_total, impl=impl)
+    session.advance(params.max_new_tokens)  # every row ends within max_new_tokens iterations
+    responses, truncated = session.outputs()
+    return RolloutOutput(responses, truncated, state.stats, time.perf_counter() - t_start, session.iterations)
 
 
 def generate(model, prompts: list[list[int]], group_size: int, params: SamplingParams, *, seed: int = 0,

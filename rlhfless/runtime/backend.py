@@ -1,0 +1,152 @@
+"""Mechanism: start a worker process, talk to it, notice when it dies, release it. Knows nothing of RL.
+
+`LocalBackend` runs workers as OS processes on this machine. With start_method "forkserver" they fork from a
+server process that imported torch, transformers and the engine once (a snapshot-restored cold start: fork +
+model load); with "spawn" every worker starts a fresh interpreter and imports everything (a full cold start).
+The fork server's own start (the imports, about as long as one spawn) is platform set-up: measured and
+reported (`platform_start_s`), not billed to either mode. The Ray backend (issue 10) implements the same methods.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from rlhfless.runtime import wire
+from rlhfless.runtime.worker import PRELOAD, main, now
+
+
+@dataclass
+class Handle:
+    """A started worker: its process, the driver's end of its pipe, and what the driver knows of it."""
+
+    worker: str
+    process: object
+    conn: object
+    cores: tuple[int, ...]
+    kinds: tuple[str, ...]
+    spawned_s: float
+    ready_s: float | None = None
+    pending: list[dict] = field(default_factory=list)
+    """Messages that arrived while the driver was waiting for something else (kept in order)."""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+
+class WorkerDied(Exception):
+    """The worker's process ended without being released (kill -9, a crash, or the pipe closed)."""
+
+    def __init__(self, handle: Handle):
+        super().__init__(f"worker {handle.worker} (pid {handle.pid}) died")
+        self.handle = handle
+
+
+@contextmanager
+def _without_main():
+    """Hide the driver's __main__ while a worker starts: multiprocessing would re-run the driver's script (a
+    user's script, pytest, a notebook kernel) in every worker, and workers need nothing from it."""
+    main = sys.modules.get("__main__")
+    had_file, file_, spec = hasattr(main, "__file__"), getattr(main, "__file__", None), getattr(main, "__spec__", None)
+    try:
+        main.__spec__ = None
+        if had_file:
+            del main.__file__
+        yield
+    finally:
+        main.__spec__ = spec
+        if had_file:
+            main.__file__ = file_
+
+
+class LocalBackend:
+    def __init__(self, start_method: str = "forkserver"):
+        self.start_method = start_method
+        self.ctx = mp.get_context(start_method)
+        self.platform_start_s = 0.0
+        if start_method == "forkserver":
+            self.ctx.set_forkserver_preload(PRELOAD)
+
+    def boot(self) -> float:
+        """Start the fork server now (imports happen once, off the step loop); returns the seconds it took."""
+        if self.start_method != "forkserver":
+            return 0.0
+        t0 = now()
+        p = self.ctx.Process(target=os.getpid)
+        with _without_main():
+            p.start()
+        p.join()
+        self.platform_start_s = now() - t0
+        return self.platform_start_s
+
+    def start(self, worker: str, kinds: tuple[str, ...], cores: tuple[int, ...], setup: dict) -> Handle:
+        """Start a worker (returns at once; `await_ready` or `poll` sees its `ready`)."""
+        ours, theirs = self.ctx.Pipe(duplex=True)
+        payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores)})
+        t = now()
+        proc = self.ctx.Process(target=main, args=(theirs, payload), daemon=True, name=f"rlhfless-{worker}")
+        with _without_main():
+            proc.start()
+        theirs.close()
+        return Handle(worker, proc, ours, tuple(cores), tuple(kinds), t)
+
+    def send(self, h: Handle, msg: dict) -> None:
+        try:
+            wire.send(h.conn, msg)
+        except (BrokenPipeError, OSError):
+            raise WorkerDied(h) from None
+
+    def poll(self, handles: list[Handle], timeout: float | None) -> list[tuple[Handle, dict | None]]:
+        """Messages from any of `handles` within `timeout` s; (handle, None) marks a worker that died."""
+        out = [(h, h.pending.pop(0)) for h in handles if h.pending]
+        if out:
+            return out
+        by_obj = {}
+        for h in handles:
+            by_obj[id(h.conn)] = h
+            by_obj[h.process.sentinel] = h
+        ready = wait([h.conn for h in handles] + [h.process.sentinel for h in handles], timeout)
+        seen = set()
+        for r in ready:
+            h = by_obj[id(r)] if not isinstance(r, int) else by_obj[r]
+            if h.worker in seen:
+                continue
+            seen.add(h.worker)
+            try:
+                while h.conn.poll():
+                    out.append((h, wire.recv(h.conn)))
+            except (EOFError, OSError):
+                out.append((h, None))
+                continue
+            if isinstance(r, int) and not h.process.is_alive():
+                out.append((h, None))
+        return out
+
+    def release(self, h: Handle, timeout: float = 5.0) -> None:
+        """Ask the worker to stop; kill it if it does not within `timeout`."""
+        try:
+            wire.send(h.conn, {"op": "shutdown"})
+        except (BrokenPipeError, OSError):
+            pass
+        h.process.join(timeout)
+        if h.process.is_alive():
+            self.kill(h)
+        h.conn.close()
+
+    def kill(self, h: Handle) -> None:
+        try:
+            os.kill(h.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        h.process.join(5.0)

@@ -1,0 +1,51 @@
+"""`rlhfless bench faults`: the runtime's fault-recovery benchmark (see rlhfless.runtime.faults)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+FAULTS_CONFIG = "experiments/configs/faults.yaml"
+
+
+def register(sub, bench) -> None:
+    p = bench.add_parser(
+        "faults",
+        help="kill random serverless workers with SIGKILL during a short run and check that nothing is lost",
+        description=(
+            "Run the config twice in serverless mode: undisturbed, then while a chaos thread kills random busy "
+            "workers (kill -9). Reports kills, lost_steps, samples_identical (every step's responses equal the "
+            "undisturbed run's) and extra_cost_fraction (billed device-seconds of the faulty run over the "
+            "undisturbed one, minus 1)."
+        ),
+        epilog=f"example: rlhfless bench faults --kills 20 --json runs/faults.json  (config: {FAULTS_CONFIG})",
+    )
+    p.add_argument("--config", default=FAULTS_CONFIG, help=f"run config (default {FAULTS_CONFIG})")
+    p.add_argument("--kills", type=int, default=20, help="workers to kill over the run (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the chaos thread's choices")
+    p.add_argument("--out", default="runs/bench_faults", help="folder for the two runs (default runs/bench_faults)")
+    p.add_argument("--json", required=True, help="write the report here")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. train.steps=10")
+    p.set_defaults(func=_faults)
+
+
+def _faults(args: argparse.Namespace) -> int:
+    from rlhfless.config import REPO_ROOT, load_run_config
+    from rlhfless.errors import ConfigError
+    from rlhfless.jsonl import write_json
+    from rlhfless.runtime.faults import run_fault_bench
+
+    if args.kills < 1:
+        raise ConfigError(f"--kills: must be >= 1 (got {args.kills})")
+    config = args.config
+    if not Path(config).exists() and (REPO_ROOT / config).exists():
+        config = str(REPO_ROOT / config)
+    cfg = load_run_config(config, args.overrides + ["tracking.mode=disabled"])
+    cfg.runtime.check_machine(cfg.plan.max_actors)
+    report = run_fault_bench(cfg, Path(args.out), args.kills, args.seed, progress=not args.no_progress)
+    write_json(report, Path(args.json))
+    print(json.dumps({k: report[k] for k in ("kills", "lost_steps", "samples_identical", "retries",
+                                             "extra_cost_fraction", "extra_time_fraction")}, indent=1))
+    return 0

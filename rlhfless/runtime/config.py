@@ -1,0 +1,135 @@
+"""`RuntimeConfig`: how a run's stages execute (the `runtime:` section of a run config).
+
+Modes:
+  * inline      one process runs every stage (the debugging path and the reference for the math);
+  * serverless  every stage is a function on its own worker process: N decode functions executing the planner's
+                assignment with live cut-and-migrate, a reference function (kl_coef > 0) and a data-parallel
+                learner function; workers are started on demand, pre-warmed from the invocation history and
+                released when idle (scale to zero); only their lifetimes are billed;
+  * serverful   the verl-like control: W workers started once and held for the whole run, prompts split evenly
+                by count, training data-parallel on the same workers; billed W x wall time;
+  * compare     serverful, then serverless, on the same seed and prompts, writing OUT/comparison.json.
+
+A device unit is one CPU core here (the worker pins itself to it and runs one torch thread) or one GPU.
+Non-goals: no multi-node placement (that is the Ray backend's job).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rlhfless.errors import require
+
+MODES = ("inline", "serverless", "serverful", "compare")
+BACKENDS = ("local",)
+START_METHODS = ("forkserver", "spawn")
+SHIP_KV = ("auto", "always", "never")
+MIGRATE = ("plan", "always", "never")
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Execution of the step's stages (the `runtime:` section)."""
+
+    mode: str = "inline"
+    """inline | serverless | serverful | compare (serverful then serverless, same seed; writes comparison.json)."""
+    backend: str = "local"
+    """Worker mechanism: local (OS processes on this machine)."""
+    units: int = 0
+    """Device units the runtime may use (CPU cores here); 0 = every core this process may run on."""
+    serverful_workers: int = 0
+    """W: workers the serverful control holds for the whole run; 0 = units."""
+    learner_units: int = 0
+    """Data-parallel ranks of the learner function (one unit each); 0 = units. Equal in both modes, so the two
+    modes learn identically (the same all-reduce)."""
+    start_method: str = "forkserver"
+    """forkserver: workers fork from a process that imported torch and transformers once (a snapshot-restored
+    cold start, like memory snapshots on serverless platforms); spawn: every cold start imports everything."""
+    keep_alive_s: float = 0.0
+    """Seconds an idle serverless worker stays warm (billed) before it is released (scale to zero)."""
+    prewarm: bool = True
+    """Start the next stage's workers ahead of need from the invocation history, so cold starts leave the
+    critical path (the paper's pre-warming)."""
+    prewarm_buffer_s: float = 0.05
+    """Safety margin: a pre-warmed worker is started this much earlier than the measured cold start requires."""
+    ship_prefix_kv: str = "never"
+    """never: each decode function prefills its own groups (shared prompt computed once per group); always: a
+    prefill function computes the deduplicated prefix KV once and ships each decode function its rows;
+    auto: ship when the time model says shipping is cheaper than recomputing (logged as runtime/ship_kv)."""
+    migrate: str = "plan"
+    """Live cut-and-migrate in serverless decode: plan = when the planner kept cuts at tau in its decision
+    (balancer/migrate_used); always = whenever an actor reaches plan.tau (the paper's rule, for ablations);
+    never = no cuts."""
+    progress_every: int = 8
+    """Decode iterations between a decode function's progress reports (cut-and-migrate decisions)."""
+    invocation_timeout_s: float = 600.0
+    """An invocation that takes longer is treated as a failed worker: killed and re-run."""
+    max_attempts: int = 3
+    """Attempts per invocation before the step fails (a killed worker's work is re-run from the same streams)."""
+    billing_granularity_s: float = 0.001
+    """Billed worker time is rounded up to this (1 ms, as per-millisecond serverless billing); GPU platforms
+    that round to 1 s set 1.0."""
+    gantt_every: int = 50
+    """Draw the per-function timeline of step 1 and every N steps (0 = step 1 only)."""
+
+    def __post_init__(self) -> None:
+        require(self.mode in MODES, "runtime.mode", f"must be one of {list(MODES)} (got {self.mode!r})")
+        require(self.backend in BACKENDS, "runtime.backend", f"must be one of {list(BACKENDS)} (got {self.backend!r})")
+        for name in ("units", "serverful_workers", "learner_units"):
+            v = getattr(self, name)
+            require(isinstance(v, int) and v >= 0, f"runtime.{name}", f"must be an integer >= 0 (got {v!r})")
+        require(self.start_method in START_METHODS, "runtime.start_method",
+                f"must be one of {list(START_METHODS)} (got {self.start_method!r})")
+        require(self.keep_alive_s >= 0, "runtime.keep_alive_s", f"must be >= 0 s (got {self.keep_alive_s})")
+        require(self.prewarm_buffer_s >= 0, "runtime.prewarm_buffer_s", f"must be >= 0 s (got {self.prewarm_buffer_s})")
+        require(self.ship_prefix_kv in SHIP_KV, "runtime.ship_prefix_kv",
+                f"must be one of {list(SHIP_KV)} (got {self.ship_prefix_kv!r})")
+        require(self.migrate in MIGRATE, "runtime.migrate", f"must be one of {list(MIGRATE)} (got {self.migrate!r})")
+        require(self.progress_every >= 1, "runtime.progress_every", f"must be >= 1 (got {self.progress_every})")
+        require(self.invocation_timeout_s > 0, "runtime.invocation_timeout_s",
+                f"must be > 0 s (got {self.invocation_timeout_s})")
+        require(self.max_attempts >= 1, "runtime.max_attempts", f"must be >= 1 (got {self.max_attempts})")
+        require(self.billing_granularity_s > 0, "runtime.billing_granularity_s",
+                f"must be > 0 s (got {self.billing_granularity_s})")
+        require(self.gantt_every >= 0, "runtime.gantt_every", f"must be >= 0 (got {self.gantt_every})")
+
+    @property
+    def executes(self) -> bool:
+        """True when stages run on worker processes (every mode but inline)."""
+        return self.mode != "inline"
+
+    def resolved_units(self) -> int:
+        return self.units or available_cores()
+
+    def workers(self) -> int:
+        """W of the serverful control."""
+        return self.serverful_workers or self.resolved_units()
+
+    def learners(self) -> int:
+        return self.learner_units or self.resolved_units()
+
+    def check_machine(self, max_actors: int) -> None:
+        """Reject, before any work, a setting this machine cannot run (names the field)."""
+        cores = available_cores()
+        require(self.resolved_units() <= cores, "runtime.units",
+                f"this process may use {cores} cores, so at most {cores} units (got {self.units})")
+        units = self.resolved_units()
+        require(self.workers() <= units, "runtime.serverful_workers",
+                f"must be <= runtime.units={units} (got {self.serverful_workers})")
+        require(self.learners() <= units, "runtime.learner_units",
+                f"must be <= runtime.units={units} (got {self.learner_units})")
+        if self.mode in ("serverless", "compare"):
+            require(max_actors <= units, "plan.max_actors",
+                    f"serverless decode functions need one unit each: at most runtime.units={units} "
+                    f"(got {max_actors}); lower plan.max_actors or raise runtime.units")
+        if self.mode == "compare":
+            require(self.learners() == self.workers(), "runtime.learner_units",
+                    f"compare needs the same data-parallel degree in both modes (learner_units="
+                    f"{self.learners()}, serverful_workers={self.workers()}), or the two modes would not learn "
+                    "identically")

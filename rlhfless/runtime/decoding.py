@@ -1,0 +1,151 @@
+"""The decode function's body, inside a worker: prefill its rows, decode them in sessions, obey cut/adopt, score.
+
+Rows arrive as items: {"g": group index, "prompt": token ids, "answer": str, "rows": original row ids,
+"prefix": None for fresh rows, or one token list per row for migrated rows}. Fresh rows of one item share the
+prompt's prefill (deduplicated: computed once, repeated per row); migrated rows are re-prefilled with their
+partial response (`rollout.session.resume_prefill`). Each set of rows is one `DecodeSession`; sessions advance
+in turns of `progress_every` iterations, so an adopted batch runs beside the worker's own.
+
+Deviation from a paged-KV engine: an adopted batch is not merged into the running one; the two are stepped in
+turn, which on a CPU core (where an iteration costs nearly the same for 1 or 100 rows) makes adopted rows cost
+almost their own stream of iterations. The migration's cost is measured, not assumed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.rollout.engine import SamplingParams, prefill
+from rlhfless.rollout.session import DecodeSession, PartialRow, resume_prefill, state_from_tensors, state_to_tensors
+from rlhfless.runtime import wire
+from rlhfless.runtime.worker import now
+from rlhfless.tasks.arith import score
+
+
+class _Job:
+    """One decode invocation's sessions and results (lives inside `run_decode`)."""
+
+    def __init__(self, worker, msg: dict):
+        r = worker.cfg.rollout
+        self.worker = worker
+        self.params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p)
+        self.seed, self.n_total = msg["seed"], msg["n_total"]
+        self.sessions: list[DecodeSession] = []
+        self.answers: dict[int, str] = {}
+        self.prompts: dict[int, list[int]] = {}
+        self.adopted = 0
+        self.prefill = [0, 0, 0.0]  # prompt tokens computed, naive tokens, seconds
+
+    def add(self, items: list[dict], kv: dict | None = None) -> None:
+        fresh = [it for it in items if it.get("prefix") is None]
+        moved = [it for it in items if it.get("prefix") is not None]
+        for it in items:
+            for row in it["rows"]:
+                self.answers[row] = it["answer"]
+                self.prompts[row] = it["prompt"]
+        if fresh and kv is not None:
+            self.sessions.append(self._shipped(kv))
+        elif fresh:
+            self.sessions.append(self._fresh(fresh))
+        if moved:
+            partials = [PartialRow(row, tuple(p)) for it in moved for row, p in zip(it["rows"], it["prefix"])]
+            prompts = [it["prompt"] for it in moved for _ in it["rows"]]
+            state = resume_prefill(self.worker.model, prompts, partials)
+            self.sessions.append(DecodeSession(self.worker.model, state, self.params, self.seed,
+                                               row_ids=[p.row_id for p in partials], n_total=self.n_total,
+                                               prefix_tokens=[p.tokens for p in partials]))
+            self.adopted += len(partials)
+
+    def _fresh(self, items: list[dict]) -> DecodeSession:
+        G = self.worker.G
+        state = prefill(self.worker.model, [it["prompt"] for it in items], G,
+                        dedup=self.worker.cfg.rollout.dedup_prefill)
+        st = state.stats
+        self.prefill = [self.prefill[0] + st.tokens_computed, self.prefill[1] + st.tokens_naive,
+                        self.prefill[2] + st.seconds]
+        rows = torch.tensor([it["g"] * G + s for it in items for s in range(G)])
+        wanted = {row for it in items for row in it["rows"]}
+        if len(wanted) < len(rows):  # a re-run of a group some of whose rows moved away: decode only the rest
+            keep = torch.tensor([i for i, r in enumerate(rows.tolist()) if r in wanted])
+            state, rows = state.select(keep), rows[keep]
+        return DecodeSession(self.worker.model, state, self.params, self.seed, row_ids=rows, n_total=self.n_total)
+
+    def _shipped(self, kv: dict) -> DecodeSession:
+        """The prefix KV the prefill function computed for this actor's groups (rows in kv["rows"] order)."""
+        from safetensors import safe_open
+
+        with safe_open(kv["path"], framework="pt") as fh:
+            meta = fh.metadata()
+        state = state_from_tensors(wire.read_tensors(kv["path"]), meta, self.worker.model)
+        return DecodeSession(self.worker.model, state, self.params, self.seed, row_ids=kv["rows"],
+                             n_total=self.n_total)
+
+    def unfinished(self) -> list[list[int]]:
+        return [[row, gen] for s in self.sessions for row, gen in s.progress().unfinished]
+
+    def cut(self) -> list[list]:
+        rows = []
+        for s in self.sessions:
+            rows += [[p.row_id, list(p.tokens)] for p in s.take_unfinished()]
+        return rows
+
+    def results(self) -> tuple[list[list], float]:
+        tok = ByteTokenizer()
+        t0 = now()
+        out = []
+        for s in self.sessions:
+            for row, (tokens, truncated) in s.finished_rows().items():
+                sc = score(tok.decode(tokens), self.answers[row], finished=not truncated)
+                out.append([row, tokens, truncated, sc.reward, sc.correct, sc.well_formed])
+        return out, now() - t0
+
+
+def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
+    """Decode the request's rows to the end (or until cut); returns the `done` reply with scored rows."""
+    t0 = now()
+    job = _Job(worker, msg)
+    job.add(msg["items"], msg.get("kv"))
+    every, report = msg.get("progress_every", 8), msg.get("report", False)
+    cut_rows: list = []
+    worker.model.eval()
+    with torch.no_grad():
+        while any(not s.done for s in job.sessions):
+            for s in job.sessions:
+                if not s.done:
+                    s.advance(every)
+            if report:
+                finished = sum(len(s.finished_rows()) for s in job.sessions)
+                wire.send(conn, {"op": "progress", "t": now(), "finished": finished, "unfinished": job.unfinished()})
+            while conn.poll():
+                ctl = wire.recv(conn)
+                if ctl["op"] == "cut":
+                    cut_rows = job.cut()
+                    wire.send(conn, {"op": "cut_rows", "rows": cut_rows, "t": now()})
+                elif ctl["op"] == "adopt":
+                    job.add(ctl["items"])
+    t_decode = now()
+    results, reward_s = job.results()
+    return {"op": "done", "t_start": t0, "t_decode_end": t_decode, "t_end": now(), "sync_s": sync_s,
+            "reward_s": reward_s, "results": results, "prefill": job.prefill, "adopted": job.adopted, "cut": len(cut_rows),
+            "iterations": sum(len(s.iterations) for s in job.sessions)}
+
+
+def run_prefill(worker, msg: dict, sync_s: float) -> dict:
+    """The prefill function: every group's prompt (and prefixes shared across prompts) computed ONCE for the whole
+    step, then each decode actor's rows written to its own safetensors file (KV, masks, first logits)."""
+    t0 = now()
+    G = worker.G
+    with torch.no_grad():
+        state = prefill(worker.model, msg["prompts"], G, dedup=worker.cfg.rollout.dedup_prefill)
+    pos = {g: i for i, g in enumerate(msg["groups"])}
+    files = []
+    for a, gs in enumerate(msg["actors"]):
+        rows = [pos[g] * G + s for g in gs for s in range(G)]
+        tensors, meta = state_to_tensors(state.select(torch.tensor(rows)))
+        path = f"{msg['out_prefix']}-{a}.safetensors"
+        wire.write_tensors(path, tensors, meta)
+        files.append({"path": path, "rows": [g * G + s for g in gs for s in range(G)]})
+    st = state.stats
+    return {"op": "prefilled", "t_start": t0, "t_end": now(), "sync_s": sync_s, "files": files,
+            "prefill": [st.tokens_computed, st.tokens_naive, st.seconds]}

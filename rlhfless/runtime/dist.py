@@ -1,0 +1,103 @@
+"""A data-parallel process group on this machine's loopback, for `Learner.update(..., shard=Shard(...))`.
+
+Purpose: `init_group` joins rank `rank` of `world` worker processes through a TCP rendezvous on 127.0.0.1:`port`
+and returns the blocking in-place SUM all-reduce the learner needs; `destroy_group` leaves it; `free_port`
+picks a port. Everything binds to 127.0.0.1 only: rank 0 opens the rendezvous socket itself (bound to
+127.0.0.1, handed to torch's TCPStore as `master_listen_fd`; TCPStore alone would listen on every interface) and
+gloo's data connections use a device created for hostname 127.0.0.1.
+
+Failure semantics (measured with torch 2.13, gloo): a peer process that dies makes the survivors' next
+all-reduce raise RuntimeError ("Connection reset by peer"/"closed") at once; a peer that is alive but never calls
+all-reduce makes it raise after `timeout_s`; a rank that never arrives makes `init_group` raise after
+`timeout_s`. Either way the caller gets an exception, never a hang past the timeout, and must tear the whole
+group down (`destroy_group` in survivors, or kill them) and start a new one on a new port: a group is not
+repaired in place.
+Non-goals: several groups per process, groups across machines, NCCL-specific tuning. backend="nccl" runs the
+same reduce on the local CUDA device (copying the CPU buffer there and back); it is untested here (no GPU).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+
+HOST = "127.0.0.1"
+_GROUP: dict = {}
+"""The one live group of this process: {"pg": process group, "store": TCPStore, "backend": str}."""
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the OS picks it). Another process may take it before rank 0
+    binds it; `init_group` then fails with an error naming the port, and the caller retries with a new one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def init_group(rank: int, world: int, port: int, backend: str = "gloo",
+               timeout_s: float = 60.0) -> Callable[[torch.Tensor], None]:
+    """Join the group (blocks until all `world` ranks have joined, at most `timeout_s`); returns all_reduce.
+
+    Args:
+        rank: 0 .. world - 1; rank 0 hosts the rendezvous on 127.0.0.1:port.
+        port: the same on every rank (e.g. `free_port()` in the parent that spawns the ranks).
+        backend: "gloo" (CPU) or "nccl" (one CUDA device per rank).
+        timeout_s: bound on the rendezvous and on every later collective.
+    Returns:
+        all_reduce(t): sums the float tensor t in place across ranks (blocking), for `dataparallel.Shard`.
+    Raises:
+        RuntimeError if a group is already live in this process, the port is taken, or a peer does not arrive.
+    """
+    if _GROUP:
+        raise RuntimeError("a process group is already live in this process; destroy_group() first")
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in a world of {world}")
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.bind((HOST, port))
+        except OSError as exc:
+            listener.close()
+            raise RuntimeError(f"cannot bind the rendezvous to {HOST}:{port} ({exc}); pick another port") from exc
+        listener.listen(max(world, 8))
+        store = dist.TCPStore(HOST, port, world, True, timeout, master_listen_fd=listener.detach())
+    else:
+        store = dist.TCPStore(HOST, port, world, False, timeout)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=HOST)]
+        opts._timeout = timeout
+        pg = dist.ProcessGroupGloo(store, rank, world, opts)
+
+        def all_reduce(t: torch.Tensor) -> None:
+            pg.allreduce([t]).wait()  # default op is SUM
+    elif backend == "nccl":
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timeout)
+        pg = dist.group.WORLD
+        device = torch.device("cuda", torch.cuda.current_device())
+
+        def all_reduce(t: torch.Tensor) -> None:
+            on_dev = t.to(device)
+            dist.all_reduce(on_dev)
+            t.copy_(on_dev.to(t.device))
+    else:
+        raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
+    _GROUP.update(pg=pg, store=store, backend=backend)
+    return all_reduce
+
+
+def destroy_group() -> None:
+    """Leave the group (a no-op when none is live); frees the port once every rank has left."""
+    if not _GROUP:
+        return
+    if _GROUP["backend"] == "nccl":
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    _GROUP.clear()  # gloo: dropping the last references closes its connections and the store

@@ -1,0 +1,270 @@
+"""The runtime: a step's stages executed by worker processes, as the mode's policy decides, and metered.
+
+    Runtime(cfg, mode, learner)     starts the platform (fork server) and, for serverful, the pool of W workers
+    .begin_step(step)               opens the step's billing window
+    .rollout(groups, seed, plan)    decode functions (+ reward on the same workers); cut-and-migrate live
+    .reference(...)                 the reference function (kl_coef > 0)
+    .learn(...)                     the data-parallel learner function; new weights for the next decode
+    .end_step(step) -> metrics      closes the window: billed device-seconds, cold starts, idle, migrations
+    .close()                        releases every worker; writes workers.jsonl
+
+Stages are in `runtime.stages` (decode) and here (learner, reference). Weights move as the learner's state file
+(`learner-v<k>.safetensors` in the scratch tmpfs, k = updates done): a decode worker behind version k loads the
+policy tensors from it (timed: runtime/weight_sync_s); a fresh learner loads all of it (optimizer included). A
+version's file stays until the next one is written, so a killed learner is re-run from it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from rlhfless import metrics as M
+from rlhfless.config import RunConfig
+from rlhfless.errors import TrainingError
+from rlhfless.plan.cost import price
+from rlhfless.runtime import wire
+from rlhfless.runtime.backend import LocalBackend, WorkerDied
+from rlhfless.runtime.meter import bill_run, bill_window
+from rlhfless.runtime.policy import History, prewarm_decode
+from rlhfless.runtime.pool import Pool
+from rlhfless.runtime.records import InvocationRecord
+from rlhfless.runtime.worker import now
+
+KINDS_ALL = ("decode", "reward", "reference", "learner")
+RUNTIME_HOOKS: list = []
+"""Callables given each new Runtime once it is up (the fault bench attaches its chaos thread here)."""
+
+
+class Runtime:
+    def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
+                 planner=None):
+        from rlhfless.learner import save_learner_state
+        from rlhfless.runtime.dist import free_port
+
+        self._free_port = free_port
+        self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
+        self.serverful = mode == "serverful"
+        self.planner = planner
+        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
+        self.units = self.rt.resolved_units()
+        self.backend = LocalBackend(self.rt.start_method)
+        self.platform_start_s = self.backend.boot()
+        self.scratch = wire.scratch_dir()
+        self.version = learner.updates
+        save_learner_state(learner, self.state_path(self.version))
+        setup = {"config": json.loads(json.dumps(asdict(cfg), default=list)),
+                 "checkpoint": str(cfg.policy.resolved()),
+                 "reference_checkpoint": str(reference_checkpoint or cfg.policy.resolved())}
+        self.t0 = now()
+        self.pool = Pool(self.backend, setup, self.t0, self.units)
+        self.invocations: list[InvocationRecord] = []
+        self._written = 0
+        self.history = History()
+        self.price = price(cfg.plan.gpu_kind)
+        self.step_t0 = self.t0
+        self.step_t1: float | None = self.t0  # step 1's window opens when the runtime does (pool start included)
+        self.totals: dict[str, float] = {}
+        self.steps_done = 0
+        self.last_learn_end: float | None = None
+        self.counters: dict[str, float] = {}
+        self.decode_prewarm = 0
+        self.learners: list = []
+        self.reference_worker = None
+        self._invoked: set[str] = set()
+        if self.serverful:
+            self._start_pool()
+        for hook in RUNTIME_HOOKS:
+            hook(self)
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def state_path(self, version: int) -> Path:
+        return self.scratch / f"learner-v{version}.safetensors"
+
+    def rel(self, t: float) -> float:
+        return t - self.t0
+
+    def count(self, key: str, n: float = 1.0) -> None:
+        self.counters[key] = self.counters.get(key, 0.0) + n
+
+    def record(self, step: int, kind: str, h, requested: float, started: float, finished: float, cold: bool,
+               attempt: int = 1, ok: bool = True, groups: list[int] | None = None, **extra) -> None:
+        started = max(started, requested)
+        self.invocations.append(InvocationRecord(step, kind, h.worker, float(len(h.cores)), self.rel(requested),
+                                                 self.rel(started), self.rel(max(finished, started)), cold,
+                                                 attempt, ok, {k: float(v) for k, v in extra.items()},
+                                                 sorted(groups or [])))
+
+    def first_use(self, h) -> bool:
+        """True the first time a worker is invoked (its invocation carries the cold start)."""
+        if h.worker in self._invoked:
+            return False
+        self._invoked.add(h.worker)
+        return True
+
+    def state_setup(self) -> dict:
+        return {"state_path": str(self.state_path(self.version)), "version": self.version}
+
+    # -- workers ------------------------------------------------------------------------------------------------
+    def _start_pool(self) -> None:
+        """Serverful: W colocated workers, one core each, one data-parallel group, held until close()."""
+        W, port = self.rt.workers(), self._free_port()
+        hs = [self.pool.start(KINDS_ALL, (r % self.units,), {**self.state_setup(), "dist": self._dist(r, W, port)})
+              for r in range(W)]
+        self.pool.await_ready(hs)
+        self.pool_handles = hs
+
+    def _dist(self, rank: int, world: int, port: int) -> dict:
+        return {"rank": rank, "world": world, "port": port, "timeout_s": min(60.0, self.rt.invocation_timeout_s)}
+
+    def restart_pool(self) -> None:
+        """Serverful recovery: a pool worker died, so the whole data-parallel pool restarts from the last state."""
+        for h in self.pool_handles:
+            if h.worker in self.pool.handles:
+                self.pool.dead(h) if not h.alive else self.pool.release(h)
+        self.count(M.RUNTIME_RETRIES)
+        self._start_pool()
+
+    def start_learners(self, prewarmed: bool) -> list:
+        L, port = self.rt.learners(), self._free_port()
+        self.learners = [self.pool.start(("learner",), (r % self.units,),
+                                         {**self.state_setup(), "dist": self._dist(r, L, port)}, prewarmed)
+                         for r in range(L)]
+        return self.learners
+
+    def start_decoders(self, n: int, prewarmed: bool) -> list:
+        return [self.pool.start(("decode",), (i % self.units,), self.state_setup(), prewarmed) for i in range(n)]
+
+    def on_ready(self, h, msg: dict) -> None:
+        self.pool.mark_ready(h, msg)
+        self.history.add_cold(h.kinds[0] if len(h.kinds) == 1 else "pool", self.pool.records[h.worker].cold_start_s)
+
+    # -- steps --------------------------------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Windows are contiguous: a step's window starts where the previous one ended (driver work between
+        steps, such as logging, is billed to the next step, so per-step bills add up to the run's)."""
+        self.step_t0 = self.step_t1 if self.step_t1 is not None else now()
+        self.counters = {}
+        if not self.serverful:
+            self.pool.expire(self.rt.keep_alive_s)
+        if self.last_learn_end is not None:
+            self.history.between_s.append(self.step_t0 - self.last_learn_end)
+
+    def rollout(self, groups, seed: int, plan, step: int):
+        from rlhfless.runtime.stages import DecodeStage
+
+        return DecodeStage(self, groups, seed, plan, step).run()
+
+    def reference(self, prompts, responses, step: int) -> torch.Tensor:
+        from rlhfless.runtime.stages import run_reference
+
+        return run_reference(self, prompts, responses, step)
+
+    def learn(self, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:
+        from rlhfless.runtime.stages import run_learner
+
+        t0 = now()
+        metrics = run_learner(self, prompts, responses, rewards, ref_logp, step)
+        self.last_learn_end = now()
+        self.history.learn_s.append(self.last_learn_end - t0)
+        return metrics
+
+    def end_step(self, step: int) -> dict[str, float]:
+        t1 = self.step_t1 = now()
+        bill = bill_window(list(self.pool.records.values()), [i for i in self.invocations if i.step == step],
+                           self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful)
+        m = bill.metrics()
+        m.update(self.counters)
+        m.update(self._calibrate(step))
+        for k, v in self.counters.items():
+            self.totals[k] = self.totals.get(k, 0.0) + v
+        self.steps_done += 1
+        self._write_invocations()
+        return m
+
+    def _calibrate(self, step: int) -> dict[str, float]:
+        """Hand the planner the measured decode cold start and weight-sync seconds in place of its assumptions."""
+        if self.planner is None or self.serverful:
+            return {}
+        cold = self.history.cold_s.get("decode")
+        syncs = [i.extra["sync_s"] for i in self.invocations
+                 if i.step == step and i.kind == "decode" and i.extra.get("sync_s", 0) > 0]
+        self.planner.calibrate(sum(cold) / len(cold) if cold else None, sum(syncs) / len(syncs) if syncs else None)
+        return {M.RUNTIME_PLANNER_COLD_START_S: self.planner.cfg.cold_start_s,
+                M.RUNTIME_PLANNER_WEIGHT_SYNC_S: self.planner.cfg.weight_sync_s}
+
+    def next_decode_prewarm(self):
+        """(seconds after the learner's start, how many) for the next step's decode workers, or None."""
+        if self.serverful or not self.rt.prewarm or not self.decode_prewarm:
+            return None
+        pw = prewarm_decode(self.history, self.cfg.plan.cold_start_s, self.rt.prewarm_buffer_s)
+        return None if pw.after_s is None else (pw.after_s, self.decode_prewarm)
+
+    # -- end ----------------------------------------------------------------------------------------------------
+    def sync_learner(self, learner) -> None:
+        """Bring the driver's learner (for eval and checkpoints) to the runtime's latest version."""
+        from rlhfless.learner import load_learner_state
+
+        if learner.updates != self.version:
+            load_learner_state(learner, self.state_path(self.version))
+
+    def run_bill(self):
+        t = now()
+        return bill_run(list(self.pool.records.values()), self.invocations, self.rel(t), self.price,
+                        self.serverful, self.rt.billing_granularity_s)
+
+    def summary(self) -> dict:
+        """The run's bill and what explains it (call after close(): every lifetime has ended)."""
+        bill = self.run_bill()
+        recs = list(self.pool.records.values())
+        wall = (self.step_t1 or self.t0) - self.t0
+        cold: dict[str, list[float]] = {}
+        for r in recs:
+            if r.ready_s is not None:
+                cold.setdefault(r.kinds[0] if len(r.kinds) == 1 else "pool", []).append(r.cold_start_s)
+        return {
+            "mode": self.mode, "units": self.units, "start_method": self.rt.start_method,
+            "platform_start_s": self.platform_start_s, "steps": self.steps_done,
+            "loop_wall_s": wall, "step_time_s": wall / max(1, self.steps_done),
+            "cost_device_s": bill.device_s, "cost_usd": bill.usd, "billed_s_by_kind": bill.by_kind,
+            "busy_device_s": bill.busy_s, "idle_fraction": bill.idle_fraction, "cold_starts": bill.cold_starts,
+            "cold_start_s_mean": {k: sum(v) / len(v) for k, v in cold.items()},
+            "workers_started": len(recs), "workers_killed": sum(r.killed for r in recs),
+            "prewarmed": sum(r.prewarmed for r in recs),
+            "migrated_seqs": self.totals.get(M.RUNTIME_MIGRATED_SEQS, 0.0),
+            "retries": self.totals.get(M.RUNTIME_RETRIES, 0.0),
+            "weight_sync_s": self.totals.get(M.RUNTIME_WEIGHT_SYNC_S, 0.0),
+        }
+
+    def _write_invocations(self) -> None:
+        path = self.out / "invocations.jsonl"
+        with path.open("a") as f:
+            for inv in self.invocations[self._written:]:
+                f.write(json.dumps(inv.to_json()) + "\n")
+        self._written = len(self.invocations)
+
+    def release(self) -> None:
+        """Release every worker (billing ends) and write the records; the scratch files stay for sync_learner."""
+        self.pool.release_all()
+        self._write_invocations()
+        with (self.out / "workers.jsonl").open("w") as f:
+            for rec in self.pool.records.values():
+                f.write(json.dumps(rec.to_json()) + "\n")
+
+    def cleanup(self) -> None:
+        self.pool.release_all()
+        wire.remove_scratch(self.scratch)
+
+    def close(self) -> None:
+        self.release()
+        self.cleanup()
+
+
+def fail(what: str, attempts: int) -> TrainingError:
+    return TrainingError(f"runtime: {what} failed {attempts} times (runtime.max_attempts); see invocations.jsonl")
+
+
+__all__ = ["Runtime", "WorkerDied", "fail"]

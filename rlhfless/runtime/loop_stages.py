@@ -1,0 +1,65 @@
+"""`RuntimeStages`: the loop's stage callables backed by the runtime, so `loop.run_step` keeps its shape.
+
+rollout -> decode functions (reward scored on the same workers; `score` returns what they scored);
+reference_logprobs -> the reference function; learn -> the data-parallel learner function. The driver's own
+`Learner` is a mirror brought up to date only when the run needs the weights (evaluation, checkpoints).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlhfless.loop import Stages
+from rlhfless.records import PromptGroup, Sample
+from rlhfless.rollout.engine import RolloutOutput
+from rlhfless.runtime.executor import Runtime
+
+
+class RuntimeStages(Stages):
+    def __init__(self, cfg, learner, planner, mode: str, out: Path, reference_checkpoint: Path | None = None):
+        super().__init__(cfg, learner, None, planner)
+        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner)
+        self.step = 0
+        self._samples: list[Sample] = []
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+        self.runtime.begin_step(step)
+
+    def end_step(self, step: int) -> dict[str, float]:
+        return self.runtime.end_step(step)
+
+    def rollout(self, groups: list[PromptGroup], seed: int, plan=None) -> RolloutOutput:
+        out, self._samples = self.runtime.rollout(groups, seed, plan, self.step)
+        return out
+
+    def score(self, groups: list[PromptGroup], out: RolloutOutput) -> list[Sample]:
+        return self._samples
+
+    def reference_logprobs(self, groups: list[PromptGroup], out: RolloutOutput) -> torch.Tensor | None:
+        if self.cfg.algo.kl_coef <= 0:
+            return None
+        return self.runtime.reference([g.token_ids for g in groups], out.responses, self.step)
+
+    def learn(self, groups, out, samples, ref_logp) -> dict[str, float]:
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+        return self.runtime.learn([g.token_ids for g in groups], out.responses, rewards, ref_logp, self.step)
+
+    def sync_learner(self) -> None:
+        self.runtime.sync_learner(self.learner)
+
+    def close(self) -> None:
+        """Release every worker first (billing stops), then load the last state into the driver's learner."""
+        try:
+            self.runtime.release()
+            self.sync_learner()
+        finally:
+            self.runtime.cleanup()
+
+    def summary(self) -> dict:
+        return self.runtime.summary()
+
+    def step_invocations(self, step: int) -> list[dict]:
+        return [i.to_json() for i in self.runtime.invocations if i.step == step]

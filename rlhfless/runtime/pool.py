@@ -1,0 +1,115 @@
+"""The driver's view of its workers: start (cold or pre-warmed), ready, busy, idle, released, dead.
+
+Every state change is stamped on the worker's `WorkerRecord`, so the meter bills exactly what happened. The pool
+is shared by both modes; which workers exist and when they go is the policy's decision (`rlhfless.runtime.policy`).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from rlhfless.runtime.backend import Handle, LocalBackend, WorkerDied
+from rlhfless.runtime.records import WorkerRecord
+from rlhfless.runtime.worker import now
+
+
+class Pool:
+    """Workers by id, their records (times relative to the run's start `t0`), and who is idle since when."""
+
+    def __init__(self, backend: LocalBackend, setup: dict, t0: float, units: int):
+        self.backend = backend
+        self.setup = setup
+        self.t0 = t0
+        self.units = units
+        self.handles: dict[str, Handle] = {}
+        self.records: dict[str, WorkerRecord] = {}
+        self.idle_since: dict[str, float] = {}
+        self.working: set[str] = set()
+        self._ids = itertools.count()
+
+    def rel(self, t: float) -> float:
+        return t - self.t0
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self, kinds: tuple[str, ...], cores: tuple[int, ...], extra: dict | None = None,
+              prewarmed: bool = False) -> Handle:
+        wid = f"{'+'.join(kinds) if len(kinds) == 1 else 'pool'}-{next(self._ids)}"
+        h = self.backend.start(wid, kinds, cores, {**self.setup, **(extra or {})})
+        self.handles[wid] = h
+        self.records[wid] = WorkerRecord(wid, kinds, float(len(cores)), cores, self.rel(h.spawned_s),
+                                         prewarmed=prewarmed, pid=h.pid)
+        return h
+
+    def mark_ready(self, h: Handle, msg: dict) -> None:
+        h.ready_s = msg["t"]
+        self.records[h.worker].ready_s = self.rel(msg["t"])
+        if h.worker not in self.working:  # a worker sent work before it was ready is busy from the start
+            self.idle_since[h.worker] = msg["t"]
+
+    def await_ready(self, hs: list[Handle], on_other=None) -> None:
+        """Block until every handle in `hs` said ready; a death raises WorkerDied."""
+        waiting = {h.worker for h in hs if h.ready_s is None}
+        while waiting:
+            for h, msg in self.backend.poll([self.handles[w] for w in waiting], None):
+                if msg is None:
+                    raise WorkerDied(h)
+                if msg["op"] == "ready":
+                    self.mark_ready(h, msg)
+                    waiting.discard(h.worker)
+                elif on_other is not None:
+                    on_other(h, msg)
+                else:
+                    h.pending.append(msg)
+
+    def busy(self, h: Handle) -> None:
+        self.working.add(h.worker)
+        self.idle_since.pop(h.worker, None)
+
+    def idle(self, h: Handle) -> None:
+        self.working.discard(h.worker)
+        self.idle_since[h.worker] = now()
+
+    def release(self, h: Handle) -> None:
+        if h.worker not in self.handles:
+            return
+        self.backend.release(h)
+        self._gone(h, killed=False)
+
+    def dead(self, h: Handle) -> None:
+        """Record a worker that died (its held time until now stays billed)."""
+        if h.worker in self.handles:
+            self.backend.kill(h)  # reap it (it is already gone, or hung)
+            self._gone(h, killed=True)
+
+    def _gone(self, h: Handle, killed: bool) -> None:
+        rec = self.records[h.worker]
+        rec.released_s, rec.killed = self.rel(now()), killed
+        self.handles.pop(h.worker, None)
+        self.idle_since.pop(h.worker, None)
+        self.working.discard(h.worker)
+        try:
+            h.conn.close()
+        except OSError:
+            pass
+
+    def expire(self, keep_alive_s: float, kinds: tuple[str, ...] | None = None) -> None:
+        """Release idle workers (of `kinds`) whose keep-alive window has passed: scale to zero."""
+        t = now()
+        for wid, since in list(self.idle_since.items()):
+            h = self.handles.get(wid)
+            if h is None or h.ready_s is None or (kinds and not set(h.kinds) & set(kinds)):
+                continue
+            if t - since >= keep_alive_s:
+                self.release(h)
+
+    def warm(self, kind: str) -> list[Handle]:
+        """Live workers of exactly this kind (ready or still starting), idle ones first."""
+        hs = [h for h in self.handles.values() if h.kinds == (kind,)]
+        return sorted(hs, key=lambda h: (h.worker not in self.idle_since, h.worker))
+
+    def release_all(self) -> None:
+        for h in list(self.handles.values()):
+            self.release(h)
+
+    def live(self) -> list[Handle]:
+        return list(self.handles.values())

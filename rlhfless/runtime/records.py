@@ -1,0 +1,91 @@
+"""Typed records of the runtime: what every worker and every invocation did, in seconds since the run started.
+
+`WorkerRecord` is one worker's lifetime (the billed interval: a worker is billed from the moment it is requested
+until it is released, cold start included, whatever it did in between). `InvocationRecord` is one function call on
+a worker (busy time). The meter (`rlhfless.runtime.meter`) turns them into billed device-seconds; the Gantt chart
+and the simulator's validation read them back from `OUT/workers.jsonl` and `OUT/invocations.jsonl`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from rlhfless.errors import DataError
+
+KINDS = ("prefill", "decode", "reward", "reference", "learner")
+
+
+@dataclass
+class WorkerRecord:
+    """One worker process from request to release.
+
+    kinds: function kinds it may run (one for a serverless function; all of them for a serverful pool worker).
+    spawned_s: when the runtime asked for it (billing starts); ready_s: when it had loaded its model and could
+    take work (ready_s - spawned_s is the measured cold start); released_s: when it stopped (billing ends);
+    None while alive. killed: it died (kill -9 or a crash) instead of being released.
+    prewarmed: started ahead of need by the pre-warming policy.
+    """
+
+    worker: str
+    kinds: tuple[str, ...]
+    units: float
+    cores: tuple[int, ...]
+    spawned_s: float
+    ready_s: float | None = None
+    released_s: float | None = None
+    killed: bool = False
+    prewarmed: bool = False
+    pid: int = 0
+
+    @property
+    def cold_start_s(self) -> float:
+        return (self.ready_s - self.spawned_s) if self.ready_s is not None else 0.0
+
+    def held(self, t0: float, t1: float, now: float) -> float:
+        """Seconds of [t0, t1) during which this worker was held (billed), counting an alive one until `now`."""
+        end = self.released_s if self.released_s is not None else now
+        return max(0.0, min(end, t1) - max(self.spawned_s, t0))
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["cold_start_s"] = self.cold_start_s
+        return d
+
+
+@dataclass
+class InvocationRecord:
+    """One function invocation on one worker.
+
+    requested_s: when the runtime sent the request; started_s: when the worker began it (after any weight load);
+    finished_s: when it replied (or died). cold: the worker's first invocation. ok: False when the worker died or
+    timed out during it (the work is then re-run as attempt + 1). extra: small numbers worth keeping (rows,
+    tokens, migrated rows, weight-sync seconds).
+    """
+
+    step: int
+    kind: str
+    worker: str
+    units: float
+    requested_s: float
+    started_s: float
+    finished_s: float
+    cold: bool
+    attempt: int = 1
+    ok: bool = True
+    extra: dict[str, float] = field(default_factory=dict)
+    groups: list[int] = field(default_factory=list)
+    """Decode: the step's group indices whose fresh rows this invocation was sent (the planner's assignment)."""
+
+    def __post_init__(self) -> None:
+        times = (self.requested_s, self.started_s, self.finished_s)
+        if not all(math.isfinite(t) for t in times) or self.finished_s < self.started_s:
+            raise DataError(f"InvocationRecord {self.kind}/{self.worker}: need finite times with started_s <= "
+                            f"finished_s (got {times})")
+
+    @property
+    def busy_s(self) -> float:
+        return self.finished_s - self.started_s
+
+    def to_json(self) -> dict:
+        return asdict(self)

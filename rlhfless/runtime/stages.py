@@ -1,0 +1,439 @@
+"""The stages as functions: decode (with live cut-and-migrate and re-runs of killed workers), reference, learner.
+
+DecodeStage is one event loop over the decode workers' messages: `ready`, `progress` (cut-and-migrate: the live
+progress goes through the planner's own `plan_migrations`, the same rule the time model simulates), `cut_rows`
+(a source's unfinished rows, sent on to their destinations as `adopt`), `done` (scored rows), and death
+(the worker's outstanding rows are re-run on a fresh worker from their prompts, or from the tokens they had when
+they were migrated: the same random streams give the same tokens). It also fires the pre-warm of the learner
+group at the time the policy says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlhfless import metrics as M
+from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.plan import ActorProgress, SeqProgress, plan_migrations
+from rlhfless.records import Sample
+from rlhfless.rollout.engine import PrefillStats, RolloutOutput
+from rlhfless.runtime import wire
+from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.executor import fail
+from rlhfless.runtime.policy import plan_split, prewarm_learner, ship_saves_tokens, should_ship, split_by_count
+from rlhfless.runtime.worker import now
+
+
+@dataclass
+class _Actor:
+    """One decode function of this step: its worker, rows still owed, and its open invocation."""
+
+    index: int
+    handle: object
+    rows: set[int]
+    requested: float
+    cold: bool
+    attempt: int = 1
+    done: bool = False
+    cut: bool = False
+    progress: tuple[int, list] = (0, [])
+    extra: dict = field(default_factory=dict)
+    moves: dict = field(default_factory=dict)
+    """After a cut: row -> the destination actor the planner chose for it."""
+    groups: set[int] = field(default_factory=set)
+    """Groups whose fresh rows it was sent (for the record: the plan as executed)."""
+
+
+class DecodeStage:
+    def __init__(self, rt, groups, seed: int, plan, step: int):
+        self.rt, self.groups, self.seed, self.plan, self.step = rt, groups, seed, plan, step
+        self.G = rt.cfg.algo.group_size
+        self.n_rows = len(groups) * self.G
+        self.split = split_by_count(len(groups), rt.rt.workers()) if rt.serverful else plan_split(plan)
+        policy = rt.rt.migrate
+        self.migrate = not rt.serverful and (policy == "always" or policy == "plan" and
+                                             plan.decision.migration is not None)
+        self.tau = rt.cfg.plan.tau
+        self.results: dict[int, list] = {}
+        self.prefix: dict[int, list[int]] = {}  # rows moved: the tokens they had when cut
+        self.actors: dict[str, _Actor] = {}
+        self.pred = {g * self.G + s: plan.jobs[g].lengths()[s] for g in range(len(groups)) for s in range(self.G)} \
+            if plan is not None else {}
+        self.migrated = 0
+        self.prefill = [0, 0, 0.0]
+
+    # -- requests -----------------------------------------------------------------------------------------------
+    def _items(self, rows: set[int]) -> list[dict]:
+        """Rows as request items: fresh rows grouped by prompt, moved rows with their partial responses."""
+        by_group: dict[int, list[int]] = {}
+        items = []
+        for r in sorted(rows):
+            if r in self.prefix:
+                g = r // self.G
+                items.append(self._item(g, [r], [self.prefix[r]]))
+            else:
+                by_group.setdefault(r // self.G, []).append(r)
+        return [self._item(g, rs, None) for g, rs in by_group.items()] + items
+
+    def _item(self, g: int, rows: list[int], prefix) -> dict:
+        grp = self.groups[g]
+        return {"g": g, "prompt": grp.token_ids, "answer": grp.prompt.answer, "rows": rows, "prefix": prefix}
+
+    def _send(self, a: _Actor, op: str, rows: set[int], kv: dict | None = None) -> None:
+        msg = {"op": op, "step": self.step, "seed": self.seed, "n_total": self.n_rows, "items": self._items(rows),
+               "report": self.migrate, "progress_every": self.rt.rt.progress_every, "kv": kv,
+               **self.rt.state_setup()}
+        self.rt.backend.send(a.handle, msg)
+
+    def _ship_kv(self) -> list[dict] | None:
+        """Run the prefill function when the policy says shipping its KV pays; the files per actor, or None."""
+        rt = self.rt
+        prompts = [g.token_ids for g in self.groups]
+        saved = ship_saves_tokens(prompts, self.split, self.G, rt.cfg.rollout.dedup_prefill)
+        tm = rt.planner_time_model
+        ship = not rt.serverful and should_ship(rt.rt.ship_prefix_kv, saved, tm.prefill_s_per_token,
+                                                rt.history.cold("prefill", rt.history.cold("decode", 0.3)))
+        rt.count(M.RUNTIME_SHIP_KV, float(ship))
+        rt.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
+        if not ship:
+            return None
+        for attempt in range(1, rt.rt.max_attempts + 1):
+            h = rt.pool.start(("prefill",), (0,), rt.state_setup())
+            requested, cold = now(), rt.first_use(h)
+            rt.pool.busy(h)
+            rt.backend.send(h, {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))),
+                                "actors": self.split, "out_prefix": str(rt.scratch / f"kv-{self.step}"),
+                                **rt.state_setup()})
+            from rlhfless.runtime.stages import _await
+
+            msg = _await(rt, h, "prefilled")
+            if msg is not None:
+                rt.record(self.step, "prefill", h, requested, msg["t_start"], msg["t_end"], cold, attempt)
+                self.prefill = list(msg["prefill"])
+                rt.pool.release(h)
+                return msg["files"]
+            rt.record(self.step, "prefill", h, requested, requested, now(), cold, attempt, ok=False)
+            rt.pool.dead(h)
+            rt.count(M.RUNTIME_RETRIES)
+        raise fail(f"prefill function of step {self.step}", rt.rt.max_attempts)
+
+    def _handles(self, n: int) -> list:
+        rt = self.rt
+        if rt.serverful:
+            return rt.pool_handles
+        warm = [h for h in rt.pool.warm("decode")][:n]
+        for h in rt.pool.warm("decode")[n:]:  # pre-warmed beyond this step's need: scale down at once
+            rt.pool.release(h)
+        cold = rt.start_decoders(n - len(warm), prewarmed=False)
+        return warm + cold
+
+    # -- the loop -----------------------------------------------------------------------------------------------
+    def run(self) -> tuple[RolloutOutput, list[Sample]]:
+        rt = self.rt
+        t_start = now()
+        handles = self._handles(len(self.split))
+        kv = self._ship_kv()
+        for i, (h, gs) in enumerate(zip(handles, self.split)):
+            rows = {g * self.G + s for g in gs for s in range(self.G)}
+            a = _Actor(i, h, rows, now(), cold=rt.first_use(h), groups=set(gs))
+            self.actors[h.worker] = a
+            if rows:
+                rt.pool.busy(h)
+                self._send(a, "decode", rows, kv[i] if kv else None)
+            else:
+                a.done = True
+        rt.decode_prewarm = len([a for a in self.actors.values() if a.rows])
+        pw = self._learner_prewarm()
+        while len(self.results) < self.n_rows:
+            if pw is not None and now() >= t_start + pw:
+                rt.start_learners(prewarmed=True)
+                pw = None
+            timeout = None if pw is None else max(0.0, t_start + pw - now())
+            watch = [a.handle for a in self.actors.values() if a.handle.worker in rt.pool.handles] + \
+                [h for h in rt.pool.live() if h.ready_s is None and h.worker not in self.actors]
+            for h, msg in rt.backend.poll(watch, min(timeout, 1.0) if timeout is not None else 1.0):
+                self._on(h, msg)
+            self._check_timeouts()
+        rt.history.rollout_s.append(now() - t_start)
+        return self._output(now() - t_start)
+
+    def _learner_prewarm(self) -> float | None:
+        rt = self.rt
+        if rt.serverful or not rt.rt.prewarm or rt.learners:
+            return None
+        predicted = self.plan.decision.chosen.step_s if self.plan is not None else 0.0
+        return prewarm_learner(rt.history, predicted, rt.cfg.plan.cold_start_s, rt.rt.prewarm_buffer_s).after_s
+
+    def _on(self, h, msg: dict | None) -> None:
+        rt = self.rt
+        if msg is None:
+            return self._died(h)
+        op = msg["op"]
+        if op == "ready":
+            rt.on_ready(h, msg)
+        elif op == "progress":
+            a = self.actors[h.worker]
+            a.progress = (msg["finished"], msg["unfinished"])
+            self._maybe_cut(a)
+        elif op == "cut_rows":
+            self._hand_over(self.actors[h.worker], msg["rows"])
+        elif op == "done":
+            self._done(self.actors[h.worker], msg)
+        else:
+            raise RuntimeError(f"runtime: unexpected {op!r} from {h.worker} during decode")
+
+    def _done(self, a: _Actor, msg: dict) -> None:
+        rt = self.rt
+        for row, tokens, truncated, reward, correct, well_formed in msg["results"]:
+            self.results[row] = [tokens, truncated, reward, correct, well_formed]
+            a.rows.discard(row)
+        for k in ("adopted", "iterations"):
+            a.extra[k] = a.extra.get(k, 0) + msg.get(k, 0)
+        if msg.get("prefill"):
+            self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
+        rt.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
+                  a.attempt, groups=list(a.groups), rows=len(msg["results"]), sync_s=msg["sync_s"], **a.extra)
+        a.groups = set()
+        rt.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
+        rt.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
+        if a.rows:  # rows adopted after it finished: a second run is on its way
+            a.requested, a.cold, a.extra = now(), False, {}
+            return
+        a.done = True
+        if rt.serverful:
+            return
+        rt.pool.idle(a.handle)
+        if rt.rt.keep_alive_s == 0:
+            rt.pool.release(a.handle)  # scale to zero: the function releases itself when its last row ends
+
+    # -- cut-and-migrate ----------------------------------------------------------------------------------------
+    def _maybe_cut(self, a: _Actor) -> None:
+        finished, unfinished = a.progress
+        if not self.migrate or a.cut or not unfinished or finished / (finished + len(unfinished)) < self.tau:
+            return
+        live = [x for x in self.actors.values() if not x.done and not x.cut]
+        cap = self.rt.cfg.plan.capacity
+        progress = []
+        for x in live:
+            fin, unf = x.progress if x.progress[1] or x.progress[0] else (0, [[r, 0] for r in sorted(x.rows)])
+            seqs = tuple(SeqProgress(str(r), gen, max(0.0, self.pred.get(r, 0.0) - gen),
+                                     len(self.groups[r // self.G].token_ids)) for r, gen in unf)
+            progress.append(ActorProgress(x.index, fin, seqs, max(0, cap - len(seqs))))
+        moves, _ = plan_migrations(progress, self.tau)
+        by_index = {x.index: x for x in live}
+        for src in {m.src for m in moves.moves}:
+            s = by_index[src]
+            try:
+                self.rt.backend.send(s.handle, {"op": "cut"})
+            except WorkerDied:  # it finished and released meanwhile: nothing to cut
+                continue
+            s.cut = True
+            s.moves = {int(m.seq_id): by_index[m.dst] for m in moves.moves if m.src == src}
+
+    def _hand_over(self, src: _Actor, rows: list) -> None:
+        moves = src.moves
+        by_dst: dict[str, list] = {}
+        for row, tokens in rows:
+            self.prefix[row] = tokens
+            src.rows.discard(row)
+            dst = moves.get(row)
+            if dst is None or dst.done or dst.handle.worker not in self.rt.pool.handles:
+                dst = next((x for x in self.actors.values() if not x.done and not x.cut), None) or self._spare()
+            dst.rows.add(row)
+            by_dst.setdefault(dst.handle.worker, []).append(row)
+        for wid, rs in by_dst.items():
+            dst = self.actors[wid]
+            self.migrated += len(rs)
+            self._send(dst, "adopt", set(rs))
+
+    def _spare(self) -> _Actor:
+        """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
+        h = self.rt.start_decoders(1, prewarmed=False)[0]
+        a = _Actor(len(self.actors), h, set(), now(), cold=self.rt.first_use(h))
+        self.actors[h.worker] = a
+        self.rt.pool.busy(h)
+        return a
+
+    # -- faults -------------------------------------------------------------------------------------------------
+    def _died(self, h) -> None:
+        rt = self.rt
+        a = self.actors.get(h.worker)
+        rt.pool.dead(h)
+        if a is None or a.done and not a.rows:
+            return
+        rt.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
+        rt.count(M.RUNTIME_RETRIES)
+        if a.attempt >= rt.rt.max_attempts:
+            raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
+        if rt.serverful:
+            return self._restart_serverful(a)
+        new = rt.start_decoders(1, prewarmed=False)[0]
+        b = _Actor(a.index, new, set(a.rows), now(), cold=rt.first_use(new), attempt=a.attempt + 1,
+                   groups=a.groups)
+        del self.actors[h.worker]
+        self.actors[new.worker] = b
+        rt.pool.busy(new)
+        self._send(b, "decode", b.rows)
+
+    def _restart_serverful(self, a: _Actor) -> None:
+        """The pool restarts whole (its workers share a data-parallel group); every unfinished row is re-run."""
+        rt = self.rt
+        owed = {w: x for w, x in self.actors.items() if x.rows}
+        rt.restart_pool()
+        self.actors = {}
+        for (w, x), h in zip(owed.items(), rt.pool_handles):
+            b = _Actor(x.index, h, set(x.rows), now(), cold=rt.first_use(h), attempt=x.attempt + 1,
+                       groups=x.groups)
+            self.actors[h.worker] = b
+            self._send(b, "decode", b.rows)
+
+    def _check_timeouts(self) -> None:
+        limit = self.rt.rt.invocation_timeout_s
+        for a in list(self.actors.values()):
+            if a.rows and not a.done and now() - a.requested > limit and a.handle.worker in self.rt.pool.handles:
+                self._died(a.handle)
+
+    # -- result -------------------------------------------------------------------------------------------------
+    def _output(self, seconds: float) -> tuple[RolloutOutput, list[Sample]]:
+        tok = ByteTokenizer()
+        responses, truncated, samples = [], [], []
+        for r in range(self.n_rows):
+            tokens, trunc, reward, correct, well_formed = self.results[r]
+            responses.append(tokens)
+            truncated.append(trunc)
+            g, s = divmod(r, self.G)
+            samples.append(Sample(g, s, tuple(tokens), tok.decode(tokens), trunc, reward, correct, well_formed))
+        computed, naive, pre_s = self.prefill
+        stats = PrefillStats(int(computed), int(naive) or 1, pre_s)
+        self.rt.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
+        self.rt.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
+        return RolloutOutput(responses, truncated, stats, seconds, []), samples
+
+
+def _ranks(rt) -> list:
+    if rt.serverful:
+        return rt.pool_handles
+    live = [h for h in rt.learners if h.worker in rt.pool.handles]
+    if len(live) != rt.rt.learners():
+        for h in live:
+            rt.pool.release(h)
+        live = rt.start_learners(prewarmed=False)
+    return live
+
+
+def run_learner(rt, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:
+    """Every rank reads the batch; rank 0 writes the next state version. A death re-runs the whole group."""
+    batch = rt.scratch / f"batch-{step}.safetensors"
+    wire.write_batch(batch, prompts, responses, rewards, ref_logp)
+    attempt = 1
+    while True:
+        hs = _ranks(rt)
+        try:
+            metrics = _learn_once(rt, hs, batch, step, attempt)
+            break
+        except WorkerDied:
+            for h in hs:
+                rt.record(step, "learner", h, now(), now(), now(), False, attempt, ok=False)
+                rt.pool.dead(h)
+            rt.count(M.RUNTIME_RETRIES)
+            if rt.serverful:
+                rt.restart_pool()
+            attempt += 1
+            if attempt > rt.rt.max_attempts:
+                raise fail(f"learner of step {step}", attempt - 1) from None
+    rt.version += 1
+    # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
+    rt.state_path(rt.version - 2).unlink(missing_ok=True)
+    batch.unlink(missing_ok=True)
+    if not rt.serverful:
+        for h in hs:
+            rt.pool.idle(h)
+        if rt.rt.keep_alive_s == 0:
+            for h in hs:
+                rt.pool.release(h)
+            rt.learners = []
+    return metrics
+
+
+def _learn_once(rt, hs: list, batch, step: int, attempt: int) -> dict[str, float]:
+    requested = now()
+    cold = {h.worker: rt.first_use(h) for h in hs}
+    for rank, h in enumerate(hs):
+        rt.pool.busy(h)
+        rt.backend.send(h, {"op": "learn", "batch": str(batch), "seed": step, **rt.state_setup(),
+                            "state_out": str(rt.state_path(rt.version + 1)) if rank == 0 else None})
+    replies: dict[str, dict] = {}
+    pw = rt.next_decode_prewarm()
+    while len(replies) < len(hs):
+        if pw is not None and now() >= requested + pw[0]:
+            rt.start_decoders(pw[1], prewarmed=True)
+            pw = None
+        watch = hs + [h for h in rt.pool.live() if h.ready_s is None and h not in hs]
+        timeout = 1.0 if pw is None else max(0.0, min(1.0, requested + pw[0] - now()))
+        for h, msg in rt.backend.poll(watch, timeout):
+            if msg is None:
+                if h in hs:
+                    raise WorkerDied(h)
+                rt.pool.dead(h)  # a pre-warmed decode worker died: the next rollout starts another
+            elif msg["op"] == "ready":
+                rt.on_ready(h, msg)
+            elif msg["op"] == "learned":
+                replies[h.worker] = msg
+        if now() - requested > rt.rt.invocation_timeout_s:
+            raise WorkerDied(hs[0])
+    if pw is not None:  # the learner beat the history's estimate: start the next decode functions now, still
+        rt.start_decoders(pw[1], prewarmed=True)  # ahead of the driver's logging and planning
+    for h in hs:
+        r = replies[h.worker]
+        rt.record(step, "learner", h, requested, r["t_start"], r["t_end"], cold[h.worker], attempt,
+                  sync_s=r["sync_s"])
+    return replies[hs[0].worker]["metrics"]
+
+
+def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
+    """Reference log-probs [B*G, T] from the reference function (serverful: pool worker 0's reference replica)."""
+    batch, out = rt.scratch / f"ref-in-{step}.safetensors", rt.scratch / f"ref-out-{step}.safetensors"
+    wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
+    for attempt in range(1, rt.rt.max_attempts + 1):
+        h = rt.pool_handles[0] if rt.serverful else (rt.reference_worker or
+                                                    rt.pool.start(("reference",), (0,), {}, prewarmed=False))
+        rt.reference_worker = None if rt.serverful else h
+        requested, cold = now(), rt.first_use(h)
+        rt.pool.busy(h)
+        rt.backend.send(h, {"op": "reference", "batch": str(batch), "out": str(out)})
+        msg = _await(rt, h, "referenced")
+        if msg is not None:
+            rt.record(step, "reference", h, requested, msg["t_start"], msg["t_end"], cold, attempt)
+            if not rt.serverful and rt.rt.keep_alive_s == 0:
+                rt.pool.release(h)
+                rt.reference_worker = None
+            logp = wire.read_tensors(out)["ref_logp"]
+            batch.unlink(missing_ok=True)
+            out.unlink(missing_ok=True)
+            return logp
+        rt.record(step, "reference", h, requested, requested, now(), cold, attempt, ok=False)
+        rt.pool.dead(h)
+        rt.reference_worker = None
+        rt.count(M.RUNTIME_RETRIES)
+        if rt.serverful:
+            rt.restart_pool()
+    raise fail(f"reference of step {step}", rt.rt.max_attempts)
+
+
+def _await(rt, h, op: str) -> dict | None:
+    """The reply `op` from h (None if it died); other workers' ready messages are handled meanwhile."""
+    t0 = now()
+    while now() - t0 < rt.rt.invocation_timeout_s:
+        watch = [h] + [x for x in rt.pool.live() if x.ready_s is None and x is not h]
+        for x, msg in rt.backend.poll(watch, 1.0):
+            if msg is None:
+                if x is h:
+                    return None
+                rt.pool.dead(x)
+            elif msg["op"] == "ready":
+                rt.on_ready(x, msg)
+            elif x is h and msg["op"] == op:
+                return msg
+    return None

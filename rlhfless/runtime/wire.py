@@ -1,0 +1,83 @@
+"""What crosses a process boundary: small JSON messages over a pipe, tensors in safetensors files.
+
+Nothing is unpickled: a message is UTF-8 JSON (`send` / `recv`), and tensors (weights, learner state, batches,
+prefix KV, log-probs) are safetensors files in the run's scratch folder (a tmpfs under /dev/shm when there is
+one), written to a temporary name and renamed, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlhfless.errors import DataError
+
+
+def send(conn, msg: dict) -> None:
+    conn.send_bytes(json.dumps(msg, separators=(",", ":")).encode())
+
+
+def recv(conn) -> dict:
+    msg = json.loads(conn.recv_bytes().decode())
+    if not isinstance(msg, dict) or "op" not in msg:
+        raise DataError(f"runtime: malformed message {str(msg)[:80]!r}")
+    return msg
+
+
+def scratch_dir(prefix: str = "rlhfless-") -> Path:
+    """A private folder for the run's tensor files, on tmpfs when /dev/shm is writable."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def remove_scratch(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> None:
+    """Atomically write `tensors` (contiguous copies) with string metadata."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta or {})
+    os.replace(tmp, path)
+
+
+def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def pack_lists(lists: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Ragged token lists as (flat int64 values, int64 offsets of length n + 1)."""
+    lengths = torch.tensor([len(x) for x in lists], dtype=torch.long)
+    offsets = torch.zeros(len(lists) + 1, dtype=torch.long)
+    offsets[1:] = lengths.cumsum(0)
+    flat = torch.tensor([t for x in lists for t in x], dtype=torch.long)
+    return {"values": flat, "offsets": offsets}
+
+
+def unpack_lists(values: torch.Tensor, offsets: torch.Tensor) -> list[list[int]]:
+    v, o = values.tolist(), offsets.tolist()
+    return [v[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+
+
+def write_batch(path: Path, prompts: list[list[int]], responses: list[list[int]], rewards: torch.Tensor,
+                ref_logp: torch.Tensor | None) -> None:
+    """A learner/reference batch: prompts (B), responses (B*G), rewards [B*G], optional reference log-probs."""
+    p, r = pack_lists(prompts), pack_lists(responses)
+    t = {"prompt_values": p["values"], "prompt_offsets": p["offsets"], "resp_values": r["values"],
+         "resp_offsets": r["offsets"], "rewards": rewards.float()}
+    if ref_logp is not None:
+        t["ref_logp"] = ref_logp
+    write_tensors(path, t)
+
+
+def read_batch(path: Path) -> tuple[list[list[int]], list[list[int]], torch.Tensor, torch.Tensor | None]:
+    t = read_tensors(path)
+    return (unpack_lists(t["prompt_values"], t["prompt_offsets"]), unpack_lists(t["resp_values"], t["resp_offsets"]),
+            t["rewards"], t.get("ref_logp"))

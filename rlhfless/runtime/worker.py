@@ -1,0 +1,181 @@
+"""A worker process: one device unit (a pinned CPU core, one torch thread), one model replica, a request loop.
+
+A worker runs the function kinds it was started for: `decode` (with its rows' `reward`), `reference`, `learner`;
+a serverful pool worker runs all of them on one replica (colocated, as verl does). Requests and replies are JSON
+messages (`rlhfless.runtime.wire`); tensors come and go as safetensors files. The worker knows nothing of
+modes, plans or billing: the driver decides what it runs and when it goes.
+
+Decode contract (what makes cut-and-migrate exact): a decode request lists its rows with their original row
+ids, their prompt and, for migrated rows, the tokens generated so far; every row samples from its own random
+stream (seed, decode step, row id), so where a row runs never changes its tokens. Every `progress_every`
+iterations the worker reports its progress and reads control messages: `cut` returns its unfinished rows
+(prompt ids + tokens so far) to the driver and ends the invocation; `adopt` adds migrated rows, which it
+re-prefills (prompt + partial response) and decodes beside its own as a second batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from rlhfless.runtime import wire
+
+# Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
+PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
+           "rlhfless.rollout.session", "rlhfless.learner", "rlhfless.runtime.dist", "rlhfless.tasks.arith",
+           "rlhfless.config", "rlhfless.dataparallel", "safetensors.torch"]
+
+
+def now() -> float:
+    """The clock shared by driver and workers (CLOCK_MONOTONIC is system-wide on Linux)."""
+    return time.monotonic()
+
+
+def main(conn, setup_json: str) -> None:
+    """Process entry point: pin, load, say ready, serve until `shutdown` (or the pipe closes)."""
+    setup = json.loads(setup_json)
+    os.sched_setaffinity(0, setup["cores"])
+    import torch
+
+    torch.set_num_threads(len(setup["cores"]))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per cold start would drown the driver's output
+    worker = Worker(setup)
+    wire.send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
+    while True:
+        try:
+            msg = wire.recv(conn)
+        except (EOFError, OSError):
+            return
+        if msg["op"] == "shutdown":
+            worker.close()
+            return
+        wire.send(conn, worker.handle(msg, conn))
+
+
+class Worker:
+    """The state one worker holds between invocations: config, policy replica, learner, reference model."""
+
+    def __init__(self, setup: dict):
+        from rlhfless.config import RunConfig
+        from rlhfless.configbase import build_config
+
+        self.setup = setup
+        self.kinds = tuple(setup["kinds"])
+        self.cfg = build_config(RunConfig, setup["config"], [])
+        self.G = self.cfg.algo.group_size
+        self.version = -1
+        self.model = None
+        self.learner = None
+        self.reference = None
+        self.shard = None
+        if {"decode", "learner", "prefill"} & set(self.kinds):
+            self._load_policy(setup.get("state_path"), setup.get("version", 0))
+        if "reference" in self.kinds:
+            from rlhfless.model.factory import load_checkpoint
+
+            self.reference = load_checkpoint(setup["reference_checkpoint"]).eval().requires_grad_(False)
+        if setup.get("dist"):
+            from rlhfless.dataparallel import Shard
+            from rlhfless.runtime.dist import init_group
+
+            d = setup["dist"]
+            self.shard = Shard(d["rank"], d["world"],
+                               init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"]))
+
+    # -- weights ------------------------------------------------------------------------------------------------
+    def _load_policy(self, state_path: str | None, version: int) -> None:
+        from rlhfless.model.factory import load_checkpoint
+
+        if self.model is None:
+            self.model = load_checkpoint(self.setup["checkpoint"])
+        if "learner" in self.kinds and self.learner is None:
+            from rlhfless.learner import Learner
+
+            self.learner = Learner(self.model, self.cfg.optim, self.cfg.algo,
+                                   reuse_prefix=self.cfg.rollout.reuse_prefix_forward)
+        if state_path:
+            self._sync(state_path, version)
+        else:
+            self.version = version
+
+    def _sync(self, state_path: str, version: int) -> float:
+        """Bring the replica to `version` from the learner's state file; returns the seconds it took."""
+        if version == self.version:
+            return 0.0
+        t0 = now()
+        if self.learner is not None:
+            from rlhfless.learner import load_learner_state
+
+            load_learner_state(self.learner, state_path)
+        else:
+            from rlhfless.learner import load_policy_weights
+
+            load_policy_weights(self.model, state_path)
+        self.version = version
+        return now() - t0
+
+    # -- requests -----------------------------------------------------------------------------------------------
+    def handle(self, msg: dict, conn) -> dict:
+        op = msg["op"]
+        if op in ("decode", "adopt"):
+            from rlhfless.runtime.decoding import run_decode
+
+            sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+            return run_decode(self, msg, conn, sync_s)
+        if op == "prefill":
+            from rlhfless.runtime.decoding import run_prefill
+
+            sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+            return run_prefill(self, msg, sync_s)
+        if op == "cut":  # arrived after this worker had finished: nothing left to hand over
+            return {"op": "cut_rows", "rows": [], "late": True}
+        if op == "learn":
+            return self._learn(msg)
+        if op == "reference":
+            return self._reference(msg)
+        if op == "save_state":
+            from rlhfless.learner import save_learner_state
+
+            save_learner_state(self.learner, msg["path"])
+            return {"op": "saved", "t": now()}
+        raise ValueError(f"worker: unknown request {op!r}")
+
+    def _learn(self, msg: dict) -> dict:
+        import torch
+
+        from rlhfless.learner import save_learner_state
+
+        t0 = now()
+        sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+        t1 = now()
+        prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
+        torch.manual_seed(msg["seed"])
+        metrics = self.learner.update(prompts, responses, rewards, ref, shard=self.shard)
+        self.version = msg["version"] + 1
+        if msg.get("state_out"):
+            save_learner_state(self.learner, msg["state_out"])
+        return {"op": "learned", "t_start": t1, "t_end": now(), "sync_s": sync_s, "t_request": t0,
+                "metrics": {k: v for k, v in metrics.items() if v is not None}}
+
+    def _reference(self, msg: dict) -> dict:
+        import torch
+
+        from rlhfless.rollout.forward import response_logprobs
+
+        t0 = now()
+        prompts, responses, _, _ = wire.read_batch(Path(msg["batch"]))
+        with torch.no_grad():
+            logp = response_logprobs(self.reference, prompts, responses, self.G,
+                                     reuse_prefix=self.cfg.rollout.reuse_prefix_forward).logp
+        wire.write_tensors(msg["out"], {"ref_logp": logp})
+        return {"op": "referenced", "t_start": t0, "t_end": now()}
+
+    def close(self) -> None:
+        if self.shard is not None:
+            from rlhfless.runtime.dist import destroy_group
+
+            destroy_group()

@@ -1,0 +1,53 @@
+"""Bad runtime settings are rejected before any work, with a message naming the field."""
+
+import pytest
+
+from rlhfless.config import load_run_config
+from rlhfless.errors import ConfigError
+from rlhfless.runner import train
+from rlhfless.runtime.config import RuntimeConfig, available_cores
+
+QS = "experiments/configs/quickstart.yaml"
+
+
+@pytest.mark.parametrize("override, field", [
+    ("runtime.mode=cloud", "runtime.mode"),
+    ("runtime.backend=k8s", "runtime.backend"),
+    ("runtime.units=-1", "runtime.units"),
+    ("runtime.start_method=fork", "runtime.start_method"),
+    ("runtime.keep_alive_s=-1", "runtime.keep_alive_s"),
+    ("runtime.ship_prefix_kv=sometimes", "runtime.ship_prefix_kv"),
+    ("runtime.progress_every=0", "runtime.progress_every"),
+    ("runtime.max_attempts=0", "runtime.max_attempts"),
+    ("runtime.billing_granularity_s=0", "runtime.billing_granularity_s"),
+])
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_run_config(QS, [override])
+
+
+def test_serverless_needs_the_planner():
+    with pytest.raises(ConfigError, match=r"train\.plan"):
+        load_run_config(QS, ["runtime.mode=serverless", "train.plan=false"])
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ([f"runtime.units={available_cores() + 1}"], "runtime.units"),
+    (["runtime.mode=serverless", f"plan.max_actors={available_cores() + 1}"], "plan.max_actors"),
+    ([f"runtime.serverful_workers={available_cores() + 1}", "runtime.mode=serverful"], "runtime.serverful_workers"),
+    ([f"runtime.learner_units={available_cores() + 1}", "runtime.mode=serverless"], "runtime.learner_units"),
+])
+def test_what_this_machine_cannot_run_fails_before_any_work(tmp_path, overrides, field):
+    cfg = load_run_config(QS, overrides + ["tracking.mode=disabled"])
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        train(cfg, out, progress=False)
+    assert not out.exists()  # nothing was started or written
+
+
+def test_compare_needs_the_same_data_parallel_degree_in_both_modes():
+    if available_cores() < 2:
+        pytest.skip("needs 2 cores")
+    rt = RuntimeConfig(mode="compare", learner_units=1, serverful_workers=2)
+    with pytest.raises(ConfigError, match=r"runtime\.learner_units"):
+        rt.check_machine(1)

@@ -1,0 +1,130 @@
+"""The runtime end to end with real worker processes, on a tiny config (a few steps, small batches).
+
+One module-scoped set of runs keeps this affordable: the serverful control, the serverless runtime with
+migration forced (tau low, two decode functions), and the serverless runtime with a worker killed by SIGKILL
+mid-invocation. Every run must produce the same samples step for step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlhfless.config import load_run_config
+from rlhfless.runner import train
+from rlhfless.runtime import executor
+from rlhfless.runtime.compare import read_digests, samples_match
+from rlhfless.runtime.config import available_cores
+
+pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
+
+TINY = ["train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rollout.max_new_tokens=64",
+        "train.eval_prompts=0", "train.checkpoint_every=0", "train.table_every=1", "tracking.mode=disabled",
+        "runtime.gantt_every=0", "task.k_max=6"]
+# two decode functions that must both run; cuts at every tau crossing, a low tau, so rows really move
+MIGRATE = ["plan.scale=false", "plan.max_actors=2", "plan.migrate=true", "runtime.migrate=always",
+           "plan.tau=0.3", "runtime.progress_every=2"]
+
+
+def _run(tmp: Path, name: str, extra: list[str]) -> tuple[Path, dict]:
+    cfg = load_run_config("experiments/configs/quickstart.yaml", TINY + extra)
+    out = tmp / name
+    return out, train(cfg, out, progress=False)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runtime")
+    out = {"serverful": _run(tmp, "serverful", ["runtime.mode=serverful"]),
+           "serverless": _run(tmp, "serverless", ["runtime.mode=serverless"] + MIGRATE)}
+
+    killed = []
+
+    def kill_first_decode(runtime):
+        def loop():
+            t_end = time.monotonic() + 120
+            while not killed and time.monotonic() < t_end:
+                for h in list(runtime.pool.handles.values()):
+                    if h.kinds == ("decode",) and h.ready_s is not None and h.worker in runtime.pool.working:
+                        os.kill(h.pid, signal.SIGKILL)
+                        killed.append(h.worker)
+                        return
+                time.sleep(0.01)
+        threading.Thread(target=loop, daemon=True).start()
+
+    executor.RUNTIME_HOOKS.append(kill_first_decode)
+    try:
+        out["killed"] = _run(tmp, "killed", ["runtime.mode=serverless"] + MIGRATE)
+    finally:
+        executor.RUNTIME_HOOKS.remove(kill_first_decode)
+    out["killed_workers"] = killed
+    return out
+
+
+def test_serverless_and_serverful_give_the_same_samples_every_step(runs):
+    identical, first, n = samples_match(runs["serverful"][0], runs["serverless"][0])
+    assert n == 3 and identical, f"samples differ from step {first}"
+
+
+def test_rewards_and_learning_match_between_modes(runs):
+    a = _rows(runs["serverful"][0] / "metrics.jsonl")
+    b = _rows(runs["serverless"][0] / "metrics.jsonl")
+    for ra, rb in zip(a, b):
+        assert ra["reward/mean"] == rb["reward/mean"]
+        assert ra["actor/pg_loss"] == pytest.approx(rb["actor/pg_loss"], abs=1e-6)
+
+
+def test_each_decode_function_ran_exactly_its_assigned_groups(runs):
+    out = runs["serverless"][0]
+    plan = {}
+    for r in _rows(out / "tables" / "assignment.jsonl"):
+        plan.setdefault(r["step"], {}).setdefault(r["actor"], set()).add(r["group"])
+    for step, actors in plan.items():
+        sent = sorted(sorted(i["groups"]) for i in _rows(out / "invocations.jsonl")
+                      if i["step"] == step and i["kind"] == "decode" and i["groups"])
+        assert sent == sorted(sorted(g) for g in actors.values()), f"step {step}"
+
+
+def test_migration_really_moved_rows_and_kept_tokens(runs):
+    out, summary = runs["serverless"]
+    assert summary["runtime"]["migrated_seqs"] > 0
+    adopted = [i for i in _rows(out / "invocations.jsonl") if i["kind"] == "decode" and i["extra"].get("adopted")]
+    assert adopted, "no decode function adopted migrated rows"
+    # tokens identical to the serverful run, which never migrates (checked step by step above)
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+
+
+def test_billing_serverless_releases_and_serverful_holds(runs):
+    sf, sl = runs["serverful"][1]["runtime"], runs["serverless"][1]["runtime"]
+    assert sf["workers_started"] == available_cores() and sf["billed_s_by_kind"].keys() == {"pool"}
+    # the pool is held for the whole loop: billed = W x loop wall (up to the pool's start and rounding)
+    assert sf["cost_device_s"] == pytest.approx(sf["units"] * sf["loop_wall_s"], rel=0.05, abs=0.1 * sf["units"])
+    assert sl["workers_started"] > sf["workers_started"]  # functions start per step (scale to zero)
+    assert {"decode", "learner"} <= set(sl["billed_s_by_kind"])
+    workers = _rows(runs["serverless"][0] / "workers.jsonl")
+    assert all(w["released_s"] is not None for w in workers)
+
+
+def test_a_killed_worker_is_detected_and_its_work_re_run_with_the_same_samples(runs):
+    out, summary = runs["killed"]
+    assert runs["killed_workers"], "the chaos hook never found a busy decode worker"
+    assert summary["runtime"]["workers_killed"] >= 1 and summary["runtime"]["retries"] >= 1
+    assert read_digests(out) == read_digests(runs["serverless"][0])
+    failed = [i for i in _rows(out / "invocations.jsonl") if not i["ok"]]
+    assert failed and all(i["finished_s"] >= i["requested_s"] for i in failed)
+
+
+def test_runtime_metrics_are_logged_every_step(runs):
+    for name in ("serverful", "serverless"):
+        for r in (x for x in _rows(runs[name][0] / "metrics.jsonl") if "timing_s/step" in x):
+            assert r["cost/device_seconds"] > 0 and 0 <= r["runtime/idle_fraction"] <= 1

@@ -1,0 +1,84 @@
+"""The billing meter on hand-made timelines: cold start, warm reuse, keep-alive, scale to zero, a serverful pool."""
+
+import pytest
+
+from rlhfless.plan.cost import CATALOG
+from rlhfless.runtime.meter import bill_run, bill_window, rounded
+from rlhfless.runtime.records import InvocationRecord, WorkerRecord
+
+CPU = CATALOG["cpu-core"]
+H100 = CATALOG["H100"]
+
+
+def inv(worker, kind, t0, t1, step=1, cold=False, units=1.0):
+    return InvocationRecord(step, kind, worker, units, t0, t0, t1, cold)
+
+
+def test_rounding_keeps_exact_multiples_and_rounds_up_the_rest():
+    assert rounded(3.0000000001, 1.0) == 3.0
+    assert rounded(3.2, 1.0) == 4.0
+    assert rounded(0.0123, 0.001) == pytest.approx(0.013)
+    assert rounded(0.0, 1.0) == 0.0
+
+
+def test_cold_start_then_work_then_release_is_billed_start_to_stop():
+    # requested at 1.0, ready at 1.5 (cold start 0.5 s), busy 1.5-3.0, released at 3.0: 2 s billed
+    w = WorkerRecord("decode-0", ("decode",), 1.0, (0,), spawned_s=1.0, ready_s=1.5, released_s=3.0)
+    b = bill_run([w], [inv("decode-0", "decode", 1.5, 3.0, cold=True)], now=10.0, price=CPU, serverful=False,
+                 granularity_s=1.0)
+    assert b.device_s == 2.0
+    assert b.by_kind == {"decode": 2.0}
+    assert b.cold_starts == 1 and b.cold_start_s == pytest.approx(0.5)
+    assert b.idle_fraction == pytest.approx(0.25)  # the cold start is held but not busy
+    assert b.usd == pytest.approx(2.0 * CPU.serverless_usd_per_s)
+
+
+def test_warm_reuse_within_keep_alive_bills_the_idle_gap_and_only_one_cold_start():
+    # one worker, two invocations 1 s apart (kept warm), released 0.5 s after the second one ends
+    w = WorkerRecord("learner-0", ("learner",), 1.0, (0,), 0.0, 0.2, 4.5)
+    invs = [inv("learner-0", "learner", 0.2, 2.0, step=1, cold=True), inv("learner-0", "learner", 3.0, 4.0, step=2)]
+    b = bill_run([w], invs, 10.0, CPU, False, 0.001)
+    assert b.device_s == pytest.approx(4.5)
+    assert b.busy_s == pytest.approx(2.8)
+    assert b.cold_starts == 1
+
+
+def test_scale_to_zero_bills_nothing_between_lifetimes():
+    # released after each invocation, started again cold: the 2 s gap between them is not billed
+    ws = [WorkerRecord("d-0", ("decode",), 1.0, (0,), 0.0, 0.1, 1.0),
+          WorkerRecord("d-1", ("decode",), 1.0, (0,), 3.0, 3.1, 4.0)]
+    b = bill_run(ws, [], 10.0, CPU, False, 0.001)
+    assert b.device_s == pytest.approx(2.0)
+    assert b.cold_starts == 2 and b.cold_start_s == pytest.approx(0.2)
+
+
+def test_step_windows_slice_lifetimes_and_add_up_to_the_run():
+    ws = [WorkerRecord("pool-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.5, 6.0),
+          WorkerRecord("pool-1", ("decode", "learner"), 1.0, (1,), 0.0, 0.5, 6.0)]
+    step1 = bill_window(ws, [], 0.0, 2.0, 6.0, CPU, True)
+    step2 = bill_window(ws, [], 2.0, 6.0, 6.0, CPU, True)
+    assert step1.device_s == pytest.approx(4.0) and step2.device_s == pytest.approx(8.0)
+    assert step1.by_kind == {"pool": pytest.approx(4.0)}
+    assert step1.cold_starts == 2 and step2.cold_starts == 0
+    total = bill_run(ws, [], 6.0, CPU, True, 0.001)
+    assert total.device_s == pytest.approx(step1.device_s + step2.device_s)
+
+
+def test_serverful_uses_the_on_demand_price_and_serverless_the_per_second_price():
+    w = [WorkerRecord("pool-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.0, 3600.0)]
+    assert bill_run(w, [], 3600.0, H100, True, 1.0).usd == pytest.approx(H100.ondemand_usd_per_h)
+    assert bill_run(w, [], 3600.0, H100, False, 1.0).usd == pytest.approx(3600 * H100.serverless_usd_per_s)
+
+
+def test_an_alive_worker_is_billed_until_now_and_a_killed_one_until_it_died():
+    alive = WorkerRecord("d-0", ("decode",), 2.0, (0, 1), 1.0, 1.2, None)
+    killed = WorkerRecord("d-1", ("decode",), 1.0, (0,), 0.0, 0.1, 0.7, killed=True)
+    b = bill_window([alive, killed], [], 0.0, 10.0, 4.0, CPU, False)
+    assert b.device_s == pytest.approx(2.0 * 3.0 + 0.7)
+
+
+def test_busy_time_is_the_sum_of_invocations_and_idle_the_rest_of_the_held_time():
+    w = WorkerRecord("d-0", ("decode",), 1.0, (0,), 0.0, 0.0, 2.0)
+    invs = [inv("d-0", "decode", 0.0, 1.8), inv("d-0", "reward", 1.8, 1.9)]  # reward follows its decode
+    b = bill_run([w], invs, 2.0, CPU, False, 0.001)
+    assert b.busy_s == pytest.approx(1.9) and b.idle_fraction == pytest.approx(0.05)
