@@ -23,6 +23,7 @@ _MODULES = (
     "rlhfless.rollout.cli",
     "rlhfless.predictor.cli",
     "rlhfless.runtime.cli",
+    "rlhfless.sim.cli",
 )
 
 

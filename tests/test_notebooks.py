@@ -26,11 +26,13 @@ GSM8K = Path(os.environ.get("RLHFLESS_GSM8K") or REPO.parent / "shared" / "data"
 STATED = {
     "01_quickstart": {"checkpoint": "data/checkpoints/sft/model.safetensors"},
     "03_length_predictors": {"trace": "data/traces/quickstart.jsonl.gz"},
+    "04_simulator": {"trace": "data/traces/quickstart.jsonl.gz"},
 }
 # Figures each notebook must produce (file stems); GSM8K's only where the data is present.
 FIGURES = {
     "01_quickstart": {"reward_and_length"},
     "03_length_predictors": {"compare", "predicted_vs_actual", "ewma_alpha", "ewma_online"},
+    "04_simulator": {"stages", "gantt", "sweep_tau", "sweep_lambda", "sweep_n"},
 }
 
 

@@ -1,0 +1,9 @@
+"""Large-scale discrete-event simulator that runs the real planner (predictor, balancer, cut-and-migrate, scaler,
+cost model) over modelled devices and reports time and cost for every policy side by side.
+
+Layout: `hardware` (device and model catalogs), `perf` (roofline performance model -> `plan.TimeModel`),
+`calibrate` (fits to Vidur's GPU profiles and to this machine's measurements), `events` (event loop and the
+timeline observer), `step` (the mechanism of one step), `policies` (verl, RLHFuse-like, RLHFless, oracle),
+`workload` (trace replay, synthetic, GSM8K prompt lengths), `scenario` (configs, paper scenarios, the run),
+`report` (Gantt and stage figures), `validate` (simulated vs measured on real runs), `cli` (`rlhfless simulate`).
+"""

@@ -1,0 +1,222 @@
+"""Roofline performance model: seconds of every RLHF stage for a device kind, a model shape and a TP degree.
+
+Purpose: turn `hardware` numbers into the times the simulator schedules, and into a `plan.TimeModel` (seconds per
+decode iteration vs batch) so the planner and the simulator share one engine model:
+  * matmul of n tokens by a K x N weight slice: max(2 n K N / (peak x compute_eff), bytes / (bw x mem_eff))
+    + op_overhead_s, bytes = bf16 weight slice + activations in and out (the four matmuls of a layer: QKV,
+    output projection, gate+up, down; each split over TP);
+  * decode iteration at batch b and context c: the layers' matmuls at n = b, plus the KV reads
+    b x c x kv_bytes_per_token / TP over memory bandwidth, plus 2 all-reduces per layer under TP, plus a fixed
+    per-iteration engine overhead (scheduling, sampling); continuous batching under a KV-capacity limit is the
+    time model's slot count (`kv_capacity`);
+  * prefill of T tokens: the matmuls at n = T plus attention FLOPs 4 T c h / TP (c: mean attended context);
+  * reference / reward / value forwards: 2 x params x tokens over all devices at `fwd_mfu`; training:
+    6 x params x tokens over all devices at `train_mfu` (plus the same again for a PPO critic);
+  * weight sync: a replica's bf16 weight slice over the device's network (serverless: learner to actor) or
+    intra-node link (colocated resharding); cold start: container start + engine init + weights from storage.
+
+Non-goals: no pipeline parallelism, no chunked prefill, no speculative decoding, no memory fragmentation model.
+
+Deviations from the paper: the paper uses Vidur's measured operator tables directly; we fit the roofline's
+efficiency factors to those tables (`calibrate.fit_vidur`, fitted values below with their error) so any device
+or model in the catalogs can be simulated, including ones Vidur never profiled (L40S: A40's fitted efficiencies
+applied to L40S peaks, an assumption). Every constant is sourced or marked assumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from rlhfless.errors import ConfigError, require
+from rlhfless.plan.timemodel import TimeModel
+from rlhfless.sim.hardware import DeviceSpec, ModelShape
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of peak a real engine reaches, and fixed overheads (seconds).
+
+    compute_eff, mem_eff: of peak FLOP/s and of memory bandwidth in matmuls, in (0, 1].
+    op_overhead_s: per matmul kernel (launch + tail).  iter_overhead_s: per decode iteration (engine scheduling,
+    sampling, logits).  allreduce_latency_s: per TP all-reduce.  train_mfu, fwd_mfu: model-FLOPs utilisation of
+    training and of scoring forwards, in (0, 1].  train_fixed_s: per training step (optimizer, gradient sync).
+    kv_mem_frac: share of device memory the engine may use (vLLM gpu_memory_utilization), in (0, 1].
+    max_num_seqs: the engine's cap on concurrent sequences.  source: where the numbers come from.
+    """
+
+    compute_eff: float
+    mem_eff: float
+    op_overhead_s: float
+    iter_overhead_s: float = 0.003  # assumed: vLLM 0.8 per-step scheduler + sampler cost with CUDA graphs
+    allreduce_latency_s: float = 10e-6  # assumed: NCCL small-message latency on NVLink
+    train_mfu: float = 0.35  # assumed: FSDP bf16 training of dense LLMs is reported at 30-45% MFU
+    fwd_mfu: float = 0.45  # assumed: forward-only scoring, no backward, large batches
+    train_fixed_s: float = 1.0  # assumed: optimizer step + gradient reduce-scatter per update
+    kv_mem_frac: float = 0.9  # vLLM's default gpu_memory_utilization (vLLM docs, EngineArgs)
+    max_num_seqs: int = 1024  # verl's rollout default max_num_seqs (verl ppo_trainer.yaml)
+    source: str = "assumed"
+
+    def __post_init__(self) -> None:
+        for f in ("compute_eff", "mem_eff", "train_mfu", "fwd_mfu", "kv_mem_frac"):
+            v = getattr(self, f)
+            require(0 < v <= 1, f"efficiency.{f}", f"must lie in (0, 1] (got {v})")
+        for f in ("op_overhead_s", "iter_overhead_s", "allreduce_latency_s", "train_fixed_s"):
+            require(getattr(self, f) >= 0, f"efficiency.{f}", f"must be >= 0 s (got {getattr(self, f)})")
+        require(self.max_num_seqs >= 1, "efficiency.max_num_seqs", f"must be >= 1 (got {self.max_num_seqs})")
+
+
+# Fitted by `rlhfless.sim.calibrate.fit_vidur` on ../shared/data/vidur-profiles (Vidur commit 7d47513, MIT): the
+# four matmuls of every layer, every model, TP 1/2/4/8, num_tokens 1..4096 of that GPU; median |relative error|
+# and p90 of the fit are in the comment (tests/test_sim_perf.py refits and checks the tolerance).
+FITTED = {
+    "H100": Efficiency(0.668, 0.889, 9.62e-6, source="fit_vidur h100: median 8.5%, p90 19.4% over 3,132 rows"),
+    "A100-80G": Efficiency(0.701, 0.793, 1.15e-5, source="fit_vidur a100: median 5.2%, p90 14.0% over 3,132 rows"),
+    "A40": Efficiency(0.724, 0.716, 1.52e-5, source="fit_vidur a40: median 5.9%, p90 16.8% over 2,088 rows"),
+}
+FITTED["H200"] = replace(FITTED["H100"], source="H100's fit (same SM; assumed)")
+FITTED["L40S"] = replace(FITTED["A40"], source="A40's fit applied to L40S peaks (nearest profiled relative; assumed)")
+# This machine's core running the tiny fp32 model. Decode: calibrate.fit_cpu_decode on
+# data/profiles/tpot_tiny_cpu.json gives 2.63 GB/s effective (0.263 of the nominal 10 GB/s) and 0.94 ms per
+# iteration (median error 5.6%); the profile never reaches the compute roof, so compute_eff stays 1.0 (not
+# identifiable). Training: validate.calibrate on runs/qs_seed0 steps 1-100 gives 1.37e-4 s per trained token on 2
+# cores = 6 x 524,672 / 1.37e-4 / 2 = 11.5 GFLOP/s per core = 0.144 of the nominal 80 (scoring assumed the same).
+FITTED["cpu-core"] = Efficiency(1.0, 0.263, 0.0, iter_overhead_s=9.4e-4, allreduce_latency_s=0.0, train_mfu=0.144,
+                                fwd_mfu=0.144, train_fixed_s=0.0, kv_mem_frac=0.5, max_num_seqs=4096,
+                                source="fit_cpu_decode on the TPOT profile; update time of runs/qs_seed0")
+
+
+@dataclass(frozen=True)
+class PerfModel:
+    """Times of one model on replicas of `tp` devices of one kind (module header for the formulas)."""
+
+    device: DeviceSpec
+    model: ModelShape
+    tp: int
+    eff: Efficiency
+    container_start_s: float = 2.0  # assumed: a warm-image container start on a serverless GPU platform
+    engine_init_s: float = 5.0  # assumed: vLLM 0.8 engine start (memory profiling run + CUDA graph capture)
+    storage_bw: float = 2.5e9  # assumed: bytes/s per device reading weights from a local NVMe model cache
+
+    def __post_init__(self) -> None:
+        require(self.tp >= 1 and self.tp <= self.device.devices_per_node, "tp",
+                f"tensor-parallel degree must lie in 1..{self.device.devices_per_node} for {self.device.name} "
+                f"(got {self.tp})")
+        require(self.model.heads % self.tp == 0, "tp", f"must divide the model's {self.model.heads} heads "
+                f"(got {self.tp})")
+        if self.weight_bytes_per_device() >= self.usable_bytes():
+            raise ConfigError(
+                f"model: {self.model.name} needs {self.weight_bytes_per_device() / 1e9:.1f} GB of weights per "
+                f"device at tp={self.tp}, more than the {self.usable_bytes() / 1e9:.1f} GB usable on a "
+                f"{self.device.name}; raise tp or pick a larger device")
+
+    # ---- memory ---------------------------------------------------------------------------------------
+    def usable_bytes(self) -> float:
+        return self.device.mem_bytes * self.eff.kv_mem_frac
+
+    def weight_bytes_per_device(self) -> float:
+        return self.model.params * self.model.bytes_per_param / self.tp
+
+    def kv_capacity(self, context_tokens: float) -> int:
+        """Concurrent sequences a replica holds at `context_tokens` of KV each (capped at max_num_seqs)."""
+        free = (self.usable_bytes() - self.weight_bytes_per_device()) * self.tp
+        per_seq = self.model.kv_bytes_per_token * max(context_tokens, 1.0)
+        return int(min(self.eff.max_num_seqs, free // per_seq))
+
+    # ---- kernels --------------------------------------------------------------------------------------
+    def _matmul_dims(self) -> list[tuple[int, int]]:
+        """(K, N) per device of a layer's four matmuls under TP (column- then row-parallel)."""
+        m, t = self.model, self.tp
+        return [(m.hidden, (m.heads + 2 * m.kv_heads) * m.head_dim // t), (m.heads * m.head_dim // t, m.hidden),
+                (m.hidden, 2 * m.intermediate // t), (m.intermediate // t, m.hidden)]
+
+    def matmul_s(self, n_tokens: np.ndarray | float) -> np.ndarray:
+        """Seconds of one layer's four matmuls on n_tokens tokens (array in, array out)."""
+        n = np.asarray(n_tokens, dtype=np.float64)
+        b = self.model.bytes_per_param
+        out = np.zeros_like(n)
+        for k, nn in self._matmul_dims():
+            flops = 2.0 * n * k * nn
+            by = b * (k * nn + n * k + n * nn)
+            out = out + np.maximum(flops / (self.device.peak_flops * self.eff.compute_eff),
+                                   by / (self.device.mem_bw * self.eff.mem_eff)) + self.eff.op_overhead_s
+        return out
+
+    def _allreduce_s(self, n_tokens: np.ndarray) -> np.ndarray:
+        if self.tp == 1:
+            return np.zeros_like(n_tokens)
+        by = n_tokens * self.model.hidden * self.model.bytes_per_param
+        return self.eff.allreduce_latency_s + 2.0 * (self.tp - 1) / self.tp * by / self.device.link_bw
+
+    def decode_iter_s(self, batch: np.ndarray | float, context: float) -> np.ndarray:
+        """Seconds of one decode iteration at `batch` running sequences of mean `context` tokens (0 at batch 0)."""
+        b = np.asarray(batch, dtype=np.float64)
+        m = self.model
+        kv = b * context * m.kv_bytes_per_token / self.tp / (self.device.mem_bw * self.eff.mem_eff)
+        head = 2.0 * b * m.hidden * m.vocab / self.tp / (self.device.peak_flops * self.eff.compute_eff)
+        t = m.layers * (self.matmul_s(b) + 2 * self._allreduce_s(b)) + kv + head + self.eff.iter_overhead_s
+        return np.where(b > 0, t, 0.0)
+
+    def prefill_s(self, tokens: float, context: float | None = None) -> float:
+        """Seconds to prefill `tokens` prompt tokens in one pass (context: mean attended keys, default tokens/2)."""
+        if tokens <= 0:
+            return 0.0
+        m, c = self.model, tokens / 2 if context is None else context
+        n = np.array([float(tokens)])
+        attn = 4.0 * tokens * c * m.heads * m.head_dim / self.tp / (self.device.peak_flops * self.eff.compute_eff)
+        return float(m.layers * (self.matmul_s(n)[0] + 2 * self._allreduce_s(n)[0] + attn / m.layers))
+
+    # ---- whole stages ---------------------------------------------------------------------------------
+    def forward_s(self, tokens: float, n_devices: float) -> float:
+        """A scoring forward (reference, reward or value model of this size) over `tokens` on n_devices."""
+        return 2.0 * self.model.params * tokens / (n_devices * self.device.peak_flops * self.eff.fwd_mfu)
+
+    def train_s(self, tokens: float, n_devices: float) -> float:
+        """One update over `tokens` (prompt + response) on n_devices: 6 x params x tokens at train_mfu."""
+        flops = 6.0 * self.model.params * tokens
+        return self.eff.train_fixed_s + flops / (n_devices * self.device.peak_flops * self.eff.train_mfu)
+
+    def weight_sync_s(self, colocated: bool) -> float:
+        """New weights into a rollout replica: resharding over the node link (colocated), or the replica's
+        weights over the node's network then fanned out to its devices over the link (serverless)."""
+        per_dev = self.weight_bytes_per_device() / self.device.link_bw
+        if colocated:
+            return per_dev
+        return self.weight_bytes_per_device() * self.tp / self.device.net_bw + per_dev
+
+    def cold_start_s(self, engine: bool = True) -> float:
+        """A fresh serverless function: container start (+ inference-engine init for prefill/decode actors) +
+        weights from storage."""
+        init = self.engine_init_s if engine else 0.0
+        return self.container_start_s + init + self.weight_bytes_per_device() / self.storage_bw
+
+    def kv_transfer_s_per_token(self) -> float:
+        """Seconds to move one context token's KV to a replica on another node (its share of the node NIC)."""
+        share = self.device.net_bw * self.tp / self.device.devices_per_node
+        return self.model.kv_bytes_per_token / share
+
+    def time_model(self, capacity: int, context: float, prefill_s_per_token: float | None = None) -> TimeModel:
+        """The planner's TimeModel for one replica: decode iteration seconds at batch 1..capacity (a few points,
+        linear between), prefill per prompt token, KV transfer per token; actor_fixed_s 0 (the simulator
+        schedules weight sync and cold start itself)."""
+        pts = np.unique(np.round(np.geomspace(1, max(capacity, 1), num=24)).astype(int))
+        s = self.decode_iter_s(pts, context)
+        pre = self.prefill_s(1024.0) / 1024.0 if prefill_s_per_token is None else prefill_s_per_token
+        return TimeModel(batch_sizes=tuple(int(x) for x in pts), s_per_iter=tuple(float(x) for x in s),
+                         prefill_s_per_token=pre, actor_fixed_s=0.0,
+                         kv_transfer_s_per_token=self.kv_transfer_s_per_token(),
+                         source=f"roofline {self.device.name}/{self.model.name}/tp{self.tp} ctx{context:.0f}")
+
+
+def smallest_tp(device: DeviceSpec, model: ModelShape, eff: Efficiency, headroom: float = 0.6) -> int:
+    """The smallest power-of-two TP whose weights take at most `headroom` of usable memory (the rest is KV);
+    raises ConfigError naming `model` when no TP within a node fits."""
+    tp = 1
+    while tp <= device.devices_per_node:
+        if model.heads % tp == 0 and model.params * model.bytes_per_param / tp <= headroom * device.mem_bytes * \
+                eff.kv_mem_frac:
+            return tp
+        tp *= 2
+    raise ConfigError(f"model: {model.name} ({model.params / 1e9:.1f} B params) does not fit on "
+                      f"{device.devices_per_node} x {device.name} (one node); pick a smaller model or larger device")

@@ -1,0 +1,255 @@
+"""Cluster policies: each turns a step's work into a `StepPlan` through the shared planner.
+
+Purpose: the policies compared side by side, all using `rlhfless.plan` (assignment, `choose`, `plan_migrations`
+via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
+  * `verl`: the serverful baseline: colocated, all devices held for the whole step; groups split evenly by count
+    over every rollout replica (round robin, arrival order); per-engine prefix caching (each group's prompt once
+    per engine, the shared template once per engine); weights resharded in place over the node link; no cold
+    starts. Tuned as its users would: the TP degree with the fastest step is taken (`Scenario`), the KV budget
+    is vLLM's default 0.9 of memory, max_num_seqs verl's default.
+  * `rlhfuse`: serverful like verl, plus global migration of stragglers: the round-robin plan run with
+    cut-and-migrate at tau, decided on progress alone (every sequence predicted at the previous step's mean
+    length: RLHFuse has no length predictor), and inter-stage fusion: devices released by the cut start the
+    reference forward of finished samples, shortening the scoring stage by the device-seconds they free.
+  * `rlhfless`: serverless functions billed per invocation; switches `dedup` (one prefill function computes each
+    unique prompt and the shared template once, pipelined actor by actor, KV shipped over the network),
+    `assign` (contiguous chunks of predicted length, else round robin), `migrate` (cut-and-migrate at tau, kept
+    where the scaler's rule prefers it), `scale` (cost-aware N, else every replica), `prewarm` (from invocation
+    history: a function whose expected idle gap until its next use, the last step's, is shorter than a cold
+    start is kept alive through it, else it is restarted a cold start ahead; either way billed, off the critical
+    path; without it every function starts cold on the critical path); EWMA predictor updated with each step's
+    true lengths. RLHFless actors use the baseline's TP degree unless told otherwise (`rlhfless_tp`).
+  * `oracle`: rlhfless with every switch on, fed the true per-sequence lengths.
+Each `decide` returns (StepPlan, metrics); `observe` feeds the true lengths back (the predictor's update).
+
+Non-goals: no placement/locality (the paper's (?) locality rule), no failures.
+
+Deviations from the paper: the learner keeps its optimizer state between steps (a serverless learner would
+page it to storage; not modelled, same for every policy); the rule-based GSM8K reward runs on CPU and is not
+billed in device-seconds; RLHFuse is reduced to the two mechanisms above (its fused pipeline schedule is not
+modelled); PPO's critic has the policy's size (an assumption).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from rlhfless.plan import PlanConfig, PlanJob, TimeModel, assign, choose, realized_plan, simulate_with_migration
+from rlhfless.plan.cost import BillingRules
+from rlhfless.predictor import Observation, build_predictor
+from rlhfless.predictor.config import PredictorConfig
+from rlhfless.sim.perf import PerfModel
+from rlhfless.sim.step import ActorRun, FnRun, StepPlan
+from rlhfless.sim.workload import StepWork
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What every policy shares: perf model, device count, replicas' time model and capacity, algorithm."""
+
+    perf: PerfModel
+    n_devices: int
+    time_model: TimeModel
+    capacity: int
+    algo: str
+    template_tokens: int
+    billing: BillingRules
+
+    @property
+    def replicas(self) -> int:
+        return self.n_devices // self.perf.tp
+
+
+@dataclass(frozen=True)
+class Switches:
+    """RLHFless optimizations, each on or off (the ablation flips them one at a time)."""
+
+    dedup: bool = True
+    assign: bool = True
+    migrate: bool = True
+    scale: bool = True
+    prewarm: bool = True
+    oracle: bool = False
+
+
+def _score_update(c: Cluster, step: StepWork, cold_s: float, prewarm_s: float) -> tuple[tuple[FnRun, ...], FnRun]:
+    """Scoring functions and the learner over all devices; PPO adds the value forward and the critic update.
+
+    They share one worker per device (verl also hosts the reference beside the actor): the first function pays
+    the worker's cold start (or its pre-warm bill); the others start warm.
+    """
+    tok, n, pm = step.tokens, c.n_devices, c.perf
+    score = [FnRun("reference", n, cold_s, pm.forward_s(tok, n), prewarm_s)]
+    train = pm.train_s(tok, n)
+    if c.algo == "ppo":
+        score.append(FnRun("value", n, 0.0, pm.forward_s(tok, n)))
+        train += pm.train_s(tok, n)
+    return tuple(score), FnRun("learner", n, 0.0, train)
+
+
+def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
+    return [PlanJob(g.prompt_id, len(g.lengths), x, prompt_of(g)) for g, x in zip(step.groups, lengths)]
+
+
+_TRUE_CACHE: dict[tuple, tuple[StepWork, list[PlanJob]]] = {}
+
+
+def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
+    """The step's jobs with their true per-sequence lengths. With a `key` naming `prompt_of`, built once per step
+    and key (every policy replays the same steps; building 100k validated PlanJobs per policy was a third of a
+    paper-scale run)."""
+    if key:
+        hit = _TRUE_CACHE.get((id(step), key))
+        if hit is not None and hit[0] is step:
+            return hit[1]
+    jobs = _jobs(step, [tuple(float(v) for v in g.lengths) for g in step.groups], prompt_of)
+    if key:
+        if len(_TRUE_CACHE) > 64:
+            _TRUE_CACHE.clear()
+        _TRUE_CACHE[(id(step), key)] = (step, jobs)
+    return jobs
+
+
+class Verl:
+    """The serverful colocated baseline (module header)."""
+
+    name = "verl"
+
+    def __init__(self, c: Cluster):
+        self.c = c
+
+    def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
+        c, pm = self.c, self.c.perf
+        jobs = true_jobs(step, lambda g: max(g.prompt_len - c.template_tokens, 0), f"engine{c.template_tokens}")
+        plan, metrics = assign(jobs, c.replicas, c.capacity, c.time_model, "round_robin")
+        tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
+        actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(plan.busy_s) if b > 0)
+        score, update = _score_update(c, step, 0.0, 0.0)
+        return StepPlan(True, c.n_devices, actors, None, score, update), metrics
+
+    def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
+        """After the step: its true lengths and (rollout, score, update) seconds; the baseline learns nothing."""
+
+
+class RLHFuse(Verl):
+    """Serverful, round robin, cut-and-migrate on progress, scoring fused into the rollout tail (module header)."""
+
+    name = "rlhfuse"
+
+    def __init__(self, c: Cluster, tau: float):
+        super().__init__(c)
+        self.tau = tau
+        self.mean_len = 256.0
+
+    def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
+        c, pm = self.c, self.c.perf
+        prompt_of = lambda g: max(g.prompt_len - c.template_tokens, 0)  # noqa: E731
+        flat = _jobs(step, [self.mean_len] * len(step.groups), prompt_of)
+        plan, _ = assign(flat, c.replicas, c.capacity, c.time_model, "round_robin")
+        res, metrics = simulate_with_migration(plan, c.time_model, self.tau,
+                                               true_jobs(step, prompt_of, f"engine{c.template_tokens}"))
+        tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
+        actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(res.busy_s) if b > 0)
+        score, update = _score_update(c, step, 0.0, 0.0)
+        freed = sum(res.makespan_s - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
+        ref = score[0]
+        fused = replace(ref, work_s=max(ref.work_s - freed / c.n_devices, 0.5 * ref.work_s))  # half needs the tail
+        metrics["rlhfuse/fused_s"] = ref.work_s - fused.work_s
+        return StepPlan(True, c.n_devices, actors, None, (fused,) + score[1:], update), metrics
+
+    def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
+        self.mean_len = float(np.mean([x for g in step.groups for x in g.lengths]))
+
+
+class RLHFless:
+    """Serverless functions through the planner, each optimization switchable (module header)."""
+
+    def __init__(self, c: Cluster, sw: Switches, lam: float, tau: float, prefill_actors: int = 1,
+                 name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0):
+        """max_actors: candidates N go up to this (0 = every replica); with scaling off exactly this many."""
+        self.c, self.sw, self.name = c, sw, name
+        pm = c.perf
+        self.cfg = PlanConfig(policy="contiguous" if sw.assign else "round_robin", capacity=c.capacity,
+                              migrate=sw.migrate, tau=tau, scale=sw.scale, lam=lam, min_actors=1,
+                              max_actors=min(max_actors, c.replicas) if max_actors else c.replicas, gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
+                              cold_start_s=pm.cold_start_s(), weight_sync_s=pm.weight_sync_s(colocated=False),
+                              billing=c.billing)
+        self.predictor = build_predictor(predictor or PredictorConfig(name="ewma"))
+        self.prefill_actors = prefill_actors
+        self.n_prev = 0
+        self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
+
+    def _prewarm(self, cold_s: float, gap: float) -> float:
+        """Seconds billed to have a function warm when needed (pre-warm rule from invocation history): kept
+        alive through the expected idle gap when that is shorter than a cold start, else restarted cold_s ahead."""
+        return min(cold_s, gap) if self.sw.prewarm else 0.0
+
+    def _prompt_of(self, g) -> int:
+        """Prompt tokens a decode actor prefills itself: none with dedup (the prefill function did), else the
+        group's prompt less the template its engine caches."""
+        return 0 if self.sw.dedup else max(g.prompt_len - self.c.template_tokens, 0)
+
+    def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
+        c, pm, sw = self.c, self.c.perf, self.sw
+        key = "dedup" if sw.dedup else f"engine{c.template_tokens}"
+        if sw.oracle:
+            jobs = true_jobs(step, self._prompt_of, key)
+        else:
+            pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+            jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
+        n_warm = self.n_prev if sw.prewarm else 0
+        decision, metrics = choose(jobs, self.cfg, c.time_model, n_warm)
+        real = realized_plan(decision, true_jobs(step, self._prompt_of, key), c.time_model, self.cfg.tau)
+        busy = list(real.busy_s)
+        actors = self._actors(step, decision.plan.actor_jobs, busy, n_warm)
+        self.n_prev = len(actors)
+        prefill = None
+        if sw.dedup:
+            work = self._prefill_s(step, self._unique_tokens(step)) / self.prefill_actors
+            prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if sw.prewarm else pm.cold_start_s(), work,
+                            self._prewarm(pm.cold_start_s(), self.gaps[0]))
+        cold_t = pm.cold_start_s(engine=False)
+        score, update = _score_update(c, step, 0.0 if sw.prewarm else cold_t, self._prewarm(cold_t, self.gaps[1]))
+        metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+        metrics["sim/realized_makespan_s"] = real.makespan_s
+        return StepPlan(False, 0.0, actors, prefill, score, update), metrics
+
+    def _prefill_s(self, step: StepWork, tokens: float) -> float:
+        """Prefill of `tokens` prompt tokens batched together; each attends within its own prompt only."""
+        mean = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
+        return self.c.perf.prefill_s(tokens, context=mean / 2)
+
+    def _unique_tokens(self, step: StepWork) -> int:
+        return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
+
+    def _actors(self, step: StepWork, actor_jobs, busy: list[float], n_warm: int) -> tuple[ActorRun, ...]:
+        """One ActorRun per active actor; the busiest n_warm warm (as the scaler assumed)."""
+        c, pm, sw = self.c, self.c.perf, self.sw
+        plen = {g.prompt_id: g.prompt_len for g in step.groups}
+        active = [a for a, jobs in enumerate(actor_jobs) if jobs]
+        warm = set(sorted(active, key=lambda a: (-busy[a], a))[:n_warm])
+        cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
+        warm_bill = self._prewarm(cold_s, self.gaps[0])
+        per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
+        t_prefill = 0.0 if sw.prewarm or not sw.dedup else cold_s
+        out = []
+        for a in sorted(active, key=lambda a: -busy[a]):  # the prefill function serves the busiest first
+            toks = sum(plen[j.group_id] for j in actor_jobs[a])
+            kv_ready = 0.0
+            if sw.dedup:
+                t_prefill += per_tok * toks / self.prefill_actors
+                kv_ready = t_prefill + toks * pm.kv_transfer_s_per_token()
+            tmpl = 0.0 if sw.dedup else pm.prefill_s(c.template_tokens)
+            is_warm = a in warm
+            out.append(ActorRun(a, pm.tp, 0.0 if is_warm else cold_s, sync, kv_ready, tmpl, busy[a],
+                                warm_bill if is_warm else 0.0))
+        return tuple(sorted(out, key=lambda r: r.instance))
+
+    def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
+        """Feed the true lengths to the predictor; remember the idle gaps the pre-warm rule expects next step."""
+        rollout, score, update = stages
+        self.gaps = (score + update, rollout)
+        self.predictor.update([Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step)
+                               for g in step.groups])

@@ -1,0 +1,315 @@
+"""Scenarios: typed simulator configs, the paper's settings, and the run that puts every policy side by side.
+
+Purpose: `SimConfig` (one case: device, count, model, TP, algorithm, workload, planner knobs), `SCENARIOS`
+(named lists of cases: `paper-testbed`, `paper-sim`, `quick`), `run_case(cfg)` -> per-policy step time and cost
+plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON report of the CLI.
+
+Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
+`Timeline` per policy. Policies: verl, rlhfuse, rlhfless (lam as configured), oracle, and rlhfless-lam1 (the same
+system asked for time only: how fast it can go on this cluster); with `ablation=true` also the ladder
+serverless-verl, +dedup, +assign, +migrate, +scale. Reported per policy: mean step seconds, device-seconds billed per step (`cost_device_s`,
+the paper's GPU-second metric: serverful = devices x wall, serverless = billed invocations), dollars per step
+(`cost_usd`: on-demand prices for serverful, serverless prices otherwise, from `plan.cost.CATALOG`).
+`speedup` = verl step / rlhfless step; `cost_reduction` = 1 - rlhfless / verl device-seconds;
+`gap_to_oracle_*` = rlhfless / oracle - 1.
+
+Non-goals: no search over scenarios (the notebook sweeps).
+
+Deviations from the paper: batch and group sizes are not stated in our sources; the defaults here are assumed
+(testbed GRPO: 128 prompts x 8 per step; PPO: 512 prompts x 1; simulation: 512 prompts x 8), and the three
+epochs the paper averages over are the default number of steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.configbase import from_dict
+from rlhfless.errors import ConfigError, require
+from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
+from rlhfless.sim import hardware as hw
+from rlhfless.sim.events import EventLoop, Timeline
+from rlhfless.sim.perf import FITTED, PerfModel, smallest_tp
+from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
+from rlhfless.sim.step import play_step
+from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, replay_trace, synthetic
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that module imports torch (1.3 s)
+ALGOS = ("grpo", "ppo")
+WORKLOADS = ("synthetic", "gsm8k", "trace")
+ABLATION = (("serverless-verl", Switches(False, False, False, False, False)),
+            ("+dedup", Switches(True, False, False, False, False)),
+            ("+assign", Switches(True, True, False, False, False)),
+            ("+migrate", Switches(True, True, True, False, False)),
+            ("+scale", Switches(True, True, True, True, False)))
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulated case (overridable as key=value on the CLI)."""
+
+    name: str = "case"
+    device: str = "L40S"
+    """Device kind (rlhfless.sim.hardware.DEVICES)."""
+    n_devices: int = 16
+    """Devices in the cluster (>= tp)."""
+    model: str = "qwen2.5-3b"
+    """Model shape (rlhfless.sim.hardware.MODELS or tiny)."""
+    tp: int = 0
+    """Tensor-parallel degree of a rollout replica; 0 = the verl-tuned choice (the fastest baseline step)."""
+    algo: str = "grpo"
+    """grpo (reference) or ppo (reference + value forwards, critic update)."""
+    group_size: int = 8
+    """Samples per prompt (1 for PPO)."""
+    prompts_per_step: int = 128
+    n_prompts: int = 1024
+    """Distinct prompts (one epoch = n_prompts / prompts_per_step steps)."""
+    steps: int = 24
+    workload: str = "synthetic"
+    """synthetic (lognormal prompts), gsm8k (GSM8K question lengths), or trace (replay `trace`)."""
+    trace: str = "data/traces/quickstart.jsonl.gz"
+    gsm8k: str = ""
+    """GSM8K train.jsonl for prompt lengths; "" = $RLHFLESS_GSM8K or ../shared/data/gsm8k/train.jsonl beside the
+    checkout (a worktree looks one level up too); when none exists the case falls back to lognormal prompt
+    lengths and says so in its report (`workload_note`)."""
+    template_tokens: int = 64
+    """Shared prompt prefix (system prompt + instructions) every prompt starts with; assumed."""
+    lengths: LengthDist = field(default_factory=LengthDist)
+    lam: float = 0.5
+    tau: float = 0.7
+    rlhfless_tp: int = 0
+    """TP degree of RLHFless actors; 0 = the same as the baseline's (one engine configuration for both)."""
+    prefill_actors: int = 1
+    """Replicas the dedup prefill function spreads over (the paper draws one)."""
+    ablation: bool = False
+    """Also run the ablation ladder (verl-equivalent serverless, +dedup, +assign, +migrate, +scale)."""
+    billing: BillingRules = field(default_factory=BillingRules)
+    container_start_s: float = 2.0
+    """Serverless container start (assumed; see PerfModel)."""
+    engine_init_s: float = 5.0
+    """Inference-engine start of a prefill/decode function (assumed; see PerfModel)."""
+    storage_gbps: float = 2.5
+    """GB/s per device reading weights at a cold start (assumed; see PerfModel)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        hw.device(self.device)
+        if self.model != "tiny":
+            hw.model(self.model)
+        require(self.algo in ALGOS, "algo", f"must be one of {list(ALGOS)} (got {self.algo!r})")
+        require(self.workload in WORKLOADS, "workload", f"must be one of {list(WORKLOADS)} (got {self.workload!r})")
+        require(self.n_devices >= 1, "n_devices", f"must be >= 1 (got {self.n_devices})")
+        require(self.tp >= 0, "tp", f"must be >= 0 (0 = tuned) (got {self.tp})")
+        require(self.tp == 0 or self.n_devices >= self.tp, "n_devices",
+                f"must be >= tp={self.tp} (got {self.n_devices})")
+        require(self.group_size >= 1, "group_size", f"must be >= 1 (got {self.group_size})")
+        require(self.steps >= 1, "steps", f"must be >= 1 (got {self.steps})")
+        require(self.n_prompts >= self.prompts_per_step >= 1, "prompts_per_step",
+                f"must lie in 1..n_prompts={self.n_prompts} (got {self.prompts_per_step})")
+        require(0 <= self.lam <= 1, "lam", f"must lie in [0, 1] (got {self.lam})")
+        require(0 < self.tau <= 1, "tau", f"must lie in (0, 1] (got {self.tau})")
+        require(self.template_tokens >= 0, "template_tokens", f"must be >= 0 (got {self.template_tokens})")
+        require(self.rlhfless_tp >= 0, "rlhfless_tp", f"must be >= 0 (got {self.rlhfless_tp})")
+        for f in ("container_start_s", "engine_init_s"):
+            require(getattr(self, f) >= 0, f, f"must be >= 0 s (got {getattr(self, f)})")
+        require(self.storage_gbps > 0, "storage_gbps", f"must be > 0 (got {self.storage_gbps})")
+        require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
+
+
+_TESTBED = dict(device="L40S", n_devices=16, workload="gsm8k", steps=24)
+SCENARIOS: dict[str, list[dict]] = {
+    "paper-testbed": [
+        dict(_TESTBED, name="qwen2.5-3b/grpo", model="qwen2.5-3b"),
+        dict(_TESTBED, name="qwen2.5-7b/grpo", model="qwen2.5-7b"),
+        dict(_TESTBED, name="qwen2.5-3b/ppo", model="qwen2.5-3b", algo="ppo", group_size=1, prompts_per_step=512,
+             n_prompts=2048, steps=12),
+        dict(_TESTBED, name="qwen2.5-7b/ppo", model="qwen2.5-7b", algo="ppo", group_size=1, prompts_per_step=512,
+             n_prompts=2048, steps=12),
+    ],
+    # 20 nodes x 8 H100, a 70B model (the paper's large-scale simulation); 8 steps per epoch
+    "paper-sim": [dict(name="llama-70b/grpo", device="H100", n_devices=160, model="llama-70b", tp=8,
+                       prompts_per_step=512, n_prompts=4096, steps=24, workload="synthetic")],
+    # this machine: the tiny model on 2 CPU cores replaying the shipped quickstart trace (200 steps)
+    "local-cpu": [dict(name="tiny/grpo-cpu", device="cpu-core", n_devices=2, model="tiny", tp=1, workload="trace",
+                       steps=200, template_tokens=0)],
+    # a small case for tests and the notebook
+    "quick": [dict(name="qwen2.5-3b/grpo-small", device="L40S", n_devices=8, model="qwen2.5-3b", tp=1,
+                   prompts_per_step=32, n_prompts=128, steps=8, workload="synthetic")],
+}
+
+
+def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork]) -> Cluster:
+    """The shared perf model, time model and KV capacity for a TP degree (context from the workload)."""
+    dev, shape = hw.device(cfg.device), hw.model(cfg.model)
+    eff = FITTED[dev.name]
+    pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9)
+    require(cfg.n_devices % tp == 0, "n_devices", f"must be a multiple of tp={tp} (got {cfg.n_devices})")
+    lens = np.array([x for s in work[:4] for g in s.groups for x in g.lengths], float)
+    plen = float(np.mean([g.prompt_len for s in work[:4] for g in s.groups]))
+    # a running sequence holds its prompt and, on average over its life, half its response; the long ones
+    # dominate the running set, so capacity is sized on prompt + mean response (assumed)
+    capacity = pm.kv_capacity(plen + float(lens.mean()))
+    gmax = max(len(g.lengths) for s in work for g in s.groups)
+    if capacity < gmax:
+        raise ConfigError(f"n_devices: a {cfg.model} replica on {tp} x {cfg.device} holds {capacity} sequences of "
+                          f"KV, fewer than one group of {gmax}; use larger devices or a higher tp")
+    tm = pm.time_model(capacity, plen + float(lens.mean()) / 2)
+    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing)
+
+
+def workload(cfg: SimConfig) -> tuple[list[StepWork], str]:
+    """The case's steps and a note on where its lengths came from."""
+    if cfg.workload == "trace":
+        return replay_trace(_path(cfg.trace), cfg.steps), f"trace {cfg.trace}"
+    pool, note = None, "synthetic lengths, lognormal prompts"
+    if cfg.workload == "gsm8k":
+        path = gsm8k_path(cfg.gsm8k)
+        if path is None:
+            note = "GSM8K not found (set gsm8k=PATH or RLHFLESS_GSM8K); lognormal prompts instead"
+        else:
+            pool, note = _gsm8k_pool(str(path), cfg.template_tokens), f"synthetic lengths, GSM8K prompts {path}"
+    return synthetic(cfg.lengths, cfg.n_prompts, cfg.prompts_per_step, cfg.group_size, cfg.steps, cfg.seed,
+                     prompt_tokens=pool, template_tokens=cfg.template_tokens), note
+
+
+@lru_cache(maxsize=4)
+def _gsm8k_pool(path: str, template_tokens: int):
+    """GSM8K prompt lengths, read once per scenario run (every case of the testbed uses them)."""
+    return gsm8k_prompt_tokens(path, template_tokens)
+
+
+def gsm8k_path(given: str):
+    """The GSM8K file to use: `given` when set (it must exist), else the first that exists of $RLHFLESS_GSM8K and
+    ../shared beside the checkout or beside its parent (worktrees); None when there is none."""
+    import os
+
+    from rlhfless.errors import DataError
+
+    if given:
+        if not Path(given).is_file():
+            raise DataError(f"gsm8k: file not found: {given}")
+        return Path(given)
+    rel = Path("shared/data/gsm8k/train.jsonl")
+    for p in (os.environ.get("RLHFLESS_GSM8K"), REPO_ROOT.parent / rel, REPO_ROOT.parent.parent / rel):
+        if p and Path(p).is_file():
+            return Path(p)
+    return None
+
+
+def _path(p: str):
+    q = REPO_ROOT / p
+    return q if q.exists() else p
+
+
+def policies(cfg: SimConfig, cb: Cluster, cs: Cluster) -> list:
+    """The policies of a case: the serverful ones on the verl-tuned cluster `cb`, the serverless ones on `cs`."""
+    out = [Verl(cb), RLHFuse(cb, cfg.tau), RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors),
+           RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle"),
+           # the same system asked for time only: how fast RLHFless can go on this cluster
+           RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1")]
+    if cfg.ablation:
+        out += [RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name=n) for n, sw in ABLATION]
+    return out
+
+
+def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Timeline, list[dict]]:
+    """Play every step of `work` under `policy`; returns (summary, timeline, per-step rows)."""
+    loop, tl, t, rows = EventLoop(), Timeline(), 0.0, []
+    dev = price(c.perf.device.price_kind)
+    for k, step in enumerate(work):
+        plan, metrics = policy.decide(step)
+        res = play_step(loop, tl, t, plan, k)
+        loop.run()
+        wall = res.end_s - t
+        if plan.serverful:
+            cost, _ = cost_serverful(c.n_devices, wall, dev)
+        else:
+            cost, _ = cost_step(tl.invocations(k), dev, c.billing)
+        rows.append({"step": k, "step_time_s": wall, "rollout_s": res.rollout_end_s - t,
+                     "score_s": res.score_end_s - res.rollout_end_s, "update_s": res.end_s - res.score_end_s,
+                     "cost_device_s": cost.gpu_seconds, "cost_usd": cost.usd,
+                     "n_actors": len(plan.actors), **{k2: v for k2, v in metrics.items() if np.isscalar(v)}})
+        policy.observe(step, (rows[-1]["rollout_s"], rows[-1]["score_s"], rows[-1]["update_s"]))
+        t = res.end_s
+    keys = ("step_time_s", "rollout_s", "score_s", "update_s", "cost_device_s", "cost_usd", "n_actors")
+    summary = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+    return summary, tl, rows
+
+
+def _tuned_tp(cfg: SimConfig, work: list[StepWork]) -> int:
+    """verl users pick the TP with the fastest step among those that fit (tried on the first two steps)."""
+    if cfg.tp:
+        return cfg.tp
+    dev, shape = hw.device(cfg.device), hw.model(cfg.model)
+    tp, best = smallest_tp(dev, shape, FITTED[dev.name]), None
+    while tp <= min(dev.devices_per_node, cfg.n_devices):
+        if shape.heads % tp == 0 and cfg.n_devices % tp == 0:
+            try:
+                c = build_cluster(cfg, tp, work)
+            except ConfigError:
+                tp *= 2
+                continue
+            s, _, _ = simulate_policy(Verl(c), work[:2], c)
+            if best is None or s["step_time_s"] < best[0]:
+                best = (s["step_time_s"], tp)
+        tp *= 2
+    if best is None:
+        raise ConfigError(f"model: {cfg.model} does not fit {cfg.n_devices} x {cfg.device} at any TP")
+    return best[1]
+
+
+def run_case(cfg: SimConfig, keep_timelines: bool = False) -> dict:
+    """Every policy over the case's steps; returns the case's report (and timelines/rows when asked)."""
+    work, note = workload(cfg)
+    cb = build_cluster(cfg, _tuned_tp(cfg, work), work)
+    cs = build_cluster(cfg, cfg.rlhfless_tp, work) if cfg.rlhfless_tp else cb
+    out = {"name": cfg.name, "tp": cb.perf.tp, "replicas": cb.replicas, "capacity": cb.capacity,
+           "rlhfless_tp": cs.perf.tp, "rlhfless_capacity": cs.capacity,
+           "steps": len(work), "seqs_per_step": work[0].n_seqs, "workload_note": note, "policies": {}}
+    extra = {}
+    for pol in policies(cfg, cb, cs):
+        summary, tl, rows = simulate_policy(pol, work, pol.c)
+        out["policies"][pol.name] = summary
+        extra[pol.name] = (tl, rows)
+    p = out["policies"]
+    base, ours, orc = p["verl"], p["rlhfless"], p["oracle"]
+    out.update(speedup=base["step_time_s"] / ours["step_time_s"],
+               cost_reduction=1.0 - ours["cost_device_s"] / base["cost_device_s"],
+               cost_reduction_usd=1.0 - ours["cost_usd"] / base["cost_usd"],
+               gap_to_oracle_time=ours["step_time_s"] / orc["step_time_s"] - 1.0,
+               gap_to_oracle_cost=ours["cost_device_s"] / orc["cost_device_s"] - 1.0)
+    if keep_timelines:
+        out["_timelines"] = extra
+    return out
+
+
+def case_configs(name: str, steps: int | None, overrides: list[str]) -> list[SimConfig]:
+    """The scenario's cases with --steps and key=value overrides applied (unknown scenario: ConfigError)."""
+    from rlhfless.configbase import apply_overrides
+
+    if name not in SCENARIOS:
+        raise ConfigError(f"scenario: unknown scenario {name!r}; allowed: {', '.join(SCENARIOS)}")
+    out = []
+    for base in SCENARIOS[name]:
+        data = apply_overrides(base, overrides, example="lam=0.7")
+        if steps is not None:
+            data["steps"] = steps
+        out.append(from_dict(SimConfig, data))
+    return out
+
+
+def run_scenario(name: str, steps: int | None = None, overrides: list[str] | None = None,
+                 keep_timelines: bool = False) -> dict:
+    """The CLI's report: every case, and at the top level the case with the largest speedup (the paper reports
+    "up to"), plus sim_wall_s (seconds this simulation took here)."""
+    t0 = time.perf_counter()
+    cases = [run_case(c, keep_timelines) for c in case_configs(name, steps, overrides or [])]
+    head = max(cases, key=lambda c: c["speedup"])
+    keys = ("policies", "speedup", "cost_reduction", "cost_reduction_usd", "gap_to_oracle_time", "gap_to_oracle_cost")
+    return {"scenario": name, "headline_case": head["name"], **{k: head[k] for k in keys}, "cases": cases,
+            "sim_wall_s": time.perf_counter() - t0}

@@ -1,0 +1,367 @@
+"""Validation: simulate a run recorded on this machine and compare with what it measured, per stage and mode.
+
+Purpose: `validate(run_dir, calibrate_from=None)` -> report with `step_time_error` and `cost_error` (the largest
+relative error of the mean over modes) and per-stage rows. A run dir is one run (`config.yaml`, `metrics.jsonl`,
+`traces/rollouts.jsonl[.gz]`), or a comparison with `serverless/` and `serverful/` sub-runs.
+  * Calibration (this machine's measurements, never the steps being validated): the CPU performance model's
+    decode constants (bytes/s and per-iteration overhead of `PerfModel.decode_iter_s` for the tiny model) are
+    fitted to measured `timing_s/decode` by non-negative least squares on per-step features computed from the
+    trace with the planner's time model (`fit_decode`); prefill, update and the remaining loop seconds are linear
+    in the tokens they process (`fit_linear`). Fitted on `calibrate_from` (another run) when given, else on the
+    first half of the steps and validated on the second half.
+  * Simulation: each validated step's groups, as recorded, through the same time model (inline: one engine
+    batch; runtime modes: the planner's actor count per step from metrics) plus the fitted stage models.
+  * Cost, by the runtime's rule (`rlhfless.runtime.meter`: a worker is billed from request to release, x its
+    units): inline = units x wall (serverful-like; units = train.threads cores); serverful = the pool's units
+    (workers.jsonl, else the config, else billed/wall of the calibration steps) x simulated wall; serverless =
+    per kind (decode, prefill, learner) the simulated busy device-seconds (decode: every actor's busy time from
+    the time model with the run's actor count and policy; learner: the update on each data-parallel rank) plus a
+    per-worker overhead (cold start, pre-warm, idle) fitted on the calibration steps' `function/<kind>/billed_s`;
+    compared with `function/<kind>/billed_s` and `cost/device_seconds`. Workers per step come from
+    `invocations.jsonl`. Fields that are absent are reported as such (`missing`), not guessed.
+
+Non-goals: no per-token replay; no simulation of process start-up outside the steps.
+
+Deviations from the paper: none (the paper validates Vidur against its GPUs; this validates against our CPU runs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.errors import DataError
+from rlhfless.plan import PlanJob, TimeModel, assign
+from rlhfless.sim.calibrate import cpu_decode_model, fit_linear
+from rlhfless.sim.hardware import tiny_model
+from rlhfless.sim.workload import StepWork, replay_trace
+
+STAGES = ("rollout", "decode", "prefill", "update", "step")
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One recorded run: its mode, config, per-step metrics (by step), trace steps, runtime logs if any."""
+
+    path: Path
+    mode: str
+    config: dict
+    metrics: dict[int, dict]
+    work: list[StepWork]
+    invocations: list[dict]
+    workers: list[dict]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                raise DataError(f"{path}:{i}: not a JSON object") from None
+    return out
+
+
+def load_run(path: str | Path) -> RunData:
+    """Read a run dir; a missing config, metrics or trace is a DataError naming the file."""
+    import yaml
+
+    p = Path(path)
+    cfg_path = p / "config.yaml"
+    if not cfg_path.is_file():
+        raise DataError(f"validate: {cfg_path} not found (expected a run dir written by `rlhfless train`)")
+    config = yaml.safe_load(cfg_path.read_text()) or {}
+    rows = _jsonl(p / "metrics.jsonl")
+    metrics = {r["step"]: r for r in rows if "timing_s/step" in r}
+    if not metrics:
+        raise DataError(f"validate: {p / 'metrics.jsonl'} has no step with timing_s/step")
+    trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
+                 None)
+    if trace is None:
+        raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}[.gz]")
+    work = [s for s in replay_trace(trace) if s.step in metrics]
+    mode = (config.get("runtime") or {}).get("mode", "inline")
+    return RunData(p, mode, config, metrics, work, _jsonl(p / "invocations.jsonl"), _jsonl(p / "workers.jsonl"))
+
+
+def load_runs(path: str | Path) -> dict[str, RunData]:
+    """A comparison dir (serverless/ and serverful/ sub-runs) or a single run, keyed by mode."""
+    p = Path(path)
+    if not p.is_dir():
+        raise DataError(f"validate: run dir not found: {p}")
+    subs = [p / m for m in ("serverless", "serverful", "inline") if (p / m / "config.yaml").is_file()]
+    runs = [load_run(s) for s in subs] if subs else [load_run(p)]
+    return {r.mode if len(runs) == 1 else r.path.name: r for r in runs}
+
+
+# ---- per-step features --------------------------------------------------------------------------------
+def _context(work: list[StepWork]) -> float:
+    plen = np.mean([g.prompt_len for s in work for g in s.groups])
+    return float(plen + np.mean([x for s in work for g in s.groups for x in g.lengths]) / 2)
+
+
+def _jobs(step: StepWork) -> list[PlanJob]:
+    return [PlanJob(g.prompt_id, len(g.lengths), tuple(float(x) for x in g.lengths), 0) for g in step.groups]
+
+
+def decode_features(work: list[StepWork], n_actors: list[int], capacity: int, ctx: float,
+                    policy: str = "round_robin") -> np.ndarray:
+    """(steps, 2): per step, decode iterations of the slowest actor and the bytes the roofline moves on it, from
+    the planner's time model with unit costs (iteration = 1 s; bytes at 1 byte/s, no overhead)."""
+    ones = TimeModel((1, capacity), (1.0, 1.0), 0.0, 0.0, source="unit")
+    pm = cpu_decode_model(tiny_model(), 1e30, 1.0, 0.0)
+    per_byte = pm.time_model(capacity, ctx)
+    out = np.zeros((len(work), 2))
+    for i, (s, n) in enumerate(zip(work, n_actors)):
+        jobs = _jobs(s)
+        a, _ = assign(jobs, n, capacity, per_byte, policy)
+        b, _ = assign(jobs, n, capacity, ones, policy)
+        out[i] = (b.makespan_s, a.makespan_s)
+    return out
+
+
+def fit_decode(feats: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
+    """(bytes_per_s, iter_overhead_s) >= 0 with measured ~ overhead x iterations + bytes / bytes_per_s."""
+    from scipy.optimize import nnls
+
+    scale = feats.max(axis=0)
+    coef, _ = nnls(feats / scale, measured)
+    ov, inv_bw = coef / scale
+    return (1.0 / inv_bw if inv_bw > 0 else 1e30), float(ov)
+
+
+def trained_tokens(step: StepWork, skip_zero_variance: bool) -> float:
+    """Prompt + response tokens the update processes (GRPO drops groups whose rewards are all equal)."""
+    keep = [g for g in step.groups if not skip_zero_variance or not g.rewards or len(set(g.rewards)) > 1]
+    return float(sum(g.tokens for g in keep))
+
+
+def unique_prompt_tokens(step: StepWork) -> float:
+    return float(sum(g.prompt_len for g in step.groups))
+
+
+# ---- calibration ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageModel:
+    """This machine's calibrated stage times (seconds) for the tiny model (module header)."""
+
+    bytes_per_s: float
+    iter_overhead_s: float
+    prefill: tuple[float, float]  # intercept, seconds per unique prompt token
+    update: tuple[float, float]  # intercept, seconds per trained token
+    rollout_other_s: float  # rollout seconds beyond prefill + decode (sampling set-up, scoring of the batch)
+    step_other_s: float  # step seconds beyond rollout + update (plan, reward, reference, observe, logging)
+    fit: dict
+
+    def time_model(self, capacity: int, ctx: float) -> TimeModel:
+        return cpu_decode_model(tiny_model(), 1e30, self.bytes_per_s, self.iter_overhead_s).time_model(capacity, ctx)
+
+
+def _measured(run: RunData, steps: list[StepWork], key: str) -> np.ndarray:
+    return np.array([run.metrics[s.step].get(key) or 0.0 for s in steps], dtype=float)
+
+
+def _workers(run: RunData, step: int, kind: str) -> tuple[int, float]:
+    """(workers, units per worker) that ran `kind` in `step`, from invocations.jsonl ((0, 1.0) when absent)."""
+    rows = [i for i in run.invocations if i.get("step") == step and i.get("kind") == kind and i.get("ok", True)]
+    units = {i.get("worker"): float(i.get("units") or 1.0) for i in rows}
+    return len(units), (float(np.mean(list(units.values()))) if units else 1.0)
+
+
+def _actors(run: RunData, steps: list[StepWork]) -> tuple[list[int], int]:
+    """Decode actors per step and their capacity: one engine batch inline; otherwise the decode workers the run
+    logged (invocations.jsonl, else `runtime/decode_actors`, else the planner's `scaler/num_actors`)."""
+    if run.mode == "inline":
+        return [1] * len(steps), max(s.n_seqs for s in steps)
+    cap = int((run.config.get("plan") or {}).get("capacity", 256))
+    cap = max(cap, max(len(g.lengths) for s in steps for g in s.groups))
+    out = []
+    for s in steps:
+        m = run.metrics[s.step]
+        n = _workers(run, s.step, "decode")[0] or m.get("runtime/decode_actors") or m.get("scaler/num_actors") or 1
+        out.append(max(1, int(n)))
+    return out, cap
+
+
+def _policy(run: RunData) -> str:
+    return "round_robin" if run.mode == "inline" else str((run.config.get("plan") or {}).get("policy", "contiguous"))
+
+
+def calibrate(run: RunData, steps: list[StepWork], ctx: float) -> StageModel:
+    """Fit the stage models on `steps` of `run` (module header)."""
+    n, cap = _actors(run, steps)
+    feats = decode_features(steps, n, cap, ctx, _policy(run))
+    dec = _measured(run, steps, "timing_s/decode")
+    bw, ov = fit_decode(feats, dec)
+    pre = _measured(run, steps, "timing_s/prefill")
+    p0, p1, perr = fit_linear(np.array([unique_prompt_tokens(s) for s in steps]), pre)
+    skip = bool((run.config.get("algo") or {}).get("skip_zero_variance_groups", False))
+    upd = _measured(run, steps, "timing_s/update")
+    u0, u1, uerr = fit_linear(np.array([trained_tokens(s, skip) for s in steps]), upd)
+    roll, step = _measured(run, steps, "timing_s/rollout"), _measured(run, steps, "timing_s/step")
+    pred_dec = feats @ np.array([ov, 1.0 / bw])
+    return StageModel(bw, ov, (p0, p1), (u0, u1), float(np.mean(roll - pre - dec)), float(np.mean(step - roll - upd)),
+                      {"decode_median_abs_rel_err": float(np.median(np.abs(pred_dec / np.maximum(dec, 1e-9) - 1))),
+                       "prefill_median_abs_rel_err": perr, "update_median_abs_rel_err": uerr,
+                       "steps": len(steps)})
+
+
+# ---- simulation and comparison ---------------------------------------------------------------------
+def simulate_steps(run: RunData, steps: list[StepWork], sm: StageModel, ctx: float) -> dict[str, np.ndarray]:
+    """Per-step simulated seconds of every stage (STAGES) for the recorded steps, plus `decode_busy`: the decode
+    actors' busy seconds summed (what serverless decode workers are billed for, before overheads)."""
+    n, cap = _actors(run, steps)
+    tm = sm.time_model(cap, ctx)
+    skip = bool((run.config.get("algo") or {}).get("skip_zero_variance_groups", False))
+    plans = [assign(_jobs(s), k, cap, tm, _policy(run))[0] for s, k in zip(steps, n)]
+    decode = np.array([p.makespan_s for p in plans])
+    prefill = np.array([sm.prefill[0] + sm.prefill[1] * unique_prompt_tokens(s) for s in steps])
+    update = np.array([sm.update[0] + sm.update[1] * trained_tokens(s, skip) for s in steps])
+    rollout = prefill + decode + sm.rollout_other_s
+    return {"decode": decode, "prefill": prefill, "update": update, "rollout": rollout,
+            "step": rollout + update + sm.step_other_s, "decode_busy": np.array([sum(p.busy_s) for p in plans])}
+
+
+def _units(run: RunData) -> float:
+    rt = run.config.get("runtime") or {}
+    return float(rt.get("units") or (run.config.get("train") or {}).get("threads") or 1)
+
+
+def _measured_cost(run: RunData, steps: list[StepWork]) -> np.ndarray | None:
+    vals = [run.metrics[s.step].get("cost/device_seconds") for s in steps]
+    return np.array(vals, float) if all(v is not None for v in vals) else None
+
+
+def cost_rows(run: RunData, cal_run: RunData, cal: list[StepWork], val: list[StepWork], sm: StageModel,
+              ctx: float, sim: dict[str, np.ndarray]) -> dict:
+    """Simulated vs measured device-seconds per step (mean) and, for serverless runs, per function kind; what is
+    fitted is fitted on `cal` steps of `cal_run`, never on the validated steps."""
+    if run.mode == "serverless":
+        return _serverless_cost(run, cal_run, cal, val, sm, ctx, sim)
+    meas = _measured_cost(run, val)
+    if run.mode == "inline" or meas is None:
+        units = _units(run)
+        m = float(meas.mean()) if meas is not None else units * float(_measured(run, val, "timing_s/step").mean())
+        return {"cost_device_s": _row(units * float(sim["step"].mean()), m),
+                "note": f"{units:g} units x wall" + (" (inline: serverful-like)" if run.mode == "inline" else "")}
+    pool = _pool_units(run, cal_run, cal)
+    return {"cost_device_s": _row(pool * float(sim["step"].mean()), float(meas.mean())),
+            "note": f"serverful pool of {pool:g} units x wall"}
+
+
+def _pool_units(run: RunData, cal_run: RunData, cal: list[StepWork]) -> float:
+    """Units the serverful pool holds: workers.jsonl (workers hosting several kinds), else the config, else the
+    calibration steps' billed device-seconds per second of wall time."""
+    pool = [w for w in run.workers if len(w.get("kinds") or ()) > 1]
+    if pool:
+        return float(sum(float(w.get("units") or 1.0) for w in pool))
+    rt = run.config.get("runtime") or {}
+    if rt.get("serverful_workers") or rt.get("units"):
+        return float(rt.get("serverful_workers") or rt.get("units"))
+    meas = _measured_cost(cal_run, cal)
+    if meas is None:
+        raise DataError(f"validate: {run.path}: serverful pool size unknown (no workers.jsonl, runtime.units 0 and no "
+                        "cost/device_seconds)")
+    return float(np.mean(meas / _measured(cal_run, cal, "timing_s/step")))
+
+
+_BUSY = {"decode": "decode_busy", "prefill": "prefill", "learner": "update"}  # billed kind -> simulated busy
+
+
+def _kind_busy(run: RunData, steps: list[StepWork], sim: dict[str, np.ndarray], kind: str) -> tuple[np.ndarray, ...]:
+    """(busy device-seconds, workers) per step of `kind`: decode actors' summed busy x units; prefill and learner
+    busy x their workers' units (a data-parallel learner keeps every rank busy for the update)."""
+    wk = [_workers(run, s.step, kind) for s in steps]
+    n = np.array([max(w[0], 1) for w in wk], float)
+    units = np.array([w[1] for w in wk])
+    busy = sim[_BUSY[kind]] * units * (1.0 if kind == "decode" else n)
+    return busy, n
+
+
+def _serverless_cost(run: RunData, cal_run: RunData, cal: list[StepWork], val: list[StepWork], sm: StageModel,
+                     ctx: float, sim: dict[str, np.ndarray]) -> dict:
+    """Serverless, the runtime's rule (a worker is billed request to release, x units): simulated busy
+    device-seconds per kind plus a per-worker overhead (cold start, pre-warm, keep-alive, idle) fitted on the
+    calibration steps from `function/<kind>/billed_s`; kinds the run did not bill are reported as missing."""
+    sim_cal = simulate_steps(cal_run, cal, sm, ctx)
+    out, total = {}, np.zeros(len(val))
+    for kind in _BUSY:
+        key = f"function/{kind}/billed_s"
+        meas_cal = [cal_run.metrics[s.step].get(key) for s in cal]
+        meas_val = [run.metrics[s.step].get(key) for s in val]
+        if any(v is None for v in meas_cal + meas_val):
+            out[key] = {"missing": f"{key} not in metrics.jsonl (the run has no worker of that kind)"}
+            continue
+        busy_c, n_c = _kind_busy(cal_run, cal, sim_cal, kind)
+        overhead = max(0.0, float(np.mean((np.array(meas_cal) - busy_c) / n_c)))
+        busy_v, n_v = _kind_busy(run, val, sim, kind)
+        billed = busy_v + n_v * overhead
+        total += billed
+        out[key] = {**_row(float(billed.mean()), float(np.mean(meas_val))), "overhead_per_worker_s": overhead}
+    meas = _measured_cost(run, val)
+    out["cost_device_s"] = (_row(float(total.mean()), float(meas.mean())) if meas is not None else
+                            {"simulated": float(total.mean()), "missing": "cost/device_seconds not in metrics.jsonl"})
+    return out
+
+
+def _row(sim: float, meas: float) -> dict:
+    return {"simulated": sim, "measured": meas, "rel_error": abs(sim / meas - 1.0) if meas else float("nan")}
+
+
+def validate_mode(run: RunData, calib: RunData | None) -> dict:
+    """One mode: calibrate (other run, or first half), simulate the validated steps, compare stage means."""
+    work = run.work
+    if calib is not None:
+        cal_steps, val = calib.work, work
+    else:
+        if len(work) < 4:
+            raise DataError(f"validate: {run.path} has {len(work)} steps; need >= 4 to calibrate on half")
+        cal_steps, val = work[:len(work) // 2], work[len(work) // 2:]
+    ctx = _context(work)
+    sm = calibrate(calib or run, cal_steps, ctx)
+    sim = simulate_steps(run, val, sm, ctx)
+    stages = {}
+    for st in STAGES:
+        meas = _measured(run, val, f"timing_s/{st}")
+        stages[st] = _row(float(sim[st].mean()), float(meas.mean()))
+    tpot = tpot_profile_decode(run, val, ctx)
+    if tpot is not None:  # the engine benchmark's profile alone, without fitting to this run: for reference
+        stages["decode_from_tpot_profile"] = _row(tpot, float(_measured(run, val, "timing_s/decode").mean()))
+    return {"mode": run.mode, "path": str(run.path), "steps_validated": len(val),
+            "calibrated_on": str((calib or run).path) + ("" if calib else f" steps {cal_steps[0].step}.."
+                                                         f"{cal_steps[-1].step}"),
+            "calibration": {"bytes_per_s": sm.bytes_per_s, "iter_overhead_s": sm.iter_overhead_s,
+                            "prefill": sm.prefill, "update": sm.update, "rollout_other_s": sm.rollout_other_s,
+                            "step_other_s": sm.step_other_s, **sm.fit},
+            "stages": stages, "cost": cost_rows(run, calib or run, cal_steps, val, sm, ctx, sim)}
+
+
+def tpot_profile_decode(run: RunData, steps: list[StepWork], ctx: float) -> float | None:
+    """Mean decode seconds of `steps` from the CPU model fitted to the shipped TPOT profile (None without it)."""
+    from rlhfless.sim.calibrate import fit_cpu_decode
+
+    profile = Path(__file__).resolve().parents[2] / "data" / "profiles" / "tpot_tiny_cpu.json"
+    if not profile.is_file():
+        return None
+    pm, _ = fit_cpu_decode(profile, tiny_model())
+    n, cap = _actors(run, steps)
+    tm = pm.time_model(cap, ctx)
+    return float(np.mean([assign(_jobs(s), k, cap, tm, "round_robin")[0].makespan_s for s, k in zip(steps, n)]))
+
+
+def validate(run_dir: str | Path, calibrate_from: str | Path | None = None) -> dict:
+    """The `--validate` report: per mode, and the largest step-time and cost errors over modes."""
+    runs = load_runs(run_dir)
+    calib = load_runs(calibrate_from) if calibrate_from else {}
+    modes = {m: validate_mode(r, calib.get(m) or (next(iter(calib.values())) if calib else None))
+             for m, r in runs.items()}
+    step_err = max(m["stages"]["step"]["rel_error"] for m in modes.values())  # the reference row is not a mode
+    costs = [m["cost"]["cost_device_s"].get("rel_error") for m in modes.values()]
+    cost_err = max((c for c in costs if c is not None), default=float("nan"))
+    return {"run_dir": str(run_dir), "modes": modes, "step_time_error": step_err, "cost_error": cost_err}

@@ -1,0 +1,188 @@
+"""Workloads: the per-step prompt groups (prompt tokens, true response lengths) every policy replays alike.
+
+Purpose: three sources, one record (`StepWork`: a step's `GroupWork`s), so every policy sees the same lengths, as
+the paper's replayed baseline does:
+  * `replay_trace(path)`: a recorded trace (`rlhfless.traces`: one row per response) grouped by (step, prompt);
+  * `synthetic(cfg)`: the multi-epoch generator of `rlhfless.predictor.synthetic` (per-prompt lognormal base,
+    epoch jitter, within-group noise, truncation at the response cap), with prompt lengths drawn from GSM8K
+    questions when `gsm8k` is given (`gsm8k_prompt_tokens`), else lognormal;
+  * `LengthDist`: the response-length distributions of the paper's settings as parameters with stated defaults.
+
+Non-goals: no text, no rewards beyond what a replayed trace carries (GRPO's zero-variance skip needs them).
+
+Deviations from the paper: the paper's response lengths come from its own GSM8K / GPQA / LiveCodeBench runs,
+which are not public; the defaults below are assumptions (stated per field), and the tokenisation of GSM8K prompts
+is approximated as characters / 4 (a common rule of thumb for English BPE vocabularies; assumed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.errors import DataError, require
+from rlhfless.predictor.synthetic import SyntheticParams, generate_trace
+
+
+@dataclass(frozen=True)
+class GroupWork:
+    """One prompt's G samples in one step. lengths: true response tokens per sample; rewards: per sample or ()."""
+
+    prompt_id: str
+    prompt_len: int
+    lengths: tuple[int, ...]
+    rewards: tuple[float, ...] = ()
+
+    @property
+    def tokens(self) -> int:
+        """Prompt + response tokens of all samples (what scoring and training process)."""
+        return self.prompt_len * len(self.lengths) + sum(self.lengths)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    step: int
+    epoch: int
+    groups: tuple[GroupWork, ...]
+
+    @property
+    def n_seqs(self) -> int:
+        return sum(len(g.lengths) for g in self.groups)
+
+    @property
+    def tokens(self) -> int:
+        return sum(g.tokens for g in self.groups)
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """Response-length distribution of a setting (the synthetic generator's parameters, tokens).
+
+    Defaults (assumed; GSM8K chain-of-thought answers of Qwen2.5-3B/7B run a few hundred tokens with a long tail
+    to the 2,048 cap the paper uses): median 280 tokens, per-prompt spread 0.5 and within-group spread 0.35 in log
+    space, 0.15 of epoch-to-epoch jitter, the paper's caps (prompt 1,024, response 2,048 tokens).
+    """
+
+    median: float = 280.0
+    prompt_sigma: float = 0.5
+    within_sigma: float = 0.35
+    epoch_sigma: float = 0.15
+    drift_per_epoch: float = 0.0
+    max_response: int = 2048
+    max_prompt: int = 1024
+
+    def __post_init__(self) -> None:
+        require(self.median >= 1, "workload.median", f"must be >= 1 token (got {self.median})")
+        for f in ("prompt_sigma", "within_sigma", "epoch_sigma"):
+            require(getattr(self, f) >= 0, f"workload.{f}", f"must be >= 0 (got {getattr(self, f)})")
+        require(self.max_response >= 1, "workload.max_response", f"must be >= 1 (got {self.max_response})")
+        require(self.max_prompt >= 1, "workload.max_prompt", f"must be >= 1 (got {self.max_prompt})")
+
+
+def gsm8k_prompt_tokens(path: str | Path, template_tokens: int = 0, chars_per_token: float = 4.0) -> np.ndarray:
+    """Prompt tokens of every GSM8K question (characters / chars_per_token, plus a shared template)."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"GSM8K file not found: {p}")
+    out = []
+    with p.open(encoding="utf-8") as fh:
+        for i, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                q = json.loads(line)["question"]
+            except (ValueError, KeyError, TypeError):
+                raise DataError(f"{p}:{i}: expected a JSON object with a 'question'") from None
+            out.append(template_tokens + max(1, round(len(q) / chars_per_token)))
+    if not out:
+        raise DataError(f"{p}: no questions")
+    return np.asarray(out, dtype=np.int64)
+
+
+def synthetic(dist: LengthDist, n_prompts: int, prompts_per_step: int, group_size: int, steps: int,
+              seed: int = 0, prompt_tokens: np.ndarray | None = None,
+              template_tokens: int = 0) -> list[StepWork]:
+    """`steps` steps of the synthetic generator: each epoch visits every prompt once, prompts_per_step per step.
+
+    prompt_tokens: a pool of prompt lengths (e.g. GSM8K's) to draw each prompt's length from; None = lognormal
+    around 120 tokens (assumed) plus the template.
+    """
+    require(n_prompts >= prompts_per_step >= 1, "workload.prompts_per_step",
+            f"must lie in 1..n_prompts={n_prompts} (got {prompts_per_step})")
+    epochs = -(-steps * prompts_per_step // n_prompts) + 1
+    params = SyntheticParams(n_prompts=n_prompts, n_epochs=epochs, group_size=group_size,
+                             prompts_per_step=prompts_per_step, log_base_mu=float(np.log(dist.median)),
+                             log_base_sigma=dist.prompt_sigma, epoch_sigma=dist.epoch_sigma,
+                             within_sigma=dist.within_sigma, drift_per_epoch=dist.drift_per_epoch,
+                             max_length=dist.max_response)
+    rng = np.random.default_rng(seed + 1)
+    if prompt_tokens is not None:
+        plen = rng.choice(np.asarray(prompt_tokens), size=n_prompts)
+    else:
+        plen = template_tokens + np.round(np.exp(rng.normal(np.log(120.0), 0.4, n_prompts))).astype(int)
+    plen = np.clip(plen, 1, dist.max_prompt)
+    if n_prompts * epochs * group_size <= SMALL_TRACE:
+        return _group_rows(generate_trace(params, seed=seed), plen, steps)
+    return _synthetic_arrays(params, plen, steps, seed)
+
+
+SMALL_TRACE = 5_000  # rows: above this the vectorised generator avoids a Python object per sample
+
+
+def _group_rows(rows, plen: np.ndarray, steps: int) -> list[StepWork]:
+    by_step: dict[int, dict[str, list]] = defaultdict(dict)
+    epoch_of: dict[int, int] = {}
+    for r in rows:
+        by_step[r.step].setdefault(r.prompt_id, []).append(r.response_len)
+        epoch_of[r.step] = r.epoch
+    out = []
+    for s in sorted(by_step)[:steps]:
+        groups = tuple(GroupWork(pid, int(plen[int(pid.split("-")[1])]), tuple(v)) for pid, v in by_step[s].items())
+        out.append(StepWork(s, epoch_of[s], groups))
+    return out
+
+
+def _synthetic_arrays(p: SyntheticParams, plen: np.ndarray, steps: int, seed: int) -> list[StepWork]:
+    """The model of `predictor.synthetic.generate_trace` (same parameters, same per-epoch structure), drawn with
+    arrays instead of one TraceRow per sample: paper-scale traces have millions of samples. Other random draws
+    than generate_trace for the same seed; only the steps asked for are built."""
+    rng = np.random.default_rng(seed)
+    P, G = p.n_prompts, p.group_size
+    base = rng.normal(p.log_base_mu, p.log_base_sigma, P)
+    out, step = [], 0
+    for epoch in range(p.n_epochs):
+        u = rng.normal(0.0, p.epoch_sigma, P)
+        order = rng.permutation(P)
+        logs = base[order, None] + p.drift_per_epoch * epoch + u[order, None] + rng.normal(0, p.within_sigma, (P, G))
+        lens = np.minimum(np.maximum(1, np.round(np.exp(logs))), p.max_length).astype(int)
+        for start in range(0, P, p.prompts_per_step):
+            idx = range(start, min(start + p.prompts_per_step, P))
+            out.append(StepWork(step, epoch, tuple(GroupWork(f"syn-{order[i]}", int(plen[order[i]]),
+                                                             tuple(lens[i].tolist())) for i in idx)))
+            step += 1
+            if step >= steps:
+                return out
+    return out
+
+
+def replay_trace(path: str | Path, steps: int | None = None) -> list[StepWork]:
+    """Steps of a recorded trace (rows grouped by step, then prompt, in file order); rewards kept."""
+    from rlhfless.traces import read_trace
+
+    by_step: dict[int, dict[str, list]] = defaultdict(dict)
+    epoch_of: dict[int, int] = {}
+    for r in read_trace(path):
+        g = by_step[r.step].setdefault(r.prompt_id, [r.prompt_len, [], []])
+        g[1].append(r.response_len)
+        g[2].append(r.reward)
+        epoch_of[r.step] = r.epoch
+    if not by_step:
+        raise DataError(f"{path}: the trace has no rows")
+    out = [StepWork(s, epoch_of[s], tuple(GroupWork(pid, pl, tuple(ls), tuple(rw))
+                                          for pid, (pl, ls, rw) in by_step[s].items()))
+           for s in sorted(by_step)]
+    return out[:steps] if steps else out

@@ -1,0 +1,114 @@
+"""Simulator policies and scenarios: a hand-computed baseline step, properties of every policy, determinism."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlhfless.plan import TimeModel
+from rlhfless.plan.cost import BillingRules
+from rlhfless.sim import hardware as hw
+from rlhfless.sim.perf import FITTED, PerfModel
+from rlhfless.sim.policies import Cluster, RLHFless, Switches, Verl
+from rlhfless.sim.scenario import SimConfig, case_configs, run_case, simulate_policy
+from rlhfless.sim.workload import GroupWork, StepWork
+
+RULES = BillingRules(granularity_s=1.0, keep_alive_s=0.0)
+
+
+def _cluster(n_devices=2, algo="grpo") -> Cluster:
+    pm = PerfModel(hw.device("L40S"), hw.model("qwen2.5-3b"), 1, FITTED["L40S"])
+    return Cluster(pm, n_devices, TimeModel.per_token(0.01), 8, algo, 0, RULES)
+
+
+STEP = StepWork(0, 0, (GroupWork("A", 10, (100, 300)), GroupWork("B", 10, (50, 50)), GroupWork("C", 10, (200, 200))))
+
+
+def test_verl_step_by_hand():
+    c = _cluster()
+    summary, tl, rows = simulate_policy(Verl(c), [STEP], c)
+    pm = c.perf
+    # round robin: A and C on actor 0 (800 tokens = 8 s at 0.01 s per token), B on actor 1 (1 s); prefill free
+    tokens = 3 * 2 * 10 + 900
+    step = pm.weight_sync_s(colocated=True) + 8.0 + pm.forward_s(tokens, 2) + pm.train_s(tokens, 2)
+    assert summary["step_time_s"] == pytest.approx(step)
+    assert summary["rollout_s"] == pytest.approx(pm.weight_sync_s(colocated=True) + 8.0)
+    assert summary["cost_device_s"] == pytest.approx(2 * step)  # two devices held for the whole step
+    assert [s.devices for s in tl.spans if s.billed] == [2]
+
+
+def test_ppo_adds_the_value_forward_and_the_critic_update():
+    g, p = _cluster(algo="grpo"), _cluster(algo="ppo")
+    sg, _, _ = simulate_policy(Verl(g), [STEP], g)
+    sp, _, _ = simulate_policy(Verl(p), [STEP], p)
+    tokens = 960
+    assert sp["score_s"] - sg["score_s"] == pytest.approx(g.perf.forward_s(tokens, 2))
+    assert sp["update_s"] - sg["update_s"] == pytest.approx(g.perf.train_s(tokens, 2))
+
+
+def test_rlhfless_bills_only_what_runs_and_oracle_knows_the_lengths():
+    c = _cluster()
+    steps = [StepWork(k, k, STEP.groups) for k in range(3)]
+    for sw in (Switches(), Switches(oracle=True), Switches(False, False, False, False, False)):
+        summary, tl, rows = simulate_policy(RLHFless(c, sw, 0.5, 0.7), steps, c)
+        busy = sum(s.devices * s.duration_s for s in tl.spans if s.billed)
+        assert summary["cost_device_s"] * 3 >= busy - 1e-9  # billing rounds up, never down
+        assert all(s.billed for s in tl.spans if s.kind in ("decode", "prefill", "trainer"))
+    # scaling off and no prewarm: every replica starts cold, on the critical path
+    plain = RLHFless(c, Switches(False, False, False, False, False), 0.5, 0.7)
+    plan, _ = plain.decide(STEP)
+    assert len(plan.actors) == 2 and all(a.cold_s == pytest.approx(c.perf.cold_start_s()) for a in plan.actors)
+
+
+def test_prewarm_keeps_functions_warm_after_the_first_step():
+    c = _cluster()
+    pol = RLHFless(c, Switches(scale=False), 0.5, 0.7)
+    first, _ = pol.decide(STEP)
+    pol.observe(STEP, (10.0, 1.0, 2.0))
+    second, _ = pol.decide(STEP)
+    assert all(a.cold_s > 0 for a in first.actors)
+    assert all(a.cold_s == 0 for a in second.actors)
+    # the gap before decode (score + update = 3 s) is shorter than a cold start: kept alive, billed 3 s
+    assert all(a.prewarm_s == pytest.approx(3.0) for a in second.actors)
+
+
+def test_quick_scenario_is_deterministic_and_fair():
+    cfg = case_configs("quick", 3, [])[0]
+    a, b = run_case(cfg), run_case(cfg)
+    assert a == b
+    pols = a["policies"]
+    assert set(pols) >= {"verl", "rlhfuse", "rlhfless", "oracle"}
+    # every policy does the same scoring and training work (same steps, same tokens)
+    assert len({round(p["update_s"], 9) for p in pols.values()}) == 1
+    assert a["speedup"] == pytest.approx(pols["verl"]["step_time_s"] / pols["rlhfless"]["step_time_s"])
+    assert a["cost_reduction"] == pytest.approx(1 - pols["rlhfless"]["cost_device_s"] / pols["verl"]["cost_device_s"])
+
+
+def test_ablation_ladder_and_trace_replay():
+    cfg = case_configs("quick", 2, ["ablation=true", "workload=trace", "model=qwen2.5-7b"])[0]
+    out = run_case(cfg)
+    assert {"serverless-verl", "+dedup", "+assign", "+migrate", "+scale"} <= set(out["policies"])
+    assert out["seqs_per_step"] == 256 and out["workload_note"].startswith("trace")
+
+
+def test_config_errors_name_the_field():
+    from rlhfless.errors import ConfigError
+
+    for kw, field in [(dict(algo="dpo"), "algo"), (dict(tau=0.0), "tau"), (dict(lam=2.0), "lam"),
+                      (dict(n_devices=2, tp=4), "n_devices"),
+                      (dict(prompts_per_step=9, n_prompts=8), "prompts_per_step"),
+                      (dict(device="TPU"), "device"), (dict(model="x"), "model")]:
+        with pytest.raises(ConfigError, match=f"^{field}:"):
+            SimConfig(**kw)
+
+
+def test_verl_gets_its_fastest_tensor_parallel_degree():
+    from rlhfless.sim.scenario import _tuned_tp, build_cluster, workload
+
+    cfg = case_configs("paper-testbed", 2, ["workload=synthetic"])[0]
+    work, _ = workload(cfg)
+    best = _tuned_tp(cfg, work)
+    times = {}
+    for tp in (1, 2, 4, 8):
+        c = build_cluster(cfg, tp, work)
+        times[tp] = simulate_policy(Verl(c), work[:2], c)[0]["step_time_s"]
+    assert times[best] == min(times.values())

@@ -1,0 +1,60 @@
+"""Simulator workloads: trace replay, the synthetic multi-epoch generator, GSM8K prompt lengths."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rlhfless.errors import ConfigError, DataError
+from rlhfless.sim.workload import LengthDist, gsm8k_prompt_tokens, replay_trace, synthetic
+from rlhfless.traces import read_trace
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "data" / "traces" / "quickstart.jsonl.gz"
+
+
+def test_replay_keeps_every_response_grouped_by_step_and_prompt():
+    steps = replay_trace(QUICKSTART)
+    rows = list(read_trace(QUICKSTART))
+    assert sum(s.n_seqs for s in steps) == len(rows)
+    assert sum(sum(g.lengths) for s in steps for g in s.groups) == sum(r.response_len for r in rows)
+    assert [s.step for s in steps] == sorted({r.step for r in rows})
+    assert len(replay_trace(QUICKSTART, steps=3)) == 3
+    assert all(len(g.rewards) == len(g.lengths) for g in steps[0].groups)
+
+
+@pytest.mark.parametrize("n_prompts, per_step", [(64, 16), (300, 64)])  # the object and the array generator
+def test_synthetic_visits_every_prompt_once_per_epoch(n_prompts, per_step, monkeypatch):
+    import rlhfless.sim.workload as wl
+
+    monkeypatch.setattr(wl, "SMALL_TRACE", 10_000)
+    dist = LengthDist(median=200, max_response=512)
+    steps = synthetic(dist, n_prompts, per_step, 4, steps=3 * -(-n_prompts // per_step))
+    for epoch in range(3):
+        seen = Counter(g.prompt_id for s in steps if s.epoch == epoch for g in s.groups)
+        assert len(seen) == n_prompts and set(seen.values()) == {1}
+    lens = np.array([x for s in steps for g in s.groups for x in g.lengths])
+    assert lens.max() <= 512 and lens.min() >= 1 and 120 < np.median(lens) < 320
+    # a prompt keeps its prompt length across epochs
+    plen = {}
+    for s in steps:
+        for g in s.groups:
+            assert plen.setdefault(g.prompt_id, g.prompt_len) == g.prompt_len
+
+
+def test_length_dist_and_synthetic_validate_their_fields():
+    with pytest.raises(ConfigError, match="^workload.median"):
+        LengthDist(median=0)
+    with pytest.raises(ConfigError, match="^workload.prompts_per_step"):
+        synthetic(LengthDist(), 8, 16, 4, 2)
+
+
+def test_gsm8k_prompt_lengths(gsm8k_file, tmp_path):
+    toks = gsm8k_prompt_tokens(gsm8k_file, template_tokens=64)
+    assert len(toks) > 7000 and toks.min() > 64 and 80 < np.median(toks) < 200
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"q": 1}\n')
+    with pytest.raises(DataError, match="bad.jsonl:1"):
+        gsm8k_prompt_tokens(bad)
