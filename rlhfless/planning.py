@@ -58,13 +58,18 @@ class Planner:
         if profile and not Path(profile).exists() and (REPO_ROOT / profile).exists():
             plan_cfg = replace(plan_cfg, time_profile=str(REPO_ROOT / profile))
         self.cfg = plan_cfg
-        self.time_model: TimeModel = plan_cfg.time_model()
+        self.base_time_model: TimeModel = plan_cfg.time_model()
+        self.time_model: TimeModel = self.base_time_model
 
-    def calibrate(self, cold_start_s: float | None = None, weight_sync_s: float | None = None) -> None:
-        """Replace the assumed cold start / weight-sync seconds with measured ones (the runtime does, every step)."""
+    def calibrate(self, cold_start_s: float | None = None, weight_sync_s: float | None = None,
+                  time_scale: float | None = None) -> None:
+        """Replace the assumed cold start / weight-sync seconds with measured ones, and scale the time model's
+        durations by measured / predicted decode busy time (the runtime does this every step)."""
         changes = {k: v for k, v in (("cold_start_s", cold_start_s), ("weight_sync_s", weight_sync_s)) if v is not None}
         if changes:
             self.cfg = replace(self.cfg, **changes)
+        if time_scale is not None:
+            self.time_model = self.base_time_model.scaled(time_scale)
 
     def plan_step(self, groups: list[PromptGroup]) -> tuple[StepPlan, dict]:
         pred = self.predictor.predict([g.prompt.prompt_id for g in groups], [g.prompt.text for g in groups])

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from rlhfless.runtime.config import available_cores
 
 pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
 
-TINY = ["train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rollout.max_new_tokens=64",
+TINY = ["plan.max_actors=2", "train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rollout.max_new_tokens=64",
         "train.eval_prompts=0", "train.checkpoint_every=0", "train.table_every=1", "tracking.mode=disabled",
         "runtime.gantt_every=0", "task.k_max=6"]
 # two decode functions that must both run; cuts at every tau crossing, a low tau, so rows really move
@@ -46,7 +47,9 @@ def _rows(path: Path) -> list[dict]:
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runtime")
     out = {"serverful": _run(tmp, "serverful", ["runtime.mode=serverful"]),
-           "serverless": _run(tmp, "serverless", ["runtime.mode=serverless"] + MIGRATE)}
+           # the prefill function ships the KV to the decode functions, which then migrate rows
+           "serverless": _run(tmp, "serverless", ["runtime.mode=serverless", "runtime.ship_prefix_kv=always"]
+                              + MIGRATE)}
 
     killed = []
 
@@ -122,6 +125,34 @@ def test_a_killed_worker_is_detected_and_its_work_re_run_with_the_same_samples(r
     assert read_digests(out) == read_digests(runs["serverless"][0])
     failed = [i for i in _rows(out / "invocations.jsonl") if not i["ok"]]
     assert failed and all(i["finished_s"] >= i["requested_s"] for i in failed)
+
+
+def test_the_prefill_function_shipped_kv_that_decoded_to_the_same_tokens(runs):
+    out = runs["serverless"][0]
+    prefills = [i for i in _rows(out / "invocations.jsonl") if i["kind"] == "prefill"]
+    assert len(prefills) == 3 and all(i["ok"] for i in prefills)
+    assert all(r["runtime/ship_kv"] == 1.0 for r in _rows(out / "metrics.jsonl") if "runtime/ship_kv" in r)
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+
+
+def test_a_resumed_serverful_run_equals_the_uninterrupted_one(runs, tmp_path):
+    cfg = load_run_config("experiments/configs/quickstart.yaml", TINY + ["runtime.mode=serverful",
+                                                                         "train.checkpoint_every=1"])
+    out = tmp_path / "resumed"
+    train(replace(cfg, train=replace(cfg.train, steps=2)), out, progress=False)
+    train(cfg, out, progress=False, resume=True)
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+
+
+def test_the_reference_function_feeds_the_kl_term_identically_in_both_modes(tmp_path):
+    kl = ["algo.kl_coef=0.05", "train.steps=2"]
+    a, _ = _run(tmp_path, "kl_serverful", ["runtime.mode=serverful"] + kl)
+    b, _ = _run(tmp_path, "kl_serverless", ["runtime.mode=serverless", "plan.max_actors=2"] + kl)
+    assert samples_match(a, b)[0]
+    ka = [r["actor/kl"] for r in _rows(a / "metrics.jsonl") if "actor/kl" in r]
+    kb = [r["actor/kl"] for r in _rows(b / "metrics.jsonl") if "actor/kl" in r]
+    assert len(ka) == 2 and ka == pytest.approx(kb, abs=1e-7)
+    assert any(i["kind"] == "reference" for i in _rows(b / "invocations.jsonl"))
 
 
 def test_runtime_metrics_are_logged_every_step(runs):

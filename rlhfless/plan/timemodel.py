@@ -37,7 +37,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -98,6 +98,12 @@ class TimeModel:
         return np.where(b > 0, y, 0.0)
 
     # ---- constructors -------------------------------------------------------------------------------
+    def scaled(self, factor: float) -> TimeModel:
+        """Every duration times `factor` (> 0): a profile measured elsewhere calibrated to measured busy time."""
+        require(factor > 0 and np.isfinite(factor), "time_model.scale", f"must be a finite number > 0 (got {factor})")
+        return replace(self, s_per_iter=tuple(float(x) * factor for x in self.s_per_iter),
+                       prefill_s_per_token=self.prefill_s_per_token * factor, actor_fixed_s=self.actor_fixed_s * factor)
+
     @classmethod
     def default_tiny_cpu(cls) -> TimeModel:
         """The shipped assumed profile of the tiny CPU model (see the module header)."""

@@ -68,6 +68,7 @@ class Runtime:
         self.step_t0 = self.t0
         self.step_t1: float | None = self.t0  # step 1's window opens when the runtime does (pool start included)
         self.totals: dict[str, float] = {}
+        self.time_scale: float | None = None  # measured / predicted decode busy time, smoothed
         self.steps_done = 0
         self.last_learn_end: float | None = None
         self.counters: dict[str, float] = {}
@@ -185,6 +186,9 @@ class Runtime:
         self._write_invocations()
         return m
 
+    def observe_time_scale(self, ratio: float, alpha: float = 0.3) -> None:
+        self.time_scale = ratio if self.time_scale is None else (1 - alpha) * self.time_scale + alpha * ratio
+
     def _calibrate(self, step: int) -> dict[str, float]:
         """Hand the planner the measured decode cold start and weight-sync seconds in place of its assumptions."""
         if self.planner is None or self.serverful:
@@ -192,9 +196,11 @@ class Runtime:
         cold = self.history.cold_s.get("decode")
         syncs = [i.extra["sync_s"] for i in self.invocations
                  if i.step == step and i.kind == "decode" and i.extra.get("sync_s", 0) > 0]
-        self.planner.calibrate(sum(cold) / len(cold) if cold else None, sum(syncs) / len(syncs) if syncs else None)
+        self.planner.calibrate(sum(cold) / len(cold) if cold else None, sum(syncs) / len(syncs) if syncs else None,
+                               self.time_scale)
         return {M.RUNTIME_PLANNER_COLD_START_S: self.planner.cfg.cold_start_s,
-                M.RUNTIME_PLANNER_WEIGHT_SYNC_S: self.planner.cfg.weight_sync_s}
+                M.RUNTIME_PLANNER_WEIGHT_SYNC_S: self.planner.cfg.weight_sync_s,
+                M.RUNTIME_TIME_MODEL_SCALE: self.time_scale or 1.0}
 
     def next_decode_prewarm(self):
         """(seconds after the learner's start, how many) for the next step's decode workers, or None."""

@@ -72,7 +72,8 @@ def plot_steps(runs: dict[str, Path], step: int, path: Path) -> Path | None:
         if w is None:
             ax.set_title(f"{label}: no invocations in step {step}")
             continue
-        _panel(ax, workers, inv, w[0], w[0] + span, f"{label}: step {step}")
+        _panel(ax, workers, inv, w[0], w[1], f"{label}: step {step} ({w[1] - w[0]:.2f} s)")
+        ax.set_xlim(0, span * 1.02)
     axes[-1, 0].set_xlabel("seconds since the step's first request")
     handles = [Patch(color=c, label=k) for k, c in KIND_COLOURS.items()]
     handles += [Patch(color="#DDDDDD", label="held (billed)"), Patch(facecolor="#BBBBBB", hatch="//",

@@ -309,7 +309,24 @@ class DecodeStage:
         stats = PrefillStats(int(computed), int(naive) or 1, pre_s)
         self.rt.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
         self.rt.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
+        if self.plan is not None and not self.rt.serverful:
+            self._measure_time_model(responses)
         return RolloutOutput(responses, truncated, stats, seconds, []), samples
+
+
+    def _measure_time_model(self, responses: list[list[int]]) -> None:
+        """Measured decode busy seconds over what the planner's base time model predicts for the same placement
+        with the true lengths: the runtime feeds it (smoothed) back to the planner."""
+        from rlhfless.plan import PlanJob, realized_plan
+
+        true = [PlanJob(j.group_id, j.n_seqs, tuple(float(len(responses[g * self.G + s])) for s in range(self.G)),
+                        j.prompt_len) for g, j in enumerate(self.plan.jobs)]
+        planner = self.rt.planner
+        predicted = sum(realized_plan(self.plan.decision, true, planner.base_time_model, self.tau).busy_s)
+        measured = sum(i.busy_s for i in self.rt.invocations
+                       if i.step == self.step and i.kind == "decode" and i.ok)
+        if predicted > 0 and measured > 0:
+            self.rt.observe_time_scale(measured / predicted)
 
 
 def _ranks(rt) -> list:

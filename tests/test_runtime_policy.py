@@ -1,0 +1,75 @@
+"""The runtime's pure policy pieces: work splits, pre-warm timing, the ship-KV rule, the planner's calibration."""
+
+import pytest
+
+from rlhfless.plan import PlanConfig, TimeModel
+from rlhfless.runtime.policy import (
+    History,
+    prewarm_decode,
+    prewarm_learner,
+    ship_saves_tokens,
+    should_ship,
+    split_by_count,
+)
+
+
+def test_split_by_count_is_contiguous_and_differs_by_at_most_one():
+    assert split_by_count(7, 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert split_by_count(2, 3) == [[0], [1], []]
+    for n, w in ((32, 2), (33, 4), (5, 5)):
+        chunks = split_by_count(n, w)
+        assert sum(chunks, []) == list(range(n))
+        assert max(map(len, chunks)) - min(map(len, chunks)) <= 1
+
+
+def test_learner_prewarm_uses_the_shortest_recent_rollout_minus_cold_start_and_buffer():
+    h = History()
+    assert prewarm_learner(h, predicted_rollout_s=2.0, cold_default=0.5, buffer_s=0.1).after_s == pytest.approx(1.4)
+    h.rollout_s.extend([3.0, 1.5, 2.5])
+    h.add_cold("learner", 0.4)
+    h.add_cold("learner", 0.6)  # the largest recent cold start counts: a late worker costs the critical path
+    assert prewarm_learner(h, 9.9, 0.5, 0.1).after_s == pytest.approx(1.5 - 0.6 - 0.1)
+    h.rollout_s.clear()
+    h.rollout_s.append(0.2)
+    assert prewarm_learner(h, 9.9, 0.5, 0.1).after_s == 0.0  # never before the stage starts
+
+
+def test_decode_prewarm_waits_for_history_and_counts_the_driver_gap():
+    h = History()
+    assert prewarm_decode(h, 0.3, 0.05).after_s is None
+    h.learn_s.extend([1.2, 1.0])
+    h.between_s.append(0.2)
+    h.add_cold("decode", 0.3)
+    assert prewarm_decode(h, 9.9, 0.05).after_s == pytest.approx(1.0 + 0.2 - 0.3 - 0.05)
+
+
+def test_shipping_kv_saves_only_prefixes_shared_across_actors():
+    template = list(range(3, 203))  # a long shared template (a system prompt)
+    prompts = [template + [100 + i, 7, 8] for i in range(8)]
+    saved = ship_saves_tokens(prompts, [[0, 1, 2, 3], [4, 5, 6, 7]], group_size=4, dedup=True)
+    assert saved == 200  # the second actor's copy of the template
+    assert ship_saves_tokens(prompts, [list(range(8))], group_size=4, dedup=True) == 0  # one actor: nothing shared
+    assert should_ship("auto", saved, prefill_s_per_token=1.0, cold_start_s=0.5)
+    assert not should_ship("auto", saved, prefill_s_per_token=1e-9, cold_start_s=0.5)
+    assert should_ship("always", 0, 0.0, 9.0) and not should_ship("never", 10**6, 1.0, 0.0)
+
+
+def test_the_planner_takes_measured_cold_start_and_a_time_scale():
+    from rlhfless.planning import Planner
+    from rlhfless.predictor.config import PredictorConfig
+
+    p = Planner(PredictorConfig(), PlanConfig())
+    base = p.time_model
+    p.calibrate(cold_start_s=0.25, weight_sync_s=0.01, time_scale=2.0)
+    assert p.cfg.cold_start_s == 0.25 and p.cfg.weight_sync_s == 0.01
+    assert p.time_model.s_per_iter == tuple(2.0 * x for x in base.s_per_iter)
+    assert p.time_model.prefill_s_per_token == pytest.approx(2.0 * base.prefill_s_per_token)
+    p.calibrate(time_scale=0.5)  # always relative to the base profile, never compounded
+    assert p.time_model.s_per_iter == tuple(0.5 * x for x in base.s_per_iter)
+
+
+def test_time_model_scale_rejects_nonsense():
+    from rlhfless.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="time_model.scale"):
+        TimeModel.default_tiny_cpu().scaled(0.0)
