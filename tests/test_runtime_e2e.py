@@ -155,6 +155,13 @@ def test_the_reference_function_feeds_the_kl_term_identically_in_both_modes(tmp_
     assert any(i["kind"] == "reference" for i in _rows(b / "invocations.jsonl"))
 
 
+def test_prewarmed_workers_take_the_next_stage_work(runs):
+    out = runs["serverless"][0]
+    prewarmed = {w["worker"] for w in _rows(out / "workers.jsonl") if w["prewarmed"]}
+    used = {i["kind"] for i in _rows(out / "invocations.jsonl") if i["worker"] in prewarmed}
+    assert "learner" in used  # started during the rollout, ready when the learner stage began
+
+
 def test_runtime_metrics_are_logged_every_step(runs):
     for name in ("serverful", "serverless"):
         for r in (x for x in _rows(runs[name][0] / "metrics.jsonl") if "timing_s/step" in x):

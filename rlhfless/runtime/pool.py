@@ -25,6 +25,7 @@ class Pool:
         self.records: dict[str, WorkerRecord] = {}
         self.idle_since: dict[str, float] = {}
         self.working: set[str] = set()
+        self.waiting: set[str] = set()  # pre-warmed, not yet invoked: keep-alive starts after a first invocation
         self._ids = itertools.count()
 
     def rel(self, t: float) -> float:
@@ -38,6 +39,8 @@ class Pool:
         self.handles[wid] = h
         self.records[wid] = WorkerRecord(wid, kinds, float(len(cores)), cores, self.rel(h.spawned_s),
                                          prewarmed=prewarmed, pid=h.pid)
+        if prewarmed:
+            self.waiting.add(wid)
         return h
 
     def mark_ready(self, h: Handle, msg: dict) -> None:
@@ -62,6 +65,7 @@ class Pool:
                     h.pending.append(msg)
 
     def busy(self, h: Handle) -> None:
+        self.waiting.discard(h.worker)
         self.working.add(h.worker)
         self.idle_since.pop(h.worker, None)
 
@@ -87,6 +91,7 @@ class Pool:
         self.handles.pop(h.worker, None)
         self.idle_since.pop(h.worker, None)
         self.working.discard(h.worker)
+        self.waiting.discard(h.worker)
         try:
             h.conn.close()
         except OSError:
@@ -97,7 +102,7 @@ class Pool:
         t = now()
         for wid, since in list(self.idle_since.items()):
             h = self.handles.get(wid)
-            if h is None or h.ready_s is None or (kinds and not set(h.kinds) & set(kinds)):
+            if h is None or h.ready_s is None or wid in self.waiting or (kinds and not set(h.kinds) & set(kinds)):
                 continue
             if t - since >= keep_alive_s:
                 self.release(h)
