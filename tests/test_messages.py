@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rlhfless.sim.scenario import case_configs
 from rlhfless.cli import build_parser
 from rlhfless.config import load_run_config
 from rlhfless.configbase import apply_overrides, from_dict
@@ -79,6 +80,7 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 HELP_CHECKS = {  # "command option": how to apply the example its help gives
     "train overrides": lambda ex: load_run_config(REPO / "experiments/configs/quickstart.yaml", ex.split()),
+    "simulate overrides": lambda ex: case_configs("quick", None, ex.split()),
     "bench faults overrides": lambda ex: load_run_config(REPO / "experiments/configs/faults.yaml", ex.split()),
     "pretrain overrides": lambda ex: from_dict(PretrainConfig, apply_overrides({}, ex.split())),
     "bench plan-trace --trace": lambda ex: (REPO / ex).is_file() or pytest.fail(f"{ex} does not exist"),

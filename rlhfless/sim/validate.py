@@ -75,7 +75,7 @@ def load_run(path: str | Path) -> RunData:
     p = Path(path)
     cfg_path = p / "config.yaml"
     if not cfg_path.is_file():
-        raise DataError(f"validate: {cfg_path} not found (expected a run dir written by `rlhfless train`)")
+        raise DataError(f"validate: {cfg_path} not found (expected the --out folder of a `rlhfless train --out DIR` run)")
     config = yaml.safe_load(cfg_path.read_text()) or {}
     rows = _jsonl(p / "metrics.jsonl")
     metrics = {r["step"]: r for r in rows if "timing_s/step" in r}
