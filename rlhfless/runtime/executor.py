@@ -51,7 +51,7 @@ class Runtime:
         self.planner = planner
         self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.units = self.rt.resolved_units()
-        self.backend = LocalBackend(self.rt.start_method)
+        self.backend = self._backend()
         self.platform_start_s = self.backend.boot()
         self.scratch = wire.scratch_dir()
         self.version = learner.updates
@@ -79,6 +79,13 @@ class Runtime:
             self._start_pool()
         for hook in RUNTIME_HOOKS:
             hook(self)
+
+    def _backend(self):
+        if self.rt.backend == "ray":
+            from rlhfless.runtime.raybackend import RayBackend
+
+            return RayBackend(self.rt.ray_address, self.units)
+        return LocalBackend(self.rt.start_method)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:
@@ -256,6 +263,7 @@ class Runtime:
 
     def cleanup(self) -> None:
         self.pool.release_all()
+        self.backend.close()
         wire.remove_scratch(self.scratch)
 
     def close(self) -> None:
