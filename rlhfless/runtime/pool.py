@@ -90,7 +90,8 @@ class Pool:
         self.idle_since.pop(h.worker, None)
         self.working.discard(h.worker)
         try:
-            h.conn.close()
+            if h.conn is not None:  # a Ray actor released before it connected has none
+                h.conn.close()
         except OSError:
             pass
 
