@@ -59,7 +59,8 @@ class RuntimeConfig:
     modes learn identically (the same all-reduce)."""
     start_method: str = "forkserver"
     """forkserver: workers fork from a process that imported torch and transformers once (a snapshot-restored
-    cold start, like memory snapshots on serverless platforms); spawn: every cold start imports everything."""
+    cold start, like memory snapshots on serverless platforms); spawn: every cold start imports everything.
+    With backend=ray: forkserver = one fork server per node, booted with the run; spawn = each actor imports."""
     keep_alive_s: float = 0.0
     """Seconds an idle serverless worker stays warm (billed) before it is released (scale to zero)."""
     prewarm: bool = True

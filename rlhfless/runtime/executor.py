@@ -84,7 +84,7 @@ class Runtime:
         if self.rt.backend == "ray":
             from rlhfless.runtime.raybackend import RayBackend
 
-            return RayBackend(self.rt.ray_address, self.units)
+            return RayBackend(self.rt.ray_address, self.units, self.rt.start_method)
         return LocalBackend(self.rt.start_method)
 
     # -- helpers ------------------------------------------------------------------------------------------------

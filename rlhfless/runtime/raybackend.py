@@ -8,6 +8,12 @@ Purpose: `RayBackend` has `LocalBackend`'s interface (`boot`, `start`, `send`, `
 `rlhfless.runtime.worker.main` on that connection: the same JSON messages as the local backend, so the same
 requests give the same tokens.
 
+Cold start: with `runtime.start_method=forkserver` (the default) every node gets a `NodeForkServer` actor
+(`num_cpus=0`) at boot that imports torch and transformers once; a worker's actor (holding its units) asks its
+node's fork server for a process, which serves the driver and exits when the actor is killed; so a cold start is
+Ray's actor start + fork + model load, not the imports. With `spawn` the actor's own process imports everything.
+The fork servers' boot is platform set-up (`platform_start_s`), not billed, as locally.
+
 Death: EOF on the connection, or the actor's long-running `serve` task finishing (`ray.wait`: the actor died,
 was killed, or its node went away); `poll` reports it as (handle, None), exactly like a dead local process, and
 the runtime's retry re-runs the work on a fresh actor from the same random streams. Actors are created with
@@ -40,22 +46,78 @@ import queue
 import secrets
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Listener, wait
 
 from rlhfless.errors import ConfigError
 from rlhfless.runtime import wire
-from rlhfless.runtime.backend import WorkerDied
-from rlhfless.runtime.worker import main, now
+from rlhfless.runtime.backend import WorkerDied, _without_main
+from rlhfless.runtime.worker import PRELOAD, main, now
 
 POLL_SLICE_S = 0.2
 """How often `poll` looks at the actors' task refs while no message arrives (a dead node sends no EOF)."""
+GUARD_S = 0.2
+"""How often a forked worker checks that its actor lives, and the actor that its worker does."""
+
+
+class NodeForkServer:
+    """One per node and run (`num_cpus=0`): a multiprocessing fork server that imported the worker's modules
+    once, so a worker's cold start on Ray is fork + model load, as with the local backend's fork server."""
+
+    def __init__(self):
+        import multiprocessing as mp
+
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(PRELOAD)
+        self.children: list = []
+
+    def boot(self) -> float:
+        t0 = now()
+        p = self.ctx.Process(target=os.getpid)
+        with _without_main():  # a Ray worker's __main__ must not be re-run in the fork server
+            p.start()
+        p.join()
+        return now() - t0
+
+    def fork(self, address: list, authkey_hex: str, hello: dict, setup_json: str, guardian: int) -> int:
+        self.children = [p for p in self.children if p.is_alive()]
+        p = self.ctx.Process(target=_forked_worker, args=(address, authkey_hex, hello, setup_json, guardian),
+                             daemon=True, name=f"rlhfless-{hello['worker']}")
+        with _without_main():
+            p.start()
+        self.children.append(p)
+        return p.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _forked_worker(address: list, authkey_hex: str, hello: dict, setup_json: str, guardian: int) -> None:
+    """A worker forked on a node: it serves the driver and ends with the actor that holds its units."""
+    conn = Client(tuple(address), authkey=bytes.fromhex(authkey_hex))
+    wire.send(conn, {**hello, "pid": os.getpid()})
+
+    def guard() -> None:  # ray.kill ends the actor, not this process: follow it within GUARD_S
+        while _alive(guardian):
+            time.sleep(GUARD_S)
+        os._exit(1)
+    threading.Thread(target=guard, daemon=True).start()
+    main(conn, setup_json)
 
 
 class FunctionHost:
-    """The Ray actor: connects back to the driver and serves `worker.main` until shutdown or EOF."""
+    """The Ray actor: holds the worker's units and serves `worker.main` until shutdown or EOF, either in its
+    own process (start_method=spawn: imports on every cold start) or in a process forked by its node's fork
+    server (start_method=forkserver), which it then watches."""
 
-    def serve(self, address: list, authkey_hex: str, worker: str, setup_json: str, home: str) -> str:
+    def serve(self, address: list, authkey_hex: str, worker: str, setup_json: str, home: str,
+              forkservers: str | None) -> str:
         import ray
 
         import rlhfless
@@ -63,11 +125,28 @@ class FunctionHost:
         node = ray.get_runtime_context().get_node_id()
         setup = json.loads(setup_json)
         setup["pin"] = node == home  # core ids are the driver's node's numbering
-        conn = Client(tuple(address), authkey=bytes.fromhex(authkey_hex))
-        wire.send(conn, {"op": "hello", "worker": worker, "node": node, "ip": ray.util.get_node_ip_address(),
-                         "pid": os.getpid(), "code": os.path.dirname(rlhfless.__file__)})
-        main(conn, json.dumps(setup))
+        hello = {"op": "hello", "worker": worker, "node": node, "ip": ray.util.get_node_ip_address(),
+                 "pid": os.getpid(), "code": os.path.dirname(rlhfless.__file__)}
+        server = _node_server(ray, forkservers, node)
+        if server is None:
+            conn = Client(tuple(address), authkey=bytes.fromhex(authkey_hex))
+            wire.send(conn, hello)
+            main(conn, json.dumps(setup))
+            return worker
+        pid = ray.get(server.fork.remote(address, authkey_hex, hello, json.dumps(setup), os.getpid()))
+        while _alive(pid):
+            time.sleep(GUARD_S)
         return worker
+
+
+def _node_server(ray, prefix: str | None, node: str):
+    """This node's fork server, or None (spawn, or a node that joined after the run started)."""
+    if prefix is None:
+        return None
+    try:
+        return ray.get_actor(f"{prefix}{node}")
+    except ValueError:
+        return None
 
 
 @dataclass(eq=False)
@@ -99,8 +178,8 @@ class RayHandle:
 
 
 class RayBackend:
-    def __init__(self, address: str, units: int):
-        self.address, self.units = address, units
+    def __init__(self, address: str, units: int, start_method: str = "forkserver"):
+        self.address, self.units, self.start_method = address, units, start_method
         self.platform_start_s = 0.0
         self.started_ray = False
         self.handles: dict[str, RayHandle] = {}
@@ -124,8 +203,25 @@ class RayBackend:
         self._wake_r, self._wake_w = os.pipe()
         threading.Thread(target=self._accept, daemon=True, name="rlhfless-ray-accept").start()
         self.host = ray.remote(FunctionHost)
+        self.forkservers = self._boot_forkservers() if self.start_method == "forkserver" else None
         self.platform_start_s = now() - t0
         return self.platform_start_s
+
+    def _boot_forkservers(self) -> str:
+        """A fork server on every node with CPUs, booted in parallel (platform set-up: measured, not billed)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        prefix = f"rlhfless-forkserver-{secrets.token_hex(4)}-"
+        self._servers = []
+        for n in self._nodes():
+            self._servers.append(self.ray.remote(NodeForkServer).options(
+                name=prefix + n, num_cpus=0, max_restarts=0,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote())
+        self.ray.get([s.boot.remote() for s in self._servers])
+        return prefix
+
+    def _nodes(self) -> list[str]:
+        return [n["NodeID"] for n in self.ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
 
     def _init(self, ray) -> None:
         env = {"RAY_USAGE_STATS_ENABLED": "0"}
@@ -149,12 +245,20 @@ class RayBackend:
                     return
                 continue  # a failed handshake: that actor's serve task fails and poll reports it dead
             self._arrivals.put((hello, conn))
-            os.write(self._wake_w, b"x")
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:  # closed: the backend shut down
+                return
 
     def close(self) -> None:
         listener, self.listener = getattr(self, "listener", None), None
         if listener is not None:
             listener.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        for server in getattr(self, "_servers", []):
+            self.ray.kill(server, no_restart=True)  # its forked workers follow their actors, already gone
+        self._servers = []
         if self.started_ray:
             self.ray.shutdown()
             self.started_ray = False
@@ -167,7 +271,7 @@ class RayBackend:
             return self.home, True, kinds[0] == "prefill"
         if kinds == ("decode",) and not any(h.home and h.kinds == kinds for h in live):
             return self.home, True, True
-        nodes = [n["NodeID"] for n in self.ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+        nodes = self._nodes()
         load = {n: 0 for n in nodes}
         for h in live:
             if h.target in load:
@@ -185,7 +289,8 @@ class RayBackend:
         t = now()
         actor = self.host.options(num_cpus=len(cores), max_restarts=0,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=soft)).remote()
-        ref = actor.serve.remote(list(self.listener.address), self.authkey.hex(), worker, payload, self.home)
+        ref = actor.serve.remote(list(self.listener.address), self.authkey.hex(), worker, payload, self.home,
+                                 self.forkservers)
         h = RayHandle(worker, actor, ref, tuple(cores), tuple(kinds), t, node, home)
         self.handles[worker] = h
         return h
