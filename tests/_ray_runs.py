@@ -92,7 +92,10 @@ def main(out: Path) -> None:
     res["killed"]["killed_workers"] = killed
     try:
         two_nodes(dict(os.environ))
-        res["two_node"] = run(out, "two_node", ["runtime.backend=ray", "runtime.ray_address=auto", WARM])
+        shared = out / "shared-scratch"  # what a cluster of several machines needs: a folder all nodes mount
+        shared.mkdir()
+        res["two_node"] = run(out, "two_node", ["runtime.backend=ray", "runtime.ray_address=auto", WARM,
+                                                f"runtime.scratch_dir={shared}"])
     finally:
         subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True)
     (out / "summary.json").write_text(json.dumps(res, indent=1))

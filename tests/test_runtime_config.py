@@ -71,3 +71,9 @@ def test_ray_addresses_accepted_and_a_clusters_units_not_bounded_by_this_machine
     RuntimeConfig(backend="ray", units=units).check_machine(1)
     with pytest.raises(ConfigError, match=r"runtime\.units"):
         RuntimeConfig(backend="local", units=units).check_machine(1)
+
+
+def test_scratch_dir_must_be_a_writable_folder(tmp_path):
+    RuntimeConfig(scratch_dir=str(tmp_path)).check_machine(1)
+    with pytest.raises(ConfigError, match=r"runtime\.scratch_dir"):
+        RuntimeConfig(scratch_dir=str(tmp_path / "missing")).check_machine(1)

@@ -57,6 +57,10 @@ class RuntimeConfig:
     learner_units: int = 0
     """Data-parallel ranks of the learner function (one unit each); 0 = units. Equal in both modes, so the two
     modes learn identically (the same all-reduce)."""
+    scratch_dir: str = ""
+    """Where workers exchange tensor files (weights, batches, KV): "" = a tmpfs folder under /dev/shm (one
+    machine, or several Ray nodes on one machine); a Ray cluster of several machines needs a folder every node
+    mounts at the same path (NFS, a parallel filesystem)."""
     start_method: str = "forkserver"
     """forkserver: workers fork from a process that imported torch and transformers once (a snapshot-restored
     cold start, like memory snapshots on serverless platforms); spawn: every cold start imports everything.
@@ -137,6 +141,8 @@ class RuntimeConfig:
         # a Ray cluster's units live on its nodes, not in this driver's affinity mask
         require(self.backend == "ray" or self.resolved_units() <= cores, "runtime.units",
                 f"this process may use {cores} cores, so at most {cores} units (got {self.units})")
+        require(not self.scratch_dir or os.path.isdir(self.scratch_dir) and os.access(self.scratch_dir, os.W_OK),
+                "runtime.scratch_dir", f"must be an existing writable folder (got {self.scratch_dir!r})")
         units = self.resolved_units()
         require(self.workers() <= units, "runtime.serverful_workers",
                 f"must be <= runtime.units={units} (got {self.serverful_workers})")

@@ -53,7 +53,7 @@ class Runtime:
         self.units = self.rt.resolved_units()
         self.backend = self._backend()
         self.platform_start_s = self.backend.boot()
-        self.scratch = wire.scratch_dir()
+        self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
         self.version = learner.updates
         save_learner_state(learner, self.state_path(self.version))
         setup = {"config": json.loads(json.dumps(asdict(cfg), default=list)),

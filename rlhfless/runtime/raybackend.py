@@ -33,7 +33,7 @@ it runs unpinned with torch threads = its units (timings may differ; tokens do n
 
 Tensors: workers still exchange safetensors files in the run's scratch folder (weights, batches, KV). That
 works on one machine and on several Ray nodes of one machine (they share /dev/shm); a cluster of several
-machines needs the scratch folder and the checkpoints on a filesystem every node mounts at the same path.
+machines needs `runtime.scratch_dir` and the checkpoints on a filesystem every node mounts at the same path.
 Non-goals: moving tensors through Ray's object store; GPU requests (this project's workers compute on CPU, so a
 unit is requested as one CPU); restarting a dead cluster.
 """
