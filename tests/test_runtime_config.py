@@ -51,3 +51,29 @@ def test_compare_needs_the_same_data_parallel_degree_in_both_modes():
     rt = RuntimeConfig(mode="compare", learner_units=1, serverful_workers=2)
     with pytest.raises(ConfigError, match=r"runtime\.learner_units"):
         rt.check_machine(1)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["runtime.ray_address=auto"],  # the local backend joins no cluster
+    ["runtime.backend=ray", "runtime.ray_address=headnode"],  # no port
+    ["runtime.backend=ray", "runtime.ray_address=null"],
+])
+def test_bad_ray_addresses_name_the_field(overrides):
+    with pytest.raises(ConfigError, match=r"runtime\.ray_address"):
+        load_run_config(QS, overrides)
+
+
+def test_ray_addresses_accepted_and_a_clusters_units_not_bounded_by_this_machine():
+    for address in ("", "auto", "10.0.0.1:6379"):
+        assert load_run_config(QS, ["runtime.backend=ray", f"runtime.ray_address={address}"]).runtime.ray_address \
+            == address
+    units = available_cores() + 4  # a cluster's cores are on its nodes, not in this driver's affinity mask
+    RuntimeConfig(backend="ray", units=units).check_machine(1)
+    with pytest.raises(ConfigError, match=r"runtime\.units"):
+        RuntimeConfig(backend="local", units=units).check_machine(1)
+
+
+def test_scratch_dir_must_be_a_writable_folder(tmp_path):
+    RuntimeConfig(scratch_dir=str(tmp_path)).check_machine(1)
+    with pytest.raises(ConfigError, match=r"runtime\.scratch_dir"):
+        RuntimeConfig(scratch_dir=str(tmp_path / "missing")).check_machine(1)

@@ -33,6 +33,8 @@ class Handle:
     kinds: tuple[str, ...]
     spawned_s: float
     ready_s: float | None = None
+    node: str | None = None
+    """Where it runs: None here (one machine); the Ray backend's handles carry their node's IP."""
     pending: list[dict] = field(default_factory=list)
     """Messages that arrived while the driver was waiting for something else (kept in order)."""
 
@@ -143,6 +145,9 @@ class LocalBackend:
         if h.process.is_alive():
             self.kill(h)
         h.conn.close()
+
+    def close(self) -> None:
+        """Nothing to stop: the fork server ends with the driver."""
 
     def kill(self, h: Handle) -> None:
         try:

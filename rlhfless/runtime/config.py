@@ -11,7 +11,8 @@ Modes:
   * compare     serverful, then serverless, on the same seed and prompts, writing OUT/comparison.json.
 
 A device unit is one CPU core here (the worker pins itself to it and runs one torch thread) or one GPU.
-Non-goals: no multi-node placement (that is the Ray backend's job).
+Backends: `local` runs workers as OS processes on this machine; `ray` runs each worker as a Ray actor on a Ray
+cluster (`rlhfless.runtime.raybackend`: placement across nodes, one unit = `num_cpus=1` of Ray's accounting).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from rlhfless.errors import require
 
 MODES = ("inline", "serverless", "serverful", "compare")
-BACKENDS = ("local",)
+BACKENDS = ("local", "ray")
 START_METHODS = ("forkserver", "spawn")
 SHIP_KV = ("auto", "always", "never")
 MIGRATE = ("plan", "always", "never")
@@ -33,6 +34,11 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
+def _host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit()
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Execution of the step's stages (the `runtime:` section)."""
@@ -40,7 +46,10 @@ class RuntimeConfig:
     mode: str = "inline"
     """inline | serverless | serverful | compare (serverful then serverless, same seed; writes comparison.json)."""
     backend: str = "local"
-    """Worker mechanism: local (OS processes on this machine)."""
+    """Worker mechanism: local (OS processes on this machine) | ray (Ray actors on a Ray cluster; extra `.[ray]`)."""
+    ray_address: str = ""
+    """With backend=ray: "" starts a single-node Ray cluster for this run (stopped at its end); "auto" joins the
+    cluster this machine already belongs to (`ray start` was run here); "host:port" joins that cluster's head."""
     units: int = 0
     """Device units the runtime may use (CPU cores here); 0 = every core this process may run on."""
     serverful_workers: int = 0
@@ -48,9 +57,14 @@ class RuntimeConfig:
     learner_units: int = 0
     """Data-parallel ranks of the learner function (one unit each); 0 = units. Equal in both modes, so the two
     modes learn identically (the same all-reduce)."""
+    scratch_dir: str = ""
+    """Where workers exchange tensor files (weights, batches, KV): "" = a tmpfs folder under /dev/shm (one
+    machine, or several Ray nodes on one machine); a Ray cluster of several machines needs a folder every node
+    mounts at the same path (NFS, a parallel filesystem)."""
     start_method: str = "forkserver"
     """forkserver: workers fork from a process that imported torch and transformers once (a snapshot-restored
-    cold start, like memory snapshots on serverless platforms); spawn: every cold start imports everything."""
+    cold start, like memory snapshots on serverless platforms); spawn: every cold start imports everything.
+    With backend=ray: forkserver = one fork server per node, booted with the run; spawn = each actor imports."""
     keep_alive_s: float = 0.0
     """Seconds an idle serverless worker stays warm (billed) before it is released (scale to zero)."""
     prewarm: bool = True
@@ -81,6 +95,13 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         require(self.mode in MODES, "runtime.mode", f"must be one of {list(MODES)} (got {self.mode!r})")
         require(self.backend in BACKENDS, "runtime.backend", f"must be one of {list(BACKENDS)} (got {self.backend!r})")
+        require(isinstance(self.ray_address, str), "runtime.ray_address",
+                f"must be a string: '', 'auto' or 'host:port' (got {self.ray_address!r})")
+        require(not self.ray_address or self.backend == "ray", "runtime.ray_address",
+                f"is only used with runtime.backend=ray (got backend={self.backend!r}, "
+                f"ray_address={self.ray_address!r})")
+        require(not self.ray_address or self.ray_address == "auto" or _host_port(self.ray_address),
+                "runtime.ray_address", f"must be '', 'auto' or 'host:port' (got {self.ray_address!r})")
         for name in ("units", "serverful_workers", "learner_units"):
             v = getattr(self, name)
             require(isinstance(v, int) and v >= 0, f"runtime.{name}", f"must be an integer >= 0 (got {v!r})")
@@ -117,8 +138,11 @@ class RuntimeConfig:
     def check_machine(self, max_actors: int) -> None:
         """Reject, before any work, a setting this machine cannot run (names the field)."""
         cores = available_cores()
-        require(self.resolved_units() <= cores, "runtime.units",
+        # a Ray cluster's units live on its nodes, not in this driver's affinity mask
+        require(self.backend == "ray" or self.resolved_units() <= cores, "runtime.units",
                 f"this process may use {cores} cores, so at most {cores} units (got {self.units})")
+        require(not self.scratch_dir or os.path.isdir(self.scratch_dir) and os.access(self.scratch_dir, os.W_OK),
+                "runtime.scratch_dir", f"must be an existing writable folder (got {self.scratch_dir!r})")
         units = self.resolved_units()
         require(self.workers() <= units, "runtime.serverful_workers",
                 f"must be <= runtime.units={units} (got {self.serverful_workers})")

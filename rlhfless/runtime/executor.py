@@ -51,9 +51,9 @@ class Runtime:
         self.planner = planner
         self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.units = self.rt.resolved_units()
-        self.backend = LocalBackend(self.rt.start_method)
+        self.backend = self._backend()
         self.platform_start_s = self.backend.boot()
-        self.scratch = wire.scratch_dir()
+        self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
         self.version = learner.updates
         save_learner_state(learner, self.state_path(self.version))
         setup = {"config": json.loads(json.dumps(asdict(cfg), default=list)),
@@ -80,6 +80,13 @@ class Runtime:
             self._start_pool()
         for hook in RUNTIME_HOOKS:
             hook(self)
+
+    def _backend(self):
+        if self.rt.backend == "ray":
+            from rlhfless.runtime.raybackend import RayBackend
+
+            return RayBackend(self.rt.ray_address, self.units, self.rt.start_method)
+        return LocalBackend(self.rt.start_method)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:
@@ -262,6 +269,7 @@ class Runtime:
 
     def cleanup(self) -> None:
         self.pool.release_all()
+        self.backend.close()
         wire.remove_scratch(self.scratch)
 
     def close(self) -> None:

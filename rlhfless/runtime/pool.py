@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 
-from rlhfless.runtime.backend import Handle, LocalBackend, WorkerDied
+from rlhfless.runtime.backend import Handle, LocalBackend, WorkerDied  # RayBackend: the same methods
 from rlhfless.runtime.records import WorkerRecord
 from rlhfless.runtime.worker import now
 
@@ -45,7 +45,9 @@ class Pool:
 
     def mark_ready(self, h: Handle, msg: dict) -> None:
         h.ready_s = msg["t"]
-        self.records[h.worker].ready_s = self.rel(msg["t"])
+        rec = self.records[h.worker]
+        rec.ready_s = self.rel(msg["t"])
+        rec.pid, rec.node = msg.get("pid", rec.pid), h.node  # a Ray actor's pid and node are known only now
         if h.worker not in self.working:  # a worker sent work before it was ready is busy from the start
             self.idle_since[h.worker] = msg["t"]
 
@@ -93,7 +95,8 @@ class Pool:
         self.working.discard(h.worker)
         self.waiting.discard(h.worker)
         try:
-            h.conn.close()
+            if h.conn is not None:  # a Ray actor released before it connected has none
+                h.conn.close()
         except OSError:
             pass
 

@@ -23,7 +23,7 @@ class WorkerRecord:
     kinds: function kinds it may run (one for a serverless function; all of them for a serverful pool worker).
     spawned_s: when the runtime asked for it (billing starts); ready_s: when it had loaded its model and could
     take work (ready_s - spawned_s is the measured cold start); released_s: when it stopped (billing ends);
-    None while alive. killed: it died (kill -9 or a crash) instead of being released.
+    None while alive. pid, node: its process and, on a cluster, its node (both as reported once it is ready). killed: it died (kill -9 or a crash) instead of being released.
     prewarmed: started ahead of need by the pre-warming policy.
     """
 
@@ -37,6 +37,8 @@ class WorkerRecord:
     killed: bool = False
     prewarmed: bool = False
     pid: int = 0
+    node: str | None = None
+    """The node it ran on (Ray backend: the node's IP, as the actor reported it); None on the local backend."""
 
     @property
     def cold_start_s(self) -> float:

@@ -129,11 +129,23 @@ class DecodeStage:
         cold = rt.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
+    def _by_locality(self, handles: list) -> list:
+        """The paper's locality rule: the decode function with the most rows runs on the learner's node (the
+        backend placed one decode worker there, `home`), so the largest share of the step's results never
+        crosses nodes. Tokens do not depend on where a row runs; backends without nodes keep the order."""
+        home = next((h for h in handles if getattr(h, "home", False)), None)
+        if home is None or not self.split:
+            return handles
+        heaviest = max(range(len(self.split)), key=lambda i: len(self.split[i]))
+        rest = [h for h in handles if h is not home]
+        rest.insert(heaviest, home)
+        return rest
+
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> tuple[RolloutOutput, list[Sample]]:
         rt = self.rt
         t_start = now()
-        handles = self._handles(len(self.split))
+        handles = self._by_locality(self._handles(len(self.split)))
         kv = self._ship_kv()
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}

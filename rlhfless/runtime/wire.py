@@ -30,9 +30,10 @@ def recv(conn) -> dict:
     return msg
 
 
-def scratch_dir(prefix: str = "rlhfless-") -> Path:
-    """A private folder for the run's tensor files, on tmpfs when /dev/shm is writable."""
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+def scratch_dir(prefix: str = "rlhfless-", base: str | None = None) -> Path:
+    """A private folder for the run's tensor files: under `base` when given (a filesystem every node of a
+    cluster mounts), else on tmpfs when /dev/shm is writable."""
+    base = base or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
 
 

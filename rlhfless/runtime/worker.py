@@ -36,7 +36,8 @@ def now() -> float:
 def main(conn, setup_json: str) -> None:
     """Process entry point: pin, load, say ready, serve until `shutdown` (or the pipe closes)."""
     setup = json.loads(setup_json)
-    os.sched_setaffinity(0, setup["cores"])
+    if setup.get("pin", True):  # the Ray backend pins only on the driver's node (core ids are that node's)
+        os.sched_setaffinity(0, setup["cores"])
     import torch
 
     torch.set_num_threads(len(setup["cores"]))

@@ -1,0 +1,105 @@
+"""The training runs behind tests/test_runtime_ray.py, executed INSIDE a loopback-only network namespace.
+
+    python tests/_ray_runs.py OUT      (run by the test under `unshare -n`; refuses to run anywhere else)
+
+Runs the same tiny serverless config (two decode functions, migration forced) four times: on the local backend
+(the reference), on a single-node Ray cluster started by the runtime, on that cluster with one busy decode actor
+killed by `ray.kill`, and on a real two-node cluster (head on 127.0.0.1, a second node on 127.0.0.2, both started
+with `ray start`) joined with runtime.ray_address=auto. Writes OUT/<run>/ (the run folders) and OUT/summary.json.
+Not a test module (leading underscore): pytest does not collect it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rollout.max_new_tokens=64",
+        "train.eval_prompts=0", "train.checkpoint_every=0", "train.table_every=1", "tracking.mode=disabled",
+        "runtime.gantt_every=0", "task.k_max=6", "runtime.mode=serverless",
+        # two decode functions every step, cuts at a low tau: rows really move (across nodes on two nodes)
+        "plan.scale=false", "plan.max_actors=2", "plan.migrate=true", "runtime.migrate=always", "plan.tau=0.3",
+        "runtime.progress_every=2"]
+RAY = Path(sys.executable).with_name("ray")
+WARM = "runtime.keep_alive_s=60"
+"""Keeps actors across steps (a Ray actor's cold start, ~20 s on 2 busy cores, would dominate every step): the
+single-node run exercises scale-to-zero, the other two keep the test set's wall time small. Samples do not
+depend on it."""
+
+
+def only_loopback() -> bool:
+    """True inside a namespace whose only interface is lo: nothing Ray sends can leave the machine."""
+    return {name for _, name in socket.if_nameindex()} == {"lo"}
+
+
+def run(out: Path, name: str, extra: list[str]) -> dict:
+    from rlhfless.config import load_run_config
+    from rlhfless.runner import train
+
+    t0 = time.monotonic()
+    summary = train(load_run_config(str(ROOT / "experiments/configs/quickstart.yaml"), TINY + extra), out / name,
+                    progress=False)
+    return {"wall_s": time.monotonic() - t0, "runtime": summary["runtime"]}
+
+
+def kill_a_busy_decode_actor(killed: list):
+    """A runtime hook: `ray.kill` the first decode actor seen working (Ray's own way to lose an actor)."""
+    import ray
+
+    def hook(runtime):
+        def loop():
+            t_end = time.monotonic() + 300
+            while not killed and time.monotonic() < t_end:
+                for h in list(runtime.pool.handles.values()):
+                    if h.kinds == ("decode",) and h.ready_s is not None and h.worker in runtime.pool.working:
+                        ray.kill(h.actor, no_restart=True)
+                        killed.append(h.worker)
+                        return
+                time.sleep(0.01)
+        threading.Thread(target=loop, daemon=True).start()
+    return hook
+
+
+def two_nodes(env: dict) -> None:
+    common = ["--num-cpus=4", "--disable-usage-stats"]
+    subprocess.run([str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", "--port=6379",
+                    "--include-dashboard=false", "--resources={\"nodeA\": 1}", *common], env=env, check=True)
+    subprocess.run([str(RAY), "start", "--address=127.0.0.1:6379", "--node-ip-address=127.0.0.2",
+                    "--resources={\"nodeB\": 1}", *common], env=env, check=True)
+
+
+def main(out: Path) -> None:
+    if not only_loopback():
+        sys.exit("tests/_ray_runs.py: refusing to start Ray outside a loopback-only network namespace")
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", HF_HUB_OFFLINE="1",
+                      WANDB_MODE="disabled", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    from rlhfless.runtime import executor
+
+    res = {"local": run(out, "local", []), "ray": run(out, "ray", ["runtime.backend=ray"])}
+    killed: list = []
+    executor.RUNTIME_HOOKS.append(kill_a_busy_decode_actor(killed))
+    try:
+        res["killed"] = run(out, "killed", ["runtime.backend=ray", WARM])
+    finally:
+        executor.RUNTIME_HOOKS.clear()
+    res["killed"]["killed_workers"] = killed
+    try:
+        two_nodes(dict(os.environ))
+        shared = out / "shared-scratch"  # what a cluster of several machines needs: a folder all nodes mount
+        shared.mkdir()
+        res["two_node"] = run(out, "two_node", ["runtime.backend=ray", "runtime.ray_address=auto", WARM,
+                                                f"runtime.scratch_dir={shared}"])
+    finally:
+        subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True)
+    (out / "summary.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
