@@ -22,16 +22,19 @@ def test_split_by_count_is_contiguous_and_differs_by_at_most_one():
         assert max(map(len, chunks)) - min(map(len, chunks)) <= 1
 
 
-def test_learner_prewarm_uses_the_shortest_recent_rollout_minus_cold_start_and_buffer():
+def test_learner_prewarm_is_the_expected_rollout_minus_the_mean_cold_start_and_buffer():
     h = History()
-    assert prewarm_learner(h, predicted_rollout_s=2.0, cold_default=0.5, buffer_s=0.1).after_s == pytest.approx(1.4)
+    assert prewarm_learner(h, predicted_makespan_s=2.0, cold_default=0.5, buffer_s=0.1).after_s == pytest.approx(1.4)
     h.rollout_s.extend([3.0, 1.5, 2.5])
     h.add_cold("learner", 0.4)
-    h.add_cold("learner", 0.6)  # the largest recent cold start counts: a late worker costs the critical path
-    assert prewarm_learner(h, 9.9, 0.5, 0.1).after_s == pytest.approx(1.5 - 0.6 - 0.1)
-    h.rollout_s.clear()
-    h.rollout_s.append(0.2)
-    assert prewarm_learner(h, 9.9, 0.5, 0.1).after_s == 0.0  # never before the stage starts
+    h.add_cold("learner", 0.6)
+    # no measured/predicted ratio yet: the shortest recent rollout (the paper's rule)
+    assert prewarm_learner(h, 2.0, 0.5, 0.1, "plan").after_s == pytest.approx(1.5 - 0.5 - 0.1)
+    h.rollout_vs_plan.extend([1.6, 1.8])
+    # "plan": this step's predicted makespan times the measured/predicted ratio; "history": shortest recent
+    assert prewarm_learner(h, 1.0, 0.5, 0.1, "plan").after_s == pytest.approx(1.0 * 1.7 - 0.5 - 0.1)
+    assert prewarm_learner(h, 9.9, 0.5, 0.1, "history").after_s == pytest.approx(1.5 - 0.5 - 0.1)
+    assert prewarm_learner(h, 0.2, 0.5, 0.1).after_s == 0.0  # never before the stage starts
 
 
 def test_decode_prewarm_waits_for_history_and_counts_the_driver_gap():
@@ -39,7 +42,8 @@ def test_decode_prewarm_waits_for_history_and_counts_the_driver_gap():
     assert prewarm_decode(h, 0.3, 0.05).after_s is None
     h.learn_s.extend([1.2, 1.0])
     h.between_s.append(0.2)
-    h.add_cold("decode", 0.3)
+    h.add_cold("decode", 0.2)
+    h.add_cold("decode", 0.4)
     assert prewarm_decode(h, 9.9, 0.05).after_s == pytest.approx(1.0 + 0.2 - 0.3 - 0.05)
 
 

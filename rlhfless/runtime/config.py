@@ -70,6 +70,9 @@ class RuntimeConfig:
     prewarm: bool = True
     """Start the next stage's workers ahead of need from the invocation history, so cold starts leave the
     critical path (the paper's pre-warming)."""
+    prewarm_from: str = "plan"
+    """Expected end of the rollout for the learner's pre-warm: plan = the planner's calibrated prediction for this
+    step; history = the shortest recent rollout (the paper's rule). See rlhfless.runtime.policy."""
     prewarm_buffer_s: float = 0.05
     """Safety margin: a pre-warmed worker is started this much earlier than the measured cold start requires."""
     ship_prefix_kv: str = "never"
@@ -108,6 +111,8 @@ class RuntimeConfig:
         require(self.start_method in START_METHODS, "runtime.start_method",
                 f"must be one of {list(START_METHODS)} (got {self.start_method!r})")
         require(self.keep_alive_s >= 0, "runtime.keep_alive_s", f"must be >= 0 s (got {self.keep_alive_s})")
+        require(self.prewarm_from in ("plan", "history"), "runtime.prewarm_from",
+                f"must be plan or history (got {self.prewarm_from!r})")
         require(self.prewarm_buffer_s >= 0, "runtime.prewarm_buffer_s", f"must be >= 0 s (got {self.prewarm_buffer_s})")
         require(self.ship_prefix_kv in SHIP_KV, "runtime.ship_prefix_kv",
                 f"must be one of {list(SHIP_KV)} (got {self.ship_prefix_kv!r})")

@@ -169,14 +169,17 @@ class DecodeStage:
                 self._on(h, msg)
             self._check_timeouts()
         rt.history.rollout_s.append(now() - t_start)
+        if self.plan is not None and self.plan.decision.plan.makespan_s > 0:
+            rt.history.rollout_vs_plan.append(rt.history.rollout_s[-1] / self.plan.decision.plan.makespan_s)
         return self._output(now() - t_start)
 
     def _learner_prewarm(self) -> float | None:
         rt = self.rt
         if rt.serverful or not rt.rt.prewarm or rt.learners:
             return None
-        predicted = self.plan.decision.chosen.step_s if self.plan is not None else 0.0
-        return prewarm_learner(rt.history, predicted, rt.cfg.plan.cold_start_s, rt.rt.prewarm_buffer_s).after_s
+        predicted = self.plan.decision.plan.makespan_s if self.plan is not None else 0.0
+        return prewarm_learner(rt.history, predicted, rt.cfg.plan.cold_start_s, rt.rt.prewarm_buffer_s,
+                               rt.rt.prewarm_from).after_s
 
     def _on(self, h, msg: dict | None) -> None:
         rt = self.rt
