@@ -82,10 +82,14 @@ class DecodeStage:
         return {"g": g, "prompt": grp.token_ids, "answer": grp.prompt.answer, "rows": rows, "prefix": prefix}
 
     def _send(self, a: _Actor, op: str, rows: set[int], kv: dict | None = None) -> None:
+        """Send a decode/adopt request; a worker found dead on sending is handled like one that died working."""
         msg = {"op": op, "step": self.step, "seed": self.seed, "n_total": self.n_rows, "items": self._items(rows),
                "report": self.migrate, "progress_every": self.rt.rt.progress_every, "kv": kv,
                **self.rt.state_setup()}
-        self.rt.backend.send(a.handle, msg)
+        try:
+            self.rt.backend.send(a.handle, msg)
+        except WorkerDied:
+            self._died(a.handle)
 
     def _ship_kv(self) -> list[dict] | None:
         """Run the prefill function when the policy says shipping its KV pays; the files per actor, or None."""
@@ -103,12 +107,13 @@ class DecodeStage:
             h = rt.pool.start(("prefill",), (0,), rt.state_setup())
             requested, cold = now(), rt.first_use(h)
             rt.pool.busy(h)
-            rt.backend.send(h, {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))),
-                                "actors": self.split, "out_prefix": str(rt.scratch / f"kv-{self.step}"),
-                                **rt.state_setup()})
-            from rlhfless.runtime.stages import _await
-
-            msg = _await(rt, h, "prefilled")
+            try:
+                rt.backend.send(h, {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))),
+                                    "actors": self.split, "out_prefix": str(rt.scratch / f"kv-{self.step}"),
+                                    **rt.state_setup()})
+                msg = _await(rt, h, "prefilled")
+            except WorkerDied:
+                msg = None
             if msg is not None:
                 rt.record(self.step, "prefill", h, requested, msg["t_start"], msg["t_end"], cold, attempt)
                 self.prefill = list(msg["prefill"])
@@ -434,8 +439,11 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
         rt.reference_worker = None if rt.serverful else h
         requested, cold = now(), rt.first_use(h)
         rt.pool.busy(h)
-        rt.backend.send(h, {"op": "reference", "batch": str(batch), "out": str(out)})
-        msg = _await(rt, h, "referenced")
+        try:
+            rt.backend.send(h, {"op": "reference", "batch": str(batch), "out": str(out)})
+            msg = _await(rt, h, "referenced")
+        except WorkerDied:
+            msg = None
         if msg is not None:
             rt.record(step, "reference", h, requested, msg["t_start"], msg["t_end"], cold, attempt)
             if not rt.serverful and rt.rt.keep_alive_s == 0:
