@@ -19,7 +19,10 @@ def register(sub, bench) -> None:
         help="run synchronous GRPO from a checkpoint and write summary, traces, metrics and W&B files",
         description=(
             "Run GRPO on the synthetic chained-addition task from the shipped SFT checkpoint. Every step's metrics "
-            "go to W&B (offline by default) and OUT/metrics.jsonl; every response goes to OUT/traces/rollouts.jsonl."
+            "go to W&B (offline by default) and OUT/metrics.jsonl; every response goes to OUT/traces/rollouts.jsonl. "
+            "runtime.mode=serverless runs every stage as a function on worker processes (billed per lifetime: "
+            "OUT/invocations.jsonl, OUT/workers.jsonl, Gantt charts); runtime.mode=serverful is the verl-like control; "
+            "runtime.mode=compare runs both on one seed and writes OUT/comparison.json."
         ),
         epilog="example: rlhfless train --config experiments/configs/quickstart.yaml train.steps=50 --out runs/demo",
     )
