@@ -82,7 +82,8 @@ def main(out: Path) -> None:
                       WANDB_MODE="disabled", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     from rlhfless.runtime import executor
 
-    res = {"local": run(out, "local", []), "ray": run(out, "ray", ["runtime.backend=ray"])}
+    res = {"local": run(out, "local", []), "ray": run(out, "ray", ["runtime.backend=ray"]),
+           "local_warm": run(out, "local_warm", [WARM])}  # the like-for-like reference of the two-node run
     killed: list = []
     executor.RUNTIME_HOOKS.append(kill_a_busy_decode_actor(killed))
     try:
@@ -98,6 +99,8 @@ def main(out: Path) -> None:
                                                 f"runtime.scratch_dir={shared}"])
     finally:
         subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True)
+    res["two_node_vs_local_step_time"] = (res["two_node"]["runtime"]["step_time_s"]
+                                          / res["local_warm"]["runtime"]["step_time_s"])
     (out / "summary.json").write_text(json.dumps(res, indent=1))
 
 
