@@ -26,7 +26,10 @@ TINY = ["train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rol
         "runtime.gantt_every=0", "task.k_max=6", "runtime.mode=serverless",
         # two decode functions every step, cuts at a low tau: rows really move (across nodes on two nodes)
         "plan.scale=false", "plan.max_actors=2", "plan.migrate=true", "runtime.migrate=always", "plan.tau=0.3",
-        "runtime.progress_every=2"]
+        "runtime.progress_every=2",
+        # a request that never arrives becomes a re-run after 60 s instead of a 10-minute hang (seen once in CI,
+        # in the killed-actor run; not understood yet: the closing note of issue 10 says so)
+        "runtime.invocation_timeout_s=60"]
 RAY = Path(sys.executable).with_name("ray")
 WARM = "runtime.keep_alive_s=60"
 """Keeps actors across steps (a Ray actor's cold start, ~20 s on 2 busy cores, would dominate every step): the

@@ -310,9 +310,13 @@ class DecodeStage:
             self._send(b, "decode", b.rows)
 
     def _check_timeouts(self) -> None:
+        """Re-run the rows of an actor that is over time, or whose worker left the pool without a reply (nobody
+        watches such a worker any more, so without this its rows would be waited for forever)."""
         limit = self.rt.rt.invocation_timeout_s
         for a in list(self.actors.values()):
-            if a.rows and not a.done and now() - a.requested > limit and a.handle.worker in self.rt.pool.handles:
+            if not a.rows or a.done:
+                continue
+            if a.handle.worker not in self.rt.pool.handles or now() - a.requested > limit:
                 self._died(a.handle)
 
     # -- result -------------------------------------------------------------------------------------------------
