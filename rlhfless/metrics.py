@@ -60,7 +60,6 @@ RUNTIME_DECODE_ACTORS = "runtime/decode_actors"
 RUNTIME_RETRIES = "runtime/retries"
 RUNTIME_SHIP_KV = "runtime/ship_kv"
 RUNTIME_SHIP_SAVED_TOKENS = "runtime/ship_saved_tokens"
-RUNTIME_PREWARMED = "runtime/prewarmed"
 RUNTIME_PLANNER_COLD_START_S = "runtime/planner_cold_start_s"  # the measured value the planner now uses
 RUNTIME_PLANNER_WEIGHT_SYNC_S = "runtime/planner_weight_sync_s"
 RUNTIME_TIME_MODEL_SCALE = "runtime/time_model_scale"  # measured / predicted decode busy time (smoothed)

@@ -33,7 +33,6 @@ class _Job:
         self.seed, self.n_total = msg["seed"], msg["n_total"]
         self.sessions: list[DecodeSession] = []
         self.answers: dict[int, str] = {}
-        self.prompts: dict[int, list[int]] = {}
         self.adopted = 0
         self.prefill = [0, 0, 0.0]  # prompt tokens computed, naive tokens, seconds
 
@@ -43,7 +42,6 @@ class _Job:
         for it in items:
             for row in it["rows"]:
                 self.answers[row] = it["answer"]
-                self.prompts[row] = it["prompt"]
         if fresh and kv is not None:
             self.sessions.append(self._shipped(kv))
         elif fresh:

@@ -6,7 +6,7 @@
     .reference(...)                 the reference function (kl_coef > 0)
     .learn(...)                     the data-parallel learner function; new weights for the next decode
     .end_step(step) -> metrics      closes the window: billed device-seconds, cold starts, idle, migrations
-    .close()                        releases every worker; writes workers.jsonl
+    .release() / .cleanup()         releases every worker and writes workers.jsonl / removes the scratch files
 
 Stages are in `runtime.stages` (decode) and here (learner, reference). Weights move as the learner's state file
 (`learner-v<k>.safetensors` in the scratch tmpfs, k = updates done): a decode worker behind version k loads the
@@ -271,10 +271,6 @@ class Runtime:
         self.pool.release_all()
         self.backend.close()
         wire.remove_scratch(self.scratch)
-
-    def close(self) -> None:
-        self.release()
-        self.cleanup()
 
 
 def fail(what: str, attempts: int) -> TrainingError:

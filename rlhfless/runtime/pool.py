@@ -100,12 +100,12 @@ class Pool:
         except OSError:
             pass
 
-    def expire(self, keep_alive_s: float, kinds: tuple[str, ...] | None = None) -> None:
-        """Release idle workers (of `kinds`) whose keep-alive window has passed: scale to zero."""
+    def expire(self, keep_alive_s: float) -> None:
+        """Release idle workers whose keep-alive window has passed: scale to zero."""
         t = now()
         for wid, since in list(self.idle_since.items()):
             h = self.handles.get(wid)
-            if h is None or h.ready_s is None or wid in self.waiting or (kinds and not set(h.kinds) & set(kinds)):
+            if h is None or h.ready_s is None or wid in self.waiting:
                 continue
             if t - since >= keep_alive_s:
                 self.release(h)

@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field
 
 from rlhfless.errors import DataError
 
-KINDS = ("prefill", "decode", "reward", "reference", "learner")
-
 
 @dataclass
 class WorkerRecord:

@@ -103,33 +103,24 @@ class DecodeStage:
         rt.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
         if not ship:
             return None
+        msg_in = {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))), "actors": self.split,
+                  "out_prefix": str(rt.scratch / f"kv-{self.step}"), **rt.state_setup()}
         for attempt in range(1, rt.rt.max_attempts + 1):
             h = rt.pool.start(("prefill",), (0,), rt.state_setup())
-            requested, cold = now(), rt.first_use(h)
-            rt.pool.busy(h)
-            try:
-                rt.backend.send(h, {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))),
-                                    "actors": self.split, "out_prefix": str(rt.scratch / f"kv-{self.step}"),
-                                    **rt.state_setup()})
-                msg = _await(rt, h, "prefilled")
-            except WorkerDied:
-                msg = None
+            msg = _call(rt, self.step, "prefill", h, msg_in, "prefilled", attempt)
             if msg is not None:
-                rt.record(self.step, "prefill", h, requested, msg["t_start"], msg["t_end"], cold, attempt)
                 self.prefill = list(msg["prefill"])
                 rt.pool.release(h)
                 return msg["files"]
-            rt.record(self.step, "prefill", h, requested, requested, now(), cold, attempt, ok=False)
-            rt.pool.dead(h)
-            rt.count(M.RUNTIME_RETRIES)
         raise fail(f"prefill function of step {self.step}", rt.rt.max_attempts)
 
     def _handles(self, n: int) -> list:
         rt = self.rt
         if rt.serverful:
             return rt.pool_handles
-        warm = [h for h in rt.pool.warm("decode")][:n]
-        for h in rt.pool.warm("decode")[n:]:  # pre-warmed beyond this step's need: scale down at once
+        available = rt.pool.warm("decode")
+        warm = available[:n]
+        for h in available[n:]:  # pre-warmed beyond this step's need: scale down at once
             rt.pool.release(h)
         cold = rt.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
@@ -441,15 +432,9 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
         h = rt.pool_handles[0] if rt.serverful else (rt.reference_worker or
                                                     rt.pool.start(("reference",), (0,), {}, prewarmed=False))
         rt.reference_worker = None if rt.serverful else h
-        requested, cold = now(), rt.first_use(h)
-        rt.pool.busy(h)
-        try:
-            rt.backend.send(h, {"op": "reference", "batch": str(batch), "out": str(out)})
-            msg = _await(rt, h, "referenced")
-        except WorkerDied:
-            msg = None
+        msg = _call(rt, step, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
+                    "referenced", attempt)
         if msg is not None:
-            rt.record(step, "reference", h, requested, msg["t_start"], msg["t_end"], cold, attempt)
             if not rt.serverful and rt.rt.keep_alive_s == 0:
                 rt.pool.release(h)
                 rt.reference_worker = None
@@ -457,13 +442,29 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
             batch.unlink(missing_ok=True)
             out.unlink(missing_ok=True)
             return logp
-        rt.record(step, "reference", h, requested, requested, now(), cold, attempt, ok=False)
-        rt.pool.dead(h)
         rt.reference_worker = None
-        rt.count(M.RUNTIME_RETRIES)
         if rt.serverful:
             rt.restart_pool()
     raise fail(f"reference of step {step}", rt.rt.max_attempts)
+
+
+def _call(rt, step: int, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:
+    """One invocation of a single-worker function: send, wait for `reply_op`, record it. A worker that dies (or
+    is found dead on sending) is recorded as a failed attempt and reaped; returns None then."""
+    requested, cold = now(), rt.first_use(h)
+    rt.pool.busy(h)
+    try:
+        rt.backend.send(h, msg)
+        reply = _await(rt, h, reply_op)
+    except WorkerDied:
+        reply = None
+    if reply is not None:
+        rt.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
+        return reply
+    rt.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
+    rt.pool.dead(h)
+    rt.count(M.RUNTIME_RETRIES)
+    return None
 
 
 def _await(rt, h, op: str) -> dict | None:

@@ -138,11 +138,6 @@ class Worker:
             return self._learn(msg)
         if op == "reference":
             return self._reference(msg)
-        if op == "save_state":
-            from rlhfless.learner import save_learner_state
-
-            save_learner_state(self.learner, msg["path"])
-            return {"op": "saved", "t": now()}
         raise ValueError(f"worker: unknown request {op!r}")
 
     def _learn(self, msg: dict) -> dict:
