@@ -114,19 +114,20 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
                     s.advance(every)
             if report:
                 finished = sum(len(s.finished_rows()) for s in job.sessions)
-                wire.send(conn, {"op": "progress", "t": now(), "finished": finished, "unfinished": job.unfinished()})
+                wire.send(conn, {"op": "progress", "step": msg["step"], "t": now(), "finished": finished,
+                                 "unfinished": job.unfinished()})
             while conn.poll():
                 ctl = wire.recv(conn)
                 if ctl["op"] == "cut":
                     cut_rows = job.cut()
-                    wire.send(conn, {"op": "cut_rows", "rows": cut_rows, "t": now()})
+                    wire.send(conn, {"op": "cut_rows", "step": msg["step"], "rows": cut_rows, "t": now()})
                 elif ctl["op"] == "adopt":
                     job.add(ctl["items"])
     t_decode = now()
     results, reward_s = job.results()
-    return {"op": "done", "t_start": t0, "t_decode_end": t_decode, "t_end": now(), "sync_s": sync_s,
-            "reward_s": reward_s, "results": results, "prefill": job.prefill, "adopted": job.adopted, "cut": len(cut_rows),
-            "iterations": sum(len(s.iterations) for s in job.sessions)}
+    return {"op": "done", "step": msg["step"], "t_start": t0, "t_decode_end": t_decode, "t_end": now(),
+            "sync_s": sync_s, "reward_s": reward_s, "results": results, "prefill": job.prefill,
+            "adopted": job.adopted, "cut": len(cut_rows), "iterations": sum(len(s.iterations) for s in job.sessions)}
 
 
 def run_prefill(worker, msg: dict, sync_s: float) -> dict:

@@ -182,6 +182,8 @@ class DecodeStage:
         if msg is None:
             return self._died(h)
         op = msg["op"]
+        if op in ("progress", "cut_rows", "done") and msg.get("step") != self.step:
+            return  # a late message of an earlier step from a worker kept warm: its rows are settled
         if op == "ready":
             rt.on_ready(h, msg)
         elif op == "progress":
@@ -237,7 +239,7 @@ class DecodeStage:
         for src in {m.src for m in moves.moves}:
             s = by_index[src]
             try:
-                self.rt.backend.send(s.handle, {"op": "cut"})
+                self.rt.backend.send(s.handle, {"op": "cut", "step": self.step})
             except WorkerDied:  # it finished and released meanwhile: nothing to cut
                 continue
             s.cut = True

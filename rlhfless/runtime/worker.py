@@ -133,7 +133,7 @@ class Worker:
             sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
             return run_prefill(self, msg, sync_s)
         if op == "cut":  # arrived after this worker had finished: nothing left to hand over
-            return {"op": "cut_rows", "rows": [], "late": True}
+            return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
         if op == "learn":
             return self._learn(msg)
         if op == "reference":
