@@ -27,8 +27,8 @@ TINY = ["train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rol
         # two decode functions every step, cuts at a low tau: rows really move (across nodes on two nodes)
         "plan.scale=false", "plan.max_actors=2", "plan.migrate=true", "runtime.migrate=always", "plan.tau=0.3",
         "runtime.progress_every=2",
-        # a request that never arrives becomes a re-run after 60 s instead of a 10-minute hang (seen once in CI,
-        # in the killed-actor run; not understood yet: the closing note of issue 10 says so)
+        # a request that never arrives becomes a re-run after 60 s instead of a 10-minute hang (the killed-actor
+        # run once queued a fresh actor behind warm workers holding every CPU; rows now go to a warm one first)
         "runtime.invocation_timeout_s=60"]
 RAY = Path(sys.executable).with_name("ray")
 WARM = "runtime.keep_alive_s=60"

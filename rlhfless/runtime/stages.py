@@ -46,6 +46,23 @@ class _Actor:
     """Groups whose fresh rows it was sent (for the record: the plan as executed)."""
 
 
+def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | None:
+    """Where a cut row goes, given the planner's choice `planned` and this step's `actors` (`pool`: the live
+    workers by id). The planner's choice while it still decodes; else any actor still decoding and not cut;
+    else a finished actor whose worker is still warm (keep-alive), re-invoked: no cold start, and on a cluster
+    no new resources to wait for (a fresh actor can queue forever behind warm workers holding every CPU);
+    else None: a fresh function is needed."""
+    def live(x: _Actor) -> bool:
+        return x.handle.worker in pool
+    if planned is not None and not planned.done and live(planned):
+        return planned
+    running = [x for x in actors if not x.done and not x.cut and live(x)]
+    if running:
+        return running[0]
+    warm = [x for x in actors if x.done and live(x)]
+    return warm[0] if warm else None
+
+
 class DecodeStage:
     def __init__(self, rt, groups, seed: int, plan, step: int):
         self.rt, self.groups, self.seed, self.plan, self.step = rt, groups, seed, plan, step
@@ -251,15 +268,23 @@ class DecodeStage:
         for row, tokens in rows:
             self.prefix[row] = tokens
             src.rows.discard(row)
-            dst = moves.get(row)
-            if dst is None or dst.done or dst.handle.worker not in self.rt.pool.handles:
-                dst = next((x for x in self.actors.values() if not x.done and not x.cut), None) or self._spare()
+            dst = destination(moves.get(row), list(self.actors.values()), self.rt.pool.handles)
+            if dst is None:
+                dst = self._spare()
+            elif dst.done:
+                self._reinvoke(dst)
             dst.rows.add(row)
             by_dst.setdefault(dst.handle.worker, []).append(row)
         for wid, rs in by_dst.items():
             dst = self.actors[wid]
             self.migrated += len(rs)
             self._send(dst, "adopt", set(rs))
+
+    def _reinvoke(self, a: _Actor) -> None:
+        """A finished function whose worker is still warm (keep-alive) takes migrated rows: a new invocation on a
+        warm worker, recorded when it is done like any other."""
+        a.done, a.requested, a.cold, a.extra = False, now(), False, {}
+        self.rt.pool.busy(a.handle)
 
     def _spare(self) -> _Actor:
         """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
