@@ -229,9 +229,11 @@ class RayBackend:
         if self.address:
             ray.init(address=self.address)
         else:
-            # a local cluster of its own, on loopback; twice the units as logical CPUs because the local
-            # backend lets a pre-warmed worker share a core with the one it replaces, and Ray would queue it
-            ray.init(num_cpus=2 * self.units, include_dashboard=False, _node_ip_address="127.0.0.1")
+            # a local cluster of its own, on loopback. Logical CPUs are bookkeeping here (workers pin themselves
+            # to the pool's cores, as locally, where nothing caps how many are alive): under keep-alive the warm
+            # decode functions, the pre-warmed learner group, a prefill function and a re-run can all be alive at
+            # once, and an actor Ray cannot place waits forever, so leave room for all of them
+            ray.init(num_cpus=4 * self.units, include_dashboard=False, _node_ip_address="127.0.0.1")
         self.started_ray = True
 
     def _accept(self) -> None:
