@@ -24,6 +24,7 @@ _MODULES = (
     "rlhfless.predictor.cli",
     "rlhfless.runtime.cli",
     "rlhfless.sim.cli",
+    "rlhfless.repro.cli",
 )
 
 

@@ -18,7 +18,7 @@ import os
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,25 @@ class Tracker:
         if self._run is not None:
             self._run.log({name: self._wandb.Table(columns=columns, data=rows)}, step=step)
 
+    def image(self, name: str, path: str | Path, step: int) -> None:
+        """A figure already saved as PNG (the file stays the source of truth; W&B gets a copy)."""
+        if self._run is not None:
+            self._run.log({name: self._wandb.Image(str(path))}, step=step)
+
+    def artifact(self, name: str, kind: str, paths: list[str | Path], root: str | Path | None = None) -> None:
+        """Files (traces, plans, reports) as one W&B artifact of type `kind`; directories go in whole. Entries
+        are named by their path under `root` (default: their file name)."""
+        if self._run is None or not paths:
+            return
+        art = self._wandb.Artifact(name, type=kind)
+        for p in map(Path, paths):
+            entry = str(p.relative_to(root)) if root is not None and p.is_relative_to(root) else p.name
+            if p.is_dir():
+                art.add_dir(str(p), name=entry)
+            elif p.is_file():
+                art.add_file(str(p), name=entry)
+        self._run.log_artifact(art)
+
     def summary(self, values: dict[str, Any]) -> None:
         if self._run is not None:
             for k, v in values.items():
@@ -111,6 +130,10 @@ class OfflineRun:
     summary: dict
     config: dict
     files_dir: Path
+    group: str = ""
+    job_type: str = ""
+    artifacts: list[dict] = field(default_factory=list)
+    """Logged artifacts: name, type, and the paths in their manifest."""
 
     def table(self, name: str, step: int) -> dict:
         """The table `name` logged at `step`, as W&B stored it: {"columns": [...], "data": [[...], ...]}."""
@@ -202,6 +225,7 @@ def read_offline_run(path: str | Path) -> OfflineRun:
     if not p.is_file():
         raise DataError(f"W&B run file not found: {p}")
     run_id, history, summary, config = p.stem.removeprefix("run-"), [], {}, {}
+    meta: dict = {"group": "", "job_type": "", "artifacts": []}
     for data in _log_records(p):
         rec = pb.Record()
         rec.ParseFromString(data)
@@ -218,5 +242,9 @@ def read_offline_run(path: str | Path) -> OfflineRun:
             _apply(config, rec.config)
         elif kind == "run":
             run_id = rec.run.run_id or run_id
+            meta["group"], meta["job_type"] = rec.run.run_group or meta["group"], rec.run.job_type or meta["job_type"]
             _apply(config, rec.run.config)
-    return OfflineRun(run_id, history, summary, config, p.parent / "files")
+        elif kind == "artifact":
+            meta["artifacts"].append({"name": rec.artifact.name, "type": rec.artifact.type,
+                                      "paths": [e.path for e in rec.artifact.manifest.contents]})
+    return OfflineRun(run_id, history, summary, config, p.parent / "files", **meta)

@@ -1,0 +1,51 @@
+"""The registry of studies `rlhfless repro` can run, in report order, and the context they share.
+
+A study is `fn(ctx) -> StudyResult`; `ctx` gives the output folder, the size (`quick`: the CI size, minutes in
+all; full: the sizes the report's numbers come from), the seed and the W&B mode. Studies write their figures
+under `ctx.out/<study>/`; the real-run studies share one comparison run under `ctx.out/real-runs/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rlhfless.errors import require
+from rlhfless.repro import real_studies as real
+from rlhfless.repro import sim_studies as sim
+from rlhfless.repro.records import StudyResult
+
+
+@dataclass(frozen=True)
+class ReproContext:
+    out: Path
+    quick: bool = False
+    seed: int = 0
+    tracking: str = "offline"
+    """W&B mode of every run the repro makes: offline (default), online, or disabled."""
+
+    def __post_init__(self) -> None:
+        require(self.tracking in ("offline", "online", "disabled"), "tracking",
+                f"must be offline, online or disabled (got {self.tracking!r})")
+
+
+@dataclass(frozen=True)
+class Study:
+    name: str
+    fn: Callable[[ReproContext], StudyResult]
+    source: str
+    """real (measured on this machine) or sim (simulated)."""
+    about: str
+
+
+STUDIES: dict[str, Study] = {s.name: s for s in (
+    Study("headline", sim.headline, "sim", "testbed step time and cost per policy, per model and algorithm"),
+    Study("large-scale", sim.large_scale, "sim", "the 160 x H100, 70B simulation"),
+    Study("ablation", sim.ablation, "sim", "baseline, +dedup, +assign, +migrate, +scale, full, oracle"),
+    Study("sensitivity", sim.sensitivity, "sim", "tau, lambda, and the actor-count sweet spot T(N), C(N)"),
+    Study("prefill", real.prefill_study, "real", "dedup prefill saving vs theory over G and shared-prefix length"),
+    Study("predictor", real.predictor_study, "real", "EWMA length predictor: MAE and Kendall tau over epochs, window"),
+    Study("timeline", real.timeline_study, "real", "one step's per-function Gantt, serverful beside serverless"),
+    Study("sim-vs-real", real.sim_vs_real_study, "real", "the simulator's prediction of the real runs"),
+)}

@@ -1,0 +1,127 @@
+"""`rlhfless repro`: the report's math (ablation gains, prefill savings, between-epoch changes) against hand
+computations, the CLI's errors, and a real run of two studies into one folder (figures, report, W&B runs)."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhfless.cli import main
+from rlhfless.predictor.data import LengthRow
+from rlhfless.repro import cli as repro_cli
+from rlhfless.repro import studies
+from rlhfless.repro.real_studies import epoch_diffs, random_prompts, saving_row
+from rlhfless.repro.records import PaperRow, StudyResult, config_hash
+from rlhfless.repro.sim_studies import LADDER, ablation_steps
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_ablation_gains_are_relative_to_the_rung_before():
+    times = dict(zip(LADDER, [10.0, 12.0, 11.0, 11.0, 10.0, 8.0, 6.0, 5.0]))
+    costs = dict(zip(LADDER, [100.0, 80.0, 60.0, 30.0, 30.0, 27.0, 27.0, 20.0]))
+    case = {"policies": {k: {"step_time_s": times[k], "cost_device_s": costs[k]} for k in LADDER}}
+    rows = {r["rung"]: r for r in ablation_steps(case)}
+    assert rows["+assign"]["cost_gain"] == pytest.approx(1 - 30 / 60)
+    assert rows["+scale"]["time_gain"] == pytest.approx(1 - 8 / 10)
+    assert rows["full (+prewarm)"]["time_gain"] == pytest.approx(1 - 6 / 8)
+    assert "cost_gain" not in rows["verl"] and "cost_gain" not in rows["oracle"]  # the ends are references
+
+
+def test_prefill_saving_measured_from_seconds_theoretical_from_tokens():
+    t = {"naive": {"t_s": 2.0, "computed": 300}, "dedup": {"t_s": 1.5, "computed": 100}}
+    assert saving_row(t, "naive", "dedup") == {"measured": pytest.approx(0.25), "theoretical": pytest.approx(2 / 3)}
+
+
+def test_random_prompts_share_exactly_the_prefix():
+    ps = random_prompts(4, 10, 5, seed=1)
+    assert all(len(p) == 16 for p in ps)
+    assert len({tuple(p[:11]) for p in ps}) == 1 and len({tuple(p[11:]) for p in ps}) == 4
+    assert random_prompts(4, 10, 5, seed=1) == ps
+
+
+def test_epoch_diffs_compare_each_prompts_mean_across_consecutive_epochs():
+    rows = [LengthRow("a", "", n, epoch=e) for n, e in ((10, 0), (20, 0), (40, 1), (44, 2))] + \
+        [LengthRow("b", "", 7, epoch=0)]  # b has one epoch: no change to report
+    assert sorted(epoch_diffs(rows)) == [pytest.approx(4.0), pytest.approx(25.0)]
+
+
+def test_records_reject_an_unknown_kind_and_hash_configs_stably():
+    with pytest.raises(ValueError, match="kind"):
+        PaperRow("m", "1", "2", "guessed", "why")
+    assert config_hash({"a": 1, "b": [2]}) == config_hash({"b": [2], "a": 1}) != config_hash({"a": 2, "b": [2]})
+
+
+def test_cli_errors_name_the_problem(capsys):
+    assert main(["repro", "nope", "--out", "x"]) == 2
+    assert "unknown nope; choose from headline" in capsys.readouterr().err
+    assert main(["repro", "ablation"]) == 2
+    assert "--out DIR" in capsys.readouterr().err
+    assert main(["repro", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in studies.STUDIES)
+
+
+def test_chosen_keeps_registry_order():
+    assert repro_cli.chosen(["predictor", "headline"]) == ["headline", "predictor"]
+    assert repro_cli.chosen([]) == list(studies.STUDIES)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """ablation, then predictor in a second command into the same folder (the report keeps both)."""
+    out = tmp_path_factory.mktemp("repro")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("WANDB_MODE", raising=False)  # the suite disables W&B; these runs must write offline files
+        assert main(["repro", "ablation", "--out", str(out), "--quick"]) == 0
+        assert main(["repro", "predictor", "--out", str(out), "--quick"]) == 0
+    return out
+
+
+def test_a_second_command_adds_its_study_to_the_same_report(two_runs):
+    data = json.loads((two_runs / "results.json").read_text())
+    assert list(data["studies"]) == ["ablation", "predictor"] and data["quick"] is True
+    report = (two_runs / "report.md").read_text()
+    for name, st in data["studies"].items():
+        assert f"`rlhfless repro {name} --out {two_runs} --quick`" in report
+        assert st["config_hash"] in report
+        for fig in st["figures"]:
+            assert (two_runs / fig).read_bytes().startswith(PNG) and f"]({fig})" in report
+        for row in st["rows"]:
+            assert f"| {name} | {row['metric']} | {row['paper']} |" in report
+    assert "| ablation | largest cost gain | prompt assignment |" in report
+
+
+def test_each_study_is_a_wandb_run_grouped_by_study_with_its_table_and_artifact(two_runs):
+    from rlhfless.tracking import read_offline_run
+
+    for name in ("ablation", "predictor"):
+        (run_dir,) = glob.glob(str(two_runs / name / "wandb" / "offline-run-*"))
+        run = read_offline_run(run_dir)
+        assert (run.group, run.job_type) == (name, "repro")
+        rows = json.loads((two_runs / "results.json").read_text())["studies"][name]["rows"]
+        assert run.table("paper_vs_ours", 0)["data"] == [[name, r["metric"], r["paper"], r["ours"], r["kind"],
+                                                          r["why"]] for r in rows]
+        (art,) = [a for a in run.artifacts if a["name"] == f"repro-{name}"]
+        assert f"{name}/numbers.json" in art["paths"] and any(p.endswith(".png") for p in art["paths"])
+
+
+def test_a_failing_study_is_reported_and_the_others_still_land(tmp_path, monkeypatch):
+    def broken(ctx):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(studies.STUDIES, "headline", studies.Study("headline", broken, "sim", "broken"))
+    assert main(["repro", "headline", "ablation", "--out", str(tmp_path), "--quick", "--tracking", "disabled"]) == 1
+    assert "RuntimeError: boom" in (tmp_path / "headline" / "error.txt").read_text()
+    assert list(json.loads((tmp_path / "results.json").read_text())["studies"]) == ["ablation"]
+
+
+def test_study_results_need_figures_under_the_output_folder(tmp_path):
+    r = StudyResult("x", "t", {}, figures=[tmp_path / "x" / "a.png"])
+    from rlhfless.repro.report import study_json
+
+    assert study_json(r, tmp_path)["figures"] == ["x/a.png"]
+    assert isinstance(Path(study_json(r, tmp_path)["figures"][0]), Path)
