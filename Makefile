@@ -3,6 +3,8 @@
 #   make test   - the default test suite (creates/reuses .venv)
 #   make test-ray - the `ray` tests (Ray backend, two loopback nodes), in a loopback-only network namespace
 #   make notebooks - execute every notebook at full size, saving outputs into the committed .ipynb files
+#   make repro  - regenerate the paper's figures and report (REPRO_OUT=runs/repro; repro-quick: the CI size)
+#   make lab    - JupyterLab on the notebooks, on 127.0.0.1 only
 # torch is pinned and installed FIRST: an unpinned torch would pull a multi-GB CUDA build.
 
 PYTHON ?= python3
@@ -13,7 +15,7 @@ OUT ?= runs/quickstart
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow test-ray env pretrain bench notebooks clean-runs
+.PHONY: demo test test-slow test-ray env pretrain bench notebooks repro repro-quick lab clean-runs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -61,6 +63,17 @@ bench: $(STAMP)
 # Full size, outputs written in place (the tests run them small, on copies). NOTEBOOKS= picks some.
 notebooks: $(STAMP)
 	$(BIN)/python notebooks/run_all.py $(NOTEBOOKS)
+
+# Every study of the paper: simulator + real runs here; DIR/report.md and DIR/results.json. STUDIES= picks some.
+REPRO_OUT ?= runs/repro
+repro: $(STAMP)
+	WANDB_MODE=offline $(BIN)/rlhfless repro $(STUDIES) --out $(REPRO_OUT)
+
+repro-quick: $(STAMP)
+	WANDB_MODE=offline $(BIN)/rlhfless repro $(STUDIES) --quick --out runs/repro-quick
+
+lab: $(STAMP)
+	cd notebooks && ../$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser
 
 clean-runs:
 	rm -rf runs

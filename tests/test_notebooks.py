@@ -27,12 +27,16 @@ STATED = {
     "01_quickstart": {"checkpoint": "data/checkpoints/sft/model.safetensors"},
     "03_length_predictors": {"trace": "data/traces/quickstart.jsonl.gz"},
     "04_simulator": {"trace": "data/traces/quickstart.jsonl.gz"},
+    "07_repro": {"trace": "data/traces/quickstart.jsonl.gz", "checkpoint": "data/checkpoints/sft/model.safetensors"},
 }
 # Figures each notebook must produce (file stems); GSM8K's only where the data is present.
 FIGURES = {
     "01_quickstart": {"reward_and_length"},
     "03_length_predictors": {"compare", "predicted_vs_actual", "ewma_alpha", "ewma_online"},
     "04_simulator": {"stages", "gantt", "sweep_tau", "sweep_lambda", "sweep_n"},
+    # the full size adds timeline_gantt and sim_vs_real_stages (two training runs: `make repro-quick` in CI)
+    "07_repro": {"headline_testbed", "large_scale_paper_sim", "ablation_ladder", "sensitivity_tau_lambda_n",
+                 "prefill_saving", "predictor_ewma"},
 }
 
 

@@ -190,7 +190,7 @@ def compare_run(ctx) -> tuple[Path, dict]:
     from rlhfless.config import load_run_config
     from rlhfless.runtime.compare import compare
 
-    out = ctx.out / "real-runs" / "compare"
+    out = ctx.out / "real-runs" / f"compare-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
     done = out / "comparison.json"
     if done.is_file():
         return out, json.loads(done.read_text())
@@ -200,6 +200,10 @@ def compare_run(ctx) -> tuple[Path, dict]:
                  "tracking.group=real-runs"]
     cfg = load_run_config(str(COMPARE_CONFIG), overrides)
     return out, compare(cfg, out, progress=False)
+
+
+def _mean(by_kind: dict) -> float:
+    return sum(by_kind.values()) / len(by_kind) if by_kind else float("nan")
 
 
 def timeline_study(ctx) -> StudyResult:
@@ -222,8 +226,9 @@ def timeline_study(ctx) -> StudyResult:
         f"{1 / cmp['step_time_ratio']:.2f}x, {1 - cmp['cost_ratio']:+.1%} (serverless {sl['step_time_s']:.2f} s, "
         f"{sl['cost_device_s']:.1f} core-s per step; serverful {sf['step_time_s']:.2f} s, "
         f"{sf['cost_device_s']:.1f}); samples identical: {cmp['samples_identical']}", "measured",
-        "on 2 CPU cores a decode function's per-step cold start and weight sync (real process start, real "
-        "files) are not hidden by long GPU rollouts; the same code with the same samples, different hardware"))
+        f"serverless held its workers {sl['idle_fraction']:.0%} idle ({sl['cold_starts']} cold starts of "
+        f"{_mean(sl['cold_start_s_mean']):.2f} s on average, pre-warm and keep-alive billed) in steps of "
+        f"{sl['step_time_s']:.1f} s; a GPU rollout of minutes hides such seconds, a CPU step of seconds does not"))
     res.numbers = {k: cmp[k] for k in ("step_time_ratio", "cost_ratio", "samples_identical", "steps")}
     res.numbers.update({m: {k: cmp[m].get(k) for k in ("step_time_s", "cost_device_s", "wall_s")}
                         for m in ("serverful", "serverless")})
@@ -243,7 +248,7 @@ def sim_vs_real_study(ctx) -> StudyResult:
     out, cmp = compare_run(ctx)
     rep = validate(out)
     res = StudyResult("sim-vs-real", "The simulator's prediction of this machine's real runs",
-                      {"run": "real-runs/compare", "steps": cmp["steps"],
+                      {"run": str(out.relative_to(ctx.out)), "steps": cmp["steps"],
                        "calibration": "first half of each run, validated on the second half"})
     rows = [{"mode": m["mode"], "stage": k, "simulated": v["simulated"], "measured": v["measured"]}
             for m in rep["modes"].values() for k, v in m["stages"].items() if k in STAGES]
