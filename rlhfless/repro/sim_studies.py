@@ -179,7 +179,9 @@ def ablation(ctx) -> StudyResult:
         PaperRow("full system vs oracle (time, cost)", "close",
                  f"{full['step_time_s'] / orc['step_time_s'] - 1:+.1%}, "
                  f"{full['cost_device_s'] / orc['cost_device_s'] - 1:+.1%}", "simulated",
-                 "after one epoch every prompt has a length history"),
+                 f"a replica holds {case['capacity']} sequences of KV and RLHFless's actors get "
+                 f"{case['seqs_per_step'] / full['n_actors']:.0f} each on average: where every share runs as one "
+                 "batch, knowing the lengths cannot change the plan, and the step ends with its longest response"),
     ]
     res.numbers = {"case": case["name"], "ladder": rows}
     return res
