@@ -43,6 +43,22 @@ def _what_if(scenario: str, steps: int | None, case_index: int, extra: list[str]
     return run_case(case_configs(scenario, steps, extra)[case_index])
 
 
+def step_plans(cases: list[dict], path):
+    """Every simulated step's plan and outcome per case and policy (actors, scaler and balancer metrics, time,
+    cost) as JSONL: the W&B artifact behind the bars."""
+    import json
+
+    from rlhfless.jsonl import json_safe
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for c in cases:
+            for pol, (_, steps) in c["_timelines"].items():
+                for r in steps:
+                    fh.write(json.dumps(json_safe({"case": c["name"], "policy": pol, **r}), default=float) + "\n")
+    return path
+
+
 def _share(cases: list[dict]) -> float:
     """Mean fraction of RLHFless's step spent scoring and updating."""
     ps = [c["policies"]["rlhfless"] for c in cases]
@@ -58,10 +74,11 @@ def headline(ctx) -> StudyResult:
     from rlhfless.sim.scenario import run_scenario
 
     steps = 6 if ctx.quick else None
-    rep = run_scenario("paper-testbed", steps)
+    rep = run_scenario("paper-testbed", steps, keep_timelines=True)
     res = StudyResult("headline", "Testbed: RLHFless vs verl vs RLHFuse vs oracle (simulated 16 x L40S)",
                       {"scenario": "paper-testbed", "steps": steps or "scenario default (24 GRPO, 12 PPO)"})
     cases = rep["cases"]
+    res.artifacts.append(step_plans(cases, ctx.out / "headline" / "step_plans.jsonl"))
     res.figures.append(_bars(cases, BARS, ctx.out / "headline" / "testbed.png", "paper-testbed (simulated)"))
     best = max(cases, key=lambda c: c["speedup"])
     best_cost = max(cases, key=lambda c: c["cost_reduction"])
