@@ -223,6 +223,7 @@ def timeline_study(ctx) -> StudyResult:
 
     out, cmp = compare_run(ctx)
     step = max(1, cmp["steps"] // 2)
+    walls = {m: cmp[m].get("wall_s") or 0.0 for m in ("serverful", "serverless")}
     res = StudyResult("timeline", "One step's per-function timeline, serverful beside serverless (real run)",
                       {"config": str(COMPARE_CONFIG.relative_to(REPO)), "steps": cmp["steps"], "seed": cmp["seed"],
                        "step_shown": step},
@@ -242,6 +243,9 @@ def timeline_study(ctx) -> StudyResult:
         f"serverless held its workers {sl['idle_fraction']:.0%} idle ({sl['cold_starts']} cold starts of "
         f"{_mean(sl['cold_start_s_mean']):.2f} s on average, pre-warm and keep-alive billed) in steps of "
         f"{sl['step_time_s']:.1f} s; a GPU rollout of minutes hides such seconds, a CPU step of seconds does not"))
+    res.notes.append(f"the comparison run (`{out.relative_to(ctx.out)}`, shared with sim-vs-real and reused while "
+                     f"its comparison.json exists) took {walls['serverful']:.0f} s serverful + "
+                     f"{walls['serverless']:.0f} s serverless")
     res.numbers = {k: cmp[k] for k in ("step_time_ratio", "cost_ratio", "samples_identical", "steps")}
     res.numbers.update({m: {k: cmp[m].get(k) for k in ("step_time_s", "cost_device_s", "wall_s")}
                         for m in ("serverful", "serverless")})
