@@ -25,6 +25,7 @@ GSM8K = Path(os.environ.get("RLHFLESS_GSM8K") or REPO.parent / "shared" / "data"
 # The data each notebook states it uses (its first markdown cell): input role -> path in the repo.
 STATED = {
     "01_quickstart": {"checkpoint": "data/checkpoints/sft/model.safetensors"},
+    "02_prefill": {"checkpoint": "data/checkpoints/sft/model.safetensors"},
     "03_length_predictors": {"trace": "data/traces/quickstart.jsonl.gz"},
     "04_simulator": {"trace": "data/traces/quickstart.jsonl.gz"},
     "05_planner_scaler": {"trace": "data/traces/quickstart.jsonl.gz", "time_profile": "data/profiles/tpot_tiny_cpu.json",
@@ -33,6 +34,7 @@ STATED = {
 # Figures each notebook must produce (file stems); GSM8K's only where the data is present.
 FIGURES = {
     "01_quickstart": {"reward_and_length"},
+    "02_prefill": {"saving_vs_g", "saving_vs_prefix"},
     "03_length_predictors": {"compare", "predicted_vs_actual", "ewma_alpha", "ewma_online"},
     "04_simulator": {"stages", "gantt", "sweep_tau", "sweep_lambda", "sweep_n"},
     "05_planner_scaler": {"policies", "sweet_spot", "tau"},
