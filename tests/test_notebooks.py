@@ -25,19 +25,31 @@ GSM8K = Path(os.environ.get("RLHFLESS_GSM8K") or REPO.parent / "shared" / "data"
 # The data each notebook states it uses (its first markdown cell): input role -> path in the repo.
 STATED = {
     "01_quickstart": {"checkpoint": "data/checkpoints/sft/model.safetensors"},
+    "02_prefill": {"checkpoint": "data/checkpoints/sft/model.safetensors"},
     "03_length_predictors": {"trace": "data/traces/quickstart.jsonl.gz"},
     "04_simulator": {"trace": "data/traces/quickstart.jsonl.gz"},
+    "05_planner_scaler": {"trace": "data/traces/quickstart.jsonl.gz", "time_profile": "data/profiles/tpot_tiny_cpu.json",
+                          "config": "experiments/configs/quickstart.yaml"},
+    "06_serverless_runtime": {"checkpoint": "data/checkpoints/sft/model.safetensors",
+                              "config": "experiments/configs/serverless_vs_serverful.yaml",
+                              "config_defaults": "experiments/configs/quickstart.yaml"},
     "07_repro": {"trace": "data/traces/quickstart.jsonl.gz", "checkpoint": "data/checkpoints/sft/model.safetensors"},
 }
 # Figures each notebook must produce (file stems); GSM8K's only where the data is present.
 FIGURES = {
     "01_quickstart": {"reward_and_length"},
+    "02_prefill": {"saving_vs_g", "saving_vs_prefix"},
     "03_length_predictors": {"compare", "predicted_vs_actual", "ewma_alpha", "ewma_online"},
     "04_simulator": {"stages", "gantt", "sweep_tau", "sweep_lambda", "sweep_n"},
+    "05_planner_scaler": {"policies", "sweet_spot", "tau"},
+    "06_serverless_runtime": {"gantt", "billed_by_kind", "step_time"},
     # the full size adds timeline_gantt and sim_vs_real_stages (two training runs: `make repro-quick` in CI)
     "07_repro": {"headline_testbed", "large_scale_paper_sim", "ablation_ladder", "sensitivity_tau_lambda_n",
                  "prefill_saving", "predictor_ewma"},
 }
+
+# Notebooks whose run starts runtime workers, one per core (test_runtime_e2e.py skips below 2 as well).
+NEEDS_TWO_CORES = {"06_serverless_runtime"}
 
 
 def _sha256(path: Path) -> str:
@@ -100,6 +112,8 @@ def _check_inputs(name: str, inputs: list[dict], size: str) -> None:
 def test_notebook_runs_shows_its_figures_and_used_the_stated_data(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
+    if path.stem in NEEDS_TWO_CORES and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("its runtime run needs 2 cores (one worker per core), as tests/test_runtime_e2e.py")
     monkeypatch.setenv("RLHFLESS_NB_SMALL", "1")
     monkeypatch.setenv("RLHFLESS_NB_OUT", str(tmp_path))
     monkeypatch.setenv("MPLBACKEND", "Agg")
