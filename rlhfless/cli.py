@@ -2,7 +2,7 @@
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
 `train`, `pretrain`, `predictor train|eval|convert|compare`, `data gsm8k-lengths|synthetic-trace|trace-stats`,
-`simulate`, and `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen inside
+`simulate`, `repro`, and `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen inside
 the command functions, so `rlhfless --help` is instant.
 
 User errors (`rlhfless.errors.UserError`) print one line and exit with status 2, without a traceback.
