@@ -121,3 +121,18 @@ def test_logprobs_have_the_responses_shape_and_equal_the_learners(engine, policy
     for i, lp in enumerate(out.logprobs):
         got[i, : len(lp)] = torch.tensor(lp)
     assert float((got - ref.logp).abs().max()) < 1e-3
+
+
+def test_bench_engine_times_vllm_beside_the_own_engine(tmp_path):
+    import json
+
+    from rlhfless.cli import main
+
+    out = tmp_path / "engine.json"
+    rc = main(["bench", "engine", "--json", str(out), "--prompts", "3", "--group-size", "2", "--max-new-tokens", "8",
+               "--repeats", "1", "--engines", "own,vllm"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["greedy"]["vllm_greedy_identical"] is True and r["vllm"]["start_s"] > 0
+    for mode in ("greedy", "sampled"):
+        assert set(r[mode]["ratio_to_own"]) == {"own", "vllm"} and r[mode]["vllm_tokens"] > 0
