@@ -109,6 +109,18 @@ def test_sampling_returns_g_rows_per_prompt_reproducibly(engine, task_prompts):
     assert any(len({tuple(r) for r in grp}) > 1 for grp in groups)  # G distinct streams, not one copied
 
 
+def test_a_rows_tokens_depend_only_on_its_seed_not_on_the_rest_of_the_batch(engine, task_prompts):
+    from vllm.inputs import TokensPrompt
+
+    from rlhfless.rollout.vllm_engine import row_seed
+
+    params = SamplingParams(64, temperature=1.0)
+    full = engine.generate(task_prompts, 4, params, seed=5)
+    alone = engine.llm.generate([TokensPrompt(prompt_token_ids=task_prompts[3])],
+                                engine._params(params, 1, row_seed(5, 3 * 4 + 2)), use_tqdm=False)
+    assert list(alone[0].outputs[0].token_ids) == full.responses[3 * 4 + 2]
+
+
 def test_logprobs_have_the_responses_shape_and_equal_the_learners(engine, policy, task_prompts):
     from rlhfless.rollout.forward import response_logprobs
 
