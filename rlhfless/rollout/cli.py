@@ -42,7 +42,7 @@ def register(sub, bench) -> None:
             "save the per-iteration decode time profile (TPOT) as JSON for the planner. --engines own,hf,vllm adds "
             "the optional vLLM engine (rollout.vllm_engine) to the side-by-side tokens/s table."
         ),
-        epilog="example: rlhfless bench engine --json runs/bench/engine.json [--engines own,hf,vllm]",
+        epilog="example: rlhfless bench engine --json runs/bench/engine.json --engines own,hf,vllm",
     )
     e.add_argument("--json", required=True, help="where to write the JSON report")
     e.add_argument("--tpot", default=None, help="TPOT profile path (default: <json stem>_tpot.json beside --json)")
