@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rlhfless.cli import build_parser, main
 from rlhfless.rollout.bench import PrefillBenchConfig, bench_prefill
 from rlhfless.rollout.tpot import load_profile
@@ -33,6 +35,23 @@ def test_bench_engine_cli_writes_report_and_tpot_profile(tmp_path):
     rows = load_profile(r["tpot_profile"])
     assert rows and {"batch_size", "context", "s_per_iter"} <= rows[0].keys()
     assert build_parser().parse_args(["bench", "prefill", "--json", "x.json"]).func.__name__ == "_prefill"
+
+
+def test_bench_engine_runs_the_chosen_engines_and_says_why_vllm_was_skipped(tmp_path, monkeypatch, capsys):
+    import rlhfless.rollout.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: "no vLLM in this test")
+    out = tmp_path / "engine.json"
+    rc = main(["bench", "engine", "--json", str(out), "--prompts", "2", "--group-size", "2", "--max-new-tokens", "4",
+               "--repeats", "1", "--engines", "own,vllm", "--checkpoint", str(tmp_path / "none")])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["vllm"] == {"skipped": "no vLLM in this test"}
+    assert "vllm: skipped: no vLLM in this test" in capsys.readouterr().out
+    assert set(r["sampled"]["tokens_per_s_by_engine"]) == {"own"} and "hf_generate_tokens_per_s" not in r
+    for bad in ("hf", "own,foo"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["bench", "engine", "--json", "x.json", "--engines", bad])
 
 
 def test_cli_docstring_lists_only_commands_that_exist():

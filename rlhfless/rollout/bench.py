@@ -5,12 +5,16 @@ drifts hit all of them alike), and medians are reported. Wall times are measured
 - prefill: naive (every row) vs group dedup (each prompt once) vs prefix dedup (shared template once too), on
   arithmetic prompts behind a template and, where the file exists, GSM8K few-shot prompts; plus the learner's
   forward+backward with and without prompt reuse (`response_logprobs(reuse_prefix=...)`).
-- engine: this engine vs HF `model.generate` on a long-tailed length mix (the task's heavy-tailed prompts, the
-  shipped SFT checkpoint sampled at temperature 1), greedy and sampled; the TPOT profile is saved as JSON.
+- engine: this engine vs HF `model.generate` (and, with `engines` including vllm, the optional vLLM engine of
+  `rollout.vllm_engine`) on a long-tailed length mix (the task's heavy-tailed prompts, the shipped SFT checkpoint
+  sampled at temperature 1), greedy and sampled; the TPOT profile is saved as JSON.
   Arms that say where the speedup comes from: `hf_generate` (static batch, every row prefills its prompt),
   `hf_generate_dedup` (HF generate given the same deduplicated prefill as the engine: each prompt once, its KV
   repeated G times with `DynamicCache.batch_repeat_interleave`, so only decoding differs), `engine_hf_step`
   (this engine's loop, which drops finished rows, with the HF forward as its decode step), `engine`.
+vLLM arm: started once before timing (`vllm.start_s`), one untimed call per mode first (its first calls at a new
+batch shape warm up compiled kernels), same torch thread count as the others; it samples its own random streams,
+so its sampled lengths differ from ours (each engine's tokens/s counts its own tokens).
 Deviation: the GSM8K workload uses a freshly initialised model of the tiny architecture with a longer context
 (few-shot GSM8K prompts are ~1000 byte tokens, beyond the shipped checkpoint's 512); prefill time does not
 depend on the weights, and token identity is checked on that model's greedy outputs.
@@ -63,6 +67,9 @@ class PrefillBenchConfig:
         require(self.gsm8k_shots >= 0, "bench.gsm8k_shots", f"must be >= 0 (got {self.gsm8k_shots})")
 
 
+ENGINES = ("own", "hf", "vllm")
+
+
 @dataclass
 class EngineBenchConfig:
     """Sizes of the engine benchmark."""
@@ -87,11 +94,18 @@ class EngineBenchConfig:
     """Where to save the TPOT profile (default: next to the JSON report)."""
     hf_step_ablation: bool = True
     """Also time this engine with the HF forward as its decode step (shows what the fast step adds)."""
+    engines: tuple[str, ...] = ("own", "hf")
+    """Engines timed side by side: own (always; every ratio is taken against it), hf (HF `generate`, and the
+    HF-step ablation), vllm (`rollout.vllm_engine`; skipped with the reason where vLLM cannot be imported)."""
 
     def __post_init__(self) -> None:
         for name in ("prompts", "group_size", "max_new_tokens", "repeats", "threads"):
             require(getattr(self, name) >= 1, f"bench.{name}", f"must be >= 1 (got {getattr(self, name)})")
         require(self.temperature > 0, "bench.temperature", f"must be > 0 (got {self.temperature})")
+        self.engines = tuple(self.engines)
+        unknown = sorted(set(self.engines) - set(ENGINES))
+        require(not unknown, "bench.engines", f"unknown {unknown}; choose from {', '.join(ENGINES)}")
+        require("own" in self.engines, "bench.engines", "must include own (the reference of every ratio)")
 
 
 @dataclass
@@ -294,8 +308,9 @@ def _tokens(responses: list[list[int]]) -> int:
 
 
 def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) -> dict:
-    """This engine vs HF generate, greedy (same outputs) and sampled (same batch and seed, own random streams)."""
-    from rlhfless.rollout.engine import SamplingParams, generate
+    """This engine vs HF generate (and vLLM when asked), greedy (same outputs) and sampled (same batch and seed,
+    each engine's own random streams); all arms of a mode interleaved in one Timer."""
+    from rlhfless.rollout.engine import SamplingParams
     from rlhfless.rollout.tpot import profile_rows, save_profile
     from rlhfless.tasks.arith import ArithTaskConfig, make_splits
 
@@ -304,57 +319,129 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
     train, _ = make_splits(ArithTaskConfig())
     tok = ByteTokenizer()
     prompts = [tok.encode(p.text, bos=True) for p in train[: cfg.prompts]]
-    G, n = cfg.group_size, cfg.max_new_tokens
-    report: dict = {"model": label, "prompts": len(prompts), "group_size": G, "max_new_tokens": n,
-                    "temperature": cfg.temperature, "threads": cfg.threads}
+    report: dict = {"model": label, "prompts": len(prompts), "group_size": cfg.group_size,
+                    "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "threads": cfg.threads,
+                    "engines": list(cfg.engines)}
+    vllm = _start_vllm(cfg, model, report) if "vllm" in cfg.engines else None
     iters = []
-    for name, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
-        sp = SamplingParams(n, temp)
-        fns = {"engine": lambda sp=sp: generate(model, prompts, G, sp, seed=cfg.seed),
-               "hf_generate": lambda temp=temp: hf_generate(model, prompts, G, n, temp, cfg.seed),
-               "hf_generate_dedup": lambda temp=temp: hf_generate_dedup(model, prompts, G, n, temp, cfg.seed)}
-        if cfg.hf_step_ablation:
-            fns["engine_hf_step"] = lambda sp=sp: generate(model, prompts, G, sp, seed=cfg.seed, impl="hf")
-        timer = Timer()
-        res = timer.run(fns, cfg.repeats)
-        ours, hf = res["engine"], res["hf_generate"]
-        iters += ours.iterations
-        t_e, t_h = timer.median("engine"), timer.median("hf_generate")
-        part = {"engine_s": t_e, "hf_generate_s": t_h,
-                "tokens": ours.generated_tokens, "hf_tokens": _tokens(hf),
-                "tokens_per_s": ours.generated_tokens / t_e, "hf_generate_tokens_per_s": _tokens(hf) / t_h,
-                "length_mean": ours.generated_tokens / len(ours.responses), "length_max": max(ours.lengths),
-                "hf_length_mean": _tokens(hf) / len(hf), "hf_length_max": max(map(len, hf)),
-                "truncated_frac": sum(ours.truncated) / len(ours.truncated)}
-        part["speedup_vs_hf_generate"] = part["tokens_per_s"] / part["hf_generate_tokens_per_s"]
-        dd = res["hf_generate_dedup"]
-        part["hf_generate_dedup_s"] = timer.median("hf_generate_dedup")
-        part["hf_generate_dedup_tokens_per_s"] = _tokens(dd) / part["hf_generate_dedup_s"]
-        part["speedup_vs_hf_generate_dedup"] = part["tokens_per_s"] / part["hf_generate_dedup_tokens_per_s"]
-        part["hf_dedup_length_max"] = max(map(len, dd))  # a static batch runs until its longest row ends
-        part["dedup_prefill_speedup_of_hf_generate"] = (part["hf_generate_dedup_tokens_per_s"]
-                                                        / part["hf_generate_tokens_per_s"])
-        cpu = {k: timer.cpu_median(k) for k in fns}
-        part["cpu_s"] = cpu  # CPU seconds per arm (tokens differ between arms only through sampling)
-        ours_rate = ours.generated_tokens / cpu["engine"]
-        part["cpu_speedup_vs_hf_generate"] = ours_rate / (_tokens(hf) / cpu["hf_generate"])
-        part["cpu_speedup_vs_hf_generate_dedup"] = ours_rate / (_tokens(dd) / cpu["hf_generate_dedup"])
-        if cfg.hf_step_ablation:
-            part["engine_hf_step_tokens_per_s"] = res["engine_hf_step"].generated_tokens / timer.median(
-                "engine_hf_step")
-        if temp == 0:
-            part["greedy_identical"] = ours.responses == hf
-            part["greedy_identical_hf_dedup"] = dd == hf
-        report[name] = part
+    try:
+        for name, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
+            sp = SamplingParams(cfg.max_new_tokens, temp)
+            if vllm is not None:  # its first calls at a new batch shape warm up kernels: keep them out of the timing
+                vllm.generate(prompts, cfg.group_size, sp, seed=cfg.seed)
+            report[name], ours = _engine_mode(cfg, model, prompts, sp, vllm)
+            iters += ours.iterations
+    finally:
+        if vllm is not None:
+            report["vllm"]["prefix_cache"] = vllm.prefix_cache_stats()
+            vllm.close()
     tpot = Path(cfg.tpot_path) if cfg.tpot_path else _sibling(json_path, "_tpot.json")
-    report.update({k: report["sampled"][k] for k in ("tokens_per_s", "hf_generate_tokens_per_s",
-                                                     "speedup_vs_hf_generate", "hf_generate_dedup_tokens_per_s",
-                                                     "speedup_vs_hf_generate_dedup",
-                                                     "dedup_prefill_speedup_of_hf_generate")})
-    report["greedy_identical"] = report["greedy"]["greedy_identical"]
-    report["greedy_speedup_vs_hf_generate"] = report["greedy"]["speedup_vs_hf_generate"]
+    keys = ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "hf_generate_dedup_tokens_per_s",
+            "speedup_vs_hf_generate_dedup", "dedup_prefill_speedup_of_hf_generate")
+    report.update({k: report["sampled"][k] for k in keys if k in report["sampled"]})
+    if "hf" in cfg.engines:
+        report["greedy_identical"] = report["greedy"]["greedy_identical"]
+        report["greedy_speedup_vs_hf_generate"] = report["greedy"]["speedup_vs_hf_generate"]
     report["tpot_profile"] = str(save_profile(profile_rows(iters), tpot))
     return report
+
+
+def _engine_mode(cfg: EngineBenchConfig, model, prompts: list[list[int]], sp, vllm) -> tuple[dict, object]:
+    """One sampling mode: every requested arm timed interleaved; (report part, the own engine's output)."""
+    from rlhfless.rollout.engine import generate
+
+    G, n, temp = cfg.group_size, cfg.max_new_tokens, sp.temperature
+    fns = {"engine": lambda: generate(model, prompts, G, sp, seed=cfg.seed)}
+    if "hf" in cfg.engines:
+        fns["hf_generate"] = lambda: hf_generate(model, prompts, G, n, temp, cfg.seed)
+        fns["hf_generate_dedup"] = lambda: hf_generate_dedup(model, prompts, G, n, temp, cfg.seed)
+        if cfg.hf_step_ablation:
+            fns["engine_hf_step"] = lambda: generate(model, prompts, G, sp, seed=cfg.seed, impl="hf")
+    if vllm is not None:
+        fns["vllm"] = lambda: vllm.generate(prompts, G, sp, seed=cfg.seed)
+    timer = Timer()
+    res = timer.run(fns, cfg.repeats)
+    ours = res["engine"]
+    t_e = timer.median("engine")
+    part = {"engine_s": t_e, "tokens": ours.generated_tokens, "tokens_per_s": ours.generated_tokens / t_e,
+            "length_mean": ours.generated_tokens / len(ours.responses), "length_max": max(ours.lengths),
+            "truncated_frac": sum(ours.truncated) / len(ours.truncated),
+            "cpu_s": {k: timer.cpu_median(k) for k in fns}}  # CPU seconds per arm
+    if "hf" in cfg.engines:
+        part.update(_hf_part(cfg, res, timer, ours, greedy=temp == 0))
+    if vllm is not None:
+        part.update(_vllm_part(res["vllm"], timer, ours, greedy=temp == 0))
+    by_engine = {"own": part["tokens_per_s"]}
+    if "hf" in cfg.engines:
+        by_engine["hf"] = part["hf_generate_tokens_per_s"]
+    if vllm is not None:
+        by_engine["vllm"] = part["vllm_tokens_per_s"]
+    part["tokens_per_s_by_engine"] = by_engine
+    part["ratio_to_own"] = {k: v / by_engine["own"] for k, v in by_engine.items()}
+    return part, ours
+
+
+def _hf_part(cfg: EngineBenchConfig, res: dict, timer: Timer, ours, *, greedy: bool) -> dict:
+    """The HF arms' keys of one mode (the report's original layout)."""
+    hf, dd = res["hf_generate"], res["hf_generate_dedup"]
+    t_h, t_d = timer.median("hf_generate"), timer.median("hf_generate_dedup")
+    part = {"hf_generate_s": t_h, "hf_tokens": _tokens(hf), "hf_generate_tokens_per_s": _tokens(hf) / t_h,
+            "hf_length_mean": _tokens(hf) / len(hf), "hf_length_max": max(map(len, hf)),
+            "hf_generate_dedup_s": t_d, "hf_generate_dedup_tokens_per_s": _tokens(dd) / t_d,
+            "hf_dedup_length_max": max(map(len, dd))}  # a static batch runs until its longest row ends
+    own_rate = ours.generated_tokens / timer.median("engine")
+    part["speedup_vs_hf_generate"] = own_rate / part["hf_generate_tokens_per_s"]
+    part["speedup_vs_hf_generate_dedup"] = own_rate / part["hf_generate_dedup_tokens_per_s"]
+    part["dedup_prefill_speedup_of_hf_generate"] = (part["hf_generate_dedup_tokens_per_s"]
+                                                    / part["hf_generate_tokens_per_s"])
+    cpu_rate = ours.generated_tokens / timer.cpu_median("engine")
+    part["cpu_speedup_vs_hf_generate"] = cpu_rate / (_tokens(hf) / timer.cpu_median("hf_generate"))
+    part["cpu_speedup_vs_hf_generate_dedup"] = cpu_rate / (_tokens(dd) / timer.cpu_median("hf_generate_dedup"))
+    if cfg.hf_step_ablation:
+        part["engine_hf_step_tokens_per_s"] = res["engine_hf_step"].generated_tokens / timer.median("engine_hf_step")
+    if greedy:
+        part["greedy_identical"] = ours.responses == hf
+        part["greedy_identical_hf_dedup"] = dd == hf
+    return part
+
+
+def _vllm_part(out, timer: Timer, ours, *, greedy: bool) -> dict:
+    """The vLLM arm's keys of one mode; its sampled lengths differ from ours (its own random streams)."""
+    t = timer.median("vllm")
+    part = {"vllm_s": t, "vllm_tokens": out.generated_tokens, "vllm_tokens_per_s": out.generated_tokens / t,
+            "vllm_length_mean": out.generated_tokens / len(out.responses), "vllm_length_max": max(out.lengths),
+            "vllm_prefix_cache": out.prefix_cache}
+    part["speedup_vs_vllm"] = (ours.generated_tokens / timer.median("engine")) / part["vllm_tokens_per_s"]
+    part["cpu_speedup_vs_vllm"] = ((ours.generated_tokens / timer.cpu_median("engine"))
+                                   / (out.generated_tokens / timer.cpu_median("vllm")))
+    if greedy:
+        part["vllm_greedy_identical"] = out.responses == ours.responses
+    return part
+
+
+def _start_vllm(cfg: EngineBenchConfig, model, report: dict):
+    """The vLLM engine on the bench's policy (a fresh model is saved to a temporary folder first), or None with
+    the reason in report["vllm"]["skipped"]."""
+    import tempfile
+
+    from rlhfless.model.factory import save_checkpoint
+    from rlhfless.rollout.vllm_engine import VLLMEngine, vllm_available
+
+    why = vllm_available()
+    if why:
+        report["vllm"] = {"skipped": why}
+        return None
+    import vllm
+
+    rows = max(1, min(256, cfg.prompts * cfg.group_size))
+    t0 = time.perf_counter()
+    if (Path(cfg.checkpoint) / "model.safetensors").is_file():
+        engine = VLLMEngine(cfg.checkpoint, threads=cfg.threads, max_num_seqs=rows)
+    else:  # vLLM reads the folder only while it starts
+        with tempfile.TemporaryDirectory(prefix="rlhfless-bench-vllm-") as tmp:
+            engine = VLLMEngine(save_checkpoint(model, tmp), threads=cfg.threads, max_num_seqs=rows)
+    report["vllm"] = {"start_s": time.perf_counter() - t0, "version": vllm.__version__}
+    return engine
 
 
 def _sibling(json_path: str | Path | None, suffix: str) -> Path:

