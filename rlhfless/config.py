@@ -54,8 +54,13 @@ class RolloutConfig:
     """Compute each shared prompt prefix once (the paper's deduplicated prefill); False = naive prefill."""
     reuse_prefix_forward: bool = True
     """Learner and reference forward passes run each prompt once per group and reuse its KV for the G responses."""
+    engine: Literal["own", "vllm"] = "own"
+    """Training rollout engine: own (this project's) or vllm (the optional extra in its own venv, `make test-vllm`;
+    runtime.mode=inline only; given the learner's weights every step; greedy equals own, sampled tokens come from
+    vLLM's random streams). The held-out eval always uses the own engine."""
 
     def __post_init__(self) -> None:
+        require(self.engine in ("own", "vllm"), "rollout.engine", f"must be own or vllm (got {self.engine!r})")
         require(self.prompts_per_step >= 1, "rollout.prompts_per_step", f"must be >= 1 (got {self.prompts_per_step})")
         require(self.max_new_tokens >= 1, "rollout.max_new_tokens", f"must be >= 1 (got {self.max_new_tokens})")
         require(self.temperature > 0, "rollout.temperature", f"must be > 0 (got {self.temperature})")
@@ -148,6 +153,10 @@ class RunConfig:
                     "decision, so the planner must run: set train.plan=true")
         require(self.plan.capacity >= self.algo.group_size, "plan.capacity",
                 f"must hold one group: >= algo.group_size={self.algo.group_size} (got {self.plan.capacity})")
+        # the runtime's decode functions cut and resume rows with the own engine's sessions; vLLM has none
+        require(self.rollout.engine == "own" or self.runtime.mode == "inline", "rollout.engine",
+                f"vllm runs with runtime.mode=inline only (got runtime.mode={self.runtime.mode}); use "
+                "rollout.engine=own for the runtime modes")
         if self.algo.max_seq_len_norm is not None:
             require(self.algo.max_seq_len_norm >= self.rollout.max_new_tokens, "algo.max_seq_len_norm",
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")

@@ -70,6 +70,7 @@ class Stages:
         self.tok = ByteTokenizer()
         r = cfg.rollout
         self.sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p)
+        self.vllm = None  # rollout.engine=vllm: started on the first rollout
 
     def begin_step(self, step: int) -> None:
         """Called first in every step (the runtime opens its billing window here)."""
@@ -82,7 +83,10 @@ class Stages:
         """Make `learner` hold the newest weights and optimizer state (inline: it always does)."""
 
     def close(self) -> None:
-        """Release whatever the stages hold (inline: nothing)."""
+        """Release whatever the stages hold (inline: the vLLM engine when one was started)."""
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
 
     def summary(self) -> dict:
         """What the run's stages cost and did (inline: nothing to report)."""
@@ -95,8 +99,21 @@ class Stages:
     def rollout(self, groups: list[PromptGroup], seed: int, plan: StepPlan | None = None) -> RolloutOutput:
         """Generate G responses per group (inline: one engine batch; the plan is only logged)."""
         self.learner.model.eval()
-        return generate(self.learner.model, [g.token_ids for g in groups], self.cfg.algo.group_size,
-                        self.sampling, seed=seed, dedup=self.cfg.rollout.dedup_prefill)
+        prompts = [g.token_ids for g in groups]
+        if self.cfg.rollout.engine == "vllm":
+            return self._vllm().generate(prompts, self.cfg.algo.group_size, self.sampling, seed=seed)
+        return generate(self.learner.model, prompts, self.cfg.algo.group_size, self.sampling, seed=seed,
+                        dedup=self.cfg.rollout.dedup_prefill)
+
+    def _vllm(self):
+        """The vLLM engine, holding the learner's current weights (swapped in place every step: a resumed run's
+        learner differs from the checkpoint the engine loads, and the tiny policy's copy costs milliseconds)."""
+        if self.vllm is None:
+            from rlhfless.rollout.vllm_engine import VLLMEngine
+
+            self.vllm = VLLMEngine(self.cfg.policy.resolved(), threads=self.cfg.train.threads)
+        self.vllm.load_weights(self.learner.model.state_dict())
+        return self.vllm
 
     def score(self, groups: list[PromptGroup], out: RolloutOutput) -> list[Sample]:
         G = self.cfg.algo.group_size

@@ -31,6 +31,7 @@ def test_every_shipped_config_loads():
     ("rollout.prompts_per_step=abc", "rollout.prompts_per_step"),
     ("rollout.dedup_prefill=3", "rollout.dedup_prefill"),
     ("tracking.mode=cloud", "tracking.mode"),
+    ("rollout.engine=sglang", "rollout.engine"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -85,3 +86,9 @@ def test_plan_config_file_errors_name_the_file_in_one_line(tmp_path, text, messa
     with pytest.raises(ConfigError, match=message) as err:
         load_plan_config(str(p), [])
     assert str(err.value).startswith(str(p)) and "\n" not in str(err.value)
+
+
+def test_vllm_engine_is_refused_outside_the_inline_mode():
+    assert load_run_config(None, ["rollout.engine=vllm"]).rollout.engine == "vllm"  # inline: accepted
+    with pytest.raises(ConfigError, match=r"rollout\.engine: vllm runs with runtime\.mode=inline only"):
+        load_run_config(None, ["rollout.engine=vllm", "runtime.mode=serverless"])
