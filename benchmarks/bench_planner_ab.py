@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         import rlhfless.plan.bench as new_bench
 
         old, new = calls(old_plan, old_bench), calls(new_plan, new_bench)
-        print(f"CPU: {new_bench._cpu_name()}; old = {args.old}, new = working tree; CPU-time medians")
+        print(f"CPU: {new_bench.cpu_name()}; old = {args.old}, new = working tree; CPU-time medians")
         print(f"{'call':28s} {'old ms':>8s} {'new ms':>8s} {'old/new':>8s}  same decision")
         for key in old:
             reps = args.repeats if "assign" in key or "contiguous" in key else max(3, args.repeats // 4)

@@ -38,7 +38,7 @@ from rlhfless.plan.records import PlanJob
 from rlhfless.plan.scaler import choose
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU model (absolute times mean little without it)."""
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8"):
@@ -125,7 +125,7 @@ def run_planner_bench(n_groups: int = 1024, group_size: int = 8, n_actors: int =
                 f"simulated exactly, plan.migrate=false; plan_migrate_ms: the same with plan.migrate=true (the "
                 f"chosen plan also simulated with cuts at tau); assign_ms: one assign() into {n_actors} actors "
                 f"with policy {policy}",
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "sequences": n_groups * group_size, "groups": n_groups, "n_actors": n_actors, "candidates": n_candidates,
         "policy": policy, "capacity": capacity, "repeats": repeats, "time_model": tm.source,
         "scaler_choice": decision.n_actors, "plan_makespan_s": plan.makespan_s,

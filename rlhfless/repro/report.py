@@ -6,7 +6,6 @@ job_type = "repro"), with its figures, its table and its inputs/outputs as artif
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -14,23 +13,17 @@ from pathlib import Path
 
 from rlhfless.jsonl import write_json
 from rlhfless.repro.records import StudyResult
+from rlhfless.repro.studies import STUDIES
 
 COLUMNS = ["study", "metric", "paper", "ours", "kind", "why"]
 
 
 def machine() -> str:
     """CPU model and core count (absolute times in the report name their machine)."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import os
+    from rlhfless.plan.bench import cpu_name
+    from rlhfless.runtime.config import available_cores
 
-    return f"{model}, {len(os.sched_getaffinity(0))} cores available"
+    return f"{cpu_name()}, {available_cores()} cores available"
 
 
 def git_commit(repo: Path) -> str:
@@ -66,8 +59,6 @@ def write_results(results: list[StudyResult], ctx) -> dict:
         if old.get("quick") == ctx.quick and old.get("seed") == ctx.seed:
             studies = old.get("studies", {})
     studies.update({r.name: study_json(r, ctx.out) for r in results})
-    from rlhfless.repro.studies import STUDIES
-
     data = {"quick": ctx.quick, "seed": ctx.seed, "machine": machine(),
             "studies": {n: studies[n] for n in STUDIES if n in studies}}
     write_json(data, path, indent=1)
