@@ -1,4 +1,11 @@
-"""Byte-level tokenizer built locally (no hub): 3 special tokens followed by the 256 byte values.
+"""Tokenizers behind one interface (`TextTokenizer`), and the byte-level one built locally (no hub).
+
+The loop never names a tokenizer: `load_tokenizer(checkpoint)` returns the checkpoint's own, which is either this
+module's `ByteTokenizer` (the tiny model's: 3 special tokens followed by the 256 byte values) or, for any other
+Hugging Face model folder, `rlhfless.model.hf.HFTokenizer` (AutoTokenizer, with the chat template when the
+checkpoint has one). Both turn a task prompt into ids (`encode_prompt`), give the ids that end a response
+(`stop_ids`) and decode a response. Padding is the engines' own: they left-pad with `PAD_ID` (0, a valid id in
+every vocabulary) under an attention mask, so the tokenizer's pad token and padding side never reach the model.
 
 Why bytes: the project must run offline with nothing downloaded, the synthetic task is ASCII, and any text
 (GSM8K included) round-trips exactly. A response's length in tokens is its UTF-8 byte count plus one EOS, which
@@ -10,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 from rlhfless.errors import DataError
 
@@ -21,6 +29,28 @@ SPECIALS = {"<pad>": PAD_ID, "<bos>": BOS_ID, "<eos>": EOS_ID}
 TOKENIZER_FILE = "tokenizer.json"
 
 
+class TextTokenizer(Protocol):
+    """What the loop, the evaluation and the runtime need of a tokenizer."""
+
+    vocab_size: int
+    stop_ids: tuple[int, ...]
+    """Token ids that end a response (the engines stop a row at the first one; it is kept in the response)."""
+    max_length: int | None
+    """Longest sequence the tokenizer declares (None: no limit of its own; the model's context still applies)."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of a task prompt as the model sees it (BOS, or the chat template's turn markers, included)."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of a response, special tokens (the stop token among them) left out."""
+        ...
+
+    def save(self, directory: str | Path) -> None:
+        """Write the tokenizer's files into a checkpoint folder."""
+        ...
+
+
 class ByteTokenizer:
     """Encode text to byte ids offset by the specials; decode skips specials."""
 
@@ -28,10 +58,16 @@ class ByteTokenizer:
     bos_id = BOS_ID
     eos_id = EOS_ID
     vocab_size = _OFFSET + 256
+    stop_ids = (EOS_ID,)
+    max_length = None
+    name = "byte"
 
     def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
         ids = [b + _OFFSET for b in text.encode("utf-8")]
         return ([BOS_ID] if bos else []) + ids + ([EOS_ID] if eos else [])
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text, bos=True)
 
     def decode(self, ids: Iterable[int]) -> str:
         data = bytes(i - _OFFSET for i in ids if i >= _OFFSET)
@@ -58,3 +94,27 @@ class ByteTokenizer:
                 or meta.get("specials") != SPECIALS:
             raise DataError(f"{path}: not a rlhfless byte tokenizer (got {json.dumps(meta)[:200]})")
         return cls()
+
+
+def is_byte_tokenizer(directory: str | Path) -> bool:
+    """True when the folder holds a rlhfless byte tokenizer (a Hugging Face `tokenizer.json` is a different JSON)."""
+    path = Path(directory) / TOKENIZER_FILE
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(meta, dict) and meta.get("type") == "byte"
+
+
+def load_tokenizer(directory: str | Path, chat_template: str = "auto") -> TextTokenizer:
+    """The checkpoint's own tokenizer: the byte tokenizer, or the folder's Hugging Face tokenizer.
+
+    chat_template: auto (use the checkpoint's chat template when it has one), on (require one), off (plain text).
+    """
+    if is_byte_tokenizer(directory):
+        if chat_template == "on":
+            raise DataError(f"{directory}: policy.chat_template=on, but the byte tokenizer has no chat template")
+        return ByteTokenizer.load(directory)
+    from rlhfless.model.hf import HFTokenizer
+
+    return HFTokenizer.load(directory, chat_template=chat_template)

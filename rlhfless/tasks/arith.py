@@ -25,6 +25,7 @@ from typing import Literal
 
 from rlhfless.errors import ConfigError, require
 from rlhfless.records import Prompt
+from rlhfless.tasks.base import Score
 
 
 @dataclass
@@ -49,14 +50,14 @@ class ArithTaskConfig:
     """Seed of the prompt sets (not of training)."""
 
     def __post_init__(self) -> None:
-        require(self.k_min >= 2, "task.k_min", f"must be >= 2 (got {self.k_min})")
-        require(self.k_max >= self.k_min, "task.k_max", f"must be >= task.k_min={self.k_min} (got {self.k_max})")
-        require(self.k_max <= 64, "task.k_max", f"must be <= 64 (got {self.k_max})")
-        require(self.k_alpha >= 0, "task.k_alpha", f"must be >= 0 (got {self.k_alpha})")
-        require(1 <= self.max_term <= 99, "task.max_term", f"must be in [1, 99] (got {self.max_term})")
-        require(0.0 <= self.check_prob <= 1.0, "task.check_prob", f"must be in [0, 1] (got {self.check_prob})")
-        require(self.num_train >= 1, "task.num_train", f"must be >= 1 (got {self.num_train})")
-        require(self.num_eval >= 1, "task.num_eval", f"must be >= 1 (got {self.num_eval})")
+        require(self.k_min >= 2, "task.arith.k_min", f"must be >= 2 (got {self.k_min})")
+        require(self.k_max >= self.k_min, "task.arith.k_max", f"must be >= task.arith.k_min={self.k_min} (got {self.k_max})")
+        require(self.k_max <= 64, "task.arith.k_max", f"must be <= 64 (got {self.k_max})")
+        require(self.k_alpha >= 0, "task.arith.k_alpha", f"must be >= 0 (got {self.k_alpha})")
+        require(1 <= self.max_term <= 99, "task.arith.max_term", f"must be in [1, 99] (got {self.max_term})")
+        require(0.0 <= self.check_prob <= 1.0, "task.arith.check_prob", f"must be in [0, 1] (got {self.check_prob})")
+        require(self.num_train >= 1, "task.arith.num_train", f"must be >= 1 (got {self.num_train})")
+        require(self.num_eval >= 1, "task.arith.num_eval", f"must be >= 1 (got {self.num_eval})")
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def sample_from(rng: random.Random, cfg: ArithTaskConfig, split: Split) -> Probl
         p = sample_problem(rng, cfg)
         if split_of(p.terms) == split:
             return p
-    raise ConfigError(f"task: cannot draw a {split} problem; widen task.k_max or task.max_term")
+    raise ConfigError(f"task: cannot draw a {split} problem; widen task.arith.k_max or task.arith.max_term")
 
 
 def _draw(rng: random.Random, cfg: ArithTaskConfig, n: int, split: Split) -> list[Prompt]:
@@ -154,13 +155,6 @@ def make_splits(cfg: ArithTaskConfig) -> tuple[list[Prompt], list[Prompt]]:
     return train, evals
 
 
-@dataclass(frozen=True)
-class Score:
-    reward: float
-    correct: bool
-    well_formed: bool
-
-
 def score(response: str, answer: str, finished: bool) -> Score:
     """Rule-based reward: 1 if the response ended (EOS) with ``#<answer>`` and nothing after it, else 0.
 
@@ -170,6 +164,21 @@ def score(response: str, answer: str, finished: bool) -> Score:
     well_formed = finished and bool(sep) and tail.isdigit() and "#" not in head
     correct = well_formed and tail == answer
     return Score(reward=1.0 if correct else 0.0, correct=correct, well_formed=well_formed)
+
+
+class ArithTask:
+    """The chained-addition task behind the `Task` interface (`tasks.base`)."""
+
+    name = "arith"
+
+    def __init__(self, cfg: ArithTaskConfig):
+        self.cfg = cfg
+
+    def splits(self) -> tuple[list[Prompt], list[Prompt]]:
+        return make_splits(self.cfg)
+
+    def score(self, response: str, answer: str, finished: bool) -> Score:
+        return score(response, answer, finished)
 
 
 @dataclass

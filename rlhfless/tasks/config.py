@@ -1,0 +1,36 @@
+"""`task:` of a run config: which task the run trains on, and each task's own settings.
+
+`task.name` picks one; only that task's section is used (the others keep their defaults and are validated like
+every config section). `make_task(cfg)` is the one place that maps a name to a `Task` (`tasks.base`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlhfless.errors import require
+from rlhfless.tasks.arith import ArithTask, ArithTaskConfig
+from rlhfless.tasks.base import Task
+
+TASK_NAMES = ("arith",)
+
+
+@dataclass
+class TaskConfig:
+    """The task a run trains and evaluates on."""
+
+    name: Literal["arith"] = "arith"
+    """arith: the synthetic chained-addition task the shipped tiny checkpoint was trained for."""
+    arith: ArithTaskConfig = field(default_factory=ArithTaskConfig)
+    """Settings of the arith task."""
+
+    def __post_init__(self) -> None:
+        require(self.name in TASK_NAMES, "task.name", f"must be one of {', '.join(TASK_NAMES)} (got {self.name!r})")
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    """The configured task."""
+    if cfg.name == "arith":
+        return ArithTask(cfg.arith)
+    raise AssertionError(cfg.name)  # unreachable: TaskConfig rejects unknown names
