@@ -29,18 +29,19 @@ def main(argv: list[str] | None = None) -> int:
     from rlhfless.config import load_run_config
     from rlhfless.errors import UserError
     from rlhfless.jsonl import write_json
-    from rlhfless.model.factory import load_checkpoint
+    from rlhfless.model.factory import load_policy
     from rlhfless.runner import run_eval
-    from rlhfless.tasks.arith import make_splits
+    from rlhfless.textenv import make_env
 
     try:
         cfg = load_run_config(args.config)
         torch.set_num_threads(cfg.train.threads)
-        _, evals = make_splits(cfg.task)
+        env = make_env(cfg)
+        _, evals = env.task.splits()
         evals = evals[: cfg.train.eval_prompts]
         out = {}
         for ckpt in args.checkpoints:
-            res = run_eval(load_checkpoint(ckpt), evals, cfg)
+            res = run_eval(load_policy(ckpt), evals, cfg, env)
             out[ckpt] = {kind: {"accuracy": r.accuracy, "per_k": r.per_k} for kind, r in res.items()}
             for kind, r in res.items():
                 per_k = " ".join(f"{k}:{100 * v:.0f}" for k, v in r.per_k.items())

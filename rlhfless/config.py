@@ -18,7 +18,7 @@ from rlhfless.errors import ConfigError, require
 from rlhfless.plan.config import PlanConfig
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.runtime.config import RuntimeConfig
-from rlhfless.tasks.arith import ArithTaskConfig
+from rlhfless.tasks.config import TaskConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = "data/checkpoints/sft"
@@ -29,7 +29,19 @@ class PolicyConfig:
     """Which weights the policy starts from."""
 
     checkpoint: str = DEFAULT_CHECKPOINT
-    """Checkpoint folder (from `rlhfless pretrain`); relative paths resolve against the repo root, then the cwd."""
+    """Checkpoint folder: the shipped tiny model (byte tokenizer, from `rlhfless pretrain`) or any local Hugging
+    Face causal-LM folder (config.json, safetensors, its tokenizer files); relative paths resolve against the repo
+    root, then the cwd. Nothing is downloaded."""
+    chat_template: Literal["auto", "on", "off"] = "auto"
+    """Wrap each task prompt in the tokenizer's chat template as a user turn: auto = when the checkpoint has one."""
+    build: Literal["none", "tiny-bpe"] = "none"
+    """When `checkpoint` does not exist: none = error; tiny-bpe = build a small random-initialised Qwen2 model with
+    a BPE tokenizer trained on the task's texts there first (`rlhfless build-hf-model`), then use it."""
+
+    def __post_init__(self) -> None:
+        require(self.chat_template in ("auto", "on", "off"), "policy.chat_template",
+                f"must be auto, on or off (got {self.chat_template!r})")
+        require(self.build in ("none", "tiny-bpe"), "policy.build", f"must be none or tiny-bpe (got {self.build!r})")
 
     def resolved(self) -> Path:
         p = Path(self.checkpoint)
@@ -137,7 +149,7 @@ class RunConfig:
     """Everything one `rlhfless train` run needs."""
 
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    task: ArithTaskConfig = field(default_factory=ArithTaskConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlhfless.model.tokenizer import ByteTokenizer
 from rlhfless.records import Prompt
 from rlhfless.rollout.engine import SamplingParams, generate
-from rlhfless.tasks.arith import score
+from rlhfless.textenv import TextEnv
 
 
 @dataclass
@@ -30,22 +29,21 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model, prompts: list[Prompt], samples: int, params: SamplingParams, *, seed: int = 0,
+def evaluate(model, prompts: list[Prompt], samples: int, params: SamplingParams, env: TextEnv, *, seed: int = 0,
              chunk: int = 128, progress=None) -> EvalResult:
-    """Accuracy of `samples` responses per prompt (temperature 0 -> greedy, use samples=1)."""
-    tok = ByteTokenizer()
+    """Accuracy of `samples` responses per prompt (temperature 0 -> greedy, use samples=1); `params` should come
+    from `env.sampling` so that generation stops at the tokenizer's stop ids."""
     was_training = model.training
     model.eval()
     correct_by_k: dict[int, list[float]] = defaultdict(list)
     total_correct, total_len, n = 0.0, 0, 0
     for start in range(0, len(prompts), chunk):
         batch = prompts[start:start + chunk]
-        ids = [tok.encode(p.text, bos=True) for p in batch]
+        ids = [env.encode(p) for p in batch]
         out = generate(model, ids, samples, params, seed=seed + start)
         for r, resp in enumerate(out.responses):
             p = batch[r // samples]
-            text = tok.decode(resp)
-            s = score(text, p.answer, finished=not out.truncated[r])
+            _, s = env.score_ids(resp, p.answer, out.truncated[r])
             total_correct += s.reward
             total_len += len(resp)
             n += 1

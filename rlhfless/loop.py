@@ -19,12 +19,11 @@ import torch
 from rlhfless import metrics as M
 from rlhfless.config import RunConfig
 from rlhfless.learner import Learner
-from rlhfless.model.tokenizer import ByteTokenizer
 from rlhfless.planning import Planner, StepPlan
 from rlhfless.records import PromptGroup, Sample, TraceRow
-from rlhfless.rollout.engine import RolloutOutput, SamplingParams, generate
+from rlhfless.rollout.engine import RolloutOutput, generate
 from rlhfless.rollout.forward import response_logprobs
-from rlhfless.tasks.arith import score
+from rlhfless.textenv import TextEnv, make_env
 
 
 @dataclass
@@ -60,16 +59,18 @@ def timed(metrics: dict[str, float], stage: str):
 
 
 class Stages:
-    """The stage callables of one step, sharing the policy, the optional reference model and the config."""
+    """The stage callables of one step, sharing the policy, the optional reference model, the config and the
+    environment (the task's reward through the policy's tokenizer; `make_env(cfg)` when not given)."""
 
-    def __init__(self, cfg: RunConfig, learner: Learner, reference=None, planner: Planner | None = None):
+    def __init__(self, cfg: RunConfig, learner: Learner, reference=None, planner: Planner | None = None,
+                 env: TextEnv | None = None):
         self.cfg = cfg
         self.learner = learner
         self.reference = reference
         self.planner = planner
-        self.tok = ByteTokenizer()
+        self.env = env if env is not None else make_env(cfg)
         r = cfg.rollout
-        self.sampling = SamplingParams(r.max_new_tokens, r.temperature, r.top_p)
+        self.sampling = self.env.sampling(r.max_new_tokens, r.temperature, r.top_p)
         self.vllm = None  # rollout.engine=vllm: started on the first rollout
 
     def begin_step(self, step: int) -> None:
@@ -120,8 +121,7 @@ class Stages:
         samples = []
         for r, resp in enumerate(out.responses):
             g, s = divmod(r, G)
-            text = self.tok.decode(resp)
-            sc = score(text, groups[g].prompt.answer, finished=not out.truncated[r])
+            text, sc = self.env.score_ids(resp, groups[g].prompt.answer, out.truncated[r])
             samples.append(Sample(g, s, tuple(resp), text, out.truncated[r], sc.reward, sc.correct, sc.well_formed))
         return samples
 

@@ -33,10 +33,10 @@ def _arm(name: str, config: str | None, overrides: list[str]) -> Arm:
     from rlhfless.config import load_run_config
     from rlhfless.learner import Learner
     from rlhfless.loop import Stages
-    from rlhfless.model.factory import load_checkpoint
+    from rlhfless.model.factory import load_policy
 
     cfg = load_run_config(config, overrides)
-    policy = load_checkpoint(cfg.policy.resolved())
+    policy = load_policy(cfg.policy.resolved())
     learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
     return Arm(name, Stages(cfg, learner), {}, [], [])
 
@@ -49,7 +49,6 @@ def run_loop_bench(feature: str = "dedup_prefill", steps: int = 20, config: str 
 
     from rlhfless.loop import run_step
     from rlhfless.runner import prompt_stream
-    from rlhfless.tasks.arith import make_splits
 
     if feature not in ARMS:
         from rlhfless.errors import UserError
@@ -59,8 +58,9 @@ def run_loop_bench(feature: str = "dedup_prefill", steps: int = 20, config: str 
     base = list(overrides or []) + ["train.plan=false"]
     on, off = (_arm(n, config, base + [o]) for n, o in zip(("on", "off"), ARMS[feature]))
     cfg = on.stages.cfg
-    train_prompts, _ = make_splits(cfg.task)
-    stream = prompt_stream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size)
+    env = on.stages.env
+    train_prompts, _ = env.task.splits()
+    stream = prompt_stream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size, env)
     for step in tqdm(range(1, steps + 1), desc=f"bench loop ({feature})", disable=not progress):
         epoch, groups = next(stream)
         for arm in (on, off) if step % 2 else (off, on):

@@ -32,11 +32,9 @@ from rlhfless.evaluate import EvalResult, evaluate
 from rlhfless.jsonl import write_json
 from rlhfless.learner import Learner
 from rlhfless.loop import Stages, StepReport, run_step
-from rlhfless.model.factory import load_checkpoint, save_checkpoint
-from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.model.factory import load_policy, save_checkpoint
 from rlhfless.planning import Planner
 from rlhfless.records import Prompt, PromptGroup
-from rlhfless.rollout.engine import SamplingParams
 from rlhfless.runstate import (
     RunState,
     check_outputs,
@@ -49,7 +47,7 @@ from rlhfless.runstate import (
     rewind_outputs,
     save_run_checkpoint,
 )
-from rlhfless.tasks.arith import make_splits
+from rlhfless.textenv import TextEnv, make_env
 from rlhfless.traces import TraceWriter
 from rlhfless.tracking import Tracker
 
@@ -60,11 +58,11 @@ class PromptStream:
     """Epochs over the train prompts, each in its own seeded order; the position (epoch, pos) is the whole state,
     so a resumed run continues with exactly the prompts an uninterrupted run would have drawn."""
 
-    def __init__(self, train: list[Prompt], batch: int, seed: int, group_size: int, epoch: int = 0, pos: int = 0):
-        self.train, self.batch, self.seed, self.group_size = train, batch, seed, group_size
+    def __init__(self, train: list[Prompt], batch: int, seed: int, group_size: int, env: TextEnv, epoch: int = 0,
+                 pos: int = 0):
+        self.train, self.batch, self.seed, self.group_size, self.env = train, batch, seed, group_size, env
         self.epoch, self.pos = epoch, pos
         self._order = self._epoch_order(epoch)
-        self._tok = ByteTokenizer()
 
     def _epoch_order(self, epoch: int) -> list[Prompt]:
         return random.Random(f"{self.seed}:{epoch}").sample(self.train, len(self.train))
@@ -79,24 +77,25 @@ class PromptStream:
             n = min(self.batch - len(take), len(self._order) - self.pos)
             take += self._order[self.pos:self.pos + n]
             self.pos += n
-        return self.epoch, [PromptGroup(p, self._tok.encode(p.text, bos=True), self.group_size) for p in take]
+        return self.epoch, [PromptGroup(p, self.env.encode(p), self.group_size) for p in take]
 
 
-def prompt_stream(train: list[Prompt], batch: int, seed: int,
-                  group_size: int) -> Iterator[tuple[int, list[PromptGroup]]]:
+def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int,
+                  env: TextEnv) -> Iterator[tuple[int, list[PromptGroup]]]:
     """Yield (epoch, groups) forever (a generator view of `PromptStream`)."""
-    stream = PromptStream(train, batch, seed, group_size)
+    stream = PromptStream(train, batch, seed, group_size, env)
     while True:
         yield stream.next()
 
 
-def run_eval(model, prompts: list[Prompt], cfg: RunConfig) -> dict[str, EvalResult]:
+def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv) -> dict[str, EvalResult]:
     if not prompts:
         return {}
-    sampled = SamplingParams(cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p)
-    res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, seed=EVAL_SEED)}
+    r = cfg.rollout
+    sampled = env.sampling(r.max_new_tokens, r.temperature, r.top_p)
+    res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, env, seed=EVAL_SEED)}
     if cfg.train.eval_greedy:
-        res["greedy"] = evaluate(model, prompts, 1, SamplingParams(cfg.rollout.max_new_tokens, 0.0), seed=EVAL_SEED)
+        res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED)
     return res
 
 
@@ -167,31 +166,34 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
     """Learner, planner and stages around `policy`, restored from a run checkpoint `ckpt` when given."""
     reference = None
     if cfg.algo.kl_coef > 0:  # the reference is always the run's starting policy, also when resuming
-        reference = load_checkpoint(cfg.policy.resolved()).eval().requires_grad_(False)
+        reference = load_policy(cfg.policy.resolved()).eval().requires_grad_(False)
     learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
     planner = Planner(cfg.predictor, cfg.plan) if cfg.train.plan else None
     if ckpt is not None and planner is not None:
         from rlhfless.predictor import load_predictor
 
         planner.predictor = load_predictor(ckpt / "predictor")
-    train_prompts, eval_prompts = make_splits(cfg.task)
+    env = make_env(cfg)
+    train_prompts, eval_prompts = env.task.splits()
     eval_prompts = eval_prompts[: cfg.train.eval_prompts]
-    check_fits_context(train_prompts + eval_prompts, cfg, policy.config.max_position_embeddings)
-    return learner, planner, Stages(cfg, learner, reference, planner), train_prompts, eval_prompts
+    check_fits_context(train_prompts + eval_prompts, cfg, context_of(policy, env), env)
+    return learner, planner, Stages(cfg, learner, reference, planner, env), train_prompts, eval_prompts
 
 
 def _start(cfg: RunConfig, out_dir: Path) -> Run:
-    policy = load_checkpoint(cfg.policy.resolved())
+    ensure_policy(cfg)
+    policy = load_policy(cfg.policy.resolved())
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
     out = _fresh_run_dir(out_dir)  # only once every check has passed: a bad config leaves nothing behind
     (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg))
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
-    stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size)
+    stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size,
+                          stages.env)
     state = RunState(0, 0, None, 0, 0, [], wandb_id=tracker.run_id)
     run = Run(cfg, out, learner, planner, stages, eval_prompts, stream, tracker, traces, state, {},
               time.perf_counter())
-    run.initial = run_eval(policy, eval_prompts, cfg)
+    run.initial = run_eval(policy, eval_prompts, cfg, stages.env)
     if run.initial:
         tracker.log(_eval_metrics(run.initial), step=0)
     return run
@@ -204,14 +206,14 @@ def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
     if state.step >= cfg.train.steps:
         raise ConfigError(f"train.steps: the run in {out} already has {state.step} steps; "
                           f"set train.steps above {state.step} to extend it")
-    policy = load_checkpoint(ckpt)
+    policy = load_policy(ckpt)
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
     restore_optimizer(learner.opt, ckpt, state.optimizer_groups)
     rng = read_rng(ckpt)
     check_outputs(out, state.file_sizes, state.step, output_files(out))  # every check before any file changes
     learner.updates, learner.last_grad_norm = state.learner_updates, state.last_grad_norm
     stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size,
-                          state.stream_epoch, state.stream_pos)
+                          stages.env, state.stream_epoch, state.stream_pos)
     initial = _initial_eval(state, ckpt)
     rewind_outputs(out, state.file_sizes, state.step, output_files(out))
     kept = out / "resumed" / f"step-{state.step}"
@@ -259,7 +261,8 @@ def _steps(run: Run, progress: bool) -> None:
     if run.cfg.runtime.executes:
         from rlhfless.runtime.loop_stages import RuntimeStages
 
-        run.stages = RuntimeStages(run.cfg, run.learner, run.planner, run.cfg.runtime.mode, run.out)
+        run.stages = RuntimeStages(run.cfg, run.learner, run.planner, run.cfg.runtime.mode, run.out,
+                                   env=run.stages.env)
     try:
         _loop(run, progress)
     finally:
@@ -292,7 +295,8 @@ def _loop(run: Run, progress: bool) -> None:
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 run.stages.sync_learner()
-                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg)), step=step)
+                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env)),
+                                step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
                 run.stages.sync_learner()
                 _checkpoint(run)
@@ -312,7 +316,7 @@ def _checkpoint(run: Run) -> None:
     st.file_sizes = file_sizes(run.out, output_files(run.out))
     st.elapsed_s = time.perf_counter() - run.t_start
     save_run_checkpoint(run.out / "checkpoints", run.learner.model, run.learner.opt, st,
-                        run.planner.predictor if run.planner is not None else None)
+                        run.planner.predictor if run.planner is not None else None, tokenizer=run.stages.env.tok)
 
 
 def _finish(run: Run) -> dict:
@@ -320,8 +324,9 @@ def _finish(run: Run) -> dict:
     run.traces.close()
     if not (cfg.train.checkpoint_every and cfg.train.steps % cfg.train.checkpoint_every == 0):
         _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
-    save_checkpoint(run.learner.model, out / "checkpoints" / "final", {"step": cfg.train.steps})
-    final = run_eval(run.learner.model, run.eval_prompts, cfg)
+    save_checkpoint(run.learner.model, out / "checkpoints" / "final", {"step": cfg.train.steps},
+                    tokenizer=run.stages.env.tok)
+    final = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env)
     if final:
         run.tracker.log(_eval_metrics(final), step=cfg.train.steps)
     summary = _summary(cfg, run.initial, final, run.state.rewards, time.perf_counter() - run.t_start, out,
@@ -361,14 +366,34 @@ def log_step(tracker: Tracker, report: StepReport, table_every: int) -> None:
                                                  for v in r.values()] for r in report.invocations], report.step)
 
 
-def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int) -> None:
+def context_of(policy, env: TextEnv) -> int:
+    """Longest sequence the policy may see: the model's positions, or less where the tokenizer says so."""
+    context = int(policy.config.max_position_embeddings)
+    return min(context, env.tok.max_length) if env.tok.max_length else context
+
+
+def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int, env: TextEnv) -> None:
     """The longest prompt plus rollout.max_new_tokens must fit the model's context (fail before any work)."""
-    longest = max(len(p.text.encode()) + 1 for p in prompts)  # bytes + BOS
+    longest, worst = max((len(env.encode(p)), p.prompt_id) for p in prompts)
     if longest + cfg.rollout.max_new_tokens > context:
         raise ConfigError(
-            f"rollout.max_new_tokens: the longest prompt has {longest} tokens, so at most {context - longest} "
-            f"new tokens fit the checkpoint's context of {context} (got {cfg.rollout.max_new_tokens}); "
-            "lower rollout.max_new_tokens or task.k_max")
+            f"rollout.max_new_tokens: the longest prompt ({worst}) has {longest} tokens, so at most "
+            f"{context - longest} new tokens fit the checkpoint's context of {context} (got "
+            f"{cfg.rollout.max_new_tokens}); lower rollout.max_new_tokens, or make the task's prompts shorter "
+            f"(task.{cfg.task.name}.*)")
+
+
+def ensure_policy(cfg: RunConfig) -> None:
+    """Build the policy folder first when it is missing and `policy.build` says how (see `PolicyConfig.build`)."""
+    path = cfg.policy.resolved()
+    if cfg.policy.build == "none" or (path / "config.json").is_file():
+        return
+    from rlhfless.model.hf import TinyHFConfig, ensure_tiny_hf
+    from rlhfless.tasks.config import make_task
+
+    train, _ = make_task(cfg.task).splits()
+    print(f"rlhfless: building the policy {path} (policy.build={cfg.policy.build})", file=sys.stderr)
+    ensure_tiny_hf(path, [p.text for p in train], TinyHFConfig(seed=cfg.train.seed))
 
 
 def _fresh_run_dir(out: Path) -> Path:

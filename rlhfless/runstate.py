@@ -86,15 +86,16 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tenso
     return tensors, groups
 
 
-def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor=None) -> Path:
-    """Write `ckpt_root/last` crash-safely (see the module header); returns its path."""
+def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor=None, tokenizer=None) -> Path:
+    """Write `ckpt_root/last` crash-safely (see the module header); returns its path. `tokenizer`: the policy's
+    (default: the byte tokenizer)."""
     from safetensors.torch import save_file
 
     from rlhfless.model.factory import save_checkpoint
 
     tmp, last, prev = ckpt_root / "last.tmp", ckpt_root / "last", ckpt_root / "last.prev"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(policy, tmp, {"kind": "grpo", "step": state.step})
+    save_checkpoint(policy, tmp, {"kind": "grpo", "step": state.step}, tokenizer=tokenizer)
     tensors, state.optimizer_groups = optimizer_tensors(opt)
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))

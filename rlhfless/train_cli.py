@@ -18,7 +18,10 @@ def register(sub, bench) -> None:
         "train",
         help="run synchronous GRPO from a checkpoint and write summary, traces, metrics and W&B files",
         description=(
-            "Run GRPO on the synthetic chained-addition task from the shipped SFT checkpoint. Every step's metrics "
+            "Run GRPO from a checkpoint on a task: by default the shipped tiny SFT checkpoint on the synthetic "
+            "chained-addition task; policy.checkpoint takes any local Hugging Face causal-LM folder (its own "
+            "tokenizer and chat template) and task.name=gsm8k|jsonl a verifiable-reward dataset "
+            "(experiments/configs/gsm8k_hf.yaml). Every step's metrics "
             "go to W&B (offline by default) and OUT/metrics.jsonl; every response goes to OUT/traces/rollouts.jsonl. "
             "runtime.mode=serverless runs every stage as a function on worker processes (billed per lifetime: "
             "OUT/invocations.jsonl, OUT/workers.jsonl, Gantt charts); runtime.mode=serverful is the verl-like control; "
@@ -96,13 +99,15 @@ def _dry_run(cfg) -> int:
 
     import yaml
 
-    from rlhfless.model.factory import load_checkpoint
-    from rlhfless.runner import check_fits_context
-    from rlhfless.tasks.arith import make_splits
+    from rlhfless.model.factory import load_policy
+    from rlhfless.runner import check_fits_context, context_of, ensure_policy
+    from rlhfless.textenv import make_env
 
-    context = load_checkpoint(cfg.policy.resolved()).config.max_position_embeddings
-    train_prompts, eval_prompts = make_splits(cfg.task)
-    check_fits_context(train_prompts + eval_prompts[: cfg.train.eval_prompts], cfg, context)
+    ensure_policy(cfg)
+    env = make_env(cfg)
+    context = context_of(load_policy(cfg.policy.resolved()), env)
+    train_prompts, eval_prompts = env.task.splits()
+    check_fits_context(train_prompts + eval_prompts[: cfg.train.eval_prompts], cfg, context, env)
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
     print(f"rlhfless: config OK ({len(train_prompts)} train / {cfg.train.eval_prompts} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rollout.max_new_tokens=64",
         "train.eval_prompts=0", "train.checkpoint_every=0", "train.table_every=1", "tracking.mode=disabled",
-        "runtime.gantt_every=0", "task.k_max=6", "runtime.mode=serverless",
+        "runtime.gantt_every=0", "task.arith.k_max=6", "runtime.mode=serverless",
         # two decode functions every step, cuts at a low tau: rows really move (across nodes on two nodes)
         "plan.scale=false", "plan.max_actors=2", "plan.migrate=true", "runtime.migrate=always", "plan.tau=0.3",
         "runtime.progress_every=2",

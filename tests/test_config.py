@@ -27,7 +27,7 @@ def test_every_shipped_config_loads():
     ("optim.lr=-0.1", "optim.lr"),
     ("rollout.max_new_tokens=0", "rollout.max_new_tokens"),
     ("rollout.temperature=0", "rollout.temperature"),
-    ("task.k_max=1", "task.k_max"),
+    ("task.arith.k_max=1", "task.arith.k_max"),
     ("rollout.prompts_per_step=abc", "rollout.prompts_per_step"),
     ("rollout.dedup_prefill=3", "rollout.dedup_prefill"),
     ("tracking.mode=cloud", "tracking.mode"),

@@ -37,7 +37,7 @@ def _fields(cls, prefix="") -> list[str]:
 KEYS = _fields(RunConfig)
 SECTIONS = sorted({k.split(".")[0] for k in KEYS})
 # Sizes that could make a valid config do real work are kept small: the fuzz is about types and structure.
-SAFE_SIZES = {"task.num_train": 64, "task.num_eval": 16, "train.eval_prompts": 16}
+SAFE_SIZES = {"task.arith.num_train": 64, "task.arith.num_eval": 16, "train.eval_prompts": 16}
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 600), st.floats(allow_nan=True, allow_infinity=True),

@@ -14,7 +14,7 @@ from rlhfless.config import load_run_config
 from rlhfless.runner import train
 
 OVERRIDES = [
-    "task.k_min=7", "task.k_max=8", "task.num_train=16", "task.num_eval=16", "rollout.prompts_per_step=16",
+    "task.arith.k_min=7", "task.arith.k_max=8", "task.arith.num_train=16", "task.arith.num_eval=16", "rollout.prompts_per_step=16",
     "algo.group_size=8", "rollout.max_new_tokens=160", "optim.lr=1e-3", "train.steps=24", "train.eval_prompts=0",
     "train.threads=1", "tracking.mode=disabled", "train.plan=false", "train.checkpoint_every=0",
 ]

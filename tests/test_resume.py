@@ -22,11 +22,13 @@ from safetensors.torch import load_file
 
 from rlhfless.config import load_run_config
 from rlhfless.errors import ConfigError, DataError
+from rlhfless.model.tokenizer import ByteTokenizer
 from rlhfless.runner import PromptStream, train
 from rlhfless.runstate import RESUME_SAFE_KEYS, config_changes
-from rlhfless.tasks.arith import ArithTaskConfig, make_splits
+from rlhfless.tasks.arith import ArithTask, ArithTaskConfig, make_splits
+from rlhfless.textenv import TextEnv
 
-RUN = ["task.num_train=48", "rollout.prompts_per_step=4", "algo.group_size=4", "rollout.max_new_tokens=48",
+RUN = ["task.arith.num_train=48", "rollout.prompts_per_step=4", "algo.group_size=4", "rollout.max_new_tokens=48",
        "train.steps=6", "train.checkpoint_every=2", "train.eval_prompts=8", "train.table_every=1",
        "train.threads=1", "tracking.mode=disabled", "predictor.name=ewma"]
 
@@ -187,12 +189,13 @@ def test_config_changes_ignore_only_the_keys_that_cannot_change_results():
 
 def test_prompt_stream_continues_from_any_position():
     train_prompts, _ = make_splits(ArithTaskConfig(num_train=10, num_eval=1))
-    a = PromptStream(train_prompts, 4, seed=3, group_size=2)
+    env = TextEnv(ArithTask(ArithTaskConfig()), ByteTokenizer())
+    a = PromptStream(train_prompts, 4, seed=3, group_size=2, env=env)
     seen = [a.next() for _ in range(7)]  # crosses several epochs, with batches that straddle them
-    b = PromptStream(train_prompts, 4, seed=3, group_size=2)
+    b = PromptStream(train_prompts, 4, seed=3, group_size=2, env=env)
     for _ in range(3):
         b.next()
-    c = PromptStream(train_prompts, 4, seed=3, group_size=2, epoch=b.epoch, pos=b.pos)
+    c = PromptStream(train_prompts, 4, seed=3, group_size=2, env=env, epoch=b.epoch, pos=b.pos)
     rest = [c.next() for _ in range(4)]
     assert [(e, [g.prompt.text for g in gs]) for e, gs in rest] == \
         [(e, [g.prompt.text for g in gs]) for e, gs in seen[3:]]

@@ -208,7 +208,7 @@ def test_bad_input_is_refused_with_a_clear_error(model, prompts):
     long = [[5] * 80] + [[]] * 7
     with pytest.raises(ConfigError, match="prefix_tokens: row 0 already has 80 tokens; max_new_tokens=80"):
         DecodeSession(model, state, PARAMS, prefix_tokens=long)
-    with pytest.raises(ConfigError, match="prefix_tokens: row 1 contains EOS"):
+    with pytest.raises(ConfigError, match="prefix_tokens: row 1 contains a stop token"):
         DecodeSession(model, state, PARAMS, prefix_tokens=[[]] + [[5, EOS_ID]] + [[]] * 6)
     with pytest.raises(ConfigError, match="one prompt per row"):
         resume_prefill(model, prompts[:1], [PartialRow(0, (5,)), PartialRow(1, ())])

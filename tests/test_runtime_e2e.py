@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests
 
 TINY = ["plan.max_actors=2", "train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4", "rollout.max_new_tokens=64",
         "train.eval_prompts=0", "train.checkpoint_every=0", "train.table_every=1", "tracking.mode=disabled",
-        "runtime.gantt_every=0", "task.k_max=6"]
+        "runtime.gantt_every=0", "task.arith.k_max=6"]
 # two decode functions that must both run; cuts at every tau crossing, a low tau, so rows really move
 MIGRATE = ["plan.scale=false", "plan.max_actors=2", "plan.migrate=true", "runtime.migrate=always",
            "plan.tau=0.3", "runtime.progress_every=2"]

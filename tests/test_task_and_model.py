@@ -95,9 +95,9 @@ def test_sft_lengths_vary_within_a_prompt_and_have_a_tail():
 
 
 def test_task_config_rejects_bad_values():
-    with pytest.raises(ConfigError, match="task.check_prob"):
+    with pytest.raises(ConfigError, match="task.arith.check_prob"):
         ArithTaskConfig(check_prob=1.5)
-    with pytest.raises(ConfigError, match="task.k_max"):
+    with pytest.raises(ConfigError, match="task.arith.k_max"):
         ArithTaskConfig(k_min=5, k_max=3)
 
 

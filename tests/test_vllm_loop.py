@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlhfless.config import load_run_config
-from rlhfless.rollout.engine import SamplingParams, generate
+from rlhfless.rollout.engine import generate
 
 pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
@@ -33,16 +33,13 @@ def test_each_rollout_runs_the_learners_current_weights():
     from rlhfless.learner import Learner
     from rlhfless.loop import Stages
     from rlhfless.model.factory import load_checkpoint
-    from rlhfless.model.tokenizer import ByteTokenizer
     from rlhfless.records import PromptGroup
-    from rlhfless.tasks.arith import make_splits
 
     cfg = load_run_config(REPO / "experiments/configs/quickstart.yaml", TINY)
     learner = Learner(load_checkpoint(cfg.policy.resolved()), cfg.optim, cfg.algo)
     stages = Stages(cfg, learner)
-    stages.sampling = SamplingParams(48, temperature=0.0)  # greedy: the two engines must agree token for token
-    tok = ByteTokenizer()
-    groups = [PromptGroup(p, tok.encode(p.text, bos=True), 4) for p in make_splits(cfg.task)[0][:4]]
+    stages.sampling = stages.env.sampling(48, temperature=0.0)  # greedy: the two engines must agree token for token
+    groups = [PromptGroup(p, stages.env.encode(p), 4) for p in stages.env.task.splits()[0][:4]]
     try:
         before = stages.rollout(groups, seed=0).responses
         with torch.no_grad():  # what an update does, made large enough to change greedy tokens

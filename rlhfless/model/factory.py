@@ -86,12 +86,12 @@ def build_model(cfg: ModelConfig, seed: int = 0):
     return model
 
 
-def save_checkpoint(model, directory: str | Path, meta: dict | None = None) -> Path:
-    """Write weights (safetensors), HF config, tokenizer and a small metadata JSON."""
+def save_checkpoint(model, directory: str | Path, meta: dict | None = None, tokenizer=None) -> Path:
+    """Write weights (safetensors), HF config, the tokenizer (default: the byte tokenizer) and a metadata JSON."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    ByteTokenizer().save(out)
+    (tokenizer if tokenizer is not None else ByteTokenizer()).save(out)
     (out / META_FILE).write_text(json.dumps(meta or {}, indent=1, default=str))
     return out
 
@@ -207,3 +207,14 @@ def model_config_of(model) -> ModelConfig:
 
 def describe(model) -> dict:
     return {**asdict(model_config_of(model)), "params": sum(p.numel() for p in model.parameters())}
+
+
+def load_policy(directory: str | Path):
+    """The policy in a checkpoint folder: the strict byte-tokenizer loader, or any Hugging Face causal LM."""
+    from rlhfless.model.tokenizer import is_byte_tokenizer
+
+    if is_byte_tokenizer(directory):
+        return load_checkpoint(directory)
+    from rlhfless.model.hf import load_hf_model
+
+    return load_hf_model(directory)

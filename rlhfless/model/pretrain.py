@@ -99,7 +99,6 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path, progress: bool = True) ->
     from tqdm.auto import tqdm
 
     from rlhfless.evaluate import evaluate
-    from rlhfless.rollout.engine import SamplingParams
 
     torch.set_num_threads(cfg.threads)
     model = build_model(cfg.model, seed=cfg.seed)
@@ -125,8 +124,13 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path, progress: bool = True) ->
     summary = {"steps": cfg.steps, "train_s": round(train_s, 1), "final_loss": sum(losses[-50:]) / len(losses[-50:]),
                "model": describe(model), "config": asdict(cfg)}
     if cfg.eval_prompts:
+        from rlhfless.tasks.arith import ArithTask
+        from rlhfless.textenv import TextEnv
+
+        env = TextEnv(ArithTask(cfg.task), ByteTokenizer())
         _, eval_prompts = make_splits(cfg.task)
-        res = evaluate(model, eval_prompts[: cfg.eval_prompts], 1, SamplingParams(cfg.model.max_positions // 2, 0.0))
+        res = evaluate(model, eval_prompts[: cfg.eval_prompts], 1, env.sampling(cfg.model.max_positions // 2, 0.0),
+                       env)
         summary.update(eval_greedy_accuracy=res.accuracy, eval_greedy_per_k=res.per_k)
     save_checkpoint(model, out_dir, meta={"kind": "sft", **summary})
     return summary

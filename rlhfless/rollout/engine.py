@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlhfless.errors import require
+from rlhfless.model.tokenizer import EOS_ID
 from rlhfless.rollout.prefix import (
     PrefillPlan,
     PrefixCost,
@@ -56,8 +57,12 @@ class SamplingParams:
     """Nucleus sampling mass in (0, 1]."""
     compact_fraction: float = 0.05
     """Drop finished rows once at least this fraction of the live batch (and at least one row) has finished."""
+    stop_ids: tuple[int, ...] = (EOS_ID,)
+    """Token ids that end a row (kept as its last token): the policy tokenizer's `stop_ids`."""
 
     def __post_init__(self) -> None:
+        require(len(self.stop_ids) >= 1 and all(isinstance(i, int) and i >= 0 for i in self.stop_ids),
+                "rollout.stop_ids", f"must be one or more token ids >= 0 (got {self.stop_ids!r})")
         require(self.max_new_tokens >= 1, "rollout.max_new_tokens", f"must be >= 1 (got {self.max_new_tokens})")
         require(self.temperature >= 0, "rollout.temperature", f"must be >= 0 (got {self.temperature})")
         require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1] (got {self.top_p})")

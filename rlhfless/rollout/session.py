@@ -49,7 +49,7 @@ from typing import Sequence
 import torch
 
 from rlhfless.errors import DataError, UserError, require
-from rlhfless.model.tokenizer import EOS_ID, PAD_ID
+from rlhfless.model.tokenizer import PAD_ID
 from rlhfless.rollout.engine import (
     IterationRecord,
     PrefillState,
@@ -128,11 +128,13 @@ class DecodeSession:
                 p = list(p)
                 require(len(p) < n, "decode.prefix_tokens", f"row {int(rid[i])} already has {len(p)} tokens; "
                         f"max_new_tokens={n} counts them and leaves none to generate")
-                require(EOS_ID not in p, "decode.prefix_tokens", f"row {int(rid[i])} contains EOS: it is finished")
+                require(not set(p) & set(params.stop_ids), "decode.prefix_tokens",
+                        f"row {int(rid[i])} contains a stop token: it is finished")
                 if p:
                     self._tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
                     offset[i] = len(p)
         self.model, self.params, self.seed, self.n_total, self.row_ids = model, params, seed, int(n_total), rid
+        self._stop = torch.tensor(params.stop_ids, dtype=torch.long)
         self._length = offset.clone()  # tokens held per FINISHED state row (live rows: offset + iterations)
         self._finished = torch.zeros(R, dtype=torch.bool)
         self._taken = torch.zeros(R, dtype=torch.bool)
@@ -167,6 +169,13 @@ class DecodeSession:
     def _release(self) -> None:
         self._logits = self._stepper = None
 
+    def _stops(self, tok: torch.Tensor) -> torch.Tensor:
+        """[b] bool: the token ends its row (one comparison for the usual single stop id)."""
+        return tok == self._stop[0] if len(self._stop) == 1 else torch.isin(tok, self._stop)
+
+    def _truncated(self, tokens: list[int]) -> bool:
+        return tokens[-1] not in self.params.stop_ids
+
     @torch.no_grad()
     def advance(self, max_iters: int) -> bool:
         """Run up to `max_iters` decode iterations; True when no row is left to decode."""
@@ -182,12 +191,12 @@ class DecodeSession:
             if len(self._offsets) == 1:  # every row at the same step (no migrated rows): scalar indexing
                 step = self._offsets[0] + self._it
                 self._tokens[local[live], step] = tok[live]
-                ended = live if step >= last else live & (tok == EOS_ID)
+                ended = live if step >= last else live & self._stops(tok)
                 self._length[local[ended]] = step + 1
             else:
                 steps = self._off + self._it  # [b] the decode step of each batch row
                 self._tokens[local[live], steps[live]] = tok[live]
-                ended = live & ((tok == EOS_ID) | (steps >= last))
+                ended = live & (self._stops(tok) | (steps >= last))
                 self._length[local[ended]] = steps[ended] + 1
             self._finished[local[ended]] = True
             live = live & ~ended
@@ -243,7 +252,7 @@ class DecodeSession:
         out = {}
         for i, t in zip(idx, toks):
             t = t[: int(self._length[i])]
-            out[int(self.row_ids[i])] = (t, t[-1] != EOS_ID)
+            out[int(self.row_ids[i])] = (t, self._truncated(t))
         return out
 
     def outputs(self) -> tuple[list[list[int]], list[bool]]:
@@ -253,7 +262,7 @@ class DecodeSession:
                             "(advance until done, or use finished_rows() / take_unfinished())")
         toks, lens = self._tokens.tolist(), self._length.tolist()
         rows = [t[:n] for t, n in zip(toks, lens)]
-        return rows, [r[-1] != EOS_ID for r in rows]
+        return rows, [self._truncated(r) for r in rows]
 
 
 @torch.no_grad()

@@ -47,7 +47,6 @@ from pathlib import Path
 import torch
 
 from rlhfless.errors import DataError, UserError
-from rlhfless.model.tokenizer import EOS_ID
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput, SamplingParams
 from rlhfless.rollout.prefix import check_prompts
 
@@ -127,7 +126,7 @@ class VLLMEngine:
         cache = {k: after[k] - before[k] for k in ("queries", "hits")}
         naive = sum(map(len, prompts)) * group_size
         stats = PrefillStats(tokens_computed=cache["queries"] - cache["hits"], tokens_naive=naive, seconds=0.0)
-        return VLLMRolloutOutput(responses, [not r or r[-1] != EOS_ID for r in responses], stats, seconds,
+        return VLLMRolloutOutput(responses, [not r or r[-1] not in params.stop_ids for r in responses], stats, seconds,
                                  logprobs=logprobs, prefix_cache=cache)
 
     @staticmethod
@@ -135,7 +134,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VSamplingParams
 
         return VSamplingParams(n=n, temperature=params.temperature, top_p=params.top_p, top_k=0, seed=seed,
-                               max_tokens=params.max_new_tokens, stop_token_ids=[EOS_ID], logprobs=0,
+                               max_tokens=params.max_new_tokens, stop_token_ids=list(params.stop_ids), logprobs=0,
                                detokenize=False, skip_special_tokens=False)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> None:

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from rlhfless.model.tokenizer import ByteTokenizer
-from rlhfless.rollout.engine import SamplingParams, prefill
+from rlhfless.rollout.engine import prefill
 from rlhfless.rollout.session import DecodeSession, PartialRow, resume_prefill, state_from_tensors, state_to_tensors
 from rlhfless.runtime import wire
 from rlhfless.runtime.worker import now
-from rlhfless.tasks.arith import score
 
 
 class _Job:
@@ -29,7 +27,7 @@ class _Job:
     def __init__(self, worker, msg: dict):
         r = worker.cfg.rollout
         self.worker = worker
-        self.params = SamplingParams(r.max_new_tokens, r.temperature, r.top_p)
+        self.params = worker.env.sampling(r.max_new_tokens, r.temperature, r.top_p)
         self.seed, self.n_total = msg["seed"], msg["n_total"]
         self.sessions: list[DecodeSession] = []
         self.answers: dict[int, str] = {}
@@ -89,12 +87,11 @@ class _Job:
         return rows
 
     def results(self) -> tuple[list[list], float]:
-        tok = ByteTokenizer()
         t0 = now()
         out = []
         for s in self.sessions:
             for row, (tokens, truncated) in s.finished_rows().items():
-                sc = score(tok.decode(tokens), self.answers[row], finished=not truncated)
+                _, sc = self.worker.env.score_ids(tokens, self.answers[row], truncated)
                 out.append([row, tokens, truncated, sc.reward, sc.correct, sc.well_formed])
         return out, now() - t0
 

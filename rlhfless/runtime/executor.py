@@ -41,14 +41,16 @@ RUNTIME_HOOKS: list = []
 
 class Runtime:
     def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
-                 planner=None):
+                 planner=None, env=None):
         from rlhfless.learner import save_learner_state
+        from rlhfless.textenv import make_env
         from rlhfless.runtime.dist import free_port
 
         self._free_port = free_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
         self.serverful = mode == "serverful"
         self.planner = planner
+        self.env = env if env is not None else make_env(cfg)
         self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.units = self.rt.resolved_units()
         self.backend = self._backend()

@@ -18,9 +18,10 @@ from rlhfless.runtime.executor import Runtime
 
 
 class RuntimeStages(Stages):
-    def __init__(self, cfg, learner, planner, mode: str, out: Path, reference_checkpoint: Path | None = None):
-        super().__init__(cfg, learner, None, planner)
-        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner)
+    def __init__(self, cfg, learner, planner, mode: str, out: Path, reference_checkpoint: Path | None = None,
+                 env=None):
+        super().__init__(cfg, learner, None, planner, env)
+        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env)
         self.step = 0
         self._samples: list[Sample] = []
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import torch
 
 from rlhfless import metrics as M
-from rlhfless.model.tokenizer import ByteTokenizer
 from rlhfless.plan import ActorProgress, SeqProgress, plan_migrations
 from rlhfless.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
@@ -339,7 +338,7 @@ class DecodeStage:
 
     # -- result -------------------------------------------------------------------------------------------------
     def _output(self, seconds: float) -> tuple[RolloutOutput, list[Sample]]:
-        tok = ByteTokenizer()
+        tok = self.rt.env.tok
         responses, truncated, samples = [], [], []
         for r in range(self.n_rows):
             tokens, trunc, reward, correct, well_formed = self.results[r]

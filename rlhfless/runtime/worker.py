@@ -15,6 +15,7 @@ re-prefills (prompt + partial response) and decodes beside its own as a second b
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -24,8 +25,8 @@ from rlhfless.runtime import wire
 
 # Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
 PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
-           "rlhfless.rollout.session", "rlhfless.learner", "rlhfless.runtime.dist", "rlhfless.tasks.arith",
-           "rlhfless.config", "rlhfless.dataparallel", "safetensors.torch"]
+           "rlhfless.rollout.session", "rlhfless.learner", "rlhfless.runtime.dist", "rlhfless.tasks.config",
+           "rlhfless.textenv", "rlhfless.config", "rlhfless.dataparallel", "safetensors.torch"]
 
 
 def now() -> float:
@@ -76,9 +77,9 @@ class Worker:
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
         if "reference" in self.kinds:
-            from rlhfless.model.factory import load_checkpoint
+            from rlhfless.model.factory import load_policy
 
-            self.reference = load_checkpoint(setup["reference_checkpoint"]).eval().requires_grad_(False)
+            self.reference = load_policy(setup["reference_checkpoint"]).eval().requires_grad_(False)
         if setup.get("dist"):
             from rlhfless.dataparallel import Shard
             from rlhfless.runtime.dist import init_group
@@ -87,12 +88,19 @@ class Worker:
             self.shard = Shard(d["rank"], d["world"],
                                init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"]))
 
+    @functools.cached_property
+    def env(self):
+        """The run's task and tokenizer (decode functions decode and score their rows here)."""
+        from rlhfless.textenv import make_env
+
+        return make_env(self.cfg)
+
     # -- weights ------------------------------------------------------------------------------------------------
     def _load_policy(self, state_path: str | None, version: int) -> None:
-        from rlhfless.model.factory import load_checkpoint
+        from rlhfless.model.factory import load_policy
 
         if self.model is None:
-            self.model = load_checkpoint(self.setup["checkpoint"])
+            self.model = load_policy(self.setup["checkpoint"])
         if "learner" in self.kinds and self.learner is None:
             from rlhfless.learner import Learner
 
