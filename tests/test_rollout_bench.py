@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -25,9 +26,11 @@ def test_bench_prefill_reports_ratios_and_skips_missing_gsm8k(tmp_path):
 def test_bench_engine_cli_writes_report_and_tpot_profile(tmp_path):
     out = tmp_path / "engine.json"
     rc = main(["bench", "engine", "--json", str(out), "--prompts", "2", "--group-size", "2",
-               "--max-new-tokens", "4", "--repeats", "1", "--no-hf-step", "--checkpoint", str(tmp_path / "none")])
+               "--max-new-tokens", "4", "--repeats", "1", "--no-hf-step", "--checkpoint", str(tmp_path / "none"),
+               "--gsm8k-prompts", "0"])
     assert rc == 0
     r = json.loads(out.read_text())
+    assert r["gsm8k"] == {"skipped": "bench.gsm8k_prompts=0"}
     for key in ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "greedy_identical",
                 "hf_generate_dedup_tokens_per_s", "speedup_vs_hf_generate_dedup"):
         assert key in r
@@ -43,11 +46,19 @@ def test_bench_engine_runs_the_chosen_engines_and_says_why_vllm_was_skipped(tmp_
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: "no vLLM in this test")
     out = tmp_path / "engine.json"
     rc = main(["bench", "engine", "--json", str(out), "--prompts", "2", "--group-size", "2", "--max-new-tokens", "4",
-               "--repeats", "1", "--engines", "own,vllm", "--checkpoint", str(tmp_path / "none")])
+               "--repeats", "1", "--engines", "own,vllm", "--checkpoint", str(tmp_path / "none"),
+               "--gsm8k-prompts", "2", "--gsm8k-max-new-tokens", "3"])
     assert rc == 0
-    r = json.loads(out.read_text())
+    r, printed = json.loads(out.read_text()), capsys.readouterr().out
     assert r["vllm"] == {"skipped": "no vLLM in this test"}
-    assert "vllm: skipped: no vLLM in this test" in capsys.readouterr().out
+    g = r["gsm8k"]
+    if "skipped" in g:
+        assert "GSM8K file not found" in g["skipped"] and not os.environ.get("RLHFLESS_REQUIRE_SHARED")
+    else:  # the second workload: long few-shot prompts on a model whose context holds them
+        assert g["prompts"] == 2 and g["prompt_tokens_mean"] > 500 and g["vllm"] == {"skipped": "no vLLM in this test"}
+        assert set(g["sampled"]["tokens_per_s_by_engine"]) == {"own"}
+        assert "gsm8k workload: random-init" in printed
+    assert "vllm: skipped: no vLLM in this test" in printed
     assert set(r["sampled"]["tokens_per_s_by_engine"]) == {"own"} and "hf_generate_tokens_per_s" not in r
     for bad in ("hf", "own,foo"):
         with pytest.raises(SystemExit):
@@ -69,3 +80,15 @@ def test_cli_docstring_lists_only_commands_that_exist():
     for name, subs in listed:
         if subs:
             assert set(subs.split("|")) == set(choices(top[name])), name
+
+
+def test_bench_loop_runs_both_arms_on_the_same_prompts_and_finds_identical_curves(tmp_path, capsys):
+    out = tmp_path / "loop.json"
+    rc = main(["bench", "loop", "--feature", "dedup_prefill", "--steps", "3", "--threads", "1", "--no-progress",
+               "--json", str(out), "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=24",
+               "train.eval_prompts=0", "tracking.mode=disabled"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["identical_lengths"] and r["identical_rewards"] and len(r["reward_curve_on"]) == 3
+    assert r["step_time_ratio_off_over_on"] > 0 and "rollout" in r["stage_ratio_off_over_on"]
+    assert "s on vs" in capsys.readouterr().out

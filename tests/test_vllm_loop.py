@@ -60,3 +60,19 @@ def test_grpo_steps_run_on_the_vllm_engine(tmp_path):
     assert summary["steps"] == 3
     rows = [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) == 3 and all('"reward/mean"' in r for r in rows)
+
+
+def test_bench_loop_times_whole_grpo_steps_with_each_engine(tmp_path, capsys):
+    import json
+
+    from rlhfless.cli import main
+
+    out = tmp_path / "loop.json"
+    rc = main(["bench", "loop", "--feature", "engine", "--steps", "2", "--threads", "1", "--no-progress", "--json",
+               str(out), "rollout.prompts_per_step=4", "algo.group_size=2", "rollout.max_new_tokens=24",
+               "train.eval_prompts=0", "tracking.mode=disabled"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert len(r["reward_curve_on"]) == len(r["reward_curve_off"]) == 2
+    assert r["median_s_on"]["rollout"] > 0 and r["median_s_off"]["rollout"] > 0
+    assert "s own vs" in capsys.readouterr().out

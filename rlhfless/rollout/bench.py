@@ -97,11 +97,23 @@ class EngineBenchConfig:
     engines: tuple[str, ...] = ("own", "hf")
     """Engines timed side by side: own (always; every ratio is taken against it), hf (HF `generate`, and the
     HF-step ablation), vllm (`rollout.vllm_engine`; skipped with the reason where vLLM cannot be imported)."""
+    gsm8k_path: str = "../shared/data/gsm8k/train.jsonl"
+    """GSM8K-format JSONL for the second workload (skipped, saying why, when the file is absent)."""
+    gsm8k_prompts: int = 8
+    """B of the GSM8K-shaped workload: few-shot prompts of ~1,000 tokens sharing their worked examples (0 = skip)."""
+    gsm8k_shots: int = 2
+    """Worked examples in each GSM8K prompt."""
+    gsm8k_max_new_tokens: int = 64
+    """Response cap of the GSM8K workload (its random-init model rarely stops on its own)."""
 
     def __post_init__(self) -> None:
         for name in ("prompts", "group_size", "max_new_tokens", "repeats", "threads"):
             require(getattr(self, name) >= 1, f"bench.{name}", f"must be >= 1 (got {getattr(self, name)})")
         require(self.temperature > 0, "bench.temperature", f"must be > 0 (got {self.temperature})")
+        require(self.gsm8k_prompts >= 0, "bench.gsm8k_prompts", f"must be >= 0 (got {self.gsm8k_prompts})")
+        require(self.gsm8k_shots >= 0, "bench.gsm8k_shots", f"must be >= 0 (got {self.gsm8k_shots})")
+        require(self.gsm8k_max_new_tokens >= 1, "bench.gsm8k_max_new_tokens",
+                f"must be >= 1 (got {self.gsm8k_max_new_tokens})")
         self.engines = tuple(self.engines)
         unknown = sorted(set(self.engines) - set(ENGINES))
         require(not unknown, "bench.engines", f"unknown {unknown}; choose from {', '.join(ENGINES)}")
@@ -322,19 +334,8 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
     report: dict = {"model": label, "prompts": len(prompts), "group_size": cfg.group_size,
                     "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "threads": cfg.threads,
                     "engines": list(cfg.engines)}
-    vllm = _start_vllm(cfg, model, report) if "vllm" in cfg.engines else None
-    iters = []
-    try:
-        for name, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
-            sp = SamplingParams(cfg.max_new_tokens, temp)
-            if vllm is not None:  # its first calls at a new batch shape warm up kernels: keep them out of the timing
-                vllm.generate(prompts, cfg.group_size, sp, seed=cfg.seed)
-            report[name], ours = _engine_mode(cfg, model, prompts, sp, vllm)
-            iters += ours.iterations
-    finally:
-        if vllm is not None:
-            report["vllm"]["prefix_cache"] = vllm.prefix_cache_stats()
-            vllm.close()
+    iters = _engine_workload(cfg, model, prompts, cfg.max_new_tokens, report)
+    report["gsm8k"] = _gsm8k_workload(cfg)
     tpot = Path(cfg.tpot_path) if cfg.tpot_path else _sibling(json_path, "_tpot.json")
     keys = ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "hf_generate_dedup_tokens_per_s",
             "speedup_vs_hf_generate_dedup", "dedup_prefill_speedup_of_hf_generate")
@@ -344,6 +345,45 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
         report["greedy_speedup_vs_hf_generate"] = report["greedy"]["speedup_vs_hf_generate"]
     report["tpot_profile"] = str(save_profile(profile_rows(iters), tpot))
     return report
+
+
+def _engine_workload(cfg: EngineBenchConfig, model, prompts: list[list[int]], max_new: int, report: dict) -> list:
+    """Greedy and sampled modes of one workload into `report` (keys greedy, sampled, vllm); the own engine's
+    iteration records (for the TPOT profile)."""
+    from rlhfless.rollout.engine import SamplingParams
+
+    vllm = _start_vllm(cfg, model, report) if "vllm" in cfg.engines else None
+    iters = []
+    try:
+        for name, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
+            sp = SamplingParams(max_new, temp)
+            if vllm is not None:  # its first calls at a new batch shape warm up kernels: keep them out of the timing
+                vllm.generate(prompts, cfg.group_size, sp, seed=cfg.seed)
+            report[name], ours = _engine_mode(cfg, model, prompts, sp, vllm)
+            iters += ours.iterations
+    finally:
+        if vllm is not None:
+            report["vllm"]["prefix_cache"] = vllm.prefix_cache_stats()
+            vllm.close()
+    return iters
+
+
+def _gsm8k_workload(cfg: EngineBenchConfig) -> dict:
+    """The same side-by-side arms on GSM8K few-shot prompts (long, sharing their worked examples), on a fresh model
+    of the tiny architecture with a context that holds them (the shipped checkpoint's 512 does not)."""
+    if cfg.gsm8k_prompts == 0:
+        return {"skipped": "bench.gsm8k_prompts=0"}
+    prompts = gsm8k_token_prompts(cfg.gsm8k_path, cfg.gsm8k_prompts, cfg.gsm8k_shots)
+    if prompts is None:
+        from rlhfless.tasks.gsm8k import missing_message
+
+        return {"skipped": missing_message(cfg.gsm8k_path)}
+    need = max(map(len, prompts)) + cfg.gsm8k_max_new_tokens
+    model, label = fresh_model(1 << (need - 1).bit_length())
+    part = {"model": label, "prompts": len(prompts), "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
+            "max_new_tokens": cfg.gsm8k_max_new_tokens}
+    _engine_workload(cfg, model, prompts, cfg.gsm8k_max_new_tokens, part)
+    return part
 
 
 def _engine_mode(cfg: EngineBenchConfig, model, prompts: list[list[int]], sp, vllm) -> tuple[dict, object]:

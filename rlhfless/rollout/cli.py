@@ -54,6 +54,10 @@ def register(sub, bench) -> None:
     e.add_argument("--checkpoint", default="data/checkpoints/sft", help="policy checkpoint")
     e.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     e.add_argument("--no-hf-step", action="store_true", help="skip the ablation with the HF forward as decode step")
+    e.add_argument("--gsm8k", default="../shared/data/gsm8k/train.jsonl",
+                   help="GSM8K-format JSONL of the second workload (skipped when absent)")
+    e.add_argument("--gsm8k-prompts", type=int, default=8, help="B of the GSM8K workload (default 8; 0 = skip)")
+    e.add_argument("--gsm8k-max-new-tokens", type=int, default=64, help="response cap there (default 64)")
     e.add_argument("--engines", default="own,hf", type=_engine_list,
                    help="comma list from own,hf,vllm timed side by side (default own,hf; own is always needed; "
                         "vllm is skipped, saying why, where it cannot be imported: `make env-vllm` installs it)")
@@ -92,7 +96,8 @@ def _engine(args: argparse.Namespace) -> int:
     cfg = EngineBenchConfig(prompts=args.prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, repeats=args.repeats, checkpoint=args.checkpoint,
                             threads=args.threads, tpot_path=args.tpot, hf_step_ablation=not args.no_hf_step,
-                            engines=args.engines)
+                            engines=args.engines, gsm8k_path=args.gsm8k, gsm8k_prompts=args.gsm8k_prompts,
+                            gsm8k_max_new_tokens=args.gsm8k_max_new_tokens)
     report = bench_engine(cfg, args.json)
     print(engine_table(report))
     _write(report, args.json)
@@ -127,6 +132,13 @@ def engine_table(report: dict) -> str:
                      f"vllm {v['version']}: started in {v['start_s']:.1f} s, greedy identical to own: "
                      f"{report['greedy'].get('vllm_greedy_identical')}, prefix cache hits/queries "
                      f"{v['prefix_cache']['hits']}/{v['prefix_cache']['queries']}")
+    g = report.get("gsm8k", {})
+    if "skipped" in g:
+        lines.append(f"gsm8k workload: skipped: {g['skipped']}")
+    elif g:
+        lines.append(f"gsm8k workload: {g['model']}  B={g['prompts']} (prompts {g['prompt_tokens_mean']:.0f} tokens "
+                     f"on average) G={report['group_size']} max_new={g['max_new_tokens']}")
+        lines += _side_by_side_rows(g)[1:]
     lines.append(f"TPOT profile: {report['tpot_profile']}")
     return "\n".join(lines)
 
