@@ -12,18 +12,25 @@ from typing import Literal
 from rlhfless.errors import require
 from rlhfless.tasks.arith import ArithTask, ArithTaskConfig
 from rlhfless.tasks.base import Task
+from rlhfless.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig
+from rlhfless.tasks.jsonl import JSONLTask, JSONLTaskConfig
 
-TASK_NAMES = ("arith",)
+TASK_NAMES = ("arith", "gsm8k", "jsonl")
 
 
 @dataclass
 class TaskConfig:
     """The task a run trains and evaluates on."""
 
-    name: Literal["arith"] = "arith"
-    """arith: the synthetic chained-addition task the shipped tiny checkpoint was trained for."""
+    name: Literal["arith", "gsm8k", "jsonl"] = "arith"
+    """arith: the synthetic chained-addition task the shipped tiny checkpoint was trained for; gsm8k: grade-school
+    math word problems (shared/data/gsm8k), numeric reward; jsonl: any question/answer JSONL file (task.jsonl.path)."""
     arith: ArithTaskConfig = field(default_factory=ArithTaskConfig)
     """Settings of the arith task."""
+    gsm8k: GSM8KTaskConfig = field(default_factory=GSM8KTaskConfig)
+    """Settings of the gsm8k task."""
+    jsonl: JSONLTaskConfig = field(default_factory=JSONLTaskConfig)
+    """Settings of the jsonl task."""
 
     def __post_init__(self) -> None:
         require(self.name in TASK_NAMES, "task.name", f"must be one of {', '.join(TASK_NAMES)} (got {self.name!r})")
@@ -33,4 +40,8 @@ def make_task(cfg: TaskConfig) -> Task:
     """The configured task."""
     if cfg.name == "arith":
         return ArithTask(cfg.arith)
+    if cfg.name == "gsm8k":
+        return GSM8KTask(cfg.gsm8k)
+    if cfg.name == "jsonl":
+        return JSONLTask(cfg.jsonl)
     raise AssertionError(cfg.name)  # unreachable: TaskConfig rejects unknown names

@@ -1,10 +1,19 @@
-"""GSM8K-format prompts: a JSONL loader (`question`, `answer`) with a few-shot/system template.
+"""GSM8K: a JSONL loader (`question`, `answer`) with a few-shot/system template, and the GSM8K task with its reward.
 
-Used as a realistic prefill workload: every prompt starts with the same system line and worked examples, which
-is the cross-prompt prefix that deduplicated prefill computes once. The reference answer is the text after the
-last ``####`` of `answer` (stripped). The first `n_shots` rows of the file are the worked examples and are not
-prompts themselves. The data file (shared/data/gsm8k/train.jsonl, MIT) is read in place, never copied.
-Non-goals: a GSM8K reward (the tiny byte-level model cannot solve it; the RL task is `tasks.arith`), tokenization.
+Two users:
+- `load_prompts(GSM8KConfig)`: a realistic prefill workload (`rlhfless.rollout.bench`): every prompt starts with
+  the same system line and worked examples, the cross-prompt prefix that deduplicated prefill computes once.
+- `GSM8KTask(GSM8KTaskConfig)`: the verifiable-reward task behind `tasks.base.Task` (`task.name: gsm8k`).
+  Reward (`score`): 1 when the response's final answer (`tasks.answers.extract_final`: after the last ``####``,
+  else the last number of the last line) equals the reference numerically; else `format_reward` when the response
+  is well formed (finished, with ``#### <number>``); else 0. A truncated response gets 0.
+
+The reference answer is the text after the last ``####`` of `answer` (stripped, as written: ``1,200`` stays so,
+the reward normalises both sides). The first `n_shots` rows of the file are the worked examples and are never
+prompts. The data file (shared/data/gsm8k/train.jsonl, MIT) is read in place, never copied.
+Deviation from the usual GSM8K evaluation, which scores the official test split: only train.jsonl is available,
+so the held-out split is carved out of it (`tasks.hashsplit`: by a hash of the question, disjoint by construction).
+Non-goals: tokenization, chat templates (the policy's tokenizer applies those).
 """
 
 from __future__ import annotations
@@ -15,6 +24,9 @@ from pathlib import Path
 from rlhfless.errors import DataError, require
 from rlhfless.jsonl import iter_jsonl
 from rlhfless.records import Prompt
+from rlhfless.tasks.answers import answers_match, extract_final, marked_final, normalize_number
+from rlhfless.tasks.base import Score
+from rlhfless.tasks.hashsplit import hash_split, normalize_question
 
 DEFAULT_PATH = "../shared/data/gsm8k/train.jsonl"
 SHARED_HOME = "../shared/data/gsm8k/"  # beside the repository; never copied into it (MIT, see its LICENSE there)
@@ -79,7 +91,7 @@ def read_jsonl(path: str | Path) -> list[QA]:
     return rows
 
 
-def few_shot_header(cfg: GSM8KConfig, shots: list[QA]) -> str:
+def few_shot_header(cfg: GSM8KConfig | GSM8KTaskConfig, shots: list[QA]) -> str:
     """The shared prefix of every prompt: the system text and the worked examples."""
     return cfg.system + "".join(cfg.template.format(question=s.question) + " " + s.answer + "\n\n" for s in shots)
 
@@ -93,3 +105,97 @@ def load_prompts(cfg: GSM8KConfig) -> list[Prompt]:
     body = rows[cfg.n_shots:][: cfg.limit]
     return [Prompt(f"gsm8k-{r.line:05d}", header + cfg.template.format(question=r.question), r.final,
                    meta={"line": r.line, "header_chars": len(header)}) for r in body]
+
+
+def template_error(template: str) -> str | None:
+    """Why `template` cannot format a question (None when it can): it must use {question} and no other field."""
+    try:
+        placed = template.format(question="\0").count("\0") > template.count("\0")
+    except (KeyError, IndexError, ValueError) as exc:  # another {field}, a {0} or a lone brace
+        return f"must have no replacement field but {{question}} (write a literal brace twice); {exc!r}"
+    return None if placed else f"must contain {{question}} (got {template!r})"
+
+
+@dataclass
+class GSM8KTaskConfig:
+    """The GSM8K task (`task.name: gsm8k`): where the file is, how prompts are built and split, and the reward."""
+
+    path: str = DEFAULT_PATH
+    """JSONL file with one {"question": str, "answer": "... #### <final>"} object per line (relative to the
+    working dir; the default is the shared copy beside the repository)."""
+    n_shots: int = 0
+    """Worked examples (the file's first rows) placed before every question. 0 suits a chat-template model, whose
+    user turn is then the question alone; > 0 gives a few-shot prompt for a base model."""
+    system: str = DEFAULT_SYSTEM
+    """Text placed first in every prompt (may be empty)."""
+    template: str = DEFAULT_TEMPLATE
+    """Format of one question; must contain {question} (and no other field)."""
+    num_eval: int = 500
+    """Rows in the held-out split (chosen by a hash of the question: the same whatever num_train is)."""
+    num_train: int | None = None
+    """Rows in the train split; None = every row that is neither held out nor a few-shot example."""
+    split_seed: int = 0
+    """Seed of the question hash that splits the file (a different seed gives a different held-out set)."""
+    format_reward: float = 0.0
+    """Reward for a well-formed ('#### <number>') but wrong response, in [0, 1]; a correct one gets 1.0 in all."""
+
+    def __post_init__(self) -> None:
+        require(self.n_shots >= 0, "task.gsm8k.n_shots", f"must be >= 0 (got {self.n_shots})")
+        why = template_error(self.template)
+        require(why is None, "task.gsm8k.template", str(why))
+        require(self.num_eval >= 1, "task.gsm8k.num_eval", f"must be >= 1 (got {self.num_eval})")
+        require(self.num_train is None or self.num_train >= 1, "task.gsm8k.num_train",
+                f"must be >= 1 or null for all the rest (got {self.num_train})")
+        require(0.0 <= self.format_reward <= 1.0, "task.gsm8k.format_reward",
+                f"must be in [0, 1] (got {self.format_reward})")
+
+
+def well_formed(response: str) -> bool:
+    """The GSM8K answer format: a ``####`` followed by a number (on the first non-empty line after it)."""
+    final = marked_final(response)
+    return final is not None and normalize_number(final) is not None
+
+
+def score(response: str, answer: str, finished: bool, format_reward: float = 0.0) -> Score:
+    """The GSM8K reward (module docstring). `correct` may hold without `well_formed`: the last-number fallback
+    reads "The answer is 18." too, so a chat model is not scored 0 for ignoring the ``####`` convention."""
+    if not finished:  # a truncated response may not have reached its final answer: no credit at all
+        return Score(reward=0.0, correct=False, well_formed=False)
+    correct = answers_match(extract_final(response), answer)
+    formed = well_formed(response)
+    return Score(reward=1.0 if correct else (format_reward if formed else 0.0), correct=correct, well_formed=formed)
+
+
+class GSM8KTask:
+    """GSM8K behind the `Task` interface (`tasks.base`); the file is read once per instance."""
+
+    name = "gsm8k"
+
+    def __init__(self, cfg: GSM8KTaskConfig):
+        self.cfg = cfg
+        self._splits: tuple[list[Prompt], list[Prompt]] | None = None
+
+    def splits(self) -> tuple[list[Prompt], list[Prompt]]:
+        if self._splits is None:
+            self._splits = self._make_splits()
+        train, held = self._splits
+        return list(train), list(held)
+
+    def _make_splits(self) -> tuple[list[Prompt], list[Prompt]]:
+        cfg = self.cfg
+        rows = read_jsonl(cfg.path)
+        shots = rows[: cfg.n_shots]
+        # a later row repeating a worked example's question would leak its answer into the prompt: drop it too
+        shown = {normalize_question(s.question) for s in shots}
+        rest = [r for r in rows[cfg.n_shots:] if normalize_question(r.question) not in shown]
+        train, held = hash_split(rest, lambda r: r.question, cfg.num_eval, cfg.num_train, cfg.split_seed,
+                                 f"{cfg.path} (after {cfg.n_shots} few-shot rows)", "task.gsm8k")
+        header = few_shot_header(cfg, shots)
+        return [self._prompt(r, header) for r in train], [self._prompt(r, header) for r in held]
+
+    def _prompt(self, row: QA, header: str) -> Prompt:
+        return Prompt(f"gsm8k-{row.line:05d}", header + self.cfg.template.format(question=row.question), row.final,
+                      meta={"line": row.line, "header_chars": len(header)})
+
+    def score(self, response: str, answer: str, finished: bool) -> Score:
+        return score(response, answer, finished, self.cfg.format_reward)
