@@ -1,8 +1,9 @@
 """`rlhfless` command-line entry point.
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
-`train`, `pretrain`, `predictor train|eval|convert|compare`, `data gsm8k-lengths|synthetic-trace|trace-stats`,
-`simulate`, `repro`, and `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen inside
+`train`, `pretrain`, `build-hf-model`, `predictor train|eval|convert|compare`,
+`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `repro`, and
+`bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen inside
 the command functions, so `rlhfless --help` is instant.
 
 User errors (`rlhfless.errors.UserError`) print one line and exit with status 2, without a traceback.
@@ -19,6 +20,7 @@ from rlhfless.errors import UserError
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
     "rlhfless.train_cli",
+    "rlhfless.model.cli",
     "rlhfless.plan.cli",
     "rlhfless.rollout.cli",
     "rlhfless.predictor.cli",

@@ -7,7 +7,8 @@ load); `load_checkpoint` checks that the tie survived.
 
 A checkpoint folder (`save_checkpoint`): ``config.json`` (Hugging Face Qwen2 config), ``model.safetensors``
 (float32 weights, ``lm_head`` omitted as it is tied), ``tokenizer.json`` (the byte tokenizer), ``rlhfless.json``
-(metadata). Checkpoints are shared, so `load_checkpoint` checks everything before transformers sees it and
+(metadata). `load_policy` takes either such a folder or any local Hugging Face causal-LM folder
+(`rlhfless.model.hf`). Checkpoints are shared, so `load_checkpoint` checks everything before transformers sees it and
 refuses, with one line naming the file: a missing file; a ``config.json`` that is not JSON, not a qwen2 causal
 LM, untied, not float32, out of `ModelConfig`'s ranges or with another vocabulary than the tokenizer's; an
 unreadable or truncated ``model.safetensors``; a missing or unexpected tensor, or one whose shape differs from
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from rlhfless.errors import ConfigError, DataError, require
 from rlhfless.jsonl import read_json_file
-from rlhfless.model.tokenizer import ByteTokenizer
+from rlhfless.model.tokenizer import ByteTokenizer, is_byte_tokenizer
 
 META_FILE = "rlhfless.json"
 
@@ -87,11 +88,14 @@ def build_model(cfg: ModelConfig, seed: int = 0):
 
 
 def save_checkpoint(model, directory: str | Path, meta: dict | None = None, tokenizer=None) -> Path:
-    """Write weights (safetensors), HF config, the tokenizer (default: the byte tokenizer) and a metadata JSON."""
+    """Write weights (safetensors), HF config, tokenizer and a small metadata JSON.
+
+    tokenizer: the policy's own (`TextTokenizer`, for a Hugging Face model its `HFTokenizer`); None writes the byte
+    tokenizer, which is the tiny model's."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    (tokenizer if tokenizer is not None else ByteTokenizer()).save(out)
+    (tokenizer or ByteTokenizer()).save(out)
     (out / META_FILE).write_text(json.dumps(meta or {}, indent=1, default=str))
     return out
 
@@ -116,6 +120,23 @@ def load_checkpoint(directory: str | Path):
     if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
         raise DataError(f"{path}: lm_head is not tied to the embeddings after loading")
     return model
+
+
+def load_policy(directory: str | Path):
+    """The policy model of a checkpoint folder: a rlhfless byte checkpoint (strict `load_checkpoint`) or any local
+    Hugging Face causal-LM folder (`rlhfless.model.hf.load_hf_model`, float32)."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise DataError(
+            f"policy.checkpoint: no folder at {path}; it expects a rlhfless checkpoint (`rlhfless pretrain --out DIR` "
+            "makes one) or a local Hugging Face causal-LM folder with config.json, model.safetensors and tokenizer "
+            "files (`rlhfless build-hf-model --out DIR` makes a small one)"
+        )
+    if is_byte_tokenizer(path):
+        return load_checkpoint(path)
+    from rlhfless.model.hf import load_hf_model
+
+    return load_hf_model(path)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -207,14 +228,3 @@ def model_config_of(model) -> ModelConfig:
 
 def describe(model) -> dict:
     return {**asdict(model_config_of(model)), "params": sum(p.numel() for p in model.parameters())}
-
-
-def load_policy(directory: str | Path):
-    """The policy in a checkpoint folder: the strict byte-tokenizer loader, or any Hugging Face causal LM."""
-    from rlhfless.model.tokenizer import is_byte_tokenizer
-
-    if is_byte_tokenizer(directory):
-        return load_checkpoint(directory)
-    from rlhfless.model.hf import load_hf_model
-
-    return load_hf_model(directory)
