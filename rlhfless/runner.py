@@ -391,9 +391,12 @@ def ensure_policy(cfg: RunConfig) -> None:
     from rlhfless.model.hf import TinyHFConfig, ensure_tiny_hf
     from rlhfless.tasks.config import make_task
 
-    train, _ = make_task(cfg.task).splits()
+    if cfg.task.name == "gsm8k":  # questions and worked answers: the vocabulary of what the model reads and writes
+        corpus: str | list[str] = cfg.task.gsm8k.path
+    else:
+        corpus = [f"{p.text} {p.answer}" for p in make_task(cfg.task).splits()[0]]
     print(f"rlhfless: building the policy {path} (policy.build={cfg.policy.build})", file=sys.stderr)
-    ensure_tiny_hf(path, [p.text for p in train], TinyHFConfig(seed=cfg.train.seed))
+    ensure_tiny_hf(path, corpus, TinyHFConfig(seed=cfg.train.seed))
 
 
 def _fresh_run_dir(out: Path) -> Path:

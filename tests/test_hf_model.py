@@ -112,12 +112,12 @@ def test_encode_prompt_with_and_without_the_chat_template(folder, tok):
 
 def test_stop_ids_hold_the_end_of_turn(folder, tok):
     im_end = tok.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert tok.stop_ids == (im_end,) == (2,)  # eos is the end of turn; see the hf module header for why id 2
+    assert tok.stop_ids == (im_end,) == (1,)  # eos is the end of turn; see the hf module header for why not 2
     gen = folder / "generation_config.json"
     saved = gen.read_text()
     try:  # generation_config's eos ids are stop ids too (int or list)
-        gen.write_text(json.dumps({**json.loads(saved), "eos_token_id": [2, 0]}))
-        assert load_tokenizer(folder).stop_ids == (0, 2)
+        gen.write_text(json.dumps({**json.loads(saved), "eos_token_id": [3, 0]}))
+        assert load_tokenizer(folder).stop_ids == (0, 1, 3)
     finally:
         gen.write_text(saved)
 

@@ -13,8 +13,9 @@
 Deviations: weights are always loaded as float32 whatever ``config.json``'s dtype says (the engines and the
 learner run fp32 on CPU; a bf16 checkpoint is upcast, so it takes twice its file size in memory). Only safetensors
 weights are read (``pytorch_model.bin`` is pickle; the project never unpickles). The tiny builder's special tokens
-are ``<|endoftext|>``=0 (pad), ``<|im_start|>``=1, ``<|im_end|>``=2 (eos and end of turn), so pad matches the
-engines' PAD_ID 0 and eos the byte tokenizer's EOS 2. Its BPE uses Qwen2's pre-tokenizer and is saved as a
+are ``<|endoftext|>``=0 (pad), ``<|im_end|>``=1 (eos and end of turn), ``<|im_start|>``=2: the stop id is
+deliberately not the byte tokenizer's EOS 2 (and 2 is a token a chat model emits), so code that still stopped at
+EOS 2 instead of the tokenizer's `stop_ids` would behave visibly wrong on this model. Its BPE uses Qwen2's pre-tokenizer and is saved as a
 `Qwen2Tokenizer` (a `PreTrainedTokenizerFast`), not a plain ByteLevel one: transformers 5 reloads any qwen2 folder
 as `Qwen2Tokenizer` with that pipeline (`train_tokenizer` says more). Load-time refusals beyond a plain
 ``from_pretrained``: tensors it would initialise randomly (missing or mis-shaped) are errors, not warnings.
@@ -230,7 +231,7 @@ def load_hf_model(directory: str | Path):
 
 
 # --- a tiny local folder, laid out like a downloaded checkpoint ------------------------------------------------
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2 (see the module header)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")  # ids 0, 1, 2 (see the module header)
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
@@ -366,8 +367,9 @@ def _built_with(path: Path) -> dict | None:
     return raw.get("tiny_hf_config") if isinstance(raw, dict) else None
 
 
-def ensure_tiny_hf(out: str | Path, corpus_path: str | Path, cfg: TinyHFConfig) -> Path:
-    """`out` when it already holds a model (config.json), else build it there from the corpus.
+def ensure_tiny_hf(out: str | Path, corpus: str | Path | list[str], cfg: TinyHFConfig) -> Path:
+    """`out` when it already holds a model (config.json), else build it there from the corpus (a GSM8K-format file,
+    or the texts themselves).
 
     The build goes into a temporary sibling that is renamed into place, so a crash never leaves a half folder.
     A folder this builder made with another `TinyHFConfig` is refused rather than silently reused."""
@@ -380,11 +382,12 @@ def ensure_tiny_hf(out: str | Path, corpus_path: str | Path, cfg: TinyHFConfig) 
         return path
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise DataError(f"{path}: exists but holds no model (no config.json); delete it or choose another folder")
-    texts = corpus_texts(corpus_path)
+    texts = corpus if isinstance(corpus, list) else corpus_texts(corpus)
+    label = f"{len(texts)} task texts" if isinstance(corpus, list) else str(corpus)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
     try:
-        build_tiny_hf(tmp, texts, cfg, corpus=str(corpus_path))
+        build_tiny_hf(tmp, texts, cfg, corpus=label)
         tmp.chmod(0o755)  # mkdtemp makes it private; the model folder is an ordinary one
         os.replace(tmp, path)  # atomic; replaces an empty folder
     except OSError:
