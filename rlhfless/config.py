@@ -37,11 +37,15 @@ class PolicyConfig:
     build: Literal["none", "tiny-bpe"] = "none"
     """When `checkpoint` does not exist: none = error; tiny-bpe = build a small random-initialised Qwen2 model with
     a BPE tokenizer trained on the task's texts there first (`rlhfless build-hf-model`), then use it."""
+    build_sft_steps: int = 0
+    """With policy.build=tiny-bpe: supervised warm-start steps on the train split's worked solutions before the
+    folder is saved (the GSM8K task has them), so GRPO starts from a model that sometimes earns a reward."""
 
     def __post_init__(self) -> None:
         require(self.chat_template in ("auto", "on", "off"), "policy.chat_template",
                 f"must be auto, on or off (got {self.chat_template!r})")
         require(self.build in ("none", "tiny-bpe"), "policy.build", f"must be none or tiny-bpe (got {self.build!r})")
+        require(self.build_sft_steps >= 0, "policy.build_sft_steps", f"must be >= 0 (got {self.build_sft_steps})")
 
     def resolved(self) -> Path:
         p = Path(self.checkpoint)

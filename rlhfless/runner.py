@@ -396,7 +396,22 @@ def ensure_policy(cfg: RunConfig) -> None:
     else:
         corpus = [f"{p.text} {p.answer}" for p in make_task(cfg.task).splits()[0]]
     print(f"rlhfless: building the policy {path} (policy.build={cfg.policy.build})", file=sys.stderr)
-    ensure_tiny_hf(path, corpus, TinyHFConfig(seed=cfg.train.seed))
+    after = (lambda folder: _warm_start(cfg, folder)) if cfg.policy.build_sft_steps else None
+    ensure_tiny_hf(path, corpus, TinyHFConfig(seed=cfg.train.seed), after=after)
+
+
+def _warm_start(cfg: RunConfig, folder: Path) -> dict:
+    """Supervised warm start of a freshly built policy folder on the task's train solutions (`model.warmstart`)."""
+    from rlhfless.model.warmstart import WarmStartConfig, solution_pairs, warm_start
+
+    torch.set_num_threads(cfg.train.threads)
+    model = load_policy(folder)
+    env = make_env(cfg, folder)
+    pairs = solution_pairs(env, env.task.splits()[0], context_of(model, env))
+    done = warm_start(model, pairs, WarmStartConfig(steps=cfg.policy.build_sft_steps, seed=cfg.train.seed))
+    model.save_pretrained(folder, safe_serialization=True)
+    print(f"rlhfless: warm start: {done}", file=sys.stderr)
+    return {"warm_start": done}
 
 
 def _fresh_run_dir(out: Path) -> Path:

@@ -123,3 +123,35 @@ def test_the_serverless_runtime_decodes_and_scores_with_the_checkpoints_tokenize
     trace = {m: [(r["response_len"], r["truncated"], r["reward"]) for r in _rows(p / "traces" / "rollouts.jsonl")]
              for m, p in runs.items()}
     assert trace["inline"] == trace["serverless"]
+
+
+def test_the_build_can_warm_start_on_the_train_solutions_only(setup, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    import rlhfless.model.warmstart as ws
+    from rlhfless.errors import DataError
+    from rlhfless.runner import ensure_policy
+    from rlhfless.tasks.arith import ArithTask, ArithTaskConfig
+    from rlhfless.textenv import TextEnv, make_env
+
+    _, data, model_dir = setup
+    base = [f"task.gsm8k.path={data}", "task.gsm8k.num_eval=8", "policy.build=tiny-bpe", "train.threads=1"]
+    seen: list[str] = []
+    real = ws.solution_pairs
+    monkeypatch.setattr(ws, "solution_pairs", lambda env, prompts, ctx: (seen.extend(p.prompt_id for p in prompts),
+                                                                       real(env, prompts, ctx))[1])
+    folders = {}
+    for steps in (0, 6):
+        folders[steps] = tmp_path / f"sft{steps}"
+        ensure_policy(load_run_config(REPO / "experiments/configs/gsm8k_hf.yaml",
+                                      base + [f"policy.checkpoint={folders[steps]}", f"policy.build_sft_steps={steps}"]))
+    meta = json.loads((folders[6] / "rlhfless.json").read_text())["warm_start"]
+    assert meta["steps"] == 6 and meta["loss_last"] < meta["loss_first"]
+    assert "warm_start" not in json.loads((folders[0] / "rlhfless.json").read_text())
+    a, b = (load_file(str(folders[s] / "model.safetensors")) for s in (0, 6))
+    assert any(not (a[k] == b[k]).all() for k in a)
+    train, held = make_env(load_run_config(None, base + [f"policy.checkpoint={model_dir}", "task.name=gsm8k"])).task.splits()
+    assert seen == [p.prompt_id for p in train] and not set(seen) & {p.prompt_id for p in held}
+    with pytest.raises(DataError, match="policy.build_sft_steps=0"):
+        real(TextEnv(ArithTask(ArithTaskConfig()), load_tokenizer(model_dir)), ArithTask(ArithTaskConfig()).splits()[0],
+             512)

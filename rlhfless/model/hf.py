@@ -155,6 +155,9 @@ class HFTokenizer:
         bos = tok.bos_token_id
         return ([bos] if bos is not None and ids[:1] != [bos] else []) + ids
 
+    def encode_text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
@@ -367,9 +370,10 @@ def _built_with(path: Path) -> dict | None:
     return raw.get("tiny_hf_config") if isinstance(raw, dict) else None
 
 
-def ensure_tiny_hf(out: str | Path, corpus: str | Path | list[str], cfg: TinyHFConfig) -> Path:
+def ensure_tiny_hf(out: str | Path, corpus: str | Path | list[str], cfg: TinyHFConfig, after=None) -> Path:
     """`out` when it already holds a model (config.json), else build it there from the corpus (a GSM8K-format file,
-    or the texts themselves).
+    or the texts themselves). `after(folder) -> dict`, when given, runs on the built folder before it is renamed
+    into place (a warm start that rewrites the weights); its result is recorded in the folder's rlhfless.json.
 
     The build goes into a temporary sibling that is renamed into place, so a crash never leaves a half folder.
     A folder this builder made with another `TinyHFConfig` is refused rather than silently reused."""
@@ -388,6 +392,9 @@ def ensure_tiny_hf(out: str | Path, corpus: str | Path | list[str], cfg: TinyHFC
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
     try:
         build_tiny_hf(tmp, texts, cfg, corpus=label)
+        if after is not None:
+            meta = json.loads((tmp / BUILD_META).read_text())
+            (tmp / BUILD_META).write_text(json.dumps({**meta, **after(tmp)}, indent=1))
         tmp.chmod(0o755)  # mkdtemp makes it private; the model folder is an ordinary one
         os.replace(tmp, path)  # atomic; replaces an empty folder
     except OSError:

@@ -57,7 +57,7 @@ class PretrainConfig:
         require(self.eval_prompts >= 0, "pretrain.eval_prompts", f"must be >= 0 (got {self.eval_prompts})")
 
 
-def _pad_batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_batch(pairs: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded [B, T] ids and [B, T] labels (-100 on prompt and padding)."""
     width = max(len(p) + len(r) for p, r in pairs)
     ids = torch.full((len(pairs), width), PAD_ID, dtype=torch.long)
@@ -83,7 +83,7 @@ def sft_batches(stream: SFTStream, batch_size: int, pool: int = 8):
     """Endless (ids, labels) batches of `sft_chunks`."""
     tok = ByteTokenizer()
     for chunk in sft_chunks(stream, batch_size, pool):
-        yield _pad_batch([(tok.encode(p, bos=True), tok.encode(s, eos=True)) for p, s in chunk])
+        yield pad_batch([(tok.encode(p, bos=True), tok.encode(s, eos=True)) for p, s in chunk])
 
 
 def lr_at(step: int, cfg: PretrainConfig) -> float:

@@ -42,6 +42,10 @@ class TextTokenizer(Protocol):
         """Ids of a task prompt as the model sees it (BOS, or the chat template's turn markers, included)."""
         ...
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of plain text, no special tokens (a response written for supervised warm-starts)."""
+        ...
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of a response, special tokens (the stop token among them) left out."""
         ...
@@ -68,6 +72,9 @@ class ByteTokenizer:
 
     def encode_prompt(self, text: str) -> list[int]:
         return self.encode(text, bos=True)
+
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode(text)
 
     def decode(self, ids: Iterable[int]) -> str:
         data = bytes(i - _OFFSET for i in ids if i >= _OFFSET)

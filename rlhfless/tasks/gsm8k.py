@@ -195,7 +195,7 @@ class GSM8KTask:
 
     def _prompt(self, row: QA, header: str) -> Prompt:
         return Prompt(f"gsm8k-{row.line:05d}", header + self.cfg.template.format(question=row.question), row.final,
-                      meta={"line": row.line, "header_chars": len(header)})
+                      meta={"line": row.line, "header_chars": len(header), "solution": row.answer})
 
     def score(self, response: str, answer: str, finished: bool) -> Score:
         return score(response, answer, finished, self.cfg.format_reward)
