@@ -72,8 +72,9 @@ class RolloutConfig:
     """Learner and reference forward passes run each prompt once per group and reuse its KV for the G responses."""
     engine: Literal["own", "vllm"] = "own"
     """Training rollout engine: own (this project's) or vllm (the optional extra in its own venv, `make test-vllm`;
-    runtime.mode=inline only; given the learner's weights every step; greedy equals own, sampled tokens come from
-    vLLM's random streams). The held-out eval always uses the own engine."""
+    given the learner's weights every step: inline, or in every decode worker of the runtime modes; greedy equals
+    own, sampled tokens come from vLLM's random streams, and a migrated row continues from a new stream, so
+    serverless and serverful samples agree only without migration). The held-out eval always uses the own engine."""
 
     def __post_init__(self) -> None:
         require(self.engine in ("own", "vllm"), "rollout.engine", f"must be own or vllm (got {self.engine!r})")
@@ -169,10 +170,10 @@ class RunConfig:
                     "decision, so the planner must run: set train.plan=true")
         require(self.plan.capacity >= self.algo.group_size, "plan.capacity",
                 f"must hold one group: >= algo.group_size={self.algo.group_size} (got {self.plan.capacity})")
-        # the runtime's decode functions cut and resume rows with the own engine's sessions; vLLM has none
-        require(self.rollout.engine == "own" or self.runtime.mode == "inline", "rollout.engine",
-                f"vllm runs with runtime.mode=inline only (got runtime.mode={self.runtime.mode}); use "
-                "rollout.engine=own for the runtime modes")
+        # vLLM prefills inside its own engine (prefix cache): the prefill function's shipped KV cannot enter it
+        require(self.rollout.engine == "own" or self.runtime.ship_prefix_kv != "always", "runtime.ship_prefix_kv",
+                "always ships the prefill function's KV to the decode functions, which rollout.engine=vllm cannot "
+                "take (vLLM prefills with its own prefix cache); use never or auto (auto never ships with vllm)")
         if self.algo.max_seq_len_norm is not None:
             require(self.algo.max_seq_len_norm >= self.rollout.max_new_tokens, "algo.max_seq_len_norm",
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")

@@ -88,7 +88,10 @@ def test_plan_config_file_errors_name_the_file_in_one_line(tmp_path, text, messa
     assert str(err.value).startswith(str(p)) and "\n" not in str(err.value)
 
 
-def test_vllm_engine_is_refused_outside_the_inline_mode():
-    assert load_run_config(None, ["rollout.engine=vllm"]).rollout.engine == "vllm"  # inline: accepted
-    with pytest.raises(ConfigError, match=r"rollout\.engine: vllm runs with runtime\.mode=inline only"):
-        load_run_config(None, ["rollout.engine=vllm", "runtime.mode=serverless"])
+def test_vllm_engine_runs_in_every_mode_but_takes_no_shipped_kv():
+    for mode in ("inline", "serverless", "serverful", "compare"):
+        assert load_run_config(None, ["rollout.engine=vllm", f"runtime.mode={mode}"]).rollout.engine == "vllm"
+    auto = load_run_config(None, ["rollout.engine=vllm", "runtime.mode=serverless", "runtime.ship_prefix_kv=auto"])
+    assert auto.runtime.ship_prefix_kv == "auto"  # accepted: the decode stage never ships KV to vLLM
+    with pytest.raises(ConfigError, match=r"runtime\.ship_prefix_kv: always .* rollout\.engine=vllm cannot take"):
+        load_run_config(None, ["rollout.engine=vllm", "runtime.mode=serverless", "runtime.ship_prefix_kv=always"])

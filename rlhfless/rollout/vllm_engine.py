@@ -22,9 +22,21 @@ Deviations and limitations (from the paper and from `rollout.engine`):
   their prompt KV when it spans a full block); sampled sends each prompt once with n=G.
 - Log-probs are vLLM's "raw" ones: log-softmax of the model's logits before temperature/top-p, i.e. what the
   learner's `rollout.forward.response_logprobs` computes, not the sampling distribution's when temperature != 1.
-- No decode/migration contract: vLLM cannot hand over unfinished rows with their random streams, so it is a
-  whole-batch engine only (no `DecodeSession`); `iterations` is empty (no TPOT profile) and prefill and decode
-  overlap inside vLLM, so `prefill.seconds` is 0 and the wall time is all in `decode_seconds`.
+- `generate` is a whole batch: `iterations` is empty (no TPOT profile) and prefill and decode overlap inside
+  vLLM, so `prefill.seconds` is 0 and the wall time is all in `decode_seconds`.
+- Sessions (`VLLMEngine.session` -> `VLLMSession`, the runtime decode functions' engine): `DecodeSession`'s
+  methods (advance / done / progress / take_unfinished / finished_rows / iterations / busy_seconds) on vLLM's
+  step-wise engine (`add_request`, `step`, `abort_request`). One request per row (n=1) seeded `row_seed(seed, row)`,
+  so a fresh row's tokens are the inline `generate`'s and do not depend on the actor or the split. A migrated row
+  (prefix given) is a new request on prompt + tokens so far, seeded `session_seed(seed, row, len(prefix))`: vLLM
+  cannot hand over a request's random stream, so a migrated row's continuation samples from ANOTHER stream than
+  the uncut row would (greedy continues exactly). Hence serverless-vs-serverful sample identity, with migration,
+  holds for the own engine only. The sessions of one engine share its batch: advancing one steps every request
+  in the engine (adopted rows join the running batch, continuous batching), and outputs go to their owner.
+  `generate` is refused while sessions hold requests (vLLM's `generate` would step, and swallow, theirs).
+  One `advance` iteration is one engine step; a request's first step also prefills it (vLLM schedules prefill
+  and decode together), and its `IterationRecord` holds the engine's requests and the longest one's tokens
+  (paged KV has no padded width), so a TPOT profile fitted on it is not the own engine's.
 - Prefix sharing is vLLM's block-granular prefix cache (a prompt shares only whole blocks, default 128 tokens on
   CPU), not the own engine's cost-model planned dedup; `prefill.tokens_computed` counts prompt tokens that missed
   the cache in this call (from vLLM's counters, which need `disable_log_stats=False`).
@@ -37,20 +49,23 @@ Deviations and limitations (from the paper and from `rollout.engine`):
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
-from rlhfless.errors import DataError, UserError
-from rlhfless.rollout.engine import PrefillStats, RolloutOutput, SamplingParams
+from rlhfless.errors import DataError, UserError, require
+from rlhfless.rollout.engine import IterationRecord, PrefillStats, RolloutOutput, SamplingParams
 from rlhfless.rollout.prefix import check_prompts
+from rlhfless.rollout.session import PartialRow, SessionProgress
 
-__all__ = ["VLLMEngine", "VLLMRolloutOutput", "vllm_available", "row_seed"]
+__all__ = ["VLLMEngine", "VLLMRolloutOutput", "VLLMSession", "vllm_available", "row_seed", "session_seed"]
 
 _HEAD, _EMBED = "lm_head.weight", "model.embed_tokens.weight"
 _SEED_STRIDE = 1_000_003  # rows of one call get consecutive seeds; calls with nearby seeds do not overlap
@@ -68,6 +83,15 @@ def vllm_available() -> str | None:
 def row_seed(seed: int, row: int) -> int:
     """The vLLM sampling seed of row `row` (group-major) in a call with `seed`."""
     return seed * _SEED_STRIDE + row
+
+
+def session_seed(seed: int, row: int, done: int) -> int:
+    """The vLLM seed of row `row` resumed after `done` tokens: the row's own seed when none were generated, else
+    a 63-bit hash of (seed, row, done), a stream of its own (see the module header: not the uncut row's)."""
+    if done == 0:
+        return row_seed(seed, row)
+    digest = hashlib.blake2b(f"{seed}:{row}:{done}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass
@@ -101,6 +125,8 @@ class VLLMEngine:
                               kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)), enforce_eager=enforce_eager,
                               threads=threads)
         self.max_positions = int(self.llm.llm_engine.model_config.max_model_len)
+        self._owners: dict[str, VLLMSession] = {}  # open session requests by id: step() routes their outputs
+        self._ids = itertools.count()
 
     def generate(self, prompts: list[list[int]], group_size: int, params: SamplingParams, *,
                  seed: int = 0) -> VLLMRolloutOutput:
@@ -108,6 +134,9 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
 
         check_prompts(prompts, group_size, self.max_positions)
+        if self._owners:
+            raise UserError(f"VLLMEngine.generate: sessions still hold {len(self._owners)} requests; advance them "
+                            "to the end or take_unfinished() first")
         greedy = params.temperature == 0
         before = self.prefix_cache_stats()
         t0 = time.perf_counter()
@@ -130,12 +159,47 @@ class VLLMEngine:
                                  logprobs=logprobs, prefix_cache=cache)
 
     @staticmethod
-    def _params(params: SamplingParams, n: int, seed: int | None):
+    def _params(params: SamplingParams, n: int, seed: int | None, logprobs: int | None = 0):
         from vllm import SamplingParams as VSamplingParams
 
         return VSamplingParams(n=n, temperature=params.temperature, top_p=params.top_p, top_k=0, seed=seed,
-                               max_tokens=params.max_new_tokens, stop_token_ids=list(params.stop_ids), logprobs=0,
-                               detokenize=False, skip_special_tokens=False)
+                               max_tokens=params.max_new_tokens, stop_token_ids=list(params.stop_ids),
+                               logprobs=logprobs, detokenize=False, skip_special_tokens=False)
+
+    # -- sessions (the runtime's decode functions) ----------------------------------------------------------------
+    def session(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int = 0, *,
+                row_ids: Sequence[int], prefix_tokens: Sequence[Sequence[int]] | None = None) -> VLLMSession:
+        """Rows `row_ids` (one prompt each) decoding in this engine, driven like a `DecodeSession`; rows with
+        `prefix_tokens` continue those tokens (migrated rows). See the module header for the seeds."""
+        return VLLMSession(self, prompts, params, seed, row_ids=row_ids, prefix_tokens=prefix_tokens)
+
+    def _add(self, owner: VLLMSession, prompt: list[int], params) -> str:
+        from vllm.inputs import TokensPrompt
+
+        rid = f"row-{next(self._ids)}"
+        self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt), params)
+        self._owners[rid] = owner
+        return rid
+
+    def _step(self) -> tuple[int, int]:
+        """One engine step (one token for every running request); outputs go to their sessions. Returns the
+        requests it had and the longest of them in tokens (the iteration record's batch and context)."""
+        if not self.llm.llm_engine.has_unfinished_requests():
+            raise RuntimeError(f"vLLM engine: {len(self._owners)} session requests open but none in the engine")
+        batch, context = len(self._owners), max((o._length(r) for r, o in self._owners.items()), default=0)
+        for out in self.llm.llm_engine.step():
+            owner = self._owners.get(out.request_id)
+            if owner is not None:
+                owner._on_output(out)
+                if out.finished:
+                    del self._owners[out.request_id]
+        return batch, context
+
+    def _abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._owners.pop(rid, None)
+        if request_ids:
+            self.llm.llm_engine.abort_request(request_ids)
 
     def load_weights(self, weights: Mapping[str, torch.Tensor] | str | Path) -> None:
         """Replace the policy's weights in place: a state dict (`model.state_dict()`), a ``.safetensors`` file
@@ -190,6 +254,103 @@ class VLLMEngine:
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+
+
+class VLLMSession:
+    """Some rows of one step decoding in a `VLLMEngine`, with `DecodeSession`'s methods (see the module header).
+
+    prompts[i] is row row_ids[i]'s prompt; prefix_tokens[i], when given, the tokens it already has (a migrated
+    row: it continues them, and max_new_tokens counts them, as in `DecodeSession`).
+    """
+
+    def __init__(self, engine: VLLMEngine, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int = 0,
+                 *, row_ids: Sequence[int], prefix_tokens: Sequence[Sequence[int]] | None = None):
+        t0 = time.perf_counter()
+        rows = [int(r) for r in row_ids]
+        prefix = [tuple(p) for p in prefix_tokens] if prefix_tokens is not None else [()] * len(rows)
+        require(len(rows) >= 1, "decode.row_ids", "is empty: no rows to decode")
+        require(len(prompts) == len(rows) == len(prefix), "decode.prompts",
+                f"{len(prompts)} prompts, {len(rows)} row ids and {len(prefix)} prefixes: one each per row")
+        require(len(set(rows)) == len(rows), "decode.row_ids", "must be distinct")
+        self.engine, self.params, self.seed, self.row_ids = engine, params, seed, rows
+        self._prefix = dict(zip(rows, prefix))
+        self._generated: dict[int, tuple[int, ...]] = {r: () for r in rows}
+        self._width: dict[int, int] = {}  # row -> prompt + prefix tokens (what vLLM prefills)
+        self._open: dict[str, int] = {}  # request id -> row, in row order
+        self._finished: dict[int, tuple[list[int], bool]] = {}
+        requests = [self._request(row, list(prompt) + list(pre), len(pre)) for row, prompt, pre in
+                    zip(rows, prompts, prefix)]  # every row checked before the first enters the engine
+        for row, full, sp in requests:
+            self._width[row] = len(full)
+            self._open[engine._add(self, full, sp)] = row
+        self.iterations: list[IterationRecord] = []
+        self.busy_seconds = time.perf_counter() - t0
+        """Wall seconds spent in this session's calls (adding requests, advance, take_unfinished)."""
+
+    def _request(self, row: int, full: list[int], done: int) -> tuple[int, list[int], object]:
+        """(row, prompt + prefix, vLLM sampling params) of one row, checked like `DecodeSession` checks it."""
+        p, pre = self.params, full[len(full) - done:] if done else []
+        require(done < p.max_new_tokens, "decode.prefix_tokens", f"row {row} already has {done} tokens; "
+                f"max_new_tokens={p.max_new_tokens} counts them and leaves none to generate")
+        require(not set(pre) & set(p.stop_ids), "decode.prefix_tokens", f"row {row} contains a stop token: it is "
+                "finished")
+        require(done < len(full) < self.engine.max_positions, "resume.partials", f"row {row} has {len(full)} tokens "
+                f"with its prompt; the model's context is {self.engine.max_positions}")
+        seed = None if p.temperature == 0 else session_seed(self.seed, row, done)
+        return row, full, self.engine._params(replace(p, max_new_tokens=p.max_new_tokens - done), 1, seed,
+                                              logprobs=None)
+
+    @property
+    def done(self) -> bool:
+        """No row left to decode (all finished, or the unfinished ones were taken)."""
+        return not self._open
+
+    def _length(self, rid: str) -> int:
+        row = self._open[rid]
+        return self._width[row] + len(self._generated[row])
+
+    def _on_output(self, out) -> None:
+        """A cumulative output of one of this session's requests (called by the engine's step)."""
+        row = self._open[out.request_id]
+        self._generated[row] = tuple(out.outputs[0].token_ids)
+        if out.finished:
+            tokens = list(self._prefix[row] + self._generated[row])
+            # vLLM also ends a row at the model's context: truncated like a row that hit max_new_tokens
+            self._finished[row] = (tokens, not tokens or tokens[-1] not in self.params.stop_ids)
+            del self._open[out.request_id]
+
+    def advance(self, max_iters: int) -> bool:
+        """Run up to `max_iters` engine steps (a step advances every request in the engine, other sessions'
+        too); True when no row of this session is left to decode."""
+        require(max_iters >= 0, "decode.max_iters", f"must be >= 0 (got {max_iters})")
+        t_start = time.perf_counter()
+        for _ in range(max_iters):
+            if self.done:
+                break
+            t0 = time.perf_counter()
+            batch, context = self.engine._step()
+            self.iterations.append(IterationRecord(batch, context, time.perf_counter() - t0))
+        self.busy_seconds += time.perf_counter() - t_start
+        return self.done
+
+    def progress(self) -> SessionProgress:
+        """Rows, finished count, and (row_id, tokens so far incl. prefix) of every unfinished row."""
+        return SessionProgress(len(self.row_ids), len(self._finished),
+                               tuple((row, len(self._prefix[row]) + len(self._generated[row]))
+                                     for row in self._open.values()))
+
+    def take_unfinished(self) -> list[PartialRow]:
+        """Abort the rows still decoding and return them with their tokens so far; the session is then done."""
+        t0 = time.perf_counter()
+        out = [PartialRow(row, self._prefix[row] + self._generated[row]) for row in self._open.values()]
+        self.engine._abort(list(self._open))
+        self._open.clear()
+        self.busy_seconds += time.perf_counter() - t0
+        return out
+
+    def finished_rows(self) -> dict[int, tuple[list[int], bool]]:
+        """row_id -> (tokens incl. prefix, EOS included when emitted; truncated = no stop token at the end)."""
+        return dict(self._finished)
 
 
 def _tensor_shapes(path: Path) -> dict[str, list[int]]:

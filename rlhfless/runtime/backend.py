@@ -73,12 +73,14 @@ def _without_main():
 
 
 class LocalBackend:
-    def __init__(self, start_method: str = "forkserver"):
+    def __init__(self, start_method: str = "forkserver", preload: list[str] | None = None):
+        """preload: the modules the fork server imports once (default `worker.PRELOAD`; `worker.preload(engine)`
+        adds vLLM's for rollout.engine=vllm)."""
         self.start_method = start_method
         self.ctx = mp.get_context(start_method)
         self.platform_start_s = 0.0
         if start_method == "forkserver":
-            self.ctx.set_forkserver_preload(PRELOAD)
+            self.ctx.set_forkserver_preload(PRELOAD if preload is None else preload)
 
     def boot(self) -> float:
         """Start the fork server now (imports happen once, off the step loop); returns the seconds it took."""

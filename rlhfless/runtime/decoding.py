@@ -1,59 +1,46 @@
 """The decode function's body, inside a worker: prefill its rows, decode them in sessions, obey cut/adopt, score.
 
 Rows arrive as items: {"g": group index, "prompt": token ids, "answer": str, "rows": original row ids,
-"prefix": None for fresh rows, or one token list per row for migrated rows}. Fresh rows of one item share the
-prompt's prefill (deduplicated: computed once, repeated per row); migrated rows are re-prefilled with their
-partial response (`rollout.session.resume_prefill`). Each set of rows is one `DecodeSession`; sessions advance
-in turns of `progress_every` iterations, so an adopted batch runs beside the worker's own.
+"prefix": None for fresh rows, or one token list per row for migrated rows}. The job opens its sessions through
+one factory per engine (`open_sessions`: `rollout.engine`), so `run_decode` calls the same session methods
+(advance, done, progress, take_unfinished, finished_rows, iterations) whichever engine is behind them:
+- own: fresh rows of one item share the prompt's prefill (deduplicated: computed once, repeated per row), or the
+  prefill function's shipped KV; migrated rows are re-prefilled with their partial response
+  (`rollout.session.resume_prefill`). Each set of rows is one `DecodeSession`; sessions advance in turns of
+  `progress_every` iterations, so an adopted batch runs beside the worker's own.
+- vllm: the worker's in-process `VLLMEngine` (holding the replica's weights since the last sync), one request
+  per row (`VLLMEngine.session`); vLLM prefills with its own prefix cache, so the prefill function does not apply
+  (`runtime.ship_prefix_kv=always` is refused, auto never ships). A migrated row continues its tokens but from a
+  stream of its own (`vllm_engine.session_seed`), so with migration the sampled tokens differ from the uncut
+  run's: mode-vs-mode sample identity holds for the own engine only (greedy continues exactly either way).
 
-Deviation from a paged-KV engine: an adopted batch is not merged into the running one; the two are stepped in
-turn, which on a CPU core (where an iteration costs nearly the same for 1 or 100 rows) makes adopted rows cost
-almost their own stream of iterations. The migration's cost is measured, not assumed.
+Deviation from a paged-KV engine (own engine): an adopted batch is not merged into the running one; the two are
+stepped in turn, which on a CPU core (where an iteration costs nearly the same for 1 or 100 rows) makes adopted
+rows cost almost their own stream of iterations. The migration's cost is measured, not assumed. With vllm the
+adopted rows join the running batch (each engine step advances every session's requests).
 """
 
 from __future__ import annotations
 
 import torch
 
+from rlhfless.errors import ConfigError
 from rlhfless.rollout.engine import prefill
 from rlhfless.rollout.session import DecodeSession, PartialRow, resume_prefill, state_from_tensors, state_to_tensors
 from rlhfless.runtime import wire
 from rlhfless.runtime.worker import now
 
 
-class _Job:
-    """One decode invocation's sessions and results (lives inside `run_decode`)."""
+class _OwnSessions:
+    """The own engine's `DecodeSession`s on the worker's policy replica."""
 
-    def __init__(self, worker, msg: dict):
-        r = worker.cfg.rollout
-        self.worker = worker
-        self.params = worker.env.sampling(r.max_new_tokens, r.temperature, r.top_p)
-        self.seed, self.n_total = msg["seed"], msg["n_total"]
-        self.sessions: list[DecodeSession] = []
-        self.answers: dict[int, str] = {}
-        self.adopted = 0
+    engine = "own"
+
+    def __init__(self, worker, params, seed: int, n_total: int):
+        self.worker, self.params, self.seed, self.n_total = worker, params, seed, n_total
         self.prefill = [0, 0, 0.0]  # prompt tokens computed, naive tokens, seconds
 
-    def add(self, items: list[dict], kv: dict | None = None) -> None:
-        fresh = [it for it in items if it.get("prefix") is None]
-        moved = [it for it in items if it.get("prefix") is not None]
-        for it in items:
-            for row in it["rows"]:
-                self.answers[row] = it["answer"]
-        if fresh and kv is not None:
-            self.sessions.append(self._shipped(kv))
-        elif fresh:
-            self.sessions.append(self._fresh(fresh))
-        if moved:
-            partials = [PartialRow(row, tuple(p)) for it in moved for row, p in zip(it["rows"], it["prefix"])]
-            prompts = [it["prompt"] for it in moved for _ in it["rows"]]
-            state = resume_prefill(self.worker.model, prompts, partials)
-            self.sessions.append(DecodeSession(self.worker.model, state, self.params, self.seed,
-                                               row_ids=[p.row_id for p in partials], n_total=self.n_total,
-                                               prefix_tokens=[p.tokens for p in partials]))
-            self.adopted += len(partials)
-
-    def _fresh(self, items: list[dict]) -> DecodeSession:
+    def fresh(self, items: list[dict]) -> DecodeSession:
         G = self.worker.G
         state = prefill(self.worker.model, [it["prompt"] for it in items], G,
                         dedup=self.worker.cfg.rollout.dedup_prefill)
@@ -67,7 +54,7 @@ class _Job:
             state, rows = state.select(keep), rows[keep]
         return DecodeSession(self.worker.model, state, self.params, self.seed, row_ids=rows, n_total=self.n_total)
 
-    def _shipped(self, kv: dict) -> DecodeSession:
+    def shipped(self, kv: dict) -> DecodeSession:
         """The prefix KV the prefill function computed for this actor's groups (rows in kv["rows"] order)."""
         from safetensors import safe_open
 
@@ -76,6 +63,76 @@ class _Job:
         state = state_from_tensors(wire.read_tensors(kv["path"]), meta, self.worker.model)
         return DecodeSession(self.worker.model, state, self.params, self.seed, row_ids=kv["rows"],
                              n_total=self.n_total)
+
+    def resumed(self, prompts: list[list[int]], partials: list[PartialRow]) -> DecodeSession:
+        state = resume_prefill(self.worker.model, prompts, partials)
+        return DecodeSession(self.worker.model, state, self.params, self.seed, row_ids=[p.row_id for p in partials],
+                             n_total=self.n_total, prefix_tokens=[p.tokens for p in partials])
+
+    def prefill_stats(self) -> list:
+        return self.prefill
+
+
+class _VLLMSessions:
+    """`VLLMSession`s in the worker's vLLM engine; prefill is vLLM's (prefix cache), counted from its counters."""
+
+    engine = "vllm"
+
+    def __init__(self, worker, params, seed: int, n_total: int):
+        self.vllm, self.params, self.seed = worker.vllm, params, seed
+        self._before = self.vllm.prefix_cache_stats()
+        self._naive = 0  # prompt (+ prefix) tokens sent: what a prefill without any cache would compute
+
+    def fresh(self, items: list[dict]):
+        prompts = [it["prompt"] for it in items for _ in it["rows"]]
+        self._naive += sum(map(len, prompts))
+        return self.vllm.session(prompts, self.params, self.seed, row_ids=[r for it in items for r in it["rows"]])
+
+    def shipped(self, kv: dict):
+        raise ConfigError("runtime.ship_prefix_kv: rollout.engine=vllm prefills with its own prefix cache; the "
+                          "prefill function's KV does not apply (use never or auto)")
+
+    def resumed(self, prompts: list[list[int]], partials: list[PartialRow]):
+        self._naive += sum(len(p) + len(r.tokens) for p, r in zip(prompts, partials))
+        return self.vllm.session(prompts, self.params, self.seed, row_ids=[p.row_id for p in partials],
+                                 prefix_tokens=[p.tokens for p in partials])
+
+    def prefill_stats(self) -> list:
+        after = self.vllm.prefix_cache_stats()
+        missed = (after["queries"] - self._before["queries"]) - (after["hits"] - self._before["hits"])
+        return [missed, self._naive, 0.0]  # vLLM overlaps prefill with decode: its seconds are in decode's
+
+
+def open_sessions(worker, params, seed: int, n_total: int) -> _OwnSessions | _VLLMSessions:
+    """The session factory of the worker's engine (`rollout.engine`; the worker started vLLM when it is vllm)."""
+    kind = _VLLMSessions if worker.vllm is not None else _OwnSessions
+    return kind(worker, params, seed, n_total)
+
+
+class _Job:
+    """One decode invocation's sessions and results (lives inside `run_decode`)."""
+
+    def __init__(self, worker, msg: dict):
+        r = worker.cfg.rollout
+        self.worker = worker
+        params = worker.env.sampling(r.max_new_tokens, r.temperature, r.top_p)
+        self.open = open_sessions(worker, params, msg["seed"], msg["n_total"])
+        self.sessions: list = []
+        self.answers: dict[int, str] = {}
+        self.adopted = 0
+
+    def add(self, items: list[dict], kv: dict | None = None) -> None:
+        fresh = [it for it in items if it.get("prefix") is None]
+        moved = [it for it in items if it.get("prefix") is not None]
+        for it in items:
+            for row in it["rows"]:
+                self.answers[row] = it["answer"]
+        if fresh:
+            self.sessions.append(self.open.shipped(kv) if kv is not None else self.open.fresh(fresh))
+        if moved:
+            partials = [PartialRow(row, tuple(p)) for it in moved for row, p in zip(it["rows"], it["prefix"])]
+            self.sessions.append(self.open.resumed([it["prompt"] for it in moved for _ in it["rows"]], partials))
+            self.adopted += len(partials)
 
     def unfinished(self) -> list[list[int]]:
         return [[row, gen] for s in self.sessions for row, gen in s.progress().unfinished]
@@ -123,8 +180,9 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
     t_decode = now()
     results, reward_s = job.results()
     return {"op": "done", "step": msg["step"], "t_start": t0, "t_decode_end": t_decode, "t_end": now(),
-            "sync_s": sync_s, "reward_s": reward_s, "results": results, "prefill": job.prefill,
-            "adopted": job.adopted, "cut": len(cut_rows), "iterations": sum(len(s.iterations) for s in job.sessions)}
+            "sync_s": sync_s, "reward_s": reward_s, "results": results, "prefill": job.open.prefill_stats(),
+            "adopted": job.adopted, "cut": len(cut_rows), "iterations": sum(len(s.iterations) for s in job.sessions),
+            "engine": job.open.engine}
 
 
 def run_prefill(worker, msg: dict, sync_s: float) -> dict:

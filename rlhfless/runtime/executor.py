@@ -88,7 +88,9 @@ class Runtime:
             from rlhfless.runtime.raybackend import RayBackend
 
             return RayBackend(self.rt.ray_address, self.units, self.rt.start_method)
-        return LocalBackend(self.rt.start_method)
+        from rlhfless.runtime.worker import preload
+
+        return LocalBackend(self.rt.start_method, preload(self.cfg.rollout.engine))
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:
@@ -101,12 +103,13 @@ class Runtime:
         self.counters[key] = self.counters.get(key, 0.0) + n
 
     def record(self, step: int, kind: str, h, requested: float, started: float, finished: float, cold: bool,
-               attempt: int = 1, ok: bool = True, groups: list[int] | None = None, **extra) -> None:
+               attempt: int = 1, ok: bool = True, groups: list[int] | None = None, engine: str = "",
+               **extra) -> None:
         started = max(started, requested)
         self.invocations.append(InvocationRecord(step, kind, h.worker, float(len(h.cores)), self.rel(requested),
                                                  self.rel(started), self.rel(max(finished, started)), cold,
                                                  attempt, ok, {k: float(v) for k, v in extra.items()},
-                                                 sorted(groups or [])))
+                                                 sorted(groups or []), engine))
 
     def first_use(self, h) -> bool:
         """True the first time a worker is invoked (its invocation carries the cold start)."""

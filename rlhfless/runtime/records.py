@@ -76,6 +76,8 @@ class InvocationRecord:
     extra: dict[str, float] = field(default_factory=dict)
     groups: list[int] = field(default_factory=list)
     """Decode: the step's group indices whose fresh rows this invocation was sent (the planner's assignment)."""
+    engine: str = ""
+    """Decode: the rollout engine that ran it (own | vllm, as the worker reported); empty for other kinds."""
 
     def __post_init__(self) -> None:
         times = (self.requested_s, self.started_s, self.finished_s)

@@ -113,8 +113,10 @@ class DecodeStage:
         prompts = [g.token_ids for g in self.groups]
         saved = ship_saves_tokens(prompts, self.split, self.G, rt.cfg.rollout.dedup_prefill)
         tm = rt.planner_time_model
-        ship = not rt.serverful and should_ship(rt.rt.ship_prefix_kv, saved, tm.prefill_s_per_token,
-                                                rt.history.cold("prefill", rt.history.cold("decode", 0.3)))
+        # vLLM decode functions prefill in their own engine (prefix cache): shipped KV cannot enter it
+        ship = not rt.serverful and rt.cfg.rollout.engine == "own" and should_ship(
+            rt.rt.ship_prefix_kv, saved, tm.prefill_s_per_token,
+            rt.history.cold("prefill", rt.history.cold("decode", 0.3)))
         rt.count(M.RUNTIME_SHIP_KV, float(ship))
         rt.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
         if not ship:
@@ -223,7 +225,8 @@ class DecodeStage:
         if msg.get("prefill"):
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
         rt.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
-                  a.attempt, groups=list(a.groups), rows=len(msg["results"]), sync_s=msg["sync_s"], **a.extra)
+                  a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=len(msg["results"]),
+                  sync_s=msg["sync_s"], **a.extra)
         a.groups = set()
         rt.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
         rt.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])

@@ -11,6 +11,11 @@ stream (seed, decode step, row id), so where a row runs never changes its tokens
 iterations the worker reports its progress and reads control messages: `cut` returns its unfinished rows
 (prompt ids + tokens so far) to the driver and ends the invocation; `adopt` adds migrated rows, which it
 re-prefills (prompt + partial response) and decodes beside its own as a second batch.
+
+With `rollout.engine=vllm` a worker that decodes also holds an in-process `VLLMEngine` on the policy checkpoint
+(started with the worker: its start is part of the cold start) and loads the replica's weights into it whenever
+they change (`_engine_sync`, timed into the invocation's sync_s); the decode contract then holds for fresh rows
+only (a migrated row continues from a stream of its own: `rollout.vllm_engine`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,17 @@ from rlhfless.runtime import wire
 PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
            "rlhfless.rollout.session", "rlhfless.learner", "rlhfless.runtime.dist", "rlhfless.tasks.config",
            "rlhfless.textenv", "rlhfless.config", "rlhfless.dataparallel", "safetensors.torch"]
+# rollout.engine=vllm: vLLM's import (about 10 s here) moves out of the cold start too; importing it starts no
+# thread, so forking after it is safe. The local backend only: a Ray node's fork server preloads PRELOAD.
+VLLM_PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "rlhfless.rollout.vllm_engine"]
+VLLM_KV_GIB = 0.25
+"""KV cache of a decode worker's vLLM engine (rollout.engine=vllm), GiB: a step's rows of the tiny policy need
+a few MiB; vLLM reserves what it is given, once per worker."""
+
+
+def preload(engine: str) -> list[str]:
+    """Modules the fork server imports once for a run with this rollout engine."""
+    return PRELOAD + (VLLM_PRELOAD if engine == "vllm" else [])
 
 
 def now() -> float:
@@ -74,8 +90,12 @@ class Worker:
         self.learner = None
         self.reference = None
         self.shard = None
+        self.vllm = None
+        self.vllm_version = None  # the replica version the vLLM engine holds
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
+        if "decode" in self.kinds and self.cfg.rollout.engine == "vllm":
+            self._start_vllm()
         if "reference" in self.kinds:
             from rlhfless.model.factory import load_policy
 
@@ -127,6 +147,28 @@ class Worker:
         self.version = version
         return now() - t0
 
+    def _start_vllm(self) -> None:
+        """The decode engine for rollout.engine=vllm: in this process (weights pass by reference), as many
+        threads as this worker has cores, a small KV cache (one worker per core shares the machine's memory)."""
+        import torch
+
+        from rlhfless.rollout.vllm_engine import VLLMEngine
+
+        # eager: torch.compile would add ~12 s to every cold start for no measurable decode gain on the tiny policy
+        self.vllm = VLLMEngine(self.setup["checkpoint"], threads=torch.get_num_threads(), kv_cache_gib=VLLM_KV_GIB,
+                               enforce_eager=True)
+        self._engine_sync()
+
+    def _engine_sync(self) -> float:
+        """Load the replica's weights into the vLLM engine when it holds another version (the learner of a
+        serverful pool worker updates the replica in place, without a `_sync`); returns the seconds it took."""
+        if self.vllm is None or self.vllm_version == self.version:
+            return 0.0
+        t0 = now()
+        self.vllm.load_weights(self.model.state_dict())
+        self.vllm_version = self.version
+        return now() - t0
+
     # -- requests -----------------------------------------------------------------------------------------------
     def handle(self, msg: dict, conn) -> dict:
         op = msg["op"]
@@ -134,7 +176,7 @@ class Worker:
             from rlhfless.runtime.decoding import run_decode
 
             sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
-            return run_decode(self, msg, conn, sync_s)
+            return run_decode(self, msg, conn, sync_s + self._engine_sync())
         if op == "prefill":
             from rlhfless.runtime.decoding import run_prefill
 
@@ -179,6 +221,8 @@ class Worker:
         return {"op": "referenced", "t_start": t0, "t_end": now()}
 
     def close(self) -> None:
+        if self.vllm is not None:
+            self.vllm.close()
         if self.shard is not None:
             from rlhfless.runtime.dist import destroy_group
 
