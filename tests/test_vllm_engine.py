@@ -148,3 +148,31 @@ def test_bench_engine_times_vllm_beside_the_own_engine(tmp_path):
     assert r["greedy"]["vllm_greedy_identical"] is True and r["vllm"]["start_s"] > 0
     for mode in ("greedy", "sampled"):
         assert set(r[mode]["ratio_to_own"]) == {"own", "vllm"} and r[mode]["vllm_tokens"] > 0
+
+
+def test_a_hugging_face_checkpoint_with_its_own_tokenizer_runs_on_vllm(tmp_path):
+    """A user's folder (BPE tokenizer, chat template, untied head, stop id not the byte EOS): greedy rows equal
+    the own engine's, stopping at the tokenizer's stop ids."""
+    from rlhfless.model.factory import load_policy as load_any
+    from rlhfless.model.hf import TinyHFConfig, build_tiny_hf
+    from rlhfless.model.tokenizer import load_tokenizer
+    from rlhfless.rollout.vllm_engine import VLLMEngine, vllm_available
+
+    why = vllm_available()
+    if why:
+        pytest.skip(why)
+    texts = [f"Sam has {a} pens and gets {b} more. How many now?\n#### {a + b}" for a in range(3, 40) for b in (2, 5)]
+    folder = build_tiny_hf(tmp_path / "hf", texts, TinyHFConfig(vocab_size=400, max_positions=256, seed=3))
+    tok, model = load_tokenizer(folder), load_any(folder)
+    prompts = [tok.encode_prompt(f"Sam has {a} pens and gets 2 more. How many now?") for a in (4, 9, 17)]
+    # stop at a token greedy decoding really emits, so stopping is exercised (a random model rarely says <|im_end|>)
+    first = generate(model, prompts, 1, SamplingParams(24, 0.0, stop_ids=tuple(tok.stop_ids))).responses
+    params = SamplingParams(24, 0.0, stop_ids=tuple(tok.stop_ids) + (first[0][3],))
+    ours = generate(model, prompts, 2, params)
+    eng = VLLMEngine(folder, threads=1)
+    try:
+        out = eng.generate(prompts, 2, params)
+    finally:
+        eng.close()
+    assert out.responses == ours.responses and out.truncated == ours.truncated
+    assert not out.truncated[0] and out.responses[0][-1] == first[0][3]
