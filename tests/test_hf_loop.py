@@ -94,7 +94,8 @@ def test_policy_build_makes_the_folder_on_first_use_and_reuses_it(setup, tmp_pat
 
     _, data, _ = setup
     target = tmp_path / "models" / "tiny"
-    args = ["train", "--dry-run", "--out", str(tmp_path / "run"), "--config", str(REPO / "experiments/configs/gsm8k_hf.yaml"),
+    args = ["train", "--dry-run", "--out", str(tmp_path / "run"), "--config",
+            str(REPO / "experiments/configs/gsm8k_hf.yaml"),
             f"policy.checkpoint={target}", f"task.gsm8k.path={data}", "task.gsm8k.num_eval=8", "train.eval_prompts=4"]
     assert main(args) == 0
     assert (target / "config.json").is_file() and isinstance(load_tokenizer(target), HFTokenizer)
@@ -143,14 +144,15 @@ def test_the_build_can_warm_start_on_the_train_solutions_only(setup, tmp_path, m
     folders = {}
     for steps in (0, 6):
         folders[steps] = tmp_path / f"sft{steps}"
-        ensure_policy(load_run_config(REPO / "experiments/configs/gsm8k_hf.yaml",
-                                      base + [f"policy.checkpoint={folders[steps]}", f"policy.build_sft_steps={steps}"]))
+        extra = [f"policy.checkpoint={folders[steps]}", f"policy.build_sft_steps={steps}"]
+        ensure_policy(load_run_config(REPO / "experiments/configs/gsm8k_hf.yaml", base + extra))
     meta = json.loads((folders[6] / "rlhfless.json").read_text())["warm_start"]
     assert meta["steps"] == 6 and meta["loss_last"] < meta["loss_first"]
     assert "warm_start" not in json.loads((folders[0] / "rlhfless.json").read_text())
     a, b = (load_file(str(folders[s] / "model.safetensors")) for s in (0, 6))
     assert any(not (a[k] == b[k]).all() for k in a)
-    train, held = make_env(load_run_config(None, base + [f"policy.checkpoint={model_dir}", "task.name=gsm8k"])).task.splits()
+    env = make_env(load_run_config(None, base + [f"policy.checkpoint={model_dir}", "task.name=gsm8k"]))
+    train, held = env.task.splits()
     assert seen == [p.prompt_id for p in train] and not set(seen) & {p.prompt_id for p in held}
     with pytest.raises(DataError, match="policy.build_sft_steps=0"):
         real(TextEnv(ArithTask(ArithTaskConfig()), load_tokenizer(model_dir)), ArithTask(ArithTaskConfig()).splits()[0],

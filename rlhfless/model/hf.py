@@ -10,14 +10,14 @@
   initialised Qwen2 model, saved with ``save_pretrained`` exactly as a downloaded checkpoint is laid out, so the
   general path is exercised without the hub. `corpus_texts` reads a GSM8K-format file so the vocabulary fits it.
 
-Deviations: weights are always loaded as float32 whatever ``config.json``'s dtype says (the engines and the
-learner run fp32 on CPU; a bf16 checkpoint is upcast, so it takes twice its file size in memory). Only safetensors
-weights are read (``pytorch_model.bin`` is pickle; the project never unpickles). The tiny builder's special tokens
-are ``<|endoftext|>``=0 (pad), ``<|im_end|>``=1 (eos and end of turn), ``<|im_start|>``=2: the stop id is
-deliberately not the byte tokenizer's EOS 2 (and 2 is a token a chat model emits), so code that still stopped at
-EOS 2 instead of the tokenizer's `stop_ids` would behave visibly wrong on this model. Its BPE uses Qwen2's pre-tokenizer and is saved as a
-`Qwen2Tokenizer` (a `PreTrainedTokenizerFast`), not a plain ByteLevel one: transformers 5 reloads any qwen2 folder
-as `Qwen2Tokenizer` with that pipeline (`train_tokenizer` says more). Load-time refusals beyond a plain
+Deviations: weights are always loaded as float32 whatever ``config.json``'s dtype says (the engines and the learner
+run fp32 on CPU; a bf16 checkpoint is upcast, so it takes twice its file size in memory). Only safetensors weights
+are read (``pytorch_model.bin`` is pickle; the project never unpickles). The tiny builder's special tokens are
+``<|endoftext|>``=0 (pad), ``<|im_end|>``=1 (eos and end of turn), ``<|im_start|>``=2: the stop id is deliberately
+not the byte tokenizer's EOS 2 (and 2 is a token a chat model emits), so code that still stopped at EOS 2 instead of
+the tokenizer's `stop_ids` would behave visibly wrong on this model. Its BPE uses Qwen2's pre-tokenizer and is saved
+as a `Qwen2Tokenizer` (a `PreTrainedTokenizerFast`), not a plain ByteLevel one: transformers 5 reloads any qwen2
+folder as `Qwen2Tokenizer` with that pipeline (`train_tokenizer` says more). Load-time refusals beyond a plain
 ``from_pretrained``: tensors it would initialise randomly (missing or mis-shaped) are errors, not warnings.
 Non-goals: downloading, quantised or multimodal folders, custom-code (trust_remote_code) models.
 """

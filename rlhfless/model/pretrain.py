@@ -86,6 +86,16 @@ def sft_batches(stream: SFTStream, batch_size: int, pool: int = 8):
         yield pad_batch([(tok.encode(p, bos=True), tok.encode(s, eos=True)) for p, s in chunk])
 
 
+def sft_step(model, opt, ids: torch.Tensor, labels: torch.Tensor) -> float:
+    """One supervised step on a `pad_batch` batch (gradient norm clipped at 1); returns the loss."""
+    loss = model(input_ids=ids, labels=labels).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
 def lr_at(step: int, cfg: PretrainConfig) -> float:
     """Linear warmup then cosine decay to 10% of the peak."""
     if step < cfg.warmup_steps:
@@ -111,13 +121,7 @@ def pretrain(cfg: PretrainConfig, out_dir: str | Path, progress: bool = True) ->
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
-        ids, labels = next(batches)
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, opt, *next(batches)))
         if step % 25 == 0:
             bar.set_postfix(loss=f"{sum(losses[-25:]) / len(losses[-25:]):.4f}")
     train_s = time.perf_counter() - t0

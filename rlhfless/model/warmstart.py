@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfless.errors import DataError, require
-from rlhfless.model.pretrain import lr_at, pad_batch
+from rlhfless.model.pretrain import lr_at, pad_batch, sft_step
 from rlhfless.records import Prompt
 
 
@@ -73,13 +73,7 @@ def warm_start(model, pairs: list[tuple[list[int], list[int]]], cfg: WarmStartCo
     for step in tqdm(range(cfg.steps), desc="warm start (SFT)", disable=not progress):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        ids, labels = pad_batch(rng.sample(pairs, min(cfg.batch_size, len(pairs))))
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, opt, *pad_batch(rng.sample(pairs, min(cfg.batch_size, len(pairs))))))
     model.eval()
     k = max(1, min(20, len(losses) // 5))
     return {"steps": cfg.steps, "examples": len(pairs), "loss_first": sum(losses[:k]) / k,

@@ -51,7 +51,8 @@ class ArithTaskConfig:
 
     def __post_init__(self) -> None:
         require(self.k_min >= 2, "task.arith.k_min", f"must be >= 2 (got {self.k_min})")
-        require(self.k_max >= self.k_min, "task.arith.k_max", f"must be >= task.arith.k_min={self.k_min} (got {self.k_max})")
+        require(self.k_max >= self.k_min, "task.arith.k_max",
+                f"must be >= task.arith.k_min={self.k_min} (got {self.k_max})")
         require(self.k_max <= 64, "task.arith.k_max", f"must be <= 64 (got {self.k_max})")
         require(self.k_alpha >= 0, "task.arith.k_alpha", f"must be >= 0 (got {self.k_alpha})")
         require(1 <= self.max_term <= 99, "task.arith.max_term", f"must be in [1, 99] (got {self.max_term})")

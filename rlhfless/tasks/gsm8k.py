@@ -26,7 +26,7 @@ from rlhfless.jsonl import iter_jsonl
 from rlhfless.records import Prompt
 from rlhfless.tasks.answers import answers_match, extract_final, marked_final, normalize_number
 from rlhfless.tasks.base import Score
-from rlhfless.tasks.hashsplit import hash_split, normalize_question
+from rlhfless.tasks.hashsplit import check_split_fields, hash_split, normalize_question
 
 DEFAULT_PATH = "../shared/data/gsm8k/train.jsonl"
 SHARED_HOME = "../shared/data/gsm8k/"  # beside the repository; never copied into it (MIT, see its LICENSE there)
@@ -143,11 +143,7 @@ class GSM8KTaskConfig:
         require(self.n_shots >= 0, "task.gsm8k.n_shots", f"must be >= 0 (got {self.n_shots})")
         why = template_error(self.template)
         require(why is None, "task.gsm8k.template", str(why))
-        require(self.num_eval >= 1, "task.gsm8k.num_eval", f"must be >= 1 (got {self.num_eval})")
-        require(self.num_train is None or self.num_train >= 1, "task.gsm8k.num_train",
-                f"must be >= 1 or null for all the rest (got {self.num_train})")
-        require(0.0 <= self.format_reward <= 1.0, "task.gsm8k.format_reward",
-                f"must be in [0, 1] (got {self.format_reward})")
+        check_split_fields("task.gsm8k", self.num_eval, self.num_train, self.format_reward)
 
 
 def well_formed(response: str) -> bool:

@@ -19,9 +19,17 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from rlhfless.errors import DataError
+from rlhfless.errors import DataError, require
 
 T = TypeVar("T")
+
+
+def check_split_fields(section: str, num_eval: int, num_train: int | None, format_reward: float) -> None:
+    """The split sizes and the format reward every file-backed task config has; errors name `section`.<field>."""
+    require(num_eval >= 1, f"{section}.num_eval", f"must be >= 1 (got {num_eval})")
+    require(num_train is None or num_train >= 1, f"{section}.num_train",
+            f"must be >= 1 or null for all the rest (got {num_train})")
+    require(0.0 <= format_reward <= 1.0, f"{section}.format_reward", f"must be in [0, 1] (got {format_reward})")
 
 
 def normalize_question(text: str) -> str:

@@ -25,7 +25,7 @@ from rlhfless.records import Prompt
 from rlhfless.tasks.answers import normalize_number
 from rlhfless.tasks.base import Score
 from rlhfless.tasks.gsm8k import template_error
-from rlhfless.tasks.hashsplit import hash_split
+from rlhfless.tasks.hashsplit import check_split_fields, hash_split
 
 
 def _regex_error(pattern: str) -> str | None:
@@ -76,11 +76,7 @@ class JSONLTaskConfig:
         require(why is None, "task.jsonl.response_regex", str(why))
         why = template_error(self.template)
         require(why is None, "task.jsonl.template", str(why))
-        require(self.num_eval >= 1, "task.jsonl.num_eval", f"must be >= 1 (got {self.num_eval})")
-        require(self.num_train is None or self.num_train >= 1, "task.jsonl.num_train",
-                f"must be >= 1 or null for all the rest (got {self.num_train})")
-        require(0.0 <= self.format_reward <= 1.0, "task.jsonl.format_reward",
-                f"must be in [0, 1] (got {self.format_reward})")
+        check_split_fields("task.jsonl", self.num_eval, self.num_train, self.format_reward)
 
 
 @dataclass(frozen=True)
