@@ -334,7 +334,8 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
     report: dict = {"model": label, "prompts": len(prompts), "group_size": cfg.group_size,
                     "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "threads": cfg.threads,
                     "engines": list(cfg.engines)}
-    iters = _engine_workload(cfg, model, prompts, cfg.max_new_tokens, report)
+    on_disk = (Path(cfg.checkpoint) / "model.safetensors").is_file()
+    iters = _engine_workload(cfg, model, prompts, cfg.max_new_tokens, report, cfg.checkpoint if on_disk else None)
     report["gsm8k"] = _gsm8k_workload(cfg)
     tpot = Path(cfg.tpot_path) if cfg.tpot_path else _sibling(json_path, "_tpot.json")
     keys = ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "hf_generate_dedup_tokens_per_s",
@@ -347,12 +348,14 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
     return report
 
 
-def _engine_workload(cfg: EngineBenchConfig, model, prompts: list[list[int]], max_new: int, report: dict) -> list:
+def _engine_workload(cfg: EngineBenchConfig, model, prompts: list[list[int]], max_new: int, report: dict,
+                     checkpoint: str | None) -> list:
     """Greedy and sampled modes of one workload into `report` (keys greedy, sampled, vllm); the own engine's
-    iteration records (for the TPOT profile)."""
+    iteration records (for the TPOT profile). `checkpoint`: the folder `model` was loaded from (vLLM starts on it),
+    or None for a model made in this process."""
     from rlhfless.rollout.engine import SamplingParams
 
-    vllm = _start_vllm(cfg, model, report) if "vllm" in cfg.engines else None
+    vllm = _start_vllm(cfg, model, report, checkpoint) if "vllm" in cfg.engines else None
     iters = []
     try:
         for name, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
@@ -382,7 +385,7 @@ def _gsm8k_workload(cfg: EngineBenchConfig) -> dict:
     model, label = fresh_model(1 << (need - 1).bit_length())
     part = {"model": label, "prompts": len(prompts), "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
             "max_new_tokens": cfg.gsm8k_max_new_tokens}
-    _engine_workload(cfg, model, prompts, cfg.gsm8k_max_new_tokens, part)
+    _engine_workload(cfg, model, prompts, cfg.gsm8k_max_new_tokens, part, None)
     return part
 
 
@@ -459,8 +462,8 @@ def _vllm_part(out, timer: Timer, ours, *, greedy: bool) -> dict:
     return part
 
 
-def _start_vllm(cfg: EngineBenchConfig, model, report: dict):
-    """The vLLM engine on the bench's policy (a fresh model is saved to a temporary folder first), or None with
+def _start_vllm(cfg: EngineBenchConfig, model, report: dict, checkpoint: str | None):
+    """The vLLM engine on `checkpoint`, or on `model` saved to a temporary folder first when None; or None with
     the reason in report["vllm"]["skipped"]."""
     import tempfile
 
@@ -473,10 +476,10 @@ def _start_vllm(cfg: EngineBenchConfig, model, report: dict):
         return None
     import vllm
 
-    rows = max(1, min(256, cfg.prompts * cfg.group_size))
+    rows = max(1, min(256, max(cfg.prompts, cfg.gsm8k_prompts) * cfg.group_size))
     t0 = time.perf_counter()
-    if (Path(cfg.checkpoint) / "model.safetensors").is_file():
-        engine = VLLMEngine(cfg.checkpoint, threads=cfg.threads, max_num_seqs=rows)
+    if checkpoint is not None:
+        engine = VLLMEngine(checkpoint, threads=cfg.threads, max_num_seqs=rows)
     else:  # vLLM reads the folder only while it starts
         with tempfile.TemporaryDirectory(prefix="rlhfless-bench-vllm-") as tmp:
             engine = VLLMEngine(save_checkpoint(model, tmp), threads=cfg.threads, max_num_seqs=rows)
