@@ -179,3 +179,29 @@ def test_a_hugging_face_checkpoint_with_its_own_tokenizer_runs_on_vllm(tmp_path)
         eng.close()
     assert out.responses == ours.responses and out.truncated == ours.truncated
     assert not out.truncated[0] and out.responses[0][-1] == first[0][3]
+
+
+def test_sampled_rows_with_long_prompts_that_share_a_step(tmp_path):
+    """Many seeded rows of ~1,000-token prompts exceed one step's token budget: with chunked prefill, vLLM 0.32's
+    CPU runner crashed rewinding their generators ("CPU Generator does not use offset"). The engine turns chunked
+    prefill off; sampled rows must come back, and reproduce for a seed."""
+    from rlhfless.model.factory import save_checkpoint
+    from rlhfless.model.tokenizer import ByteTokenizer
+    from rlhfless.rollout.bench import fresh_model
+    from rlhfless.rollout.vllm_engine import VLLMEngine, vllm_available
+
+    why = vllm_available()
+    if why:
+        pytest.skip(why)
+    model, _ = fresh_model(2048)
+    # distinct ~900-token prompts (no shared prefix for the cache to absorb): 8 x 8 rows need several steps
+    prompts = [ByteTokenizer().encode("".join(f"Q{q}.{i}: {i} + {q} = {i + q}.\n" for i in range(60)), bos=True)
+               for q in range(8)]
+    assert min(map(len, prompts)) > 900
+    eng = VLLMEngine(save_checkpoint(model, tmp_path / "ckpt"), threads=1, max_num_seqs=64)
+    try:
+        params = SamplingParams(12, 1.0)
+        a, b = (eng.generate(prompts, 8, params, seed=5).responses for _ in range(2))
+    finally:
+        eng.close()
+    assert len(a) == 64 and all(a) and a == b

@@ -389,7 +389,9 @@ def _start_llm(path: Path, *, threads: int | None, **kw):
         set_threads(threads)
     try:
         # generation_config="vllm": sampling defaults come from our SamplingParams, not the checkpoint's file
+        # no chunked prefill: vLLM 0.32's CPU runner rewinds a seeded request's generator after a partial prefill
+        # with `set_offset`, which CPU generators do not have (RuntimeError once long prompts share a step)
         return LLM(str(path), skip_tokenizer_init=True, dtype="float32", enable_prefix_caching=True,
-                   generation_config="vllm", disable_log_stats=False, **kw)
+                   generation_config="vllm", disable_log_stats=False, enable_chunked_prefill=False, **kw)
     finally:
         torch.set_num_threads = set_threads
