@@ -157,7 +157,7 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
         return compare(cfg, Path(out_dir), progress)
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
-    run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir))
+    run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
     _steps(run, progress)
     return _finish(run)
 
@@ -180,8 +180,8 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
     return learner, planner, Stages(cfg, learner, reference, planner, env), train_prompts, eval_prompts
 
 
-def _start(cfg: RunConfig, out_dir: Path) -> Run:
-    ensure_policy(cfg)
+def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
+    ensure_policy(cfg, progress)
     policy = load_policy(cfg.policy.resolved())
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
     out = _fresh_run_dir(out_dir)  # only once every check has passed: a bad config leaves nothing behind
@@ -383,7 +383,7 @@ def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int, env:
             f"(task.{cfg.task.name}.*)")
 
 
-def ensure_policy(cfg: RunConfig) -> None:
+def ensure_policy(cfg: RunConfig, progress: bool = True) -> None:
     """Build the policy folder first when it is missing and `policy.build` says how (see `PolicyConfig.build`)."""
     path = cfg.policy.resolved()
     if cfg.policy.build == "none" or (path / "config.json").is_file():
@@ -396,11 +396,11 @@ def ensure_policy(cfg: RunConfig) -> None:
     else:
         corpus = [f"{p.text} {p.answer}" for p in make_task(cfg.task).splits()[0]]
     print(f"rlhfless: building the policy {path} (policy.build={cfg.policy.build})", file=sys.stderr)
-    after = (lambda folder: _warm_start(cfg, folder)) if cfg.policy.build_sft_steps else None
+    after = (lambda folder: _warm_start(cfg, folder, progress)) if cfg.policy.build_sft_steps else None
     ensure_tiny_hf(path, corpus, TinyHFConfig(seed=cfg.train.seed), after=after)
 
 
-def _warm_start(cfg: RunConfig, folder: Path) -> dict:
+def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:
     """Supervised warm start of a freshly built policy folder on the task's train solutions (`model.warmstart`)."""
     from rlhfless.model.warmstart import WarmStartConfig, solution_pairs, warm_start
 
@@ -408,7 +408,7 @@ def _warm_start(cfg: RunConfig, folder: Path) -> dict:
     model = load_policy(folder)
     env = make_env(cfg, folder)
     pairs = solution_pairs(env, env.task.splits()[0], context_of(model, env))
-    done = warm_start(model, pairs, WarmStartConfig(steps=cfg.policy.build_sft_steps, seed=cfg.train.seed))
+    done = warm_start(model, pairs, WarmStartConfig(steps=cfg.policy.build_sft_steps, seed=cfg.train.seed), progress)
     model.save_pretrained(folder, safe_serialization=True)
     print(f"rlhfless: warm start: {done}", file=sys.stderr)
     return {"warm_start": done}
