@@ -1,7 +1,8 @@
 """The RL environment of a run: the task's prompts and reward, seen through the policy checkpoint's tokenizer.
 
-Everything that turns text into ids or ids into a reward goes through a `TextEnv`: the step loop, the held-out
-evaluation, the runtime's decode functions (inside worker processes) and the benchmarks. So the tiny byte-level
+Everything in a training run that turns text into ids or ids into a reward goes through a `TextEnv`: the step loop,
+the held-out evaluation, the runtime's decode functions (inside worker processes) and `bench loop` (the engine and
+prefill benchmarks build their own byte-token workloads). So the tiny byte-level
 model on the arith task and a user's Hugging Face checkpoint on GSM8K run the same code; only `make_env`'s inputs
 differ (`policy.checkpoint`, `policy.chat_template`, `task.*`).
 """
