@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from rlhfless.errors import ConfigError
+from rlhfless.errors import ConfigError, one_line
 
 T = TypeVar("T")
 OVERRIDE_EXAMPLE = "algo.group_size=8"  # a valid override of `rlhfless train` (tests apply it)
@@ -146,12 +146,8 @@ def parse_override(item: str, example: str = OVERRIDE_EXAMPLE) -> tuple[list[str
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML ({_one_line(exc)})") from None
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({one_line(exc)})") from None
     return key.split("."), value
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], example: str = OVERRIDE_EXAMPLE) -> dict[str, Any]:
@@ -184,7 +180,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML ({_one_line(exc)})") from None
+        raise ConfigError(f"{p}: not valid YAML ({one_line(exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping at the top level")
     return data

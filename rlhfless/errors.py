@@ -24,6 +24,12 @@ class TrainingError(UserError):
     """Training cannot continue (for example a NaN loss); the message says what was kept."""
 
 
+def one_line(exc: BaseException, limit: int | None = None) -> str:
+    """An exception's message on one line (third-party messages span lines), cut to `limit` characters."""
+    text = " ".join(str(exc).split())
+    return text if limit is None else text[:limit]
+
+
 def require(cond: bool, field: str, message: str) -> None:
     """Raise `ConfigError` naming `field` unless `cond` holds.
 

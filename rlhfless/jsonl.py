@@ -70,8 +70,9 @@ def json_safe(obj):
     return obj
 
 
-def read_json_file(path: str | Path):
-    """The JSON value in `path`, or None when the file is absent; bytes that are not JSON raise `DataError`."""
+def read_json_file(path: str | Path, hint: str = ""):
+    """The JSON value in `path`, or None when the file is absent; bytes that are not JSON raise `DataError`
+    (its message ends with `hint`, what to do about it, when given)."""
     from rlhfless.errors import DataError
 
     p = Path(path)
@@ -80,7 +81,7 @@ def read_json_file(path: str | Path):
     try:
         return json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise DataError(f"{p}: not valid JSON") from None
+        raise DataError(f"{p}: not valid JSON" + (f"; {hint}" if hint else "")) from None
 
 
 def write_json(obj, path: str | Path, indent: int = 1) -> Path:

@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlhfless.errors import ConfigError, DataError, require
+from rlhfless.errors import ConfigError, DataError, one_line, require
 from rlhfless.jsonl import read_json_file
 from rlhfless.model.tokenizer import ByteTokenizer, is_byte_tokenizer
 
@@ -116,7 +116,7 @@ def load_checkpoint(directory: str | Path):
     try:
         model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as exc:  # e.g. a malformed generation_config.json
-        raise DataError(f"{path}: transformers cannot load this checkpoint ({_one_line(exc)})") from None
+        raise DataError(f"{path}: transformers cannot load this checkpoint ({one_line(exc)})") from None
     if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
         raise DataError(f"{path}: lm_head is not tied to the embeddings after loading")
     return model
@@ -137,10 +137,6 @@ def load_policy(directory: str | Path):
     from rlhfless.model.hf import load_hf_model
 
     return load_hf_model(path)
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 def read_hf_config(directory: str | Path):
@@ -164,7 +160,7 @@ def read_hf_config(directory: str | Path):
     try:
         return Qwen2Config.from_dict(raw)
     except Exception as exc:  # noqa: BLE001  (transformers' own checks raise several types, not all ValueError)
-        raise DataError(f"{p}: transformers rejects this config ({_one_line(exc)})") from None
+        raise DataError(f"{p}: transformers rejects this config ({one_line(exc)})") from None
 
 
 def _config_problem(raw: object) -> str | None:
@@ -196,7 +192,7 @@ def check_weights(directory: str | Path, hf_cfg) -> None:
         with safe_open(p, framework="np") as fh:
             found = {k: (fh.get_slice(k).get_shape(), fh.get_slice(k).get_dtype()) for k in fh.keys()}
     except (SafetensorError, OSError) as exc:
-        raise DataError(f"{p}: not a readable safetensors file, or truncated ({_one_line(exc)})") from None
+        raise DataError(f"{p}: not a readable safetensors file, or truncated ({one_line(exc)})") from None
     for name, shape in expected.items():
         if name not in found:
             raise DataError(f"{p}: tensor '{name}' is missing (config.json implies it)")

@@ -32,23 +32,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlhfless.errors import ConfigError, DataError, require
+from rlhfless.errors import ConfigError, DataError, one_line, require
+from rlhfless.jsonl import read_json_file
 
 CHAT_MODES = ("auto", "on", "off")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 _SENTINEL = "RLHFLESS_TURN_END_PROBE"
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
-def _read_json(path: Path, what: str) -> object:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise DataError(f"{path}: not valid JSON; {what}") from None
 
 
 def _auto_tokenizer(path: Path):
@@ -63,7 +53,7 @@ def _auto_tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # noqa: BLE001  (transformers raises OSError, ValueError, KeyError... for bad files)
-        raise DataError(f"{path}: transformers cannot load the tokenizer ({_one_line(exc)})") from None
+        raise DataError(f"{path}: transformers cannot load the tokenizer ({one_line(exc, 300)})") from None
 
 
 def _as_ids(out) -> list[int]:
@@ -97,9 +87,7 @@ def _turn_end_id(tok) -> int | None:
 def _generation_eos(path: Path) -> list[int]:
     """``eos_token_id`` of the folder's generation_config.json (int or list); [] without the file or the key."""
     p = path / "generation_config.json"
-    if not p.is_file():
-        return []
-    raw = _read_json(p, "fix or delete it (it only sets generation defaults)")
+    raw = read_json_file(p, "fix or delete it (it only sets generation defaults)")  # None without the file
     ids = raw.get("eos_token_id") if isinstance(raw, dict) else None
     ids = [] if ids is None else [ids] if isinstance(ids, int) else ids
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -177,7 +165,7 @@ def _causal_problem(path: Path, raw: dict) -> str | None:
     try:
         cfg = AutoConfig.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # noqa: BLE001  (unknown model_type is a ValueError, a bad field anything)
-        return f"transformers does not know this config ({_one_line(exc)})"
+        return f"transformers does not know this config ({one_line(exc, 300)})"
     arch = getattr(cfg, "architectures", None) or [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.model_type, "")]
     if not any(a.endswith("ForCausalLM") for a in arch):
         return f"not a causal language model (model class {', '.join(arch)}; expected a ...ForCausalLM)"
@@ -191,7 +179,7 @@ def check_hf_folder(directory: str | Path):
     if not cfg_file.is_file():
         raise DataError(f"{cfg_file}: not found; a Hugging Face model folder needs config.json "
                         "(save_pretrained writes it)")
-    raw = _read_json(cfg_file, "expected a Hugging Face model config")
+    raw = read_json_file(cfg_file, "expected a Hugging Face model config")
     problem = "expected a JSON object" if not isinstance(raw, dict) else _causal_problem(path, raw)
     if problem:
         raise DataError(f"{cfg_file}: {problem}")
@@ -219,7 +207,7 @@ def load_hf_model(directory: str | Path):
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True,
                                                            output_loading_info=True, ignore_mismatched_sizes=True)
     except Exception as exc:  # noqa: BLE001  (a truncated file, a bad header: one line, not a traceback)
-        raise DataError(f"{weights}: transformers cannot load this model ({_one_line(exc)})") from None
+        raise DataError(f"{weights}: transformers cannot load this model ({one_line(exc, 300)})") from None
     # transformers initialises missing or mis-shaped tensors randomly and only warns: a silently broken policy
     missing = sorted(info.get("missing_keys") or [])
     if missing:
@@ -366,7 +354,7 @@ def build_tiny_hf(out: str | Path, texts: list[str], cfg: TinyHFConfig, corpus: 
 
 def _built_with(path: Path) -> dict | None:
     p = path / BUILD_META
-    raw = _read_json(p, "delete the folder and build it again") if p.is_file() else None
+    raw = read_json_file(p, "delete the folder and build it again")
     return raw.get("tiny_hf_config") if isinstance(raw, dict) else None
 
 

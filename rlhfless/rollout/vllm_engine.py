@@ -351,7 +351,7 @@ class VLLMSession:
         return out
 
     def finished_rows(self) -> dict[int, tuple[list[int], bool]]:
-        """row_id -> (tokens incl. prefix, EOS included when emitted; truncated = no stop token at the end)."""
+        """row_id -> (tokens incl. prefix, the stop token included when emitted; truncated = none at the end)."""
         return dict(self._finished)
 
 
