@@ -109,10 +109,18 @@ class Tracker:
                 self._run.summary[k] = v
 
     def finish(self) -> None:
+        """Close the run; returns only once W&B's service process has exited, so the run's files are complete.
+
+        `run.finish()` alone returns when wandb-core has handled the exit record, but the service closes the
+        run's transaction log (`run-<id>.wandb`) after that, in the background: a reader that came right after
+        (`read_offline_run`, `wandb sync`) could see a truncated file on a busy machine. `wandb.teardown()` waits
+        for the service process itself to end (an event, no timeout); the next run starts a new service (~1 s).
+        """
         self._metrics.close()
         if self._run is not None:
             self._run.finish()
             self._run = None
+            self._wandb.teardown()
 
 
 @dataclass

@@ -95,3 +95,40 @@ def test_a_run_logged_offline_reads_back_from_wandb(offline_wandb, sft_checkpoin
             assert table["columns"] == [k for k in rows[0] if k != "step"], name
     assert run.summary["steps"] == 3 and run.summary[M.REWARD_MEAN] == pytest.approx(history[3][M.REWARD_MEAN])
     assert run.config["algo"]["group_size"] == 4 and run.config["tracking"]["mode"] == "offline"
+
+
+def _wandb_services() -> set[int]:
+    """Pids of this process's live wandb-core children (the service that writes offline run files)."""
+    import os
+    from pathlib import Path
+
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if ppid == os.getpid() and b"wandb-core" in cmd and state != "Z":
+            pids.add(int(proc.name))
+    return pids
+
+
+def test_finish_returns_only_after_the_wandb_service_has_exited(offline_wandb):
+    """The root cause of a flake: `run.finish()` returned while wandb-core still wrote the run file, so a reader
+    right after saw a truncated record under load. `Tracker.finish` now waits for the service process to end (an
+    event), so the file is complete whatever the load; with the wait removed the service outlives finish."""
+    tracker = Tracker(TrackingConfig(mode="offline"), offline_wandb / "run", config={"x": 1})
+    services = _wandb_services()
+    assert services, "the offline run should have started a wandb-core service"
+    for step in range(1, 4):
+        tracker.log({M.REWARD_MEAN: 0.1 * step}, step=step)
+    wandb_dir = tracker.wandb_dir
+    tracker.finish()
+    assert not services & _wandb_services()
+    run = read_offline_run(wandb_dir)
+    assert [row["_step"] for row in run.history] == [1, 2, 3]
