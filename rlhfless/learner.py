@@ -124,6 +124,11 @@ class Learner:
             # a non-finite local loss is not raised here: the other ranks would wait in the all-reduce until
             # their timeout; it poisons the summed loss instead, so every rank raises below
             loss.backward()
+        return self.step_reduced(local, n_tok, shard, with_kl)
+
+    def step_reduced(self, local: dict[str, float], n_tok: int, shard: Shard, with_kl: bool) -> dict[str, float]:
+        """All-reduce the gradients already in .grad (+ this rank's metric row), then clip and step like `_step`
+        (also the end of `accumulate.AccumulatedUpdate`)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         metrics = reduce_step(params, shard, local, n_tok, with_kl)
         if not math.isfinite(metrics[M.LOSS]):
