@@ -71,6 +71,31 @@ def runs(tmp_path_factory):
     finally:
         executor.RUNTIME_HOOKS.remove(kill_first_decode)
     out["killed_workers"] = killed
+
+    killed_ranks = []
+
+    def kill_a_streaming_learner_rank(runtime):
+        """SIGKILL a learner rank that has begun its update (it has groups, the optimiser step not sent)."""
+        def loop():
+            t_end = time.monotonic() + 120
+            while not killed_ranks and time.monotonic() < t_end:
+                stream = runtime.stream
+                for r in list(stream.ranks) if stream is not None else []:
+                    h = r.handle
+                    if h is not None and r.begun and r.sent and not r.ended and h.ready_s is not None:
+                        os.kill(h.pid, signal.SIGKILL)
+                        killed_ranks.append((h.worker, stream.rollout_end is None))
+                        return
+                time.sleep(0.005)
+        threading.Thread(target=loop, daemon=True).start()
+
+    executor.RUNTIME_HOOKS.append(kill_a_streaming_learner_rank)
+    try:
+        out["killed_learner"] = _run(tmp, "killed_learner", ["runtime.mode=serverless", "runtime.overlap=true"]
+                                     + MIGRATE)
+    finally:
+        executor.RUNTIME_HOOKS.remove(kill_a_streaming_learner_rank)
+    out["killed_ranks"] = killed_ranks
     return out
 
 
@@ -166,3 +191,65 @@ def test_runtime_metrics_are_logged_every_step(runs):
     for name in ("serverful", "serverless"):
         for r in (x for x in _rows(runs[name][0] / "metrics.jsonl") if "timing_s/step" in x):
             assert r["cost/device_seconds"] > 0 and 0 <= r["runtime/idle_fraction"] <= 1
+
+
+def _weights(run_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "checkpoints" / "final" / "model.safetensors"))
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    wa, wb = _weights(a), _weights(b)
+    return wa.keys() == wb.keys() and all(torch_equal(wa[k], wb[k]) for k in wa)
+
+
+def torch_equal(x, y) -> bool:
+    import torch
+
+    return bool(torch.equal(x, y))
+
+
+def test_overlap_streams_groups_into_the_learner_and_ends_with_bitwise_equal_weights(runs):
+    """Serverless streams finished groups into its learner ranks during decode (with cuts); the serverful control
+    learns after the rollout. Same samples every step and the same final weights, bit for bit."""
+    out = runs["serverless"][0]
+    streamed = [r["runtime/groups_streamed"] for r in _rows(out / "metrics.jsonl") if "runtime/groups_streamed" in r]
+    assert len(streamed) == 3 and all(n == 6 for n in streamed)  # every group went to the learner as it finished
+    assert all(r["runtime/groups_streamed"] == 0 for r in _rows(runs["serverful"][0] / "metrics.jsonl")
+               if "runtime/groups_streamed" in r)
+    assert _same_weights(out, runs["serverful"][0])
+    learners = [i for i in _rows(out / "invocations.jsonl") if i["kind"] == "learner" and i["ok"]]
+    assert learners and all(i["extra"]["compute_s"] > 0 for i in learners if i["groups"])
+
+
+def test_a_learner_rank_killed_while_streaming_recomputes_its_groups_to_the_same_weights(runs):
+    out, summary = runs["killed_learner"]
+    assert runs["killed_ranks"], "the chaos hook never found a learner rank with groups"
+    assert summary["runtime"]["workers_killed"] >= 1 and summary["runtime"]["retries"] >= 1
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+    assert _same_weights(out, runs["serverful"][0])
+
+
+@pytest.mark.parametrize("name", ["serverful", "serverless", "killed", "killed_learner"])
+def test_never_more_units_held_than_exist(runs, name):
+    """Decode, prefill, learner, pre-warmed and kept workers together never hold more units than the machine
+    gives the runtime, over whole runs with migration, shipped KV and killed workers (workers.jsonl)."""
+    from rlhfless.runtime.records import peak_units
+
+    out, summary = runs[name]
+    units = summary["runtime"]["units"]
+    workers = _rows(out / "workers.jsonl")
+    assert peak_units(workers) <= units
+    per_step = [r["runtime/units_peak"] for r in _rows(out / "metrics.jsonl") if "runtime/units_peak" in r]
+    assert len(per_step) == 3 and max(per_step) <= units
+
+
+def test_peak_units_counts_overlaps_and_not_handovers():
+    from rlhfless.runtime.records import peak_units
+
+    rows = [{"spawned_s": 0.0, "released_s": 2.0, "units": 1.0}, {"spawned_s": 1.0, "released_s": 3.0, "units": 1.0},
+            {"spawned_s": 2.0, "released_s": None, "units": 1.0}]
+    assert peak_units(rows) == 2.0  # the third starts as the first ends: a handover, not a third unit
+    assert peak_units(rows + [{"spawned_s": 2.5, "released_s": 2.6, "units": 1.0}]) == 3.0
+    assert peak_units(rows, 3.0, 4.0) == 1.0

@@ -85,6 +85,15 @@ class RuntimeConfig:
     never = no cuts."""
     progress_every: int = 8
     """Decode iterations between a decode function's progress reports (cut-and-migrate decisions)."""
+    overlap: bool | None = None
+    """Stream the tail: each finished group (all G samples scored) goes to its learner rank, which runs its
+    forward/backward while the rest of the step decodes; one optimiser step once every group is in (bitwise the
+    same update either way: rlhfless.accumulate). true | false | null (auto: true for serverless, false for the
+    serverful control as verl does not overlap, and false when algo.kl_coef > 0: the reference forward does not
+    stream yet)."""
+    learner_microbatch_groups: int = 1
+    """Groups per learner micro-batch (fixed by group index: chunk k = groups k*m .. k*m+m-1). Larger chunks run
+    fewer, wider forwards but wait for more groups before computing."""
     invocation_timeout_s: float = 600.0
     """An invocation that takes longer is treated as a failed worker: killed and re-run."""
     max_attempts: int = 3
@@ -118,6 +127,10 @@ class RuntimeConfig:
                 f"must be one of {list(SHIP_KV)} (got {self.ship_prefix_kv!r})")
         require(self.migrate in MIGRATE, "runtime.migrate", f"must be one of {list(MIGRATE)} (got {self.migrate!r})")
         require(self.progress_every >= 1, "runtime.progress_every", f"must be >= 1 (got {self.progress_every})")
+        require(self.overlap in (None, True, False), "runtime.overlap",
+                f"must be true, false or null (auto) (got {self.overlap!r})")
+        require(isinstance(self.learner_microbatch_groups, int) and self.learner_microbatch_groups >= 1,
+                "runtime.learner_microbatch_groups", f"must be an integer >= 1 (got {self.learner_microbatch_groups!r})")
         require(self.invocation_timeout_s > 0, "runtime.invocation_timeout_s",
                 f"must be > 0 s (got {self.invocation_timeout_s})")
         require(self.max_attempts >= 1, "runtime.max_attempts", f"must be >= 1 (got {self.max_attempts})")

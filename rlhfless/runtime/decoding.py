@@ -120,6 +120,8 @@ class _Job:
         self.sessions: list = []
         self.answers: dict[int, str] = {}
         self.adopted = 0
+        self.reported: set[int] = set()  # rows already sent (streamed as they finish when overlapping)
+        self.reward_s = 0.0
 
     def add(self, items: list[dict], kv: dict | None = None) -> None:
         fresh = [it for it in items if it.get("prefix") is None]
@@ -144,12 +146,17 @@ class _Job:
         return rows
 
     def results(self) -> tuple[list[list], float]:
+        """Finished rows not reported yet, scored (reward on this worker), and the seconds scoring took."""
         t0 = now()
         out = []
         for s in self.sessions:
             for row, (tokens, truncated) in s.finished_rows().items():
+                if row in self.reported:
+                    continue
+                self.reported.add(row)
                 _, sc = self.worker.env.score_ids(tokens, self.answers[row], truncated)
                 out.append([row, tokens, truncated, sc.reward, sc.correct, sc.well_formed])
+        self.reward_s += now() - t0
         return out, now() - t0
 
 
@@ -158,7 +165,7 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
     t0 = now()
     job = _Job(worker, msg)
     job.add(msg["items"], msg.get("kv"))
-    every, report = msg.get("progress_every", 8), msg.get("report", False)
+    every, report, stream = msg.get("progress_every", 8), msg.get("report", False), msg.get("stream", False)
     cut_rows: list = []
     worker.model.eval()
     with torch.no_grad():
@@ -166,6 +173,10 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
             for s in job.sessions:
                 if not s.done:
                     s.advance(every)
+            if stream:  # finished rows go out at once: their groups can train while this decode goes on
+                rows, _ = job.results()
+                if rows:
+                    wire.send(conn, {"op": "rows", "step": msg["step"], "t": now(), "results": rows})
             if report:
                 finished = sum(len(s.finished_rows()) for s in job.sessions)
                 wire.send(conn, {"op": "progress", "step": msg["step"], "t": now(), "finished": finished,
@@ -177,10 +188,12 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
                     wire.send(conn, {"op": "cut_rows", "step": msg["step"], "rows": cut_rows, "t": now()})
                 elif ctl["op"] == "adopt":
                     job.add(ctl["items"])
+                else:  # not for this decode (a learner's group, shutdown): served after it, in order
+                    worker.deferred.append(ctl)
     t_decode = now()
-    results, reward_s = job.results()
+    results, _ = job.results()
     return {"op": "done", "step": msg["step"], "t_start": t0, "t_decode_end": t_decode, "t_end": now(),
-            "sync_s": sync_s, "reward_s": reward_s, "results": results, "prefill": job.open.prefill_stats(),
+            "sync_s": sync_s, "reward_s": job.reward_s, "results": results, "prefill": job.open.prefill_stats(),
             "adopted": job.adopted, "cut": len(cut_rows), "iterations": sum(len(s.iterations) for s in job.sessions),
             "engine": job.open.engine}
 

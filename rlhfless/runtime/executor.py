@@ -31,7 +31,7 @@ from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window
 from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
-from rlhfless.runtime.records import InvocationRecord
+from rlhfless.runtime.records import InvocationRecord, peak_units
 from rlhfless.runtime.worker import now
 
 KINDS_ALL = ("decode", "reward", "reference", "learner")
@@ -76,6 +76,7 @@ class Runtime:
         self.counters: dict[str, float] = {}
         self.decode_prewarm = 0
         self.learners: list = []
+        self.stream = None  # this step's LearnerStream (runtime.streaming), from the rollout to the update
         self.reference_worker = None
         self._invoked: set[str] = set()
         if self.serverful:
@@ -141,15 +142,49 @@ class Runtime:
         self.count(M.RUNTIME_RETRIES)
         self._start_pool()
 
-    def start_learners(self, prewarmed: bool) -> list:
-        L, port = self.rt.learners(), self._free_port()
-        self.learners = [self.pool.start(("learner",), (r % self.units,),
-                                         {**self.state_setup(), "dist": self._dist(r, L, port)}, prewarmed)
-                         for r in range(L)]
-        return self.learners
+    def claim(self, must: bool) -> tuple[int, ...] | None:
+        """A free unit for a new function. `must` (work is waiting for it): idle workers are evicted first, then a
+        learner rank that only waits for groups (it restarts later from the same inputs); otherwise None."""
+        cores = self.pool.claim(1)
+        if cores is None and must:
+            self.pool.make_room(1)
+            cores = self.pool.claim(1)
+            if cores is None and self.stream is not None and self.stream.preempt():
+                cores = self.pool.claim(1)
+            if cores is None:
+                raise RuntimeError(f"runtime: all {self.units} units are busy and a function must start "
+                                   "(a bug: the runtime never holds more functions than runtime.units)")
+        return cores
+
+    def start_learner(self, prewarmed: bool):
+        """One learner rank onto a free unit, or None when every unit is held (it waits for one)."""
+        cores = self.claim(must=False)
+        if cores is None:
+            return None
+        return self.pool.start(("learner",), cores, self.state_setup(), prewarmed)
 
     def start_decoders(self, n: int, prewarmed: bool) -> list:
-        return [self.pool.start(("decode",), (i % self.units,), self.state_setup(), prewarmed) for i in range(n)]
+        """n decode functions; pre-warmed ones only into free units (as many as fit)."""
+        out = []
+        for _ in range(n):
+            cores = self.claim(must=not prewarmed)
+            if cores is None:
+                break
+            out.append(self.pool.start(("decode",), cores, self.state_setup(), prewarmed))
+        return out
+
+    def start_single(self, kind: str):
+        """A prefill or reference function onto a free unit (evicting idle workers when none is free)."""
+        return self.pool.start((kind,), self.claim(must=True), {} if kind == "reference" else self.state_setup())
+
+    def dist_spec(self, rank: int, world: int, port: int) -> dict:
+        return self._dist(rank, world, port)
+
+    def free_port(self) -> int:
+        return self._free_port()
+
+    def make_room(self, n: int) -> bool:
+        return self.pool.make_room(n)
 
     def on_ready(self, h, msg: dict) -> None:
         self.pool.mark_ready(h, msg)
@@ -166,10 +201,18 @@ class Runtime:
         if self.last_learn_end is not None:
             self.history.between_s.append(self.step_t0 - self.last_learn_end)
 
+    def overlaps(self) -> bool:
+        """Whether this mode streams finished groups into the learner during decode (`runtime.overlap`)."""
+        if self.rt.overlap is None:  # auto
+            return not self.serverful and self.cfg.algo.kl_coef == 0
+        return self.rt.overlap
+
     def rollout(self, groups, seed: int, plan, step: int):
         from rlhfless.runtime.stages import DecodeStage
+        from rlhfless.runtime.streaming import LearnerStream
 
-        return DecodeStage(self, groups, seed, plan, step).run()
+        self.stream = LearnerStream(self, step, [g.token_ids for g in groups], seed, self.overlaps())
+        return DecodeStage(self, groups, seed, plan, step, self.stream).run()
 
     def reference(self, prompts, responses, step: int) -> torch.Tensor:
         from rlhfless.runtime.stages import run_reference
@@ -177,10 +220,23 @@ class Runtime:
         return run_reference(self, prompts, responses, step)
 
     def learn(self, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:
-        from rlhfless.runtime.stages import run_learner
-
+        """The optimiser step of the step's stream (its groups were fed during decode when overlapping)."""
         t0 = now()
-        metrics = run_learner(self, prompts, responses, rewards, ref_logp, step)
+        stream, self.stream = self.stream, None
+        try:
+            metrics = stream.finish(responses, rewards, ref_logp)
+        finally:
+            self.stream = None
+        self.version += 1
+        # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
+        self.state_path(self.version - 2).unlink(missing_ok=True)
+        if not self.serverful:
+            for h in stream.handles():
+                self.pool.idle(h)
+            if self.rt.keep_alive_s == 0:
+                for h in stream.handles():
+                    self.pool.release(h)
+                self.learners = []
         self.last_learn_end = now()
         self.history.learn_s.append(self.last_learn_end - t0)
         return metrics
@@ -191,6 +247,8 @@ class Runtime:
                            self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful)
         m = bill.metrics()
         m.update(self.counters)
+        m[M.RUNTIME_UNITS_PEAK] = peak_units([r.to_json() for r in self.pool.records.values()],
+                                             self.rel(self.step_t0), self.rel(t1))
         m.update(self._calibrate(step))
         for k, v in self.counters.items():
             self.totals[k] = self.totals.get(k, 0.0) + v

@@ -115,6 +115,32 @@ class Pool:
         hs = [h for h in self.handles.values() if h.kinds == (kind,)]
         return sorted(hs, key=lambda h: (h.worker not in self.idle_since, h.worker))
 
+    # -- units: a budget, never a hint -------------------------------------------------------------------------
+    def free_cores(self) -> list[int]:
+        """Units no live worker holds (a worker holds its units from its start to its release or death)."""
+        held = {c for h in self.handles.values() for c in h.cores}
+        return [c for c in range(self.units) if c not in held]
+
+    def claim(self, n: int = 1) -> tuple[int, ...] | None:
+        """n free units for a new worker, or None: callers start nothing rather than share a unit."""
+        free = self.free_cores()
+        return tuple(free[:n]) if len(free) >= n else None
+
+    def make_room(self, n: int, keep: tuple[str, ...] = ()) -> bool:
+        """Release idle workers (kept-alive first, then pre-warmed ones not yet invoked; never one in `keep`)
+        until n units are free, as a platform evicts idle capacity; False when the busy ones hold too many."""
+        idle = sorted((w for w in self.idle_since if w not in keep), key=lambda w: (w in self.waiting,
+                                                                                    self.idle_since[w]))
+        idle += [w for w in self.waiting if w not in self.idle_since and w not in keep]
+        while len(self.free_cores()) < n and idle:
+            h = self.handles.get(idle.pop(0))
+            if h is not None and h.worker not in self.working:
+                self.release(h)
+        return len(self.free_cores()) >= n
+
+    def held_units(self) -> int:
+        return sum(len(h.cores) for h in self.handles.values())
+
     def release_all(self) -> None:
         for h in list(self.handles.values()):
             self.release(h)

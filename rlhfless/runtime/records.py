@@ -91,3 +91,21 @@ class InvocationRecord:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def peak_units(workers: list[dict], t_from: float = float("-inf"), t_to: float = float("inf")) -> float:
+    """Most device units held at once between t_from and t_to (run-relative seconds), from worker rows
+    (`WorkerRecord.to_json()` or workers.jsonl): each holds its `units` from `spawned_s` to `released_s` (still
+    held when None). A release and a start at the same instant do not overlap."""
+    events = []
+    for w in workers:
+        end = w.get("released_s")
+        end = t_to if end is None else end
+        start = max(w["spawned_s"], t_from)
+        if end > start and start < t_to:
+            events += [(start, 1, w["units"]), (min(end, t_to), 0, -w["units"])]
+    held = peak = 0.0
+    for _, _, du in sorted(events):
+        held += du
+        peak = max(peak, held)
+    return peak

@@ -43,6 +43,8 @@ class _Actor:
     """After a cut: row -> the destination actor the planner chose for it."""
     groups: set[int] = field(default_factory=set)
     """Groups whose fresh rows it was sent (for the record: the plan as executed)."""
+    finished: int = 0
+    """Rows this invocation finished (streamed and final), for its record."""
 
 
 def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | None:
@@ -63,8 +65,10 @@ def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | 
 
 
 class DecodeStage:
-    def __init__(self, rt, groups, seed: int, plan, step: int):
+    def __init__(self, rt, groups, seed: int, plan, step: int, stream):
         self.rt, self.groups, self.seed, self.plan, self.step = rt, groups, seed, plan, step
+        self.stream = stream  # finished groups go to the learner as they complete (runtime.streaming)
+        self.streamed_groups: set[int] = set()
         self.G = rt.cfg.algo.group_size
         self.n_rows = len(groups) * self.G
         self.split = split_by_count(len(groups), rt.rt.workers()) if rt.serverful else plan_split(plan)
@@ -101,6 +105,7 @@ class DecodeStage:
         """Send a decode/adopt request; a worker found dead on sending is handled like one that died working."""
         msg = {"op": op, "step": self.step, "seed": self.seed, "n_total": self.n_rows, "items": self._items(rows),
                "report": self.migrate, "progress_every": self.rt.rt.progress_every, "kv": kv,
+               "stream": self.stream.overlap,
                **self.rt.state_setup()}
         try:
             self.rt.backend.send(a.handle, msg)
@@ -124,7 +129,7 @@ class DecodeStage:
         msg_in = {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))), "actors": self.split,
                   "out_prefix": str(rt.scratch / f"kv-{self.step}"), **rt.state_setup()}
         for attempt in range(1, rt.rt.max_attempts + 1):
-            h = rt.pool.start(("prefill",), (0,), rt.state_setup())
+            h = rt.start_single("prefill")
             msg = _call(rt, self.step, "prefill", h, msg_in, "prefilled", attempt)
             if msg is not None:
                 self.prefill = list(msg["prefill"])
@@ -159,8 +164,8 @@ class DecodeStage:
     def run(self) -> tuple[RolloutOutput, list[Sample]]:
         rt = self.rt
         t_start = now()
+        kv = self._ship_kv()  # first: the prefill function needs a unit, which the decode functions then take
         handles = self._by_locality(self._handles(len(self.split)))
-        kv = self._ship_kv()
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
             a = _Actor(i, h, rows, now(), cold=rt.first_use(h), groups=set(gs))
@@ -172,16 +177,23 @@ class DecodeStage:
                 a.done = True
         rt.decode_prewarm = len([a for a in self.actors.values() if a.rows])
         pw = self._learner_prewarm()
-        while len(self.results) < self.n_rows:
+        # streamed rows can all be in before the last decode function's `done` (its record and release)
+        while len(self.results) < self.n_rows or any(not a.done for a in self.actors.values()):
             if pw is not None and now() >= t_start + pw:
-                rt.start_learners(prewarmed=True)
+                self.stream.prewarm()  # into free units only
                 pw = None
             timeout = None if pw is None else max(0.0, t_start + pw - now())
             watch = [a.handle for a in self.actors.values() if a.handle.worker in rt.pool.handles] + \
                 [h for h in rt.pool.live() if h.ready_s is None and h.worker not in self.actors]
+            if not rt.serverful:  # a serverful pool worker is watched as a decode actor already
+                watch += [h for h in self.stream.handles() if h.ready_s is not None and h.worker in rt.pool.handles]
             for h, msg in rt.backend.poll(watch, min(timeout, 1.0) if timeout is not None else 1.0):
-                self._on(h, msg)
+                if h.worker not in self.actors and self.stream.owns(h):
+                    self.stream.on_message(h, msg)
+                else:
+                    self._on(h, msg)
             self._check_timeouts()
+        self.stream.rollout_end = now()
         rt.history.rollout_s.append(now() - t_start)
         if self.plan is not None and self.plan.decision.plan.makespan_s > 0:
             rt.history.rollout_vs_plan.append(rt.history.rollout_s[-1] / self.plan.decision.plan.makespan_s)
@@ -200,6 +212,9 @@ class DecodeStage:
         if msg is None:
             return self._died(h)
         op = msg["op"]
+        if op in ("learned_group", "learned"):  # a serverful pool worker is also a learner rank
+            self.stream.on_message(h, msg)
+            return
         if op in ("progress", "cut_rows", "done") and msg.get("step") != self.step:
             return  # a late message of an earlier step from a worker kept warm: its rows are settled
         if op == "ready":
@@ -210,24 +225,39 @@ class DecodeStage:
             self._maybe_cut(a)
         elif op == "cut_rows":
             self._hand_over(self.actors[h.worker], msg["rows"])
+        elif op == "rows":
+            self._rows(self.actors[h.worker], msg["results"])
         elif op == "done":
             self._done(self.actors[h.worker], msg)
         else:
             raise RuntimeError(f"runtime: unexpected {op!r} from {h.worker} during decode")
 
-    def _done(self, a: _Actor, msg: dict) -> None:
-        rt = self.rt
-        for row, tokens, truncated, reward, correct, well_formed in msg["results"]:
+    def _rows(self, a: _Actor, results: list) -> None:
+        """Scored rows (streamed during decode, or in the final reply); a group whose G rows are all in goes to
+        the learner stream at once."""
+        touched = set()
+        for row, tokens, truncated, reward, correct, well_formed in results:
             self.results[row] = [tokens, truncated, reward, correct, well_formed]
             a.rows.discard(row)
+            a.finished += 1
+            touched.add(row // self.G)
+        for g in sorted(touched):
+            rows = range(g * self.G, (g + 1) * self.G)
+            if g not in self.streamed_groups and all(r in self.results for r in rows):
+                self.streamed_groups.add(g)
+                self.stream.group_done(g, [self.results[r][0] for r in rows], [self.results[r][2] for r in rows])
+
+    def _done(self, a: _Actor, msg: dict) -> None:
+        rt = self.rt
+        self._rows(a, msg["results"])
         for k in ("adopted", "iterations"):
             a.extra[k] = a.extra.get(k, 0) + msg.get(k, 0)
         if msg.get("prefill"):
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
         rt.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
-                  a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=len(msg["results"]),
+                  a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
                   sync_s=msg["sync_s"], **a.extra)
-        a.groups = set()
+        a.groups, a.finished = set(), 0
         rt.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
         rt.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
         if a.rows:  # rows adopted after it finished: a second run is on its way
@@ -239,6 +269,7 @@ class DecodeStage:
         rt.pool.idle(a.handle)
         if rt.rt.keep_alive_s == 0:
             rt.pool.release(a.handle)  # scale to zero: the function releases itself when its last row ends
+        self.stream.pump()  # its unit may now host a learner rank with finished groups waiting
 
     # -- cut-and-migrate ----------------------------------------------------------------------------------------
     def _maybe_cut(self, a: _Actor) -> None:
@@ -304,6 +335,9 @@ class DecodeStage:
         if a is None or a.done and not a.rows:
             return
         rt.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
+        if not a.rows:  # it died after streaming its last rows: nothing to re-run
+            a.done = True
+            return
         rt.count(M.RUNTIME_RETRIES)
         if a.attempt >= rt.rt.max_attempts:
             raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
@@ -322,6 +356,7 @@ class DecodeStage:
         rt = self.rt
         owed = {w: x for w, x in self.actors.items() if x.rows}
         rt.restart_pool()
+        self.stream.pool_restarted()
         self.actors = {}
         for (w, x), h in zip(owed.items(), rt.pool_handles):
             b = _Actor(x.index, h, set(x.rows), now(), cold=rt.first_use(h), attempt=x.attempt + 1,
@@ -334,7 +369,7 @@ class DecodeStage:
         watches such a worker any more, so without this its rows would be waited for forever)."""
         limit = self.rt.rt.invocation_timeout_s
         for a in list(self.actors.values()):
-            if not a.rows or a.done:
+            if a.done:
                 continue
             if a.handle.worker not in self.rt.pool.handles or now() - a.requested > limit:
                 self._died(a.handle)
@@ -373,93 +408,12 @@ class DecodeStage:
             self.rt.observe_time_scale(measured / predicted)
 
 
-def _ranks(rt) -> list:
-    if rt.serverful:
-        return rt.pool_handles
-    live = [h for h in rt.learners if h.worker in rt.pool.handles]
-    if len(live) != rt.rt.learners():
-        for h in live:
-            rt.pool.release(h)
-        live = rt.start_learners(prewarmed=False)
-    return live
-
-
-def run_learner(rt, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:
-    """Every rank reads the batch; rank 0 writes the next state version. A death re-runs the whole group."""
-    batch = rt.scratch / f"batch-{step}.safetensors"
-    wire.write_batch(batch, prompts, responses, rewards, ref_logp)
-    attempt = 1
-    while True:
-        hs = _ranks(rt)
-        try:
-            metrics = _learn_once(rt, hs, batch, step, attempt)
-            break
-        except WorkerDied:
-            for h in hs:
-                rt.record(step, "learner", h, now(), now(), now(), False, attempt, ok=False)
-                rt.pool.dead(h)
-            rt.count(M.RUNTIME_RETRIES)
-            if rt.serverful:
-                rt.restart_pool()
-            attempt += 1
-            if attempt > rt.rt.max_attempts:
-                raise fail(f"learner of step {step}", attempt - 1) from None
-    rt.version += 1
-    # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
-    rt.state_path(rt.version - 2).unlink(missing_ok=True)
-    batch.unlink(missing_ok=True)
-    if not rt.serverful:
-        for h in hs:
-            rt.pool.idle(h)
-        if rt.rt.keep_alive_s == 0:
-            for h in hs:
-                rt.pool.release(h)
-            rt.learners = []
-    return metrics
-
-
-def _learn_once(rt, hs: list, batch, step: int, attempt: int) -> dict[str, float]:
-    requested = now()
-    cold = {h.worker: rt.first_use(h) for h in hs}
-    for rank, h in enumerate(hs):
-        rt.pool.busy(h)
-        rt.backend.send(h, {"op": "learn", "batch": str(batch), "seed": step, **rt.state_setup(),
-                            "state_out": str(rt.state_path(rt.version + 1)) if rank == 0 else None})
-    replies: dict[str, dict] = {}
-    pw = rt.next_decode_prewarm()
-    while len(replies) < len(hs):
-        if pw is not None and now() >= requested + pw[0]:
-            rt.start_decoders(pw[1], prewarmed=True)
-            pw = None
-        watch = hs + [h for h in rt.pool.live() if h.ready_s is None and h not in hs]
-        timeout = 1.0 if pw is None else max(0.0, min(1.0, requested + pw[0] - now()))
-        for h, msg in rt.backend.poll(watch, timeout):
-            if msg is None:
-                if h in hs:
-                    raise WorkerDied(h)
-                rt.pool.dead(h)  # a pre-warmed decode worker died: the next rollout starts another
-            elif msg["op"] == "ready":
-                rt.on_ready(h, msg)
-            elif msg["op"] == "learned":
-                replies[h.worker] = msg
-        if now() - requested > rt.rt.invocation_timeout_s:
-            raise WorkerDied(hs[0])
-    if pw is not None:  # the learner beat the history's estimate: start the next decode functions now, still
-        rt.start_decoders(pw[1], prewarmed=True)  # ahead of the driver's logging and planning
-    for h in hs:
-        r = replies[h.worker]
-        rt.record(step, "learner", h, requested, r["t_start"], r["t_end"], cold[h.worker], attempt,
-                  sync_s=r["sync_s"])
-    return replies[hs[0].worker]["metrics"]
-
-
 def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
     """Reference log-probs [B*G, T] from the reference function (serverful: pool worker 0's reference replica)."""
     batch, out = rt.scratch / f"ref-in-{step}.safetensors", rt.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
     for attempt in range(1, rt.rt.max_attempts + 1):
-        h = rt.pool_handles[0] if rt.serverful else (rt.reference_worker or
-                                                    rt.pool.start(("reference",), (0,), {}, prewarmed=False))
+        h = rt.pool_handles[0] if rt.serverful else (rt.reference_worker or rt.start_single("reference"))
         rt.reference_worker = None if rt.serverful else h
         msg = _call(rt, step, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
                     "referenced", attempt)

@@ -65,13 +65,16 @@ def main(conn, setup_json: str) -> None:
     wire.send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
     while True:
         try:
-            msg = wire.recv(conn)
+            # requests that arrived while a decode read its control messages come first, in arrival order
+            msg = worker.deferred.pop(0) if worker.deferred else wire.recv(conn)
         except (EOFError, OSError):
             return
         if msg["op"] == "shutdown":
             worker.close()
             return
-        wire.send(conn, worker.handle(msg, conn))
+        reply = worker.handle(msg, conn)
+        if reply is not None:
+            wire.send(conn, reply)
 
 
 class Worker:
@@ -92,6 +95,10 @@ class Worker:
         self.shard = None
         self.vllm = None
         self.vllm_version = None  # the replica version the vLLM engine holds
+        self.deferred: list[dict] = []
+        """Requests read by a running decode's control loop that are not for it (learner groups, shutdown)."""
+        self.update = None  # the learner's AccumulatedUpdate of the current step (learn_begin .. learn_end)
+        self.update_info: dict = {}
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
         if "decode" in self.kinds and self.cfg.rollout.engine == "vllm":
@@ -101,12 +108,15 @@ class Worker:
 
             self.reference = load_policy(setup["reference_checkpoint"]).eval().requires_grad_(False)
         if setup.get("dist"):
-            from rlhfless.dataparallel import Shard
-            from rlhfless.runtime.dist import init_group
+            self._join(setup["dist"])
 
-            d = setup["dist"]
-            self.shard = Shard(d["rank"], d["world"],
-                               init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"]))
+    def _join(self, d: dict) -> None:
+        """Join the learner's data-parallel group (blocks until every rank has joined)."""
+        from rlhfless.dataparallel import Shard
+        from rlhfless.runtime.dist import init_group
+
+        self.shard = Shard(d["rank"], d["world"],
+                           init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"]))
 
     @functools.cached_property
     def env(self):
@@ -184,27 +194,62 @@ class Worker:
             return run_prefill(self, msg, sync_s)
         if op == "cut":  # arrived after this worker had finished: nothing left to hand over
             return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
-        if op == "learn":
-            return self._learn(msg)
+        if op == "learn_begin":
+            return self._learn_begin(msg)
+        if op == "learn_group":
+            return self._learn_group(msg)
+        if op == "learn_end":
+            return self._learn_end(msg)
         if op == "reference":
             return self._reference(msg)
         raise ValueError(f"worker: unknown request {op!r}")
 
-    def _learn(self, msg: dict) -> dict:
+    # -- the learner: one accumulated update per step, fed group by group (rlhfless.accumulate) ----------------
+    def _learn_begin(self, msg: dict) -> None:
+        """Start the step's update: weights (and AdamW) at the step's version, the seed, this rank's chunks."""
+        import torch
+
+        from rlhfless.accumulate import AccumulatedUpdate
+
+        t0 = now()
+        sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+        torch.manual_seed(msg["seed"])
+        self.update = AccumulatedUpdate(self.learner, msg["chunks"], msg["with_ref"])
+        self.update_info = {"t_request": t0, "t_start": now(), "sync_s": sync_s, "compute_s": 0.0,
+                            "step": msg["step"]}
+        return None
+
+    def _learn_group(self, msg: dict) -> dict:
+        """Forward/backward of a finished group's micro-batch (once all of its groups are in)."""
+        from rlhfless.accumulate import GroupBatch
+
+        t0 = now()
+        prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
+        computed = self.update.add(GroupBatch(msg["g"], prompts[0], responses, rewards, ref))
+        t1 = now()
+        self.update_info["compute_s"] += t1 - t0
+        return {"op": "learned_group", "step": msg["step"], "g": msg["g"], "t_start": t0, "t_end": t1,
+                "computed": computed}
+
+    def _learn_end(self, msg: dict) -> dict:
+        """The optimiser step (all-reduce across ranks), the next state version written by rank 0."""
         import torch
 
         from rlhfless.learner import save_learner_state
 
         t0 = now()
-        sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
-        t1 = now()
-        prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
-        torch.manual_seed(msg["seed"])
-        metrics = self.learner.update(prompts, responses, rewards, ref, shard=self.shard)
+        if msg.get("dist") and self.shard is None:
+            self._join(msg["dist"])
+        metrics = self.update.finish(torch.tensor(msg["rewards"], dtype=torch.float32), msg["lengths"],
+                                     self.shard)
         self.version = msg["version"] + 1
         if msg.get("state_out"):
             save_learner_state(self.learner, msg["state_out"])
-        return {"op": "learned", "t_start": t1, "t_end": now(), "sync_s": sync_s, "t_request": t0,
+        info, peak = self.update_info, self.update.buffered_peak
+        self.update, self.update_info = None, {}
+        return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": now(),
+                "t_request": info["t_request"], "sync_s": info["sync_s"], "end_s": now() - t0,
+                "compute_s": info["compute_s"], "buffered_peak": peak,
                 "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
     def _reference(self, msg: dict) -> dict:

@@ -1,0 +1,292 @@
+"""The learner stage as a stream: each finished GRPO group goes to its learner rank while the rest still decodes.
+
+`LearnerStream` lives for one step. The decode stage calls `group_done(g, ...)` as soon as all G rows of group g
+are scored (on any decode function, after any migration); `finish(...)` after the rollout sends the rest and the
+optimiser step. What a rank computes is fixed by group index (`accumulate.microbatches`): micro-batch chunks of
+`runtime.learner_microbatch_groups` groups, contiguous runs of chunks per rank, so the update is bitwise the same
+whether groups stream in during decode (`runtime.overlap`) or all arrive after it, in whatever order they finish.
+
+Units: a serverless learner rank starts only onto a free unit (`Pool.claim`), usually one a finished decode
+function released; until then its groups wait (their batch files are in the scratch tmpfs). The data-parallel group
+forms at the optimiser step (`learn_end`), so a rank can start and work alone early, and a rank killed before the
+step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
+sent restarts every rank (the gloo group cannot be repaired), from the same state version.
+Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; acked as
+`learned_group`), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
+state version). The serverful control's ranks are its pool workers, which read learner messages only after their
+own decode (the worker defers them).
+Deviation from the paper: its learner is one FSDP function started after the rollout; streaming finished groups
+into it is this project's extension (docs/architecture.md, "Overlap").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlhfless import metrics as M
+from rlhfless.accumulate import microbatches
+from rlhfless.runtime import wire
+from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.worker import now
+
+
+@dataclass
+class _Rank:
+    """One learner rank of this step: its worker and what it was sent."""
+
+    rank: int
+    groups: list[int]
+    handle: object = None
+    begun: bool = False
+    sent: set[int] = field(default_factory=set)
+    requested: float = 0.0
+    cold: bool = False
+    ended: bool = False
+
+
+class LearnerStream:
+    def __init__(self, rt, step: int, prompts: list[list[int]], seed: int, overlap: bool):
+        self.rt, self.step, self.prompts, self.seed, self.overlap = rt, step, prompts, seed, overlap
+        self.G = rt.cfg.algo.group_size
+        world = rt.rt.workers() if rt.serverful else rt.rt.learners()
+        self.plan = microbatches(len(prompts), rt.rt.learner_microbatch_groups, world)
+        self.ranks = [_Rank(r, [g for c in chunks for g in c]) for r, chunks in enumerate(self.plan)]
+        self.owner = {g: r.rank for r in self.ranks for g in r.groups}
+        self.with_ref = rt.cfg.algo.kl_coef > 0
+        self.finished: dict[int, tuple[list[list[int]], list[float]]] = {}
+        self.files: dict[int, str] = {}
+        self.ref: torch.Tensor | None = None
+        self.attempt = 1
+        self.streamed = 0
+        self.rollout_end: float | None = None
+        self.prewarm_due = False
+        self._adopt_warm()
+
+    def _adopt_warm(self) -> None:
+        """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
+        data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
+        rt = self.rt
+        if rt.serverful:
+            for r in self.ranks:
+                r.handle = rt.pool_handles[r.rank]
+            return
+        live = [h for h in rt.learners if h.worker in rt.pool.handles]
+        if len(live) == len(self.ranks):
+            for r, h in zip(self.ranks, live):
+                r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
+                rt.pool.busy(h)
+        else:
+            for h in live:
+                rt.pool.release(h)
+            rt.learners = []
+
+    # -- feeding ------------------------------------------------------------------------------------------------
+    def handles(self) -> list:
+        return [r.handle for r in self.ranks if r.handle is not None]
+
+    def group_done(self, g: int, responses: list[list[int]], rewards: list[float]) -> None:
+        """All G rows of group g are scored: hand it to its rank now (overlap) or keep it for `finish`."""
+        self.finished[g] = (responses, rewards)
+        if self.overlap:
+            self.streamed += 1
+            self.pump()
+
+    def prewarm(self) -> None:
+        """The policy's pre-warm time has come: start ranks ahead of their first group, into free units only;
+        ranks that find none start as decode functions release theirs (`pump`)."""
+        self.prewarm_due = True
+        for r in self.ranks:
+            if r.handle is None and not self._start(r, prewarmed=True):
+                return
+
+    def pump(self, start_all: bool = False) -> None:
+        """Start the ranks that have work (serverless: only onto free units) and send them what is ready. Without
+        overlap nothing moves before `finish` (start_all)."""
+        if self.prewarm_due and not start_all:
+            self.prewarm()
+        if not (self.overlap or start_all):
+            return
+        for r in self.ranks:
+            todo = [g for g in r.groups if g in self.finished and g not in r.sent]
+            if r.handle is None and (todo or start_all) and not self._start(r, prewarmed=False):
+                continue
+            if r.handle is None:
+                continue
+            if not r.begun:
+                r.begun = True
+                self._send(r, {"op": "learn_begin", "step": self.step, "seed": self.step, "with_ref": self.with_ref,
+                               "chunks": self.plan[r.rank], **self.rt.state_setup()})
+            for g in todo:
+                if r.handle is None:  # it died on a send just now: it restarts and gets everything again
+                    break
+                self._send(r, {"op": "learn_group", "step": self.step, "g": g, "batch": self._file(g)})
+                r.sent.add(g)
+
+    def _start(self, r: _Rank, prewarmed: bool) -> bool:
+        rt = self.rt
+        h = rt.start_learner(prewarmed)
+        if h is None:
+            return False
+        r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
+        rt.pool.busy(h)  # invoked from its start: it waits for groups, and nothing may evict it (`preempt` may)
+        rt.learners.append(h)
+        return True
+
+    def _file(self, g: int) -> str:
+        if g not in self.files:
+            responses, rewards = self.finished[g]
+            ref = self.ref[g * self.G:(g + 1) * self.G] if self.with_ref else None
+            path = self.rt.scratch / f"group-{self.step}-{g}.safetensors"
+            wire.write_batch(path, [self.prompts[g]], responses, torch.tensor(rewards), ref)
+            self.files[g] = str(path)
+        return self.files[g]
+
+    def _send(self, r: _Rank, msg: dict) -> None:
+        if r.requested == 0.0:
+            r.requested = now()
+        try:
+            self.rt.backend.send(r.handle, msg)
+        except WorkerDied:
+            self.on_death(r.handle)
+
+    # -- messages and faults ------------------------------------------------------------------------------------
+    def owns(self, h) -> bool:
+        return any(r.handle is h for r in self.ranks)
+
+    def on_message(self, h, msg: dict | None) -> dict | None:
+        """A message (None: death) from one of this stream's ranks; returns a `learned` reply, else None."""
+        if msg is None:
+            self.on_death(h)
+            return None
+        if msg["op"] == "ready":
+            self.rt.on_ready(h, msg)
+        elif msg["op"] == "learned" and msg.get("step") == self.step:
+            return msg
+        return None  # learned_group acks: the rank's compute time arrives summed in `learned`
+
+    def on_death(self, h) -> None:
+        """A rank died. Before the optimiser step it restarts alone (its groups are re-sent); after `learn_end`
+        every rank restarts (their gloo group is broken). Serverful: the whole pool restarts."""
+        rt = self.rt
+        dead = next(r for r in self.ranks if r.handle is h)
+        ending = any(r.ended for r in self.ranks)
+        rt.count(M.RUNTIME_RETRIES)
+        victims = self.ranks if ending or rt.serverful else [dead]
+        for r in victims:
+            if r.handle is not None:
+                rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(),
+                          r.cold, self.attempt, ok=False)
+                if r.handle.alive and r is not dead and not rt.serverful:
+                    rt.pool.release(r.handle)
+                elif r is dead and not rt.serverful:
+                    rt.pool.dead(r.handle)
+                rt.learners = [x for x in rt.learners if x is not r.handle]
+        self.attempt += 1
+        if self.attempt > rt.rt.max_attempts:
+            from rlhfless.runtime.executor import fail
+
+            raise fail(f"learner of step {self.step}", self.attempt - 1)
+        if rt.serverful:
+            rt.restart_pool()
+            return self.pool_restarted()
+        for r in victims:
+            r.handle, r.begun, r.sent, r.requested, r.ended = None, False, set(), 0.0, False
+
+    def preempt(self) -> bool:
+        """Free a unit for decode work that must start (rows with nowhere else to go): release a rank that has
+        not reached the optimiser step; it restarts later and its groups are recomputed. False if none."""
+        rt = self.rt
+        if rt.serverful:
+            return False
+        for r in reversed(self.ranks):
+            if r.handle is not None and not r.ended:
+                rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(),
+                          r.cold, self.attempt, ok=False, preempted=1)
+                rt.pool.release(r.handle)
+                rt.learners = [x for x in rt.learners if x is not r.handle]
+                r.handle, r.begun, r.sent, r.requested = None, False, set(), 0.0
+                return True
+        return False
+
+    def pool_restarted(self) -> None:
+        """Serverful: the pool restarted whole (a worker died), so every rank starts over on the new workers."""
+        for r in self.ranks:
+            r.handle, r.begun, r.sent, r.requested, r.ended = None, False, set(), 0.0, False
+        self._adopt_warm()
+
+    # -- the optimiser step -------------------------------------------------------------------------------------
+    def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
+               ) -> dict[str, float]:
+        """Send every remaining group and the optimiser step; returns rank 0's metrics once every rank is done."""
+        rt = self.rt
+        self.rollout_end = self.rollout_end or now()
+        self.ref = ref_logp
+        for g in range(len(self.prompts)):
+            if g not in self.finished:
+                self.finished[g] = (responses[g * self.G:(g + 1) * self.G],
+                                    rewards[g * self.G:(g + 1) * self.G].tolist())
+        end = {"op": "learn_end", "step": self.step, "rewards": rewards.tolist(),
+               "lengths": [len(r) for r in responses]}
+        while True:
+            replies = self._finish_once(end)
+            if replies is not None:
+                break
+        for r in self.ranks:
+            reply = replies[r.rank]
+            rt.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
+                      self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"],
+                      groups=r.groups)
+        rt.count(M.RUNTIME_GROUPS_STREAMED, float(self.streamed))
+        rt.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
+        rt.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
+        for path in self.files.values():
+            Path(path).unlink(missing_ok=True)
+        return replies[0]["metrics"]
+
+    def _finish_once(self, end: dict) -> dict[int, dict] | None:
+        """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
+        rt = self.rt
+        attempt = self.attempt
+        while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
+            self.pump(start_all=True)
+            if any(r.handle is None for r in self.ranks) and not rt.make_room(1):
+                raise RuntimeError(f"runtime: no free unit for a learner rank after the rollout {[(h.worker, h.cores, h.worker in rt.pool.working, h.worker in rt.pool.idle_since) for h in rt.pool.live()]} {[(r.rank, r.handle and r.handle.worker) for r in self.ranks]}")
+        self.pump(start_all=True)
+        port = rt.free_port()
+        for r in self.ranks:
+            dist = None if rt.serverful else rt.dist_spec(r.rank, len(self.ranks), port)
+            r.ended = True
+            self._send(r, {**end, **rt.state_setup(), "dist": dist,
+                           "state_out": str(rt.state_path(rt.version + 1)) if r.rank == 0 else None})
+            if self.attempt != attempt:
+                return None
+        replies: dict[int, dict] = {}
+        t0 = now()
+        pw = rt.next_decode_prewarm()
+        while len(replies) < len(self.ranks):
+            if pw is not None and now() >= t0 + pw[0]:
+                rt.start_decoders(pw[1], prewarmed=True)  # into free units only
+                pw = None
+            hs = self.handles()
+            watch = hs + [h for h in rt.pool.live() if h.ready_s is None and h not in hs]
+            timeout = 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
+            for h, msg in rt.backend.poll(watch, timeout):
+                if not self.owns(h):
+                    if msg is None:
+                        rt.pool.dead(h)  # a pre-warmed decode worker died: the next rollout starts another
+                    elif msg["op"] == "ready":
+                        rt.on_ready(h, msg)
+                    continue
+                reply = self.on_message(h, msg)
+                if self.attempt != attempt:
+                    return None
+                if reply is not None:
+                    replies[next(r.rank for r in self.ranks if r.handle is h)] = reply
+            if now() - t0 > rt.rt.invocation_timeout_s:
+                rt.backend.kill(self.ranks[0].handle)
+        if pw is not None:
+            rt.start_decoders(pw[1], prewarmed=True)
+        return replies
