@@ -116,3 +116,14 @@ def test_verl_gets_its_fastest_tensor_parallel_degree():
         c = build_cluster(cfg, tp, work)
         times[tp] = simulate_policy(Verl(c), work[:2], c)[0]["step_time_s"]
     assert times[best] == min(times.values())
+
+
+def test_overlap_rung_and_verl_overlap_are_faster_on_a_long_tailed_workload():
+    # the quick case's synthetic lengths are lognormal (a long tail): finished groups' learner work runs on
+    # freed devices while the tail decodes, for RLHFless (+overlap vs +scale) and for verl alike
+    case = run_case(case_configs("quick", 4, ["ablation=true"])[0])
+    p = case["policies"]
+    assert p["+overlap"]["step_time_s"] < p["+scale"]["step_time_s"]
+    assert p["verl-overlap"]["step_time_s"] < p["verl"]["step_time_s"]
+    assert p["verl-overlap"]["rollout_s"] == pytest.approx(p["verl"]["rollout_s"])  # the gain is after decode
+    assert p["verl-overlap"]["score_s"] < p["verl"]["score_s"]
