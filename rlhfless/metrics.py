@@ -95,6 +95,7 @@ SCALER_CANDIDATES = "scaler/candidates"
 SCALER_STEP_S = "scaler/predicted_step_s"
 SCALER_COST_USD = "scaler/predicted_cost_usd"
 SCALER_GPU_S = "scaler/predicted_gpu_seconds"
+PLAN_PREDICTED_DEVICE_S = "plan/predicted_device_s"  # the chosen plan's billed device-seconds (beside cost/device_seconds)
 SCALER_SCORE = "scaler/score"
 SCALER_CONSTRAINT_MET = "scaler/constraint_met"
 PLAN_TIMING_S = "timing_s/plan"  # seconds the planner took for one step

@@ -119,3 +119,56 @@ def test_migrate_switch_changes_the_decision_only_when_cuts_help_the_objective()
     assert {k: v for k, v in m_no.items() if not k.startswith("balancer/migrate")} == {
         **m_off1, M.BAL_RELEASED_ACTORS: 0.0}
     assert m_no[M.BAL_MIGRATE_STEP_S] == pytest.approx(on.cut_option.step_s)
+
+
+def _queued_jobs():
+    # 16 one-sequence jobs of 100 tokens, 2 slots per actor, flat 0.01 s per iteration: N actors decode in
+    # 8/N waves of 1 s; each actor starts cold (4 s, billed), so decode alone trades time against cold starts
+    from rlhfless.plan import PlanJob, TimeModel
+
+    tm = TimeModel(batch_sizes=(1, 2), s_per_iter=(0.01, 0.01), prefill_s_per_token=0.0, actor_fixed_s=0.0)
+    return [PlanJob(f"j{i}", 1, 100.0) for i in range(16)], tm
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_whole_step_scoring_with_a_large_trainer_bill_prefers_more_actors(exact):
+    from dataclasses import replace
+
+    from rlhfless.plan import PlanConfig, choose
+    from rlhfless.plan.cost import BillingRules
+    from rlhfless.plan.overlap import LearnerCosts
+
+    jobs, tm = _queued_jobs()
+    cfg = PlanConfig(policy="round_robin", capacity=2, migrate=False, lam=0.5, max_actors=8, cold_start_s=4.0,
+                     weight_sync_s=0.0, exact_sweep=exact, billing=BillingRules(granularity_s=0.001, keep_alive_s=0.0))
+    decode_only, _ = choose(jobs, cfg, tm)
+    # decode alone: T = 4 + 8/N, C = 4N + 8 device-s: the score's minimum is N = 2
+    assert decode_only.n_actors == 2
+    # the trainer: 8 devices for a 100 s optimizer step after the rollout, the same bill for every N, so the
+    # cost ratios flatten and the (whole-step) time ratios decide: more actors
+    big = LearnerCosts(whole_step=True, overlap=False, devices=8.0, s_per_token=0.01, update_fixed_s=100.0,
+                       cold_start_s=0.0)
+    whole, m = choose(jobs, replace(cfg, learner=big), tm)
+    assert whole.n_actors > decode_only.n_actors
+    row = whole.chosen
+    # T = decode + learner work (1600 tokens x 0.01 / 8 devices) + the optimizer step
+    assert row.step_s == pytest.approx(4.0 + 8 / row.n_actors + 1600 * 0.01 / 8 + 100.0)
+    assert m["plan/predicted_device_s"] == pytest.approx(whole.predicted_device_s) == pytest.approx(row.gpu_seconds)
+    assert row.gpu_seconds == pytest.approx(4.0 * row.n_actors + 8.0 + 8 * (2.0 + 100.0))  # decode + trainer
+
+
+def test_min_cost_at_deadline_is_relative_to_the_serverful_plan():
+    from rlhfless.plan import PlanConfig, choose
+    from rlhfless.plan.cost import BillingRules
+
+    jobs, tm = _queued_jobs()
+    base = dict(policy="round_robin", capacity=2, migrate=False, max_actors=8, cold_start_s=4.0, weight_sync_s=0.0,
+                billing=BillingRules(granularity_s=0.001, keep_alive_s=0.0), objective="min_cost_at_deadline")
+    # serverful: 8 warm actors, 1 s; x 10 leaves every N feasible -> the cheapest (one actor: 12 s, 12 device-s)
+    loose, _ = choose(jobs, PlanConfig(**base, deadline_ratio=20.0), tm)
+    assert loose.n_actors == 1 and loose.constraint_met
+    # x 6 = 6 s: T = 4 + 8/N <= 6 needs N >= 4; the cheapest of those is 4
+    tight, _ = choose(jobs, PlanConfig(**base, deadline_ratio=6.0), tm)
+    assert tight.n_actors == 4 and tight.constraint_met
+    with pytest.raises(ConfigError, match="plan.deadline_ratio"):
+        PlanConfig(**base, deadline_ratio=0.0)

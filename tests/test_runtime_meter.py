@@ -82,3 +82,31 @@ def test_busy_time_is_the_sum_of_invocations_and_idle_the_rest_of_the_held_time(
     invs = [inv("d-0", "decode", 0.0, 1.8), inv("d-0", "reward", 1.8, 1.9)]  # reward follows its decode
     b = bill_run([w], invs, 2.0, CPU, False, 0.001)
     assert b.busy_s == pytest.approx(1.9) and b.idle_fraction == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("granularity, keep_alive", [(0.001, 0.0), (1.0, 0.0), (1.0, 2.0), (0.25, 0.7)])
+def test_planner_and_meter_bill_the_same_invocation_the_same(granularity, keep_alive):
+    # one set of billing rules, built from the runtime's settings: the planner prices a cold invocation of
+    # 1.5 s cold start + 2.3 s of work with keep_alive_s of idle after it; the meter sees the worker that ran it
+    # (spawned, ready after the cold start, busy, idle keep_alive_s, released) and bills its lifetime
+    from types import SimpleNamespace
+
+    from rlhfless.plan.cost import Invocation, cost_step
+    from rlhfless.runtime.meter import billing_rules
+
+    rules = billing_rules(SimpleNamespace(billing_granularity_s=granularity, keep_alive_s=keep_alive))
+    planned, _ = cost_step([Invocation("decode", 0, 10.0, 13.8, cold=True, gpus=8.0, cold_start_s=1.5)], H100, rules)
+    w = WorkerRecord("decode-0", ("decode",), 8.0, (0,), spawned_s=10.0, ready_s=11.5, released_s=13.8 + keep_alive)
+    billed = bill_run([w], [inv("decode-0", "decode", 11.5, 13.8, cold=True, units=8.0)], 99.0, H100, False, rules)
+    assert billed.device_s == pytest.approx(planned.gpu_seconds)
+    assert billed.usd == pytest.approx(planned.usd)
+
+
+def test_meter_follows_the_rules_it_is_given_not_a_copy_of_them():
+    # a rule only the shared BillingRules knows (cold start unbilled) changes the meter's bill too
+    from rlhfless.plan.cost import BillingRules
+
+    w = WorkerRecord("d-0", ("decode",), 1.0, (0,), spawned_s=0.0, ready_s=1.5, released_s=4.0)
+    free_cold = BillingRules(granularity_s=1.0, keep_alive_s=0.0, bill_cold_start=False)
+    assert bill_run([w], [], 9.0, CPU, False, free_cold).device_s == 3.0  # 2.5 s rounded up
+    assert bill_run([w], [], 9.0, CPU, False, 1.0).device_s == 4.0

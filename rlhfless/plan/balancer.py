@@ -188,3 +188,37 @@ def evaluate_plan(plan: AssignmentPlan, true_jobs: Sequence[PlanJob], time_model
     ja = JobArrays.from_jobs(flat)
     _validate(ja, plan.n_actors, plan.capacity)
     return build_plan(ja, labels, np.arange(len(flat)), plan.n_actors, plan.capacity, time_model, plan.policy)
+
+
+def job_finish_s(plan: AssignmentPlan, true_jobs: Sequence[PlanJob], time_model: TimeModel) -> dict[str, float]:
+    """Seconds from its actor's start at which each job's last sequence finishes (fixed overhead and the actor's
+    prefill first, as `build_plan` charges them), re-simulated with `true_jobs`' lengths (matched by group_id)."""
+    by_id = {j.group_id: j for j in true_jobs}
+    flat = [by_id[j.group_id] for jobs in plan.actor_jobs for j in jobs]
+    if not flat:
+        return {}
+    labels = np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
+    fin = labels_finish_s(JobArrays.from_jobs(flat), labels, np.arange(len(flat)), plan.n_actors, plan.capacity,
+                          time_model)
+    return {j.group_id: float(x) for j, x in zip(flat, fin.tolist())}
+
+
+def labels_finish_s(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: int, capacity: int,
+                    tm: TimeModel) -> np.ndarray:
+    """(J,) seconds from its actor's start at which each job (ja order) finishes under a labelling, simulated as
+    `build_plan` does (admission by rank within an actor; fixed overhead and the actor's prefill first)."""
+    from rlhfless.plan.timemodel import finish_seconds
+
+    if len(labels) == 0:
+        return np.zeros(0)
+    order = np.lexsort((rank, labels))
+    sizes, jactor = ja.sizes[order], labels[order]
+    before = np.cumsum(sizes) - sizes
+    seq_idx = np.repeat(ja.offsets[order] - before, sizes) + np.arange(int(sizes.sum()))
+    sactor = np.repeat(jactor, sizes)
+    sim = simulate_fast(ja.seq_len[seq_idx], sactor, sizes, jactor, n_actors, capacity, tm)
+    fin = finish_seconds(sim.entry_iter, sim.finish_iter, sactor, n_actors, tm)
+    head = tm.actor_fixed_s + np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
+    out = np.empty(len(order))
+    out[order] = np.maximum.reduceat(fin, np.concatenate(([0], np.cumsum(sizes)[:-1]))) + head[jactor]
+    return out

@@ -15,9 +15,10 @@ from typing import Literal
 from rlhfless.errors import require
 from rlhfless.plan.balancer import POLICIES
 from rlhfless.plan.cost import CATALOG, BillingRules
+from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.timemodel import TimeModel
 
-OBJECTIVES = ("score", "min_cost_under_deadline", "min_time_under_budget")
+OBJECTIVES = ("score", "min_cost_under_deadline", "min_time_under_budget", "min_cost_at_deadline")
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,12 @@ class PlanConfig:
     """Smallest candidate number of decode actors (>= 1)."""
     max_actors: int = 8
     """Largest candidate number of decode actors (>= min_actors)."""
-    objective: Literal["score", "min_cost_under_deadline", "min_time_under_budget"] = "score"
-    """score: minimise the lambda score; min_cost_under_deadline / min_time_under_budget: constrained choice."""
+    objective: Literal["score", "min_cost_under_deadline", "min_time_under_budget", "min_cost_at_deadline"] = "score"
+    """score: minimise the lambda score; min_cost_under_deadline / min_time_under_budget: constrained choice;
+    min_cost_at_deadline: the cheapest N whose step is at most deadline_ratio x the serverful plan's (every
+    actor, round robin, all warm, priced by the same model)."""
+    deadline_ratio: float = 1.0
+    """Step-time ratio to the serverful plan (objective min_cost_at_deadline), > 0."""
     deadline_s: float | None = None
     """Decode-stage deadline in seconds (objective min_cost_under_deadline)."""
     budget_usd: float | None = None
@@ -66,7 +71,11 @@ class PlanConfig:
     time_profile: str | None = None
     """JSON time profile from the engine benchmark; None = the assumed default for the tiny CPU model."""
     billing: BillingRules = field(default_factory=BillingRules)
-    """Serverless billing rules (granularity, minimum, cold start billed, keep-alive)."""
+    """Serverless billing rules (granularity, minimum, cold start billed, keep-alive). A runtime passes the rules
+    its meter bills with (`rlhfless.runtime.meter.billing_rules`), so predicted and billed device-seconds agree."""
+    learner: LearnerCosts = field(default_factory=LearnerCosts)
+    """Whole-step scoring: with learner.whole_step, T(N) and C(N) include the prefill function, the (overlapped)
+    scoring and update and their bills (rlhfless.plan.overlap); off = the decode stage alone."""
 
     def __post_init__(self) -> None:
         require(self.policy in POLICIES, "plan.policy", f"must be one of {list(POLICIES)} (got {self.policy!r})")
@@ -84,6 +93,7 @@ class PlanConfig:
                 f"objective min_cost_under_deadline needs deadline_s > 0 (got {self.deadline_s})")
         require(self.objective != "min_time_under_budget" or (self.budget_usd or 0) > 0, "plan.budget_usd",
                 f"objective min_time_under_budget needs budget_usd > 0 (got {self.budget_usd})")
+        require(self.deadline_ratio > 0, "plan.deadline_ratio", f"must be > 0 (got {self.deadline_ratio})")
         require(self.gpu_kind in CATALOG, "plan.gpu_kind", f"must be one of {list(CATALOG)} (got {self.gpu_kind!r})")
         require(self.gpus_per_actor > 0, "plan.gpus_per_actor", f"must be > 0 (got {self.gpus_per_actor})")
         require(self.cold_start_s >= 0, "plan.cold_start_s", f"must be >= 0 s (got {self.cold_start_s})")

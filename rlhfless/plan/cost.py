@@ -8,9 +8,17 @@ Prices are per device (one GPU, or one CPU core for local runs).
 
 Non-goals: no spot/preemptible pricing, no storage or network egress, no per-region prices.
 
+One set of billing rules: `BillingRules` is the only definition of granularity, minimum, keep-alive and whether
+cold starts are billed. The planner's cost model (`cost_step` via `billed_seconds`), the simulator and the
+runtime's meter (`rlhfless.runtime.meter`, through `BillingRules.bill_held` and `BillingRules.metered`) all
+read it, so predicted and billed device-seconds of a step are comparable. The planner prices an invocation as
+`duration + keep_alive_s` (the idle it expects after the work); the meter bills a worker's measured lifetime,
+whose idle tail is the keep-alive that really happened; both round and floor through `bill_held`.
+
 Deviations from the paper: the paper's platform bills "worker start to stop including a few seconds of idle,
 rounded up to 1 s"; we make each part a rule (`BillingRules`) and default to granularity 1 s, no minimum,
-cold start billed, 2 s of billed idle keep-alive ("a few seconds" is not stated more exactly). The catalog's
+cold start billed, 2 s of billed idle keep-alive ("a few seconds" is not stated more exactly) (`PAPER_PLATFORM`);
+a runtime builds its own with `BillingRules.metered(runtime.billing_granularity_s, runtime.keep_alive_s)`. The catalog's
 on-demand prices are the paper's 8-GPU VM prices divided by 8; H200 has no recorded on-demand price, so
 serverful H200 costing raises a ConfigError. The "cpu-core" unit is ours (see `CPU_GB_PER_CORE`).
 """
@@ -93,6 +101,24 @@ class BillingRules:
         require(self.minimum_s >= 0, "plan.billing.minimum_s", f"must be >= 0 s (got {self.minimum_s})")
         require(self.keep_alive_s >= 0, "plan.billing.keep_alive_s", f"must be >= 0 s (got {self.keep_alive_s})")
 
+    @classmethod
+    def metered(cls, granularity_s: float, keep_alive_s: float) -> BillingRules:
+        """The rules a runtime bills with: its `runtime.billing_granularity_s` and `runtime.keep_alive_s` (an idle
+        worker stays warm, billed, that long), no minimum, cold start billed (a worker is billed from request)."""
+        return cls(granularity_s=granularity_s, minimum_s=0.0, bill_cold_start=True, keep_alive_s=keep_alive_s)
+
+    def bill_held(self, held_s: float, cold_start_s: float = 0.0) -> float:
+        """Billed seconds (per device) of a span held `held_s` seconds, idle tail included, of which
+        `cold_start_s` were a cold start: rounded up to the granularity, at least the minimum, never negative."""
+        raw = held_s - (0.0 if self.bill_cold_start else cold_start_s)
+        # 1e-9 keeps an exact multiple (e.g. 3.0000000001 from float sums) from rounding up a whole unit
+        units = math.ceil(raw / self.granularity_s - 1e-9) if raw > 0 else 0
+        return max(self.minimum_s, units * self.granularity_s)
+
+
+PAPER_PLATFORM = BillingRules()
+"""The paper's platform as we read it: 1 s granularity, 2 s of billed keep-alive, cold start billed."""
+
 
 @dataclass(frozen=True)
 class CostSummary:
@@ -115,13 +141,9 @@ class CostSummary:
 
 
 def billed_seconds(inv: Invocation, rules: BillingRules) -> float:
-    """Billed seconds of one invocation (per device): rounded up, at least the minimum; never negative."""
-    raw = inv.duration_s + rules.keep_alive_s
-    if inv.cold and not rules.bill_cold_start:
-        raw -= inv.cold_start_s
-    # 1e-9 keeps an exact multiple (e.g. 3.0000000001 from float sums) from rounding up a whole unit
-    units = math.ceil(raw / rules.granularity_s - 1e-9) if raw > 0 else 0
-    return max(rules.minimum_s, units * rules.granularity_s)
+    """Billed seconds of one invocation (per device): its duration plus the keep-alive idle that follows it,
+    through `BillingRules.bill_held` (rounded up, at least the minimum; never negative)."""
+    return rules.bill_held(inv.duration_s + rules.keep_alive_s, inv.cold_start_s if inv.cold else 0.0)
 
 
 def billed_seconds_array(duration_s: np.ndarray, cold: np.ndarray, cold_start_s: np.ndarray | float,

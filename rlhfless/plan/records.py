@@ -250,6 +250,12 @@ class ScalingDecision:
     def chosen(self) -> ScalingCandidate:
         return next(c for c in self.candidates if c.n_actors == self.n_actors)
 
+    @property
+    def predicted_device_s(self) -> float:
+        """Billed device-seconds the planner predicts for the chosen plan under its billing rules: the whole step
+        with plan.learner.whole_step, else the decode functions alone (logged as plan/predicted_device_s)."""
+        return self.chosen.gpu_seconds
+
     def table_rows(self) -> list[dict[str, float]]:
         """Plain rows (one per candidate) for a W&B table or a JSON report."""
         return [

@@ -23,8 +23,19 @@ the KV transfer), so they pay only in cost (a cut actor stops billing) or when a
 they are usually declined, with a cost-heavy lam or objective taken. `balancer/migrate_used` says which;
 `balancer/migrate_predicted_step_s` / `_cost_usd` log the variant with cuts either way.
 
-Non-goals: only the decode stage is scaled; reward, reference and learner costs do not depend on N and are left
-to the runtime's meter.
+Whole step (cfg.learner.whole_step, issue 19): the decode actors wait for the prefill function's KV
+(duration = max(cold + sync, prefill_s) + busy), and T(N), C(N) add what follows decode: the learner's scoring
+and forward/backward, overlapped with the decode tail on freed devices when cfg.learner.overlap, the optimizer
+step, and the bills of the prefill function and the learner's blocks (`rlhfless.plan.overlap.whole_step_tail`;
+each group's work arrives at its predicted finish: one continuous-batching simulation per candidate, as
+exact_sweep does). lambda keeps its meaning:
+the same score over whole-step T and C. Decode-only scoring stays the default (learner.whole_step=False), as the
+runtime's planner had it.
+"min_cost_at_deadline": the deadline is deadline_ratio x T of the serverful plan (max_actors, round robin, all
+warm, costed by the same model), then as "min_cost_under_deadline".
+`ScalingDecision.predicted_device_s` (metric plan/predicted_device_s): the chosen row's billed device-seconds.
+
+Non-goals: only the number of decode actors is chosen; the learner's size follows from the device budget.
 
 Deviations from the paper: the paper states the score only as "normalised time vs normalised cost with weight
 lambda"; normalising by the best candidate is ours, as are the constrained objectives and the rule that keeps
@@ -34,15 +45,17 @@ cuts only where the time model says they help (the paper always cuts at tau).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from rlhfless import metrics as M
 from rlhfless.plan import sweep as sw
-from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan, evaluate_plan
+from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import simulate_with_migration
+from rlhfless.plan.overlap import job_learner_tokens, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
     Invocation,
@@ -60,21 +73,45 @@ def decode_invocations(plan: AssignmentPlan, busy_s: Sequence[float], n_warm: in
     active = [a for a, jobs in enumerate(plan.actor_jobs) if jobs]
     by_busy = sorted(active, key=lambda a: (-busy_s[a], a))
     warm = set(by_busy[:max(n_warm, 0)])
+    kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0  # KV from the prefill function
     invs = []
     for a in active:
         cold = a not in warm
         cold_s = cfg.cold_start_s if cold else 0.0
-        invs.append(Invocation("decode", a, 0.0, cold_s + cfg.weight_sync_s + busy_s[a], cold,
+        invs.append(Invocation("decode", a, 0.0, max(cold_s + cfg.weight_sync_s, kv) + busy_s[a], cold,
                                cfg.gpus_per_actor, cold_s))
     return invs
 
 
+def _budget(cfg: PlanConfig) -> float:
+    return cfg.learner.devices or cfg.max_actors * cfg.gpus_per_actor
+
+
+def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.ndarray, head: np.ndarray,
+          cfg: PlanConfig, tm: TimeModel) -> tuple[float, list[Invocation]]:
+    """Whole-step seconds and the learner's + prefill's invocations of one labelling; dur, head: (n,) each
+    actor's duration and the seconds before its decode began (0 duration: inactive)."""
+    lc = cfg.learner
+    fin = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) + head[labels]
+    work = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc) * lc.s_per_token
+    return whole_step_tail(dur[dur > 0], fin, work, cfg.gpus_per_actor, _budget(cfg), lc)
+
+
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
-            n_warm: int) -> ScalingCandidate:
+            n_warm: int, tm: TimeModel) -> ScalingCandidate:
     """T and C of a plan whose actors are busy `busy_s` (score filled in later by `choose`)."""
     invs = decode_invocations(plan, busy_s, n_warm, cfg)
-    cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     step = max((i.duration_s for i in invs), default=0.0)
+    if cfg.learner.whole_step:
+        dur = np.zeros(plan.n_actors)
+        for i in invs:
+            dur[i.actor_id] = i.duration_s
+        head = dur - np.asarray(busy_s, float)
+        ja = JobArrays.from_jobs([j for jobs in plan.actor_jobs for j in jobs])
+        labels = np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
+        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm)
+        invs = invs + tail
+    cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
                             migrations)
 
@@ -83,7 +120,7 @@ def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel,
               n_warm: int) -> tuple[ScalingCandidate, MigrationResult]:
     """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations) and the simulated cuts."""
     res, _ = simulate_with_migration(plan, tm, cfg.tau)
-    return _costed(plan, res.busy_s, len(res.moves), cfg, n_warm), res
+    return _costed(plan, res.busy_s, len(res.moves), cfg, n_warm, tm), res
 
 
 def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel,
@@ -92,7 +129,7 @@ def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel,
     plan, _ = assign(ja, n, cfg.capacity, tm, cfg.policy)
     if cfg.migrate and cfg.simulate_migration:
         return with_cuts(plan, cfg, tm, n_warm)[0], plan
-    return _costed(plan, plan.busy_s, 0, cfg, n_warm), plan
+    return _costed(plan, plan.busy_s, 0, cfg, n_warm, tm), plan
 
 
 def _scores(cands: list[ScalingCandidate], lam: float) -> list[float]:
@@ -107,7 +144,7 @@ def _score_arrays(t: np.ndarray, c: np.ndarray, lam: float) -> np.ndarray:
 
 
 def _feasible(step_s: np.ndarray, cost_usd: np.ndarray, cfg: PlanConfig) -> np.ndarray:
-    if cfg.objective == "min_cost_under_deadline":
+    if cfg.objective in ("min_cost_under_deadline", "min_cost_at_deadline"):
         return step_s <= cfg.deadline_s
     if cfg.objective == "min_time_under_budget":
         return cost_usd <= cfg.budget_usd
@@ -118,7 +155,7 @@ def _pick(cands: list[ScalingCandidate], cfg: PlanConfig) -> tuple[ScalingCandid
     if cfg.objective == "score":
         return min(cands, key=lambda c: (c.score, c.n_actors)), True
     feasible = [c for c in cands if c.feasible]
-    if cfg.objective == "min_cost_under_deadline":
+    if cfg.objective in ("min_cost_under_deadline", "min_cost_at_deadline"):
         if feasible:
             return min(feasible, key=lambda c: (c.cost_usd, c.step_s, c.n_actors)), True
         return min(cands, key=lambda c: (c.step_s, c.cost_usd, c.n_actors)), False
@@ -142,15 +179,36 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
         np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
         cold = active & (pos >= n_warm)
     cold_s = np.where(cold, cfg.cold_start_s, 0.0)
-    dur = cold_s + cfg.weight_sync_s + busy
+    kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
+    dur = np.maximum(cold_s + cfg.weight_sync_s, kv) + busy
     billed = np.where(active, billed_seconds_array(dur, cold, cold_s, cfg.billing), 0.0)
     gpu_s = (billed * cfg.gpus_per_actor).sum(axis=1)
-    usd = gpu_s * price(cfg.gpu_kind).serverless_usd_per_s
     step = np.where(active, dur, 0.0).max(axis=1)
+    if cfg.learner.whole_step:
+        step, gpu_s = _sweep_whole_step(ja, res, dur, active, gpu_s, cfg, tm)
+    usd = gpu_s * price(cfg.gpu_kind).serverless_usd_per_s
     n_active = active.sum(axis=1)
     rows = zip(res.candidates, n_active.tolist(), step.tolist(), gpu_s.tolist(), usd.tolist(),
                _score_arrays(step, usd, cfg.lam).tolist(), _feasible(step, usd, cfg).tolist(), res.exact.tolist())
     return [ScalingCandidate(k, a, t, g, c, sc, f, 0, e) for k, a, t, g, c, sc, f, e in rows], res
+
+
+def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, active: np.ndarray, gpu_s: np.ndarray,
+                      cfg: PlanConfig, tm: TimeModel) -> tuple[np.ndarray, np.ndarray]:
+    """Whole-step T and device-seconds of every swept candidate (decode's already in gpu_s), as `_costed`."""
+    step, total = np.empty(len(res.candidates)), gpu_s.copy()
+    for r, n in enumerate(res.candidates):
+        d = np.where(active[r], dur[r], 0.0)[:n]
+        step[r], invs = _tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm)
+        total[r] += cost_step(invs, price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
+    return step, total
+
+
+def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel) -> PlanConfig:
+    """min_cost_at_deadline: the deadline is deadline_ratio x the serverful plan's step (module header)."""
+    ref_cfg = replace(cfg, policy="round_robin", objective="score", scale=False, migrate=False, exact_sweep=True)
+    ref, _ = evaluate_candidate(ja, cfg.max_actors, ref_cfg, tm, cfg.max_actors)
+    return replace(cfg, deadline_s=cfg.deadline_ratio * ref.step_s)
 
 
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
@@ -163,6 +221,9 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
     """
     tm = time_model or cfg.time_model()
     ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
+    if cfg.objective == "min_cost_at_deadline":
+        _validate(ja, cfg.max_actors, cfg.capacity)
+        cfg = _with_deadline(ja, cfg, tm)
     simulated = cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration)
     if simulated:
         evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm) for n in cfg.candidates()]
@@ -195,7 +256,7 @@ def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
     then the chosen row is replaced and the table re-scored.
     """
     cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm)
-    plain_row = _costed(plan, plan.busy_s, 0, cfg, n_warm)
+    plain_row = _costed(plan, plan.busy_s, 0, cfg, n_warm, tm)
     others = [c for c in cands if c.n_actors != best.n_actors]
     *_, plain, cut = _scored(others + [plain_row, cut_row], cfg)
     keep = _pick([plain, cut], cfg)[0] is cut  # ties keep the plan without cuts
@@ -226,6 +287,7 @@ def decision_metrics(d: ScalingDecision) -> dict:
         M.SCALER_STEP_S: c.step_s,
         M.SCALER_COST_USD: c.cost_usd,
         M.SCALER_GPU_S: c.gpu_seconds,
+        M.PLAN_PREDICTED_DEVICE_S: d.predicted_device_s,
         M.SCALER_SCORE: c.score,
         M.SCALER_CONSTRAINT_MET: float(d.constraint_met),
         M.BAL_IMBALANCE: done.imbalance,

@@ -441,3 +441,31 @@ def _segments(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_ac
     peak = np.zeros(n_actors, dtype=np.int64)
     np.maximum.at(peak, a[:-1][live], b[live].astype(np.int64))
     return decode, peak
+
+
+def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
+                   tm: TimeModel) -> np.ndarray:
+    """(S,) decode seconds from its actor's start at which each sequence finishes: the same piecewise-constant
+    batch segments as `_segments`, accumulated per actor up to the sequence's finish event (ties: an exit and an
+    entry at one instant cost nothing, so any order among them gives the same time)."""
+    n = len(entry)
+    if n == 0:
+        return np.zeros(0)
+    times = np.concatenate((entry, finish))
+    delta = np.concatenate((np.ones(n), -np.ones(n)))
+    actor = np.concatenate((seq_actor, seq_actor))
+    span = float(finish.max()) + 1.0
+    key = actor * span + times
+    order = np.argsort(key, kind="stable")
+    key, d, a = key[order], delta[order], actor[order]
+    batch = np.cumsum(d)
+    seg = np.diff(key)
+    live = (a[1:] == a[:-1]) & (seg > 0)
+    cost = np.where(live, seg * tm.iter_seconds(batch[:-1]), 0.0)
+    cum = np.concatenate(([0.0], np.cumsum(cost)))  # seconds up to each event, all actors in one running sum
+    first = np.concatenate(([True], a[1:] != a[:-1]))
+    start = np.maximum.accumulate(np.where(first, np.arange(2 * n), 0))  # index of the actor's first event
+    at_event = cum - cum[start]
+    out = np.empty(2 * n)
+    out[order] = at_event
+    return out[n:]

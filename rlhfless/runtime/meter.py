@@ -10,6 +10,12 @@ Per-step numbers slice every lifetime at the step's boundaries, unrounded (round
 slice is not); the run total rounds each lifetime once. With the default 1 ms granularity the two differ by at
 most a millisecond per worker.
 
+The rules are `rlhfless.plan.cost.BillingRules`, the same object the planner prices with (one set of billing
+rules): `billing_rules(runtime_cfg)` builds them from `runtime.billing_granularity_s` and `runtime.keep_alive_s`;
+pass the result as `plan.billing` so the planner's predicted device-seconds and this meter's bill agree (the
+planner adds keep_alive_s after each invocation, the meter measures the idle that really followed). A lifetime is
+billed through `BillingRules.bill_held`; `bill_run` still accepts a bare granularity (other rules default).
+
 Deviation from the paper's platform: it bills start to stop plus "a few seconds" of idle, rounded up to 1 s, for
 GPU steps of minutes. For CPU steps of about a second that rounding would dominate, so the local default is 1 ms
 (per-millisecond serverless billing), and idle is billed as it really happened (keep-alive) instead of a
@@ -18,12 +24,11 @@ constant. `runtime.billing_granularity_s=1` restores the 1 s rounding.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rlhfless import metrics as M
-from rlhfless.plan.cost import DevicePrice
+from rlhfless.plan.cost import BillingRules, DevicePrice
 from rlhfless.runtime.records import InvocationRecord, WorkerRecord
 
 
@@ -52,11 +57,21 @@ class Bill:
         return out
 
 
-def rounded(seconds: float, granularity_s: float) -> float:
-    """`seconds` rounded up to a multiple of granularity_s (an exact multiple stays, despite float noise)."""
-    if seconds <= 0:
-        return 0.0
-    return math.ceil(seconds / granularity_s - 1e-9) * granularity_s
+def billing_rules(rt) -> BillingRules:
+    """The billing rules of a runtime config (`runtime.billing_granularity_s`, `runtime.keep_alive_s`): what this
+    meter bills with and what the planner must price with (`plan.billing`)."""
+    return BillingRules.metered(rt.billing_granularity_s, rt.keep_alive_s)
+
+
+def _rules(rules: float | BillingRules) -> BillingRules:
+    """A bare granularity (the older signature) as rules: no minimum, cold start billed; the keep-alive is not
+    added by the meter (it measures the idle that happened), so it does not matter here."""
+    return rules if isinstance(rules, BillingRules) else BillingRules.metered(float(rules), 0.0)
+
+
+def rounded(seconds: float, granularity_s: float | BillingRules) -> float:
+    """`seconds` rounded up to a multiple of the granularity (an exact multiple stays, despite float noise)."""
+    return _rules(granularity_s).bill_held(seconds) if seconds > 0 else 0.0
 
 
 def _kind(w: WorkerRecord) -> str:
@@ -91,13 +106,16 @@ def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[Invocatio
 
 
 def bill_run(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRecord], now: float,
-             price: DevicePrice, serverful: bool, granularity_s: float) -> Bill:
-    """The whole run: each lifetime rounded up once to granularity_s, times its units."""
+             price: DevicePrice, serverful: bool, granularity_s: float | BillingRules) -> Bill:
+    """The whole run: each lifetime (spawn to release, measured idle included) billed once under the rules
+    (`BillingRules.bill_held`; a float is a granularity), times its units."""
+    rules = _rules(granularity_s)
     by_kind: dict[str, float] = {}
     total = 0.0
     for w in workers:
         end = w.released_s if w.released_s is not None else now
-        billed = rounded(end - w.spawned_s, granularity_s) * w.units
+        cold = w.cold_start_s if w.ready_s is not None else 0.0
+        billed = rules.bill_held(end - w.spawned_s, cold) * w.units
         by_kind[_kind(w)] = by_kind.get(_kind(w), 0.0) + billed
         total += billed
     busy = sum(i.busy_s * i.units for i in invocations)

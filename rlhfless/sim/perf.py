@@ -177,6 +177,18 @@ class PerfModel:
         flops = 6.0 * self.model.params * tokens
         return self.eff.train_fixed_s + flops / (n_devices * self.device.peak_flops * self.eff.train_mfu)
 
+    def learner_s_per_token(self, algo: str) -> float:
+        """Device-seconds of the learner's work per token (prompt + response): the reference forward (PPO: and
+        the value forward) at fwd_mfu, the policy's forward/backward (PPO: and the critic's) at train_mfu; the
+        same formulas as `forward_s` and `train_s`, without the per-update constant (`update_fixed_s`)."""
+        n = 2 if algo == "ppo" else 1
+        return n * 2.0 * self.model.params / (self.device.peak_flops * self.eff.fwd_mfu) + \
+            n * 6.0 * self.model.params / (self.device.peak_flops * self.eff.train_mfu)
+
+    def update_fixed_s(self, algo: str) -> float:
+        """The optimizer step(s) once per update: policy (PPO: and critic)."""
+        return self.eff.train_fixed_s * (2 if algo == "ppo" else 1)
+
     def weight_sync_s(self, colocated: bool) -> float:
         """New weights into a rollout replica: resharding over the node link (colocated), or the replica's
         weights over the node's network then fanned out to its devices over the link (serverless)."""
@@ -190,6 +202,13 @@ class PerfModel:
         weights from storage."""
         init = self.engine_init_s if engine else 0.0
         return self.container_start_s + init + self.weight_bytes_per_device() / self.storage_bw
+
+    def learner_join_s(self) -> float:
+        """A learner block starting on devices a decode function just freed: container start + the current
+        weights from a running learner block over the network (device to device, as `weight_sync_s`), not from
+        storage: the learner already holds them (an assumption: a peer block is running, true once the first
+        group has arrived, and the pre-warmed spare blocks load theirs ahead)."""
+        return self.container_start_s + self.weight_sync_s(colocated=False)
 
     def kv_transfer_s_per_token(self) -> float:
         """Seconds to move one context token's KV to a replica on another node (its share of the node NIC)."""

@@ -19,6 +19,12 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     start is kept alive through it, else it is restarted a cold start ahead; either way billed, off the critical
     path; without it every function starts cold on the critical path); EWMA predictor updated with each step's
     true lengths. RLHFless actors use the baseline's TP degree unless told otherwise (`rlhfless_tp`).
+  * `overlap` (a switch of rlhfless and a variant of verl, `verl-overlap`): a finished group is scored and its
+    forward/backward run on freed devices while the tail decodes, one optimizer step at the end
+    (`rlhfless.plan.overlap`, the model the scaler prices with): verl's freed devices are its finished rollout
+    replicas (colocated: no cold start), RLHFless's the spare devices (pre-warmed) and each released decode
+    function's devices (after a learner cold start). The rlhfless scaler scores the whole step (`plan.learner`:
+    prefill, decode, the overlapped learner, their bills) with lambda as configured.
   * `oracle`: rlhfless with every switch on, fed the true per-sequence lengths.
 Each `decide` returns (StepPlan, metrics); `observe` feeds the true lengths back (the predictor's update).
 
@@ -37,11 +43,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rlhfless.plan import PlanConfig, PlanJob, TimeModel, assign, choose, realized_plan, simulate_with_migration
+from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.cost import BillingRules
+from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.predictor import Observation, build_predictor
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.sim.perf import PerfModel
-from rlhfless.sim.step import ActorRun, FnRun, StepPlan
+from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepPlan
 from rlhfless.sim.workload import StepWork
 
 
@@ -72,21 +80,27 @@ class Switches:
     scale: bool = True
     prewarm: bool = True
     oracle: bool = False
+    overlap: bool = True
 
 
-def _score_update(c: Cluster, step: StepWork, cold_s: float, prewarm_s: float) -> tuple[tuple[FnRun, ...], FnRun]:
-    """Scoring functions and the learner over all devices; PPO adds the value forward and the critic update.
-
-    They share one worker per device (verl also hosts the reference beside the actor): the first function pays
-    the worker's cold start (or its pre-warm bill); the others start warm.
-    """
-    tok, n, pm = step.tokens, c.n_devices, c.perf
-    score = [FnRun("reference", n, cold_s, pm.forward_s(tok, n), prewarm_s)]
-    train = pm.train_s(tok, n)
-    if c.algo == "ppo":
-        score.append(FnRun("value", n, 0.0, pm.forward_s(tok, n)))
-        train += pm.train_s(tok, n)
-    return tuple(score), FnRun("learner", n, 0.0, train)
+def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], busy, overlap: bool, cold_s: float,
+             prewarm: bool, work_scale: float = 1.0) -> LearnerPlan:
+    """The step's scoring + update (`LearnerPlan`): each group's work (tokens x the perf model's learner
+    device-seconds per token) arriving when its last sample finishes on its actor. A group whose finish is past
+    its actor's realised busy time was migrated: it arrives at the end of the rollout (its new actor is not
+    tracked; conservative)."""
+    pm, tail = c.perf, max(busy, default=0.0)
+    actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
+    spt = pm.learner_s_per_token(c.algo) * work_scale
+    acts, done, work = [], [], []
+    for g in step.groups:
+        a = actor_of[g.prompt_id]
+        f = finish[g.prompt_id]
+        acts.append(a)
+        done.append(f if f <= busy[a] + 1e-9 else tail)
+        work.append(g.tokens * spt)
+    return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
+                       prewarm, pm.update_fixed_s(c.algo))
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
@@ -115,10 +129,10 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
 class Verl:
     """The serverful colocated baseline (module header)."""
 
-    name = "verl"
-
-    def __init__(self, c: Cluster):
-        self.c = c
+    def __init__(self, c: Cluster, overlap: bool = False):
+        """overlap: score and train finished groups on finished replicas' devices (`verl-overlap`)."""
+        self.c, self.overlap = c, overlap
+        self.name = "verl-overlap" if overlap else "verl"
 
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
         c, pm = self.c, self.c.perf
@@ -126,8 +140,10 @@ class Verl:
         plan, metrics = assign(jobs, c.replicas, c.capacity, c.time_model, "round_robin")
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(plan.busy_s) if b > 0)
-        score, update = _score_update(c, step, 0.0, 0.0)
-        return StepPlan(True, c.n_devices, actors, None, score, update), metrics
+        # colocated: a finished replica's devices already hold the model; no learner cold start
+        learner = _learner(c, step, plan.actor_jobs, job_finish_s(plan, jobs, c.time_model), plan.busy_s,
+                           self.overlap, 0.0, True)
+        return StepPlan(True, c.n_devices, actors, None, learner), metrics
 
     def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
         """After the step: its true lengths and (rollout, score, update) seconds; the baseline learns nothing."""
@@ -140,7 +156,7 @@ class RLHFuse(Verl):
 
     def __init__(self, c: Cluster, tau: float):
         super().__init__(c)
-        self.tau = tau
+        self.name, self.tau = "rlhfuse", tau
         self.mean_len = 256.0
 
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
@@ -152,12 +168,14 @@ class RLHFuse(Verl):
                                                true_jobs(step, prompt_of, f"engine{c.template_tokens}"))
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(res.busy_s) if b > 0)
-        score, update = _score_update(c, step, 0.0, 0.0)
         freed = sum(res.makespan_s - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
-        ref = score[0]
-        fused = replace(ref, work_s=max(ref.work_s - freed / c.n_devices, 0.5 * ref.work_s))  # half needs the tail
-        metrics["rlhfuse/fused_s"] = ref.work_s - fused.work_s
-        return StepPlan(True, c.n_devices, actors, None, (fused,) + score[1:], update), metrics
+        ref = pm.forward_s(step.tokens, 1) * (2 if c.algo == "ppo" else 1)  # scoring device-seconds
+        fused = min(freed, 0.5 * ref)  # half the reference forward needs the tail's samples
+        metrics["rlhfuse/fused_s"] = fused / c.n_devices
+        total = step.tokens * pm.learner_s_per_token(c.algo)
+        learner = _learner(c, step, plan.actor_jobs, {g.prompt_id: 0.0 for g in step.groups}, res.busy_s, False,
+                           0.0, True, work_scale=1.0 - fused / total)
+        return StepPlan(True, c.n_devices, actors, None, learner), metrics
 
     def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
         self.mean_len = float(np.mean([x for g in step.groups for x in g.lengths]))
@@ -200,21 +218,38 @@ class RLHFless:
             pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
             jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
         n_warm = self.n_prev if sw.prewarm else 0
-        decision, metrics = choose(jobs, self.cfg, c.time_model, n_warm)
-        real = realized_plan(decision, true_jobs(step, self._prompt_of, key), c.time_model, self.cfg.tau)
-        busy = list(real.busy_s)
-        actors = self._actors(step, decision.plan.actor_jobs, busy, n_warm)
-        self.n_prev = len(actors)
         prefill = None
         if sw.dedup:
             work = self._prefill_s(step, self._unique_tokens(step)) / self.prefill_actors
             prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if sw.prewarm else pm.cold_start_s(), work,
                             self._prewarm(pm.cold_start_s(), self.gaps[0]))
-        cold_t = pm.cold_start_s(engine=False)
-        score, update = _score_update(c, step, 0.0 if sw.prewarm else cold_t, self._prewarm(cold_t, self.gaps[1]))
+        cfg = replace(self.cfg, learner=self._learner_costs(step, prefill))
+        decision, metrics = choose(jobs, cfg, c.time_model, n_warm)
+        true = true_jobs(step, self._prompt_of, key)
+        real = realized_plan(decision, true, c.time_model, self.cfg.tau)
+        busy = list(real.busy_s)
+        actors = self._actors(step, decision.plan.actor_jobs, busy, n_warm)
+        self.n_prev = len(actors)
+        finish = job_finish_s(decision.plan, true, c.time_model)
+        learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap,
+                           pm.learner_join_s() if sw.overlap else pm.cold_start_s(engine=False), sw.prewarm)
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
-        return StepPlan(False, 0.0, actors, prefill, score, update), metrics
+        return StepPlan(False, 0.0, actors, prefill, learner), metrics
+
+    def _learner_costs(self, step: StepWork, prefill: FnRun | None) -> LearnerCosts:
+        """What the scaler adds to decode to score the whole step: this cluster's learner (perf model), the
+        prefill function, and the prompt tokens the jobs do not carry (all of them with dedup, else the
+        template the engines cache)."""
+        c, pm, sw = self.c, self.c.perf, self.sw
+        mean_prompt = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
+        return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices),
+                            s_per_token=pm.learner_s_per_token(c.algo), update_fixed_s=pm.update_fixed_s(c.algo),
+                            cold_start_s=pm.learner_join_s() if sw.overlap else pm.cold_start_s(engine=False),
+                            prewarm=sw.prewarm,
+                            prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
+                            prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
+                            prefill_devices=prefill.devices if prefill else 0.0)
 
     def _prefill_s(self, step: StepWork, tokens: float) -> float:
         """Prefill of `tokens` prompt tokens batched together; each attends within its own prompt only."""

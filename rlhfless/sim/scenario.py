@@ -7,7 +7,10 @@ plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON re
 Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
 `Timeline` per policy. Policies: verl, rlhfuse, rlhfless (lam as configured), oracle, and rlhfless-lam1 (the same
 system asked for time only: how fast it can go on this cluster); with `ablation=true` also the ladder
-serverless-verl, +dedup, +assign, +migrate, +scale. Reported per policy: mean step seconds, device-seconds billed per step (`cost_device_s`,
+serverless-verl, +dedup, +assign, +migrate, +scale, +overlap; verl-overlap is verl with the same overlap
+(`policies`), so overlap's gain shows for both. Reported per policy (stage times: `rollout_s`; `score_s`: the
+learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
+step; `learner_work_device_s`: the learner's work; `learner_blocks`: its blocks that took part): mean step seconds, device-seconds billed per step (`cost_device_s`,
 the paper's GPU-second metric: serverful = devices x wall, serverless = billed invocations), dollars per step
 (`cost_usd`: on-demand prices for serverful, serverless prices otherwise, from `plan.cost.CATALOG`).
 `speedup` = verl step / rlhfless step; `cost_reduction` = 1 - rlhfless / verl device-seconds;
@@ -42,11 +45,12 @@ from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, rep
 REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that module imports torch (1.3 s)
 ALGOS = ("grpo", "ppo")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
-ABLATION = (("serverless-verl", Switches(False, False, False, False, False)),
-            ("+dedup", Switches(True, False, False, False, False)),
-            ("+assign", Switches(True, True, False, False, False)),
-            ("+migrate", Switches(True, True, True, False, False)),
-            ("+scale", Switches(True, True, True, True, False)))
+ABLATION = (("serverless-verl", Switches(False, False, False, False, False, overlap=False)),
+            ("+dedup", Switches(True, False, False, False, False, overlap=False)),
+            ("+assign", Switches(True, True, False, False, False, overlap=False)),
+            ("+migrate", Switches(True, True, True, False, False, overlap=False)),
+            ("+scale", Switches(True, True, True, True, False, overlap=False)),
+            ("+overlap", Switches(True, True, True, True, False, overlap=True)))
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,7 @@ def _path(p: str):
 
 def policies(cfg: SimConfig, cb: Cluster, cs: Cluster) -> list:
     """The policies of a case: the serverful ones on the verl-tuned cluster `cb`, the serverless ones on `cs`."""
-    out = [Verl(cb), RLHFuse(cb, cfg.tau), RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors),
+    out = [Verl(cb), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau), RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors),
            RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle"),
            # the same system asked for time only: how fast RLHFless can go on this cluster
            RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1")]
@@ -232,11 +236,13 @@ def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Tim
             cost, _ = cost_step(tl.invocations(k), dev, c.billing)
         rows.append({"step": k, "step_time_s": wall, "rollout_s": res.rollout_end_s - t,
                      "score_s": res.score_end_s - res.rollout_end_s, "update_s": res.end_s - res.score_end_s,
+                     "learner_work_device_s": res.learner_work_ds, "learner_blocks": res.blocks_joined,
                      "cost_device_s": cost.gpu_seconds, "cost_usd": cost.usd,
                      "n_actors": len(plan.actors), **{k2: v for k2, v in metrics.items() if np.isscalar(v)}})
         policy.observe(step, (rows[-1]["rollout_s"], rows[-1]["score_s"], rows[-1]["update_s"]))
         t = res.end_s
-    keys = ("step_time_s", "rollout_s", "score_s", "update_s", "cost_device_s", "cost_usd", "n_actors")
+    keys = ("step_time_s", "rollout_s", "score_s", "update_s", "cost_device_s", "cost_usd", "n_actors",
+            "learner_work_device_s", "learner_blocks")
     summary = {k: float(np.mean([r[k] for r in rows])) for k in keys}
     return summary, tl, rows
 

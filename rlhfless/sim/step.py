@@ -6,24 +6,32 @@ already known from the performance model and the planner's time model) as events
         every decode actor starts: cold start (if cold) and weight sync, meanwhile its prompts' KV arrives from
         the prefill function (`kv_ready_s`); then its own prefill (none with dedup) and decode; it releases
         itself when its last sequence ends;
-    last decode release: scoring functions (reference, reward, value) start together;
-    last scoring end: the learner starts; its end is the step's end.
-Serverless: every function span is billed on its own (`billed=True`); the scoring functions and the learner
-share one trainer worker (as verl hosts the reference beside the actor), billed once as a `trainer` span from its
-start to the update's end (their own spans are drawn, not billed). Serverful: spans are drawn but not billed;
-one `pool` span of all devices over [t0, end] is billed instead. A warm actor pre-warmed during the previous step bills
+    learner (`LearnerPlan`, the model of `rlhfless.plan.overlap`, the same functions the scaler prices with):
+        with overlap, each group's scoring + forward/backward work arrives when its last sample finishes and
+        runs on learner blocks: spare devices (pre-warmed) and each released decode actor's devices (after the
+        learner's cold start); without overlap, all work arrives at the last decode release and runs on every
+        device at once; then ONE optimizer step (`update_fixed_s`); its end is the step's end.
+Stages recorded: rollout = [t0, last decode release]; score = the learner work left after the rollout (zero
+when overlap finished it under the tail); update = the optimizer step.
+Serverless: every function span is billed on its own (`billed=True`); each learner block is one `learner` span
+from its start (cold start included) to the step's end. Serverful: spans are drawn but not billed; one `pool`
+span of all devices over [t0, end] is billed instead. A warm actor pre-warmed during the previous step bills
 from `t0 - prewarm_s` (its cold start ran off the critical path).
 
 Non-goals: no decisions here (the policies make them), no failures or retries.
 
-Deviations from the paper: synchronous stages (scoring waits for the last decode actor, as in verl and the
-paper's synchronous setting); RLHFuse-like fusion is a shorter scoring stage decided by its policy.
+Deviations from the paper: the paper's stages are strictly sequential; with `LearnerPlan.overlap` finished groups
+are scored and trained on freed devices during the decode tail (still on-policy: one optimizer step per step).
+RLHFuse-like fusion is a smaller learner work decided by its policy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from rlhfless.plan.overlap import Blocks, learner_blocks, learner_drain, learner_invocations, sequential_blocks
 from rlhfless.sim.events import PRIO_OTHER, PRIO_RELEASE, PRIO_START, EventLoop, Span, Timeline
 
 
@@ -57,6 +65,28 @@ class FnRun:
 
 
 @dataclass(frozen=True)
+class LearnerPlan:
+    """Scoring + update of one step (model in `rlhfless.plan.overlap`).
+
+    group_actor, group_done_s, group_work_ds: per group, the decode actor instance that ran it, the seconds after
+    that actor's decode began at which its last sample finished, and its learner work in device-seconds.
+    devices: the step's device budget; block_devices: devices per learner block (a replica's); cold_s: a
+    learner block's cold start; prewarm: spare devices are ready when the first group arrives (and, without
+    overlap, the whole learner when the rollout ends); update_fixed_s: the optimizer step.
+    """
+
+    overlap: bool
+    group_actor: tuple[int, ...]
+    group_done_s: tuple[float, ...]
+    group_work_ds: tuple[float, ...]
+    devices: float
+    block_devices: float
+    cold_s: float
+    prewarm: bool
+    update_fixed_s: float
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """Everything a policy decided for one step (durations known up front)."""
 
@@ -64,8 +94,7 @@ class StepPlan:
     pool_devices: float
     actors: tuple[ActorRun, ...]
     prefill: FnRun | None
-    score: tuple[FnRun, ...]
-    update: FnRun
+    learner: LearnerPlan
     metrics: dict = field(default_factory=dict)
 
 
@@ -75,11 +104,41 @@ class StepResult:
     end_s: float = 0.0
     rollout_end_s: float = 0.0
     score_end_s: float = 0.0
+    learner_work_ds: float = 0.0
+    blocks_joined: int = 0
 
 
 def _span(tl: Timeline, plan: StepPlan, step: int, kind: str, inst: int, start: float, end: float, devices: float,
           stage: str, cold_s: float) -> None:
     tl.add(Span(kind, inst, start, end, devices, stage, cold_s > 0, cold_s, step, billed=not plan.serverful))
+
+
+def _decode_start(a: ActorRun) -> float:
+    """Seconds after t0 at which actor a starts decoding (its cold start, sync and KV are in)."""
+    return max(a.cold_s + a.sync_s, a.kv_ready_s) + a.prefill_s
+
+
+def learner_schedule(plan: StepPlan, prefill_end: float) -> tuple[float, Blocks, np.ndarray]:
+    """(work end, learner blocks, joined) of a step, seconds after t0, from `rlhfless.plan.overlap`."""
+    lp = plan.learner
+    start = {a.instance: _decode_start(a) for a in plan.actors}
+    release = np.array([start[a.instance] + a.decode_s for a in plan.actors])
+    rollout_end = float(release.max()) if len(release) else prefill_end
+    arrive = np.array([start[a] + d for a, d in zip(lp.group_actor, lp.group_done_s)])
+    work = np.array(lp.group_work_ds)
+    if not lp.overlap:
+        arrive = np.full(len(work), rollout_end)
+        b = sequential_blocks(rollout_end + (0.0 if lp.prewarm else lp.cold_s), lp.devices, lp.cold_s)
+    else:
+        held = [a.devices for a in plan.actors]
+        rel, dev = list(release), held
+        if plan.prefill is not None:
+            rel, dev = rel + [prefill_end], dev + [plan.prefill.devices]
+        spare = max(lp.devices - sum(dev), 0.0)
+        first = float(arrive.min()) if len(arrive) else rollout_end
+        b = learner_blocks(np.array(rel), np.array(dev), spare, lp.block_devices, first, lp.cold_s, lp.prewarm)
+    end, joined = learner_drain(arrive, work, b.ready_s, b.devices)
+    return max(end, rollout_end), b, joined
 
 
 def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepPlan, step: int) -> StepResult:
@@ -96,7 +155,9 @@ def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepPlan, step: in
     def rollout_done(lp: EventLoop) -> None:
         res.rollout_end_s = lp.now
         tl.stage(step, "rollout", t0, lp.now)
-        _score(lp)
+        work_end, blocks, joined = learner_schedule(plan, prefill_end - t0)
+        res.learner_work_ds, res.blocks_joined = float(sum(plan.learner.group_work_ds)), int(joined.sum())
+        lp.at(t0 + work_end, PRIO_START, lambda lp2: _update(lp2, blocks, joined))
 
     def release(a: ActorRun, end: float):
         def fn(lp: EventLoop) -> None:
@@ -106,30 +167,16 @@ def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepPlan, step: in
                 lp.at(lp.now, PRIO_START, rollout_done)
         return fn
 
-    def _score(lp: EventLoop) -> None:
-        # scoring functions run one after another in the trainer worker (they share its devices)
-        ts = t = lp.now
-        for i, f in enumerate(plan.score):
-            start, t = t, t + f.cold_s + f.work_s
-            lp.at(t, PRIO_RELEASE, lambda _, f=f, i=i, s=start, e=t: tl.add(
-                Span(f.kind, i, s, e, f.devices, "score", f.cold_s > 0, f.cold_s, step, billed=False)))
-        lp.at(t, PRIO_START, lambda lp2: _update(lp2, ts))
+    def _update(lp: EventLoop, blocks: Blocks, joined: np.ndarray) -> None:
+        res.score_end_s = lp.now
+        tl.stage(step, "score", res.rollout_end_s, lp.now)
+        lp.at(lp.now + plan.learner.update_fixed_s, PRIO_OTHER, lambda lp2: _finish(lp2, blocks, joined))
 
-    def _update(lp: EventLoop, score_start: float) -> None:
-        ts = res.score_end_s = lp.now
-        tl.stage(step, "score", res.rollout_end_s, ts)
-        u = plan.update
-        end = ts + u.cold_s + u.work_s
-        lp.at(end, PRIO_OTHER, lambda lp2: _finish(lp2, score_start, u))
-
-    def _finish(lp: EventLoop, score_start: float, u: FnRun) -> None:
-        # the trainer worker is billed once, from its (pre-warmed) start through scoring to the update's end
-        first = plan.score[0] if plan.score else u
-        cold = first.cold_s + u.cold_s
-        tl.add(Span(u.kind, 0, res.score_end_s, lp.now, u.devices, "update", u.cold_s > 0, u.cold_s, step,
-                    billed=False))
-        tl.add(Span("trainer", 0, score_start - first.prewarm_s, lp.now, u.devices, "score+update", cold > 0, cold,
-                    step, billed=not plan.serverful))
+    def _finish(lp: EventLoop, blocks: Blocks, joined: np.ndarray) -> None:
+        # every block that joined holds its devices (and its accumulated gradients) to the optimizer step's end
+        for inv in learner_invocations(blocks, joined, lp.now - t0, t0):
+            tl.add(Span("learner", inv.actor_id, inv.start_s, inv.end_s, inv.gpus, "score+update", inv.cold,
+                        inv.cold_start_s, step, billed=not plan.serverful))
         tl.stage(step, "update", res.score_end_s, lp.now)
         res.end_s = lp.now
         if plan.serverful:
@@ -138,6 +185,6 @@ def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepPlan, step: in
     if not plan.actors:
         loop.at(prefill_end, PRIO_START, rollout_done)
     for a in plan.actors:
-        ready = t0 + max(a.cold_s + a.sync_s, a.kv_ready_s)
-        loop.at(ready + a.prefill_s + a.decode_s, PRIO_RELEASE, release(a, ready + a.prefill_s + a.decode_s))
+        done = t0 + _decode_start(a) + a.decode_s
+        loop.at(done, PRIO_RELEASE, release(a, done))
     return res
