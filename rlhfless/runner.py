@@ -41,6 +41,7 @@ from rlhfless.runstate import (
     config_changes,
     file_sizes,
     find_checkpoint,
+    nonfinite_parameter,
     read_rng,
     read_state,
     restore_optimizer,
@@ -199,13 +200,19 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     return run
 
 
-def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
+def check_resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> tuple[Path, RunState]:
+    """The checks of `--resume` that need no model: a complete checkpoint, its state, the config, the steps."""
     ckpt = find_checkpoint(out)
     state = read_state(ckpt)
     _check_resume_config(cfg, out, allow_config_change)
     if state.step >= cfg.train.steps:
         raise ConfigError(f"train.steps: the run in {out} already has {state.step} steps; "
                           f"set train.steps above {state.step} to extend it")
+    return ckpt, state
+
+
+def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
+    ckpt, state = check_resume(cfg, out, allow_config_change)
     policy = load_policy(ckpt)
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
     restore_optimizer(learner.opt, ckpt, state.optimizer_groups)
@@ -291,6 +298,8 @@ def _loop(run: Run, progress: bool) -> None:
             log_step(run.tracker, report, cfg.train.table_every)
             st.rewards.append(report.metrics[M.REWARD_MEAN])
             st.step = step
+            if not cfg.runtime.executes:  # inline, the learner's model is the one that was just updated
+                check_weights(run, step)
             bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
@@ -301,14 +310,28 @@ def _loop(run: Run, progress: bool) -> None:
                 run.stages.sync_learner()
                 _checkpoint(run)
     except TrainingError as exc:
-        run.traces.close()
-        run.tracker.finish()
-        kept = run.out / "checkpoints" / "last"
-        raise TrainingError(f"{exc}; stopped. Last good checkpoint: "
-                            f"{kept if kept.exists() else cfg.policy.resolved()} (the starting weights)") from None
+        raise _stopped(run, exc) from None
+
+
+def _stopped(run: Run, exc: TrainingError) -> TrainingError:
+    """Close the run's files and say where the last good weights are."""
+    run.traces.close()
+    run.tracker.finish()
+    kept = run.out / "checkpoints" / "last"
+    where = kept if kept.exists() else f"{run.cfg.policy.resolved()} (the starting weights)"
+    return TrainingError(f"{exc}; stopped. Last good checkpoint: {where}")
+
+
+def check_weights(run: Run, step: int) -> None:
+    """Stop the run when an update left any weight NaN or infinite (nothing non-finite is ever saved)."""
+    name = nonfinite_parameter(run.learner.model)
+    if name is not None:
+        raise TrainingError(f"step {step}: weight {name} is not finite after the update (optim.lr="
+                            f"{run.cfg.optim.lr:g}; lower optim.lr or optim.grad_clip)")
 
 
 def _checkpoint(run: Run) -> None:
+    check_weights(run, run.state.step)
     st = run.state
     st.learner_updates, st.last_grad_norm = run.learner.updates, run.learner.last_grad_norm
     st.stream_epoch, st.stream_pos = run.stream.epoch, run.stream.pos
@@ -321,6 +344,10 @@ def _checkpoint(run: Run) -> None:
 
 def _finish(run: Run) -> dict:
     cfg, out = run.cfg, run.out
+    try:
+        check_weights(run, run.state.step)  # in the runtime modes the learner was brought up to date on close
+    except TrainingError as exc:
+        raise _stopped(run, exc) from None
     run.traces.close()
     if not (cfg.train.checkpoint_every and cfg.train.steps % cfg.train.checkpoint_every == 0):
         _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
@@ -415,11 +442,12 @@ def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:
 
 
 def _fresh_run_dir(out: Path) -> Path:
-    """Create `out`; an earlier run there is moved aside to `out.<timestamp>` (never overwritten or mixed)."""
-    if out.exists() and any(out.iterdir()):
-        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        out.rename(aside)
-        print(f"rlhfless: {out} held an earlier run; moved it to {aside}", file=sys.stderr)
+    """Create `out` (a new path or an empty folder, as `outpaths.check_run_dir` requires); anything already
+    there is refused, never moved or mixed into (the CLI checks this before any work; callers of `train` get the
+    same rule here)."""
+    from rlhfless.outpaths import check_run_dir
+
+    check_run_dir(str(out), resume=False)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
