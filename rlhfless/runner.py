@@ -89,14 +89,24 @@ def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int,
         yield stream.next()
 
 
-def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv) -> dict[str, EvalResult]:
+def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv,
+             progress: bool = False) -> dict[str, EvalResult]:
+    """Held-out accuracy, sampled (and greedy when `train.eval_greedy`); a bar over prompts when `progress`."""
+    from rlhfless.progress import count_bar
+
     if not prompts:
         return {}
     r = cfg.rollout
     sampled = env.sampling(r.max_new_tokens, r.temperature, r.top_p)
-    res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, env, seed=EVAL_SEED)}
-    if cfg.train.eval_greedy:
-        res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED)
+    advance, close = count_bar(len(prompts) * (1 + cfg.train.eval_greedy), "held-out eval", progress, "prompt")
+    try:
+        res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, env, seed=EVAL_SEED,
+                                   progress=advance)}
+        if cfg.train.eval_greedy:
+            res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED,
+                                     progress=advance)
+    finally:
+        close()
     return res
 
 
@@ -125,6 +135,7 @@ class Run:
     initial: dict[str, EvalResult]
     t_start: float
     runtime_summary: dict | None = None
+    progress: bool = True
 
 
 
@@ -159,6 +170,7 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
+    run.progress = progress
     _steps(run, progress)
     return _finish(run)
 
@@ -194,7 +206,7 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     state = RunState(0, 0, None, 0, 0, [], wandb_id=tracker.run_id)
     run = Run(cfg, out, learner, planner, stages, eval_prompts, stream, tracker, traces, state, {},
               time.perf_counter())
-    run.initial = run_eval(policy, eval_prompts, cfg, stages.env)
+    run.initial = run_eval(policy, eval_prompts, cfg, stages.env, progress)
     if run.initial:
         tracker.log(_eval_metrics(run.initial), step=0)
     return run
@@ -304,8 +316,8 @@ def _loop(run: Run, progress: bool) -> None:
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 run.stages.sync_learner()
-                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env)),
-                                step=step)
+                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env,
+                                                       progress)), step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
                 run.stages.sync_learner()
                 _checkpoint(run)
@@ -353,7 +365,7 @@ def _finish(run: Run) -> dict:
         _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
     save_checkpoint(run.learner.model, out / "checkpoints" / "final", {"step": cfg.train.steps},
                     tokenizer=run.stages.env.tok)
-    final = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env)
+    final = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env, run.progress)
     if final:
         run.tracker.log(_eval_metrics(final), step=cfg.train.steps)
     summary = _summary(cfg, run.initial, final, run.state.rewards, time.perf_counter() - run.t_start, out,

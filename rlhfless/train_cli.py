@@ -106,40 +106,37 @@ def _print_comparison(c: dict) -> None:
 def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:
     """Every check `train` makes before its first step, in the same functions, without writing anything.
 
-    The machine (`runtime.check_machine`), the checkpoint (built first when `policy.build` says so, as a run
-    would), the task's splits, the context fit, the planner (predictor, time profile), the learner and the
-    reference; with --out --resume also the run's checkpoint and config. A progress bar names the check running.
+    The machine (`runtime.check_machine`), the planner (predictor, time profile), with --out --resume the run's
+    checkpoint and config, the checkpoint (built first when `policy.build` says so, as a run would), the task's
+    splits, the context fit, the learner and the reference. A progress bar names the check running.
     """
     from dataclasses import asdict
     from pathlib import Path
 
     import yaml
-    from tqdm.auto import tqdm
 
     from rlhfless.model.factory import load_policy
+    from rlhfless.planning import Planner
+    from rlhfless.progress import phases
     from rlhfless.runner import _build, check_resume, ensure_policy
 
-    bar = tqdm(total=4 if resume and out else 3, desc="dry-run checks", disable=not progress, leave=False)
-
-    def step(name: str) -> None:
-        bar.set_postfix_str(name)
-        bar.refresh()
-
+    # cheap checks first (the machine, the predictor and time profile, the run folder), then the checkpoint's seconds
+    names = ["machine", "planner"] + (["run folder"] if resume and out else []) + ["checkpoint", "task, learner"]
+    step = phases(names, "dry-run checks", progress)
     step("machine")
     cfg.runtime.check_machine(cfg.plan.max_actors)
-    bar.update()
-    step("checkpoint")
-    ensure_policy(cfg, progress)
-    policy = load_policy(cfg.policy.resolved())
-    bar.update()
-    step("task, context, planner, learner")
-    _, _, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
-    bar.update()
+    step("planner")
+    if cfg.train.plan:
+        Planner(cfg.predictor, cfg.plan)
     if resume and out:
         step("run folder")
         check_resume(cfg, Path(out), allow_config_change)
-        bar.update()
-    bar.close()
+    step("checkpoint")
+    ensure_policy(cfg, progress)
+    policy = load_policy(cfg.policy.resolved())
+    step("task, learner")
+    _, _, _, train_prompts, eval_prompts = _build(cfg, policy, None)
+    step.close()
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
     print(f"rlhfless: config OK ({len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)
