@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         check_outputs(args)
         result = args.func(args)
     except UserError as exc:
-        print(f"rlhfless: error: {short_message(str(exc))}", file=sys.stderr)
+        print(short_message(f"rlhfless: error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rlhfless: interrupted", file=sys.stderr)

@@ -14,6 +14,7 @@ at fault.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -127,8 +128,10 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     unknown = sorted(set(data) - set(fields), key=str)  # YAML keys may be numbers or null
     if unknown:
         where = f"{prefix}." if prefix else ""
-        raise ConfigError(
-            f"unknown config key {quote(where + str(unknown[0]))}; allowed keys{' under ' + prefix if prefix else ''}: "
+        close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
+        hint = f" (did you mean {where + close[0]!r}?)" if close else ""
+        raise ConfigError(  # the hint first: the CLI cuts a long line, and the list of keys is at its end
+            f"unknown config key {quote(where + str(unknown[0]))}{hint}; allowed keys{' under ' + prefix if prefix else ''}: "
             f"{', '.join(sorted(fields))}"
         )
     kwargs = {}
@@ -207,6 +210,8 @@ def _deep_copy(d: dict[str, Any]) -> dict[str, Any]:
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read a YAML mapping; a missing file or a non-mapping raises `ConfigError` naming the path."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a folder; name a YAML config file, e.g. experiments/configs/quickstart.yaml")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:

@@ -118,7 +118,12 @@ def cmd_gsm8k(args) -> int:
 def cmd_trace_stats(args) -> int:
     from rlhfless.traces import length_stats, read_trace
 
-    stats = length_stats(read_trace(args.trace))
+    from rlhfless.errors import DataError
+
+    rows = list(read_trace(args.trace))
+    if not rows:
+        raise DataError(f"{args.trace}: the trace has no rows")
+    stats = length_stats(rows)
     for k, v in stats.items():
         print(f"{k:30s} {v:.4g}" if isinstance(v, float) else f"{k:30s} {v}")
     if args.json:
