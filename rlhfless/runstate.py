@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rlhfless.errors import DataError
+from rlhfless.errors import DataError, one_line
 
 STATE_FILE = "state.json"
 FORMAT = "rlhfless-run-checkpoint"
@@ -142,8 +142,8 @@ def read_state(ckpt: Path) -> RunState:
     path = ckpt / STATE_FILE
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: not a readable run checkpoint state ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # also a huge integer or deep nesting
+        raise DataError(f"{path}: not a readable run checkpoint state ({one_line(exc, 120)})") from None
     fmt = doc.get("format") if isinstance(doc, dict) else None
     if fmt != FORMAT:
         raise DataError(f"{path}: not an rlhfless run checkpoint (format {fmt!r})")

@@ -147,6 +147,18 @@ def _make(d: Path) -> None:
     (d / "ckpt_trunc").mkdir()
     (d / "ckpt_trunc" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     (d / "ckpt_trunc" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    # JSON files holding an integer of thousands of digits, or nesting thousands deep (Python cannot read either)
+    (d / "ckpt_hugeint").mkdir()
+    (d / "ckpt_hugeint" / "config.json").write_text('{"hidden_size": ' + HUGE + "}")
+    (d / "profile_hugeint.json").write_text('{"rows": [{"batch_size": ' + HUGE + ', "s_per_iter": 1}]}')
+    (d / "pred_hugeint").mkdir()
+    (d / "pred_hugeint" / "predictor.json").write_text('{"format": ' + HUGE + "}")
+    (d / "pred_deep").mkdir()
+    (d / "pred_deep" / "predictor.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (d / "run_hugeint" / "checkpoints" / "last").mkdir(parents=True)
+    (d / "run_hugeint" / "config.yaml").write_text((run / "config.yaml").read_text())
+    (d / "run_hugeint" / "checkpoints" / "last" / "state.json").write_text('{"step": ' + HUGE + "}")
 
 
 @pytest.fixture(scope="module")
@@ -298,11 +310,11 @@ CASES += [
 ]
 # traces, length data, predictors
 for name in ("empty.jsonl", "notjson.jsonl", "list.jsonl", "missing_field.jsonl", "latin1.jsonl", "bad.jsonl.gz",
-             "empty.jsonl.gz", "nope.jsonl", "adir"):
+             "empty.jsonl.gz", "nope.jsonl", "adir", "deep.jsonl", "huge_len.jsonl"):
     CASES.append(C(f"trace-stats-{name}", ["data", "trace-stats", "--trace", f"{{d}}/{name}"], name))
     CASES.append(C(f"predictor-train-{name}", ["predictor", "train", "--data", f"{{d}}/{name}", "--model", "ewma",
                                                "--out", "{d}/pt-" + name, "--no-progress"], name))
-for name in ("neg_len.jsonl", "nan_len.jsonl", "huge_len.jsonl"):
+for name in ("neg_len.jsonl", "nan_len.jsonl"):
     CASES.append(C(f"predictor-train-{name}", ["predictor", "train", "--data", f"{{d}}/{name}", "--model", "ewma",
                                                "--out", "{d}/pt-" + name, "--no-progress"], name))
 CASES += [
@@ -333,19 +345,21 @@ CASES += [
     C("data-gsm8k-notjson", ["data", "gsm8k-lengths", "--in", "{d}/notjson.jsonl", "--out", "{d}/g.jsonl"],
       "notjson.jsonl"),
 ]
-for name in ("pred_garbage", "pred_list", "pred_fmt", "pred_name", "pred_none", "nope", "afile"):
+for name in ("pred_garbage", "pred_list", "pred_fmt", "pred_name", "pred_none", "nope", "afile", "pred_hugeint",
+             "pred_deep"):
     CASES.append(C(f"predictor-eval-{name}", ["predictor", "eval", "--model", f"{{d}}/{name}", "--data",
                                               "{d}/empty.jsonl", "--no-progress"], name))
     CASES.append(C(f"predictor-convert-{name}", ["predictor", "convert", "--model", f"{{d}}/{name}", "--out",
                                                  "{d}/conv-" + name], name))
 # time profiles, checkpoints and run folders reached by the dry run
-for name in ("profile_keys.json", "profile_bad.json", "profile_list.json", "profile_nan.json", "nope.json"):
+for name in ("profile_keys.json", "profile_bad.json", "profile_list.json", "profile_nan.json", "nope.json",
+             "profile_hugeint.json"):
     CASES.append(C(f"profile-{name}", [*DRY, f"plan.time_profile={{d}}/{name}"], name))
 CASES.append(C("profile-plan-trace", ["bench", "plan-trace", "--trace", "{d}/empty.jsonl", "--set",
                                       "time_profile={d}/profile_bad.json"], "profile_bad.json"))
-for name in ("ckpt_empty", "ckpt_badcfg", "ckpt_trunc", "afile", "nope"):
+for name in ("ckpt_empty", "ckpt_badcfg", "ckpt_trunc", "afile", "nope", "ckpt_hugeint"):
     CASES.append(C(f"checkpoint-{name}", [*DRY, f"policy.checkpoint={{d}}/{name}"], name))
-for name in ("run", "run_fmt", "run_ver", "run_fields", "run_types", "run_nockpt"):
+for name in ("run", "run_fmt", "run_ver", "run_fields", "run_types", "run_nockpt", "run_hugeint"):
     CASES.append(C(f"resume-dry-{name}", [*DRY, "--resume", "--out", f"{{d}}/{name}"], name))
 CASES += [
     C("resume-real-run", ["train", "--resume", "--no-progress", "--out", "{d}/run_fmt", "--config",
@@ -427,3 +441,23 @@ def test_bad_input_through_the_entry_point(case, corpus_dir):
                           text=True, timeout=LIMIT_S * 3)  # process start and imports on a busy machine
     _check(proc.returncode, proc.stderr, case.expect)
     assert _snapshot(corpus_dir, REPO / "data") == before
+
+
+# --- what stays allowed -------------------------------------------------------------------------------------
+def test_overrides_may_stand_anywhere_among_the_options():
+    from rlhfless.cli import build_parser, parse
+
+    args = parse(build_parser(), ["train", "--config", "C", "train.steps=2", "--out", "D", "train.eval_prompts=0",
+                                  "--no-progress", "algo.group_size=4"])
+    assert args.overrides == ["train.steps=2", "train.eval_prompts=0", "algo.group_size=4"] and args.out == "D"
+
+
+def test_out_accepts_a_new_path_an_empty_folder_and_a_run_to_resume(corpus_dir, tmp_path):
+    from rlhfless.outpaths import check_new_checkpoint, check_run_dir
+
+    (tmp_path / "empty").mkdir()
+    assert check_run_dir(str(tmp_path / "new" / "run"), resume=False) == tmp_path / "new" / "run"
+    assert check_run_dir(str(tmp_path / "empty"), resume=False) == tmp_path / "empty"
+    assert check_run_dir(str(corpus_dir / "run"), resume=True) == corpus_dir / "run"
+    assert check_new_checkpoint(str(tmp_path / "empty")) == tmp_path / "empty"
+    assert not (tmp_path / "new").exists()  # a check creates nothing
