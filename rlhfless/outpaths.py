@@ -7,7 +7,8 @@ Rules (each refusal is a one-line `ConfigError` naming the flag and what to do i
 - an output folder: not the current folder, the repository, a folder above it, or the repository's `data/`
   (the shipped checkpoint, profiles and traces); not an existing file;
 - a run folder (`train --out`): a new path or an empty folder; an existing run only with `--resume`; nothing
-  under `data/`;
+  under `data/` (`runner.train` called as a library, by compare, bench faults and repro, moves an earlier run in
+  its own sub-folder aside instead, so those commands can run again);
 - a checkpoint folder (`pretrain --out`): a new path or an empty folder; a checkpoint is never overwritten.
 Non-goals: permissions (the OS reports them when the command writes).
 """
@@ -69,8 +70,11 @@ def _inside_data(p: Path) -> bool:
     return r == DATA_DIR or DATA_DIR in r.parents
 
 
-def check_run_dir(path: str, resume: bool) -> Path:
-    """`train --out`: a new path or an empty folder; an existing run only with --resume; never under data/."""
+def check_run_dir(path: str, resume: bool, earlier_run_ok: bool = False) -> Path:
+    """`train --out`: a new path or an empty folder; an existing run only with --resume; never under data/.
+
+    earlier_run_ok: accept a folder holding an earlier run (library callers that re-run into their own
+    sub-folders, such as compare, bench faults and repro, move it aside; the CLI never passes it)."""
     p = check_output_dir(path)
     if _inside_data(p):
         raise ConfigError(f"--out {quote(path)}: is inside {DATA_DIR}, which holds the shipped checkpoint, "
@@ -81,6 +85,8 @@ def check_run_dir(path: str, resume: bool) -> Path:
                               "(with its config.yaml and checkpoints/last)")
         return p
     if p.is_dir() and any(p.iterdir()):
+        if is_run_dir(p) and earlier_run_ok:
+            return p
         if is_run_dir(p):
             raise ConfigError(f"--out {quote(path)}: holds an earlier run; continue it with --resume (a larger "
                               "train.steps extends a finished run), or name a new folder")

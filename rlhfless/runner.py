@@ -454,12 +454,20 @@ def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:
 
 
 def _fresh_run_dir(out: Path) -> Path:
-    """Create `out` (a new path or an empty folder, as `outpaths.check_run_dir` requires); anything already
-    there is refused, never moved or mixed into (the CLI checks this before any work; callers of `train` get the
-    same rule here)."""
+    """Create `out`: a new path or an empty folder (`outpaths.check_run_dir`, which the CLI applies before any
+    work). An earlier run there is moved aside to `out.<timestamp>` (library callers such as compare, bench
+    faults and repro re-run into their own sub-folders); anything else is refused, never moved or mixed into."""
     from rlhfless.outpaths import check_run_dir
 
-    check_run_dir(str(out), resume=False)
+    check_run_dir(str(out), resume=False, earlier_run_ok=True)
+    if out.is_dir() and any(out.iterdir()):
+        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while aside.exists():  # two runs within one second
+            n += 1
+            aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+        out.rename(aside)
+        print(f"rlhfless: {out} held an earlier run; moved it to {aside}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)
     return out
 

@@ -82,15 +82,20 @@ def test_nan_loss_stops_with_a_clear_message(tiny_checkpoint, tmp_path):
         _run(tmp_path, bad, "nan", ["algo.skip_zero_variance_groups=false", "train.eval_prompts=0"])
 
 
-def test_an_earlier_run_in_the_same_folder_is_refused_not_moved_or_mixed(tiny_checkpoint, tmp_path):
-    from rlhfless.errors import ConfigError
-
-    _run(tmp_path, tiny_checkpoint, "same", ["train.eval_prompts=0"])
-    before = {p: p.read_bytes() for p in (tmp_path / "same").rglob("*") if p.is_file()}
-    with pytest.raises(ConfigError, match="holds an earlier run; continue it with --resume"):
+def test_an_earlier_run_in_the_same_folder_is_moved_aside_by_the_library_and_refused_by_the_cli(
+        tiny_checkpoint, tmp_path, capsys):
+    """`runner.train` (compare, bench faults and repro re-run into their own sub-folders) moves an earlier run
+    aside, twice within one second too; `rlhfless train --out` refuses it and names --resume, changing nothing."""
+    for _ in range(3):
         _run(tmp_path, tiny_checkpoint, "same", ["train.eval_prompts=0"])
+    lines = (tmp_path / "same" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # only the last run's two steps
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("same.")]
+    assert len(aside) == 2 and all((p / "summary.json").is_file() for p in aside)
+    before = {p: p.read_bytes() for p in (tmp_path / "same").rglob("*") if p.is_file()}
+    assert main(["train", "--out", str(tmp_path / "same"), f"policy.checkpoint={tiny_checkpoint}", *SMALL]) == 2
+    assert "holds an earlier run; continue it with --resume" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in (tmp_path / "same").rglob("*") if p.is_file()} == before
-    assert [p.name for p in tmp_path.iterdir()] == ["same"]
 
 
 def test_weights_made_non_finite_by_an_update_stop_the_run_and_are_never_saved(tiny_checkpoint, tmp_path,
