@@ -259,13 +259,13 @@ def _initial_eval(state: RunState, ckpt: Path) -> dict[str, EvalResult]:
 
 
 def _check_resume_config(cfg: RunConfig, out: Path, allow: bool) -> None:
+    from rlhfless.configbase import load_yaml
+
     path = out / "config.yaml"
     try:
-        saved = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise DataError(f"{path}: cannot read the run's config ({exc})") from None
-    if not isinstance(saved, dict):
-        raise DataError(f"{path}: not a run config")
+        saved = load_yaml(path)  # bounded loader: size, depth and aliases (a run folder may come from elsewhere)
+    except ConfigError as exc:
+        raise DataError(f"cannot read the run's config: {exc}") from None
     changes = config_changes(saved, asdict(cfg))
     if changes and not allow:
         raise ConfigError(f"--resume: the config differs from the run in {out} in {', '.join(changes)}, which would "

@@ -147,6 +147,11 @@ def _make(d: Path) -> None:
     (d / "ckpt_trunc").mkdir()
     (d / "ckpt_trunc" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     (d / "ckpt_trunc" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    for name, text in {"run_bomb": BOMB, "run_list": "[1, 2]\n"}.items():  # an earlier run's config.yaml
+        (d / name / "checkpoints" / "last").mkdir(parents=True)
+        (d / name / "config.yaml").write_text(text)
+        (d / name / "checkpoints" / "last" / "state.json").write_text(
+            (d / "run_types" / "checkpoints" / "last" / "state.json").read_text().replace('"step": -1', '"step": 0'))
     # JSON files holding an integer of thousands of digits, or nesting thousands deep (Python cannot read either)
     (d / "ckpt_hugeint").mkdir()
     (d / "ckpt_hugeint" / "config.json").write_text('{"hidden_size": ' + HUGE + "}")
@@ -362,6 +367,10 @@ for name in ("ckpt_empty", "ckpt_badcfg", "ckpt_trunc", "afile", "nope", "ckpt_h
 for name in ("run", "run_fmt", "run_ver", "run_fields", "run_types", "run_nockpt", "run_hugeint"):
     CASES.append(C(f"resume-dry-{name}", [*DRY, "--resume", "--out", f"{{d}}/{name}"], name))
 CASES += [
+    C("resume-bomb-config", [*DRY, "--resume", "--out", "{d}/run_bomb"], "run_bomb"),
+    C("resume-list-config", [*DRY, "--resume", "--out", "{d}/run_list"], "run_list"),
+    C("validate-bomb-config", ["simulate", "--validate", "{d}/run_bomb"], "run_bomb"),
+    C("validate-list-config", ["simulate", "--validate", "{d}/run_list"], "run_list"),
     C("resume-real-run", ["train", "--resume", "--no-progress", "--out", "{d}/run_fmt", "--config",
                           str(QUICKSTART)], "run_fmt"),
     C("resume-bad-config", ["train", "--resume", "--dry-run", "--no-progress", "--out", "{d}/run_badcfg", "--config",
