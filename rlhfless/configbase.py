@@ -130,8 +130,9 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
         where = f"{prefix}." if prefix else ""
         close = difflib.get_close_matches(str(unknown[0]), list(fields), n=1)
         hint = f" (did you mean {where + close[0]!r}?)" if close else ""
+        under = f" under {prefix}" if prefix else ""
         raise ConfigError(  # the hint first: the CLI cuts a long line, and the list of keys is at its end
-            f"unknown config key {quote(where + str(unknown[0]))}{hint}; allowed keys{' under ' + prefix if prefix else ''}: "
+            f"unknown config key {quote(where + str(unknown[0]))}{hint}; allowed keys{under}: "
             f"{', '.join(sorted(fields))}"
         )
     kwargs = {}
