@@ -6,7 +6,10 @@ Each area registers its own subcommands (`register(sub, bench)`) so this file st
 `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen inside
 the command functions, so `rlhfless --help` is instant.
 
-User errors (`rlhfless.errors.UserError`) print one line and exit with status 2, without a traceback.
+User errors (`rlhfless.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
+characters) and exit with status 2, without a traceback. `KEY=VALUE` overrides may stand anywhere among the
+options (`train --config C train.steps=2 --out D train.eval_prompts=0`). Output paths (`--json`, `--out`) are
+checked here before any work (`rlhfless.outpaths`); `train` and `pretrain` check their own `--out`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import argparse
 import importlib
 import sys
 
-from rlhfless.errors import UserError
+from rlhfless.errors import UserError, short_message
 
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
@@ -30,8 +33,20 @@ _MODULES = (
 )
 
 
+# Commands whose --out is one file, and commands that check their own --out (a run, a checkpoint).
+_FILE_OUT = {("data", "gsm8k-lengths"), ("data", "synthetic-trace")}
+_OWN_OUT = {"train", "pretrain"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the command and its --help (argparse prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {short_message(message, 240)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="rlhfless",
         description=(
             "Serverless synchronous RL post-training (GRPO) with deduplicated prefill, response-length "
@@ -51,13 +66,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse `argv`; `KEY=VALUE` words argparse could not place (after an option) join the overrides."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = list(args.overrides or []) + extra
+    return args
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse an output path that cannot be written or must not be touched, before the command starts."""
+    from rlhfless.outpaths import check_output_dir, check_output_file
+
+    for flag in ("json", "figure"):
+        value = getattr(args, flag, None)
+        if isinstance(value, str):
+            check_output_file(value, f"--{flag}")
+    out = getattr(args, "out", None)
+    if out is None or args.command in _OWN_OUT:
+        return
+    if (args.command, getattr(args, "data_command", None)) in _FILE_OUT:
+        check_output_file(str(out), "--out")
+    else:
+        check_output_dir(str(out), "--out")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
+        check_outputs(args)
         result = args.func(args)
     except UserError as exc:
-        print(f"rlhfless: error: {exc}", file=sys.stderr)
+        print(short_message(f"rlhfless: error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rlhfless: interrupted", file=sys.stderr)

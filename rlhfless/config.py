@@ -98,7 +98,8 @@ class OptimConfig:
     """Linear learning-rate warmup steps (>= 0)."""
 
     def __post_init__(self) -> None:
-        require(self.lr > 0, "optim.lr", f"must be > 0 (got {self.lr})")
+        # above 10 AdamW moves every weight by more than its scale per step; past 3.4e38 torch cannot even hold it
+        require(0 < self.lr <= 10, "optim.lr", f"must be in (0, 10] (got {self.lr})")
         require(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0 (got {self.weight_decay})")
         require(self.grad_clip > 0, "optim.grad_clip", f"must be > 0 (got {self.grad_clip})")
         require(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0 (got {self.warmup_steps})")

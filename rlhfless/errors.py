@@ -38,3 +38,45 @@ def require(cond: bool, field: str, message: str) -> None:
     """
     if not cond:
         raise ConfigError(f"{field}: {message}")
+
+
+QUOTE_LIMIT = 60
+"""Characters of a bad value an error message quotes: enough to recognise it, never the whole of a huge value."""
+MESSAGE_LIMIT = 300
+"""The longest error line the CLI prints (a message that quotes user input stays readable and bounded)."""
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`repr(value)` cut to about `limit` characters, safe on any size: the one way messages quote user values.
+
+    A YAML alias bomb expands to gigabytes and an integer of thousands of digits has no `repr` at all (Python
+    refuses to print more than 4,300 digits), so messages must never call `repr` on user input directly.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<an integer of about {int(value.bit_length() * 0.30103) + 1} digits>"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
+    if isinstance(value, (list, tuple, dict, set)):
+        return _short_repr(value, limit)
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _short_repr(value: object, limit: int) -> str:
+    """A container's repr from a bounded walk (never the full repr of an expanded alias bomb)."""
+    import reprlib
+
+    class _Repr(reprlib.Repr):
+        def repr_int(self, x, level):
+            return quote(x)
+
+    r = _Repr()
+    r.maxlevel, r.maxlist, r.maxtuple, r.maxdict, r.maxset, r.maxstring, r.maxother = 3, 6, 6, 4, 6, 30, 30
+    text = r.repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def short_message(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` on one line and at most `limit` characters (the CLI's last guard on what it prints)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."

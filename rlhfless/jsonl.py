@@ -54,6 +54,8 @@ def _object(line: str, where: str) -> dict:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError):  # an integer of thousands of digits; arrays nested thousands deep
+        raise DataError(f"{where}: holds a number too long or nesting too deep to read") from None
     if not isinstance(obj, dict):
         raise DataError(f"{where}: expected a JSON object")
     return obj
@@ -80,7 +82,7 @@ def read_json_file(path: str | Path, hint: str = ""):
         return None
     try:
         return json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # JSONDecodeError, a huge integer, deep nesting
         raise DataError(f"{p}: not valid JSON" + (f"; {hint}" if hint else "")) from None
 
 

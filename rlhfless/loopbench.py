@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass
 
 from rlhfless import metrics as M
+from rlhfless.cliargs import count
 from rlhfless.jsonl import write_json
 
 ARMS = {
@@ -121,9 +122,9 @@ def register_bench(bench) -> None:
                     "learning curves are identical (the optimizations are exact).",
         epilog="example: rlhfless bench loop --feature dedup_prefill --steps 20 --json runs/bench/loop.json")
     p.add_argument("--feature", default="dedup_prefill", choices=sorted(ARMS), help="what to switch")
-    p.add_argument("--steps", type=int, default=20, help="steps per arm (default 20)")
+    p.add_argument("--steps", type=count(2, 100_000), default=20, help="steps per arm (default 20)")
     p.add_argument("--config", default="experiments/configs/quickstart.yaml", help="run config")
-    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--threads", type=count(1, 1024), default=2, help="torch threads")
     p.add_argument("--json", default=None, help="write the report here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides for both arms")

@@ -41,6 +41,7 @@ from rlhfless.runstate import (
     config_changes,
     file_sizes,
     find_checkpoint,
+    nonfinite_parameter,
     read_rng,
     read_state,
     restore_optimizer,
@@ -88,14 +89,24 @@ def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int,
         yield stream.next()
 
 
-def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv) -> dict[str, EvalResult]:
+def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv,
+             progress: bool = False) -> dict[str, EvalResult]:
+    """Held-out accuracy, sampled (and greedy when `train.eval_greedy`); a bar over prompts when `progress`."""
+    from rlhfless.progress import count_bar
+
     if not prompts:
         return {}
     r = cfg.rollout
     sampled = env.sampling(r.max_new_tokens, r.temperature, r.top_p)
-    res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, env, seed=EVAL_SEED)}
-    if cfg.train.eval_greedy:
-        res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED)
+    advance, close = count_bar(len(prompts) * (1 + cfg.train.eval_greedy), "held-out eval", progress, "prompt")
+    try:
+        res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, env, seed=EVAL_SEED,
+                                   progress=advance)}
+        if cfg.train.eval_greedy:
+            res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED,
+                                     progress=advance)
+    finally:
+        close()
     return res
 
 
@@ -124,6 +135,7 @@ class Run:
     initial: dict[str, EvalResult]
     t_start: float
     runtime_summary: dict | None = None
+    progress: bool = True
 
 
 
@@ -158,6 +170,7 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
+    run.progress = progress
     _steps(run, progress)
     return _finish(run)
 
@@ -193,19 +206,25 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     state = RunState(0, 0, None, 0, 0, [], wandb_id=tracker.run_id)
     run = Run(cfg, out, learner, planner, stages, eval_prompts, stream, tracker, traces, state, {},
               time.perf_counter())
-    run.initial = run_eval(policy, eval_prompts, cfg, stages.env)
+    run.initial = run_eval(policy, eval_prompts, cfg, stages.env, progress)
     if run.initial:
         tracker.log(_eval_metrics(run.initial), step=0)
     return run
 
 
-def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
+def check_resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> tuple[Path, RunState]:
+    """The checks of `--resume` that need no model: a complete checkpoint, its state, the config, the steps."""
     ckpt = find_checkpoint(out)
     state = read_state(ckpt)
     _check_resume_config(cfg, out, allow_config_change)
     if state.step >= cfg.train.steps:
         raise ConfigError(f"train.steps: the run in {out} already has {state.step} steps; "
                           f"set train.steps above {state.step} to extend it")
+    return ckpt, state
+
+
+def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
+    ckpt, state = check_resume(cfg, out, allow_config_change)
     policy = load_policy(ckpt)
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
     restore_optimizer(learner.opt, ckpt, state.optimizer_groups)
@@ -240,13 +259,13 @@ def _initial_eval(state: RunState, ckpt: Path) -> dict[str, EvalResult]:
 
 
 def _check_resume_config(cfg: RunConfig, out: Path, allow: bool) -> None:
+    from rlhfless.configbase import load_yaml
+
     path = out / "config.yaml"
     try:
-        saved = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise DataError(f"{path}: cannot read the run's config ({exc})") from None
-    if not isinstance(saved, dict):
-        raise DataError(f"{path}: not a run config")
+        saved = load_yaml(path)  # bounded loader: size, depth and aliases (a run folder may come from elsewhere)
+    except ConfigError as exc:
+        raise DataError(f"cannot read the run's config: {exc}") from None
     changes = config_changes(saved, asdict(cfg))
     if changes and not allow:
         raise ConfigError(f"--resume: the config differs from the run in {out} in {', '.join(changes)}, which would "
@@ -291,24 +310,40 @@ def _loop(run: Run, progress: bool) -> None:
             log_step(run.tracker, report, cfg.train.table_every)
             st.rewards.append(report.metrics[M.REWARD_MEAN])
             st.step = step
+            if not cfg.runtime.executes:  # inline, the learner's model is the one that was just updated
+                check_weights(run, step)
             bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
                 run.stages.sync_learner()
-                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env)),
-                                step=step)
+                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env,
+                                                       progress)), step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
                 run.stages.sync_learner()
                 _checkpoint(run)
     except TrainingError as exc:
-        run.traces.close()
-        run.tracker.finish()
-        kept = run.out / "checkpoints" / "last"
-        raise TrainingError(f"{exc}; stopped. Last good checkpoint: "
-                            f"{kept if kept.exists() else cfg.policy.resolved()} (the starting weights)") from None
+        raise _stopped(run, exc) from None
+
+
+def _stopped(run: Run, exc: TrainingError) -> TrainingError:
+    """Close the run's files and say where the last good weights are."""
+    run.traces.close()
+    run.tracker.finish()
+    kept = run.out / "checkpoints" / "last"
+    where = kept if kept.exists() else f"{run.cfg.policy.resolved()} (the starting weights)"
+    return TrainingError(f"{exc}; stopped. Last good checkpoint: {where}")
+
+
+def check_weights(run: Run, step: int) -> None:
+    """Stop the run when an update left any weight NaN or infinite (nothing non-finite is ever saved)."""
+    name = nonfinite_parameter(run.learner.model)
+    if name is not None:
+        raise TrainingError(f"step {step}: weight {name} is not finite after the update (optim.lr="
+                            f"{run.cfg.optim.lr:g}; lower optim.lr or optim.grad_clip)")
 
 
 def _checkpoint(run: Run) -> None:
+    check_weights(run, run.state.step)
     st = run.state
     st.learner_updates, st.last_grad_norm = run.learner.updates, run.learner.last_grad_norm
     st.stream_epoch, st.stream_pos = run.stream.epoch, run.stream.pos
@@ -321,12 +356,16 @@ def _checkpoint(run: Run) -> None:
 
 def _finish(run: Run) -> dict:
     cfg, out = run.cfg, run.out
+    try:
+        check_weights(run, run.state.step)  # in the runtime modes the learner was brought up to date on close
+    except TrainingError as exc:
+        raise _stopped(run, exc) from None
     run.traces.close()
     if not (cfg.train.checkpoint_every and cfg.train.steps % cfg.train.checkpoint_every == 0):
         _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
     save_checkpoint(run.learner.model, out / "checkpoints" / "final", {"step": cfg.train.steps},
                     tokenizer=run.stages.env.tok)
-    final = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env)
+    final = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env, run.progress)
     if final:
         run.tracker.log(_eval_metrics(final), step=cfg.train.steps)
     summary = _summary(cfg, run.initial, final, run.state.rewards, time.perf_counter() - run.t_start, out,
@@ -415,9 +454,18 @@ def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:
 
 
 def _fresh_run_dir(out: Path) -> Path:
-    """Create `out`; an earlier run there is moved aside to `out.<timestamp>` (never overwritten or mixed)."""
-    if out.exists() and any(out.iterdir()):
+    """Create `out`: a new path or an empty folder (`outpaths.check_run_dir`, which the CLI applies before any
+    work). An earlier run there is moved aside to `out.<timestamp>` (library callers such as compare, bench
+    faults and repro re-run into their own sub-folders); anything else is refused, never moved or mixed into."""
+    from rlhfless.outpaths import check_run_dir
+
+    check_run_dir(str(out), resume=False, earlier_run_ok=True)
+    if out.is_dir() and any(out.iterdir()):
         aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
+        n = 1
+        while aside.exists():  # two runs within one second
+            n += 1
+            aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}-{n}")
         out.rename(aside)
         print(f"rlhfless: {out} held an earlier run; moved it to {aside}", file=sys.stderr)
     out.mkdir(parents=True, exist_ok=True)

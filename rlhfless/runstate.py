@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from rlhfless.errors import DataError
+from rlhfless.errors import DataError, one_line
 
 STATE_FILE = "state.json"
 FORMAT = "rlhfless-run-checkpoint"
@@ -114,6 +114,18 @@ def file_sizes(out: Path, paths: list[Path]) -> dict[str, int]:
     return {str(p.relative_to(out)): p.stat().st_size for p in paths if p.is_file()}
 
 
+def nonfinite_parameter(model: torch.nn.Module) -> str | None:
+    """Name of the first parameter holding a NaN or an infinity, else None (read only: no numeric path changes).
+
+    The learner's guard watches the loss and the gradient norm; an update with finite gradients can still make
+    weights non-finite (an absurd learning rate), and such weights must never be saved as a checkpoint."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not bool(torch.isfinite(p).all()):
+                return name
+    return None
+
+
 # --- reading ---------------------------------------------------------------------------------------------
 def find_checkpoint(out: Path) -> Path:
     """The newest complete run checkpoint in `out` (`last`, else `last.prev` left by a kill mid-swap)."""
@@ -130,8 +142,8 @@ def read_state(ckpt: Path) -> RunState:
     path = ckpt / STATE_FILE
     try:
         doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"{path}: not a readable run checkpoint state ({exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:  # also a huge integer or deep nesting
+        raise DataError(f"{path}: not a readable run checkpoint state ({one_line(exc, 120)})") from None
     fmt = doc.get("format") if isinstance(doc, dict) else None
     if fmt != FORMAT:
         raise DataError(f"{path}: not an rlhfless run checkpoint (format {fmt!r})")

@@ -30,7 +30,9 @@ def register(sub, bench) -> None:
         epilog="example: rlhfless train --config experiments/configs/quickstart.yaml train.steps=50 --out runs/demo",
     )
     p.add_argument("--config", default=None, help="YAML config (default: built-in defaults)")
-    p.add_argument("--out", required=True, help="run directory (created)")
+    p.add_argument("--out", default=None,
+                   help="run folder: a new path or an empty folder (an earlier run only with --resume; never data/); "
+                        "not needed with --dry-run")
     p.add_argument("--wandb", choices=["offline", "online", "disabled"], default=None,
                    help="W&B mode (overrides tracking.mode; default offline)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -40,7 +42,9 @@ def register(sub, bench) -> None:
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept a config that differs in keys that change results")
     p.add_argument("--dry-run", action="store_true",
-                   help="check the config, the checkpoint and the task, print the resolved config, and stop")
+                   help="make every check the run makes before its first step (config, machine, checkpoint, task, "
+                        "context, time profile, predictor; with --out, the run folder), print the resolved config, "
+                        "and stop")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help=f"dotted config overrides, e.g. {OVERRIDES_EXAMPLE}")
     p.set_defaults(func=_train)
@@ -50,7 +54,8 @@ def register(sub, bench) -> None:
         help="SFT warm start: train the tiny model on written solutions and save a checkpoint",
         description="Train the tiny Qwen2-style model from scratch on solutions of the task (reproducible from a seed).",
     )
-    q.add_argument("--out", required=True, help="checkpoint folder to write")
+    q.add_argument("--out", required=True, help="checkpoint folder to write: a new path or an empty folder (a "
+                   "checkpoint is never overwritten)")
     q.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     q.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help=f"pretrain config overrides, e.g. {PRETRAIN_EXAMPLE}")
@@ -63,18 +68,23 @@ def register(sub, bench) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from rlhfless.config import load_run_config
+    from rlhfless.outpaths import check_run_dir
 
-    overrides = list(args.overrides) + ([f"tracking.mode={args.wandb}"] if args.wandb else [])
-    cfg = load_run_config(args.config, overrides)
     if args.allow_config_change and not args.resume:
         raise ConfigError("--allow-config-change only applies with --resume")
-    if args.dry_run:
-        return _dry_run(cfg)
-    from rlhfless.runner import train
-
+    if args.out is None and not args.dry_run:
+        raise ConfigError("--out: name the run folder, e.g. --out runs/demo (only --dry-run runs without one)")
+    if args.out is not None:
+        check_run_dir(args.out, args.resume)  # before loading anything: a refused folder is never touched
+    overrides = list(args.overrides) + ([f"tracking.mode={args.wandb}"] if args.wandb else [])
+    cfg = load_run_config(args.config, overrides)
     if args.resume and cfg.runtime.mode == "compare":
         raise ConfigError("--resume: runtime.mode=compare runs two fresh runs; resume OUT/serverful or "
                           "OUT/serverless with its own config instead")
+    if args.dry_run:
+        return _dry_run(cfg, args.out, args.resume, args.allow_config_change, not args.no_progress)
+    from rlhfless.runner import train
+
     summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
                     allow_config_change=args.allow_config_change)
     if cfg.runtime.mode == "compare":
@@ -93,23 +103,42 @@ def _print_comparison(c: dict) -> None:
           file=sys.stderr)
 
 
-def _dry_run(cfg) -> int:
-    """Every check `train` makes before work (checkpoint, task splits, context fit), without a run folder."""
+def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:
+    """Every check `train` makes before its first step, in the same functions, without writing anything.
+
+    The machine (`runtime.check_machine`), the planner (predictor, time profile), with --out --resume the run's
+    checkpoint and config, the checkpoint (built first when `policy.build` says so, as a run would), the task's
+    splits, the context fit, the learner and the reference. A progress bar names the check running.
+    """
     from dataclasses import asdict
+    from pathlib import Path
 
     import yaml
 
     from rlhfless.model.factory import load_policy
-    from rlhfless.runner import check_fits_context, context_of, ensure_policy
-    from rlhfless.textenv import make_env
+    from rlhfless.planning import Planner
+    from rlhfless.progress import phases
+    from rlhfless.runner import _build, check_resume, ensure_policy
 
-    ensure_policy(cfg)
-    env = make_env(cfg)
-    context = context_of(load_policy(cfg.policy.resolved()), env)
-    train_prompts, eval_prompts = env.task.splits()
-    check_fits_context(train_prompts + eval_prompts[: cfg.train.eval_prompts], cfg, context, env)
+    # cheap checks first (the machine, the predictor and time profile, the run folder), then the checkpoint's seconds
+    names = ["machine", "planner"] + (["run folder"] if resume and out else []) + ["checkpoint", "task, learner"]
+    step = phases(names, "dry-run checks", progress)
+    step("machine")
+    cfg.runtime.check_machine(cfg.plan.max_actors)
+    step("planner")
+    if cfg.train.plan:
+        Planner(cfg.predictor, cfg.plan)
+    if resume and out:
+        step("run folder")
+        check_resume(cfg, Path(out), allow_config_change)
+    step("checkpoint")
+    ensure_policy(cfg, progress)
+    policy = load_policy(cfg.policy.resolved())
+    step("task, learner")
+    _, _, _, train_prompts, eval_prompts = _build(cfg, policy, None)
+    step.close()
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
-    print(f"rlhfless: config OK ({len(train_prompts)} train / {cfg.train.eval_prompts} eval prompts, "
+    print(f"rlhfless: config OK ({len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)
     return 0
 
@@ -132,7 +161,9 @@ def _print_table(s: dict) -> None:
 def _pretrain(args: argparse.Namespace) -> int:
     from rlhfless.configbase import apply_overrides, from_dict
     from rlhfless.model.pretrain import PretrainConfig, pretrain
+    from rlhfless.outpaths import check_new_checkpoint
 
+    check_new_checkpoint(args.out)
     cfg = from_dict(PretrainConfig, apply_overrides({}, args.overrides, PRETRAIN_EXAMPLE))
     summary = pretrain(cfg, args.out, progress=not args.no_progress)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=1))

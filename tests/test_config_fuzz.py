@@ -114,7 +114,17 @@ def test_known_bad_configs_name_their_field(tmp_path, capsys, text, field):
 
 
 def test_dry_run_accepts_the_quickstart_and_prints_the_resolved_config(capsys, tmp_path):
-    assert main(["train", "--dry-run", "--config", "experiments/configs/quickstart.yaml",
+    assert main(["train", "--dry-run", "--no-progress", "--config", "experiments/configs/quickstart.yaml",
                  "--out", str(tmp_path / "o")]) == 0
     out = yaml.safe_load(capsys.readouterr().out)
     assert out["algo"]["group_size"] == 8 and not (tmp_path / "o").exists()
+
+
+def test_dry_run_needs_no_out_and_makes_the_real_runs_checks(capsys, tmp_path):
+    """Without --out it still checks what the run checks before its first step: here the time profile."""
+    profile = tmp_path / "profile.json"
+    profile.write_text('{"rows": "garbage"}')
+    assert main(["train", "--dry-run", "--no-progress", "train.eval_prompts=0", "train.steps=1"]) == 0
+    assert "config OK" in capsys.readouterr().err
+    assert main(["train", "--dry-run", "--no-progress", f"plan.time_profile={profile}"]) == 2
+    assert str(profile) in capsys.readouterr().err

@@ -82,13 +82,45 @@ def test_nan_loss_stops_with_a_clear_message(tiny_checkpoint, tmp_path):
         _run(tmp_path, bad, "nan", ["algo.skip_zero_variance_groups=false", "train.eval_prompts=0"])
 
 
-def test_an_earlier_run_in_the_same_folder_is_moved_aside_not_mixed(tiny_checkpoint, tmp_path):
-    _run(tmp_path, tiny_checkpoint, "same", ["train.eval_prompts=0"])
-    _run(tmp_path, tiny_checkpoint, "same", ["train.eval_prompts=0"])
+def test_an_earlier_run_in_the_same_folder_is_moved_aside_by_the_library_and_refused_by_the_cli(
+        tiny_checkpoint, tmp_path, capsys):
+    """`runner.train` (compare, bench faults and repro re-run into their own sub-folders) moves an earlier run
+    aside, twice within one second too; `rlhfless train --out` refuses it and names --resume, changing nothing."""
+    for _ in range(3):
+        _run(tmp_path, tiny_checkpoint, "same", ["train.eval_prompts=0"])
     lines = (tmp_path / "same" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 2  # only the second run's two steps
+    assert len(lines) == 2  # only the last run's two steps
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("same.")]
-    assert len(aside) == 1 and (aside[0] / "summary.json").is_file()
+    assert len(aside) == 2 and all((p / "summary.json").is_file() for p in aside)
+    before = {p: p.read_bytes() for p in (tmp_path / "same").rglob("*") if p.is_file()}
+    assert main(["train", "--out", str(tmp_path / "same"), f"policy.checkpoint={tiny_checkpoint}", *SMALL]) == 2
+    assert "holds an earlier run; continue it with --resume" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in (tmp_path / "same").rglob("*") if p.is_file()} == before
+
+
+def test_weights_made_non_finite_by_an_update_stop_the_run_and_are_never_saved(tiny_checkpoint, tmp_path,
+                                                                               monkeypatch):
+    """The learner's guard watches loss and gradient norm; an update can still leave a weight infinite (an
+    absurd learning rate did): the run stops after that step, `last` keeps step 1, and no `final` is written."""
+    from rlhfless.loop import Stages
+
+    learn = Stages.learn
+
+    def poisoned(self, *args, **kwargs):
+        metrics = learn(self, *args, **kwargs)
+        if self.learner.updates >= 2:
+            with torch.no_grad():
+                next(self.learner.model.parameters()).view(-1)[0] = float("inf")
+        return metrics
+
+    monkeypatch.setattr(Stages, "learn", poisoned)
+    with pytest.raises(TrainingError, match=r"step 2: weight .* is not finite after the update.*Last good "
+                                            r"checkpoint: .*checkpoints/last"):
+        _run(tmp_path, tiny_checkpoint, "inf", ["train.eval_prompts=0", "algo.skip_zero_variance_groups=false"])
+    ckpt = tmp_path / "inf" / "checkpoints"
+    assert not (ckpt / "final").exists()
+    assert json.loads((ckpt / "last" / "state.json").read_text())["step"] == 1
+    assert all(torch.isfinite(t).all() for t in load_file(ckpt / "last" / "model.safetensors").values())
 
 
 def test_prompt_plus_max_new_tokens_must_fit_the_context(tiny_checkpoint, tmp_path):

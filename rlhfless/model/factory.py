@@ -146,7 +146,7 @@ def read_hf_config(directory: str | Path):
     p = Path(directory) / "config.json"
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a huge integer, deep nesting
         raise DataError(f"{p}: not valid JSON") from None
     problem = _config_problem(raw)
     if problem:

@@ -95,7 +95,7 @@ class ByteTokenizer:
             raise DataError(f"tokenizer file not found: {path}")
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, a huge integer, deep nesting
             raise DataError(f"{path}: not valid JSON; expected a rlhfless byte tokenizer") from None
         if not isinstance(meta, dict) or meta.get("type") != "byte" or meta.get("offset") != _OFFSET \
                 or meta.get("specials") != SPECIALS:
@@ -108,7 +108,7 @@ def is_byte_tokenizer(directory: str | Path) -> bool:
     path = Path(directory) / TOKENIZER_FILE
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(meta, dict) and meta.get("type") == "byte"
 

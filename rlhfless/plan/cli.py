@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from rlhfless.cliargs import count
 from rlhfless.configbase import build_config, load_yaml
 from rlhfless.errors import ConfigError
 from rlhfless.jsonl import write_json
@@ -66,14 +67,16 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
                     "(simulate-every-candidate) sweep for comparison; prints and optionally writes JSON.",
     )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    p.add_argument("--groups", type=int, default=1024, help="prompt groups (default 1024)")
-    p.add_argument("--group-size", type=int, default=8, help="samples per group (default 8)")
-    p.add_argument("--n-actors", type=int, default=16, help="actors for the timed assign() (default 16)")
-    p.add_argument("--candidates", type=int, default=64, help="scaler sweep over N=1..this (default 64)")
+    p.add_argument("--groups", type=count(1, 100_000), default=1024, help="prompt groups (default 1024)")
+    p.add_argument("--group-size", type=count(1, 4096), default=8, help="samples per group (default 8)")
+    p.add_argument("--n-actors", type=count(1, 4096), default=16, help="actors for the timed assign() (default 16)")
+    p.add_argument("--candidates", type=count(1, 4096), default=64, help="scaler sweep over N=1..this (default 64)")
     p.add_argument("--policy", default="contiguous",
                    help="round_robin | contiguous | lpt | karmarkar_karp (default contiguous)")
-    p.add_argument("--capacity", type=int, default=256, help="max concurrent sequences per actor (default 256)")
-    p.add_argument("--repeats", type=int, default=21, help="timed repetitions of each measurement (default 21)")
+    p.add_argument("--capacity", type=count(1, 1_000_000), default=256,
+                   help="max concurrent sequences per actor (default 256)")
+    p.add_argument("--repeats", type=count(1, 10_000), default=21,
+                   help="timed repetitions of each measurement (default 21)")
     p.add_argument("--no-exact", action="store_true", help="skip the slow exact sweep used for comparison")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.set_defaults(func=cmd_bench_planner)
@@ -90,7 +93,8 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
     t.add_argument("--config", help="YAML with a `plan:` section (PlanConfig fields)")
     t.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help=f"override a PlanConfig field, e.g. --set {SET_EXAMPLE} (repeatable)")
-    t.add_argument("--n-actors", type=int, default=None, help="actors for the policy comparison (default max_actors)")
+    t.add_argument("--n-actors", type=count(1, 4096), default=None,
+                   help="actors for the policy comparison (default max_actors)")
     t.add_argument("--steps", choices=("last_epoch", "all"), default="last_epoch",
                    help="which steps of the trace to plan (default: the last epoch's)")
     t.set_defaults(func=cmd_plan_trace)

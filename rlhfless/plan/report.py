@@ -72,7 +72,10 @@ def trace_report(trace_path: str | Path, cfg: PlanConfig | None = None, n_actors
     cfg = cfg or PlanConfig()
     tm = time_model or cfg.time_model()
     n = n_actors or cfg.max_actors
-    per_step = trace_steps(list(read_trace(trace_path)), steps)
+    rows = list(read_trace(trace_path))
+    if not rows:
+        raise DataError(f"{trace_path}: trace is empty: no rows to plan")
+    per_step = trace_steps(rows, steps)
     totals = {p: defaultdict(float) for p in POLICIES}
     fixed = {k: defaultdict(float) for k in cfg.candidates()}
     scaler = defaultdict(float)

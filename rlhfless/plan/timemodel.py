@@ -157,7 +157,7 @@ class TimeModel:
             raise DataError(f"time profile not found: {p}")
         try:
             obj = json.loads(p.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, a huge integer, deep nesting
             raise DataError(f"{p}: not valid JSON") from None
         rows = obj
         if isinstance(obj, dict):

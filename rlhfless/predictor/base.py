@@ -130,6 +130,8 @@ def read_model(directory: str | Path) -> dict[str, Any]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError):  # not UTF-8, an integer of thousands of digits, nesting thousands deep
+        raise DataError(f"{path}: not readable JSON (not UTF-8, a number too long or nesting too deep)") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not valid JSON (not UTF-8 text)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

@@ -56,7 +56,7 @@ def cmd_train(args) -> int:
     from rlhfless.predictor.commands import train_predictor
 
     cfg = _config(args.model, args.set)
-    train_predictor(args.data, cfg, args.out, split=_spec(args), use_all=args.all)
+    train_predictor(args.data, cfg, args.out, split=_spec(args), use_all=args.all, progress=not args.no_progress)
     print(f"saved {cfg.name} predictor to {args.out}")
     return 0
 
@@ -66,7 +66,8 @@ def cmd_eval(args) -> int:
 
     if args.actors < 1:
         raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
-    result = eval_predictor(args.model, args.data, n_actors=args.actors, trust_pickle=args.trust_pickle)
+    result = eval_predictor(args.model, args.data, n_actors=args.actors, trust_pickle=args.trust_pickle,
+                            progress=not args.no_progress)
     if args.json:
         write_json(result, args.json)
     print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
@@ -86,12 +87,16 @@ def cmd_compare(args) -> int:
     from rlhfless.predictor.config import PREDICTOR_NAMES
     from rlhfless.predictor.data import read_lengths
 
+    from rlhfless.errors import quote
+
     names = tuple(args.models.split(",")) if args.models else PREDICTOR_NAMES
     bad = [n for n in names if n not in PREDICTOR_NAMES]
     if bad:
-        raise ConfigError(f"--models: unknown predictor {bad[0]!r}; allowed: {', '.join(PREDICTOR_NAMES)}")
+        raise ConfigError(f"--models: unknown predictor {quote(bad[0])}; allowed: {', '.join(PREDICTOR_NAMES)}")
+    if args.actors < 1:
+        raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
     comp = compare_predictors(read_lengths(args.data), names=names, base=_config(names[0], args.set),
-                              split=_spec(args), n_actors=args.actors)
+                              split=_spec(args), n_actors=args.actors, progress=not args.no_progress)
     fig = Path(args.figure) if args.figure else Path(args.json).with_suffix(".png")
     plot_comparison(comp, fig)
     write_json(comp.to_json(), args.json)
@@ -113,7 +118,12 @@ def cmd_gsm8k(args) -> int:
 def cmd_trace_stats(args) -> int:
     from rlhfless.traces import length_stats, read_trace
 
-    stats = length_stats(read_trace(args.trace))
+    from rlhfless.errors import DataError
+
+    rows = list(read_trace(args.trace))
+    if not rows:
+        raise DataError(f"{args.trace}: the trace has no rows")
+    stats = length_stats(rows)
     for k, v in stats.items():
         print(f"{k:30s} {v:.4g}" if isinstance(v, float) else f"{k:30s} {v}")
     if args.json:
@@ -163,6 +173,7 @@ def _register_predictor(sub) -> None:
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"predictor config field, e.g. --set {SET_EXAMPLE} (repeatable)")
     _split_args(t)
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=cmd_train)
 
     e = psub.add_parser("eval", help="metrics of a saved predictor on held-out data",
@@ -172,6 +183,7 @@ def _register_predictor(sub) -> None:
     e.add_argument("--json", default=None, help="write the metrics (mae, kendall_tau, ...) to this JSON file")
     e.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
     _trust_arg(e)
+    e.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     e.set_defaults(func=cmd_eval)
 
     v = psub.add_parser("convert", help="re-save a predictor in the current format (drops an old pickle)",
@@ -193,6 +205,7 @@ def _register_predictor(sub) -> None:
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"config field shared by all predictors, e.g. --set {SET_EXAMPLE}")
     _split_args(c)
+    c.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     c.set_defaults(func=cmd_compare)
 
 

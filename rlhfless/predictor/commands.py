@@ -43,13 +43,20 @@ class SplitSpec:
 
 
 def train_predictor(data: str | Path, cfg: PredictorConfig, out: str | Path, *, split: SplitSpec = SplitSpec(),
-                    use_all: bool = False) -> LengthPredictor:
+                    use_all: bool = False, progress: bool = False) -> LengthPredictor:
     """Fit `cfg`'s predictor on `data` (train split, or every row with `use_all`) and save it to `out`."""
+    from rlhfless.progress import phases
+
+    step = phases(["read", "fit", "save"], "predictor train", progress)
+    step("read")
     rows = read_lengths(data)
     s = split.apply(rows)
     predictor = build_predictor(cfg)
+    step("fit")
     predictor.fit(rows if use_all else s.train)
+    step("save")
     predictor.save(out)
+    step.close()
     meta = {"data": str(Path(data).resolve()), "rows": len(rows), "use_all": use_all, "split_kind": s.kind,
             "test_epoch": s.test_epoch, "test_frac": split.test_frac, "seed": split.seed}
     write_json(meta, Path(out) / TRAINING_FILE)
@@ -70,8 +77,13 @@ def read_training_meta(model_dir: str | Path) -> dict:
     return meta
 
 
-def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4, trust_pickle: bool = False) -> dict:
+def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4, trust_pickle: bool = False,
+                   progress: bool = False) -> dict:
     """Metrics of a saved predictor on the held-out part of `data` (the split recorded at training)."""
+    from rlhfless.progress import phases
+
+    step = phases(["load", "evaluate"], "predictor eval", progress)
+    step("load")
     predictor = load_predictor(model_dir, trust_pickle=trust_pickle)
     meta = read_training_meta(model_dir)
     spec = SplitSpec(meta.get("test_epoch"), meta.get("test_frac", 0.2), meta.get("seed", 0))
@@ -79,7 +91,9 @@ def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4
     if meta.get("use_all") and meta.get("data") == str(Path(data).resolve()):
         print(f"warning: {model_dir} was trained on all rows of {data}; its test rows are not held out",
               file=sys.stderr)
+    step("evaluate")
     metrics = evaluate(predictor, s.test, n_actors=n_actors)
+    step.close()
     return {"predictor": predictor.name, "split": s.kind, "test_epoch": s.test_epoch, **metrics}
 
 
@@ -116,16 +130,20 @@ class Comparison:
 
 
 def compare_predictors(rows: list[LengthRow], *, names=PREDICTOR_NAMES, base: PredictorConfig = PredictorConfig(),
-                       split: SplitSpec = SplitSpec(), n_actors: int = 4) -> Comparison:
-    """Fit each named predictor (config `base` with that name) on the same split and evaluate it."""
+                       split: SplitSpec = SplitSpec(), n_actors: int = 4, progress: bool = False) -> Comparison:
+    """Fit each named predictor (config `base` with that name) on the same split and evaluate it (a bar over the
+    predictors when `progress`: the learned one takes seconds)."""
     import pandas as pd
 
+    from rlhfless.progress import phases
     from rlhfless.predictor.sibling import evaluate_refinement
 
     s = split.apply(rows)
     obs = [o for batch in s.test for o in batch]
     metrics, frames, refinement = {}, [], {}
+    step = phases(list(names), "predictor compare", progress)
     for name in names:
+        step(name)
         predictor = build_predictor(replace(base, name=name))
         predictor.fit(s.train)
         metrics[name] = evaluate(predictor, s.test, n_actors=n_actors)
@@ -136,6 +154,7 @@ def compare_predictors(rows: list[LengthRow], *, names=PREDICTOR_NAMES, base: Pr
             g = max(len(o.lengths) for o in obs)
             reveal = sorted({k for k in (g // 4, g // 2, 3 * g // 4) if 0 < k < g})
             refinement = evaluate_refinement(predictor, s.test, reveal)
+    step.close()
     return Comparison(metrics, refinement, pd.concat(frames, ignore_index=True), s)
 
 

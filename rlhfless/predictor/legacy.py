@@ -77,7 +77,7 @@ def _check_header(path: Path, first: bytes) -> None:
 
     try:
         header = json.loads(first.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a huge integer, deep nesting
         raise DataError(f"{path}: no rlhfless header line; not a learned-predictor file") from None
     if not isinstance(header, dict) or header.get("format") != PICKLE_FORMAT or header.get("predictor") != "learned":
         raise DataError(f"{path}: not a rlhfless learned-predictor file (header {header!r})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rlhfless.cliargs import count
 from rlhfless.jsonl import write_json
 
 
@@ -20,14 +21,16 @@ def register(sub, bench) -> None:
         epilog="example: rlhfless bench prefill --json runs/bench/prefill.json",
     )
     p.add_argument("--json", required=True, help="where to write the JSON report")
-    p.add_argument("--prompts", type=int, default=16, help="B, distinct arithmetic prompts (default 16)")
-    p.add_argument("--group-size", type=int, default=8, help="G, samples per prompt (default 8)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per mode, medians reported (default 5)")
+    p.add_argument("--prompts", type=count(1, 100_000), default=16, help="B, distinct arithmetic prompts (default 16)")
+    p.add_argument("--group-size", type=count(1, 4096), default=8, help="G, samples per prompt (default 8)")
+    p.add_argument("--repeats", type=count(1, 10_000), default=5,
+                   help="timed repeats per mode, medians reported (default 5)")
     p.add_argument("--gsm8k", default="../shared/data/gsm8k/train.jsonl", help="GSM8K-format JSONL (optional)")
-    p.add_argument("--gsm8k-prompts", type=int, default=8, help="B for the GSM8K workload (default 8)")
-    p.add_argument("--gsm8k-shots", type=int, default=2, help="worked examples in the GSM8K template (default 2)")
+    p.add_argument("--gsm8k-prompts", type=count(0, 100_000), default=8, help="B for the GSM8K workload (default 8)")
+    p.add_argument("--gsm8k-shots", type=count(0, 64), default=2,
+                   help="worked examples in the GSM8K template (default 2)")
     p.add_argument("--checkpoint", default="data/checkpoints/sft", help="policy for the arithmetic workload")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=count(1, 1024), default=1, help="torch threads (default 1)")
     p.set_defaults(func=_prefill)
 
     e = bench.add_parser(
@@ -46,18 +49,19 @@ def register(sub, bench) -> None:
     )
     e.add_argument("--json", required=True, help="where to write the JSON report")
     e.add_argument("--tpot", default=None, help="TPOT profile path (default: <json stem>_tpot.json beside --json)")
-    e.add_argument("--prompts", type=int, default=32, help="B, distinct prompts (default 32)")
-    e.add_argument("--group-size", type=int, default=8, help="G, samples per prompt (default 8)")
-    e.add_argument("--max-new-tokens", type=int, default=192, help="response cap (default 192)")
+    e.add_argument("--prompts", type=count(1, 100_000), default=32, help="B, distinct prompts (default 32)")
+    e.add_argument("--group-size", type=count(1, 4096), default=8, help="G, samples per prompt (default 8)")
+    e.add_argument("--max-new-tokens", type=count(1, 100_000), default=192, help="response cap (default 192)")
     e.add_argument("--temperature", type=float, default=1.0, help="sampled comparison temperature (default 1.0)")
-    e.add_argument("--repeats", type=int, default=3, help="timed repeats per engine (default 3)")
+    e.add_argument("--repeats", type=count(1, 10_000), default=3, help="timed repeats per engine (default 3)")
     e.add_argument("--checkpoint", default="data/checkpoints/sft", help="policy checkpoint")
-    e.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    e.add_argument("--threads", type=count(1, 1024), default=1, help="torch threads (default 1)")
     e.add_argument("--no-hf-step", action="store_true", help="skip the ablation with the HF forward as decode step")
     e.add_argument("--gsm8k", default="../shared/data/gsm8k/train.jsonl",
                    help="GSM8K-format JSONL of the second workload (skipped when absent)")
-    e.add_argument("--gsm8k-prompts", type=int, default=8, help="B of the GSM8K workload (default 8; 0 = skip)")
-    e.add_argument("--gsm8k-max-new-tokens", type=int, default=64, help="response cap there (default 64)")
+    e.add_argument("--gsm8k-prompts", type=count(0, 100_000), default=8,
+                   help="B of the GSM8K workload (default 8; 0 = skip)")
+    e.add_argument("--gsm8k-max-new-tokens", type=count(1, 100_000), default=64, help="response cap there (default 64)")
     e.add_argument("--engines", default="own,hf", type=_engine_list,
                    help="comma list from own,hf,vllm timed side by side (default own,hf; own is always needed; "
                         "vllm is skipped, saying why, where it cannot be imported: `make env-vllm` installs it)")

@@ -52,6 +52,6 @@ def load_profile(path: str | Path) -> list[dict]:
         raise DataError(f"TPOT profile not found: {p} (make one with `rlhfless bench engine --json OUT`)")
     try:
         rows = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, a huge integer, deep nesting
         raise DataError(f"{p}: not valid JSON") from None
     return check_profile_rows(rows, str(p))

@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from rlhfless.cliargs import count
+
 FAULTS_CONFIG = "experiments/configs/faults.yaml"
 
 
@@ -22,7 +24,7 @@ def register(sub, bench) -> None:
         epilog=f"example: rlhfless bench faults --kills 20 --json runs/faults.json  (config: {FAULTS_CONFIG})",
     )
     p.add_argument("--config", default=FAULTS_CONFIG, help=f"run config (default {FAULTS_CONFIG})")
-    p.add_argument("--kills", type=int, default=20, help="workers to kill over the run (default 20)")
+    p.add_argument("--kills", type=count(0, 100_000), default=20, help="workers to kill over the run (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the chaos thread's choices")
     p.add_argument("--out", default="runs/bench_faults", help="folder for the two runs (default runs/bench_faults)")
     p.add_argument("--json", required=True, help="write the report here")

@@ -7,3 +7,7 @@ timeline observer), `step` (the mechanism of one step), `policies` (verl, RLHFus
 `workload` (trace replay, synthetic, GSM8K prompt lengths), `scenario` (configs, paper scenarios, the run),
 `report` (Gantt and stage figures), `validate` (simulated vs measured on real runs), `cli` (`rlhfless simulate`).
 """
+
+MAX_SIM_STEPS = 10_000
+"""Most steps a case may simulate (the paper averages three epochs: 8 to 200 steps here); far beyond, a run would
+take days, so `--steps` and `steps=` refuse it."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from rlhfless.cliargs import count
+from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.errors import ConfigError
 
 
@@ -90,7 +92,8 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="override a case field (SimConfig), e.g. lam=0.8 n_devices=32 lengths.median=400")
     p.add_argument("--scenario", help="paper-testbed | paper-sim | quick")
-    p.add_argument("--steps", type=int, help="steps per case (default: the scenario's, three epochs)")
+    p.add_argument("--steps", type=count(1, MAX_SIM_STEPS),
+                   help=f"steps per case, at most {MAX_SIM_STEPS:,} (default: the scenario's, three epochs)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT")
     p.add_argument("--print-json", action="store_true", help="print the JSON report (without --json)")
     p.add_argument("--out", metavar="DIR", help="also write Gantt charts and stage breakdowns (PNG) to DIR")

@@ -35,6 +35,7 @@ import numpy as np
 from rlhfless.configbase import from_dict
 from rlhfless.errors import ConfigError, require
 from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
+from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.events import EventLoop, Timeline
 from rlhfless.sim.perf import FITTED, PerfModel, smallest_tp
@@ -112,7 +113,7 @@ class SimConfig:
         require(self.tp == 0 or self.n_devices >= self.tp, "n_devices",
                 f"must be >= tp={self.tp} (got {self.n_devices})")
         require(self.group_size >= 1, "group_size", f"must be >= 1 (got {self.group_size})")
-        require(self.steps >= 1, "steps", f"must be >= 1 (got {self.steps})")
+        require(1 <= self.steps <= MAX_SIM_STEPS, "steps", f"must be in 1..{MAX_SIM_STEPS:,} (got {self.steps})")
         require(self.n_prompts >= self.prompts_per_step >= 1, "prompts_per_step",
                 f"must lie in 1..n_prompts={self.n_prompts} (got {self.prompts_per_step})")
         require(0 <= self.lam <= 1, "lam", f"must lie in [0, 1] (got {self.lam})")

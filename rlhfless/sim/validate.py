@@ -70,13 +70,13 @@ def _jsonl(path: Path) -> list[dict]:
 
 def load_run(path: str | Path) -> RunData:
     """Read a run dir; a missing config, metrics or trace is a DataError naming the file."""
-    import yaml
+    from rlhfless.configbase import load_yaml
 
     p = Path(path)
     cfg_path = p / "config.yaml"
     if not cfg_path.is_file():
         raise DataError(f"validate: {cfg_path} not found (expected the --out folder of a `rlhfless train --out DIR` run)")
-    config = yaml.safe_load(cfg_path.read_text()) or {}
+    config = load_yaml(cfg_path)  # bounded: a run folder from elsewhere is untrusted input
     rows = _jsonl(p / "metrics.jsonl")
     metrics = {r["step"]: r for r in rows if "timing_s/step" in r}
     if not metrics:

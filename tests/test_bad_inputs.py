@@ -1,0 +1,472 @@
+"""A corpus of bad input, tried as a new user would: every subcommand and every file loader (configs, overrides,
+checkpoints, traces, predictors, time profiles, run folders, output paths, counts). Each case must exit 2 with
+one line of at most 300 characters naming the field or the file, print no traceback, finish within 10 s and
+change no existing file. Cases run in-process through `rlhfless.cli.main` (a few through a real subprocess), so
+the whole corpus takes seconds.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhfless.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "experiments" / "configs" / "quickstart.yaml"
+HUGE = "9" * 5000
+BIG = str(2**64)
+LIMIT_S = 10
+PROGRESS = re.compile(r"\d+%\||it/s\]|Loading weights|Writing model")  # tqdm / transformers bars, not messages
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]
+    expect: str
+    """A substring of the one error line: the field, flag or file at fault ({d} = the fixture folder)."""
+
+
+def C(id: str, argv: list[str] | str, expect: str) -> Case:
+    return Case(id, tuple(argv.split() if isinstance(argv, str) else argv), expect)
+
+
+# --- the fixture folder: bad files of every kind, made once -----------------------------------------------
+BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9 if p else ['x'] * 9)}]\n"
+               for p, c in zip([None, "a", "b", "c", "d", "e", "f"], "abcdefg"))
+MERGE_BOMB = "a: &a {x: 1, y: 2}\n" + "".join(
+    f"{n}: &{n} {{<<: [{', '.join(['*' + q] * 8)}]}}\n" for q, n in zip("abcdefgh", "bcdefghi"))
+CONFIG_FILES = {
+    "bomb.yaml": BOMB,
+    "merge_bomb.yaml": MERGE_BOMB,
+    "many_aliases.yaml": "a: &a 1\nb: [" + ", ".join(["*a"] * 200) + "]\n",
+    "deep.yaml": "train: " + "[" * 3000 + "]" * 3000 + "\n",
+    "deep_map.yaml": "".join("  " * i + f"k{i}:\n" for i in range(60)) + "  " * 60 + "v: 1\n",
+    "huge_int.yaml": f"train:\n  steps: {HUGE}\n",
+    "big_int.yaml": f"train:\n  steps: {BIG}\n",
+    "inf_lr.yaml": "optim:\n  lr: .inf\n",
+    "nan_lr.yaml": "optim:\n  lr: .nan\n",
+    "overflow_lr.yaml": "optim:\n  lr: 1e999\n",
+    "long_string.yaml": "task:\n  name: " + "x" * 100_000 + "\n",
+    "list_top.yaml": "- 1\n- 2\n",
+    "string_top.yaml": "just a sentence\n",
+    "unknown_key.yaml": "bogus: 3\n",
+    "unknown_nested.yaml": "train:\n  stepz: 3\n",
+    "tabs.yaml": "train:\n\tsteps: 3\n",
+    "unclosed.yaml": "plan:\n  policy: [unclosed\n",
+    "python_tag.yaml": "plan:\n  policy: !!python/object/apply:os.system ['true']\n",
+    "section_scalar.yaml": "train: 3\n",
+    "wrong_type.yaml": "rollout:\n  temperature: hot\n",
+    "bool_int.yaml": "train:\n  steps: true\n",
+    "defaults_missing.yaml": "defaults: nowhere.yaml\n",
+    "defaults_cycle.yaml": "defaults: defaults_cycle.yaml\n",
+    "defaults_list.yaml": "defaults: [a, b]\n",
+    "dup_anchor_key.yaml": "? [1, 2]\n: x\n",
+    "cross_field.yaml": "plan:\n  capacity: 1\n",
+}
+BINARY_FILES = {
+    "latin1.yaml": "train:\n  name: caf\xe9\n".encode("latin-1"),
+    "garbage.yaml": bytes(range(256)) * 4,
+    "nul.yaml": b"train:\n  steps: 3\x00\n",
+    "big.yaml": b"# " + b"x" * (1 << 20) + b"\n",
+}
+
+
+def _trace_row(**kw) -> dict:
+    row = {"step": 1, "epoch": 0, "prompt_id": "p0", "prompt": "1+1", "sample_index": 0, "response_length": 5,
+           "truncated": False, "reward": 1.0}
+    return {**row, **kw}
+
+
+def _make(d: Path) -> None:
+    for name, text in CONFIG_FILES.items():
+        (d / name).write_text(text)
+    for name, data in BINARY_FILES.items():
+        (d / name).write_bytes(data)
+    (d / "adir").mkdir()
+    (d / "afile").write_text("not a folder\n")
+    (d / "notempty").mkdir()
+    (d / "notempty" / "keep.txt").write_text("mine\n")
+    run = d / "run"  # an earlier run's folder (its config) with a damaged checkpoint
+    (run / "checkpoints" / "last").mkdir(parents=True)
+    from dataclasses import asdict
+
+    from rlhfless.config import load_run_config
+
+    (run / "config.yaml").write_text(yaml.safe_dump(asdict(load_run_config(QUICKSTART))))
+    (run / "checkpoints" / "last" / "state.json").write_text("{not json")
+    for name, state in {"run_fmt": {"format": "other"}, "run_ver": {"format": "rlhfless-run-checkpoint", "version": 9},
+                        "run_fields": {"format": "rlhfless-run-checkpoint", "version": 1, "step": 1},
+                        "run_types": {"format": "rlhfless-run-checkpoint", "version": 1, "step": -1,
+                                      "learner_updates": 0, "last_grad_norm": None, "stream_epoch": 0,
+                                      "stream_pos": 0, "rewards": []}}.items():
+        (d / name / "checkpoints" / "last").mkdir(parents=True)
+        (d / name / "config.yaml").write_text((run / "config.yaml").read_text())
+        (d / name / "checkpoints" / "last" / "state.json").write_text(json.dumps(state))
+    (d / "run_nockpt").mkdir()
+    (d / "run_nockpt" / "config.yaml").write_text((run / "config.yaml").read_text())
+    (d / "run_badcfg" / "checkpoints").mkdir(parents=True)
+    (d / "run_badcfg" / "config.yaml").write_text("[1, 2")
+    # traces and length data
+    (d / "empty.jsonl").write_text("")
+    (d / "notjson.jsonl").write_text("{oops\n")
+    (d / "list.jsonl").write_text("[1, 2]\n")
+    (d / "missing_field.jsonl").write_text(json.dumps({"step": 1}) + "\n")
+    (d / "neg_len.jsonl").write_text(json.dumps(_trace_row(response_length=-3)) + "\n")
+    (d / "nan_len.jsonl").write_text(json.dumps(_trace_row(response_length=float("nan"))) + "\n")
+    (d / "huge_len.jsonl").write_text('{"prompt_id": "p", "prompt": "q", "response_length": ' + HUGE + "}\n")
+    (d / "latin1.jsonl").write_bytes('{"prompt_id": "caf\xe9"}\n'.encode("latin-1"))
+    (d / "bad.jsonl.gz").write_bytes(b"\x1f\x8b\x08\x00garbage")
+    with gzip.open(d / "empty.jsonl.gz", "wt") as f:
+        f.write("")
+    # predictors and time profiles
+    for name, text in {"pred_garbage": "{oops", "pred_list": "[]", "pred_fmt": json.dumps({"format": 99}),
+                       "pred_name": json.dumps({"format": 2, "name": "oracle", "config": {}, "state": {}})}.items():
+        (d / name).mkdir()
+        (d / name / "predictor.json").write_text(text)
+    (d / "pred_none").mkdir()
+    (d / "profile_keys.json").write_text(json.dumps({"x": 1}))
+    (d / "profile_bad.json").write_text("{oops")
+    (d / "profile_list.json").write_text("[1, 2, 3]")
+    (d / "profile_nan.json").write_text('{"rows": [[1, NaN]]}')
+    # checkpoints
+    (d / "ckpt_empty").mkdir()
+    (d / "ckpt_badcfg").mkdir()
+    (d / "ckpt_badcfg" / "config.json").write_text("{oops")
+    (d / "ckpt_trunc").mkdir()
+    (d / "ckpt_trunc" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (d / "ckpt_trunc" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")
+    for name, text in {"run_bomb": BOMB, "run_list": "[1, 2]\n"}.items():  # an earlier run's config.yaml
+        (d / name / "checkpoints" / "last").mkdir(parents=True)
+        (d / name / "config.yaml").write_text(text)
+        (d / name / "checkpoints" / "last" / "state.json").write_text(
+            (d / "run_types" / "checkpoints" / "last" / "state.json").read_text().replace('"step": -1', '"step": 0'))
+    # JSON files holding an integer of thousands of digits, or nesting thousands deep (Python cannot read either)
+    (d / "ckpt_hugeint").mkdir()
+    (d / "ckpt_hugeint" / "config.json").write_text('{"hidden_size": ' + HUGE + "}")
+    (d / "profile_hugeint.json").write_text('{"rows": [{"batch_size": ' + HUGE + ', "s_per_iter": 1}]}')
+    (d / "pred_hugeint").mkdir()
+    (d / "pred_hugeint" / "predictor.json").write_text('{"format": ' + HUGE + "}")
+    (d / "pred_deep").mkdir()
+    (d / "pred_deep" / "predictor.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "deep.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    (d / "run_hugeint" / "checkpoints" / "last").mkdir(parents=True)
+    (d / "run_hugeint" / "config.yaml").write_text((run / "config.yaml").read_text())
+    (d / "run_hugeint" / "checkpoints" / "last" / "state.json").write_text('{"step": ' + HUGE + "}")
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("bad")
+    _make(d)
+    import transformers  # noqa: F401  (imported once here, so no case pays the import against its 10 s)
+
+    return d
+
+
+# --- the cases -------------------------------------------------------------------------------------------
+DRY = ["train", "--dry-run", "--no-progress", "--config", str(QUICKSTART)]
+INT_FIELDS = ["rollout.prompts_per_step", "rollout.max_new_tokens", "algo.group_size", "train.steps",
+              "train.threads", "train.eval_prompts", "train.checkpoint_every", "optim.warmup_steps",
+              "plan.max_actors", "plan.capacity", "runtime.units", "plan.min_actors"]
+INT_BAD = {"huge": HUGE, "int64": BIG, "neg": "-1", "word": "many", "frac": "1.5", "bool": "true", "list": "[1, 2]"}
+FLOAT_FIELDS = ["optim.lr", "optim.weight_decay", "optim.grad_clip", "rollout.temperature", "rollout.top_p",
+                "algo.clip_eps_low", "algo.kl_coef", "plan.tau", "plan.lam", "runtime.keep_alive_s"]
+FLOAT_BAD = {"inf": "inf", "yinf": ".inf", "ninf": "-.inf", "nan": ".nan", "overflow": "1e999", "word": "hot",
+             "map": "{a: 1}"}
+
+CASES: list[Case] = []
+CASES += [C(f"override-{f}-{k}", [*DRY, f"{f}={v}"], f) for f in INT_FIELDS for k, v in INT_BAD.items()]
+CASES += [C(f"override-{f}-{k}", [*DRY, f"{f}={v}"], f) for f in FLOAT_FIELDS for k, v in FLOAT_BAD.items()]
+CASES += [
+    C("override-unknown-key", [*DRY, "rollout.group_size=8"], "rollout.group_size"),
+    C("override-no-equals", [*DRY, "train.steps"], "train.steps"),
+    C("override-empty-key", [*DRY, "=8"], "override"),
+    C("override-not-a-section", [*DRY, "train.steps.x=1"], "train.steps"),
+    C("override-bad-yaml", [*DRY, "train.steps=[1"], "train.steps"),
+    C("override-alias-bomb", [*DRY, "train.steps=" + BOMB.replace("\n", ", ").join("{}")], "train.steps"),
+    C("override-deep", [*DRY, "train.steps=" + "[" * 500 + "]" * 500], "train.steps"),
+    C("override-long", [*DRY, "task.name=" + "x" * 20_000], "task.name"),
+    C("override-control-char", [*DRY, "task.name=\x07"], "task.name"),
+    C("override-mixed-stray-word", [*DRY, "train.steps=2", "--out", "{d}/new", "oops"], "unrecognized"),
+    C("override-unknown-option", [*DRY, "--bogus"], "--bogus"),
+    C("override-runtime-units", [*DRY, "runtime.units=4096"], "runtime.units"),
+    C("override-learner-units", [*DRY, "runtime.units=1", "runtime.learner_units=2"], "runtime.learner_units"),
+    C("override-mode", [*DRY, "runtime.mode=lambda"], "runtime.mode"),
+    C("override-policy", [*DRY, "plan.policy=fastest"], "plan.policy"),
+    C("override-engine", [*DRY, "rollout.engine=tgi"], "rollout.engine"),
+    C("override-task", [*DRY, "task.name=chess"], "task.name"),
+    C("override-serverless-noplan", [*DRY, "runtime.mode=serverless", "train.plan=false"], "train.plan"),
+    C("override-capacity-group", [*DRY, "plan.capacity=2"], "plan.capacity"),
+    C("override-ray-address", [*DRY, "runtime.ray_address=auto"], "runtime.ray_address"),
+    C("override-scratch-dir", [*DRY, "runtime.scratch_dir={d}/afile"], "runtime.scratch_dir"),
+    C("override-wandb-bad", [*DRY, "--wandb", "cloud"], "--wandb"),
+    C("allow-change-without-resume", [*DRY, "--allow-config-change"], "--allow-config-change"),
+    C("resume-compare", ["train", "--resume", "--out", "{d}/run", "runtime.mode=compare"], "runtime.mode=compare"),
+]
+CASES += [C(f"config-{n}", [*DRY[:3], "--config", f"{{d}}/{n}"], n)
+          for n in [*CONFIG_FILES, *BINARY_FILES] if n not in ("defaults_missing.yaml", "cross_field.yaml")]
+CASES += [
+    C("config-defaults-missing", [*DRY[:3], "--config", "{d}/defaults_missing.yaml"], "nowhere.yaml"),
+    C("config-cross-field", [*DRY[:3], "--config", "{d}/cross_field.yaml"], "plan.capacity"),
+    C("config-missing", [*DRY[:3], "--config", "{d}/nope.yaml"], "nope.yaml"),
+    C("config-is-folder", [*DRY[:3], "--config", "{d}/adir"], "adir"),
+    C("config-dev-null-dir", [*DRY[:3], "--config", "/dev"], "/dev"),
+]
+# output folders and files
+CASES += [
+    C("train-out-empty", ["train", "--out", "", "train.steps=1"], "--out"),
+    C("train-out-dot", ["train", "--out", ".", "train.steps=1"], "current folder"),
+    C("train-out-data", ["train", "--out", str(REPO / "data")], "--out"),
+    C("train-out-data-sft", ["train", "--out", str(REPO / "data" / "checkpoints" / "sft")], "--out"),
+    C("train-out-data-new", ["train", "--out", str(REPO / "data" / "runs-new")], "inside"),
+    C("train-out-repo", ["train", "--out", str(REPO)], "--out"),
+    C("train-out-root", ["train", "--out", "/"], "--out"),
+    C("train-out-file", ["train", "--out", "{d}/afile"], "is a file"),
+    C("train-out-under-file", ["train", "--out", "{d}/afile/run"], "afile"),
+    C("train-out-not-run", ["train", "--out", "{d}/notempty"], "not a run"),
+    C("train-out-earlier-run", ["train", "--out", "{d}/run"], "--resume"),
+    C("train-out-nul", ["train", "--out", "{d}/a\x00b"], "NUL"),
+    C("train-no-out", ["train", "train.steps=1"], "--out"),
+    C("train-resume-not-run", ["train", "--resume", "--out", "{d}/notempty"], "--resume"),
+    C("train-resume-new", ["train", "--resume", "--out", "{d}/never"], "--resume"),
+    C("pretrain-out-sft", ["pretrain", "--out", str(REPO / "data" / "checkpoints" / "sft"), "steps=1"],
+      "never overwrites"),
+    C("pretrain-out-notempty", ["pretrain", "--out", "{d}/notempty", "steps=1"], "never overwrites"),
+    C("pretrain-out-file", ["pretrain", "--out", "{d}/afile"], "is a file"),
+    C("pretrain-out-empty", ["pretrain", "--out", ""], "--out"),
+    C("pretrain-out-data", ["pretrain", "--out", str(REPO / "data")], "--out"),
+    C("pretrain-bad-override", ["pretrain", "--out", "{d}/p1", "steps=-4"], "steps"),
+    C("pretrain-unknown-key", ["pretrain", "--out", "{d}/p2", "stepz=4"], "stepz"),
+    C("pretrain-huge", ["pretrain", "--out", "{d}/p3", f"steps={HUGE}"], "steps"),
+    C("json-folder-compare", ["predictor", "compare", "--data", "{d}/empty.jsonl", "--json", "{d}/adir"], "--json"),
+    C("json-empty-stats", ["data", "trace-stats", "--trace", "{d}/empty.jsonl", "--json", ""], "--json"),
+    C("json-folder-planner", ["bench", "planner", "--json", "{d}/adir"], "--json"),
+    C("json-under-file", ["bench", "planner", "--json", "{d}/afile/x.json"], "afile"),
+    C("json-folder-simulate", ["simulate", "--scenario", "quick", "--json", "{d}/adir"], "--json"),
+    C("json-folder-loop", ["bench", "loop", "--json", "{d}/adir"], "--json"),
+    C("figure-folder", ["predictor", "compare", "--data", "{d}/empty.jsonl", "--json", "{d}/c.json",
+                        "--figure", "{d}/adir"], "--figure"),
+    C("data-out-folder", ["data", "synthetic-trace", "--out", "{d}/adir"], "--out"),
+    C("gsm8k-out-folder", ["data", "gsm8k-lengths", "--in", "{d}/empty.jsonl", "--out", "{d}/adir"], "--out"),
+    C("predictor-out-file", ["predictor", "train", "--data", "{d}/empty.jsonl", "--model", "ewma", "--out",
+                             "{d}/afile"], "--out"),
+    C("predictor-out-dot", ["predictor", "train", "--data", "{d}/empty.jsonl", "--model", "ewma", "--out", "."],
+      "--out"),
+    C("simulate-out-file", ["simulate", "--scenario", "quick", "--out", "{d}/afile"], "--out"),
+    C("repro-out-file", ["repro", "--out", "{d}/afile"], "--out"),
+    C("build-hf-out-data", ["build-hf-model", "--out", str(REPO / "data")], "--out"),
+]
+# counts of the benchmarks and the simulator
+CASES += [C(f"bench-planner-{flag}-{v}", ["bench", "planner", f"--{flag}", v], f"--{flag}")
+          for flag in ("groups", "group-size", "n-actors", "candidates", "capacity", "repeats")
+          for v in ("0", "-1", HUGE[:40])]
+CASES += [
+    C("bench-planner-word", ["bench", "planner", "--groups", "many"], "--groups"),
+    C("bench-planner-policy", ["bench", "planner", "--policy", "fastest", "--groups", "4", "--repeats", "1"],
+      "policy"),
+    C("bench-loop-steps-1", ["bench", "loop", "--steps", "1"], "--steps"),
+    C("bench-loop-steps-0", ["bench", "loop", "--steps", "0"], "--steps"),
+    C("bench-loop-steps-neg", ["bench", "loop", "--steps", "-5"], "--steps"),
+    C("bench-loop-threads", ["bench", "loop", "--threads", "0"], "--threads"),
+    C("bench-loop-feature", ["bench", "loop", "--feature", "turbo"], "--feature"),
+    C("bench-loop-bad-override", ["bench", "loop", "--steps", "2", "optim.lr=inf", "--no-progress"], "optim.lr"),
+    C("bench-loop-config", ["bench", "loop", "--steps", "2", "--config", "{d}/bomb.yaml"], "bomb.yaml"),
+    C("bench-prefill-prompts", ["bench", "prefill", "--json", "{d}/p.json", "--prompts", "0"], "--prompts"),
+    C("bench-prefill-repeats", ["bench", "prefill", "--json", "{d}/p.json", "--repeats", HUGE], "--repeats"),
+    C("bench-engine-tokens", ["bench", "engine", "--json", "{d}/e.json", "--max-new-tokens", "0"],
+      "--max-new-tokens"),
+    C("bench-engine-group", ["bench", "engine", "--json", "{d}/e.json", "--group-size", "-2"], "--group-size"),
+    C("bench-faults-kills", ["bench", "faults", "--json", "{d}/f.json", "--kills", "-1"], "--kills"),
+    C("bench-faults-config", ["bench", "faults", "--json", "{d}/f.json", "--config", "{d}/inf_lr.yaml"],
+      "optim.lr"),
+    C("simulate-steps-huge", ["simulate", "--scenario", "quick", "--steps", "1000000000000"], "--steps"),
+    C("simulate-steps-zero", ["simulate", "--scenario", "quick", "--steps", "0"], "--steps"),
+    C("simulate-steps-digits", ["simulate", "--scenario", "quick", "--steps", HUGE], "--steps"),
+    C("simulate-steps-override", ["simulate", "--scenario", "quick", "steps=1000000000000"], "steps"),
+    C("simulate-scenario", ["simulate", "--scenario", "mars"], "scenario"),
+    C("simulate-no-scenario", ["simulate"], "scenario"),
+    C("simulate-bad-key", ["simulate", "--scenario", "quick", "speed=3"], "speed"),
+    C("simulate-lam-inf", ["simulate", "--scenario", "quick", "lam=inf"], "lam"),
+    C("simulate-huge-override", ["simulate", "--scenario", "quick", f"n_devices={HUGE}"], "n_devices"),
+    C("simulate-validate-missing", ["simulate", "--validate", "{d}/nope"], "nope"),
+    C("simulate-validate-notrun", ["simulate", "--validate", "{d}/notempty"], "notempty"),
+    C("simulate-validate-scenario", ["simulate", "--validate", "{d}/run", "--scenario", "quick"], "validate"),
+    C("plan-trace-missing", ["bench", "plan-trace", "--trace", "{d}/nope.jsonl"], "nope.jsonl"),
+    C("plan-trace-empty", ["bench", "plan-trace", "--trace", "{d}/empty.jsonl"], "empty.jsonl"),
+    C("plan-trace-notjson", ["bench", "plan-trace", "--trace", "{d}/notjson.jsonl"], "notjson.jsonl"),
+    C("plan-trace-gz", ["bench", "plan-trace", "--trace", "{d}/bad.jsonl.gz"], "bad.jsonl.gz"),
+    C("plan-trace-config", ["bench", "plan-trace", "--trace", "{d}/empty.jsonl", "--config", "{d}/bomb.yaml"],
+      "bomb.yaml"),
+    C("plan-trace-set", ["bench", "plan-trace", "--trace", "{d}/empty.jsonl", "--set", "tau=.nan"], "tau"),
+    C("plan-trace-n-actors", ["bench", "plan-trace", "--trace", "{d}/empty.jsonl", "--n-actors", "0"],
+      "--n-actors"),
+]
+# traces, length data, predictors
+for name in ("empty.jsonl", "notjson.jsonl", "list.jsonl", "missing_field.jsonl", "latin1.jsonl", "bad.jsonl.gz",
+             "empty.jsonl.gz", "nope.jsonl", "adir", "deep.jsonl", "huge_len.jsonl"):
+    CASES.append(C(f"trace-stats-{name}", ["data", "trace-stats", "--trace", f"{{d}}/{name}"], name))
+    CASES.append(C(f"predictor-train-{name}", ["predictor", "train", "--data", f"{{d}}/{name}", "--model", "ewma",
+                                               "--out", "{d}/pt-" + name, "--no-progress"], name))
+for name in ("neg_len.jsonl", "nan_len.jsonl"):
+    CASES.append(C(f"predictor-train-{name}", ["predictor", "train", "--data", f"{{d}}/{name}", "--model", "ewma",
+                                               "--out", "{d}/pt-" + name, "--no-progress"], name))
+CASES += [
+    C("predictor-train-model", ["predictor", "train", "--data", "{d}/empty.jsonl", "--model", "oracle", "--out",
+                                "{d}/pt"], "oracle"),
+    C("predictor-train-set", ["predictor", "train", "--data", "{d}/empty.jsonl", "--model", "ewma", "--out",
+                              "{d}/pt", "--set", "alpha=inf"], "alpha"),
+    C("predictor-train-set-nested", ["predictor", "train", "--data", "{d}/empty.jsonl", "--model", "ewma", "--out",
+                                     "{d}/pt", "--set", "a.b=1"], "--set"),
+    C("predictor-train-test-frac", ["predictor", "train", "--data", "{d}/empty.jsonl", "--model", "ewma", "--out",
+                                    "{d}/pt", "--test-frac", "nan"], "--test-frac"),
+    C("predictor-compare-models", ["predictor", "compare", "--data", "{d}/empty.jsonl", "--json", "{d}/c.json",
+                                   "--models", "ewma,psychic"], "--models"),
+    C("predictor-compare-actors", ["predictor", "compare", "--data", "{d}/empty.jsonl", "--json", "{d}/c.json",
+                                   "--actors", "0"], "--actors"),
+    C("predictor-compare-data", ["predictor", "compare", "--data", "{d}/notjson.jsonl", "--json", "{d}/c.json",
+                                 "--no-progress"], "notjson.jsonl"),
+    C("predictor-eval-actors", ["predictor", "eval", "--model", "{d}/pred_garbage", "--data", "{d}/empty.jsonl",
+                                "--actors", "0"], "--actors"),
+    C("data-synthetic-set", ["data", "synthetic-trace", "--out", "{d}/s.jsonl", "--set", "n_prompts=-1"],
+      "n_prompts"),
+    C("data-synthetic-set-inf", ["data", "synthetic-trace", "--out", "{d}/s.jsonl", "--set", "n_prompts=.inf"],
+      "n_prompts"),
+    C("data-synthetic-fit", ["data", "synthetic-trace", "--out", "{d}/s.jsonl", "--fit-from", "{d}/notjson.jsonl"],
+      "notjson.jsonl"),
+    C("data-gsm8k-missing", ["data", "gsm8k-lengths", "--in", "{d}/nope.jsonl", "--out", "{d}/g.jsonl"],
+      "nope.jsonl"),
+    C("data-gsm8k-notjson", ["data", "gsm8k-lengths", "--in", "{d}/notjson.jsonl", "--out", "{d}/g.jsonl"],
+      "notjson.jsonl"),
+]
+for name in ("pred_garbage", "pred_list", "pred_fmt", "pred_name", "pred_none", "nope", "afile", "pred_hugeint",
+             "pred_deep"):
+    CASES.append(C(f"predictor-eval-{name}", ["predictor", "eval", "--model", f"{{d}}/{name}", "--data",
+                                              "{d}/empty.jsonl", "--no-progress"], name))
+    CASES.append(C(f"predictor-convert-{name}", ["predictor", "convert", "--model", f"{{d}}/{name}", "--out",
+                                                 "{d}/conv-" + name], name))
+# time profiles, checkpoints and run folders reached by the dry run
+for name in ("profile_keys.json", "profile_bad.json", "profile_list.json", "profile_nan.json", "nope.json",
+             "profile_hugeint.json"):
+    CASES.append(C(f"profile-{name}", [*DRY, f"plan.time_profile={{d}}/{name}"], name))
+CASES.append(C("profile-plan-trace", ["bench", "plan-trace", "--trace", "{d}/empty.jsonl", "--set",
+                                      "time_profile={d}/profile_bad.json"], "profile_bad.json"))
+for name in ("ckpt_empty", "ckpt_badcfg", "ckpt_trunc", "afile", "nope", "ckpt_hugeint"):
+    CASES.append(C(f"checkpoint-{name}", [*DRY, f"policy.checkpoint={{d}}/{name}"], name))
+for name in ("run", "run_fmt", "run_ver", "run_fields", "run_types", "run_nockpt", "run_hugeint"):
+    CASES.append(C(f"resume-dry-{name}", [*DRY, "--resume", "--out", f"{{d}}/{name}"], name))
+CASES += [
+    C("resume-bomb-config", [*DRY, "--resume", "--out", "{d}/run_bomb"], "run_bomb"),
+    C("resume-list-config", [*DRY, "--resume", "--out", "{d}/run_list"], "run_list"),
+    C("validate-bomb-config", ["simulate", "--validate", "{d}/run_bomb"], "run_bomb"),
+    C("validate-list-config", ["simulate", "--validate", "{d}/run_list"], "run_list"),
+    C("resume-real-run", ["train", "--resume", "--no-progress", "--out", "{d}/run_fmt", "--config",
+                          str(QUICKSTART)], "run_fmt"),
+    C("resume-bad-config", ["train", "--resume", "--dry-run", "--no-progress", "--out", "{d}/run_badcfg", "--config",
+                            str(QUICKSTART)], "run_badcfg"),
+    C("repro-unknown", ["repro", "--out", "{d}/r", "nosuchstudy"], "nosuchstudy"),
+    C("repro-no-out", ["repro"], "--out"),
+    C("build-hf-vocab", ["build-hf-model", "--out", "{d}/hf", "--vocab", "10"], "vocab"),
+    C("build-hf-corpus", ["build-hf-model", "--out", "{d}/hf2", "--corpus", "{d}/nope.jsonl"], "nope.jsonl"),
+    C("unknown-command", ["fly"], "fly"),
+    C("no-command", [], "COMMAND"),
+]
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
+            for root in roots for p in root.rglob("*") if p.is_file()}
+
+
+def _alarm(signum, frame):
+    raise TimeoutError(f"a case ran past {LIMIT_S} s")
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str]:
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(LIMIT_S)
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse usage errors
+        rc = exc.code
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    return rc, capsys.readouterr().err
+
+
+def _check(rc, err: str, expect: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip() and not PROGRESS.search(ln)]
+    assert rc == 2, f"exit {rc}: {err[-2000:]}"
+    assert "Traceback" not in err, err[-2000:]
+    assert len(lines) == 1, f"{len(lines)} lines: {err[-2000:]}"
+    assert len(lines[0]) <= 300, f"{len(lines[0])} characters: {lines[0][:400]}"
+    assert expect in lines[0], f"{expect!r} not in {lines[0]!r}"
+
+
+def test_the_corpus_is_large():
+    assert len(CASES) >= 150 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_exits_2_with_one_line_naming_it(case, corpus_dir, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)  # repo-relative defaults (the shipped checkpoint, configs) resolve as for a user
+    argv = [a.replace("{d}", str(corpus_dir)) for a in case.argv]
+    before = _snapshot(corpus_dir, REPO / "data", REPO / "experiments")
+    rc, err = _run(argv, capsys)
+    _check(rc, err, case.expect.replace("{d}", str(corpus_dir)))
+    after = _snapshot(corpus_dir, REPO / "data", REPO / "experiments")
+    assert {k: v for k, v in after.items() if k in before} == before, "an existing file changed"
+    assert not (REPO / "data" / "runs-new").exists()
+
+
+# --- a few through a real process: the entry point, signals and encodings as a user's shell sees them --------
+SUBPROCESS = [
+    C("sub-bomb", ["train", "--dry-run", "--config", "{d}/bomb.yaml"], "bomb.yaml"),
+    C("sub-latin1", ["train", "--dry-run", "--config", "{d}/latin1.yaml"], "latin1.yaml"),
+    C("sub-simulate-steps", ["simulate", "--scenario", "quick", "--steps", "1000000000000"], "--steps"),
+    C("sub-out-dot", ["train", "--out", ".", "train.steps=1"], "current folder"),
+    C("sub-huge-override", ["train", "--dry-run", f"train.steps={HUGE}"], "train.steps"),
+]
+
+
+@pytest.mark.parametrize("case", SUBPROCESS, ids=[c.id for c in SUBPROCESS])
+def test_bad_input_through_the_entry_point(case, corpus_dir):
+    argv = [a.replace("{d}", str(corpus_dir)) for a in case.argv]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    before = _snapshot(corpus_dir, REPO / "data")
+    proc = subprocess.run([sys.executable, "-m", "rlhfless.cli", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=LIMIT_S * 3)  # process start and imports on a busy machine
+    _check(proc.returncode, proc.stderr, case.expect)
+    assert _snapshot(corpus_dir, REPO / "data") == before
+
+
+# --- what stays allowed -------------------------------------------------------------------------------------
+def test_overrides_may_stand_anywhere_among_the_options():
+    from rlhfless.cli import build_parser, parse
+
+    args = parse(build_parser(), ["train", "--config", "C", "train.steps=2", "--out", "D", "train.eval_prompts=0",
+                                  "--no-progress", "algo.group_size=4"])
+    assert args.overrides == ["train.steps=2", "train.eval_prompts=0", "algo.group_size=4"] and args.out == "D"
+
+
+def test_out_accepts_a_new_path_an_empty_folder_and_a_run_to_resume(corpus_dir, tmp_path):
+    from rlhfless.outpaths import check_new_checkpoint, check_run_dir
+
+    (tmp_path / "empty").mkdir()
+    assert check_run_dir(str(tmp_path / "new" / "run"), resume=False) == tmp_path / "new" / "run"
+    assert check_run_dir(str(tmp_path / "empty"), resume=False) == tmp_path / "empty"
+    assert check_run_dir(str(corpus_dir / "run"), resume=True) == corpus_dir / "run"
+    assert check_new_checkpoint(str(tmp_path / "empty")) == tmp_path / "empty"
+    assert not (tmp_path / "new").exists()  # a check creates nothing
