@@ -5,7 +5,7 @@
 #   make test-vllm - the `vllm` tests (optional vLLM rollout engine), in their own venv (.venv-vllm)
 #   make notebooks - execute every notebook at full size, saving outputs into the committed .ipynb files
 #   make repro  - regenerate the paper's figures and report (REPRO_OUT=runs/repro; repro-quick: the CI size)
-#   make lab    - JupyterLab on the notebooks, on 127.0.0.1 only
+#   make lab    - JupyterLab on the notebooks, on 127.0.0.1 only, behind a token (as root too: containers)
 # torch is pinned and installed FIRST: an unpinned torch would pull a multi-GB CUDA build.
 
 PYTHON ?= python3
@@ -106,8 +106,9 @@ repro: $(STAMP)
 repro-quick: $(STAMP)
 	WANDB_MODE=offline $(BIN)/rlhfless repro $(STUDIES) --quick --out runs/repro-quick
 
+# scripts/lab.sh: 127.0.0.1 only, a token, --allow-root when run as root (containers); ARGS= go to jupyter lab
 lab: $(STAMP)
-	cd notebooks && ../$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser
+	JUPYTER=$(BIN)/jupyter scripts/lab.sh $(ARGS)
 
 clean-runs:
 	rm -rf runs
