@@ -134,3 +134,40 @@ def test_bench_engine_estimate_grows_with_the_work_and_shrinks_with_threads(tmp_
     assert total_estimate_s(EngineBenchConfig(**{**base, "engines": ("own",)})) < one / 3
     runs, skipped = engine_workloads(EngineBenchConfig(**base))
     assert [w.name for w in runs] == ["arith"] and skipped["gsm8k"].startswith("no file at ")
+
+
+def test_bench_engine_progress_counts_the_vllm_start_and_warm_up(tmp_path, monkeypatch, capsys):
+    """With the vLLM arm on (a stand-in engine here: the own engine behind vLLM's interface), the bar still adds up
+    to its total and names the untimed start and warm-up calls."""
+    import rlhfless.rollout.bench as bench
+    import rlhfless.rollout.vllm_engine as vllm_engine
+    from rlhfless.rollout.engine import generate
+
+    class StandIn:
+        def __init__(self, model):
+            self.model = model
+
+        def generate(self, prompts, G, sp, seed):
+            out = generate(self.model, prompts, G, sp, seed=seed)
+            out.prefix_cache = {"hits": 0, "queries": 0}
+            return out
+
+        def prefix_cache_stats(self):
+            return {"hits": 0, "queries": 0}
+
+        def close(self):
+            pass
+
+    def start(cfg, model, report, checkpoint):
+        report["vllm"] = {"start_s": 0.0, "version": "stand-in"}
+        return StandIn(model)
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: None)
+    monkeypatch.setattr(bench, "_start_vllm", start)
+    rc = main(["bench", "engine", "--json", str(tmp_path / "engine.json"), "--prompts", "2", "--group-size", "2",
+               "--max-new-tokens", "4", "--repeats", "1", "--engines", "own,vllm", "--checkpoint",
+               str(tmp_path / "none"), "--gsm8k-prompts", "0", "--threads", "1"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "arms own, vllm;" in err and "arith starting vLLM" in err and "arith greedy vllm warm-up" in err
+    assert "arith/sampled vllm 1/1" in err and "100%" in err
