@@ -3,10 +3,12 @@
 #   make test   - the default test suite (creates/reuses .venv)
 #   make test-ray - the `ray` tests (Ray backend, two loopback nodes), in a loopback-only network namespace
 #   make test-vllm - the `vllm` tests (optional vLLM rollout engine), in their own venv (.venv-vllm)
+#   make test-oldest-torch - import + quickstart steps on the lowest torch pyproject.toml allows (.venv-oldest-torch)
 #   make notebooks - execute every notebook at full size, saving outputs into the committed .ipynb files
 #   make repro  - regenerate the paper's figures and report (REPRO_OUT=runs/repro; repro-quick: the CI size)
-#   make lab    - JupyterLab on the notebooks, on 127.0.0.1 only
-# torch is pinned and installed FIRST: an unpinned torch would pull a multi-GB CUDA build.
+#   make lab    - JupyterLab on the notebooks, on 127.0.0.1 only, behind a token (as root too: containers)
+# torch is pinned here (torch==2.13.0, the tested CPU build) and installed FIRST: pyproject.toml declares a range
+# (torch>=2.11, so a GPU image keeps its CUDA torch), and pip alone would pull PyPI's multi-GB CUDA build.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,7 +18,7 @@ OUT ?= runs/quickstart
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow test-ray test-vllm env-vllm env pretrain bench notebooks repro repro-quick lab clean-runs
+.PHONY: demo test test-slow test-ray test-vllm test-oldest-torch env-vllm env pretrain bench notebooks repro repro-quick lab clean-runs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -85,6 +87,28 @@ env-vllm: $(VLLM_STAMP)
 test-vllm: $(VLLM_STAMP)
 	WANDB_MODE=disabled VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_BIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
 
+# The package declares torch>=FLOOR (so pip keeps a GPU image's CUDA torch); this venv holds that floor, torch==FLOOR.*,
+# and runs the `oldest_torch` tests (every module imports; the quickstart's first steps, inline and serverless).
+# PyPI's Linux torch is a CUDA build: first install here 170 s (97 s torch with its nvidia-* wheels, ~3.6 GB
+# downloaded; 73 s the rest), the venv 5.4 GB; then the tests take about 15 s. TORCH_INDEX=https://download.
+# pytorch.org/whl/cpu fetches the CPU build instead (about 200 MB) where that index is reachable.
+OLD_VENV ?= .venv-oldest-torch
+OLD_BIN := $(OLD_VENV)/bin
+OLD_STAMP := $(OLD_VENV)/.rlhfless-installed
+TORCH_FLOOR := $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+
+$(OLD_STAMP): pyproject.toml
+	@test -n "$(TORCH_FLOOR)" || { echo "test-oldest-torch: FAILED: pyproject.toml's dependencies name no \"torch>=X\""; exit 1; }
+	@test -x $(OLD_BIN)/python || $(PYTHON) -m venv $(OLD_VENV)
+	$(OLD_BIN)/python -m pip install -q --upgrade pip
+	@$(OLD_BIN)/python -m pip install -q 'torch==$(TORCH_FLOOR).*' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) || \
+	  { echo "test-oldest-torch: FAILED: pip could not install torch==$(TORCH_FLOOR).* (see pip's error above)"; exit 1; }
+	$(OLD_BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(OLD_STAMP)
+
+test-oldest-torch: $(OLD_STAMP)
+	RLHFLESS_EXPECT_TORCH=$(TORCH_FLOOR) WANDB_MODE=disabled $(OLD_BIN)/python -m pytest -q -m oldest_torch $(PYTEST_ARGS)
+
 pretrain: $(STAMP)
 	$(BIN)/rlhfless pretrain --out data/checkpoints/sft
 
@@ -106,8 +130,9 @@ repro: $(STAMP)
 repro-quick: $(STAMP)
 	WANDB_MODE=offline $(BIN)/rlhfless repro $(STUDIES) --quick --out runs/repro-quick
 
+# scripts/lab.sh: 127.0.0.1 only, a token, --allow-root when run as root (containers); ARGS= go to jupyter lab
 lab: $(STAMP)
-	cd notebooks && ../$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser
+	JUPYTER=$(BIN)/jupyter scripts/lab.sh $(ARGS)
 
 clean-runs:
 	rm -rf runs

@@ -92,3 +92,82 @@ def test_bench_loop_runs_both_arms_on_the_same_prompts_and_finds_identical_curve
     assert r["identical_lengths"] and r["identical_rewards"] and len(r["reward_curve_on"]) == 3
     assert r["step_time_ratio_off_over_on"] > 0 and "rollout" in r["stage_ratio_off_over_on"]
     assert "s on vs" in capsys.readouterr().out
+
+
+def test_bench_engine_says_what_runs_and_shows_progress_per_workload_and_arm(tmp_path, capsys):
+    from rlhfless.runtime.config import available_cores
+
+    gsm = tmp_path / "gsm.jsonl"  # a tiny GSM8K-format file: the second workload runs without ../shared
+    gsm.write_text("".join(json.dumps({"question": f"Tom has {i} apples and buys {i + 1}. How many?",
+                                       "answer": f"{i}+{i + 1}={2 * i + 1}\n#### {2 * i + 1}"}) + "\n"
+                           for i in range(8)))
+    args = ["bench", "engine", "--json", str(tmp_path / "engine.json"), "--prompts", "2", "--group-size", "2",
+            "--max-new-tokens", "4", "--repeats", "2", "--no-hf-step", "--checkpoint", str(tmp_path / "none"),
+            "--gsm8k", str(gsm), "--gsm8k-prompts", "1", "--gsm8k-max-new-tokens", "2"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    plan = err.splitlines()[:2]  # printed before the first call
+    assert plan[0].startswith("bench engine: workloads arith (B=2 x G=2, cap 4 tokens); gsm8k (B=1 x G=2, cap 2")
+    assert "arms own, hf generate, hf generate+dedup;" in plan[0] and "2 repeat(s)" in plan[0]
+    assert f"{available_cores()} thread(s)" in plan[0]  # the default: every core this process may use
+    assert plan[1].startswith("bench engine: roughly ") and "of compute" in plan[1]
+    for label in ("arith/greedy own 1/2", "arith/sampled hf generate 2/2", "gsm8k/greedy hf generate+dedup 1/2",
+                  "gsm8k/sampled own 2/2"):
+        assert label in err, label
+    assert "100%" in err  # the bar's estimated seconds add up to its total
+    assert json.loads((tmp_path / "engine.json").read_text())["threads"] == available_cores()
+
+    assert main(args + ["--no-progress", "--gsm8k-prompts", "0", "--threads", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "gsm8k skipped (--gsm8k-prompts 0)" in err and "1 thread(s)" in err and "arith/greedy own" not in err
+
+
+def test_bench_engine_estimate_grows_with_the_work_and_shrinks_with_threads(tmp_path):
+    from rlhfless.rollout.bench import EngineBenchConfig
+    from rlhfless.rollout.benchprogress import engine_workloads, total_estimate_s
+
+    base = dict(gsm8k_path=str(tmp_path / "absent.jsonl"), threads=1)
+    one = total_estimate_s(EngineBenchConfig(**base))
+    assert total_estimate_s(EngineBenchConfig(**{**base, "repeats": 6})) == pytest.approx(2 * one)
+    assert total_estimate_s(EngineBenchConfig(**{**base, "prompts": 64})) == pytest.approx(2 * one)
+    assert total_estimate_s(EngineBenchConfig(**{**base, "threads": 2})) < one
+    assert total_estimate_s(EngineBenchConfig(**{**base, "engines": ("own",)})) < one / 3
+    runs, skipped = engine_workloads(EngineBenchConfig(**base))
+    assert [w.name for w in runs] == ["arith"] and skipped["gsm8k"].startswith("no file at ")
+
+
+def test_bench_engine_progress_counts_the_vllm_start_and_warm_up(tmp_path, monkeypatch, capsys):
+    """With the vLLM arm on (a stand-in engine here: the own engine behind vLLM's interface), the bar still adds up
+    to its total and names the untimed start and warm-up calls."""
+    import rlhfless.rollout.bench as bench
+    import rlhfless.rollout.vllm_engine as vllm_engine
+    from rlhfless.rollout.engine import generate
+
+    class StandIn:
+        def __init__(self, model):
+            self.model = model
+
+        def generate(self, prompts, G, sp, seed):
+            out = generate(self.model, prompts, G, sp, seed=seed)
+            out.prefix_cache = {"hits": 0, "queries": 0}
+            return out
+
+        def prefix_cache_stats(self):
+            return {"hits": 0, "queries": 0}
+
+        def close(self):
+            pass
+
+    def start(cfg, model, report, checkpoint):
+        report["vllm"] = {"start_s": 0.0, "version": "stand-in"}
+        return StandIn(model)
+
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: None)
+    monkeypatch.setattr(bench, "_start_vllm", start)
+    rc = main(["bench", "engine", "--json", str(tmp_path / "engine.json"), "--prompts", "2", "--group-size", "2",
+               "--max-new-tokens", "4", "--repeats", "1", "--engines", "own,vllm", "--checkpoint",
+               str(tmp_path / "none"), "--gsm8k-prompts", "0", "--threads", "1"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "arms own, vllm;" in err and "arith starting vLLM" in err and "arith greedy vllm warm-up" in err
+    assert "arith/sampled vllm 1/1" in err and "100%" in err

@@ -32,6 +32,7 @@ import torch
 from rlhfless.config import DEFAULT_CHECKPOINT
 from rlhfless.errors import require
 from rlhfless.model.tokenizer import EOS_ID, PAD_ID, ByteTokenizer
+from rlhfless.runtime.config import available_cores
 
 
 
@@ -88,8 +89,8 @@ class EngineBenchConfig:
     """Sampling seed (each repeat r uses seed + r, for both engines)."""
     checkpoint: str = DEFAULT_CHECKPOINT
     """Policy checkpoint; without it a fresh model is used and the result is flagged (no real length mix)."""
-    threads: int = 1
-    """torch threads."""
+    threads: int = field(default_factory=available_cores)
+    """torch threads (default: the cores this process may use)."""
     tpot_path: str | None = None
     """Where to save the TPOT profile (default: next to the JSON report)."""
     hf_step_ablation: bool = True
@@ -128,14 +129,19 @@ class Timer:
     times: dict[str, list[float]] = field(default_factory=dict)
     cpu_times: dict[str, list[float]] = field(default_factory=dict)
 
-    def run(self, fns: dict, repeats: int) -> dict:
+    def run(self, fns: dict, repeats: int, progress=None) -> dict:
+        """Each fn `repeats` times, interleaved; `progress` (optional) is told when each call starts and ends."""
         results = {}
-        for _ in range(repeats):
+        for r in range(repeats):
             for name, fn in fns.items():
+                if progress is not None:
+                    progress.start(name, r, repeats)
                 t0, c0 = time.perf_counter(), time.process_time()
                 results[name] = fn()
                 self.times.setdefault(name, []).append(time.perf_counter() - t0)
                 self.cpu_times.setdefault(name, []).append(time.process_time() - c0)
+                if progress is not None:
+                    progress.done(name)
         return results
 
     def median(self, name: str) -> float:
@@ -319,10 +325,21 @@ def _tokens(responses: list[list[int]]) -> int:
     return sum(len(r) for r in responses)
 
 
-def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) -> dict:
+def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None, progress: bool = False) -> dict:
     """This engine vs HF generate (and vLLM when asked), greedy (same outputs) and sampled (same batch and seed,
-    each engine's own random streams); all arms of a mode interleaved in one Timer."""
-    from rlhfless.rollout.engine import SamplingParams
+    each engine's own random streams); all arms of a mode interleaved in one Timer. `progress`: a bar on stderr
+    (workload, mode, arm, repeat, and the remaining time estimated by `benchprogress`)."""
+    from rlhfless.rollout.benchprogress import Progress
+
+    bar, threads = Progress(cfg, enabled=progress), torch.get_num_threads()
+    try:
+        return _bench_engine(cfg, json_path, bar)
+    finally:  # the caller's torch thread count back (a test process shares its cores)
+        bar.close()
+        torch.set_num_threads(threads)
+
+
+def _bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None, bar) -> dict:
     from rlhfless.rollout.tpot import profile_rows, save_profile
     from rlhfless.tasks.arith import ArithTaskConfig, make_splits
 
@@ -335,8 +352,10 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
                     "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "threads": cfg.threads,
                     "engines": list(cfg.engines)}
     on_disk = (Path(cfg.checkpoint) / "model.safetensors").is_file()
-    iters = _engine_workload(cfg, model, prompts, cfg.max_new_tokens, report, cfg.checkpoint if on_disk else None)
-    report["gsm8k"] = _gsm8k_workload(cfg)
+    bar.begin_workload("arith")
+    iters = _engine_workload(cfg, model, prompts, cfg.max_new_tokens, report, cfg.checkpoint if on_disk else None,
+                             bar)
+    report["gsm8k"] = _gsm8k_workload(cfg, bar)
     tpot = Path(cfg.tpot_path) if cfg.tpot_path else _sibling(json_path, "_tpot.json")
     keys = ("tokens_per_s", "hf_generate_tokens_per_s", "speedup_vs_hf_generate", "hf_generate_dedup_tokens_per_s",
             "speedup_vs_hf_generate_dedup", "dedup_prefill_speedup_of_hf_generate")
@@ -349,20 +368,26 @@ def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None) ->
 
 
 def _engine_workload(cfg: EngineBenchConfig, model, prompts: list[list[int]], max_new: int, report: dict,
-                     checkpoint: str | None) -> list:
+                     checkpoint: str | None, bar) -> list:
     """Greedy and sampled modes of one workload into `report` (keys greedy, sampled, vllm); the own engine's
     iteration records (for the TPOT profile). `checkpoint`: the folder `model` was loaded from (vLLM starts on it),
     or None for a model made in this process."""
+    from rlhfless.rollout.benchprogress import VLLM_START_S
     from rlhfless.rollout.engine import SamplingParams
 
-    vllm = _start_vllm(cfg, model, report, checkpoint) if "vllm" in cfg.engines else None
+    vllm = None
+    if "vllm" in cfg.engines:
+        with bar.untimed("starting vLLM", VLLM_START_S if "vllm" in bar.arms else 0.0):
+            vllm = _start_vllm(cfg, model, report, checkpoint)
     iters = []
     try:
         for name, temp in (("greedy", 0.0), ("sampled", cfg.temperature)):
             sp = SamplingParams(max_new, temp)
+            bar.begin_mode(name)
             if vllm is not None:  # its first calls at a new batch shape warm up kernels: keep them out of the timing
-                vllm.generate(prompts, cfg.group_size, sp, seed=cfg.seed)
-            report[name], ours = _engine_mode(cfg, model, prompts, sp, vllm)
+                with bar.untimed(f"{name} vllm warm-up", bar.estimate("vllm")):
+                    vllm.generate(prompts, cfg.group_size, sp, seed=cfg.seed)
+            report[name], ours = _engine_mode(cfg, model, prompts, sp, vllm, bar)
             iters += ours.iterations
     finally:
         if vllm is not None:
@@ -371,7 +396,7 @@ def _engine_workload(cfg: EngineBenchConfig, model, prompts: list[list[int]], ma
     return iters
 
 
-def _gsm8k_workload(cfg: EngineBenchConfig) -> dict:
+def _gsm8k_workload(cfg: EngineBenchConfig, bar) -> dict:
     """The same side-by-side arms on GSM8K few-shot prompts (long, sharing their worked examples), on a fresh model
     of the tiny architecture with a context that holds them (the shipped checkpoint's 512 does not)."""
     if cfg.gsm8k_prompts == 0:
@@ -385,11 +410,12 @@ def _gsm8k_workload(cfg: EngineBenchConfig) -> dict:
     model, label = fresh_model(1 << (need - 1).bit_length())
     part = {"model": label, "prompts": len(prompts), "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
             "max_new_tokens": cfg.gsm8k_max_new_tokens}
-    _engine_workload(cfg, model, prompts, cfg.gsm8k_max_new_tokens, part, None)
+    bar.begin_workload("gsm8k")
+    _engine_workload(cfg, model, prompts, cfg.gsm8k_max_new_tokens, part, None, bar)
     return part
 
 
-def _engine_mode(cfg: EngineBenchConfig, model, prompts: list[list[int]], sp, vllm) -> tuple[dict, object]:
+def _engine_mode(cfg: EngineBenchConfig, model, prompts: list[list[int]], sp, vllm, bar) -> tuple[dict, object]:
     """One sampling mode: every requested arm timed interleaved; (report part, the own engine's output)."""
     from rlhfless.rollout.engine import generate
 
@@ -403,7 +429,7 @@ def _engine_mode(cfg: EngineBenchConfig, model, prompts: list[list[int]], sp, vl
     if vllm is not None:
         fns["vllm"] = lambda: vllm.generate(prompts, G, sp, seed=cfg.seed)
     timer = Timer()
-    res = timer.run(fns, cfg.repeats)
+    res = timer.run(fns, cfg.repeats, bar)
     ours = res["engine"]
     t_e = timer.median("engine")
     part = {"engine_s": t_e, "tokens": ours.generated_tokens, "tokens_per_s": ours.generated_tokens / t_e,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from rlhfless.cliargs import count
 from rlhfless.jsonl import write_json
@@ -55,7 +56,10 @@ def register(sub, bench) -> None:
     e.add_argument("--temperature", type=float, default=1.0, help="sampled comparison temperature (default 1.0)")
     e.add_argument("--repeats", type=count(1, 10_000), default=3, help="timed repeats per engine (default 3)")
     e.add_argument("--checkpoint", default="data/checkpoints/sft", help="policy checkpoint")
-    e.add_argument("--threads", type=count(1, 1024), default=1, help="torch threads (default 1)")
+    e.add_argument("--threads", type=count(1, 1024), default=None,
+                   help="torch threads (default: the cores this process may use; 1 gives steadier timings on a "
+                        "shared machine)")
+    e.add_argument("--no-progress", action="store_true", help="hide the progress bar (the plan is still printed)")
     e.add_argument("--no-hf-step", action="store_true", help="skip the ablation with the HF forward as decode step")
     e.add_argument("--gsm8k", default="../shared/data/gsm8k/train.jsonl",
                    help="GSM8K-format JSONL of the second workload (skipped when absent)")
@@ -96,13 +100,16 @@ def _prefill(args: argparse.Namespace) -> int:
 
 def _engine(args: argparse.Namespace) -> int:
     from rlhfless.rollout.bench import EngineBenchConfig, bench_engine
+    from rlhfless.rollout.benchprogress import describe
 
+    threads = {} if args.threads is None else {"threads": args.threads}  # unset: the config's default
     cfg = EngineBenchConfig(prompts=args.prompts, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                             temperature=args.temperature, repeats=args.repeats, checkpoint=args.checkpoint,
-                            threads=args.threads, tpot_path=args.tpot, hf_step_ablation=not args.no_hf_step,
+                            tpot_path=args.tpot, hf_step_ablation=not args.no_hf_step,
                             engines=args.engines, gsm8k_path=args.gsm8k, gsm8k_prompts=args.gsm8k_prompts,
-                            gsm8k_max_new_tokens=args.gsm8k_max_new_tokens)
-    report = bench_engine(cfg, args.json)
+                            gsm8k_max_new_tokens=args.gsm8k_max_new_tokens, **threads)
+    print(describe(cfg), file=sys.stderr, flush=True)  # before the first (slow) call: what runs, roughly how long
+    report = bench_engine(cfg, args.json, progress=not args.no_progress)
     print(engine_table(report))
     _write(report, args.json)
     return 0
