@@ -19,7 +19,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -175,13 +175,23 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     return _finish(run)
 
 
+def _plan_config(cfg: RunConfig):
+    """The planner prices with the rules the runtime's meter bills with (one set of billing rules), so its
+    predicted device-seconds (`plan/predicted_device_s`) can be read beside the billed ones every step."""
+    if not cfg.runtime.executes:
+        return cfg.plan
+    from rlhfless.runtime.meter import billing_rules
+
+    return replace(cfg.plan, billing=billing_rules(cfg.runtime))
+
+
 def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:
     """Learner, planner and stages around `policy`, restored from a run checkpoint `ckpt` when given."""
     reference = None
     if cfg.algo.kl_coef > 0:  # the reference is always the run's starting policy, also when resuming
         reference = load_policy(cfg.policy.resolved()).eval().requires_grad_(False)
     learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
-    planner = Planner(cfg.predictor, cfg.plan) if cfg.train.plan else None
+    planner = Planner(cfg.predictor, _plan_config(cfg)) if cfg.train.plan else None
     if ckpt is not None and planner is not None:
         from rlhfless.predictor import load_predictor
 
