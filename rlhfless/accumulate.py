@@ -26,13 +26,14 @@ Non-goals: several inner epochs (a second epoch needs the updated weights: refus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rlhfless import metrics as M
 from rlhfless.algo import group_advantages, grpo_loss
-from rlhfless.dataparallel import Shard, reduce_step
+from rlhfless.dataparallel import Shard
+from rlhfless.learner import batch_denominator
 from rlhfless.rollout.forward import response_logprobs
 
 _MEANS = (M.CLIP_FRAC, M.PPO_KL, M.RATIO_MEAN, M.ENTROPY, M.KL)
@@ -78,15 +79,16 @@ class GroupBatch:
 class _Stats:
     """Sums over a rank's micro-batches: loss terms before normalisation and token-weighted metric sums."""
 
+    chunks: int = 0
     n_tok: int = 0
     loss: float = 0.0
     pg_loss: float = 0.0
-    weighted: dict | None = None
+    weighted: dict = field(default_factory=dict)
     ratio_min: float = float("inf")
     ratio_max: float = float("-inf")
 
     def add(self, m: dict[str, float], n_tok: int) -> None:
-        self.weighted = self.weighted or {}
+        self.chunks += 1
         self.n_tok += n_tok
         self.loss += m[M.LOSS]
         self.pg_loss += m[M.PG_LOSS]
@@ -212,9 +214,7 @@ class AccumulatedUpdate:
             lr = learner._lr()
             learner.updates += 1
             return {**metrics, M.LR: lr}
-        from rlhfless.learner import _denominator
-
-        denom = _denominator([lengths[g * G + s] for g in keep for s in range(G)], algo.loss_agg)
+        denom = batch_denominator([lengths[g * G + s] for g in keep for s in range(G)], algo.loss_agg)
         for group in learner.opt.param_groups:
             group["lr"] = learner._lr()
         off = 0
@@ -233,10 +233,10 @@ class AccumulatedUpdate:
     def _local(self, denom: float) -> dict[str, float]:
         """This rank's metric row for `reduce_step`: loss shares of the full batch, token means of its own."""
         s = self.stats
-        if not s.n_tok and s.weighted is None:
+        if not s.chunks:  # nothing trained on this rank: it joins the all-reduce with zeros
             return {}
         out = {M.LOSS: s.loss / denom, M.PG_LOSS: s.pg_loss / denom,
                M.RATIO_MIN: s.ratio_min if s.n_tok else 1.0, M.RATIO_MAX: s.ratio_max if s.n_tok else 1.0}
-        for key, v in (s.weighted or {}).items():
+        for key, v in s.weighted.items():
             out[key] = v / s.n_tok if s.n_tok else 0.0
         return out

@@ -69,7 +69,7 @@ class Learner:
             keep_groups = list(range(len(prompts)))
         denom = None
         if shard is not None:
-            denom = _denominator([len(responses[g * G + s]) for g in keep_groups for s in range(G)],
+            denom = batch_denominator([len(responses[g * G + s]) for g in keep_groups for s in range(G)],
                                  self.algo.loss_agg)
             weights = [sum(len(responses[g * G + s]) + 1 for s in range(G)) for g in keep_groups]
             lo, hi = split_groups(weights, shard.world)[shard.rank]
@@ -141,7 +141,7 @@ class Learner:
         return metrics
 
 
-def _denominator(lengths: list[int], mode: str) -> float:
+def batch_denominator(lengths: list[int], mode: str) -> float:
     """`algo.grpo.loss_denominator` of the full kept batch from its response lengths (no mask needed)."""
     n = sum(lengths) if mode == "token_mean" else sum(1 for n in lengths if n > 0)
     return float(max(n, 1))

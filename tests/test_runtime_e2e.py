@@ -202,14 +202,10 @@ def _weights(run_dir: Path) -> dict:
 
 
 def _same_weights(a: Path, b: Path) -> bool:
-    wa, wb = _weights(a), _weights(b)
-    return wa.keys() == wb.keys() and all(torch_equal(wa[k], wb[k]) for k in wa)
-
-
-def torch_equal(x, y) -> bool:
     import torch
 
-    return bool(torch.equal(x, y))
+    wa, wb = _weights(a), _weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_overlap_streams_groups_into_the_learner_and_ends_with_bitwise_equal_weights(runs):

@@ -145,8 +145,8 @@ class _Job:
             rows += [[p.row_id, list(p.tokens)] for p in s.take_unfinished()]
         return rows
 
-    def results(self) -> tuple[list[list], float]:
-        """Finished rows not reported yet, scored (reward on this worker), and the seconds scoring took."""
+    def results(self) -> list[list]:
+        """Finished rows not reported yet, scored here (the seconds go to `reward_s`)."""
         t0 = now()
         out = []
         for s in self.sessions:
@@ -157,7 +157,7 @@ class _Job:
                 _, sc = self.worker.env.score_ids(tokens, self.answers[row], truncated)
                 out.append([row, tokens, truncated, sc.reward, sc.correct, sc.well_formed])
         self.reward_s += now() - t0
-        return out, now() - t0
+        return out
 
 
 def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
@@ -174,7 +174,7 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
                 if not s.done:
                     s.advance(every)
             if stream:  # finished rows go out at once: their groups can train while this decode goes on
-                rows, _ = job.results()
+                rows = job.results()
                 if rows:
                     wire.send(conn, {"op": "rows", "step": msg["step"], "t": now(), "results": rows})
             if report:
@@ -191,7 +191,7 @@ def run_decode(worker, msg: dict, conn, sync_s: float) -> dict:
                 else:  # not for this decode (a learner's group, shutdown): served after it, in order
                     worker.deferred.append(ctl)
     t_decode = now()
-    results, _ = job.results()
+    results = job.results()
     return {"op": "done", "step": msg["step"], "t_start": t0, "t_decode_end": t_decode, "t_end": now(),
             "sync_s": sync_s, "reward_s": job.reward_s, "results": results, "prefill": job.open.prefill_stats(),
             "adopted": job.adopted, "cut": len(cut_rows), "iterations": sum(len(s.iterations) for s in job.sessions),

@@ -126,12 +126,12 @@ class Runtime:
     def _start_pool(self) -> None:
         """Serverful: W colocated workers, one core each, one data-parallel group, held until close()."""
         W, port = self.rt.workers(), self._free_port()
-        hs = [self.pool.start(KINDS_ALL, (r % self.units,), {**self.state_setup(), "dist": self._dist(r, W, port)})
-              for r in range(W)]
+        hs = [self.pool.start(KINDS_ALL, (r,), {**self.state_setup(), "dist": self.dist_spec(r, W, port)})
+              for r in range(W)]  # W <= units (check_machine): one unit each
         self.pool.await_ready(hs)
         self.pool_handles = hs
 
-    def _dist(self, rank: int, world: int, port: int) -> dict:
+    def dist_spec(self, rank: int, world: int, port: int) -> dict:
         return {"rank": rank, "world": world, "port": port, "timeout_s": min(60.0, self.rt.invocation_timeout_s)}
 
     def restart_pool(self) -> None:
@@ -176,15 +176,6 @@ class Runtime:
     def start_single(self, kind: str):
         """A prefill or reference function onto a free unit (evicting idle workers when none is free)."""
         return self.pool.start((kind,), self.claim(must=True), {} if kind == "reference" else self.state_setup())
-
-    def dist_spec(self, rank: int, world: int, port: int) -> dict:
-        return self._dist(rank, world, port)
-
-    def free_port(self) -> int:
-        return self._free_port()
-
-    def make_room(self, n: int) -> bool:
-        return self.pool.make_room(n)
 
     def on_ready(self, h, msg: dict) -> None:
         self.pool.mark_ready(h, msg)

@@ -126,12 +126,11 @@ class Pool:
         free = self.free_cores()
         return tuple(free[:n]) if len(free) >= n else None
 
-    def make_room(self, n: int, keep: tuple[str, ...] = ()) -> bool:
-        """Release idle workers (kept-alive first, then pre-warmed ones not yet invoked; never one in `keep`)
-        until n units are free, as a platform evicts idle capacity; False when the busy ones hold too many."""
-        idle = sorted((w for w in self.idle_since if w not in keep), key=lambda w: (w in self.waiting,
-                                                                                    self.idle_since[w]))
-        idle += [w for w in self.waiting if w not in self.idle_since and w not in keep]
+    def make_room(self, n: int) -> bool:
+        """Release idle workers (kept-alive first, longest idle first, then pre-warmed ones not yet invoked) until
+        n units are free, as a platform evicts idle capacity; False when the busy ones hold too many."""
+        idle = sorted(self.idle_since, key=lambda w: (w in self.waiting, self.idle_since[w]))
+        idle += [w for w in self.waiting if w not in self.idle_since]
         while len(self.free_cores()) < n and idle:
             h = self.handles.get(idle.pop(0))
             if h is not None and h.worker not in self.working:

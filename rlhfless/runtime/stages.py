@@ -212,7 +212,7 @@ class DecodeStage:
         if msg is None:
             return self._died(h)
         op = msg["op"]
-        if op in ("learned_group", "learned"):  # a serverful pool worker is also a learner rank
+        if op == "learned":  # a serverful pool worker is also a learner rank
             self.stream.on_message(h, msg)
             return
         if op in ("progress", "cut_rows", "done") and msg.get("step") != self.step:

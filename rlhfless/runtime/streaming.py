@@ -11,8 +11,8 @@ function released; until then its groups wait (their batch files are in the scra
 forms at the optimiser step (`learn_end`), so a rank can start and work alone early, and a rank killed before the
 step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
 sent restarts every rank (the gloo group cannot be repaired), from the same state version.
-Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; acked as
-`learned_group`), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
+Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
+compute time arrives summed in `learned`), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
 state version). The serverful control's ranks are its pool workers, which read learner messages only after their
 own decode (the worker defers them).
 Deviation from the paper: its learner is one FSDP function started after the rollout; streaming finished groups
@@ -30,6 +30,7 @@ from rlhfless import metrics as M
 from rlhfless.accumulate import microbatches
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.dist import free_port
 from rlhfless.runtime.worker import now
 
 
@@ -45,6 +46,10 @@ class _Rank:
     requested: float = 0.0
     cold: bool = False
     ended: bool = False
+
+    def reset(self) -> None:
+        """No worker any more: the rank starts over (a new worker gets learn_begin and every group again)."""
+        self.handle, self.begun, self.sent, self.requested, self.ended = None, False, set(), 0.0, False
 
 
 class LearnerStream:
@@ -165,7 +170,7 @@ class LearnerStream:
             self.rt.on_ready(h, msg)
         elif msg["op"] == "learned" and msg.get("step") == self.step:
             return msg
-        return None  # learned_group acks: the rank's compute time arrives summed in `learned`
+        return None
 
     def on_death(self, h) -> None:
         """A rank died. Before the optimiser step it restarts alone (its groups are re-sent); after `learn_end`
@@ -177,13 +182,7 @@ class LearnerStream:
         victims = self.ranks if ending or rt.serverful else [dead]
         for r in victims:
             if r.handle is not None:
-                rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(),
-                          r.cold, self.attempt, ok=False)
-                if r.handle.alive and r is not dead and not rt.serverful:
-                    rt.pool.release(r.handle)
-                elif r is dead and not rt.serverful:
-                    rt.pool.dead(r.handle)
-                rt.learners = [x for x in rt.learners if x is not r.handle]
+                self._drop(r, dead=r is dead)
         self.attempt += 1
         if self.attempt > rt.rt.max_attempts:
             from rlhfless.runtime.executor import fail
@@ -193,7 +192,16 @@ class LearnerStream:
             rt.restart_pool()
             return self.pool_restarted()
         for r in victims:
-            r.handle, r.begun, r.sent, r.requested, r.ended = None, False, set(), 0.0, False
+            r.reset()
+
+    def _drop(self, r: _Rank, dead: bool, **extra) -> None:
+        """Record the rank's unfinished invocation and let its worker go (serverful: the pool restarts it)."""
+        rt = self.rt
+        rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
+                  self.attempt, ok=False, **extra)
+        if not rt.serverful:
+            rt.pool.dead(r.handle) if dead else rt.pool.release(r.handle)
+        rt.learners = [x for x in rt.learners if x is not r.handle]
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start (rows with nowhere else to go): release a rank that has
@@ -203,18 +211,15 @@ class LearnerStream:
             return False
         for r in reversed(self.ranks):
             if r.handle is not None and not r.ended:
-                rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(),
-                          r.cold, self.attempt, ok=False, preempted=1)
-                rt.pool.release(r.handle)
-                rt.learners = [x for x in rt.learners if x is not r.handle]
-                r.handle, r.begun, r.sent, r.requested = None, False, set(), 0.0
+                self._drop(r, dead=False, preempted=1)
+                r.reset()
                 return True
         return False
 
     def pool_restarted(self) -> None:
         """Serverful: the pool restarted whole (a worker died), so every rank starts over on the new workers."""
         for r in self.ranks:
-            r.handle, r.begun, r.sent, r.requested, r.ended = None, False, set(), 0.0, False
+            r.reset()
         self._adopt_warm()
 
     # -- the optimiser step -------------------------------------------------------------------------------------
@@ -250,12 +255,13 @@ class LearnerStream:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
         rt = self.rt
         attempt = self.attempt
-        while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
-            self.pump(start_all=True)
-            if any(r.handle is None for r in self.ranks) and not rt.make_room(1):
-                raise RuntimeError(f"runtime: no free unit for a learner rank after the rollout {[(h.worker, h.cores, h.worker in rt.pool.working, h.worker in rt.pool.idle_since) for h in rt.pool.live()]} {[(r.rank, r.handle and r.handle.worker) for r in self.ranks]}")
         self.pump(start_all=True)
-        port = rt.free_port()
+        while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
+            if not rt.pool.make_room(1):
+                raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
+                                   "this step's learner ranks are busy now)")
+            self.pump(start_all=True)
+        port = free_port()
         for r in self.ranks:
             dist = None if rt.serverful else rt.dist_spec(r.rank, len(self.ranks), port)
             r.ended = True

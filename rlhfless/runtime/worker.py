@@ -211,25 +211,21 @@ class Worker:
 
         from rlhfless.accumulate import AccumulatedUpdate
 
-        t0 = now()
         sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
         torch.manual_seed(msg["seed"])
         self.update = AccumulatedUpdate(self.learner, msg["chunks"], msg["with_ref"])
-        self.update_info = {"t_request": t0, "t_start": now(), "sync_s": sync_s, "compute_s": 0.0,
-                            "step": msg["step"]}
+        self.update_info = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0}
         return None
 
-    def _learn_group(self, msg: dict) -> dict:
-        """Forward/backward of a finished group's micro-batch (once all of its groups are in)."""
+    def _learn_group(self, msg: dict) -> None:
+        """Forward/backward of a finished group's micro-batch (once all of its groups are in); no reply."""
         from rlhfless.accumulate import GroupBatch
 
         t0 = now()
         prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
-        computed = self.update.add(GroupBatch(msg["g"], prompts[0], responses, rewards, ref))
-        t1 = now()
-        self.update_info["compute_s"] += t1 - t0
-        return {"op": "learned_group", "step": msg["step"], "g": msg["g"], "t_start": t0, "t_end": t1,
-                "computed": computed}
+        self.update.add(GroupBatch(msg["g"], prompts[0], responses, rewards, ref))
+        self.update_info["compute_s"] += now() - t0
+        return None
 
     def _learn_end(self, msg: dict) -> dict:
         """The optimiser step (all-reduce across ranks), the next state version written by rank 0."""
@@ -237,7 +233,6 @@ class Worker:
 
         from rlhfless.learner import save_learner_state
 
-        t0 = now()
         if msg.get("dist") and self.shard is None:
             self._join(msg["dist"])
         metrics = self.update.finish(torch.tensor(msg["rewards"], dtype=torch.float32), msg["lengths"],
@@ -248,8 +243,7 @@ class Worker:
         info, peak = self.update_info, self.update.buffered_peak
         self.update, self.update_info = None, {}
         return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": now(),
-                "t_request": info["t_request"], "sync_s": info["sync_s"], "end_s": now() - t0,
-                "compute_s": info["compute_s"], "buffered_peak": peak,
+                "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": peak,
                 "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
     def _reference(self, msg: dict) -> dict:
