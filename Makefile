@@ -95,7 +95,7 @@ test-vllm: $(VLLM_STAMP)
 OLD_VENV ?= .venv-oldest-torch
 OLD_BIN := $(OLD_VENV)/bin
 OLD_STAMP := $(OLD_VENV)/.rlhfless-installed
-TORCH_FLOOR := $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
+TORCH_FLOOR = $(shell sed -n 's/^ *"torch>=\([0-9.]*\)".*/\1/p' pyproject.toml)
 
 $(OLD_STAMP): pyproject.toml
 	@test -n "$(TORCH_FLOOR)" || { echo "test-oldest-torch: FAILED: pyproject.toml's dependencies name no \"torch>=X\""; exit 1; }
@@ -109,8 +109,11 @@ $(OLD_STAMP): pyproject.toml
 test-oldest-torch: $(OLD_STAMP)
 	RLHFLESS_EXPECT_TORCH=$(TORCH_FLOOR) WANDB_MODE=disabled $(OLD_BIN)/python -m pytest -q -m oldest_torch $(PYTEST_ARGS)
 
+# pretrain never overwrites a checkpoint: it writes PRETRAIN_OUT (default runs/sft); to replace the shipped one,
+# remove data/checkpoints/sft first and pass PRETRAIN_OUT=data/checkpoints/sft.
+PRETRAIN_OUT ?= runs/sft
 pretrain: $(STAMP)
-	$(BIN)/rlhfless pretrain --out data/checkpoints/sft
+	$(BIN)/rlhfless pretrain --out $(PRETRAIN_OUT)
 
 bench: $(STAMP)
 	mkdir -p runs/bench

@@ -164,7 +164,7 @@ def test_min_cost_at_deadline_is_relative_to_the_serverful_plan():
     jobs, tm = _queued_jobs()
     base = dict(policy="round_robin", capacity=2, migrate=False, max_actors=8, cold_start_s=4.0, weight_sync_s=0.0,
                 billing=BillingRules(granularity_s=0.001, keep_alive_s=0.0), objective="min_cost_at_deadline")
-    # serverful: 8 warm actors, 1 s; x 10 leaves every N feasible -> the cheapest (one actor: 12 s, 12 device-s)
+    # serverful: 8 warm actors, 1 s; x 20 leaves every N feasible -> the cheapest (one actor: 12 s, 12 device-s)
     loose, _ = choose(jobs, PlanConfig(**base, deadline_ratio=20.0), tm)
     assert loose.n_actors == 1 and loose.constraint_met
     # x 6 = 6 s: T = 4 + 8/N <= 6 needs N >= 4; the cheapest of those is 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rlhfless.cliargs import count
 from rlhfless.errors import ConfigError
 from rlhfless.jsonl import write_json
 
@@ -64,8 +65,6 @@ def cmd_train(args) -> int:
 def cmd_eval(args) -> int:
     from rlhfless.predictor.commands import eval_predictor
 
-    if args.actors < 1:
-        raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
     result = eval_predictor(args.model, args.data, n_actors=args.actors, trust_pickle=args.trust_pickle,
                             progress=not args.no_progress)
     if args.json:
@@ -93,8 +92,6 @@ def cmd_compare(args) -> int:
     bad = [n for n in names if n not in PREDICTOR_NAMES]
     if bad:
         raise ConfigError(f"--models: unknown predictor {quote(bad[0])}; allowed: {', '.join(PREDICTOR_NAMES)}")
-    if args.actors < 1:
-        raise ConfigError(f"--actors: must be >= 1 (got {args.actors})")
     comp = compare_predictors(read_lengths(args.data), names=names, base=_config(names[0], args.set),
                               split=_spec(args), n_actors=args.actors, progress=not args.no_progress)
     fig = Path(args.figure) if args.figure else Path(args.json).with_suffix(".png")
@@ -181,7 +178,7 @@ def _register_predictor(sub) -> None:
     e.add_argument("--model", required=True, help="directory written by rlhfless predictor train (its --out)")
     e.add_argument("--data", required=True, help="length data or loop trace (JSONL)")
     e.add_argument("--json", default=None, help="write the metrics (mae, kendall_tau, ...) to this JSON file")
-    e.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
+    e.add_argument("--actors", type=count(1, 4096), default=4, help="actors of the makespan check (default 4)")
     _trust_arg(e)
     e.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     e.set_defaults(func=cmd_eval)
@@ -201,7 +198,7 @@ def _register_predictor(sub) -> None:
     c.add_argument("--json", required=True, help="output JSON (metrics per predictor)")
     c.add_argument("--figure", default=None, help="output PNG (default: the JSON path with .png)")
     c.add_argument("--models", default=None, help="comma-separated subset of predictors (default: all)")
-    c.add_argument("--actors", type=int, default=4, help="actors of the makespan check (default 4)")
+    c.add_argument("--actors", type=count(1, 4096), default=4, help="actors of the makespan check (default 4)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"config field shared by all predictors, e.g. --set {SET_EXAMPLE}")
     _split_args(c)

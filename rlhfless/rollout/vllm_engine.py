@@ -51,6 +51,8 @@ Deviations and limitations (from the paper and from `rollout.engine`):
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import itertools
 import logging
@@ -73,8 +75,10 @@ _HEAD, _EMBED = "lm_head.weight", "model.embed_tokens.weight"
 _SEED_STRIDE = 1_000_003  # rows of one call get consecutive seeds; calls with nearby seeds do not overlap
 
 
+@functools.cache
 def vllm_available() -> str | None:
-    """None when vLLM can be imported, else one line saying why not (for skips and the bench)."""
+    """None when vLLM can be imported, else one line saying why not (for skips and the bench). Cached: a failed
+    import is not cached by Python, and the bench asks several times."""
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001  (a broken install raises more than ImportError)

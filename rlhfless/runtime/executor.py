@@ -28,7 +28,7 @@ from rlhfless.errors import TrainingError
 from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
-from rlhfless.runtime.meter import bill_run, bill_window
+from rlhfless.runtime.meter import bill_run, bill_window, billing_rules
 from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
 from rlhfless.runtime.records import InvocationRecord, peak_units
@@ -281,7 +281,7 @@ class Runtime:
     def run_bill(self):
         t = now()
         return bill_run(list(self.pool.records.values()), self.invocations, self.rel(t), self.price,
-                        self.serverful, self.rt.billing_granularity_s)
+                        self.serverful, billing_rules(self.rt))
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
