@@ -138,8 +138,8 @@ class AccumulatedUpdate:
         if not all(g in self._have for g in self.chunks[k]):
             return False
         self._done[k] = self._gradient([self._have.pop(g) for g in self.chunks[k]])
-        self.buffered_peak = max(self.buffered_peak, sum(v is not None for v in self._done.values()))
         self._fold(k)
+        self.buffered_peak = max(self.buffered_peak, sum(v is not None for v in self._done.values()))
         return True
 
     def _gradient(self, batches: list[GroupBatch]) -> tuple | None:
