@@ -25,9 +25,9 @@ _MODULES = (
     "rlhfless.train_cli",
     "rlhfless.model.cli",
     "rlhfless.plan.cli",
-    "rlhfless.rollout.cli",
+    "rlhfless.bench.engine_cli",
     "rlhfless.predictor.cli",
-    "rlhfless.runtime.cli",
+    "rlhfless.bench.faults_cli",
     "rlhfless.sim.cli",
     "rlhfless.repro.cli",
 )

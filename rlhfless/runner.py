@@ -166,7 +166,7 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     if cfg.runtime.mode == "compare":
         from rlhfless.runtime.compare import compare
 
-        return compare(cfg, Path(out_dir), progress)
+        return compare(cfg, Path(out_dir), train, progress)
     torch.set_num_threads(cfg.train.threads)
     torch.manual_seed(cfg.train.seed)
     run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)

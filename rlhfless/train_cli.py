@@ -25,7 +25,8 @@ def register(sub, bench) -> None:
             "go to W&B (offline by default) and OUT/metrics.jsonl; every response goes to OUT/traces/rollouts.jsonl. "
             "runtime.mode=serverless runs every stage as a function on worker processes (billed per lifetime: "
             "OUT/invocations.jsonl, OUT/workers.jsonl, Gantt charts); runtime.mode=serverful is the verl-like control; "
-            "runtime.mode=compare runs both on one seed and writes OUT/comparison.json."
+            "runtime.mode=compare runs serverful, serverful + overlap and serverless on one seed and writes "
+            "OUT/comparison.json."
         ),
         epilog="example: rlhfless train --config experiments/configs/quickstart.yaml train.steps=50 --out runs/demo",
     )
@@ -95,12 +96,20 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _print_comparison(c: dict) -> None:
-    print(f"\n{'':24s} {'serverful':>12s} {'serverless':>12s} {'ratio':>7s}", file=sys.stderr)
-    for name, key, ratio in (("step wall time (s)", "step_time_s", c["step_time_ratio"]),
-                             ("billed device-seconds", "cost_device_s", c["cost_ratio"])):
-        print(f"{name:24s} {c['serverful'][key]:12.3f} {c['serverless'][key]:12.3f} {ratio:7.3f}", file=sys.stderr)
-    print(f"samples identical in every step: {c['samples_identical']}; gantt: {', '.join(c['gantt'])}",
+    arms = c["arms"]
+    print(f"\n{'':24s}" + "".join(f"{a:>18s}" for a in arms), file=sys.stderr)
+    for name, key in (("step wall time (s)", "step_time_s"), ("billed device-seconds", "cost_device_s")):
+        print(f"{name:24s}" + "".join(f"{c[a][key]:18.3f}" for a in arms), file=sys.stderr)
+    print(f"serverless / serverful: step time {c['step_time_ratio']:.3f}x, device-seconds {c['cost_ratio']:.3f}x",
           file=sys.stderr)
+    if c["overlap_only"]:
+        o = c["overlap_only"]
+        print(f"serverful-overlap / serverful: step time {o['step_time_ratio']:.3f}x, device-seconds "
+              f"{o['cost_ratio']:.3f}x", file=sys.stderr)
+    for arm, why in c["skipped"].items():
+        print(f"{arm}: skipped ({why})", file=sys.stderr)
+    print(f"samples identical in every step: {c['samples_identical']}; final weights identical: "
+          f"{c['weights_identical']}; gantt: {', '.join(c['gantt'])}", file=sys.stderr)
 
 
 def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:

@@ -66,7 +66,7 @@ def _run_all(*sessions) -> dict:
 
 
 def test_greedy_rows_split_over_two_sessions_equal_the_own_engine(engine, prompts, sft_checkpoint):
-    from rlhfless.rollout.bench import load_policy
+    from rlhfless.bench.engine import load_policy
 
     own = generate(load_policy(sft_checkpoint)[0], prompts, G, GREEDY).responses
     rows, P = _rows(prompts)

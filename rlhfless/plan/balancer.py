@@ -32,7 +32,7 @@ import numpy as np
 
 from rlhfless import metrics as M
 from rlhfless.errors import ConfigError, DataError
-from rlhfless.plan import sweep as sw
+import rlhfless.plan.sweep as sw
 from rlhfless.plan.records import AssignmentPlan, PlanJob
 from rlhfless.plan.timemodel import TimeModel, simulate_fast
 

@@ -50,7 +50,7 @@ from dataclasses import replace
 import numpy as np
 
 from rlhfless import metrics as M
-from rlhfless.plan import sweep as sw
+import rlhfless.plan.sweep as sw
 from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlhfless.plan import partition
+import rlhfless.plan.partition as partition
 from rlhfless.plan.timemodel import TimeModel
 
 PASSES = 2  # refinement passes of the time-balanced rule (mean imbalance, 60 seeded heavy-tailed instances, 4

@@ -7,7 +7,7 @@ mean of observed lengths by default, chosen on synthetic traces, see notebooks/0
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rlhfless.errors import ConfigError, DataError, require
@@ -91,7 +91,7 @@ def build_predictor(cfg: PredictorConfig) -> LengthPredictor:
     if cfg.name == "sibling":
         from rlhfless.predictor.sibling import SiblingPredictor
 
-        return SiblingPredictor(cfg)
+        return SiblingPredictor(cfg, build_predictor(replace(cfg, name=cfg.sibling_base)))
     if cfg.name == "learned":
         from rlhfless.predictor.learned import LearnedPredictor
 
@@ -117,6 +117,8 @@ def load_predictor(directory: str | Path, *, trust_pickle: bool = False) -> Leng
     if doc["predictor"] != cfg.name:
         raise DataError(f"{where}: header says predictor {doc['predictor']!r} but config says {cfg.name!r}")
     predictor = build_predictor(cfg)
+    if cfg.name == "sibling":  # its base is a saved predictor of its own (in base/), loaded first
+        predictor.base = load_predictor(Path(directory) / "base", trust_pickle=trust_pickle)
     saved = SavedState(Path(directory), doc["format_version"], doc["state"], trust_pickle)
     try:
         predictor.load_state(saved)

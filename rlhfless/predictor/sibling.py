@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,18 +92,17 @@ class SiblingPredictor:
 
     name = "sibling"
 
-    def __init__(self, cfg):
-        from rlhfless.predictor.config import build_predictor
-
+    def __init__(self, cfg, base):
+        """base: the (fresh or loaded) predictor named by `cfg.sibling_base`; `predictor.build_predictor` makes it."""
         self.cfg = cfg
-        self.base = build_predictor(replace(cfg, name=cfg.sibling_base))
+        self.base = base
         self.within = _MeanSq()
         self.err_seen = _MeanSq()
         self.err_unseen = _MeanSq()
         self.seen: set[str] = set()
 
     def fit(self, rows: Sequence[LengthRow]) -> None:
-        self.__init__(self.cfg)
+        self.__init__(self.cfg, type(self.base)(self.base.cfg))  # from scratch, base included (never a sibling)
         for batch in group_observations(rows):
             self.update(batch)
 
@@ -152,8 +151,7 @@ class SiblingPredictor:
         write_model(directory, self.name, self.cfg.to_dict(), state)
 
     def load_state(self, saved: SavedState) -> None:
-        from rlhfless.predictor.config import load_predictor
-
+        """The refinement's own state; `load_predictor` has already loaded the base from base/."""
         state = saved.state
         self.within = _MeanSq.from_state(state["within"], "within")
         self.err_seen = _MeanSq.from_state(state["err_seen"], "err_seen")
@@ -161,7 +159,6 @@ class SiblingPredictor:
         if not isinstance(state["seen"], list) or not all(isinstance(p, str) for p in state["seen"]):
             raise ValueError("seen must be a list of prompt ids")
         self.seen = set(state["seen"])
-        self.base = load_predictor(saved.directory / "base", trust_pickle=saved.trust_pickle)
         if self.base.name != self.cfg.sibling_base:
             raise ValueError(f"base/ holds a {self.base.name} predictor but sibling_base is {self.cfg.sibling_base}")
 

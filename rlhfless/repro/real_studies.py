@@ -34,7 +34,7 @@ def random_prompts(n: int, prefix_len: int, tail_len: int, seed: int) -> list[li
 
 def time_prefill(model, prompts, G: int, modes: dict, repeats: int) -> dict:
     """Median wall seconds and tokens computed of each prefill mode (interleaved repeats, one call = one batch)."""
-    from rlhfless.rollout.bench import Timer
+    from rlhfless.bench.engine import Timer
     from rlhfless.rollout.engine import prefill
 
     timer = Timer()
@@ -54,7 +54,7 @@ def prefill_study(ctx) -> StudyResult:
     import torch
 
     from rlhfless.config import DEFAULT_CHECKPOINT
-    from rlhfless.rollout.bench import load_policy
+    from rlhfless.bench.engine import load_policy
 
     torch.set_num_threads(1)  # steadier medians on a shared machine
     model, _ = load_policy(REPO / DEFAULT_CHECKPOINT)
@@ -200,7 +200,7 @@ def compare_run(ctx) -> tuple[Path, dict]:
     import json
 
     from rlhfless.config import load_run_config
-    from rlhfless.runtime.compare import compare
+    from rlhfless.runner import train
 
     out = ctx.out / "real-runs" / f"compare-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
     done = out / "comparison.json"
@@ -211,7 +211,7 @@ def compare_run(ctx) -> tuple[Path, dict]:
                  "runtime.gantt_every=0", f"train.seed={ctx.seed}", f"tracking.mode={ctx.tracking}",
                  "tracking.group=real-runs"]
     cfg = load_run_config(str(COMPARE_CONFIG), overrides)
-    return out, compare(cfg, out, progress=False)
+    return out, train(cfg, out, progress=False)  # runtime.mode=compare: both runs and comparison.json
 
 
 def _mean(by_kind: dict) -> float:

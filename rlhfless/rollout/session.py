@@ -50,14 +50,14 @@ import torch
 
 from rlhfless.errors import DataError, UserError, require
 from rlhfless.model.tokenizer import PAD_ID
-from rlhfless.rollout.engine import (
+from rlhfless.rollout.prefix import left_pad
+from rlhfless.rollout.state import (
     IterationRecord,
     PrefillState,
     PrefillStats,
     SamplingParams,
     _row_uniforms,
     dynamic_cache,
-    left_pad,
     sample_tokens,
 )
 from rlhfless.rollout.prefix import _forward

@@ -1,24 +1,34 @@
 """`runtime.mode=compare`: the serverful control and the serverless runtime on the same seed and prompts.
 
-Runs serverful into OUT/serverful, then serverless into OUT/serverless (each a whole run with its own evals,
-traces and W&B files), then writes OUT/comparison.json and side-by-side Gantt charts (OUT/gantt/step-<k>.png).
+Three arms, each a whole run with its own evals, traces and W&B files, in OUT/<arm>:
+- `serverful`: the verl-like control: a pool held for the whole run, work split by count, no overlap;
+- `serverful-overlap`: the same pool with `runtime.overlap=true`, so the comparison separates what streaming the
+  tail buys from what serverless buys (skipped, saying why, when the config cannot overlap: algo.kl_coef > 0);
+- `serverless`: functions started on demand, as configured (`runtime.overlap` null = on).
+Then OUT/comparison.json and side-by-side Gantt charts (OUT/gantt/step-<k>.png).
 
-comparison.json: step_time_ratio (serverless / serverful mean step wall time), cost_ratio (billed device-seconds,
-serverless / serverful), samples_identical (every step's responses hash equal in both runs), and per mode
-step_time_s, cost_device_s, cost_usd, eval_accuracy_final, plus what explains the numbers (cold starts, idle
-fraction, billed seconds per function kind, decode actors, migrations).
+comparison.json: step_time_ratio, cost_ratio, usd_ratio (serverless / serverful: mean step wall time, billed
+device-seconds, dollars), samples_identical and weights_identical over every arm that ran (per-step response
+digests; the final checkpoint's weight file, byte for byte), `overlap_only` (serverful-overlap / serverful), and per
+arm step_time_s, cost_device_s, cost_usd, eval accuracy, what explains the numbers (cold starts, idle fraction,
+billed seconds per function kind, decode actors, migrations) and `planner`: the planner's predicted
+device-seconds per step beside the billed ones of what it priced (the decode functions; the whole step with
+plan.learner.whole_step) and their ratio.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
 from rlhfless.jsonl import write_json
 from rlhfless.runtime.gantt import plot_steps
 
-MODES = ("serverful", "serverless")
+ARMS = ("serverful", "serverful-overlap", "serverless")
+BASE, TREATED = "serverful", "serverless"
 
 
 def read_digests(run_dir: Path) -> dict[int, str]:
@@ -40,34 +50,74 @@ def gantt_steps(steps: int, every: int) -> list[int]:
     return sorted({1, *(range(every, steps + 1, every) if every else ())} & set(range(1, steps + 1)))
 
 
-def compare(cfg, out: Path, progress: bool = True) -> dict:
-    from rlhfless.runner import train
+def arm_config(cfg, arm: str):
+    """The run config of one arm; None (with the reason) when the config cannot run it."""
+    if arm == "serverful":
+        return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=False)), None
+    if arm == "serverful-overlap":
+        if cfg.algo.kl_coef > 0:
+            return None, "algo.kl_coef > 0: the reference forward does not stream, so nothing overlaps"
+        return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=True)), None
+    return replace(cfg, runtime=replace(cfg.runtime, mode="serverless")), None
 
+
+def weights_digest(run_dir: Path) -> str | None:
+    """SHA-256 of the final checkpoint's weight file (None if the run wrote none)."""
+    p = run_dir / "checkpoints" / "final" / "model.safetensors"
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+
+
+def planner_accuracy(run_dir: Path, whole_step: bool) -> dict:
+    """Mean per-step `plan/predicted_device_s` beside the billed device-seconds of what the planner priced."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    billed_key = "cost/device_seconds" if whole_step else "function/decode/billed_s"
+    pairs = [(r["plan/predicted_device_s"], r[billed_key]) for r in rows
+             if r.get("plan/predicted_device_s") is not None and r.get(billed_key) is not None]
+    if not pairs:
+        return {"priced": billed_key, "steps": 0}
+    pred, billed = (statistics.fmean(x) for x in zip(*pairs))
+    return {"priced": billed_key, "steps": len(pairs), "predicted_device_s": pred, "billed_device_s": billed,
+            "predicted_over_billed": pred / billed if billed > 0 else None}
+
+
+def compare(cfg, out: Path, train, progress: bool = True) -> dict:
+    """train: the runner's `train(cfg, out_dir, progress=...)`, passed in because the runner sits above the
+    runtime (it calls this module for `runtime.mode=compare`)."""
     out.mkdir(parents=True, exist_ok=True)
-    summaries = {}
-    for mode in MODES:
-        sub = replace(cfg, runtime=replace(cfg.runtime, mode=mode))
-        summaries[mode] = train(sub, out / mode, progress=progress)
-    identical, first_diff, n = samples_match(out / "serverful", out / "serverless")
-    rs = {m: summaries[m]["runtime"] for m in MODES}
+    summaries, skipped = {}, {}
+    for arm in ARMS:
+        sub, why = arm_config(cfg, arm)
+        if sub is None:
+            skipped[arm] = why
+            continue
+        summaries[arm] = train(sub, out / arm, progress=progress)
+    ran = list(summaries)
+    digests = {arm: weights_digest(out / arm) for arm in ran}
+    same = [samples_match(out / BASE, out / arm) for arm in ran if arm != BASE]
+    rs = {arm: summaries[arm]["runtime"] for arm in ran}
     result = {
-        "step_time_ratio": rs["serverless"]["step_time_s"] / rs["serverful"]["step_time_s"],
-        "cost_ratio": rs["serverless"]["cost_device_s"] / rs["serverful"]["cost_device_s"],
-        "usd_ratio": rs["serverless"]["cost_usd"] / rs["serverful"]["cost_usd"],
-        "samples_identical": identical,
-        "first_divergent_step": first_diff,
-        "steps_compared": n,
-        "seed": cfg.train.seed,
-        "steps": cfg.train.steps,
-        **{m: {**rs[m], "eval_accuracy_final": summaries[m]["eval_accuracy_final"],
-               "eval_greedy_accuracy_final": summaries[m]["eval_greedy_accuracy_final"],
-               "wall_s": summaries[m]["wall_s"]} for m in MODES},
+        **_ratios(rs[TREATED], rs[BASE]),
+        "samples_identical": all(ok for ok, _, _ in same),
+        "first_divergent_step": min((d for _, d, _ in same if d is not None), default=None),
+        "steps_compared": min(n for _, _, n in same),
+        "weights_identical": None not in digests.values() and len(set(digests.values())) == 1,
+        "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
+        "arms": ran, "skipped": skipped, "seed": cfg.train.seed, "steps": cfg.train.steps,
+        **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
+                 "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
+                 "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],
+                 "planner": planner_accuracy(out / arm, cfg.plan.learner.whole_step)} for arm in ran},
     }
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
-        p = plot_steps({m: out / m for m in MODES}, k, out / "gantt" / f"step-{k}.png")
+        p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png")
         if p is not None:
             charts.append(str(p))
     result["gantt"] = charts
     write_json(result, out / "comparison.json")
     return result
+
+
+def _ratios(a: dict, b: dict) -> dict:
+    return {"step_time_ratio": a["step_time_s"] / b["step_time_s"],
+            "cost_ratio": a["cost_device_s"] / b["cost_device_s"], "usd_ratio": a["cost_usd"] / b["cost_usd"]}

@@ -8,7 +8,8 @@ Modes:
                 released when idle (scale to zero); only their lifetimes are billed;
   * serverful   the verl-like control: W workers started once and held for the whole run, prompts split evenly
                 by count, training data-parallel on the same workers; billed W x wall time;
-  * compare     serverful, then serverless, on the same seed and prompts, writing OUT/comparison.json.
+  * compare     serverful, serverful with overlap, then serverless, on the same seed and prompts, writing
+                OUT/comparison.json (rlhfless.runtime.compare).
 
 A device unit is one CPU core here (the worker pins itself to it and runs one torch thread) or one GPU.
 Backends: `local` runs workers as OS processes on this machine; `ray` runs each worker as a Ray actor on a Ray
@@ -44,7 +45,8 @@ class RuntimeConfig:
     """Execution of the step's stages (the `runtime:` section)."""
 
     mode: str = "inline"
-    """inline | serverless | serverful | compare (serverful then serverless, same seed; writes comparison.json)."""
+    """inline | serverless | serverful | compare (serverful, serverful + overlap, serverless, same seed; writes
+    comparison.json)."""
     backend: str = "local"
     """Worker mechanism: local (OS processes on this machine) | ray (Ray actors on a Ray cluster; extra `.[ray]`)."""
     ray_address: str = ""

@@ -28,7 +28,7 @@ from rlhfless.errors import ConfigError
 from rlhfless.rollout.engine import prefill
 from rlhfless.rollout.session import DecodeSession, PartialRow, resume_prefill, state_from_tensors, state_to_tensors
 from rlhfless.runtime import wire
-from rlhfless.runtime.worker import now
+from rlhfless.runtime.records import now
 
 
 class _OwnSessions:

@@ -24,15 +24,13 @@ import torch
 
 from rlhfless import metrics as M
 from rlhfless.config import RunConfig
-from rlhfless.errors import TrainingError
 from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules
 from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
-from rlhfless.runtime.records import InvocationRecord, peak_units
-from rlhfless.runtime.worker import now
+from rlhfless.runtime.records import InvocationRecord, now, peak_units
 
 KINDS_ALL = ("decode", "reward", "reference", "learner")
 RUNTIME_HOOKS: list = []
@@ -327,8 +325,4 @@ class Runtime:
         wire.remove_scratch(self.scratch)
 
 
-def fail(what: str, attempts: int) -> TrainingError:
-    return TrainingError(f"runtime: {what} failed {attempts} times (runtime.max_attempts); see invocations.jsonl")
-
-
-__all__ = ["Runtime", "WorkerDied", "fail"]
+__all__ = ["Runtime", "WorkerDied"]

@@ -65,9 +65,10 @@ class Chaos:
         self._stop.set()
 
 
-def run_fault_bench(cfg, out: Path, kills: int = 20, seed: int = 0, progress: bool = True) -> dict:
-    """Undisturbed run, then the same run under `kills` SIGKILLs; returns (and writes) the comparison."""
-    from rlhfless.runner import train
+def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progress: bool = True) -> dict:
+    """Undisturbed run, then the same run under `kills` SIGKILLs; returns (and writes) the comparison.
+
+    train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime)."""
     from rlhfless.runtime.compare import samples_match
 
     cfg = replace(cfg, runtime=replace(cfg.runtime, mode="serverless"))

@@ -10,7 +10,7 @@ import itertools
 
 from rlhfless.runtime.backend import Handle, LocalBackend, WorkerDied  # RayBackend: the same methods
 from rlhfless.runtime.records import WorkerRecord
-from rlhfless.runtime.worker import now
+from rlhfless.runtime.records import now
 
 
 class Pool:

@@ -9,9 +9,20 @@ and the simulator's validation read them back from `OUT/workers.jsonl` and `OUT/
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 
-from rlhfless.errors import DataError
+from rlhfless.errors import DataError, TrainingError
+
+
+def now() -> float:
+    """The clock of every record, shared by driver and workers (CLOCK_MONOTONIC is system-wide on Linux)."""
+    return time.monotonic()
+
+
+def fail(what: str, attempts: int) -> TrainingError:
+    """The error of a function that failed every attempt; its attempts are in invocations.jsonl."""
+    return TrainingError(f"runtime: {what} failed {attempts} times (runtime.max_attempts); see invocations.jsonl")
 
 
 @dataclass

@@ -20,9 +20,8 @@ from rlhfless.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
-from rlhfless.runtime.executor import fail
 from rlhfless.runtime.policy import plan_split, prewarm_learner, ship_saves_tokens, should_ship, split_by_count
-from rlhfless.runtime.worker import now
+from rlhfless.runtime.records import fail, now
 
 
 @dataclass

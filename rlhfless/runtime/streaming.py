@@ -31,7 +31,7 @@ from rlhfless.accumulate import microbatches
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.dist import free_port
-from rlhfless.runtime.worker import now
+from rlhfless.runtime.records import fail, now
 
 
 @dataclass
@@ -185,8 +185,7 @@ class LearnerStream:
                 self._drop(r, dead=r is dead)
         self.attempt += 1
         if self.attempt > rt.rt.max_attempts:
-            from rlhfless.runtime.executor import fail
-
+            
             raise fail(f"learner of step {self.step}", self.attempt - 1)
         if rt.serverful:
             rt.restart_pool()

@@ -23,10 +23,10 @@ from __future__ import annotations
 import functools
 import json
 import os
-import time
 from pathlib import Path
 
 from rlhfless.runtime import wire
+from rlhfless.runtime.records import now
 
 # Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
 PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
@@ -43,11 +43,6 @@ a few MiB; vLLM reserves what it is given, once per worker."""
 def preload(engine: str) -> list[str]:
     """Modules the fork server imports once for a run with this rollout engine."""
     return PRELOAD + (VLLM_PRELOAD if engine == "vllm" else [])
-
-
-def now() -> float:
-    """The clock shared by driver and workers (CLOCK_MONOTONIC is system-wide on Linux)."""
-    return time.monotonic()
 
 
 def main(conn, setup_json: str) -> None:

@@ -1,7 +1,7 @@
 """GSM8K: a JSONL loader (`question`, `answer`) with a few-shot/system template, and the GSM8K task with its reward.
 
 Two users:
-- `load_prompts(GSM8KConfig)`: a realistic prefill workload (`rlhfless.rollout.bench`): every prompt starts with
+- `load_prompts(GSM8KConfig)`: a realistic prefill workload (`rlhfless.bench.engine`): every prompt starts with
   the same system line and worked examples, the cross-prompt prefix that deduplicated prefill computes once.
 - `GSM8KTask(GSM8KTaskConfig)`: the verifiable-reward task behind `tasks.base.Task` (`task.name: gsm8k`).
   Reward (`score`): 1 when the response's final answer (`tasks.answers.extract_final`: after the last ``####``,

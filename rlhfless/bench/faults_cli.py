@@ -1,4 +1,4 @@
-"""`rlhfless bench faults`: the runtime's fault-recovery benchmark (see rlhfless.runtime.faults)."""
+"""`rlhfless bench faults`: the runtime's fault-recovery benchmark (see rlhfless.runtime.faults) on whole runs."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def _faults(args: argparse.Namespace) -> int:
     from rlhfless.config import REPO_ROOT, load_run_config
     from rlhfless.errors import ConfigError
     from rlhfless.jsonl import write_json
+    from rlhfless.runner import train
     from rlhfless.runtime.faults import run_fault_bench
 
     if args.kills < 1:
@@ -46,7 +47,7 @@ def _faults(args: argparse.Namespace) -> int:
         config = str(REPO_ROOT / config)
     cfg = load_run_config(config, args.overrides + ["tracking.mode=disabled"])
     cfg.runtime.check_machine(cfg.plan.max_actors)
-    report = run_fault_bench(cfg, Path(args.out), args.kills, args.seed, progress=not args.no_progress)
+    report = run_fault_bench(cfg, Path(args.out), train, args.kills, args.seed, progress=not args.no_progress)
     write_json(report, Path(args.json))
     print(json.dumps({k: report[k] for k in ("kills", "lost_steps", "samples_identical", "retries",
                                              "extra_cost_fraction", "extra_time_fraction")}, indent=1))

@@ -328,8 +328,8 @@ def _tokens(responses: list[list[int]]) -> int:
 def bench_engine(cfg: EngineBenchConfig, json_path: str | Path | None = None, progress: bool = False) -> dict:
     """This engine vs HF generate (and vLLM when asked), greedy (same outputs) and sampled (same batch and seed,
     each engine's own random streams); all arms of a mode interleaved in one Timer. `progress`: a bar on stderr
-    (workload, mode, arm, repeat, and the remaining time estimated by `benchprogress`)."""
-    from rlhfless.rollout.benchprogress import Progress
+    (workload, mode, arm, repeat, and the remaining time estimated by `bench.engineprogress`)."""
+    from rlhfless.bench.engineprogress import Progress
 
     bar, threads = Progress(cfg, enabled=progress), torch.get_num_threads()
     try:
@@ -372,7 +372,7 @@ def _engine_workload(cfg: EngineBenchConfig, model, prompts: list[list[int]], ma
     """Greedy and sampled modes of one workload into `report` (keys greedy, sampled, vllm); the own engine's
     iteration records (for the TPOT profile). `checkpoint`: the folder `model` was loaded from (vLLM starts on it),
     or None for a model made in this process."""
-    from rlhfless.rollout.benchprogress import VLLM_START_S
+    from rlhfless.bench.engineprogress import VLLM_START_S
     from rlhfless.rollout.engine import SamplingParams
 
     vllm = None
