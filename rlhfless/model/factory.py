@@ -18,6 +18,7 @@ what ``config.json`` implies or whose dtype is not F32; an unknown tokenizer fil
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -87,6 +88,21 @@ def build_model(cfg: ModelConfig, seed: int = 0):
     return model
 
 
+@contextmanager
+def _no_hf_bars():
+    """transformers' one-shard "Writing model shards" / "Loading weights" bars, printed at every checkpoint and
+    every arm of a comparison, take milliseconds here and would only bury the run's own progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def save_checkpoint(model, directory: str | Path, meta: dict | None = None, tokenizer=None) -> Path:
     """Write weights (safetensors), HF config, tokenizer and a small metadata JSON.
 
@@ -94,7 +110,8 @@ def save_checkpoint(model, directory: str | Path, meta: dict | None = None, toke
     tokenizer, which is the tiny model's."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
+    with _no_hf_bars():
+        model.save_pretrained(out, safe_serialization=True)
     (tokenizer or ByteTokenizer()).save(out)
     (out / META_FILE).write_text(json.dumps(meta or {}, indent=1, default=str))
     return out
@@ -114,7 +131,8 @@ def load_checkpoint(directory: str | Path):
     ByteTokenizer.load(path)
     check_weights(path, read_hf_config(path))
     try:
-        model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
+        with _no_hf_bars():
+            model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError) as exc:  # e.g. a malformed generation_config.json
         raise DataError(f"{path}: transformers cannot load this checkpoint ({one_line(exc)})") from None
     if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
