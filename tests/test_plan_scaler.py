@@ -172,3 +172,33 @@ def test_min_cost_at_deadline_is_relative_to_the_serverful_plan():
     assert tight.n_actors == 4 and tight.constraint_met
     with pytest.raises(ConfigError, match="plan.deadline_ratio"):
         PlanConfig(**base, deadline_ratio=0.0)
+
+
+def test_whole_step_with_overlap_prefers_fewer_decode_actors_when_spare_devices_train_during_decode():
+    """The overlap branch of the whole-step score: devices no decode actor holds train finished groups while the
+    rest decode, so a learner-heavy step needs fewer decode actors than the sequential one."""
+    from dataclasses import replace
+
+    from rlhfless.plan import PlanConfig, choose
+    from rlhfless.plan.cost import BillingRules
+    from rlhfless.plan.overlap import LearnerCosts
+
+    jobs, tm = _queued_jobs()
+    cfg = PlanConfig(policy="round_robin", capacity=2, migrate=False, lam=0.5, max_actors=8, cold_start_s=4.0,
+                     weight_sync_s=0.0, exact_sweep=True,
+                     billing=BillingRules(granularity_s=0.001, keep_alive_s=0.0))
+    # 16 jobs x 100 tokens x 0.02 device-s = 32 device-s of learner work on an 8-device budget
+    lc = LearnerCosts(whole_step=True, overlap=False, devices=8.0, s_per_token=0.02, update_fixed_s=0.0,
+                      cold_start_s=0.0)
+    seq, _ = choose(jobs, replace(cfg, learner=lc), tm)
+    ovl, _ = choose(jobs, replace(cfg, learner=replace(lc, overlap=True)), tm)
+    by_n = {c.n_actors: c for c in ovl.candidates}
+    # sequential, N=2: decode 4 + 8/2 = 8 s, then 32 device-s on all 8 devices = 4 s
+    assert {c.n_actors: c for c in seq.candidates}[2].step_s == pytest.approx(12.0)
+    # overlapped, N=2: 6 spare devices from the first finish (5 s); 8 device-s arrive at 5, 6, 7, 8 s; the backlog
+    # is 14 device-s when both actors release at 8 s and all 8 devices drain it in 1.75 s
+    assert by_n[2].step_s == pytest.approx(9.75)
+    # N=1: 7 spare devices keep up with 4 device-s a second; the last 4 arrive at 12 s with 8 devices: 0.5 s
+    assert by_n[1].step_s == pytest.approx(12.5)
+    assert ovl.n_actors < seq.n_actors
+    assert (ovl.n_actors, seq.n_actors) == (2, 4)
