@@ -106,6 +106,10 @@ def _print_comparison(c: dict) -> None:
         o = c["overlap_only"]
         print(f"serverful-overlap / serverful: step time {o['step_time_ratio']:.3f}x, device-seconds "
               f"{o['cost_ratio']:.3f}x", file=sys.stderr)
+    g = c["gap_core_s_per_step"]
+    busy = ", ".join(f"{k} busy {v:+.3f}" for k, v in g["busy"].items())
+    print(f"serverless - serverful, core-seconds per step: {g['billed']:+.3f} = cold starts {g['cold_start']:+.3f}, "
+          f"{busy}, held idle {g['held_idle']:+.3f}", file=sys.stderr)
     for arm, why in c["skipped"].items():
         print(f"{arm}: skipped ({why})", file=sys.stderr)
     print(f"samples identical in every step: {c['samples_identical']}; final weights identical: "

@@ -251,3 +251,49 @@ def test_peak_units_counts_overlaps_and_not_handovers():
     assert peak_units(rows) == 2.0  # the third starts as the first ends: a handover, not a third unit
     assert peak_units(rows + [{"spawned_s": 2.5, "released_s": 2.6, "units": 1.0}]) == 3.0
     assert peak_units(rows, 3.0, 4.0) == 1.0
+
+
+@pytest.mark.slow
+def test_the_planners_predicted_device_seconds_are_within_25_percent_of_the_billed_ones(tmp_path):
+    """On the comparison config (serverless arm, shortened), the planner's per-step `plan/predicted_device_s` of
+    what it prices (the decode functions: plan.learner.whole_step is off in the runtime) against the meter's
+    `function/decode/billed_s`, averaged after the calibration's first steps (it learns cold start and speed)."""
+    from rlhfless.runtime.compare import planner_accuracy
+
+    cfg = load_run_config("experiments/configs/serverless_vs_serverful.yaml",
+                          ["runtime.mode=serverless", "train.steps=12", "train.eval_prompts=0",
+                           "train.checkpoint_every=0", "tracking.mode=disabled", "runtime.gantt_every=0"])
+    out = tmp_path / "run"
+    train(cfg, out, progress=False)
+    rows = _rows(out / "metrics.jsonl")[4:]
+    pred = sum(r["plan/predicted_device_s"] for r in rows)
+    billed = sum(r["function/decode/billed_s"] for r in rows)
+    assert 0.75 <= pred / billed <= 1.25, (pred / billed, planner_accuracy(out, False))
+
+
+def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains_the_gap(tmp_path):
+    cfg = load_run_config("experiments/configs/quickstart.yaml", TINY + ["runtime.mode=compare"])
+    c = train(cfg, tmp_path / "cmp", progress=False)
+    assert c["arms"] == ["serverful", "serverful-overlap", "serverless"] and c["skipped"] == {}
+    assert c["samples_identical"] and c["steps_compared"] == 3 and c["first_divergent_step"] is None
+    assert c["weights_identical"] and len({c[a]["weights_sha256"] for a in c["arms"]}) == 1
+    # the middle arm really streamed: groups went to the learner during decode, on the held pool
+    streamed = [r["runtime/groups_streamed"] for r in _rows(tmp_path / "cmp" / "serverful-overlap" / "metrics.jsonl")]
+    assert sum(streamed) > 0
+    assert sum(r["runtime/groups_streamed"] for r in _rows(tmp_path / "cmp" / "serverful" / "metrics.jsonl")) == 0
+    assert c["overlap_only"]["step_time_ratio"] > 0
+    sl, sf = c["serverless"]["core_s_per_step"], c["serverful"]["core_s_per_step"]
+    # serverless starts functions every step; the control's pool started once
+    assert sl["cold_start"] > sf["cold_start"] and sl["busy"]["learner"] > 0
+    assert c["gap_core_s_per_step"]["billed"] == pytest.approx(sl["billed"] - sf["billed"])
+    assert c["serverless"]["planner"]["steps"] == 3 and c["serverless"]["planner"]["predicted_over_billed"] > 0
+
+
+def test_the_serverful_overlap_arm_is_skipped_with_its_reason_when_nothing_can_overlap():
+    from rlhfless.runtime.compare import arm_config
+
+    cfg = load_run_config("experiments/configs/quickstart.yaml", TINY + ["runtime.mode=compare", "algo.kl_coef=0.05"])
+    sub, why = arm_config(cfg, "serverful-overlap")
+    assert sub is None and "kl_coef" in why
+    sf, _ = arm_config(cfg, "serverful")
+    assert (sf.runtime.mode, sf.runtime.overlap) == ("serverful", False)

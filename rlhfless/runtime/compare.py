@@ -13,7 +13,9 @@ digests; the final checkpoint's weight file, byte for byte), `overlap_only` (ser
 arm step_time_s, cost_device_s, cost_usd, eval accuracy, what explains the numbers (cold starts, idle fraction,
 billed seconds per function kind, decode actors, migrations) and `planner`: the planner's predicted
 device-seconds per step beside the billed ones of what it priced (the decode functions; the whole step with
-plan.learner.whole_step) and their ratio.
+plan.learner.whole_step) and their ratio, and `core_s_per_step`: the billed core-seconds of a step split into
+cold starts, busy time by function kind and held-but-idle time; `gap_core_s_per_step` is serverless minus
+serverful, component by component (where the cost gap comes from).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlhfless.jsonl import write_json
-from rlhfless.runtime.gantt import plot_steps
+from rlhfless.runtime.gantt import plot_steps, read_records
 
 ARMS = ("serverful", "serverful-overlap", "serverless")
 BASE, TREATED = "serverful", "serverless"
@@ -80,6 +82,20 @@ def planner_accuracy(run_dir: Path, whole_step: bool) -> dict:
             "predicted_over_billed": pred / billed if billed > 0 else None}
 
 
+def core_seconds_per_step(run_dir: Path, runtime: dict) -> dict:
+    """Where one step's billed device-seconds went: cold starts, invocations by kind (busy) and the rest of the
+    held time (idle: waiting for work, a peer, or release). Sums to `billed`."""
+    workers, invocations = read_records(run_dir)
+    steps = max(1, runtime["steps"])
+    cold = sum(w["cold_start_s"] * w["units"] for w in workers if w["ready_s"] is not None) / steps
+    busy: dict[str, float] = {}
+    for i in invocations:
+        busy[i["kind"]] = busy.get(i["kind"], 0.0) + (i["finished_s"] - i["started_s"]) * i["units"] / steps
+    billed = runtime["cost_device_s"] / steps
+    return {"billed": billed, "cold_start": cold, "busy": busy,
+            "held_idle": billed - cold - sum(busy.values())}
+
+
 def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     """train: the runner's `train(cfg, out_dir, progress=...)`, passed in because the runner sits above the
     runtime (it calls this module for `runtime.mode=compare`)."""
@@ -106,8 +122,10 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
                  "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],
-                 "planner": planner_accuracy(out / arm, cfg.plan.learner.whole_step)} for arm in ran},
+                 "planner": planner_accuracy(out / arm, cfg.plan.learner.whole_step),
+                 "core_s_per_step": core_seconds_per_step(out / arm, rs[arm])} for arm in ran},
     }
+    result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
         p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png")
@@ -116,6 +134,14 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     result["gantt"] = charts
     write_json(result, out / "comparison.json")
     return result
+
+
+def _gap(a: dict, b: dict) -> dict:
+    """a - b, component by component (the serverless arm's extra core-seconds per step over the control's)."""
+    kinds = sorted(set(a["busy"]) | set(b["busy"]))
+    return {"billed": a["billed"] - b["billed"], "cold_start": a["cold_start"] - b["cold_start"],
+            "held_idle": a["held_idle"] - b["held_idle"],
+            "busy": {k: a["busy"].get(k, 0.0) - b["busy"].get(k, 0.0) for k in kinds}}
 
 
 def _ratios(a: dict, b: dict) -> dict:
