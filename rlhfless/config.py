@@ -180,9 +180,6 @@ class RunConfig:
             require(self.algo.inner_epochs == 1, "algo.inner_epochs",
                     f"must be 1 with runtime.mode={self.runtime.mode}: the runtime's learner takes one pass over "
                     f"the step's groups as they finish (got {self.algo.inner_epochs}); use runtime.mode=inline")
-        require(self.runtime.overlap is not True or self.algo.kl_coef == 0, "runtime.overlap",
-                f"true streams finished groups into the learner, but the reference forward (algo.kl_coef="
-                f"{self.algo.kl_coef} > 0) does not stream yet; use runtime.overlap=null (auto) or false")
         if self.algo.max_seq_len_norm is not None:
             require(self.algo.max_seq_len_norm >= self.rollout.max_new_tokens, "algo.max_seq_len_norm",
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")

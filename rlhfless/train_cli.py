@@ -102,16 +102,13 @@ def _print_comparison(c: dict) -> None:
         print(f"{name:24s}" + "".join(f"{c[a][key]:18.3f}" for a in arms), file=sys.stderr)
     print(f"serverless / serverful: step time {c['step_time_ratio']:.3f}x, device-seconds {c['cost_ratio']:.3f}x",
           file=sys.stderr)
-    if c["overlap_only"]:
-        o = c["overlap_only"]
-        print(f"serverful-overlap / serverful: step time {o['step_time_ratio']:.3f}x, device-seconds "
-              f"{o['cost_ratio']:.3f}x", file=sys.stderr)
+    o = c["overlap_only"]
+    print(f"serverful-overlap / serverful: step time {o['step_time_ratio']:.3f}x, device-seconds "
+          f"{o['cost_ratio']:.3f}x", file=sys.stderr)
     g = c["gap_core_s_per_step"]
     busy = ", ".join(f"{k} busy {v:+.3f}" for k, v in g["busy"].items())
     print(f"serverless - serverful, core-seconds per step: {g['billed']:+.3f} = cold starts {g['cold_start']:+.3f}, "
           f"{busy}, held idle {g['held_idle']:+.3f}", file=sys.stderr)
-    for arm, why in c["skipped"].items():
-        print(f"{arm}: skipped ({why})", file=sys.stderr)
     print(f"samples identical in every step: {c['samples_identical']}; final weights identical: "
           f"{c['weights_identical']}; gantt: {', '.join(c['gantt'])}", file=sys.stderr)
 

@@ -108,3 +108,14 @@ def test_a_ray_killed_actor_is_a_dead_worker_whose_work_is_re_run(runs):
     assert n == 3 and identical, f"samples after the kill differ from step {first}"
     failed = [i for i in _rows(out / "killed" / "invocations.jsonl") if not i["ok"]]
     assert failed and failed[0]["worker"] == k["killed_workers"][0]
+
+
+def test_overlap_streams_groups_on_ray_and_ends_with_the_local_backends_weights(runs):
+    """runtime.overlap is on (serverless, kl 0): finished groups reach the learner during decode on Ray too, on one
+    node and across two, and the final weights equal the local backend's byte for byte."""
+    from rlhfless.runtime.compare import weights_digest
+
+    out, _ = runs
+    for name in ("ray", "two_node"):
+        assert sum(r["runtime/groups_streamed"] for r in _rows(out / name / "metrics.jsonl")) > 0, name
+        assert weights_digest(out / name) == weights_digest(out / "local") is not None, name

@@ -155,6 +155,9 @@ def test_serverless_decode_functions_run_vllm(run):
     decodes = [i for i in inv if i["kind"] == "decode" and i["ok"]]
     assert {i["step"] for i in decodes} == {1, 2} and {i["engine"] for i in decodes} == {"vllm"}
     assert sum(i["extra"]["rows"] for i in decodes) == 2 * 6 * 4
+    # runtime.overlap (on for serverless, kl 0): finished groups reached the learner while vLLM still decoded
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    assert sum(r["runtime/groups_streamed"] for r in metrics) > 0
 
 
 def test_step_2_samples_come_from_the_learners_weights_after_step_1(run, engine, sft_checkpoint):

@@ -3,7 +3,7 @@
 Three arms, each a whole run with its own evals, traces and W&B files, in OUT/<arm>:
 - `serverful`: the verl-like control: a pool held for the whole run, work split by count, no overlap;
 - `serverful-overlap`: the same pool with `runtime.overlap=true`, so the comparison separates what streaming the
-  tail buys from what serverless buys (skipped, saying why, when the config cannot overlap: algo.kl_coef > 0);
+  tail buys from what serverless buys;
 - `serverless`: functions started on demand, as configured (`runtime.overlap` null = on).
 Then OUT/comparison.json and side-by-side Gantt charts (OUT/gantt/step-<k>.png).
 
@@ -53,14 +53,12 @@ def gantt_steps(steps: int, every: int) -> list[int]:
 
 
 def arm_config(cfg, arm: str):
-    """The run config of one arm; None (with the reason) when the config cannot run it."""
+    """The run config of one arm (module header)."""
     if arm == "serverful":
-        return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=False)), None
+        return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=False))
     if arm == "serverful-overlap":
-        if cfg.algo.kl_coef > 0:
-            return None, "algo.kl_coef > 0: the reference forward does not stream, so nothing overlaps"
-        return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=True)), None
-    return replace(cfg, runtime=replace(cfg.runtime, mode="serverless")), None
+        return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=True))
+    return replace(cfg, runtime=replace(cfg.runtime, mode="serverless"))
 
 
 def weights_digest(run_dir: Path) -> str | None:
@@ -100,13 +98,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     """train: the runner's `train(cfg, out_dir, progress=...)`, passed in because the runner sits above the
     runtime (it calls this module for `runtime.mode=compare`)."""
     out.mkdir(parents=True, exist_ok=True)
-    summaries, skipped = {}, {}
-    for arm in ARMS:
-        sub, why = arm_config(cfg, arm)
-        if sub is None:
-            skipped[arm] = why
-            continue
-        summaries[arm] = train(sub, out / arm, progress=progress)
+    summaries = {arm: train(arm_config(cfg, arm), out / arm, progress=progress) for arm in ARMS}
     ran = list(summaries)
     digests = {arm: weights_digest(out / arm) for arm in ran}
     same = [samples_match(out / BASE, out / arm) for arm in ran if arm != BASE]
@@ -117,8 +109,8 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         "first_divergent_step": min((d for _, d, _ in same if d is not None), default=None),
         "steps_compared": min(n for _, _, n in same),
         "weights_identical": None not in digests.values() and len(set(digests.values())) == 1,
-        "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
-        "arms": ran, "skipped": skipped, "seed": cfg.train.seed, "steps": cfg.train.steps,
+        "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]),
+        "arms": ran, "seed": cfg.train.seed, "steps": cfg.train.steps,
         **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
                  "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],

@@ -89,10 +89,9 @@ class RuntimeConfig:
     """Decode iterations between a decode function's progress reports (cut-and-migrate decisions)."""
     overlap: bool | None = None
     """Stream the tail: each finished group (all G samples scored) goes to its learner rank, which runs its
-    forward/backward while the rest of the step decodes; one optimiser step once every group is in (bitwise the
-    same update either way: rlhfless.accumulate). true | false | null (auto: true for serverless, false for the
-    serverful control as verl does not overlap, and false when algo.kl_coef > 0: the reference forward does not
-    stream yet)."""
+    reference forward (algo.kl_coef > 0) and forward/backward while the rest of the step decodes; one optimiser
+    step once every group is in (bitwise the same update either way: rlhfless.accumulate). true | false | null
+    (auto: true for serverless, false for the serverful control as verl does not overlap)."""
     learner_microbatch_groups: int = 1
     """Groups per learner micro-batch (fixed by group index: chunk k = groups k*m .. k*m+m-1). Larger chunks run
     fewer, wider forwards but wait for more groups before computing."""

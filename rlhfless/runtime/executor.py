@@ -3,7 +3,7 @@
     Runtime(cfg, mode, learner)     starts the platform (fork server) and, for serverful, the pool of W workers
     .begin_step(step)               opens the step's billing window
     .rollout(groups, seed, plan)    decode functions (+ reward on the same workers); cut-and-migrate live
-    .reference(...)                 the reference function (kl_coef > 0)
+    .reference(...)                 the reference function (kl_coef > 0, no overlap; with overlap the learner ranks)
     .learn(...)                     the data-parallel learner function; new weights for the next decode
     .end_step(step) -> metrics      closes the window: billed device-seconds, cold starts, idle, migrations
     .release() / .cleanup()         releases every worker and writes workers.jsonl / removes the scratch files
@@ -193,7 +193,7 @@ class Runtime:
     def overlaps(self) -> bool:
         """Whether this mode streams finished groups into the learner during decode (`runtime.overlap`)."""
         if self.rt.overlap is None:  # auto
-            return not self.serverful and self.cfg.algo.kl_coef == 0
+            return not self.serverful
         return self.rt.overlap
 
     def rollout(self, groups, seed: int, plan, step: int):
@@ -203,9 +203,14 @@ class Runtime:
         self.stream = LearnerStream(self, step, [g.token_ids for g in groups], seed, self.overlaps())
         return DecodeStage(self, groups, seed, plan, step, self.stream).run()
 
-    def reference(self, prompts, responses, step: int) -> torch.Tensor:
+    def reference(self, prompts, responses, step: int) -> torch.Tensor | None:
+        """The reference function's log-probs of the step; None when overlapping: then each learner rank runs the
+        reference forward of every group it receives, as it arrives (the same per-group forward, so the same
+        numbers: `worker.Worker.group_reference`)."""
         from rlhfless.runtime.stages import run_reference
 
+        if self.overlaps():
+            return None
         return run_reference(self, prompts, responses, step)
 
     def learn(self, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:

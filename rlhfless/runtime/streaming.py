@@ -12,11 +12,14 @@ forms at the optimiser step (`learn_end`), so a rank can start and work alone ea
 step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
 sent restarts every rank (the gloo group cannot be repaired), from the same state version.
 Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
-compute time arrives summed in `learned`), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
+compute time arrives summed in `learned`; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
+the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
 state version). The serverful control's ranks are its pool workers, which read learner messages only after their
 own decode (the worker defers them).
 Deviation from the paper: its learner is one FSDP function started after the rollout; streaming finished groups
-into it is this project's extension (docs/architecture.md, "Overlap").
+into it is this project's extension (docs/architecture.md, "Overlap"). So is running the reference forward inside
+the learner ranks when streaming (the paper has a reference function; verl colocates the reference with the actor):
+a separate reference function would need a unit of its own during decode, which a small machine does not have.
 """
 
 from __future__ import annotations
@@ -143,7 +146,8 @@ class LearnerStream:
     def _file(self, g: int) -> str:
         if g not in self.files:
             responses, rewards = self.finished[g]
-            ref = self.ref[g * self.G:(g + 1) * self.G] if self.with_ref else None
+            # None with overlap: the rank runs the group's reference forward itself (learn_group)
+            ref = self.ref[g * self.G:(g + 1) * self.G] if self.with_ref and self.ref is not None else None
             path = self.rt.scratch / f"group-{self.step}-{g}.safetensors"
             wire.write_batch(path, [self.prompts[g]], responses, torch.tensor(rewards), ref)
             self.files[g] = str(path)

@@ -98,7 +98,8 @@ class Worker:
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
         if "decode" in self.kinds and self.cfg.rollout.engine == "vllm":
             self._start_vllm()
-        if "reference" in self.kinds:
+        # a learner rank runs the reference forward of the groups streamed to it (runtime.overlap, kl > 0)
+        if "reference" in self.kinds or ("learner" in self.kinds and self.cfg.algo.kl_coef > 0):
             from rlhfless.model.factory import load_policy
 
             self.reference = load_policy(setup["reference_checkpoint"]).eval().requires_grad_(False)
@@ -218,6 +219,8 @@ class Worker:
 
         t0 = now()
         prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
+        if self.update.with_ref and ref is None:  # streamed before any reference function could run
+            ref = self.group_reference(prompts[0], responses)
         self.update.add(GroupBatch(msg["g"], prompts[0], responses, rewards, ref))
         self.update_info["compute_s"] += now() - t0
         return None
@@ -244,15 +247,27 @@ class Worker:
     def _reference(self, msg: dict) -> dict:
         import torch
 
-        from rlhfless.rollout.forward import response_logprobs
-
         t0 = now()
         prompts, responses, _, _ = wire.read_batch(Path(msg["batch"]))
-        with torch.no_grad():
-            logp = response_logprobs(self.reference, prompts, responses, self.G,
-                                     reuse_prefix=self.cfg.rollout.reuse_prefix_forward).logp
+        G = self.G
+        parts = [self.group_reference(p, responses[g * G:(g + 1) * G]) for g, p in enumerate(prompts)]
+        width = max(x.shape[1] for x in parts)
+        logp = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in parts])
         wire.write_tensors(msg["out"], {"ref_logp": logp})
         return {"op": "referenced", "t_start": t0, "t_end": now()}
+
+    def group_reference(self, prompt: list[int], responses: list[list[int]]):
+        """[G, T_g] reference log-probs of one group, computed alone. The reference function (all groups, one by
+        one) and a learner rank streaming the group (runtime.overlap) both call this, so the KL term is the same
+        number either way: a batched forward over the whole step could differ in the last bits with the batch's
+        shape, and the overlapped update would no longer equal the sequential one bitwise."""
+        import torch
+
+        from rlhfless.rollout.forward import response_logprobs
+
+        with torch.no_grad():
+            return response_logprobs(self.reference, [prompt], responses, self.G,
+                                     reuse_prefix=self.cfg.rollout.reuse_prefix_forward).logp
 
     def close(self) -> None:
         if self.vllm is not None:
