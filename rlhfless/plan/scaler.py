@@ -90,9 +90,14 @@ def _budget(cfg: PlanConfig) -> float:
 def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.ndarray, head: np.ndarray,
           cfg: PlanConfig, tm: TimeModel) -> tuple[float, list[Invocation]]:
     """Whole-step seconds and the learner's + prefill's invocations of one labelling; dur, head: (n,) each
-    actor's duration and the seconds before its decode began (0 duration: inactive)."""
+    actor's duration and the seconds before its decode began (0 duration: inactive). A group that finishes
+    past its actor's busy time was cut and migrated: it arrives at the end of the rollout (its new actor is not
+    tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`)."""
     lc = cfg.learner
-    fin = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) + head[labels]
+    busy = np.where(dur > 0, dur - head, 0.0)
+    own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm)
+    own = np.where(own <= busy[labels] + 1e-9, own, busy.max(initial=0.0))
+    fin = own + head[labels]
     work = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc) * lc.s_per_token
     return whole_step_tail(dur[dur > 0], fin, work, cfg.gpus_per_actor, _budget(cfg), lc)
 

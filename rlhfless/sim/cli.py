@@ -26,9 +26,12 @@ def _print_case(case: dict) -> None:
     for name, p in case["policies"].items():
         print(f"  {name:16s} step {p['step_time_s']:8.2f} s  (rollout {p['rollout_s']:7.2f})  "
               f"{p['cost_device_s']:10.1f} device-s  ${p['cost_usd']:.3f}  actors {p['n_actors']:.1f}")
-    print(f"  rlhfless vs verl: speedup {case['speedup']:.3f}x, cost reduction {case['cost_reduction']:.1%} "
-          f"(device-s; {case['cost_reduction_usd']:.1%} in $); gap to oracle: time "
-          f"{case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}")
+    for name, b in case["baselines"].items():
+        mark = " (headline)" if name == case["baseline"] else ""
+        print(f"  rlhfless vs verl {name}{mark}: speedup {b['speedup']:.3f}x, cost reduction "
+              f"{b['cost_reduction']:.1%} (device-s; {b['cost_reduction_usd']:.1%} in $)")
+    print(f"  gap to oracle: time {case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}; "
+          f"paper verl: tp={case['paper_tp']}, capacity {case['paper_capacity']}")
 
 
 def _strip(report: dict) -> dict:
@@ -90,7 +93,8 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
                     "simulate a run recorded on this machine and compare with what it measured.",
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="override a case field (SimConfig), e.g. lam=0.8 n_devices=32 lengths.median=400")
+                   help="override a case field (SimConfig), e.g. baseline=paper lam=0.8 n_devices=32 "
+                        "lengths.median=400")
     p.add_argument("--scenario", help="paper-testbed | paper-sim | quick")
     p.add_argument("--steps", type=count(1, MAX_SIM_STEPS),
                    help=f"steps per case, at most {MAX_SIM_STEPS:,} (default: the scenario's, three epochs)")

@@ -64,6 +64,14 @@ class Cluster:
     algo: str
     template_tokens: int
     billing: BillingRules
+    setting: str = "tuned"
+    """tuned, or paper (verl 0.3.x's settings, `rlhfless.sim.overheads`; only the verl-paper policy runs on it)."""
+    old_logprob: bool = False
+    """The learner recomputes the old log-probs with one more actor forward per token."""
+    minibatches: int = 1
+    """Optimizer steps per step (mini-batch updates)."""
+    kv_rebuild_s: float = 0.0
+    """Seconds per step each rollout replica spends rebuilding the KV cache it freed."""
 
     @property
     def replicas(self) -> int:
@@ -84,14 +92,14 @@ class Switches:
 
 
 def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], busy, overlap: bool, cold_s: float,
-             prewarm: bool, work_scale: float = 1.0) -> LearnerPlan:
+             prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None) -> LearnerPlan:
     """The step's scoring + update (`LearnerPlan`): each group's work (tokens x the perf model's learner
     device-seconds per token) arriving when its last sample finishes on its actor. A group whose finish is past
     its actor's realised busy time was migrated: it arrives at the end of the rollout (its new actor is not
     tracked; conservative)."""
     pm, tail = c.perf, max(busy, default=0.0)
     actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
-    spt = pm.learner_s_per_token(c.algo) * work_scale
+    spt = pm.learner_s_per_token(c.algo, c.old_logprob) * work_scale
     acts, done, work = [], [], []
     for g in step.groups:
         a = actor_of[g.prompt_id]
@@ -100,7 +108,7 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
         done.append(f if f <= busy[a] + 1e-9 else tail)
         work.append(g.tokens * spt)
     return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
-                       prewarm, pm.update_fixed_s(c.algo))
+                       prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s)
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
@@ -132,13 +140,13 @@ class Verl:
     def __init__(self, c: Cluster, overlap: bool = False):
         """overlap: score and train finished groups on finished replicas' devices (`verl-overlap`)."""
         self.c, self.overlap = c, overlap
-        self.name = "verl-overlap" if overlap else "verl"
+        self.name = "verl-overlap" if overlap else ("verl-paper" if c.setting == "paper" else "verl")
 
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
         c, pm = self.c, self.c.perf
         jobs = true_jobs(step, lambda g: max(g.prompt_len - c.template_tokens, 0), f"engine{c.template_tokens}")
         plan, metrics = assign(jobs, c.replicas, c.capacity, c.time_model, "round_robin")
-        tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
+        tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True) + c.kv_rebuild_s
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(plan.busy_s) if b > 0)
         # colocated: a finished replica's devices already hold the model; no learner cold start
         learner = _learner(c, step, plan.actor_jobs, job_finish_s(plan, jobs, c.time_model), plan.busy_s,
@@ -169,7 +177,7 @@ class RLHFuse(Verl):
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(res.busy_s) if b > 0)
         freed = sum(res.makespan_s - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
-        ref = pm.forward_s(step.tokens, 1) * (2 if c.algo == "ppo" else 1)  # scoring device-seconds
+        ref = pm.forward_s(step.tokens, 1)  # the reference forward's device-seconds (PPO's value forward stays)
         fused = min(freed, 0.5 * ref)  # half the reference forward needs the tail's samples
         metrics["rlhfuse/fused_s"] = fused / c.n_devices
         total = step.tokens * pm.learner_s_per_token(c.algo)
@@ -231,8 +239,8 @@ class RLHFless:
         actors = self._actors(step, decision.plan.actor_jobs, busy, n_warm)
         self.n_prev = len(actors)
         finish = job_finish_s(decision.plan, true, c.time_model)
-        learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap,
-                           pm.learner_join_s() if sw.overlap else pm.cold_start_s(engine=False), sw.prewarm)
+        learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
+                           sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]))
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
         return StepPlan(False, 0.0, actors, prefill, learner), metrics
@@ -245,7 +253,7 @@ class RLHFless:
         mean_prompt = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
         return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices),
                             s_per_token=pm.learner_s_per_token(c.algo), update_fixed_s=pm.update_fixed_s(c.algo),
-                            cold_start_s=pm.learner_join_s() if sw.overlap else pm.cold_start_s(engine=False),
+                            cold_start_s=pm.learner_join_s(),
                             prewarm=sw.prewarm,
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,

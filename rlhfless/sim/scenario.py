@@ -5,10 +5,14 @@ Purpose: `SimConfig` (one case: device, count, model, TP, algorithm, workload, p
 plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON report of the CLI.
 
 Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
-`Timeline` per policy. Policies: verl, rlhfuse, rlhfless (lam as configured), oracle, and rlhfless-lam1 (the same
-system asked for time only: how fast it can go on this cluster); with `ablation=true` also the ladder
-serverless-verl, +dedup, +assign, +migrate, +scale, +overlap; verl-overlap is verl with the same overlap
-(`policies`), so overlap's gain shows for both. Reported per policy (stage times: `rollout_s`; `score_s`: the
+`Timeline` per policy. Policies: verl (tuned), verl-paper (verl 0.3.x as the paper ran it: rollout TP 2 or the
+smallest that fits, 0.6 of memory, eager decode, KV cache rebuilt every step, whole-model resharding, old-log-prob
+recomputation, 4 mini-batch updates; every setting's source in `rlhfless.sim.overheads`), rlhfuse, rlhfless (lam
+as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
+cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm (then
++overlap = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
+Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
+one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
 learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
 step; `learner_work_device_s`: the learner's work; `learner_blocks`: its blocks that took part): mean step seconds, device-seconds billed per step (`cost_device_s`,
 the paper's GPU-second metric: serverful = devices x wall, serverless = billed invocations), dollars per step
@@ -26,7 +30,7 @@ epochs the paper averages over are the default number of steps.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,6 +42,7 @@ from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
 from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.events import EventLoop, Timeline
+from rlhfless.sim.overheads import DEFAULT, PAPER_VERL_MEM_FRAC, PAPER_VERL_MINIBATCHES, PAPER_VERL_TP
 from rlhfless.sim.perf import FITTED, PerfModel, smallest_tp
 from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
 from rlhfless.sim.step import play_step
@@ -45,13 +50,15 @@ from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, rep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that module imports torch (1.3 s)
 ALGOS = ("grpo", "ppo")
+BASELINES = ("tuned", "paper")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
 ABLATION = (("serverless-verl", Switches(False, False, False, False, False, overlap=False)),
-            ("+dedup", Switches(True, False, False, False, False, overlap=False)),
-            ("+assign", Switches(True, True, False, False, False, overlap=False)),
-            ("+migrate", Switches(True, True, True, False, False, overlap=False)),
-            ("+scale", Switches(True, True, True, True, False, overlap=False)),
-            ("+overlap", Switches(True, True, True, True, False, overlap=True)))
+            ("+dedup", Switches(dedup=True, assign=False, migrate=False, scale=False, prewarm=False, overlap=False)),
+            ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, overlap=False)),
+            ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, overlap=False)),
+            ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, overlap=False)),
+            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, overlap=False)))
+"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +overlap, is `rlhfless`."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +100,23 @@ class SimConfig:
     """Replicas the dedup prefill function spreads over (the paper draws one)."""
     ablation: bool = False
     """Also run the ablation ladder (verl-equivalent serverless, +dedup, +assign, +migrate, +scale)."""
+    baseline: str = "tuned"
+    """The verl the headline `speedup` / `cost_reduction` compare with: tuned (the fastest TP, 0.9 of memory,
+    CUDA graphs, one optimizer step, shard-only resharding) or paper (verl 0.3.x as its example scripts run it;
+    `rlhfless.sim.overheads`). Both are always simulated and reported under `baselines`."""
     billing: BillingRules = field(default_factory=BillingRules)
-    container_start_s: float = 2.0
-    """Serverless container start (assumed; see PerfModel)."""
-    engine_init_s: float = 5.0
-    """Inference-engine start of a prefill/decode function (assumed; see PerfModel)."""
-    storage_gbps: float = 2.5
-    """GB/s per device reading weights at a cold start (assumed; see PerfModel)."""
+    container_start_s: float = DEFAULT["container_start_s"]
+    """Serverless container start, s (every overhead's source: rlhfless.sim.overheads, docs/overheads.md)."""
+    engine_init_s: float = DEFAULT["engine_init_s"]
+    """Inference-engine start of a prefill/decode function, s."""
+    storage_gbps: float = DEFAULT["storage_gbps"]
+    """GB/s per device reading weights at a cold start."""
+    net_eff: float = DEFAULT["net_eff"]
+    """Fraction of a NIC's line rate a weight broadcast or KV transfer reaches, in (0, 1]."""
+    kv_rebuild_s: float = DEFAULT["kv_rebuild_s"]
+    """Paper verl: seconds per step to rebuild the KV cache it frees after each rollout."""
+    eager_layer_s: float = DEFAULT["eager_layer_s"]
+    """Paper verl: CPU launch seconds per layer per decode iteration (eager mode)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -120,9 +137,11 @@ class SimConfig:
         require(0 < self.tau <= 1, "tau", f"must lie in (0, 1] (got {self.tau})")
         require(self.template_tokens >= 0, "template_tokens", f"must be >= 0 (got {self.template_tokens})")
         require(self.rlhfless_tp >= 0, "rlhfless_tp", f"must be >= 0 (got {self.rlhfless_tp})")
-        for f in ("container_start_s", "engine_init_s"):
+        for f in ("container_start_s", "engine_init_s", "kv_rebuild_s", "eager_layer_s"):
             require(getattr(self, f) >= 0, f, f"must be >= 0 s (got {getattr(self, f)})")
         require(self.storage_gbps > 0, "storage_gbps", f"must be > 0 (got {self.storage_gbps})")
+        require(0 < self.net_eff <= 1, "net_eff", f"must lie in (0, 1] (got {self.net_eff})")
+        require(self.baseline in BASELINES, "baseline", f"must be one of {list(BASELINES)} (got {self.baseline!r})")
         require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
 
 
@@ -148,11 +167,16 @@ SCENARIOS: dict[str, list[dict]] = {
 }
 
 
-def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork]) -> Cluster:
-    """The shared perf model, time model and KV capacity for a TP degree (context from the workload)."""
+def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = False) -> Cluster:
+    """The shared perf model, time model and KV capacity for a TP degree (context from the workload); `paper`:
+    verl 0.3.x's engine and update settings (`rlhfless.sim.overheads`: memory share, eager decode, KV cache
+    rebuilt every step, whole-model resharding, old-log-prob recomputation, 4 mini-batch updates)."""
     dev, shape = hw.device(cfg.device), hw.model(cfg.model)
     eff = FITTED[dev.name]
-    pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9)
+    if paper:
+        eff = replace(eff, kv_mem_frac=PAPER_VERL_MEM_FRAC)
+    pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9,
+                   cfg.net_eff, cfg.eager_layer_s if paper else 0.0, reshard_full=paper)
     require(cfg.n_devices % tp == 0, "n_devices", f"must be a multiple of tp={tp} (got {cfg.n_devices})")
     lens = np.array([x for s in work[:4] for g in s.groups for x in g.lengths], float)
     plen = float(np.mean([g.prompt_len for s in work[:4] for g in s.groups]))
@@ -164,6 +188,9 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork]) -> Cluster:
         raise ConfigError(f"n_devices: a {cfg.model} replica on {tp} x {cfg.device} holds {capacity} sequences of "
                           f"KV, fewer than one group of {gmax}; use larger devices or a higher tp")
     tm = pm.time_model(capacity, plen + float(lens.mean()) / 2)
+    if paper:
+        return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, "paper",
+                       old_logprob=True, minibatches=PAPER_VERL_MINIBATCHES, kv_rebuild_s=cfg.kv_rebuild_s)
     return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing)
 
 
@@ -211,9 +238,11 @@ def _path(p: str):
     return q if q.exists() else p
 
 
-def policies(cfg: SimConfig, cb: Cluster, cs: Cluster) -> list:
-    """The policies of a case: the serverful ones on the verl-tuned cluster `cb`, the serverless ones on `cs`."""
-    out = [Verl(cb), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau), RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors),
+def policies(cfg: SimConfig, cb: Cluster, cs: Cluster, cp: Cluster) -> list:
+    """The policies of a case: the serverful ones on the verl-tuned cluster `cb` (verl-paper on `cp`), the
+    serverless ones on `cs`."""
+    out = [Verl(cb), Verl(cp), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau),
+           RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors),
            RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle"),
            # the same system asked for time only: how fast RLHFless can go on this cluster
            RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1")]
@@ -270,24 +299,53 @@ def _tuned_tp(cfg: SimConfig, work: list[StepWork]) -> int:
     return best[1]
 
 
-def run_case(cfg: SimConfig, keep_timelines: bool = False) -> dict:
-    """Every policy over the case's steps; returns the case's report (and timelines/rows when asked)."""
-    work, note = workload(cfg)
+def _paper_tp(cfg: SimConfig, work: list[StepWork]) -> Cluster:
+    """verl 0.3.x's rollout TP 2, or the smallest power of two above it that holds the model and a group's KV
+    at its memory share (a 70B model needs 4 on an 80 GB device)."""
+    dev, tp = hw.device(cfg.device), PAPER_VERL_TP
+    while tp <= min(dev.devices_per_node, cfg.n_devices):
+        try:
+            return build_cluster(cfg, tp, work, paper=True)
+        except ConfigError:
+            tp *= 2
+    raise ConfigError(f"model: {cfg.model} does not fit {cfg.n_devices} x {cfg.device} at verl's memory share "
+                      f"{PAPER_VERL_MEM_FRAC} at any TP")
+
+
+def vs(base: dict, ours: dict) -> dict:
+    """Speedup and cost reductions of `ours` against `base` (policy summaries)."""
+    return {"speedup": base["step_time_s"] / ours["step_time_s"],
+            "cost_reduction": 1.0 - ours["cost_device_s"] / base["cost_device_s"],
+            "cost_reduction_usd": 1.0 - ours["cost_usd"] / base["cost_usd"]}
+
+
+def clusters(cfg: SimConfig, work: list[StepWork]) -> tuple[Cluster, Cluster, Cluster]:
+    """(tuned verl's, RLHFless's, paper verl's) clusters of a case."""
     cb = build_cluster(cfg, _tuned_tp(cfg, work), work)
     cs = build_cluster(cfg, cfg.rlhfless_tp, work) if cfg.rlhfless_tp else cb
-    out = {"name": cfg.name, "tp": cb.perf.tp, "replicas": cb.replicas, "capacity": cb.capacity,
+    return cb, cs, _paper_tp(cfg, work)
+
+
+def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...] = ()) -> dict:
+    """Every policy over the case's steps (`only`: just these, which must include verl, verl-paper, rlhfless and
+    oracle); returns the case's report (and timelines/rows when asked)."""
+    work, note = workload(cfg)
+    cb, cs, cp = clusters(cfg, work)
+    out = {"name": cfg.name, "baseline": cfg.baseline, "tp": cb.perf.tp, "replicas": cb.replicas,
+           "capacity": cb.capacity, "paper_tp": cp.perf.tp, "paper_capacity": cp.capacity,
            "rlhfless_tp": cs.perf.tp, "rlhfless_capacity": cs.capacity,
            "steps": len(work), "seqs_per_step": work[0].n_seqs, "workload_note": note, "policies": {}}
     extra = {}
-    for pol in policies(cfg, cb, cs):
+    for pol in policies(cfg, cb, cs, cp):
+        if only and pol.name not in only:
+            continue
         summary, tl, rows = simulate_policy(pol, work, pol.c)
         out["policies"][pol.name] = summary
         extra[pol.name] = (tl, rows)
     p = out["policies"]
-    base, ours, orc = p["verl"], p["rlhfless"], p["oracle"]
-    out.update(speedup=base["step_time_s"] / ours["step_time_s"],
-               cost_reduction=1.0 - ours["cost_device_s"] / base["cost_device_s"],
-               cost_reduction_usd=1.0 - ours["cost_usd"] / base["cost_usd"],
+    ours, orc = p["rlhfless"], p["oracle"]
+    out["baselines"] = {"tuned": vs(p["verl"], ours), "paper": vs(p["verl-paper"], ours)}
+    out.update(out["baselines"][cfg.baseline],
                gap_to_oracle_time=ours["step_time_s"] / orc["step_time_s"] - 1.0,
                gap_to_oracle_cost=ours["cost_device_s"] / orc["cost_device_s"] - 1.0)
     if keep_timelines:
@@ -317,6 +375,7 @@ def run_scenario(name: str, steps: int | None = None, overrides: list[str] | Non
     t0 = time.perf_counter()
     cases = [run_case(c, keep_timelines) for c in case_configs(name, steps, overrides or [])]
     head = max(cases, key=lambda c: c["speedup"])
-    keys = ("policies", "speedup", "cost_reduction", "cost_reduction_usd", "gap_to_oracle_time", "gap_to_oracle_cost")
+    keys = ("baseline", "baselines", "policies", "speedup", "cost_reduction", "cost_reduction_usd",
+            "gap_to_oracle_time", "gap_to_oracle_cost")
     return {"scenario": name, "headline_case": head["name"], **{k: head[k] for k in keys}, "cases": cases,
             "sim_wall_s": time.perf_counter() - t0}
