@@ -193,13 +193,18 @@ class RLHFless:
     """Serverless functions through the planner, each optimization switchable (module header)."""
 
     def __init__(self, c: Cluster, sw: Switches, lam: float, tau: float, prefill_actors: int = 1,
-                 name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0):
-        """max_actors: candidates N go up to this (0 = every replica); with scaling off exactly this many."""
+                 name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0,
+                 objective: str = "score", deadline_ratio: float = 1.0):
+        """max_actors: candidates N go up to this (0 = every replica); with scaling off exactly this many.
+        objective, deadline_ratio: the scaler's (`PlanConfig`): "score" weighs time and cost with lam;
+        "min_cost_at_deadline" takes the cheapest N whose step is at most deadline_ratio x the serverful plan's."""
         self.c, self.sw, self.name = c, sw, name
         pm = c.perf
         self.cfg = PlanConfig(policy="contiguous" if sw.assign else "round_robin", capacity=c.capacity,
                               migrate=sw.migrate, tau=tau, scale=sw.scale, lam=lam, min_actors=1,
-                              max_actors=min(max_actors, c.replicas) if max_actors else c.replicas, gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
+                              max_actors=min(max_actors, c.replicas) if max_actors else c.replicas,
+                              objective=objective, deadline_ratio=deadline_ratio,
+                              gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
                               cold_start_s=pm.cold_start_s(), weight_sync_s=pm.weight_sync_s(colocated=False),
                               billing=c.billing)
         self.predictor = build_predictor(predictor or PredictorConfig(name="ewma"))
