@@ -132,3 +132,21 @@ def test_cpu_decode_fit_to_the_engines_tpot_profile():
     pm, fit = fit_cpu_decode(REPO / "data/profiles/tpot_tiny_cpu.json", hw.model("tiny"))
     assert fit["median_abs_rel_err"] <= 0.10 and fit["max_abs_rel_err"] <= 0.20
     assert 1e-4 < fit["iter_overhead_s"] < 1e-2 and pm.decode_iter_s(256, 30) > pm.decode_iter_s(1, 200)
+
+
+def test_docs_table_of_overheads_is_the_code_table():
+    from pathlib import Path
+
+    from rlhfless.sim.overheads import OVERHEADS, markdown_table
+    from rlhfless.sim.scenario import SimConfig
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "overheads.md").read_text()
+    assert markdown_table() in doc
+    cfg = SimConfig()
+    for o in OVERHEADS.values():  # every keyed constant is a SimConfig default, with the value the docs give
+        if o.key and "." not in o.key:
+            assert getattr(cfg, o.key) == o.value
+        elif o.key:
+            section, name = o.key.split(".")
+            assert getattr(getattr(cfg, section), name) == o.value
+        assert o.source

@@ -91,3 +91,12 @@ PAPER_VERL_MEM_FRAC = 0.6
 PAPER_VERL_MINIBATCHES = 4
 DEFAULT = {k: o.value for k, o in OVERHEADS.items() if o.key and "." not in o.key}
 """SimConfig defaults of the overridable constants (billing ones live in `BillingRules`)."""
+
+
+def markdown_table() -> str:
+    """The table docs/overheads.md carries (a test keeps the two equal)."""
+    rows = ["| constant | value | unit | what | source |", "|---|---|---|---|---|"]
+    for o in OVERHEADS.values():
+        key = f"`{o.key}`" if o.key else "(paper verl setting)"
+        rows.append(f"| {key} | {o.value:g} | {o.unit} | {o.what} | {o.source} |")
+    return "\n".join(rows)
