@@ -125,7 +125,9 @@ def test_overlap_rung_and_verl_overlap_are_faster_on_a_long_tailed_workload():
     # freed devices while the tail decodes, for RLHFless (+overlap vs +scale) and for verl alike
     case = run_case(case_configs("quick", 4, ["ablation=true"])[0])
     p = case["policies"]
-    assert p["rlhfless"]["step_time_s"] < p["+prewarm"]["step_time_s"]  # +overlap is the full system
+    assert p["+overlap"]["step_time_s"] < p["+prewarm"]["step_time_s"]
+    # the sized learner starts fewer blocks: a cheaper step, at most 1% more learner time
+    assert p["rlhfless"]["learner_device_s"] < p["+overlap"]["learner_device_s"]
     assert p["verl-overlap"]["step_time_s"] < p["verl"]["step_time_s"]
     assert p["verl-overlap"]["rollout_s"] == pytest.approx(p["verl"]["rollout_s"])  # the gain is after decode
     assert p["verl-overlap"]["score_s"] < p["verl"]["score_s"]

@@ -89,10 +89,18 @@ class Switches:
     prewarm: bool = True
     oracle: bool = False
     overlap: bool = True
+    size_learner: bool = True
+    """With overlap: start only the learner blocks the backlog needs (`SIZE_SLACK`), not every free device."""
+
+
+SIZE_SLACK = 0.01
+"""A sized learner may end its work up to 1% later than one on every free device (assumed: the price of not
+holding devices that would wait idle for groups until the optimizer step; `rlhfless.plan.overlap.size_blocks`)."""
 
 
 def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], busy, overlap: bool, cold_s: float,
-             prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None) -> LearnerPlan:
+             prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None,
+             size_slack: float | None = None) -> LearnerPlan:
     """The step's scoring + update (`LearnerPlan`): each group's work (tokens x the perf model's learner
     device-seconds per token) arriving when its last sample finishes on its actor. A group whose finish is past
     its actor's realised busy time was migrated: it arrives at the end of the rollout (its new actor is not
@@ -108,7 +116,7 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
         done.append(f if f <= busy[a] + 1e-9 else tail)
         work.append(g.tokens * spt)
     return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
-                       prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s)
+                       prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack)
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
@@ -245,7 +253,8 @@ class RLHFless:
         self.n_prev = len(actors)
         finish = job_finish_s(decision.plan, true, c.time_model)
         learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
-                           sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]))
+                           sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
+                           size_slack=self._size_slack())
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
         return StepPlan(False, 0.0, actors, prefill, learner), metrics
@@ -262,7 +271,10 @@ class RLHFless:
                             prewarm=sw.prewarm,
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
-                            prefill_devices=prefill.devices if prefill else 0.0)
+                            prefill_devices=prefill.devices if prefill else 0.0, size_slack=self._size_slack())
+
+    def _size_slack(self) -> float | None:
+        return SIZE_SLACK if self.sw.overlap and self.sw.size_learner else None
 
     def _prefill_s(self, step: StepWork, tokens: float) -> float:
         """Prefill of `tokens` prompt tokens batched together; each attends within its own prompt only."""

@@ -9,8 +9,8 @@ Every policy runs over the same steps (same true lengths); each step is played o
 smallest that fits, 0.6 of memory, eager decode, KV cache rebuilt every step, whole-model resharding, old-log-prob
 recomputation, 4 mini-batch updates; every setting's source in `rlhfless.sim.overheads`), rlhfuse, rlhfless (lam
 as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
-cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm (then
-+overlap = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
+cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm,
++overlap (then +sized learner = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
 Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
 one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
 learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
@@ -57,8 +57,10 @@ ABLATION = (("serverless-verl", Switches(False, False, False, False, False, over
             ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, overlap=False)),
             ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, overlap=False)),
             ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, overlap=False)),
-            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, overlap=False)))
-"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +overlap, is `rlhfless`."""
+            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, overlap=False)),
+            ("+overlap", Switches(size_learner=False)))
+"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +sized learner, is
+`rlhfless`."""
 
 
 @dataclass(frozen=True)
