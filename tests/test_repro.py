@@ -99,7 +99,7 @@ def test_a_second_command_adds_its_study_to_the_same_report(two_runs):
         for row in st["rows"]:
             assert f"| {name} | {row['metric']} | {row['paper']} |" in report
     assert "| ablation | largest cost gain | prompt assignment |" in report
-    assert (two_runs / "ablation" / "waterfall.png").read_bytes().startswith(PNG)
+    assert (two_runs / "ablation" / "ladder.png").read_bytes().startswith(PNG)
     ladders = json.loads((two_runs / "ablation" / "waterfall.json").read_text())
     assert len(ladders) == 2 and all([r["policy"] for r in rows] == list(LADDER) for rows in ladders.values())
 

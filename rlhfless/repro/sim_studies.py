@@ -251,7 +251,7 @@ def ablation(ctx) -> StudyResult:
         case = run_case(case_configs(scen, steps[scen], ["ablation=true"])[idx])
         cases[case["name"]] = case
     ladders = {n: ablation_steps(c) for n, c in cases.items()}
-    res.figures.append(_waterfall_figure(ladders, ctx.out / "ablation" / "waterfall.png"))
+    res.figures.append(_waterfall_figure(ladders, ctx.out / "ablation" / "ladder.png"))
     res.artifacts.append(write_json(ladders, ctx.out / "ablation" / "waterfall.json"))
     test_name, test = next(iter(cases.items()))
     rows = ladders[test_name]
@@ -279,7 +279,7 @@ def ablation(ctx) -> StudyResult:
         res.rows.append(PaperRow(f"what holds RLHFless back, {name}", "-", f"{bp['speedup']:.2f}x, "
                                  f"{bp['cost_reduction']:.1%}", "simulated", holds_back(case),
                                  f"{bt['speedup']:.2f}x, {bt['cost_reduction']:.1%}"))
-    res.numbers = {"ladders": ladders, "baselines": {n: c["baselines"] for n, c in cases.items()}}
+    res.numbers = {"ladder": rows, "ladders": ladders, "baselines": {n: c["baselines"] for n, c in cases.items()}}
     return res
 
 
