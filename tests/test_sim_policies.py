@@ -127,7 +127,7 @@ def test_overlap_rung_and_verl_overlap_are_faster_on_a_long_tailed_workload():
     p = case["policies"]
     assert p["+overlap"]["step_time_s"] < p["+prewarm"]["step_time_s"]
     # the sized learner starts fewer blocks: a cheaper step, at most 1% more learner time
-    assert p["rlhfless"]["learner_device_s"] < p["+overlap"]["learner_device_s"]
+    assert p["+sized learner"]["learner_device_s"] < p["+overlap"]["learner_device_s"]
     assert p["verl-overlap"]["step_time_s"] < p["verl"]["step_time_s"]
     assert p["verl-overlap"]["rollout_s"] == pytest.approx(p["verl"]["rollout_s"])  # the gain is after decode
     assert p["verl-overlap"]["score_s"] < p["verl"]["score_s"]
@@ -164,3 +164,34 @@ def test_paper_verl_settings_each_cost_time():
     assert sum(plan_p.learner.group_work_ds) > sum(plan_t.learner.group_work_ds)
     with pytest.raises(Exception, match="^baseline:"):
         SimConfig(baseline="verl")
+
+
+def test_wide_actor_runs_the_straggler_on_twice_the_tp_when_the_scaler_keeps_it():
+    from rlhfless import metrics as M
+    from rlhfless.plan.wide import on_wide
+    from rlhfless.sim.policies import true_jobs
+    from rlhfless.sim.scenario import build_cluster, wide_cluster, workload
+
+    cfg = case_configs("quick", 3, ["n_devices=16"])[0]
+    work, _ = workload(cfg)
+    c = build_cluster(cfg, 1, work)
+    cw = wide_cluster(cfg, c, work)
+    assert cw is not None and cw.perf.tp == 2
+    used = 0
+    pol = RLHFless(c, Switches(), 1.0, cfg.tau, wide=cw)  # asked for time only: a faster tail is worth devices
+    for step in work:
+        plan, metrics = pol.decide(step)
+        wide = [a for a in plan.actors if a.devices == 2]
+        assert len(wide) == metrics[M.SCALER_WIDE_USED]
+        if wide:
+            used += 1
+            (a,) = wide
+            # every group fits the wide engine's KV at once, so admission order does not matter here
+            mine = [j for j, who in zip(true_jobs(step, pol._prompt_of), plan.learner.group_actor) if who == a.instance]
+            assert a.decode_s == pytest.approx(on_wide(mine, pol.wide)[0])
+            assert a.sync_s == pytest.approx(cw.perf.weight_sync_s(colocated=False))
+        pol.observe(step, (10.0, 1.0, 1.0))
+    assert used > 0
+    big = SimConfig(device="H100", n_devices=16, model="llama-70b", tp=8, prompts_per_step=8, n_prompts=8, steps=1)
+    w, _ = workload(big)
+    assert wide_cluster(big, build_cluster(big, 8, w), w) is None  # TP 8 fills a node: no wider engine

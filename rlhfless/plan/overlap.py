@@ -203,12 +203,15 @@ def job_learner_tokens(sizes: np.ndarray, prompt_len: np.ndarray, work: np.ndarr
     return work + sizes * (prompt_len + lc.prompt_tokens)
 
 
-def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.ndarray, devices_per_actor: float,
-                    budget: float, lc: LearnerCosts) -> tuple[float, list[Invocation]]:
+def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.ndarray,
+                    devices_per_actor: float | np.ndarray, budget: float, lc: LearnerCosts,
+                    block_devices: float | None = None) -> tuple[float, list[Invocation]]:
     """The scaler's whole step after decode: (step seconds, the learner's and prefill's invocations to bill).
 
-    release_s: (A,) each active decode actor's release (seconds from the step's start); arrive_s, work_ds: (G,)
-    when each group's learner work arrives (its predicted finish) and its device-seconds.
+    release_s: (A,) each active decode actor's release (seconds from the step's start); devices_per_actor: the
+    devices each holds (a scalar, or (A,) when one runs wider); arrive_s, work_ds: (G,) when each group's learner
+    work arrives (its predicted finish) and its device-seconds; block_devices: devices per spare learner block
+    (default: devices_per_actor, a scalar).
     """
     rel = np.asarray(release_s, float)
     rollout_end = float(rel.max()) if len(rel) else lc.prefill_s
@@ -216,12 +219,13 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         if lc.prefill_s > 0 and lc.prefill_devices > 0 else []
     if lc.overlap:
         with_pf = lc.prefill_s > 0 and lc.prefill_devices > 0
+        held = np.broadcast_to(np.asarray(devices_per_actor, float), rel.shape)
         rels = np.concatenate((rel, [lc.prefill_s])) if with_pf else rel
-        devs = np.concatenate((np.full(len(rel), devices_per_actor), [lc.prefill_devices])) if with_pf else \
-            np.full(len(rel), devices_per_actor)
+        devs = np.concatenate((held, [lc.prefill_devices])) if with_pf else held
         spare = max(budget - float(devs.sum()), 0.0)
         first = float(np.min(arrive_s)) if len(arrive_s) else rollout_end
-        b = learner_blocks(rels, devs, spare, devices_per_actor, first, lc.cold_start_s, lc.prewarm)
+        block = float(devices_per_actor) if block_devices is None else block_devices
+        b = learner_blocks(rels, devs, spare, block, first, lc.cold_start_s, lc.prewarm)
         arrive = np.asarray(arrive_s, float)
         if lc.size_slack is not None:
             b = size_blocks(arrive, work_ds, b, lc.size_slack)

@@ -175,12 +175,12 @@ def large_scale(ctx) -> StudyResult:
 
 
 LADDER = ("verl", "verl-paper", "serverless-verl", "+dedup", "+assign", "+scale", "+migrate", "+prewarm", "+overlap",
-          "rlhfless", "oracle")
+          "+sized learner", "rlhfless", "oracle")
 """The waterfall: tuned verl, verl as the paper ran it, then serverless functions with one RLHFless mechanism
-added per rung (`rlhfless.sim.scenario.ABLATION`); `rlhfless` is the last rung, +sized learner (the full
-system)."""
+added per rung (`rlhfless.sim.scenario.ABLATION`); `rlhfless` is the last rung, +wide actor (per-actor TP; the
+full system)."""
 RUNG_LABEL = {"verl": "tuned verl", "verl-paper": "paper verl", "serverless-verl": "serverless",
-              "rlhfless": "+sized learner"}
+              "rlhfless": "+wide actor"}
 WATERFALL_CASES = (("paper-testbed", 0), ("paper-sim", 0))
 """(scenario, case index) per waterfall: the testbed's GRPO Qwen2.5-3B case and the 160-GPU 70B case."""
 

@@ -46,6 +46,7 @@ from rlhfless.plan import PlanConfig, PlanJob, TimeModel, assign, choose, realiz
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.cost import BillingRules
 from rlhfless.plan.overlap import LearnerCosts
+from rlhfless.plan.wide import WideActor, on_wide
 from rlhfless.predictor import Observation, build_predictor
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.sim.perf import PerfModel
@@ -91,6 +92,8 @@ class Switches:
     overlap: bool = True
     size_learner: bool = True
     """With overlap: start only the learner blocks the backlog needs (`SIZE_SLACK`), not every free device."""
+    wide: bool = True
+    """Per-actor TP: the scaler may run the straggler on a wider engine (twice the TP; when a node allows it)."""
 
 
 SIZE_SLACK = 0.01
@@ -202,10 +205,11 @@ class RLHFless:
 
     def __init__(self, c: Cluster, sw: Switches, lam: float, tau: float, prefill_actors: int = 1,
                  name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0,
-                 objective: str = "score", deadline_ratio: float = 1.0):
+                 objective: str = "score", deadline_ratio: float = 1.0, wide: Cluster | None = None):
         """max_actors: candidates N go up to this (0 = every replica); with scaling off exactly this many.
         objective, deadline_ratio: the scaler's (`PlanConfig`): "score" weighs time and cost with lam;
-        "min_cost_at_deadline" takes the cheapest N whose step is at most deadline_ratio x the serverful plan's."""
+        "min_cost_at_deadline" takes the cheapest N whose step is at most deadline_ratio x the serverful plan's.
+        wide: the cluster at the wider TP the straggler may run on (with `Switches.wide`; None = no such engine)."""
         self.c, self.sw, self.name = c, sw, name
         pm = c.perf
         self.cfg = PlanConfig(policy="contiguous" if sw.assign else "round_robin", capacity=c.capacity,
@@ -215,6 +219,8 @@ class RLHFless:
                               gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
                               cold_start_s=pm.cold_start_s(), weight_sync_s=pm.weight_sync_s(colocated=False),
                               billing=c.billing)
+        self.wide = WideActor(wide.time_model, float(wide.perf.tp), wide.capacity, wide.perf.cold_start_s(),
+                              wide.perf.weight_sync_s(colocated=False)) if wide is not None and sw.wide else None
         self.predictor = build_predictor(predictor or PredictorConfig(name="ewma"))
         self.prefill_actors = prefill_actors
         self.n_prev = 0
@@ -245,13 +251,18 @@ class RLHFless:
             prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if sw.prewarm else pm.cold_start_s(), work,
                             self._prewarm(pm.cold_start_s(), self.gaps[0]))
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill))
-        decision, metrics = choose(jobs, cfg, c.time_model, n_warm)
+        decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide)
         true = true_jobs(step, self._prompt_of, key)
         real = realized_plan(decision, true, c.time_model, self.cfg.tau)
-        busy = list(real.busy_s)
-        actors = self._actors(step, decision.plan.actor_jobs, busy, n_warm)
-        self.n_prev = len(actors)
+        busy, narrow = list(real.busy_s), list(real.busy_s)
         finish = job_finish_s(decision.plan, true, c.time_model)
+        if decision.wide_actor >= 0:  # the straggler's true lengths on the wide engine
+            by_id = {j.group_id: j for j in true}
+            mine = [by_id[j.group_id] for j in decision.plan.actor_jobs[decision.wide_actor]]
+            busy[decision.wide_actor], fin = on_wide(mine, self.wide)
+            finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
+        actors = self._actors(step, decision.plan.actor_jobs, busy, narrow, n_warm, decision.wide_actor)
+        self.n_prev = len(actors)
         learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
                            sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
                            size_slack=self._size_slack())
@@ -284,18 +295,20 @@ class RLHFless:
     def _unique_tokens(self, step: StepWork) -> int:
         return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
 
-    def _actors(self, step: StepWork, actor_jobs, busy: list[float], n_warm: int) -> tuple[ActorRun, ...]:
-        """One ActorRun per active actor; the busiest n_warm warm (as the scaler assumed)."""
+    def _actors(self, step: StepWork, actor_jobs, busy: list[float], narrow: list[float], n_warm: int,
+                wide_actor: int = -1) -> tuple[ActorRun, ...]:
+        """One ActorRun per active actor; the n_warm busiest at the narrow TP warm (as the scaler assumed);
+        `wide_actor` on the wide engine (its devices, cold start and weight sync; `busy` holds its time there)."""
         c, pm, sw = self.c, self.c.perf, self.sw
         plen = {g.prompt_id: g.prompt_len for g in step.groups}
         active = [a for a, jobs in enumerate(actor_jobs) if jobs]
-        warm = set(sorted(active, key=lambda a: (-busy[a], a))[:n_warm])
+        warm = set(sorted(active, key=lambda a: (-narrow[a], a))[:n_warm])
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill = self._prewarm(cold_s, self.gaps[0])
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
         t_prefill = 0.0 if sw.prewarm or not sw.dedup else cold_s
         out = []
-        for a in sorted(active, key=lambda a: -busy[a]):  # the prefill function serves the busiest first
+        for a in sorted(active, key=lambda a: -narrow[a]):  # the prefill function serves the busiest first
             toks = sum(plen[j.group_id] for j in actor_jobs[a])
             kv_ready = 0.0
             if sw.dedup:
@@ -303,6 +316,11 @@ class RLHFless:
                 kv_ready = t_prefill + toks * pm.kv_transfer_s_per_token()
             tmpl = 0.0 if sw.dedup else pm.prefill_s(c.template_tokens)
             is_warm = a in warm
+            if a == wide_actor:
+                w = self.wide
+                out.append(ActorRun(a, w.gpus, 0.0 if is_warm else w.cold_start_s, w.weight_sync_s, kv_ready, tmpl,
+                                    busy[a], self._prewarm(w.cold_start_s, self.gaps[0]) if is_warm else 0.0))
+                continue
             out.append(ActorRun(a, pm.tp, 0.0 if is_warm else cold_s, sync, kv_ready, tmpl, busy[a],
                                 warm_bill if is_warm else 0.0))
         return tuple(sorted(out, key=lambda r: r.instance))

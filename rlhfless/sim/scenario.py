@@ -10,7 +10,7 @@ smallest that fits, 0.6 of memory, eager decode, KV cache rebuilt every step, wh
 recomputation, 4 mini-batch updates; every setting's source in `rlhfless.sim.overheads`), rlhfuse, rlhfless (lam
 as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
 cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm,
-+overlap (then +sized learner = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
++overlap, +sized learner (then +wide actor = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
 Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
 one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
 learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
@@ -52,15 +52,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that m
 ALGOS = ("grpo", "ppo")
 BASELINES = ("tuned", "paper")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
-ABLATION = (("serverless-verl", Switches(False, False, False, False, False, overlap=False)),
-            ("+dedup", Switches(dedup=True, assign=False, migrate=False, scale=False, prewarm=False, overlap=False)),
-            ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, overlap=False)),
-            ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, overlap=False)),
-            ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, overlap=False)),
-            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, overlap=False)),
-            ("+overlap", Switches(size_learner=False)))
-"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +sized learner, is
-`rlhfless`."""
+_OFF = dict(overlap=False, size_learner=False, wide=False)
+ABLATION = (("serverless-verl", Switches(False, False, False, False, False, **_OFF)),
+            ("+dedup", Switches(dedup=True, assign=False, migrate=False, scale=False, prewarm=False, **_OFF)),
+            ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, **_OFF)),
+            ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, **_OFF)),
+            ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, **_OFF)),
+            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, **_OFF)),
+            ("+overlap", Switches(size_learner=False, wide=False)),
+            ("+sized learner", Switches(wide=False)))
+"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +wide actor (per-actor TP),
+is `rlhfless`."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,20 @@ SCENARIOS: dict[str, list[dict]] = {
 }
 
 
-def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = False) -> Cluster:
+def wide_cluster(cfg: SimConfig, cs: Cluster, work: list[StepWork]) -> Cluster | None:
+    """RLHFless's wide engine for per-actor TP: twice its TP, when a node holds it and the model's heads divide;
+    None otherwise (e.g. a 70B model already at TP 8 on 8-device nodes)."""
+    dev, tp = hw.device(cfg.device), 2 * cs.perf.tp
+    if tp > min(dev.devices_per_node, cfg.n_devices) or hw.model(cfg.model).heads % tp:
+        return None
+    try:
+        return build_cluster(cfg, tp, work, whole_nodes=False)
+    except ConfigError:
+        return None
+
+
+def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = False,
+                  whole_nodes: bool = True) -> Cluster:
     """The shared perf model, time model and KV capacity for a TP degree (context from the workload); `paper`:
     verl 0.3.x's engine and update settings (`rlhfless.sim.overheads`: memory share, eager decode, KV cache
     rebuilt every step, whole-model resharding, old-log-prob recomputation, 4 mini-batch updates)."""
@@ -181,7 +196,8 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
         eff = replace(eff, kv_mem_frac=PAPER_VERL_MEM_FRAC)
     pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9,
                    cfg.net_eff, cfg.eager_layer_s if paper else 0.0, reshard_full=paper)
-    require(cfg.n_devices % tp == 0, "n_devices", f"must be a multiple of tp={tp} (got {cfg.n_devices})")
+    require(not whole_nodes or cfg.n_devices % tp == 0, "n_devices",
+            f"must be a multiple of tp={tp} (got {cfg.n_devices})")
     lens = np.array([x for s in work[:4] for g in s.groups for x in g.lengths], float)
     plen = float(np.mean([g.prompt_len for s in work[:4] for g in s.groups]))
     # a running sequence holds its prompt and, on average over its life, half its response; the long ones
@@ -242,16 +258,16 @@ def _path(p: str):
     return q if q.exists() else p
 
 
-def policies(cfg: SimConfig, cb: Cluster, cs: Cluster, cp: Cluster) -> list:
+def policies(cfg: SimConfig, cb: Cluster, cs: Cluster, cp: Cluster, cw: Cluster | None = None) -> list:
     """The policies of a case: the serverful ones on the verl-tuned cluster `cb` (verl-paper on `cp`), the
-    serverless ones on `cs`."""
+    serverless ones on `cs` (the straggler may run on `cw`, the wide engine)."""
     out = [Verl(cb), Verl(cp), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau),
-           RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors),
-           RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle"),
+           RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors, wide=cw),
+           RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle", wide=cw),
            # the same system asked for time only: how fast RLHFless can go on this cluster
-           RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1")]
+           RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1", wide=cw)]
     if cfg.ablation:
-        out += [RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name=n) for n, sw in ABLATION]
+        out += [RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name=n, wide=cw) for n, sw in ABLATION]
     return out
 
 
@@ -358,7 +374,9 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
            "rlhfless_tp": cs.perf.tp, "rlhfless_capacity": cs.capacity,
            "steps": len(work), "seqs_per_step": work[0].n_seqs, "workload_note": note, "policies": {}}
     extra = {}
-    for pol in policies(cfg, cb, cs, cp):
+    cw = wide_cluster(cfg, cs, work)
+    out["rlhfless_wide_tp"] = cw.perf.tp if cw is not None else 0
+    for pol in policies(cfg, cb, cs, cp, cw):
         if only and pol.name not in only:
             continue
         summary, tl, rows = simulate_policy(pol, work, pol.c)
