@@ -214,7 +214,8 @@ def holds_back(case: dict) -> str:
             f"{base['rollout_s']:.1f} s, after it {ours['score_s'] + ours['update_s']:.1f} vs "
             f"{base['score_s'] + base['update_s']:.1f} s; bill {ours['cost_device_s']:.0f} vs "
             f"{base['cost_device_s']:.0f} device-s, of which decode {ours['decode_device_s']:.0f}, learner "
-            f"{ours['learner_device_s']:.0f} ({idle:.0f} held waiting for groups), prefill "
+            f"{ours['learner_device_s']:.0f} ({idle:.0f} beyond its work: waiting for groups, cold starts, "
+            f"rounding), prefill "
             f"{ours['prefill_device_s']:.0f}; cold starts {ours['cold_start_device_s']:.0f}")
 
 
@@ -395,8 +396,10 @@ def pareto(ctx) -> StudyResult:
         cfg = case_configs(scen, steps[scen], [])[idx]
         points, _ = pareto_points(cfg, lams, ratios)
         df = pd.DataFrame(points)
-        sns.scatterplot(data=df, x="cost_reduction", y="speedup", hue="baseline", style="objective", s=70, ax=ax)
-        for b, color in zip(("paper", "tuned"), sns.color_palette()[:2]):
+        colors = dict(zip(("paper", "tuned"), sns.color_palette()[:2]))
+        sns.scatterplot(data=df, x="cost_reduction", y="speedup", hue="baseline", style="objective", s=70, ax=ax,
+                        palette=colors, hue_order=list(colors))
+        for b, color in colors.items():
             f = pd.DataFrame(front([p for p in points if p["baseline"] == b]))
             ax.plot(f.cost_reduction, f.speedup, color=color, lw=1)
         for p in points:
@@ -484,11 +487,12 @@ def _tornado(df, path):
         for ax, (y, label) in zip(axes[r], (("speedup", "speedup vs verl"),
                                             ("cost_reduction", "cost reduction vs verl (device-s)"))):
             d = df[df.case == name]
+            colors = dict(zip(("paper", "tuned"), sns.color_palette()[:2]))
             sns.scatterplot(data=d, x=y, y="constant", hue="baseline", style="factor", s=60, ax=ax,
-                            markers={0.5: "<", 2.0: ">"})
+                            markers={0.5: "<", 2.0: ">"}, palette=colors, hue_order=list(colors))
             for (b, _), g in d.groupby(["baseline", "constant"]):
                 ax.plot(g[y], g["constant"], color="grey", lw=0.6)
-            for b, color in zip(("paper", "tuned"), sns.color_palette()[:2]):
+            for b, color in colors.items():
                 ax.axvline(float(d[d.baseline == b][f"base_{y}"].iloc[0]), color=color, ls="--", lw=0.8)
             ax.set(title=f"{name}: {label}", xlabel=label, ylabel="")
             ax.legend(fontsize=7)
