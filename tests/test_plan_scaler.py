@@ -198,3 +198,23 @@ def test_wide_straggler_by_hand_and_only_where_the_rule_prefers_it():
     # asked for cost only, the same engine is declined (and weighed: wide_option is kept)
     d, m = choose(jobs, replace(roomy, lam=0.0), TM, wide=fast)
     assert d.wide_actor == -1 and d.wide_option is not None and m[M.SCALER_WIDE_USED] == 0.0
+
+
+def test_whole_step_prices_a_migrated_group_at_the_rollouts_end_as_the_simulator_does():
+    import numpy as np
+
+    from rlhfless.plan.balancer import JobArrays
+    from rlhfless.plan.scaler import _tail
+
+    # actor 0 holds a 4 s group and a 1 s one but was cut at 2 s (its straggler moved): the 4 s group arrives when
+    # the rollout ends (actor 1's release, 3 s after its 0.5 s head), not at its own uncut finish
+    ja = JobArrays.from_jobs([PlanJob("a", 1, 400.0), PlanJob("b", 1, 100.0), PlanJob("c", 1, 300.0)])
+    labels, rank = np.array([0, 0, 1]), np.arange(3)
+    head = np.array([0.5, 0.5])
+    lc = LearnerCosts(whole_step=True, overlap=True, devices=2.0, s_per_token=0.001, cold_start_s=0.0)
+    cfg = _cfg(max_actors=2, learner=lc)
+    dur = head + np.array([2.0, 3.0])
+    end, invs = _tail(ja, labels, rank, 2, dur, head, cfg, TM)
+    # work: a 0.4, b 0.1, c 0.3 device-s on the released actors' devices (1 each, at 2.5 and 3.5 s): b is done by
+    # 2.6; a and c both arrive at 3.5 -> 0.7 on 2 devices -> 3.85 (a at its uncut finish, 4.5 s, would end 4.7)
+    assert end == pytest.approx(3.5 + 0.7 / 2)

@@ -195,3 +195,33 @@ def test_wide_actor_runs_the_straggler_on_twice_the_tp_when_the_scaler_keeps_it(
     big = SimConfig(device="H100", n_devices=16, model="llama-70b", tp=8, prompts_per_step=8, n_prompts=8, steps=1)
     w, _ = workload(big)
     assert wide_cluster(big, build_cluster(big, 8, w), w) is None  # TP 8 fills a node: no wider engine
+
+
+def test_review_fixes_rlhfuse_cap_prewarm_gap_and_one_switch_per_rung():
+    from dataclasses import asdict
+
+    from rlhfless.sim.policies import RLHFuse
+    from rlhfless.sim.scenario import ABLATION
+
+    # RLHFuse fuses at most half the REFERENCE forward into the tail, for PPO too (its value forward stays)
+    step = StepWork(0, 0, (GroupWork("A", 10, (3000, 3000)), GroupWork("B", 10, (5, 5)), GroupWork("C", 10, (5, 5))))
+    fused = {}
+    for algo in ("grpo", "ppo"):
+        c = _cluster(algo=algo)
+        _, m = RLHFuse(c, 0.7).decide(step)
+        fused[algo] = m["rlhfuse/fused_s"] * c.n_devices
+    ref = _cluster().perf.forward_s(step.tokens, 1)
+    assert fused["grpo"] == pytest.approx(0.5 * ref) and fused["ppo"] == pytest.approx(0.5 * ref)
+    # the learner's pre-warm bill follows the idle gap before scoring (kept alive through a short rollout)
+    c = _cluster()
+    pol = RLHFless(c, Switches(), 0.5, 0.7)
+    pol.observe(STEP, (0.25, 1.0, 1.0))  # a 0.25 s rollout: shorter than the learner's cold start
+    plan, _ = pol.decide(STEP)
+    assert plan.learner.prewarm_bill_s == pytest.approx(min(0.25, c.perf.learner_join_s()))
+    # +overlap changes only overlap: the same learner cold start on either side of it
+    rungs = dict(ABLATION)
+    diff = {k for k, v in asdict(rungs["+overlap"]).items() if asdict(rungs["+prewarm"])[k] != v}
+    assert diff == {"overlap"}
+    a, _ = RLHFless(c, rungs["+prewarm"], 0.5, 0.7).decide(STEP)
+    b, _ = RLHFless(c, rungs["+overlap"], 0.5, 0.7).decide(STEP)
+    assert a.learner.cold_s == b.learner.cold_s == pytest.approx(c.perf.learner_join_s())
