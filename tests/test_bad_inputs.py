@@ -446,6 +446,7 @@ CASES += [
     C("whatif-trace-missing", [*_WI, "--devices", "L40S:8", "--trace", "{d}/nope.jsonl"], "--trace"),
     C("whatif-trace-bad", [*_WI, "--devices", "L40S:8", "--trace", "{d}/notjson.jsonl"], "notjson.jsonl"),
     C("whatif-prices-missing", [*_WI, "--devices", "L40S:8", "--prices", "{d}/nope.yaml"], "--prices"),
+    C("whatif-no-ondemand", [*_WI, "--devices", "H200:8"], "ondemand_usd_per_h"),
     C("whatif-prices-bomb", [*_WI, "--devices", "L40S:8", "--prices", "{d}/bomb.yaml"], "--prices"),
     C("whatif-prices-list", [*_WI, "--devices", "L40S:8", "--prices", "{d}/prices_list.yaml"], "--prices"),
     C("whatif-prices-folder", [*_WI, "--devices", "L40S:8", "--prices", "{d}/adir"], "--prices"),

@@ -86,6 +86,21 @@ def prices_in_effect(prices: dict):
         CATALOG.update(saved)
 
 
+def hw_price_kind(kind: str) -> str:
+    from rlhfless.sim import hardware as hw
+
+    return hw.device(kind).price_kind
+
+
+def _require_ondemand(kind: str, table: dict) -> None:
+    """The serverful side needs an on-demand price: from the catalog or the prices file."""
+    from rlhfless.plan.cost import CATALOG
+
+    if CATALOG[kind].ondemand_usd_per_h is None and "ondemand_usd_per_h" not in table.get(kind, {}):
+        raise ConfigError(f"--prices: {kind} has no on-demand price in the catalog; give one in a prices file, "
+                          f"e.g. {kind}: {{ondemand_usd_per_h: 8.0}}")
+
+
 def _point(mode: str, rows: list[dict], **how) -> dict:
     """Mean, 10th and 90th percentile of seconds and $ per step, and the range of decode actors."""
     t = np.array([r["step_time_s"] for r in rows])
@@ -130,6 +145,7 @@ def what_if(model: str, devices: str, prices: str | None = None, deadline_ratio:
             f"must be a positive number of dollars per step (got {budget_usd})")
     kind, count = parse_devices(devices)
     table = load_prices(prices)
+    _require_ondemand(hw_price_kind(kind), table)
     data = dict(name=f"{model}@{kind}x{count}", device=kind, n_devices=count, model=model, steps=steps,
                 prompts_per_step=prompts_per_step, n_prompts=prompts_per_step * max(steps, 1),
                 group_size=group_size, seed=seed)
