@@ -98,6 +98,7 @@ SCALER_GPU_S = "scaler/predicted_gpu_seconds"
 PLAN_PREDICTED_DEVICE_S = "plan/predicted_device_s"  # the chosen plan's billed device-seconds (beside cost/device_seconds)
 SCALER_SCORE = "scaler/score"
 SCALER_CONSTRAINT_MET = "scaler/constraint_met"
+SCALER_WIDE_USED = "scaler/wide_actor_used"  # 1 when the straggler runs on the wide engine (per-actor TP)
 PLAN_TIMING_S = "timing_s/plan"  # seconds the planner took for one step
 
 # the loop's per-step planning decision scored against the true lengths (rlhfless.planning)

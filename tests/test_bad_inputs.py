@@ -120,6 +120,13 @@ def _make(d: Path) -> None:
     (d / "run_badcfg" / "config.yaml").write_text("[1, 2")
     # traces and length data
     (d / "empty.jsonl").write_text("")
+    # price files of `plan what-if --prices`
+    (d / "prices_kind.yaml").write_text("TPU: {serverless_usd_per_s: 0.001}\n")
+    (d / "prices_neg.yaml").write_text("H100: {serverless_usd_per_s: -1}\n")
+    (d / "prices_key.yaml").write_text("H100: {hourly: 3}\n")
+    (d / "prices_str.yaml").write_text("H100: {ondemand_usd_per_h: cheap}\n")
+    (d / "prices_nan.yaml").write_text("H100: {ondemand_usd_per_h: .nan}\n")
+    (d / "prices_list.yaml").write_text("- H100\n")
     (d / "notjson.jsonl").write_text("{oops\n")
     (d / "list.jsonl").write_text("[1, 2]\n")
     (d / "missing_field.jsonl").write_text(json.dumps({"step": 1}) + "\n")
@@ -291,6 +298,9 @@ CASES += [
     C("bench-faults-kills", ["bench", "faults", "--json", "{d}/f.json", "--kills", "-1"], "--kills"),
     C("bench-faults-config", ["bench", "faults", "--json", "{d}/f.json", "--config", "{d}/inf_lr.yaml"],
       "optim.lr"),
+    C("simulate-baseline", ["simulate", "--scenario", "quick", "baseline=verl"], "baseline"),
+    C("simulate-net-eff", ["simulate", "--scenario", "quick", "net_eff=2"], "net_eff"),
+    C("simulate-kv-rebuild", ["simulate", "--scenario", "quick", "kv_rebuild_s=-1"], "kv_rebuild_s"),
     C("simulate-steps-huge", ["simulate", "--scenario", "quick", "--steps", "1000000000000"], "--steps"),
     C("simulate-steps-zero", ["simulate", "--scenario", "quick", "--steps", "0"], "--steps"),
     C("simulate-steps-digits", ["simulate", "--scenario", "quick", "--steps", HUGE], "--steps"),
@@ -415,6 +425,35 @@ def _check(rc, err: str, expect: str) -> None:
     assert expect in lines[0], f"{expect!r} not in {lines[0]!r}"
 
 
+# `rlhfless plan what-if`
+_WI = ["plan", "what-if", "--model", "qwen2.5-3b", "--steps", "1", "--prompts-per-step", "8"]
+CASES += [
+    C("whatif-devices-nocount", [*_WI, "--devices", "H100"], "--devices"),
+    C("whatif-devices-zero", [*_WI, "--devices", "H100:0"], "--devices"),
+    C("whatif-devices-word", [*_WI, "--devices", "H100:many"], "--devices"),
+    C("whatif-devices-huge", [*_WI, "--devices", f"H100:{HUGE}"], "--devices"),
+    C("whatif-devices-kind", [*_WI, "--devices", "TPU:8"], "--devices"),
+    C("whatif-model", ["plan", "what-if", "--model", "gpt-9", "--devices", "L40S:8"], "model"),
+    C("whatif-model-fit", ["plan", "what-if", "--model", "llama-70b", "--devices", "L40S:2", "--steps", "1"],
+      "model"),
+    C("whatif-both", [*_WI, "--devices", "L40S:8", "--deadline-ratio", "1", "--budget-usd", "1"], "--budget-usd"),
+    C("whatif-ratio-zero", [*_WI, "--devices", "L40S:8", "--deadline-ratio", "0"], "--deadline-ratio"),
+    C("whatif-ratio-nan", [*_WI, "--devices", "L40S:8", "--deadline-ratio", "nan"], "--deadline-ratio"),
+    C("whatif-ratio-word", [*_WI, "--devices", "L40S:8", "--deadline-ratio", "fast"], "--deadline-ratio"),
+    C("whatif-budget-neg", [*_WI, "--devices", "L40S:8", "--budget-usd", "-1"], "--budget-usd"),
+    C("whatif-budget-inf", [*_WI, "--devices", "L40S:8", "--budget-usd", "inf"], "--budget-usd"),
+    C("whatif-steps-zero", [*_WI, "--devices", "L40S:8", "--steps", "0"], "--steps"),
+    C("whatif-trace-missing", [*_WI, "--devices", "L40S:8", "--trace", "{d}/nope.jsonl"], "--trace"),
+    C("whatif-trace-bad", [*_WI, "--devices", "L40S:8", "--trace", "{d}/notjson.jsonl"], "notjson.jsonl"),
+    C("whatif-prices-missing", [*_WI, "--devices", "L40S:8", "--prices", "{d}/nope.yaml"], "--prices"),
+    C("whatif-no-ondemand", [*_WI, "--devices", "H200:8"], "ondemand_usd_per_h"),
+    C("whatif-prices-bomb", [*_WI, "--devices", "L40S:8", "--prices", "{d}/bomb.yaml"], "--prices"),
+    C("whatif-prices-list", [*_WI, "--devices", "L40S:8", "--prices", "{d}/prices_list.yaml"], "--prices"),
+    C("whatif-prices-folder", [*_WI, "--devices", "L40S:8", "--prices", "{d}/adir"], "--prices"),
+] + [C(f"whatif-{n[:-5]}", [*_WI, "--devices", "L40S:8", "--prices", f"{{d}}/{n}"], "--prices")
+     for n in ("prices_kind.yaml", "prices_neg.yaml", "prices_key.yaml", "prices_str.yaml", "prices_nan.yaml")]
+
+
 def test_the_corpus_is_large():
     assert len(CASES) >= 150 and len({c.id for c in CASES}) == len(CASES)
 
@@ -436,6 +475,9 @@ SUBPROCESS = [
     C("sub-bomb", ["train", "--dry-run", "--config", "{d}/bomb.yaml"], "bomb.yaml"),
     C("sub-latin1", ["train", "--dry-run", "--config", "{d}/latin1.yaml"], "latin1.yaml"),
     C("sub-simulate-steps", ["simulate", "--scenario", "quick", "--steps", "1000000000000"], "--steps"),
+    C("whatif-no-devices", ["plan", "what-if", "--model", "qwen2.5-3b"], "--devices"),
+    C("whatif-no-model", ["plan", "what-if", "--devices", "L40S:8"], "--model"),
+    C("whatif-no-sub", ["plan"], "plan"),
     C("sub-out-dot", ["train", "--out", ".", "train.steps=1"], "current folder"),
     C("sub-huge-override", ["train", "--dry-run", f"train.steps={HUGE}"], "train.steps"),
 ]
@@ -470,3 +512,4 @@ def test_out_accepts_a_new_path_an_empty_folder_and_a_run_to_resume(corpus_dir, 
     assert check_run_dir(str(corpus_dir / "run"), resume=True) == corpus_dir / "run"
     assert check_new_checkpoint(str(tmp_path / "empty")) == tmp_path / "empty"
     assert not (tmp_path / "new").exists()  # a check creates nothing
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rlhfless import metrics as M
@@ -9,6 +11,7 @@ from rlhfless.configbase import from_dict
 from rlhfless.errors import ConfigError
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import BillingRules, price
+from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.records import PlanJob
 from rlhfless.plan.scaler import choose
 from rlhfless.plan.timemodel import TimeModel
@@ -202,3 +205,46 @@ def test_whole_step_with_overlap_prefers_fewer_decode_actors_when_spare_devices_
     assert by_n[1].step_s == pytest.approx(12.5)
     assert ovl.n_actors < seq.n_actors
     assert (ovl.n_actors, seq.n_actors) == (2, 4)
+
+
+def test_wide_straggler_by_hand_and_only_where_the_rule_prefers_it():
+    from rlhfless.plan.wide import WideActor
+
+    jobs = [PlanJob("long", 1, 800.0), *[PlanJob(x, 1, 100.0) for x in "abc"]]
+    cfg = _cfg(lam=0.5, max_actors=4, scale=False, policy="lpt")  # 4 actors; "long" alone: 8 s, the rest 1 s
+    base, _ = choose(jobs, cfg, TM)
+    assert base.wide_actor == -1 and base.wide_option is None and base.chosen.step_s == pytest.approx(3.2 + 8.0)
+    # a wide engine twice as fast per token for twice the devices: 3 + 0.2 + 4 = 7.2 s on 2 devices (budget:
+    # 3 narrow + 1 wide = 5 devices > 4 -> not offered); with a budget of 5 devices it is, and it pays
+    fast = WideActor(TimeModel.per_token(0.005), 2.0, 256, 3.0, 0.2)
+    d, m = choose(jobs, cfg, TM, wide=fast)
+    assert d.wide_actor == -1 and d.wide_option is None and M.SCALER_WIDE_USED not in m
+    roomy = replace(cfg, learner=LearnerCosts(devices=5.0))
+    d, m = choose(jobs, roomy, TM, wide=fast)
+    long_actor = next(a for a, js in enumerate(d.plan.actor_jobs) if js and js[0].group_id == "long")
+    assert d.wide_actor == long_actor and m[M.SCALER_WIDE_USED] == 1.0
+    # T: 7.2 s instead of 11.2; C: 3 x ceil(4.2) + 2 x ceil(7.2) = 15 + 16 = 31 device-s instead of 27
+    assert d.chosen.step_s == pytest.approx(7.2) and d.chosen.gpu_seconds == pytest.approx(31.0)
+    # asked for cost only, the same engine is declined (and weighed: wide_option is kept)
+    d, m = choose(jobs, replace(roomy, lam=0.0), TM, wide=fast)
+    assert d.wide_actor == -1 and d.wide_option is not None and m[M.SCALER_WIDE_USED] == 0.0
+
+
+def test_whole_step_prices_a_migrated_group_at_the_rollouts_end_as_the_simulator_does():
+    import numpy as np
+
+    from rlhfless.plan.balancer import JobArrays
+    from rlhfless.plan.scaler import _tail
+
+    # actor 0 holds a 4 s group and a 1 s one but was cut at 2 s (its straggler moved): the 4 s group arrives when
+    # the rollout ends (actor 1's release, 3 s after its 0.5 s head), not at its own uncut finish
+    ja = JobArrays.from_jobs([PlanJob("a", 1, 400.0), PlanJob("b", 1, 100.0), PlanJob("c", 1, 300.0)])
+    labels, rank = np.array([0, 0, 1]), np.arange(3)
+    head = np.array([0.5, 0.5])
+    lc = LearnerCosts(whole_step=True, overlap=True, devices=2.0, s_per_token=0.001, cold_start_s=0.0)
+    cfg = _cfg(max_actors=2, learner=lc)
+    dur = head + np.array([2.0, 3.0])
+    end, invs = _tail(ja, labels, rank, 2, dur, head, cfg, TM)
+    # work: a 0.4, b 0.1, c 0.3 device-s on the released actors' devices (1 each, at 2.5 and 3.5 s): b is done by
+    # 2.6; a and c both arrive at 3.5 -> 0.7 on 2 devices -> 3.85 (a at its uncut finish, 4.5 s, would end 4.7)
+    assert end == pytest.approx(3.5 + 0.7 / 2)

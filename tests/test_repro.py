@@ -21,18 +21,21 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_ablation_gains_are_relative_to_the_rung_before():
-    # verl, verl-overlap, serverless-verl, +dedup, +assign, +migrate, +scale, +overlap, rlhfless, oracle
-    times = dict(zip(LADDER, [10.0, 9.0, 12.0, 11.0, 11.0, 10.0, 8.0, 7.0, 6.0, 5.0]))
-    costs = dict(zip(LADDER, [100.0, 90.0, 80.0, 60.0, 30.0, 30.0, 27.0, 26.0, 27.0, 20.0]))
+    # verl, verl-paper, serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm, +overlap, +sized learner,
+    # rlhfless (+wide actor), oracle
+    times = dict(zip(LADDER, [10.0, 14.0, 12.0, 11.0, 11.0, 10.0, 8.0, 7.0, 6.0, 6.0, 5.5, 5.0]))
+    costs = dict(zip(LADDER, [100.0, 140.0, 80.0, 60.0, 30.0, 30.0, 27.0, 26.0, 27.0, 24.0, 24.0, 20.0]))
     case = {"policies": {k: {"step_time_s": times[k], "cost_device_s": costs[k]} for k in LADDER}}
     rows = {r["rung"]: r for r in ablation_steps(case)}
+    assert [r["rung"] for r in ablation_steps(case)][:3] == ["tuned verl", "paper verl", "serverless"]
+    assert rows["paper verl"]["time_gain"] == pytest.approx(1 - 14 / 10)  # slower than tuned: a negative gain
+    assert rows["serverless"]["cost_gain"] == pytest.approx(1 - 80 / 140)  # against the paper's verl
     assert rows["+assign"]["cost_gain"] == pytest.approx(1 - 30 / 60)
-    assert rows["+scale"]["time_gain"] == pytest.approx(1 - 8 / 10)
-    assert rows["+overlap"]["time_gain"] == pytest.approx(1 - 7 / 8)
-    assert rows["verl-overlap"]["time_gain"] == pytest.approx(1 - 9 / 10)
-    assert rows["serverless-verl"]["cost_gain"] == pytest.approx(1 - 80 / 100)  # against verl, not verl-overlap
-    assert rows["full (+prewarm)"]["time_gain"] == pytest.approx(1 - 6 / 7)
-    assert "cost_gain" not in rows["verl"] and "cost_gain" not in rows["oracle"]  # the ends are references
+    assert rows["+migrate"]["time_gain"] == pytest.approx(1 - 8 / 10)
+    assert rows["+overlap"]["time_gain"] == pytest.approx(1 - 6 / 7)
+    assert rows["+sized learner"]["cost_gain"] == pytest.approx(1 - 24 / 27)
+    assert rows["+wide actor"]["time_gain"] == pytest.approx(1 - 5.5 / 6)
+    assert "cost_gain" not in rows["tuned verl"] and "cost_gain" not in rows["oracle"]  # the ends are references
 
 
 def test_prefill_saving_measured_from_seconds_theoretical_from_tokens():
@@ -97,6 +100,9 @@ def test_a_second_command_adds_its_study_to_the_same_report(two_runs):
         for row in st["rows"]:
             assert f"| {name} | {row['metric']} | {row['paper']} |" in report
     assert "| ablation | largest cost gain | prompt assignment |" in report
+    assert (two_runs / "ablation" / "ladder.png").read_bytes().startswith(PNG)
+    ladders = json.loads((two_runs / "ablation" / "waterfall.json").read_text())
+    assert len(ladders) == 2 and all([r["policy"] for r in rows] == list(LADDER) for rows in ladders.values())
 
 
 def test_each_study_is_a_wandb_run_grouped_by_study_with_its_table_and_artifact(two_runs):
@@ -107,8 +113,8 @@ def test_each_study_is_a_wandb_run_grouped_by_study_with_its_table_and_artifact(
         run = read_offline_run(run_dir)
         assert (run.group, run.job_type) == (name, "repro")
         rows = json.loads((two_runs / "results.json").read_text())["studies"][name]["rows"]
-        assert run.table("paper_vs_ours", 0)["data"] == [[name, r["metric"], r["paper"], r["ours"], r["kind"],
-                                                          r["why"]] for r in rows]
+        assert run.table("paper_vs_ours", 0)["data"] == [[name, r["metric"], r["paper"], r["ours"],
+                                                          r["ours_tuned"], r["kind"], r["why"]] for r in rows]
         (art,) = [a for a in run.artifacts if a["name"] == f"repro-{name}"]
         assert f"{name}/numbers.json" in art["paths"] and any(p.endswith(".png") for p in art["paths"])
 

@@ -77,8 +77,14 @@ class LearnerCosts:
     """Seconds of a prefill function before the decode actors have their KV (0 = none)."""
     prefill_devices: float = 0.0
     """Devices the prefill function holds (>= 0)."""
+    size_slack: float | None = None
+    """With overlap: start only the learner blocks the backlog needs, the fewest (earliest ready first) whose work
+    ends within this fraction of the work end with every block (`size_blocks`); None = every free device is a
+    block (the runtime's learner has a fixed rank count and does not size itself)."""
 
     def __post_init__(self) -> None:
+        require(self.size_slack is None or self.size_slack >= 0, "plan.learner.size_slack",
+                f"must be >= 0 or None (got {self.size_slack})")
         for f in ("devices", "s_per_token", "update_fixed_s", "cold_start_s", "prompt_tokens", "prefill_s",
                   "prefill_devices"):
             v = getattr(self, f)
@@ -91,40 +97,64 @@ def learner_drain(arrive_s: np.ndarray, work_ds: np.ndarray, ready_s: np.ndarray
 
     arrive_s, work_ds: (G,) when each group's work arrives and its device-seconds; ready_s, devices: (B,) when
     each block of devices can work and how many devices it has. Work is processed at a rate equal to the devices
-    of the blocks ready so far (module header). Returns (work_end_s, joined (B,) bool: ready before work_end_s;
-    with no work at all, the last arrival and no block). Raises DataError when work is left and no block is.
+    of the blocks ready so far (module header): a work-conserving fluid queue with capacity curve
+    C(t) = sum_j devices_j * max(0, t - ready_j), so the work ends at max_i C^-1(C(arrive_i) + work arriving at or
+    after arrive_i), and never before the last arrival. Returns (work_end_s, joined (B,) bool: ready before
+    work_end_s; with no work at all, the last arrival and no block). Raises DataError when work is left and no
+    block is.
     """
-    arr = np.asarray(arrive_s, float)
-    if len(arr) == 0 or float(np.sum(work_ds)) <= 0:
-        end = float(arr.max()) if len(arr) else 0.0
-        return end, np.zeros(len(ready_s), dtype=bool)
+    arr, work = np.asarray(arrive_s, float), np.asarray(work_ds, float)
+    ready = np.asarray(ready_s, float)
+    if len(arr) == 0 or float(work.sum()) <= 0:
+        return (float(arr.max()) if len(arr) else 0.0), np.zeros(len(ready), dtype=bool)
+    bo = np.argsort(ready, kind="stable")
+    r, d = ready[bo], np.asarray(devices, float)[bo]
+    if len(r) == 0 or float(d.sum()) <= 0:
+        raise DataError(f"learner_drain: {work.sum():.3g} device-seconds of work left and no device to run it")
+    rate, offset = np.cumsum(d), np.cumsum(d * r)  # after the m-th block: C(t) = t * rate[m] - offset[m]
+    at_ready = r * rate - offset  # C at each block's ready time (non-decreasing)
+
+    def cap(t):
+        m = np.searchsorted(r, t, side="right") - 1
+        return np.where(m >= 0, t * rate[np.maximum(m, 0)] - offset[np.maximum(m, 0)], 0.0)
+
+    def inverse(y):  # the first t with C(t) = y > 0: on the last segment starting at or below y
+        m = np.searchsorted(at_ready, y, side="left") - 1
+        m = np.maximum(m, 0)
+        while True:  # a zero-rate segment (devices 0) cannot carry work: step to the next with a rate
+            bad = rate[m] <= 0
+            if not bad.any():
+                return (y + offset[m]) / rate[m]
+            m = np.where(bad, m + 1, m)
+
     ao = np.argsort(arr, kind="stable")
-    arr, work = arr[ao].tolist(), np.asarray(work_ds, float)[ao].tolist()
-    bo = np.argsort(np.asarray(ready_s, float), kind="stable")
-    rdy, dev = np.asarray(ready_s, float)[bo].tolist(), np.asarray(devices, float)[bo].tolist()
-    t, q, cap, i, j, inf = min(arr[0], rdy[0] if rdy else arr[0]), 0.0, 0.0, 0, 0, float("inf")
-    while True:
-        te = min(arr[i] if i < len(arr) else inf, rdy[j] if j < len(rdy) else inf)
-        if q > 0 and cap > 0 and q <= cap * (te - t):  # the backlog drains before the next event
-            if i == len(arr):
-                end = t + q / cap
-                break
-            q = 0.0
-        elif q > 0 and cap > 0:
-            q -= cap * (te - t)
-        if i == len(arr) and q <= 0:
-            end = t
-            break
-        if te == inf:
-            raise DataError(f"learner_drain: {q:.3g} device-seconds of work left and no device to run it")
-        t = te
-        if i < len(arr) and arr[i] <= te:
-            q += work[i]
-            i += 1
+    arr, work = arr[ao], work[ao]
+    suffix = np.cumsum(work[::-1])[::-1]
+    live = suffix > 0
+    end = max(float(np.max(inverse(cap(arr[live]) + suffix[live]))), float(arr[-1]))  # every group is in
+    return end, ready < end - 1e-12
+
+
+def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: float) -> Blocks:
+    """The fewest blocks, earliest ready first, whose work ends at most `slack` x the work end with every block
+    later (a learner that starts only what its backlog needs: a block ready but idle until the optimizer step is
+    billed for nothing). Binary search over the count; the work end never falls as blocks are removed."""
+    order = np.argsort(b.ready_s, kind="stable")
+    if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
+        return b
+    end_all, _ = learner_drain(arrive_s, work_ds, b.ready_s, b.devices)
+    limit = end_all * (1.0 + slack) + 1e-12
+    lo, hi = 1, len(order)
+    while lo < hi:
+        k = (lo + hi) // 2
+        keep = order[:k]
+        if float(np.sum(b.devices[keep])) > 0 and \
+                learner_drain(arrive_s, work_ds, b.ready_s[keep], b.devices[keep])[0] <= limit:
+            hi = k
         else:
-            cap += dev[j]
-            j += 1
-    return end, np.asarray(ready_s, float) < end - 1e-12
+            lo = k + 1
+    keep = np.sort(order[:lo])
+    return Blocks(b.ready_s[keep], b.devices[keep], b.cold_s[keep])
 
 
 @dataclass(frozen=True)
@@ -173,12 +203,15 @@ def job_learner_tokens(sizes: np.ndarray, prompt_len: np.ndarray, work: np.ndarr
     return work + sizes * (prompt_len + lc.prompt_tokens)
 
 
-def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.ndarray, devices_per_actor: float,
-                    budget: float, lc: LearnerCosts) -> tuple[float, list[Invocation]]:
+def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.ndarray,
+                    devices_per_actor: float | np.ndarray, budget: float, lc: LearnerCosts,
+                    block_devices: float | None = None) -> tuple[float, list[Invocation]]:
     """The scaler's whole step after decode: (step seconds, the learner's and prefill's invocations to bill).
 
-    release_s: (A,) each active decode actor's release (seconds from the step's start); arrive_s, work_ds: (G,)
-    when each group's learner work arrives (its predicted finish) and its device-seconds.
+    release_s: (A,) each active decode actor's release (seconds from the step's start); devices_per_actor: the
+    devices each holds (a scalar, or (A,) when one runs wider); arrive_s, work_ds: (G,) when each group's learner
+    work arrives (its predicted finish) and its device-seconds; block_devices: devices per spare learner block
+    (default: devices_per_actor, a scalar).
     """
     rel = np.asarray(release_s, float)
     rollout_end = float(rel.max()) if len(rel) else lc.prefill_s
@@ -186,13 +219,16 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         if lc.prefill_s > 0 and lc.prefill_devices > 0 else []
     if lc.overlap:
         with_pf = lc.prefill_s > 0 and lc.prefill_devices > 0
+        held = np.broadcast_to(np.asarray(devices_per_actor, float), rel.shape)
         rels = np.concatenate((rel, [lc.prefill_s])) if with_pf else rel
-        devs = np.concatenate((np.full(len(rel), devices_per_actor), [lc.prefill_devices])) if with_pf else \
-            np.full(len(rel), devices_per_actor)
+        devs = np.concatenate((held, [lc.prefill_devices])) if with_pf else held
         spare = max(budget - float(devs.sum()), 0.0)
         first = float(np.min(arrive_s)) if len(arrive_s) else rollout_end
-        b = learner_blocks(rels, devs, spare, devices_per_actor, first, lc.cold_start_s, lc.prewarm)
+        block = float(devices_per_actor) if block_devices is None else block_devices
+        b = learner_blocks(rels, devs, spare, block, first, lc.cold_start_s, lc.prewarm)
         arrive = np.asarray(arrive_s, float)
+        if lc.size_slack is not None:
+            b = size_blocks(arrive, work_ds, b, lc.size_slack)
     else:
         b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
         arrive = np.full(len(work_ds), rollout_end)

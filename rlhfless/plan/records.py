@@ -245,6 +245,10 @@ class ScalingDecision:
     constraint_met: bool = True
     migration: MigrationResult | None = None
     cut_option: ScalingCandidate | None = None
+    wide_actor: int = -1
+    """The actor that runs on the wide engine (`rlhfless.plan.wide`), -1 for none."""
+    wide_option: ScalingCandidate | None = None
+    """The chosen N costed with its straggler on the wide engine, kept or not (None when none was offered)."""
 
     @property
     def chosen(self) -> ScalingCandidate:

@@ -29,7 +29,10 @@ and forward/backward, overlapped with the decode tail on freed devices when cfg.
 step, and the bills of the prefill function and the learner's blocks (`rlhfless.plan.overlap.whole_step_tail`;
 each group's work arrives at its predicted finish: one continuous-batching simulation per candidate, as
 exact_sweep does). lambda keeps its meaning:
-the same score over whole-step T and C. Decode-only scoring stays the default (learner.whole_step=False), as the
+the same score over whole-step T and C.
+Per-actor TP (`choose(..., wide=WideActor)`, `rlhfless.plan.wide`): the chosen N's straggler is also costed on
+the wide engine (more devices, faster tail) and runs there only where the same rule as for cuts prefers it and the
+device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`). Decode-only scoring stays the default (learner.whole_step=False), as the
 runtime's planner had it.
 "min_cost_at_deadline": the deadline is deadline_ratio x T of the serverful plan (max_actors, round robin, all
 warm, costed by the same model), then as "min_cost_under_deadline".
@@ -65,6 +68,7 @@ from rlhfless.plan.records import (
     ScalingDecision,
 )
 from rlhfless.plan.timemodel import TimeModel
+from rlhfless.plan.wide import WideActor, on_wide, straggler
 
 
 def decode_invocations(plan: AssignmentPlan, busy_s: Sequence[float], n_warm: int,
@@ -88,19 +92,39 @@ def _budget(cfg: PlanConfig) -> float:
 
 
 def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.ndarray, head: np.ndarray,
-          cfg: PlanConfig, tm: TimeModel) -> tuple[float, list[Invocation]]:
+          cfg: PlanConfig, tm: TimeModel,
+          wide: tuple[WideActor, int] | None = None) -> tuple[float, list[Invocation]]:
     """Whole-step seconds and the learner's + prefill's invocations of one labelling; dur, head: (n,) each
-    actor's duration and the seconds before its decode began (0 duration: inactive)."""
+    actor's duration and the seconds before its decode began (0 duration: inactive). A group that finishes
+    past its actor's busy time was cut and migrated: it arrives at the end of the rollout (its new actor is not
+    tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`)."""
     lc = cfg.learner
-    fin = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) + head[labels]
+    busy = np.where(dur > 0, dur - head, 0.0)
+    own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm)
+    gpus = np.full(n, cfg.gpus_per_actor)
+    if wide is not None:  # the wide actor's groups finish on its own engine (admission by rank, as built)
+        w, a = wide
+        idx = np.flatnonzero(labels == a)
+        idx = idx[np.argsort(rank[idx], kind="stable")]
+        own[idx] = on_wide([ja.jobs[i] for i in idx.tolist()], w)[1]
+        gpus[a] = w.gpus
+    own = np.where(own <= busy[labels] + 1e-9, own, busy.max(initial=0.0))
+    fin = own + head[labels]
     work = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc) * lc.s_per_token
-    return whole_step_tail(dur[dur > 0], fin, work, cfg.gpus_per_actor, _budget(cfg), lc)
+    return whole_step_tail(dur[dur > 0], fin, work, gpus[dur > 0], _budget(cfg), lc, cfg.gpus_per_actor)
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
-            n_warm: int, tm: TimeModel) -> ScalingCandidate:
-    """T and C of a plan whose actors are busy `busy_s` (score filled in later by `choose`)."""
+            n_warm: int, tm: TimeModel, wide: tuple[WideActor, int] | None = None) -> ScalingCandidate:
+    """T and C of a plan whose actors are busy `busy_s` (score filled in later by `choose`); `wide`: (engine,
+    actor) when that actor runs on the wide engine (busy_s already its wide busy time)."""
     invs = decode_invocations(plan, busy_s, n_warm, cfg)
+    if wide is not None:
+        w, a = wide
+        kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
+        invs = [i if i.actor_id != a else
+                Invocation("decode", a, 0.0, max((w.cold_start_s if i.cold else 0.0) + w.weight_sync_s, kv)
+                           + busy_s[a], i.cold, w.gpus, w.cold_start_s if i.cold else 0.0) for i in invs]
     step = max((i.duration_s for i in invs), default=0.0)
     if cfg.learner.whole_step:
         dur = np.zeros(plan.n_actors)
@@ -109,7 +133,7 @@ def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg:
         head = dur - np.asarray(busy_s, float)
         ja = JobArrays.from_jobs([j for jobs in plan.actor_jobs for j in jobs])
         labels = np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
-        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm)
+        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide)
         invs = invs + tail
     cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
@@ -212,7 +236,7 @@ def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel) -> PlanConfig:
 
 
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
-           n_warm: int = 0) -> tuple[ScalingDecision, dict]:
+           n_warm: int = 0, wide: WideActor | None = None) -> tuple[ScalingDecision, dict]:
     """Pick the number of decode actors for this step and whether it cuts and migrates (rule in the module
     header); returns (decision, metrics).
 
@@ -243,8 +267,32 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
     cut, migration = None, None
     if cfg.migrate:
         cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm)
-    decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, best.feasible, migration, cut)
+    wide_actor, wide_row = -1, None
+    if wide is not None and migration is None:
+        cands, best, wide_actor, wide_row = _decide_wide(cands, best, plan, cfg, tm, n_warm, wide)
+    decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, best.feasible, migration, cut,
+                               wide_actor, wide_row)
     return decision, decision_metrics(decision)
+
+
+def _decide_wide(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
+                 tm: TimeModel, n_warm: int, wide: WideActor):
+    """Run the straggler on the wide engine only where the objective prefers it (the rule of `_decide_cuts`)
+    and the device budget holds it. Returns (table, chosen row, wide actor or -1, the wide row or None)."""
+    a = straggler(plan, plan.busy_s)
+    held = sum(cfg.gpus_per_actor for jobs in plan.actor_jobs if jobs)
+    if a < 0 or held - cfg.gpus_per_actor + wide.gpus > _budget(cfg) + 1e-9:
+        return cands, best, -1, None
+    busy = list(plan.busy_s)
+    busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
+    wide_row = _costed(plan, busy, 0, cfg, n_warm, tm, (wide, a))
+    plain_row = _costed(plan, plan.busy_s, 0, cfg, n_warm, tm)
+    others = [c for c in cands if c.n_actors != best.n_actors]
+    *_, plain, widened = _scored(others + [plain_row, wide_row], cfg)
+    if _pick([plain, widened], cfg)[0] is not widened:  # ties keep every actor narrow
+        return cands, best, -1, wide_row
+    cands = sorted(_scored(others + [wide_row], cfg), key=lambda c: c.n_actors)
+    return cands, next(c for c in cands if c.n_actors == plan.n_actors), a, wide_row
 
 
 def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
@@ -296,6 +344,8 @@ def decision_metrics(d: ScalingDecision) -> dict:
         M.BAL_MIGRATIONS: float(c.migrations),
         M.SCALER_CANDIDATES: d.table_rows(),
     }
+    if d.wide_option is not None:  # a wide engine was offered: whether the straggler runs on it
+        out[M.SCALER_WIDE_USED] = float(d.wide_actor >= 0)
     if d.cut_option is not None:  # plan.migrate: the chosen N with cuts at tau was weighed
         out.update({M.BAL_MIGRATE_USED: float(d.migration is not None),
                     M.BAL_RELEASED_ACTORS: float(len(d.migration.released)) if d.migration is not None else 0.0,

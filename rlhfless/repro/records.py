@@ -12,8 +12,10 @@ from pathlib import Path
 class PaperRow:
     """One claim of the paper beside what this code measured or simulated for it.
 
-    ours: the number (or verdict) from this run; kind: "measured" (this machine, real processes) or "simulated"
-    (time model / simulator seconds); why: what explains the gap, in a sentence.
+    ours: the number (or verdict) from this run, against verl as the paper ran it where the row compares with
+    verl; ours_tuned: the same row against the tuned verl ("" when the row does not compare with verl);
+    kind: "measured" (this machine, real processes) or "simulated" (time model / simulator seconds); why: what
+    explains the gap, in a sentence.
     """
 
     metric: str
@@ -21,6 +23,7 @@ class PaperRow:
     ours: str
     kind: str
     why: str
+    ours_tuned: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("measured", "simulated"):

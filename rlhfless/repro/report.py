@@ -15,7 +15,9 @@ from rlhfless.jsonl import write_json
 from rlhfless.repro.records import StudyResult
 from rlhfless.repro.studies import STUDIES
 
-COLUMNS = ["study", "metric", "paper", "ours", "kind", "why"]
+COLUMNS = ["study", "metric", "paper", "ours", "ours, tuned verl", "kind", "why"]
+"""`ours` compares with verl as the paper ran it (baseline=paper) where a row compares with verl; `ours, tuned
+verl` gives the same row against the tuned verl (baseline=tuned), empty where a row does not compare with verl."""
 
 
 def machine() -> str:
@@ -71,12 +73,15 @@ def write_report(data: dict, ctx, repo: Path) -> Path:
     lines = [f"# rlhfless repro{' (quick)' if ctx.quick else ''}", "",
              f"Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} at commit {git_commit(repo)} on "
              f"{data['machine']}; seed {ctx.seed}. `measured`: real processes on this machine; `simulated`: the "
-             "simulator's time-model seconds and billed device-seconds (it runs the real planner).", "",
+             "simulator's time-model seconds and billed device-seconds (it runs the real planner). Where a row "
+             "compares with verl, `ours` is against verl as the paper ran it (verl 0.3.x settings, "
+             "docs/overheads.md) and `ours, tuned verl` against the tuned verl.", "",
              "## The paper beside ours", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for name, st in studies.items():
         for row in st["rows"]:
             lines.append("| " + " | ".join(_md_cell(x) for x in (name, row["metric"], row["paper"], row["ours"],
-                                                                   row["kind"], row["why"])) + " |")
+                                                                   row.get("ours_tuned", ""), row["kind"],
+                                                                   row["why"])) + " |")
     for name, st in studies.items():
         lines += ["", f"## {name}: {st['title']}", "",
                   f"- command: `{command_for(name, out, ctx.quick, ctx.seed)}`",
@@ -99,7 +104,7 @@ def track(result: StudyResult, ctx) -> str | None:
     tr = Tracker(cfg, ctx.out / result.name, {"study": result.name, "quick": ctx.quick, "seed": ctx.seed,
                                              **result.config}, job_type="repro")
     try:
-        tr.table("paper_vs_ours", COLUMNS, [[result.name, x.metric, x.paper, x.ours, x.kind, x.why]
+        tr.table("paper_vs_ours", COLUMNS, [[result.name, x.metric, x.paper, x.ours, x.ours_tuned, x.kind, x.why]
                                             for x in result.rows], step=0)
         for p in result.figures:
             tr.image(f"figure/{p.stem}", p, step=0)

@@ -42,7 +42,10 @@ class Study:
 STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("headline", sim.headline, "sim", "testbed step time and cost per policy, per model and algorithm"),
     Study("large-scale", sim.large_scale, "sim", "the 160 x H100, 70B simulation"),
-    Study("ablation", sim.ablation, "sim", "baseline, +dedup, +assign, +migrate, +scale, full, oracle"),
+    Study("ablation", sim.ablation, "sim", "waterfall: tuned verl, paper verl, serverless + one mechanism per rung, "
+                                           "oracle"),
+    Study("pareto", sim.pareto, "sim", "speedup vs cost reduction over lambda and the deadline objective"),
+    Study("overheads", sim.overhead_sensitivity, "sim", "each overhead constant halved and doubled"),
     Study("sensitivity", sim.sensitivity, "sim", "tau, lambda, and the actor-count sweet spot T(N), C(N)"),
     Study("prefill", real.prefill_study, "real", "dedup prefill saving vs theory over G and shared-prefix length"),
     Study("predictor", real.predictor_study, "real", "EWMA length predictor: MAE and Kendall tau over epochs, window"),

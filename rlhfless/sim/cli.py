@@ -2,9 +2,12 @@
 
     rlhfless simulate --scenario paper-testbed [--steps N] [key=value ...] [--json OUT] [--out DIR]
     rlhfless simulate --validate RUN_DIR [--calibrate-from RUN_DIR2] [--json OUT]
+    rlhfless plan what-if --model NAME --devices KIND:COUNT [--prices FILE] [--deadline-ratio R | --budget-usd B]
+                          [--trace TRACE] [--json OUT]
 
 Only argparse wiring and printing live here; the work is `rlhfless.sim.scenario.run_scenario`,
-`rlhfless.sim.report` and `rlhfless.sim.validate.validate`, which tests call directly. Errors the user can fix
+`rlhfless.sim.report`, `rlhfless.sim.validate.validate` and `rlhfless.sim.whatif.what_if`, which tests call
+directly. Errors the user can fix
 (unknown scenario, device or model, a model that does not fit, impossible capacities, a bad override, a missing
 run file) print one line naming the field and exit 2. Non-goals: no sweeps (the notebook does them).
 Deviations from the paper: none.
@@ -26,9 +29,12 @@ def _print_case(case: dict) -> None:
     for name, p in case["policies"].items():
         print(f"  {name:16s} step {p['step_time_s']:8.2f} s  (rollout {p['rollout_s']:7.2f})  "
               f"{p['cost_device_s']:10.1f} device-s  ${p['cost_usd']:.3f}  actors {p['n_actors']:.1f}")
-    print(f"  rlhfless vs verl: speedup {case['speedup']:.3f}x, cost reduction {case['cost_reduction']:.1%} "
-          f"(device-s; {case['cost_reduction_usd']:.1%} in $); gap to oracle: time "
-          f"{case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}")
+    for name, b in case["baselines"].items():
+        mark = " (headline)" if name == case["baseline"] else ""
+        print(f"  rlhfless vs verl {name}{mark}: speedup {b['speedup']:.3f}x, cost reduction "
+              f"{b['cost_reduction']:.1%} (device-s; {b['cost_reduction_usd']:.1%} in $)")
+    print(f"  gap to oracle: time {case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}; "
+          f"paper verl: tp={case['paper_tp']}, capacity {case['paper_capacity']}")
 
 
 def _strip(report: dict) -> dict:
@@ -81,7 +87,48 @@ def _figures(report: dict, out: str) -> None:
         print("figures: " + ", ".join(str(p) for p in paths))
 
 
+def cmd_what_if(args: argparse.Namespace) -> int:
+    from rlhfless.jsonl import write_json
+    from rlhfless.sim.whatif import render, what_if
+
+    report = what_if(args.model, args.devices, args.prices, args.deadline_ratio, args.budget_usd, args.trace,
+                     args.steps, args.prompts_per_step, args.group_size, args.seed)
+    print(render(report))
+    print(f"wall_s {report['wall_s']:.2f}")
+    if args.json:
+        write_json(report, args.json, indent=2)
+    return 0
+
+
+def _register_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="what-if planning for your own devices and prices (simulated)")
+    plan = p.add_subparsers(dest="plan_command", metavar="COMMAND", required=True)
+    w = plan.add_parser(
+        "what-if", help="recommended mode, N, tau and lambda, and seconds and dollars per step, serverful beside "
+                        "serverless",
+        description="Simulate your model on your devices (serverful verl at its fastest TP; RLHFless at several "
+                    "lambdas and, with --deadline-ratio, the min_cost_at_deadline objective) and recommend the best "
+                    "point under the constraint: the cheapest whose step is at most R x the serverful step "
+                    "(--deadline-ratio R, default 1), or the fastest within --budget-usd per step. Bands: 10th-90th "
+                    "percentile over the simulated steps.")
+    w.add_argument("--model", required=True, help="model shape, e.g. llama-70b, qwen2.5-7b (rlhfless.sim.hardware)")
+    w.add_argument("--devices", required=True, metavar="KIND:COUNT", help="e.g. H100:160, L40S:16")
+    w.add_argument("--prices", metavar="FILE", help="YAML/JSON {KIND: {serverless_usd_per_s, ondemand_usd_per_h}} "
+                                                    "replacing the catalog's prices")
+    c = w.add_mutually_exclusive_group()
+    c.add_argument("--deadline-ratio", type=float, metavar="R", help="step at most R x the serverful step")
+    c.add_argument("--budget-usd", type=float, metavar="B", help="at most B dollars per step")
+    w.add_argument("--trace", help="replay this length trace (JSONL of TraceRow) instead of synthetic lengths")
+    w.add_argument("--steps", type=count(1, 1000), default=6, help="steps to simulate (default 6)")
+    w.add_argument("--prompts-per-step", type=count(1, 100_000), default=512, help="prompts per step (default 512)")
+    w.add_argument("--group-size", type=count(1, 1024), default=8, help="samples per prompt (default 8)")
+    w.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
+    w.add_argument("--json", metavar="OUT", help="also write the report as JSON to OUT")
+    w.set_defaults(func=cmd_what_if)
+
+
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
+    _register_plan(sub)
     p = sub.add_parser(
         "simulate", help="large-scale simulation of every policy (verl, RLHFuse-like, RLHFless, oracle), or "
                          "validation of the simulator against a real run",
@@ -90,7 +137,8 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
                     "simulate a run recorded on this machine and compare with what it measured.",
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="override a case field (SimConfig), e.g. lam=0.8 n_devices=32 lengths.median=400")
+                   help="override a case field (SimConfig), e.g. baseline=paper lam=0.8 n_devices=32 "
+                        "lengths.median=400")
     p.add_argument("--scenario", help="paper-testbed | paper-sim | quick")
     p.add_argument("--steps", type=count(1, MAX_SIM_STEPS),
                    help=f"steps per case, at most {MAX_SIM_STEPS:,} (default: the scenario's, three epochs)")

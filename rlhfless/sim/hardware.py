@@ -33,6 +33,7 @@ class DeviceSpec:
     net_bw: bytes/s of a node's network interfaces together (weights and KV pushed between nodes).
     devices_per_node: devices a node holds (TP never spans nodes).  source: where the numbers come from.
     price_kind: key of the price catalog (rlhfless.plan.cost.CATALOG) billing this device.
+    nic_bw: bytes/s of ONE network interface (a broadcast from one sender rank runs through one); 0 = net_bw.
     """
 
     name: str
@@ -44,6 +45,7 @@ class DeviceSpec:
     devices_per_node: int
     price_kind: str
     source: str
+    nic_bw: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "mem_bw", "mem_bytes", "link_bw", "net_bw"):
@@ -55,14 +57,14 @@ DEVICES: dict[str, DeviceSpec] = {
     # NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16, 3.35 TB/s HBM3, 80 GB, NVLink 900 GB/s; DGX H100:
     # one 400 Gb/s ConnectX-7 NIC per GPU (8 x 50 GB/s per node).
     "H100": DeviceSpec("H100", 989e12, 3.35e12, 80 * GB, 900e9 / 2, 400e9, 8, "H100",
-                       "NVIDIA H100 SXM5 datasheet; DGX H100 user guide (8 x 400 Gb/s NICs)"),
+                       "NVIDIA H100 SXM5 datasheet; DGX H100 user guide (8 x 400 Gb/s NICs)", 400e9 / 8),
     # NVIDIA H200 SXM datasheet: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s; NIC as H100.
     "H200": DeviceSpec("H200", 989e12, 4.8e12, 141 * GB, 900e9 / 2, 400e9, 8, "H200",
-                       "NVIDIA H200 SXM datasheet; NIC assumed as DGX H100"),
+                       "NVIDIA H200 SXM datasheet; NIC assumed as DGX H100", 400e9 / 8),
     # NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s BF16, 2.039 TB/s HBM2e, NVLink 600 GB/s; DGX A100: 200 Gb/s
     # per GPU (8 x 200 Gb/s HDR NICs, 8 x 25 GB/s per node).
     "A100-80G": DeviceSpec("A100-80G", 312e12, 2.039e12, 80 * GB, 600e9 / 2, 200e9, 8, "A100-80G",
-                           "NVIDIA A100 80GB SXM datasheet; DGX A100 user guide"),
+                           "NVIDIA A100 80GB SXM datasheet; DGX A100 user guide", 200e9 / 8),
     # NVIDIA L40S datasheet: 362 TFLOP/s dense BF16, 864 GB/s GDDR6, 48 GB, PCIe Gen4 x16 (64 GB/s, no NVLink;
     # 25 GB/s one way is assumed reachable); network: 100 Gb/s per node (assumed: the paper does not state its
     # testbed network).

@@ -12,8 +12,10 @@ decode iteration vs batch) so the planner and the simulator share one engine mod
   * prefill of T tokens: the matmuls at n = T plus attention FLOPs 4 T c h / TP (c: mean attended context);
   * reference / reward / value forwards: 2 x params x tokens over all devices at `fwd_mfu`; training:
     6 x params x tokens over all devices at `train_mfu` (plus the same again for a PPO critic);
-  * weight sync: a replica's bf16 weight slice over the device's network (serverless: learner to actor) or
-    intra-node link (colocated resharding); cold start: container start + engine init + weights from storage.
+  * weight sync: the model over one NIC (serverless: learner to actor, one sender rank) or a replica's slice
+    (tuned verl) / the whole model (paper verl) over the intra-node link (colocated resharding); cold start:
+    container start + engine init + weights from storage (every overhead constant: `rlhfless.sim.overheads`);
+  * eager decode (paper verl): an iteration takes max(GPU time, layers x CPU launch seconds per layer).
 
 Non-goals: no pipeline parallelism, no chunked prefill, no speculative decoding, no memory fragmentation model.
 
@@ -32,6 +34,7 @@ import numpy as np
 from rlhfless.errors import ConfigError, require
 from rlhfless.plan.timemodel import TimeModel
 from rlhfless.sim.hardware import DeviceSpec, ModelShape
+from rlhfless.sim.overheads import DEFAULT
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,12 @@ class PerfModel:
     model: ModelShape
     tp: int
     eff: Efficiency
-    container_start_s: float = 2.0  # assumed: a warm-image container start on a serverless GPU platform
-    engine_init_s: float = 5.0  # assumed: vLLM 0.8 engine start (memory profiling run + CUDA graph capture)
-    storage_bw: float = 2.5e9  # assumed: bytes/s per device reading weights from a local NVMe model cache
+    container_start_s: float = DEFAULT["container_start_s"]  # sources: rlhfless.sim.overheads
+    engine_init_s: float = DEFAULT["engine_init_s"]
+    storage_bw: float = DEFAULT["storage_gbps"] * 1e9  # bytes/s per device reading weights at a cold start
+    net_eff: float = DEFAULT["net_eff"]  # of one NIC's line rate (weight sync) and of a NIC share (KV)
+    eager_layer_s: float = 0.0  # CPU launch seconds per layer per decode iteration; 0 = CUDA graphs
+    reshard_full: bool = False  # colocated resharding moves the whole model per device (verl FSDP -> vLLM)
 
     def __post_init__(self) -> None:
         require(self.tp >= 1 and self.tp <= self.device.devices_per_node, "tp",
@@ -156,6 +162,8 @@ class PerfModel:
         kv = b * context * m.kv_bytes_per_token / self.tp / (self.device.mem_bw * self.eff.mem_eff)
         head = 2.0 * b * m.hidden * m.vocab / self.tp / (self.device.peak_flops * self.eff.compute_eff)
         t = m.layers * (self.matmul_s(b) + 2 * self._allreduce_s(b)) + kv + head + self.eff.iter_overhead_s
+        if self.eager_layer_s > 0:  # without CUDA graphs the CPU launches every kernel; the GPU waits for it
+            t = np.maximum(t, m.layers * self.eager_layer_s + self.eff.iter_overhead_s)
         return np.where(b > 0, t, 0.0)
 
     def prefill_s(self, tokens: float, context: float | None = None) -> float:
@@ -177,25 +185,30 @@ class PerfModel:
         flops = 6.0 * self.model.params * tokens
         return self.eff.train_fixed_s + flops / (n_devices * self.device.peak_flops * self.eff.train_mfu)
 
-    def learner_s_per_token(self, algo: str) -> float:
+    def learner_s_per_token(self, algo: str, old_logprob: bool = False) -> float:
         """Device-seconds of the learner's work per token (prompt + response): the reference forward (PPO: and
         the value forward) at fwd_mfu, the policy's forward/backward (PPO: and the critic's) at train_mfu; the
-        same formulas as `forward_s` and `train_s`, without the per-update constant (`update_fixed_s`)."""
+        same formulas as `forward_s` and `train_s`, without the per-update constant (`update_fixed_s`).
+        old_logprob: plus one actor forward recomputing the old log-probs (verl does it every step)."""
         n = 2 if algo == "ppo" else 1
-        return n * 2.0 * self.model.params / (self.device.peak_flops * self.eff.fwd_mfu) + \
-            n * 6.0 * self.model.params / (self.device.peak_flops * self.eff.train_mfu)
+        fwd = 2.0 * self.model.params / (self.device.peak_flops * self.eff.fwd_mfu)
+        train = 6.0 * self.model.params / (self.device.peak_flops * self.eff.train_mfu)
+        return (n + int(old_logprob)) * fwd + n * train
 
-    def update_fixed_s(self, algo: str) -> float:
-        """The optimizer step(s) once per update: policy (PPO: and critic)."""
-        return self.eff.train_fixed_s * (2 if algo == "ppo" else 1)
+    def update_fixed_s(self, algo: str, minibatches: int = 1) -> float:
+        """The optimizer step(s) of one step: policy (PPO: and critic), once per mini-batch."""
+        return self.eff.train_fixed_s * (2 if algo == "ppo" else 1) * minibatches
 
     def weight_sync_s(self, colocated: bool) -> float:
-        """New weights into a rollout replica: resharding over the node link (colocated), or the replica's
-        weights over the node's network then fanned out to its devices over the link (serverless)."""
+        """New weights into a rollout replica: resharding over the node link (colocated: each device's TP shard,
+        or with `reshard_full` the whole model gathered through every device's link, as verl's FSDP -> vLLM
+        path measures), or the model broadcast from one sender rank through ONE NIC at `net_eff` of its line
+        rate, then fanned out to the replica's devices over the link (serverless; sources in `overheads`)."""
         per_dev = self.weight_bytes_per_device() / self.device.link_bw
+        model_bytes = self.weight_bytes_per_device() * self.tp
         if colocated:
-            return per_dev
-        return self.weight_bytes_per_device() * self.tp / self.device.net_bw + per_dev
+            return model_bytes / self.device.link_bw if self.reshard_full else per_dev
+        return model_bytes / ((self.device.nic_bw or self.device.net_bw) * self.net_eff) + per_dev
 
     def cold_start_s(self, engine: bool = True) -> float:
         """A fresh serverless function: container start (+ inference-engine init for prefill/decode actors) +
@@ -212,7 +225,7 @@ class PerfModel:
 
     def kv_transfer_s_per_token(self) -> float:
         """Seconds to move one context token's KV to a replica on another node (its share of the node NIC)."""
-        share = self.device.net_bw * self.tp / self.device.devices_per_node
+        share = self.device.net_bw * self.tp / self.device.devices_per_node * self.net_eff
         return self.model.kv_bytes_per_token / share
 
     def time_model(self, capacity: int, context: float, prefill_s_per_token: float | None = None) -> TimeModel:

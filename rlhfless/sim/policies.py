@@ -7,6 +7,10 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     per engine, the shared template once per engine); weights resharded in place over the node link; no cold
     starts. Tuned as its users would: the TP degree with the fastest step is taken (`Scenario`), the KV budget
     is vLLM's default 0.9 of memory, max_num_seqs verl's default.
+  * `verl-paper`: verl on a `Cluster` with verl 0.3.x's settings as the paper ran it (`setting="paper"`, built by
+    `scenario.build_cluster(paper=True)`; every setting's source in `rlhfless.sim.overheads`): its replicas add
+    the KV-cache rebuild to their weight sync (whole-model resharding), decode eagerly, hold 0.6 of memory; its
+    learner recomputes the old log-probs and takes 4 optimizer steps.
   * `rlhfuse`: serverful like verl, plus global migration of stragglers: the round-robin plan run with
     cut-and-migrate at tau, decided on progress alone (every sequence predicted at the previous step's mean
     length: RLHFuse has no length predictor), and inter-stage fusion: devices released by the cut start the
@@ -46,6 +50,7 @@ from rlhfless.plan import PlanConfig, PlanJob, TimeModel, assign, choose, realiz
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.cost import BillingRules
 from rlhfless.plan.overlap import LearnerCosts
+from rlhfless.plan.wide import WideActor, on_wide
 from rlhfless.predictor import Observation, build_predictor
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.sim.perf import PerfModel
@@ -64,6 +69,14 @@ class Cluster:
     algo: str
     template_tokens: int
     billing: BillingRules
+    setting: str = "tuned"
+    """tuned, or paper (verl 0.3.x's settings, `rlhfless.sim.overheads`; only the verl-paper policy runs on it)."""
+    old_logprob: bool = False
+    """The learner recomputes the old log-probs with one more actor forward per token."""
+    minibatches: int = 1
+    """Optimizer steps per step (mini-batch updates)."""
+    kv_rebuild_s: float = 0.0
+    """Seconds per step each rollout replica spends rebuilding the KV cache it freed."""
 
     @property
     def replicas(self) -> int:
@@ -81,17 +94,27 @@ class Switches:
     prewarm: bool = True
     oracle: bool = False
     overlap: bool = True
+    size_learner: bool = True
+    """With overlap: start only the learner blocks the backlog needs (`SIZE_SLACK`), not every free device."""
+    wide: bool = True
+    """Per-actor TP: the scaler may run the straggler on a wider engine (twice the TP; when a node allows it)."""
+
+
+SIZE_SLACK = 0.01
+"""A sized learner may end its work up to 1% later than one on every free device (assumed: the price of not
+holding devices that would wait idle for groups until the optimizer step; `rlhfless.plan.overlap.size_blocks`)."""
 
 
 def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], busy, overlap: bool, cold_s: float,
-             prewarm: bool, work_scale: float = 1.0) -> LearnerPlan:
+             prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None,
+             size_slack: float | None = None) -> LearnerPlan:
     """The step's scoring + update (`LearnerPlan`): each group's work (tokens x the perf model's learner
     device-seconds per token) arriving when its last sample finishes on its actor. A group whose finish is past
     its actor's realised busy time was migrated: it arrives at the end of the rollout (its new actor is not
     tracked; conservative)."""
     pm, tail = c.perf, max(busy, default=0.0)
     actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
-    spt = pm.learner_s_per_token(c.algo) * work_scale
+    spt = pm.learner_s_per_token(c.algo, c.old_logprob) * work_scale
     acts, done, work = [], [], []
     for g in step.groups:
         a = actor_of[g.prompt_id]
@@ -100,7 +123,7 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
         done.append(f if f <= busy[a] + 1e-9 else tail)
         work.append(g.tokens * spt)
     return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
-                       prewarm, pm.update_fixed_s(c.algo))
+                       prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack)
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
@@ -132,13 +155,13 @@ class Verl:
     def __init__(self, c: Cluster, overlap: bool = False):
         """overlap: score and train finished groups on finished replicas' devices (`verl-overlap`)."""
         self.c, self.overlap = c, overlap
-        self.name = "verl-overlap" if overlap else "verl"
+        self.name = "verl-overlap" if overlap else ("verl-paper" if c.setting == "paper" else "verl")
 
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
         c, pm = self.c, self.c.perf
         jobs = true_jobs(step, lambda g: max(g.prompt_len - c.template_tokens, 0), f"engine{c.template_tokens}")
         plan, metrics = assign(jobs, c.replicas, c.capacity, c.time_model, "round_robin")
-        tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
+        tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True) + c.kv_rebuild_s
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(plan.busy_s) if b > 0)
         # colocated: a finished replica's devices already hold the model; no learner cold start
         learner = _learner(c, step, plan.actor_jobs, job_finish_s(plan, jobs, c.time_model), plan.busy_s,
@@ -169,7 +192,7 @@ class RLHFuse(Verl):
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(res.busy_s) if b > 0)
         freed = sum(res.makespan_s - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
-        ref = pm.forward_s(step.tokens, 1) * (2 if c.algo == "ppo" else 1)  # scoring device-seconds
+        ref = pm.forward_s(step.tokens, 1)  # the reference forward's device-seconds (PPO's value forward stays)
         fused = min(freed, 0.5 * ref)  # half the reference forward needs the tail's samples
         metrics["rlhfuse/fused_s"] = fused / c.n_devices
         total = step.tokens * pm.learner_s_per_token(c.algo)
@@ -185,15 +208,23 @@ class RLHFless:
     """Serverless functions through the planner, each optimization switchable (module header)."""
 
     def __init__(self, c: Cluster, sw: Switches, lam: float, tau: float, prefill_actors: int = 1,
-                 name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0):
-        """max_actors: candidates N go up to this (0 = every replica); with scaling off exactly this many."""
+                 name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0,
+                 objective: str = "score", deadline_ratio: float = 1.0, wide: Cluster | None = None):
+        """max_actors: candidates N go up to this (0 = every replica); with scaling off exactly this many.
+        objective, deadline_ratio: the scaler's (`PlanConfig`): "score" weighs time and cost with lam;
+        "min_cost_at_deadline" takes the cheapest N whose step is at most deadline_ratio x the serverful plan's.
+        wide: the cluster at the wider TP the straggler may run on (with `Switches.wide`; None = no such engine)."""
         self.c, self.sw, self.name = c, sw, name
         pm = c.perf
         self.cfg = PlanConfig(policy="contiguous" if sw.assign else "round_robin", capacity=c.capacity,
                               migrate=sw.migrate, tau=tau, scale=sw.scale, lam=lam, min_actors=1,
-                              max_actors=min(max_actors, c.replicas) if max_actors else c.replicas, gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
+                              max_actors=min(max_actors, c.replicas) if max_actors else c.replicas,
+                              objective=objective, deadline_ratio=deadline_ratio,
+                              gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
                               cold_start_s=pm.cold_start_s(), weight_sync_s=pm.weight_sync_s(colocated=False),
                               billing=c.billing)
+        self.wide = WideActor(wide.time_model, float(wide.perf.tp), wide.capacity, wide.perf.cold_start_s(),
+                              wide.perf.weight_sync_s(colocated=False)) if wide is not None and sw.wide else None
         self.predictor = build_predictor(predictor or PredictorConfig(name="ewma"))
         self.prefill_actors = prefill_actors
         self.n_prev = 0
@@ -224,15 +255,21 @@ class RLHFless:
             prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if sw.prewarm else pm.cold_start_s(), work,
                             self._prewarm(pm.cold_start_s(), self.gaps[0]))
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill))
-        decision, metrics = choose(jobs, cfg, c.time_model, n_warm)
+        decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide)
         true = true_jobs(step, self._prompt_of, key)
         real = realized_plan(decision, true, c.time_model, self.cfg.tau)
-        busy = list(real.busy_s)
-        actors = self._actors(step, decision.plan.actor_jobs, busy, n_warm)
-        self.n_prev = len(actors)
+        busy, narrow = list(real.busy_s), list(real.busy_s)
         finish = job_finish_s(decision.plan, true, c.time_model)
-        learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap,
-                           pm.learner_join_s() if sw.overlap else pm.cold_start_s(engine=False), sw.prewarm)
+        if decision.wide_actor >= 0:  # the straggler's true lengths on the wide engine
+            by_id = {j.group_id: j for j in true}
+            mine = [by_id[j.group_id] for j in decision.plan.actor_jobs[decision.wide_actor]]
+            busy[decision.wide_actor], fin = on_wide(mine, self.wide)
+            finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
+        actors = self._actors(step, decision.plan.actor_jobs, busy, narrow, n_warm, decision.wide_actor)
+        self.n_prev = len(actors)
+        learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
+                           sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
+                           size_slack=self._size_slack())
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
         return StepPlan(False, 0.0, actors, prefill, learner), metrics
@@ -245,11 +282,14 @@ class RLHFless:
         mean_prompt = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
         return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices),
                             s_per_token=pm.learner_s_per_token(c.algo), update_fixed_s=pm.update_fixed_s(c.algo),
-                            cold_start_s=pm.learner_join_s() if sw.overlap else pm.cold_start_s(engine=False),
+                            cold_start_s=pm.learner_join_s(),
                             prewarm=sw.prewarm,
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
-                            prefill_devices=prefill.devices if prefill else 0.0)
+                            prefill_devices=prefill.devices if prefill else 0.0, size_slack=self._size_slack())
+
+    def _size_slack(self) -> float | None:
+        return SIZE_SLACK if self.sw.overlap and self.sw.size_learner else None
 
     def _prefill_s(self, step: StepWork, tokens: float) -> float:
         """Prefill of `tokens` prompt tokens batched together; each attends within its own prompt only."""
@@ -259,18 +299,20 @@ class RLHFless:
     def _unique_tokens(self, step: StepWork) -> int:
         return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
 
-    def _actors(self, step: StepWork, actor_jobs, busy: list[float], n_warm: int) -> tuple[ActorRun, ...]:
-        """One ActorRun per active actor; the busiest n_warm warm (as the scaler assumed)."""
+    def _actors(self, step: StepWork, actor_jobs, busy: list[float], narrow: list[float], n_warm: int,
+                wide_actor: int = -1) -> tuple[ActorRun, ...]:
+        """One ActorRun per active actor; the n_warm busiest at the narrow TP warm (as the scaler assumed);
+        `wide_actor` on the wide engine (its devices, cold start and weight sync; `busy` holds its time there)."""
         c, pm, sw = self.c, self.c.perf, self.sw
         plen = {g.prompt_id: g.prompt_len for g in step.groups}
         active = [a for a, jobs in enumerate(actor_jobs) if jobs]
-        warm = set(sorted(active, key=lambda a: (-busy[a], a))[:n_warm])
+        warm = set(sorted(active, key=lambda a: (-narrow[a], a))[:n_warm])
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill = self._prewarm(cold_s, self.gaps[0])
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
         t_prefill = 0.0 if sw.prewarm or not sw.dedup else cold_s
         out = []
-        for a in sorted(active, key=lambda a: -busy[a]):  # the prefill function serves the busiest first
+        for a in sorted(active, key=lambda a: -narrow[a]):  # the prefill function serves the busiest first
             toks = sum(plen[j.group_id] for j in actor_jobs[a])
             kv_ready = 0.0
             if sw.dedup:
@@ -278,6 +320,11 @@ class RLHFless:
                 kv_ready = t_prefill + toks * pm.kv_transfer_s_per_token()
             tmpl = 0.0 if sw.dedup else pm.prefill_s(c.template_tokens)
             is_warm = a in warm
+            if a == wide_actor:
+                w = self.wide
+                out.append(ActorRun(a, w.gpus, 0.0 if is_warm else w.cold_start_s, w.weight_sync_s, kv_ready, tmpl,
+                                    busy[a], self._prewarm(w.cold_start_s, self.gaps[0]) if is_warm else 0.0))
+                continue
             out.append(ActorRun(a, pm.tp, 0.0 if is_warm else cold_s, sync, kv_ready, tmpl, busy[a],
                                 warm_bill if is_warm else 0.0))
         return tuple(sorted(out, key=lambda r: r.instance))

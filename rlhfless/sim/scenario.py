@@ -5,10 +5,14 @@ Purpose: `SimConfig` (one case: device, count, model, TP, algorithm, workload, p
 plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON report of the CLI.
 
 Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
-`Timeline` per policy. Policies: verl, rlhfuse, rlhfless (lam as configured), oracle, and rlhfless-lam1 (the same
-system asked for time only: how fast it can go on this cluster); with `ablation=true` also the ladder
-serverless-verl, +dedup, +assign, +migrate, +scale, +overlap; verl-overlap is verl with the same overlap
-(`policies`), so overlap's gain shows for both. Reported per policy (stage times: `rollout_s`; `score_s`: the
+`Timeline` per policy. Policies: verl (tuned), verl-paper (verl 0.3.x as the paper ran it: rollout TP 2 or the
+smallest that fits, 0.6 of memory, eager decode, KV cache rebuilt every step, whole-model resharding, old-log-prob
+recomputation, 4 mini-batch updates; every setting's source in `rlhfless.sim.overheads`), rlhfuse, rlhfless (lam
+as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
+cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm,
++overlap, +sized learner (then +wide actor = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
+Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
+one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
 learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
 step; `learner_work_device_s`: the learner's work; `learner_blocks`: its blocks that took part): mean step seconds, device-seconds billed per step (`cost_device_s`,
 the paper's GPU-second metric: serverful = devices x wall, serverless = billed invocations), dollars per step
@@ -26,7 +30,7 @@ epochs the paper averages over are the default number of steps.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,6 +42,7 @@ from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
 from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.events import EventLoop, Timeline
+from rlhfless.sim.overheads import DEFAULT, PAPER_VERL_MEM_FRAC, PAPER_VERL_MINIBATCHES, PAPER_VERL_TP
 from rlhfless.sim.perf import FITTED, PerfModel, smallest_tp
 from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
 from rlhfless.sim.step import play_step
@@ -45,13 +50,19 @@ from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, rep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that module imports torch (1.3 s)
 ALGOS = ("grpo", "ppo")
+BASELINES = ("tuned", "paper")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
-ABLATION = (("serverless-verl", Switches(False, False, False, False, False, overlap=False)),
-            ("+dedup", Switches(True, False, False, False, False, overlap=False)),
-            ("+assign", Switches(True, True, False, False, False, overlap=False)),
-            ("+migrate", Switches(True, True, True, False, False, overlap=False)),
-            ("+scale", Switches(True, True, True, True, False, overlap=False)),
-            ("+overlap", Switches(True, True, True, True, False, overlap=True)))
+_OFF = dict(overlap=False, size_learner=False, wide=False)
+ABLATION = (("serverless-verl", Switches(False, False, False, False, False, **_OFF)),
+            ("+dedup", Switches(dedup=True, assign=False, migrate=False, scale=False, prewarm=False, **_OFF)),
+            ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, **_OFF)),
+            ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, **_OFF)),
+            ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, **_OFF)),
+            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, **_OFF)),
+            ("+overlap", Switches(size_learner=False, wide=False)),
+            ("+sized learner", Switches(wide=False)))
+"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +wide actor (per-actor TP),
+is `rlhfless`."""
 
 
 @dataclass(frozen=True)
@@ -93,13 +104,23 @@ class SimConfig:
     """Replicas the dedup prefill function spreads over (the paper draws one)."""
     ablation: bool = False
     """Also run the ablation ladder (verl-equivalent serverless, +dedup, +assign, +migrate, +scale)."""
+    baseline: str = "tuned"
+    """The verl the headline `speedup` / `cost_reduction` compare with: tuned (the fastest TP, 0.9 of memory,
+    CUDA graphs, one optimizer step, shard-only resharding) or paper (verl 0.3.x as its example scripts run it;
+    `rlhfless.sim.overheads`). Both are always simulated and reported under `baselines`."""
     billing: BillingRules = field(default_factory=BillingRules)
-    container_start_s: float = 2.0
-    """Serverless container start (assumed; see PerfModel)."""
-    engine_init_s: float = 5.0
-    """Inference-engine start of a prefill/decode function (assumed; see PerfModel)."""
-    storage_gbps: float = 2.5
-    """GB/s per device reading weights at a cold start (assumed; see PerfModel)."""
+    container_start_s: float = DEFAULT["container_start_s"]
+    """Serverless container start, s (every overhead's source: rlhfless.sim.overheads, docs/overheads.md)."""
+    engine_init_s: float = DEFAULT["engine_init_s"]
+    """Inference-engine start of a prefill/decode function, s."""
+    storage_gbps: float = DEFAULT["storage_gbps"]
+    """GB/s per device reading weights at a cold start."""
+    net_eff: float = DEFAULT["net_eff"]
+    """Fraction of a NIC's line rate a weight broadcast or KV transfer reaches, in (0, 1]."""
+    kv_rebuild_s: float = DEFAULT["kv_rebuild_s"]
+    """Paper verl: seconds per step to rebuild the KV cache it frees after each rollout."""
+    eager_layer_s: float = DEFAULT["eager_layer_s"]
+    """Paper verl: CPU launch seconds per layer per decode iteration (eager mode)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -120,9 +141,11 @@ class SimConfig:
         require(0 < self.tau <= 1, "tau", f"must lie in (0, 1] (got {self.tau})")
         require(self.template_tokens >= 0, "template_tokens", f"must be >= 0 (got {self.template_tokens})")
         require(self.rlhfless_tp >= 0, "rlhfless_tp", f"must be >= 0 (got {self.rlhfless_tp})")
-        for f in ("container_start_s", "engine_init_s"):
+        for f in ("container_start_s", "engine_init_s", "kv_rebuild_s", "eager_layer_s"):
             require(getattr(self, f) >= 0, f, f"must be >= 0 s (got {getattr(self, f)})")
         require(self.storage_gbps > 0, "storage_gbps", f"must be > 0 (got {self.storage_gbps})")
+        require(0 < self.net_eff <= 1, "net_eff", f"must lie in (0, 1] (got {self.net_eff})")
+        require(self.baseline in BASELINES, "baseline", f"must be one of {list(BASELINES)} (got {self.baseline!r})")
         require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
 
 
@@ -139,21 +162,42 @@ SCENARIOS: dict[str, list[dict]] = {
     # 20 nodes x 8 H100, a 70B model (the paper's large-scale simulation); 8 steps per epoch
     "paper-sim": [dict(name="llama-70b/grpo", device="H100", n_devices=160, model="llama-70b", tp=8,
                        prompts_per_step=512, n_prompts=4096, steps=24, workload="synthetic")],
-    # this machine: the tiny model on 2 CPU cores replaying the shipped quickstart trace (200 steps)
+    # this machine: the tiny model on 2 CPU cores replaying the shipped quickstart trace (200 steps); cold starts
+    # as the runtime measures them here with its fork server (0.08 s decode, 0.09 s learner: README, the
+    # serverless-vs-serverful comparison's cold_start_s_mean), not a GPU platform's
     "local-cpu": [dict(name="tiny/grpo-cpu", device="cpu-core", n_devices=2, model="tiny", tp=1, workload="trace",
-                       steps=200, template_tokens=0)],
+                       steps=200, template_tokens=0, container_start_s=0.08, engine_init_s=0.0)],
     # a small case for tests and the notebook
     "quick": [dict(name="qwen2.5-3b/grpo-small", device="L40S", n_devices=8, model="qwen2.5-3b", tp=1,
                    prompts_per_step=32, n_prompts=128, steps=8, workload="synthetic")],
 }
 
 
-def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork]) -> Cluster:
-    """The shared perf model, time model and KV capacity for a TP degree (context from the workload)."""
+def wide_cluster(cfg: SimConfig, cs: Cluster, work: list[StepWork]) -> Cluster | None:
+    """RLHFless's wide engine for per-actor TP: twice its TP, when a node holds it and the model's heads divide;
+    None otherwise (e.g. a 70B model already at TP 8 on 8-device nodes)."""
+    dev, tp = hw.device(cfg.device), 2 * cs.perf.tp
+    if tp > min(dev.devices_per_node, cfg.n_devices) or hw.model(cfg.model).heads % tp:
+        return None
+    try:
+        return build_cluster(cfg, tp, work, whole_nodes=False)
+    except ConfigError:
+        return None
+
+
+def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = False,
+                  whole_nodes: bool = True) -> Cluster:
+    """The shared perf model, time model and KV capacity for a TP degree (context from the workload); `paper`:
+    verl 0.3.x's engine and update settings (`rlhfless.sim.overheads`: memory share, eager decode, KV cache
+    rebuilt every step, whole-model resharding, old-log-prob recomputation, 4 mini-batch updates)."""
     dev, shape = hw.device(cfg.device), hw.model(cfg.model)
     eff = FITTED[dev.name]
-    pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9)
-    require(cfg.n_devices % tp == 0, "n_devices", f"must be a multiple of tp={tp} (got {cfg.n_devices})")
+    if paper:
+        eff = replace(eff, kv_mem_frac=PAPER_VERL_MEM_FRAC)
+    pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9,
+                   cfg.net_eff, cfg.eager_layer_s if paper else 0.0, reshard_full=paper)
+    require(not whole_nodes or cfg.n_devices % tp == 0, "n_devices",
+            f"must be a multiple of tp={tp} (got {cfg.n_devices})")
     lens = np.array([x for s in work[:4] for g in s.groups for x in g.lengths], float)
     plen = float(np.mean([g.prompt_len for s in work[:4] for g in s.groups]))
     # a running sequence holds its prompt and, on average over its life, half its response; the long ones
@@ -164,6 +208,9 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork]) -> Cluster:
         raise ConfigError(f"n_devices: a {cfg.model} replica on {tp} x {cfg.device} holds {capacity} sequences of "
                           f"KV, fewer than one group of {gmax}; use larger devices or a higher tp")
     tm = pm.time_model(capacity, plen + float(lens.mean()) / 2)
+    if paper:
+        return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, "paper",
+                       old_logprob=True, minibatches=PAPER_VERL_MINIBATCHES, kv_rebuild_s=cfg.kv_rebuild_s)
     return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing)
 
 
@@ -211,14 +258,16 @@ def _path(p: str):
     return q if q.exists() else p
 
 
-def policies(cfg: SimConfig, cb: Cluster, cs: Cluster) -> list:
-    """The policies of a case: the serverful ones on the verl-tuned cluster `cb`, the serverless ones on `cs`."""
-    out = [Verl(cb), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau), RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors),
-           RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle"),
+def policies(cfg: SimConfig, cb: Cluster, cs: Cluster, cp: Cluster, cw: Cluster | None = None) -> list:
+    """The policies of a case: the serverful ones on the verl-tuned cluster `cb` (verl-paper on `cp`), the
+    serverless ones on `cs` (the straggler may run on `cw`, the wide engine)."""
+    out = [Verl(cb), Verl(cp), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau),
+           RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors, wide=cw),
+           RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle", wide=cw),
            # the same system asked for time only: how fast RLHFless can go on this cluster
-           RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1")]
+           RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1", wide=cw)]
     if cfg.ablation:
-        out += [RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name=n) for n, sw in ABLATION]
+        out += [RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name=n, wide=cw) for n, sw in ABLATION]
     return out
 
 
@@ -231,11 +280,14 @@ def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Tim
         res = play_step(loop, tl, t, plan, k)
         loop.run()
         wall = res.end_s - t
+        by_kind = dict.fromkeys(BILLED_KINDS, 0.0)
         if plan.serverful:
             cost, _ = cost_serverful(c.n_devices, wall, dev)
         else:
-            cost, _ = cost_step(tl.invocations(k), dev, c.billing)
-        rows.append({"step": k, "step_time_s": wall, "rollout_s": res.rollout_end_s - t,
+            invs = tl.invocations(k)
+            cost, _ = cost_step(invs, dev, c.billing)
+            by_kind = _device_s_by_kind(invs, c.billing)
+        rows.append({"step": k, "step_time_s": wall, "rollout_s": res.rollout_end_s - t, **by_kind,
                      "score_s": res.score_end_s - res.rollout_end_s, "update_s": res.end_s - res.score_end_s,
                      "learner_work_device_s": res.learner_work_ds, "learner_blocks": res.blocks_joined,
                      "cost_device_s": cost.gpu_seconds, "cost_usd": cost.usd,
@@ -243,9 +295,24 @@ def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Tim
         policy.observe(step, (rows[-1]["rollout_s"], rows[-1]["score_s"], rows[-1]["update_s"]))
         t = res.end_s
     keys = ("step_time_s", "rollout_s", "score_s", "update_s", "cost_device_s", "cost_usd", "n_actors",
-            "learner_work_device_s", "learner_blocks")
+            "learner_work_device_s", "learner_blocks", *BILLED_KINDS)
     summary = {k: float(np.mean([r[k] for r in rows])) for k in keys}
     return summary, tl, rows
+
+
+BILLED_KINDS = ("decode_device_s", "prefill_device_s", "learner_device_s", "cold_start_device_s")
+"""Serverless device-seconds billed per step by function kind, and the cold-start seconds inside them (devices x
+cold seconds of cold invocations; pre-warmed ones included): where the bill goes. Zero for serverful policies."""
+
+
+def _device_s_by_kind(invs, rules: BillingRules) -> dict[str, float]:
+    from rlhfless.plan.cost import billed_seconds
+
+    out = dict.fromkeys(BILLED_KINDS, 0.0)
+    for inv in invs:
+        out[f"{inv.kind}_device_s"] += billed_seconds(inv, rules) * inv.gpus
+        out["cold_start_device_s"] += (inv.cold_start_s if inv.cold else 0.0) * inv.gpus
+    return out
 
 
 def _tuned_tp(cfg: SimConfig, work: list[StepWork]) -> int:
@@ -270,26 +337,58 @@ def _tuned_tp(cfg: SimConfig, work: list[StepWork]) -> int:
     return best[1]
 
 
-def run_case(cfg: SimConfig, keep_timelines: bool = False) -> dict:
-    """Every policy over the case's steps; returns the case's report (and timelines/rows when asked)."""
-    work, note = workload(cfg)
+def _paper_tp(cfg: SimConfig, work: list[StepWork]) -> Cluster:
+    """verl 0.3.x's rollout TP 2, or the smallest power of two above it that holds the model and a group's KV
+    at its memory share (a 70B model needs 4 on an 80 GB device)."""
+    dev, tp = hw.device(cfg.device), PAPER_VERL_TP
+    while tp <= min(dev.devices_per_node, cfg.n_devices):
+        try:
+            return build_cluster(cfg, tp, work, paper=True)
+        except ConfigError:
+            tp *= 2
+    raise ConfigError(f"model: {cfg.model} does not fit {cfg.n_devices} x {cfg.device} at verl's memory share "
+                      f"{PAPER_VERL_MEM_FRAC} at any TP")
+
+
+def vs(base: dict, ours: dict) -> dict:
+    """Speedup and cost reductions of `ours` against `base` (policy summaries)."""
+    return {"speedup": base["step_time_s"] / ours["step_time_s"],
+            "cost_reduction": 1.0 - ours["cost_device_s"] / base["cost_device_s"],
+            "cost_reduction_usd": 1.0 - ours["cost_usd"] / base["cost_usd"]}
+
+
+def clusters(cfg: SimConfig, work: list[StepWork]) -> tuple[Cluster, Cluster, Cluster]:
+    """(tuned verl's, RLHFless's, paper verl's) clusters of a case."""
     cb = build_cluster(cfg, _tuned_tp(cfg, work), work)
     cs = build_cluster(cfg, cfg.rlhfless_tp, work) if cfg.rlhfless_tp else cb
-    out = {"name": cfg.name, "tp": cb.perf.tp, "replicas": cb.replicas, "capacity": cb.capacity,
+    return cb, cs, _paper_tp(cfg, work)
+
+
+def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...] = ()) -> dict:
+    """Every policy over the case's steps (`only`: just these, which must include verl, verl-paper and rlhfless;
+    without the oracle there is no gap to it); returns the case's report (and timelines/rows when asked)."""
+    work, note = workload(cfg)
+    cb, cs, cp = clusters(cfg, work)
+    out = {"name": cfg.name, "baseline": cfg.baseline, "tp": cb.perf.tp, "replicas": cb.replicas,
+           "capacity": cb.capacity, "paper_tp": cp.perf.tp, "paper_capacity": cp.capacity,
            "rlhfless_tp": cs.perf.tp, "rlhfless_capacity": cs.capacity,
            "steps": len(work), "seqs_per_step": work[0].n_seqs, "workload_note": note, "policies": {}}
     extra = {}
-    for pol in policies(cfg, cb, cs):
+    cw = wide_cluster(cfg, cs, work)
+    out["rlhfless_wide_tp"] = cw.perf.tp if cw is not None else 0
+    for pol in policies(cfg, cb, cs, cp, cw):
+        if only and pol.name not in only:
+            continue
         summary, tl, rows = simulate_policy(pol, work, pol.c)
         out["policies"][pol.name] = summary
         extra[pol.name] = (tl, rows)
     p = out["policies"]
-    base, ours, orc = p["verl"], p["rlhfless"], p["oracle"]
-    out.update(speedup=base["step_time_s"] / ours["step_time_s"],
-               cost_reduction=1.0 - ours["cost_device_s"] / base["cost_device_s"],
-               cost_reduction_usd=1.0 - ours["cost_usd"] / base["cost_usd"],
-               gap_to_oracle_time=ours["step_time_s"] / orc["step_time_s"] - 1.0,
-               gap_to_oracle_cost=ours["cost_device_s"] / orc["cost_device_s"] - 1.0)
+    ours = p["rlhfless"]
+    out["baselines"] = {"tuned": vs(p["verl"], ours), "paper": vs(p["verl-paper"], ours)}
+    out.update(out["baselines"][cfg.baseline])
+    if "oracle" in p:
+        out.update(gap_to_oracle_time=ours["step_time_s"] / p["oracle"]["step_time_s"] - 1.0,
+                   gap_to_oracle_cost=ours["cost_device_s"] / p["oracle"]["cost_device_s"] - 1.0)
     if keep_timelines:
         out["_timelines"] = extra
     return out
@@ -317,6 +416,7 @@ def run_scenario(name: str, steps: int | None = None, overrides: list[str] | Non
     t0 = time.perf_counter()
     cases = [run_case(c, keep_timelines) for c in case_configs(name, steps, overrides or [])]
     head = max(cases, key=lambda c: c["speedup"])
-    keys = ("policies", "speedup", "cost_reduction", "cost_reduction_usd", "gap_to_oracle_time", "gap_to_oracle_cost")
+    keys = ("baseline", "baselines", "policies", "speedup", "cost_reduction", "cost_reduction_usd",
+            "gap_to_oracle_time", "gap_to_oracle_cost")
     return {"scenario": name, "headline_case": head["name"], **{k: head[k] for k in keys}, "cases": cases,
             "sim_wall_s": time.perf_counter() - t0}

@@ -31,7 +31,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlhfless.plan.overlap import Blocks, learner_blocks, learner_drain, learner_invocations, sequential_blocks
+from rlhfless.plan.overlap import (
+    Blocks,
+    learner_blocks,
+    learner_drain,
+    learner_invocations,
+    sequential_blocks,
+    size_blocks,
+)
 from rlhfless.sim.events import PRIO_OTHER, PRIO_RELEASE, PRIO_START, EventLoop, Span, Timeline
 
 
@@ -84,6 +91,11 @@ class LearnerPlan:
     cold_s: float
     prewarm: bool
     update_fixed_s: float
+    prewarm_bill_s: float | None = None
+    """Billed seconds ahead of a pre-warmed block's ready time (the pre-warm rule: kept alive through an idle gap
+    shorter than a cold start, else restarted a cold start ahead); None = the cold start."""
+    size_slack: float | None = None
+    """With overlap: start only the blocks the backlog needs (`rlhfless.plan.overlap.size_blocks`); None = all."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +149,13 @@ def learner_schedule(plan: StepPlan, prefill_end: float) -> tuple[float, Blocks,
         spare = max(lp.devices - sum(dev), 0.0)
         first = float(arrive.min()) if len(arrive) else rollout_end
         b = learner_blocks(np.array(rel), np.array(dev), spare, lp.block_devices, first, lp.cold_s, lp.prewarm)
+    if lp.prewarm and lp.prewarm_bill_s is not None:  # pre-warmed blocks: the spare ones, or the single one
+        first_warm = len(rel) if lp.overlap else 0
+        cold = b.cold_s.copy()
+        cold[first_warm:] = np.minimum(cold[first_warm:], lp.prewarm_bill_s)
+        b = Blocks(b.ready_s, b.devices, cold)
+    if lp.overlap and lp.size_slack is not None:
+        b = size_blocks(arrive, work, b, lp.size_slack)
     end, joined = learner_drain(arrive, work, b.ready_s, b.devices)
     return max(end, rollout_end), b, joined
 

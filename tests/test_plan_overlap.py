@@ -1,0 +1,71 @@
+"""The overlapped learner's fluid queue (`learner_drain`) against a plain event-by-event reference, and the sized
+learner (`size_blocks`): within its slack, minimal in its order, never dearer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlhfless.errors import DataError
+from rlhfless.plan.overlap import Blocks, learner_drain, learner_invocations, size_blocks
+
+
+def reference_drain(arrive, work, ready, devices) -> float:
+    """Event by event: between consecutive arrivals / ready times the backlog falls at the ready devices' rate."""
+    events = sorted([(a, 0, w) for a, w in zip(arrive, work)] + [(r, 1, d) for r, d in zip(ready, devices)])
+    t, q, cap, left = events[0][0], 0.0, 0.0, sum(1 for _ in arrive)
+    for when, kind, x in events:
+        if q > 0 and cap > 0 and q <= cap * (when - t) and left == 0:
+            return t + q / cap
+        q = max(q - cap * (when - t), 0.0)
+        t = when
+        if kind == 0:
+            q, left = q + x, left - 1
+        else:
+            cap += x
+    if q > 0 and cap <= 0:
+        raise DataError("no device")
+    return t + (q / cap if q > 0 else 0.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_drain_matches_the_event_reference(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        g, b = rng.integers(1, 10), rng.integers(1, 7)
+        arrive, work = rng.uniform(0, 10, g).round(1), rng.exponential(5, g)
+        ready, dev = rng.uniform(0, 12, b).round(1), rng.integers(1, 4, b).astype(float)
+        end, joined = learner_drain(arrive, work, ready, dev)
+        assert end == pytest.approx(reference_drain(arrive, work, ready, dev), rel=1e-9, abs=1e-9)
+        assert (joined == (ready < end - 1e-12)).all()
+
+
+def test_drain_by_hand_and_errors():
+    # 4 device-s at t=0 on 2 devices ready at 1: ends at 3; a second group of 2 at 2.5 adds a second (1 s)
+    assert learner_drain(np.array([0.0]), np.array([4.0]), np.array([1.0]), np.array([2.0]))[0] == pytest.approx(3)
+    end, joined = learner_drain(np.array([0.0, 2.5]), np.array([4.0, 2.0]), np.array([1.0, 9.0]),
+                                np.array([2.0, 4.0]))
+    assert end == pytest.approx(4.0) and joined.tolist() == [True, False]
+    with pytest.raises(DataError, match="no device"):
+        learner_drain(np.array([0.0]), np.array([1.0]), np.array([]), np.array([]))
+
+
+def test_sized_learner_is_within_slack_minimal_and_cheaper():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        g, b = rng.integers(2, 30), rng.integers(2, 12)
+        arrive, work = np.sort(rng.exponential(5, g)), rng.exponential(3, g)
+        blocks = Blocks(np.sort(rng.uniform(0, 8, b)), np.full(b, 8.0), np.full(b, 2.0))
+        full_end, full_joined = learner_drain(arrive, work, blocks.ready_s, blocks.devices)
+        for slack in (0.0, 0.01, 0.1):
+            s = size_blocks(arrive, work, blocks, slack)
+            end, joined = learner_drain(arrive, work, s.ready_s, s.devices)
+            assert end <= full_end * (1 + slack) + 1e-9
+            k = len(s.ready_s)
+            assert (s.ready_s == blocks.ready_s[:k]).all()  # the earliest ready ones
+            if k > 1:  # one block fewer would miss the slack
+                assert learner_drain(arrive, work, blocks.ready_s[:k - 1], blocks.devices[:k - 1])[0] > \
+                    full_end * (1 + slack) + 1e-12
+            billed = sum(i.gpus * i.duration_s for i in learner_invocations(s, joined, end))
+            full = sum(i.gpus * i.duration_s for i in learner_invocations(blocks, full_joined, full_end))
+            assert billed <= full + 1e-9 or end > full_end  # held to a later end is the slack's price
