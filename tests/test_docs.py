@@ -1,5 +1,5 @@
 """The README and docs/ cannot go stale silently: every relative link (and #section) points at something that exists,
-every `rlhfless <command>` they name is a real command, every command line in their code blocks parses (a
+every `rlhfless <command>` and `make <target>` they name exists, every command line in their code blocks parses (a
 `train` line's overrides are applied to its config), and `rlhfless --version` prints the installed version.
 Each checker is also fed a broken page here, so a check that stopped finding anything would fail."""
 
@@ -28,6 +28,7 @@ INLINE_CODE = re.compile(r"`[^`\n]+`")
 LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.M)
 # `rlhfless CMD [SUB]` where it stands as a command (not `rlhfless/` paths, not `rlhfless.module`, not prose)
+MAKE = re.compile(r"(?:^|(?<=[\s`]))make +([a-z][\w-]*)", re.M)
 COMMAND = re.compile(r"(?:^|(?<=[\s`(/]))rlhfless +([a-z][\w-]*)(?: +([a-z][\w|-]*))?", re.M)
 
 
@@ -95,6 +96,12 @@ def unknown_commands(page: Path) -> list[str]:
     return bad
 
 
+def unknown_make_targets(page: Path, makefile: Path = REPO / "Makefile") -> list[str]:
+    """Each `make TARGET` in the page's code that the Makefile does not define."""
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile.read_text(), re.M))
+    return [f"{page.name}: make {m}" for code in _code(page.read_text()) for m in MAKE.findall(code) if m not in targets]
+
+
 def command_lines(text: str) -> list[str]:
     """Lines of a page's fenced blocks that run rlhfless (`\\` continuations joined, a trailing # comment dropped);
     `make demo ARGS=...` is the quickstart train command with those overrides. A line with a placeholder (`...`,
@@ -141,6 +148,11 @@ def test_every_rlhfless_command_a_page_names_exists(page):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_make_target_a_page_names_exists(page):
+    assert not unknown_make_targets(page)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_command_line_of_a_page_parses_and_its_overrides_apply(page):
     assert not unparsable(command_lines(page.read_text()))
 
@@ -165,6 +177,9 @@ def test_the_checkers_find_what_is_broken(tmp_path):
     assert broken_links(page) == ["page.md: missing.png (no such file)",
                                   "page.md: other.md#nowhere (no section #nowhere in other.md)"]
     assert unknown_commands(page) == ["page.md: rlhfless trian", "page.md: rlhfless bench nope"]
+    (tmp_path / "Makefile").write_text("demo: env\n\tdo it\n")
+    page.write_text("`make demo`, `make dmeo OUT=x` and the word make in prose\n")
+    assert unknown_make_targets(page, tmp_path / "Makefile") == ["page.md: make dmeo"]
     assert command_lines('```\nmake demo ARGS="train.steps=3 train.eval_prompts=20" OUT=/tmp/x\n'
                          'rlhfless train --out y \\\n    train.steps=2   # comment\n'
                          '.venv-x/bin/rlhfless repro --list\nrlhfless train ... a=1\nrlhfless x [--y]\n```') == \
