@@ -3,8 +3,9 @@
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
 `train`, `pretrain`, `build-hf-model`, `predictor train|eval|convert|compare`,
 `data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `repro`, and
-`bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen inside
-the command functions, so `rlhfless --help` is instant.
+`bench prefill|engine|loop|planner|plan-trace|faults`; `rlhfless --version` reads the installed package's
+metadata. Heavy imports (torch, transformers, scikit-learn) happen inside the command functions, so
+`rlhfless --help` is instant.
 
 User errors (`rlhfless.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
 characters) and exit with status 2, without a traceback. `KEY=VALUE` overrides may stand anywhere among the
@@ -38,6 +39,24 @@ _FILE_OUT = {("data", "gsm8k-lengths"), ("data", "synthetic-trace")}
 _OWN_OUT = {"train", "pretrain"}
 
 
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, read from its metadata only when asked (it costs a file
+    lookup, and every other command line would pay it at parser build)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="print the installed version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("rlhfless")
+        except PackageNotFoundError:
+            parser.exit(2, "rlhfless: error: the package is not installed, so it has no version (pip install -e .)\n")
+        print(f"rlhfless {found}")  # stdout, as argparse's own version action does
+        parser.exit(0)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """Usage errors as one line naming the command and its --help (argparse prints the whole usage first)."""
 
@@ -54,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Run `rlhfless <command> --help` for the options of each command."
         ),
     )
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     bench = sub.add_parser(
         "bench",

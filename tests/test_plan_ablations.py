@@ -1,4 +1,4 @@
-"""Every ablation switch of the README changes what it claims and nothing else.
+"""Every ablation switch of docs/configuration.md changes what it claims and nothing else.
 
 Planner switches (`plan.policy`, `plan.migrate`, `plan.scale`, `predictor.name`, `train.plan`) change only the
 logged plan: on this machine the rollout runs as one engine batch whatever the plan says, so one real step with

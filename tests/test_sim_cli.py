@@ -144,3 +144,17 @@ def test_validate_runtime_comparison_dir(tmp_path):
     assert "missing" in sl["function/prefill/billed_s"]  # not billed by the run: said so, not guessed
     assert rep["modes"]["serverful"]["cost"]["cost_device_s"]["rel_error"] < 1e-3  # units x wall
     assert rep["cost_error"] < 1e-3 and rep["step_time_error"] < 1e-3
+
+
+def test_simulate_help_names_every_scenario_whole(capsys):
+    """`--scenario`'s help is written without importing the registry; it must not drift from it (it once left out
+    local-cpu), and a name must not be split across lines where a user would copy it."""
+    from rlhfless.sim import SCENARIO_HELP
+    from rlhfless.sim.scenario import SCENARIOS
+
+    assert list(SCENARIO_HELP) == list(SCENARIOS)
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--help"])
+    assert exc.value.code == 0
+    words = set(capsys.readouterr().out.split())
+    assert all(any(w.startswith(name) for w in words) for name in SCENARIOS)

@@ -11,3 +11,12 @@ timeline observer), `step` (the mechanism of one step), `policies` (verl, RLHFus
 MAX_SIM_STEPS = 10_000
 """Most steps a case may simulate (the paper averages three epochs: 8 to 200 steps here); far beyond, a run would
 take days, so `--steps` and `steps=` refuse it."""
+
+SCENARIO_HELP = {
+    "paper-testbed": "16 x L40S; Qwen2.5-3B/7B; GRPO and PPO",
+    "paper-sim": "160 x H100; Llama-70B, TP 8",
+    "local-cpu": "2 CPU cores; the tiny model replaying the quickstart trace",
+    "quick": "8 x L40S; a small case for tests",
+}
+"""One line per scenario of `scenario.SCENARIOS`, for `simulate --help` without importing numpy (a test checks that
+the two name the same scenarios)."""

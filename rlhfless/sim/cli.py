@@ -19,7 +19,7 @@ import argparse
 import json
 
 from rlhfless.cliargs import count
-from rlhfless.sim import MAX_SIM_STEPS
+from rlhfless.sim import MAX_SIM_STEPS, SCENARIO_HELP
 from rlhfless.errors import ConfigError
 
 
@@ -59,7 +59,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from rlhfless.sim.scenario import run_scenario
 
         if not args.scenario:
-            raise ConfigError("scenario: give --scenario NAME (paper-testbed, paper-sim, quick) or --validate RUN_DIR")
+            raise ConfigError(f"scenario: give --scenario NAME ({', '.join(SCENARIO_HELP)}) or --validate RUN_DIR")
         report = run_scenario(args.scenario, args.steps, args.overrides, keep_timelines=bool(args.out))
         for case in report["cases"]:
             _print_case(case)
@@ -127,11 +127,21 @@ def _register_plan(sub: argparse._SubParsersAction) -> None:
     w.set_defaults(func=cmd_what_if)
 
 
+class _NoHyphenBreaks(argparse.HelpFormatter):
+    """Wraps help without splitting at hyphens, so a scenario name (`local-cpu`) stays whole and copyable."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction) -> None:
     _register_plan(sub)
     p = sub.add_parser(
-        "simulate", help="large-scale simulation of every policy (verl, RLHFuse-like, RLHFless, oracle), or "
-                         "validation of the simulator against a real run",
+        "simulate", formatter_class=_NoHyphenBreaks,
+        help="large-scale simulation of every policy (verl, RLHFuse-like, RLHFless, oracle), or "
+             "validation of the simulator against a real run",
         description="Simulate a scenario's cases with the real planner and report time and cost per policy, "
                     "RLHFless vs verl (speedup, cost reduction) and the gap to the oracle; or, with --validate, "
                     "simulate a run recorded on this machine and compare with what it measured.",
@@ -139,7 +149,7 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="override a case field (SimConfig), e.g. baseline=paper lam=0.8 n_devices=32 "
                         "lengths.median=400")
-    p.add_argument("--scenario", help="paper-testbed | paper-sim | quick")
+    p.add_argument("--scenario", help="; ".join(f"{k} ({v})" for k, v in SCENARIO_HELP.items()))
     p.add_argument("--steps", type=count(1, MAX_SIM_STEPS),
                    help=f"steps per case, at most {MAX_SIM_STEPS:,} (default: the scenario's, three epochs)")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT")
