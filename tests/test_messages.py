@@ -88,7 +88,21 @@ HELP_CHECKS = {  # "command option": how to apply the example its help gives
     "predictor train --set": lambda ex: predictor_cli._config("ewma", [ex.removeprefix("--set ")]),
     "predictor compare --set": lambda ex: predictor_cli._config("ewma", [ex.removeprefix("--set ")]),
     "data synthetic-trace --set": lambda ex: _synthetic([ex.removeprefix("--set ")]),
+    "plan what-if --model": lambda ex: [_hardware().model(m.strip()) for m in ex.split("(")[0].split(",")],
+    "plan what-if --devices": lambda ex: [_whatif().parse_devices(d.strip()) for d in ex.split(",")],
 }
+
+
+def _hardware():
+    from rlhfless.sim import hardware
+
+    return hardware
+
+
+def _whatif():
+    from rlhfless.sim import whatif
+
+    return whatif
 
 
 def _help_examples():
