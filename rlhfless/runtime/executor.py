@@ -17,6 +17,7 @@ version's file stays until the next one is written, so a killed learner is re-ru
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -70,6 +71,7 @@ class Runtime:
         self.step_t0 = self.t0
         self.step_t1: float | None = self.t0  # step 1's window opens when the runtime does (pool start included)
         self.totals: dict[str, float] = {}
+        self.paused: list[tuple[float, float]] = []  # run-relative intervals off the clock (`off_clock`)
         self.time_scale: float | None = None  # measured / predicted decode busy time, smoothed
         self.steps_done = 0
         self.last_learn_end: float | None = None
@@ -134,12 +136,15 @@ class Runtime:
     def dist_spec(self, rank: int, world: int, port: int) -> dict:
         return {"rank": rank, "world": world, "port": port, "timeout_s": min(60.0, self.rt.invocation_timeout_s)}
 
-    def restart_pool(self) -> None:
-        """Serverful recovery: a pool worker died, so the whole data-parallel pool restarts from the last state."""
+    def restart_pool(self, dead=None) -> None:
+        """Serverful recovery: a pool worker (`dead`, if the caller has not reaped it yet) died, so the whole
+        data-parallel pool restarts from the last state. The survivors are stopped at once, not asked to shut down:
+        their work is redone anyway, and a busy one would read `shutdown` only after its decode (or, inside the
+        broken all-reduce, only at gloo's timeout) while holding the unit its replacement needs. The caller
+        counts the retry (one per death)."""
         for h in self.pool_handles:
             if h.worker in self.pool.handles:
-                self.pool.dead(h) if not h.alive else self.pool.release(h)
-        self.count(M.RUNTIME_RETRIES)
+                self.pool.dead(h) if h is dead or not h.alive else self.pool.stop(h)
         self._start_pool()
 
     def claim(self, must: bool) -> tuple[int, ...] | None:
@@ -192,6 +197,19 @@ class Runtime:
         if self.last_learn_end is not None:
             self.history.between_s.append(self.step_t0 - self.last_learn_end)
 
+    @contextmanager
+    def off_clock(self):
+        """Driver work between steps that is not RL training (mid-run evaluation, checkpoints): cut out of every
+        worker's bill and out of the loop's wall time, in both modes (`meter`, "Off the clock")."""
+        t0 = now()
+        try:
+            yield
+        finally:
+            self.paused.append((self.rel(t0), self.rel(now())))
+
+    def paused_s(self) -> float:
+        return sum(b - a for a, b in self.paused)
+
     def overlaps(self) -> bool:
         """Whether this mode streams finished groups into the learner during decode (`runtime.overlap`)."""
         if self.rt.overlap is None:  # auto
@@ -235,7 +253,8 @@ class Runtime:
     def end_step(self, step: int) -> dict[str, float]:
         t1 = self.step_t1 = now()
         bill = bill_window(list(self.pool.records.values()), [i for i in self.invocations if i.step == step],
-                           self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful)
+                           self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful,
+                           self.paused)
         m = bill.metrics()
         m.update(self.counters)
         m[M.RUNTIME_UNITS_PEAK] = peak_units([r.to_json() for r in self.pool.records.values()],
@@ -281,13 +300,13 @@ class Runtime:
     def run_bill(self):
         t = now()
         return bill_run(list(self.pool.records.values()), self.invocations, self.rel(t), self.price,
-                        self.serverful, billing_rules(self.rt))
+                        self.serverful, billing_rules(self.rt), self.paused)
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
         bill = self.run_bill()
         recs = list(self.pool.records.values())
-        wall = (self.step_t1 or self.t0) - self.t0
+        wall = (self.step_t1 or self.t0) - self.t0 - self.paused_s()
         cold: dict[str, list[float]] = {}
         for r in recs:
             if r.ready_s is not None:
@@ -295,7 +314,7 @@ class Runtime:
         return {
             "mode": self.mode, "units": self.units, "start_method": self.rt.start_method,
             "platform_start_s": self.platform_start_s, "steps": self.steps_done,
-            "loop_wall_s": wall, "step_time_s": wall / max(1, self.steps_done),
+            "loop_wall_s": wall, "step_time_s": wall / max(1, self.steps_done), "off_clock_s": self.paused_s(),
             "cost_device_s": bill.device_s, "cost_usd": bill.usd, "billed_s_by_kind": bill.by_kind,
             "busy_device_s": bill.busy_s, "idle_fraction": bill.idle_fraction, "cold_starts": bill.cold_starts,
             "cold_start_s_mean": {k: sum(v) / len(v) for k, v in cold.items()},

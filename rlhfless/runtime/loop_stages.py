@@ -51,6 +51,9 @@ class RuntimeStages(Stages):
     def sync_learner(self) -> None:
         self.runtime.sync_learner(self.learner)
 
+    def off_clock(self):
+        return self.runtime.off_clock()
+
     def close(self) -> None:
         """Release every worker first (billing stops), then load the last state into the driver's learner."""
         try:
