@@ -291,7 +291,7 @@ def _steps(run: Run, progress: bool) -> None:
         from rlhfless.runtime.loop_stages import RuntimeStages
 
         run.stages = RuntimeStages(run.cfg, run.learner, run.planner, run.cfg.runtime.mode, run.out,
-                                   env=run.stages.env)
+                                   env=run.stages.env, progress=progress)
     try:
         _loop(run, progress)
     finally:

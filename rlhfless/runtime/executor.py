@@ -1,11 +1,14 @@
 """The runtime: a step's stages executed by worker processes, as the mode's policy decides, and metered.
 
-    Runtime(cfg, mode, learner)     starts the platform (fork server) and, for serverful, the pool of W workers
+    Runtime(cfg, mode, learner)     starts the platform (fork server), hands the planner this machine's time
+                                    profile (runtime.profile) and, for serverful, starts the pool of W workers
     .begin_step(step)               opens the step's billing window
     .rollout(groups, seed, plan)    decode functions (+ reward on the same workers); cut-and-migrate live
     .reference(...)                 the reference function (kl_coef > 0)
     .learn(...)                     the data-parallel learner function; new weights for the next decode
     .end_step(step) -> metrics      closes the window: billed device-seconds, cold starts, idle, migrations
+    .off_clock()                    a context for driver work between steps (evaluation, checkpoint): billed to
+                                    neither mode (runtime.meter, "Off the clock")
     .release() / .cleanup()         releases every worker and writes workers.jsonl / removes the scratch files
 
 Stages are in `runtime.stages` (decode) and here (learner, reference). Weights move as the learner's state file
@@ -42,7 +45,7 @@ RUNTIME_HOOKS: list = []
 
 class Runtime:
     def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
-                 planner=None, env=None):
+                 planner=None, env=None, progress: bool = False):
         from rlhfless.learner import save_learner_state
         from rlhfless.textenv import make_env
         from rlhfless.runtime.dist import free_port
@@ -52,16 +55,17 @@ class Runtime:
         self.serverful = mode == "serverful"
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
-        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.units = self.rt.resolved_units()
         self.backend = self._backend()
         self.platform_start_s = self.backend.boot()
-        self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
-        self.version = learner.updates
-        save_learner_state(learner, self.state_path(self.version))
         setup = {"config": json.loads(json.dumps(asdict(cfg), default=list)),
                  "checkpoint": str(cfg.policy.resolved()),
                  "reference_checkpoint": str(reference_checkpoint or cfg.policy.resolved())}
+        self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, progress)
+        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
+        self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
+        self.version = learner.updates
+        save_learner_state(learner, self.state_path(self.version))
         self.t0 = now()
         self.pool = Pool(self.backend, setup, self.t0, self.units)
         self.invocations: list[InvocationRecord] = []
@@ -85,6 +89,24 @@ class Runtime:
             self._start_pool()
         for hook in RUNTIME_HOOKS:
             hook(self)
+
+    def _use_measured_profile(self, setup: dict, progress: bool) -> tuple[str | None, float]:
+        """Hand the planner this machine's decode-time profile for one-unit workers, from the cache or measured
+        now in a worker (platform set-up before the run's clock starts: not billed); (its path, seconds measuring).
+        Off with runtime.measure_profile=false, without a planner, and for vLLM decode (rlhfless.runtime.profile)."""
+        if self.planner is None or not self.rt.measure_profile or self.cfg.rollout.engine != "own":
+            return None, 0.0
+        from rlhfless.runtime import profile as P
+
+        key = P.profile_key(self.cfg.policy.resolved(), threads=1)  # a worker holds one unit: one torch thread
+        path = P.cache_path(P.cache_dir(self.rt.profile_cache), key)
+        measured_s, found = 0.0, P.read_cached(path, key)
+        if found is None:
+            found, measured_s = P.measure_in_worker(self.backend, setup, (0,), progress, self.rt.invocation_timeout_s)
+            P.write_cached(path, key, found, measured_s)
+        self.planner.use_profile(P.time_model(found, self.planner.base_time_model, str(path)))
+        P.save_for_run(found, self.out)
+        return str(path), measured_s
 
     def _backend(self):
         if self.rt.backend == "ray":
@@ -314,6 +336,8 @@ class Runtime:
         return {
             "mode": self.mode, "units": self.units, "start_method": self.rt.start_method,
             "platform_start_s": self.platform_start_s, "steps": self.steps_done,
+            "time_profile": self.time_profile or (self.planner.time_model.source if self.planner else None),
+            "time_profile_measured_s": self.profile_measured_s,
             "loop_wall_s": wall, "step_time_s": wall / max(1, self.steps_done), "off_clock_s": self.paused_s(),
             "cost_device_s": bill.device_s, "cost_usd": bill.usd, "billed_s_by_kind": bill.by_kind,
             "busy_device_s": bill.busy_s, "idle_fraction": bill.idle_fraction, "cold_starts": bill.cold_starts,

@@ -19,9 +19,9 @@ from rlhfless.runtime.executor import Runtime
 
 class RuntimeStages(Stages):
     def __init__(self, cfg, learner, planner, mode: str, out: Path, reference_checkpoint: Path | None = None,
-                 env=None):
+                 env=None, progress: bool = False):
         super().__init__(cfg, learner, None, planner, env)
-        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env)
+        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env, progress)
         self.step = 0
         self._samples: list[Sample] = []
 

@@ -192,6 +192,12 @@ class Worker:
 
             sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
             return run_prefill(self, msg, sync_s)
+        if op == "profile":  # the planner's decode-time profile with this worker's threads (runtime.profile)
+            from rlhfless.rollout.tpot import measure_profile
+
+            rows, prefill_s = measure_profile(self.model, on_batch=lambda i: wire.send(conn, {"op": "profiling",
+                                                                                                "i": i}))
+            return {"op": "profiled", "rows": rows, "prefill_s_per_token": prefill_s}
         if op == "cut":  # arrived after this worker had finished: nothing left to hand over
             return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
         if op == "learn_begin":
