@@ -98,11 +98,12 @@ class Runtime:
             return None, 0.0
         from rlhfless.runtime import profile as P
 
-        key = P.profile_key(self.cfg.policy.resolved(), threads=1)  # a worker holds one unit: one torch thread
+        key = P.profile_key(self.cfg, threads=1)  # a worker holds one unit: one torch thread
         path = P.cache_path(P.cache_dir(self.rt.profile_cache), key)
         measured_s, found = 0.0, P.read_cached(path, key)
         if found is None:
-            found, measured_s = P.measure_in_worker(self.backend, setup, (0,), progress, self.rt.invocation_timeout_s)
+            found, measured_s = P.measure_in_worker(self.backend, setup, (0,), progress, self.rt.invocation_timeout_s,
+                                                    self.cfg.rollout.max_new_tokens)
             P.write_cached(path, key, found, measured_s)
         self.planner.use_profile(P.time_model(found, self.planner.base_time_model, str(path)))
         P.save_for_run(found, self.out)

@@ -8,16 +8,21 @@ profile by one number, which fixes the level but never the shape, so the planner
 large batches in the wrong proportion.
 
 What: when the runtime starts (`runtime.measure_profile`, on by default; own engine only), it looks up a profile
-keyed by this CPU's model name, the threads a worker runs (its units), the policy's model config and the torch
-version under `runtime.profile_cache` (default `$XDG_CACHE_HOME/rlhfless/profiles`, else `~/.cache/...`). On a
-miss it measures one in a worker started like every decode function (pinned, same thread count, fork server),
-with a progress bar: `rollout.tpot.measure_profile` (about a second for the tiny policy), not billed (platform
-set-up, like the fork server's start). The planner then prices with it (`Planner.use_profile`); the per-step scale
+keyed by this CPU's model name, the threads a worker runs (its units), the policy's model config, the torch
+version and the timed workload (task and sampling settings) under `runtime.profile_cache` (default
+`$XDG_CACHE_HOME/rlhfless/profiles`, else `~/.cache/...`). On a miss it measures one in a worker started like
+every decode function (pinned, same thread count, fork server), with a progress bar: three rollouts of the run's
+first 32 train prompts x 8 samples with its sampling settings (`rollout.tpot.measure_profile`; a few seconds for
+the quickstart's policy here), not billed (platform set-up, like the fork server's start). The planner then prices with it (`Planner.use_profile`); the per-step scale
 calibration continues on top of it. The run folder keeps what was priced with as `time_profile.json` (a profile
 `plan.time_profile` can load). `runtime.measure_profile=false` keeps `plan.time_profile` (the shipped one).
 Inline runs are untouched (the inline engine runs `train.threads` threads, and its plan is only logged).
 
-Deviations: prefill seconds per token are measured too (one prompt, one thread); the per-actor fixed and
+Measured here (`benchmarks/bench_profile_shape.py`; AMD EPYC, 2 cores shared with other jobs): the engine alone,
+one thread, decodes 16 prompts x 8 as 2 x 64 rows in 1.14-1.23x the seconds of 1 x 128; the measured profile
+predicts 1.11-1.15, the shipped one 1.47. Not captured: contention between co-running workers (the runtime billed
+1.52x for the same split, per-step range 0.81-2.69), which the per-step scale absorbs as a level.
+Deviations: prefill seconds per token come from the rollout's deduplicated prefill; the per-actor fixed and
 KV-transfer seconds keep the base profile's values. A Ray cluster's nodes are keyed by the driver's CPU.
 rollout.engine=vllm keeps `plan.time_profile` (vLLM's batching has another shape; not measured here yet).
 A cache file that does not parse, or whose key differs, is measured again and overwritten (with a warning).
@@ -30,15 +35,16 @@ import json
 import os
 import platform
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from rlhfless.errors import DataError
 from rlhfless.plan.timemodel import TimeModel, check_profile_rows
-from rlhfless.rollout.tpot import PROFILE_BATCHES
+from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, PROFILE_ROLLOUTS
 
-FORMAT = 1
+FORMAT = 2
 """Bumped whenever what `measure_profile` measures changes, so older cache files are measured again."""
 
 
@@ -60,10 +66,20 @@ def model_digest(checkpoint: Path) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def profile_key(checkpoint: Path, threads: int) -> dict:
-    """What a measured profile depends on: the CPU, the threads of one worker, the model's shapes, torch."""
-    return {"format": FORMAT, "cpu": cpu_name(), "threads": int(threads), "model_config": model_digest(checkpoint),
-            "torch": torch.__version__, "batch_sizes": list(PROFILE_BATCHES)}
+def workload_digest(cfg) -> str:
+    """sha256 of what shapes the timed rollout besides the model: the task (its prompts' lengths) and sampling."""
+    r = cfg.rollout
+    what = {"task": asdict(cfg.task), "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
+            "top_p": r.top_p, "rows": [PROFILE_ROLLOUTS, PROFILE_PROMPTS, PROFILE_GROUP]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def profile_key(cfg, threads: int) -> dict:
+    """What a measured profile depends on: the CPU, the threads of one worker, the model's shapes, torch, and the
+    rollout that is timed (`workload_digest`)."""
+    return {"format": FORMAT, "cpu": cpu_name(), "threads": int(threads),
+            "model_config": model_digest(cfg.policy.resolved()), "torch": torch.__version__,
+            "workload": workload_digest(cfg)}
 
 
 def cache_dir(setting: str) -> Path:
@@ -110,8 +126,8 @@ def time_model(profile: dict, base: TimeModel, source: str) -> TimeModel:
                                actor_fixed_s=base.actor_fixed_s, kv_transfer_s_per_token=base.kv_transfer_s_per_token)
 
 
-def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bool, timeout_s: float
-                      ) -> tuple[dict, float]:
+def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bool, timeout_s: float,
+                      max_new_tokens: int) -> tuple[dict, float]:
     """Start one decode worker as every decode function starts (pinned to `cores`, as many torch threads), have
     it measure (`Worker.handle("profile")`), release it; returns (profile, seconds including its start)."""
     from rlhfless.errors import TrainingError
@@ -120,7 +136,9 @@ def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bo
 
     t0 = now()
     h = backend.start("profile-0", ("decode",), cores, setup)
-    advance, close = count_bar(len(PROFILE_BATCHES), "time profile of this machine", progress, unit="batch")
+    total = PROFILE_ROLLOUTS * max_new_tokens
+    advance, close = count_bar(total, "time profile of this machine", progress, unit="iteration")
+    shown = 0
     try:
         backend.send(h, {"op": "profile"})  # waits in the pipe until the worker has loaded the model
         while now() - t0 < timeout_s:
@@ -129,7 +147,8 @@ def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bo
                     raise TrainingError("runtime: the worker measuring the time profile died "
                                         "(runtime.measure_profile=false uses plan.time_profile instead)")
                 if msg["op"] == "profiling":
-                    advance(1)
+                    advance(msg["done"] - shown)
+                    shown = msg["done"]
                 elif msg["op"] == "profiled":
                     return {"rows": msg["rows"], "prefill_s_per_token": msg["prefill_s_per_token"]}, now() - t0
         raise TrainingError(f"runtime: measuring the time profile took over runtime.invocation_timeout_s="
