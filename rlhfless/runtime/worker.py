@@ -1,7 +1,8 @@
 """A worker process: one device unit (a pinned CPU core, one torch thread), one model replica, a request loop.
 
 A worker runs the function kinds it was started for: `decode` (with its rows' `reward`), `reference`, `learner`;
-a serverful pool worker runs all of them on one replica (colocated, as verl does). Requests and replies are JSON
+a serverful pool worker runs all of them on one replica (colocated, as verl does). A decode worker also answers
+`profile` (once per machine and workload, `runtime.profile`): rollouts timed with its own pinned threads. Requests and replies are JSON
 messages (`rlhfless.runtime.wire`); tensors come and go as safetensors files. The worker knows nothing of
 modes, plans or billing: the driver decides what it runs and when it goes.
 
@@ -207,8 +208,8 @@ class Worker:
         raise ValueError(f"worker: unknown request {op!r}")
 
     def _profile(self, conn) -> dict:
-        """Time one rollout of the run's own workload (its task's first train prompts, its sampling settings):
-        the decode-time profile of this worker's shape (`rollout.tpot.measure_profile`)."""
+        """Time rollouts of the run's own workload (its task's first train prompts, its sampling settings): the
+        decode-time profile of this worker's shape (`rollout.tpot.measure_profile`)."""
         from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, measure_profile
 
         r = self.cfg.rollout
