@@ -2,10 +2,10 @@
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
 `train`, `pretrain`, `build-hf-model`, `predictor train|eval|convert|compare`,
-`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `repro`, and
-`bench prefill|engine|loop|planner|plan-trace|faults`; `rlhfless --version` reads the installed package's
-metadata. Heavy imports (torch, transformers, scikit-learn) happen inside the command functions, so
-`rlhfless --help` is instant.
+`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `plan what-if`, `repro`, and
+`bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen
+inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
+metadata.
 
 User errors (`rlhfless.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
 characters) and exit with status 2, without a traceback. `KEY=VALUE` overrides may stand anywhere among the

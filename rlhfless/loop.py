@@ -83,6 +83,12 @@ class Stages:
     def sync_learner(self) -> None:
         """Make `learner` hold the newest weights and optimizer state (inline: it always does)."""
 
+    @contextmanager
+    def off_clock(self):
+        """Driver work between steps that is not RL training (mid-run evaluation, checkpoints): the runtime bills
+        it to neither mode (inline bills nothing)."""
+        yield
+
     def close(self) -> None:
         """Release whatever the stages hold (inline: the vLLM engine when one was started)."""
         if self.vllm is not None:

@@ -9,7 +9,7 @@ Inline (runtime.mode=inline) the rollout runs as ONE local engine batch and the 
 with runtime.mode=serverless the runtime executes it: N decode functions, each running exactly its assigned
 groups, with live cut-and-migrate (rlhfless.runtime). Either way the decision is scored against the time model
 with the true lengths. The runtime replaces the assumed cold start and weight-sync seconds with measured ones
-(`calibrate`).
+(`calibrate`), and the configured time profile with one measured on this machine for its workers (`use_profile`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ class Planner:
         self.cfg = plan_cfg
         self.base_time_model: TimeModel = plan_cfg.time_model()
         self.time_model: TimeModel = self.base_time_model
+
+    def use_profile(self, time_model: TimeModel) -> None:
+        """Price with `time_model` from now on (the runtime's profile measured on this machine); the per-step scale
+        calibration starts again on top of it."""
+        self.base_time_model = self.time_model = time_model
 
     def calibrate(self, cold_start_s: float | None = None, weight_sync_s: float | None = None,
                   time_scale: float | None = None) -> None:

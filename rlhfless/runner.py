@@ -291,7 +291,7 @@ def _steps(run: Run, progress: bool) -> None:
         from rlhfless.runtime.loop_stages import RuntimeStages
 
         run.stages = RuntimeStages(run.cfg, run.learner, run.planner, run.cfg.runtime.mode, run.out,
-                                   env=run.stages.env)
+                                   env=run.stages.env, progress=progress)
     try:
         _loop(run, progress)
     finally:
@@ -324,13 +324,16 @@ def _loop(run: Run, progress: bool) -> None:
                 check_weights(run, step)
             bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
+            # evaluations and checkpoints run on the driver between steps: billed to neither runtime mode
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
-                run.stages.sync_learner()
-                run.tracker.log(_eval_metrics(run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env,
-                                                       progress)), step=step)
+                with run.stages.off_clock():
+                    run.stages.sync_learner()
+                    result = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env, progress)
+                run.tracker.log(_eval_metrics(result), step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                run.stages.sync_learner()
-                _checkpoint(run)
+                with run.stages.off_clock():
+                    run.stages.sync_learner()
+                    _checkpoint(run)
     except TrainingError as exc:
         raise _stopped(run, exc) from None
 

@@ -2,7 +2,8 @@
 
 One module-scoped set of runs keeps this affordable: the serverful control, the serverless runtime with
 migration forced (tau low, two decode functions), and the serverless runtime with a worker killed by SIGKILL
-mid-invocation. Every run must produce the same samples step for step.
+mid-invocation; the serverful control with pool workers killed at three points of the protocol. Every run
+must produce the same samples step for step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rlhfless.runner import train
 from rlhfless.runtime import executor
 from rlhfless.runtime.compare import read_digests, samples_match
 from rlhfless.runtime.config import available_cores
+from rlhfless.runtime.faults import KillOn, KillRule
 
 pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
 
@@ -98,6 +100,16 @@ def runs(tmp_path_factory):
     finally:
         executor.RUNTIME_HOOKS.remove(kill_a_streaming_learner_rank)
     out["killed_ranks"] = killed_ranks
+
+    # the serverful pool under SIGKILL at three protocol events (no clock): a worker idle after its decode
+    # (step 1), a worker just sent its decode (step 2), a rank just sent the optimiser step (step 3)
+    chaos = KillOn(KillRule("received", "done", 1), KillRule("sent", "decode", 2), KillRule("sent", "learn_end", 3))
+    executor.RUNTIME_HOOKS.append(chaos.attach)
+    try:
+        out["serverful_killed"] = _run(tmp, "serverful_killed", ["runtime.mode=serverful"])
+    finally:
+        executor.RUNTIME_HOOKS.remove(chaos.attach)
+    out["serverful_chaos"] = chaos
     return out
 
 
@@ -238,7 +250,24 @@ def test_a_learner_rank_killed_while_streaming_recomputes_its_groups_to_the_same
     assert _same_weights(out, runs["serverful"][0])
 
 
-@pytest.mark.parametrize("name", ["serverful", "serverless", "killed", "killed_learner"])
+def test_a_serverful_pool_killed_at_decode_and_update_restarts_to_the_same_samples_and_weights(runs):
+    """Serverful recovery is the serverless one's contract: a pool worker's death (idle, mid-decode, inside the
+    optimiser step) restarts the pool from the last state; nothing is lost, samples and final weights are the
+    clean run's bit for bit, and each death costs exactly one retry (no replacement worker crashes for want of
+    its learn_begin)."""
+    out, summary = runs["serverful_killed"]
+    fired = [(rule.op, rule.step) for rule, _ in runs["serverful_chaos"].fired]
+    assert fired == [("done", 1), ("decode", 2), ("learn_end", 3)]
+    rt = summary["runtime"]
+    assert rt["workers_killed"] == 3 and rt["retries"] == 3
+    assert rt["workers_started"] == 4 * available_cores()  # the first pool + one whole new pool per death
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+    assert _same_weights(out, runs["serverful"][0])
+    failed = {(i["step"], i["kind"]) for i in _rows(out / "invocations.jsonl") if not i["ok"]}
+    assert (2, "decode") in failed and (3, "learner") in failed
+
+
+@pytest.mark.parametrize("name", ["serverful", "serverless", "killed", "killed_learner", "serverful_killed"])
 def test_never_more_units_held_than_exist(runs, name):
     """Decode, prefill, learner, pre-warmed and kept workers together never hold more units than the machine
     gives the runtime, over whole runs with migration, shipped KV and killed workers (workers.jsonl)."""
@@ -296,3 +325,49 @@ def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains
     assert sl["cold_start"] > sf["cold_start"] and sl["busy"]["learner"] > 0
     assert c["gap_core_s_per_step"]["billed"] == pytest.approx(sl["billed"] - sf["billed"])
     assert c["serverless"]["planner"]["steps"] == 3 and c["serverless"]["planner"]["predicted_over_billed"] > 0
+
+
+@pytest.mark.slow
+def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
+    """train.eval_every > 0: the held-out evaluation runs on the driver between steps while the serverful pool is
+    held and the serverless functions are mostly released. Both bills leave it out: each mode's billed
+    device-seconds equal its workers' lifetimes (workers.jsonl, summed plainly) less the time they were held during
+    the evaluations, and the loop's wall time excludes them. Billing the held pool would charge the control alone
+    for work neither mode's workers do."""
+    import rlhfless.runner as runner
+
+    evals, runtimes = [], []
+    real_eval = runner.run_eval
+
+    def timed_eval(*args, **kw):
+        t0 = time.monotonic()
+        result = real_eval(*args, **kw)
+        evals.append((t0, time.monotonic()))
+        return result
+
+    monkeypatch.setattr(runner, "run_eval", timed_eval)
+    executor.RUNTIME_HOOKS.append(runtimes.append)
+    try:
+        for mode in ("serverful", "serverless"):
+            evals.clear()
+            out, summary = _run(tmp_path, mode, [f"runtime.mode={mode}", "train.eval_every=1", "train.eval_prompts=8"])
+            rt, s = runtimes[-1], summary["runtime"]
+            mid = [(a - rt.t0, b - rt.t0) for a, b in evals[1:-1]]  # the first and last are the initial and final
+            assert len(mid) == 2 and all(b > a for a, b in mid)
+            eval_s = sum(b - a for a, b in mid)
+            workers = _rows(out / "workers.jsonl")
+
+            def in_evals(w):
+                return sum(max(0.0, min(w["released_s"], b) - max(w["spawned_s"], a)) for a, b in mid) * w["units"]
+
+            held_in_evals = sum(in_evals(w) for w in workers)
+            lifetimes = sum((w["released_s"] - w["spawned_s"]) * w["units"] for w in workers)
+            if mode == "serverful":  # the premise: the pool is held through every evaluation
+                assert held_in_evals == pytest.approx(s["units"] * eval_s, rel=0.02)
+            # off the clock = the evaluation plus the driver's weight sync before it (milliseconds)
+            slack = 0.1 * s["units"] * eval_s + 0.001 * len(workers)
+            assert s["cost_device_s"] == pytest.approx(lifetimes - held_in_evals, abs=slack), mode
+            assert s["off_clock_s"] == pytest.approx(eval_s, abs=0.1 * eval_s)
+            assert s["loop_wall_s"] == pytest.approx(rt.step_t1 - rt.t0 - eval_s, abs=0.1 * eval_s)
+    finally:
+        executor.RUNTIME_HOOKS.remove(runtimes.append)

@@ -110,3 +110,20 @@ def test_meter_follows_the_rules_it_is_given_not_a_copy_of_them():
     free_cold = BillingRules(granularity_s=1.0, keep_alive_s=0.0, bill_cold_start=False)
     assert bill_run([w], [], 9.0, CPU, False, free_cold).device_s == 3.0  # 2.5 s rounded up
     assert bill_run([w], [], 9.0, CPU, False, 1.0).device_s == 4.0
+
+
+def test_time_off_the_clock_is_cut_out_of_every_lifetime_in_windows_and_runs():
+    """A pool held 0-10 s with an evaluation off the clock at 4-6 s: 8 s each; a serverless function alive 3-5 s
+    loses the 1 s it overlapped; one spawned during the pause (5-7 s) loses 1 s; windows add up to the run."""
+    ws = [WorkerRecord("pool-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.5, 10.0),
+          WorkerRecord("decode-1", ("decode",), 1.0, (1,), 3.0, 3.2, 5.0),
+          WorkerRecord("decode-2", ("decode",), 2.0, (1,), 5.0, 5.5, 7.0)]
+    paused = [(4.0, 6.0)]
+    plain = [10.0 - 2.0, (5.0 - 3.0) - (5.0 - 4.0), 2.0 * ((7.0 - 5.0) - (6.0 - 5.0))]  # held - paused, x units
+    run = bill_run(ws, [], 10.0, CPU, False, 0.001, paused)
+    assert run.device_s == pytest.approx(sum(plain))
+    assert run.by_kind == {"pool": pytest.approx(plain[0]), "decode": pytest.approx(plain[1] + plain[2])}
+    windows = [bill_window(ws, [], a, b, 10.0, CPU, False, paused).device_s for a, b in [(0, 4.5), (4.5, 10.0)]]
+    assert windows[0] == pytest.approx(4.5 - 0.5 + 1.0) and sum(windows) == pytest.approx(run.device_s)
+    assert bill_window(ws, [], 4.0, 6.0, 10.0, CPU, True, paused).device_s == 0.0
+    assert bill_run(ws, [], 10.0, CPU, False, 0.001).device_s == pytest.approx(10.0 + 2.0 + 4.0)  # nothing paused

@@ -6,6 +6,14 @@ two: 1, 2-3, 4-7, ...): batch_size is the median batch size in the bucket, conte
 attended, s_per_iter the median seconds of one iteration, n the iterations aggregated.
 `load_profile` refuses, with one line naming the file: a missing file, invalid JSON, and any row that
 `rlhfless.plan.timemodel.check_profile_rows` refuses (missing keys, wrong types, times that are not > 0).
+`measure_profile` measures rows on the spot, in the calling process's torch threads (the runtime runs it inside
+a worker, pinned, with the workers' own thread count: `rlhfless.runtime.profile`): real rollouts of the given
+prompts (deduplicated prefill, then the batch decays as rows finish, compactions included) bucketed as above, so
+every batch size from the full batch down to 1 is timed at the contexts a real decode reaches. A fixed batch that
+never shrinks misses the compactions and the tail's contexts: on this machine such a profile priced the runtime's
+decode functions about 5x low, one rollout's about 2.7x (the rest is co-running contention, which the runtime's
+per-step scale absorbs), on 12-step serverless runs of the quickstart's workload; a single rollout passes the
+large batches in a few iterations, so several are pooled.
 Non-goals: fitting a model to the rows (the planner does that).
 """
 
@@ -55,3 +63,37 @@ def load_profile(path: str | Path) -> list[dict]:
     except (ValueError, RecursionError):  # not JSON, not UTF-8, a huge integer, deep nesting
         raise DataError(f"{p}: not valid JSON") from None
     return check_profile_rows(rows, str(p))
+
+
+PROFILE_PROMPTS, PROFILE_GROUP, PROFILE_ROLLOUTS = 32, 8, 3
+"""What the runtime times: 3 rollouts of 32 prompts x 8 samples (256 rows at the start)."""
+
+
+def measure_profile(model, prompts: list[list[int]], group_size: int, params, rollouts: int = PROFILE_ROLLOUTS,
+                    slice_iters: int = 16, on_slice=None) -> tuple[list[dict], float]:
+    """(rows, prefill seconds per computed prompt token) of `rollouts` rollouts (seeds 0, 1, ...) of `prompts` x
+    `group_size` with `params`, their iterations pooled (one rollout passes the large batches in a few iterations).
+
+    on_slice(iterations so far): called every `slice_iters` decode iterations (a progress bar; each rollout ends
+    within params.max_new_tokens iterations, so the total is at most rollouts x max_new_tokens).
+    """
+    import torch
+
+    from rlhfless.rollout.engine import prefill
+    from rlhfless.rollout.session import DecodeSession
+
+    model.eval()
+    iterations, prefill_s, prefill_tokens, done = [], 0.0, 0, 0
+    with torch.no_grad():
+        for seed in range(rollouts):
+            state = prefill(model, prompts, group_size)
+            prefill_s, prefill_tokens = prefill_s + state.stats.seconds, prefill_tokens + state.stats.tokens_computed
+            session = DecodeSession(model, state, params, seed)
+            while not session.done:
+                session.advance(slice_iters)
+                done += slice_iters
+                if on_slice is not None:
+                    on_slice(min(done, (seed + 1) * params.max_new_tokens))
+            done = (seed + 1) * params.max_new_tokens
+            iterations += session.iterations
+    return profile_rows(iterations), prefill_s / max(1, prefill_tokens)

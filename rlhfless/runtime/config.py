@@ -95,6 +95,13 @@ class RuntimeConfig:
     learner_microbatch_groups: int = 1
     """Groups per learner micro-batch (fixed by group index: chunk k = groups k*m .. k*m+m-1). Larger chunks run
     fewer, wider forwards but wait for more groups before computing."""
+    measure_profile: bool = True
+    """The planner prices with a decode-time profile measured on this machine with the workers' own thread count
+    (at start-up, about a second, cached per CPU model, threads, model config and torch version:
+    rlhfless.runtime.profile); false = plan.time_profile as given (the shipped profile). Inline runs always use
+    plan.time_profile; rollout.engine=vllm too (not measured yet)."""
+    profile_cache: str = ""
+    """Folder of measured time profiles; "" = $XDG_CACHE_HOME/rlhfless/profiles, else ~/.cache/rlhfless/profiles."""
     invocation_timeout_s: float = 600.0
     """An invocation that takes longer is treated as a failed worker: killed and re-run."""
     max_attempts: int = 3

@@ -1,11 +1,14 @@
 """The runtime: a step's stages executed by worker processes, as the mode's policy decides, and metered.
 
-    Runtime(cfg, mode, learner)     starts the platform (fork server) and, for serverful, the pool of W workers
+    Runtime(cfg, mode, learner)     starts the platform (fork server), hands the planner this machine's time
+                                    profile (runtime.profile) and, for serverful, starts the pool of W workers
     .begin_step(step)               opens the step's billing window
     .rollout(groups, seed, plan)    decode functions (+ reward on the same workers); cut-and-migrate live
     .reference(...)                 the reference function (kl_coef > 0, no overlap; with overlap the learner ranks)
     .learn(...)                     the data-parallel learner function; new weights for the next decode
     .end_step(step) -> metrics      closes the window: billed device-seconds, cold starts, idle, migrations
+    .off_clock()                    a context for driver work between steps (evaluation, checkpoint): billed to
+                                    neither mode (runtime.meter, "Off the clock")
     .release() / .cleanup()         releases every worker and writes workers.jsonl / removes the scratch files
 
 Stages are in `runtime.stages` (decode) and here (learner, reference). Weights move as the learner's state file
@@ -17,6 +20,7 @@ version's file stays until the next one is written, so a killed learner is re-ru
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -39,7 +43,7 @@ RUNTIME_HOOKS: list = []
 
 class Runtime:
     def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
-                 planner=None, env=None):
+                 planner=None, env=None, progress: bool = False):
         from rlhfless.learner import save_learner_state
         from rlhfless.textenv import make_env
         from rlhfless.runtime.dist import free_port
@@ -49,16 +53,17 @@ class Runtime:
         self.serverful = mode == "serverful"
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
-        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.units = self.rt.resolved_units()
         self.backend = self._backend()
         self.platform_start_s = self.backend.boot()
-        self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
-        self.version = learner.updates
-        save_learner_state(learner, self.state_path(self.version))
         setup = {"config": json.loads(json.dumps(asdict(cfg), default=list)),
                  "checkpoint": str(cfg.policy.resolved()),
                  "reference_checkpoint": str(reference_checkpoint or cfg.policy.resolved())}
+        self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, progress)
+        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
+        self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
+        self.version = learner.updates
+        save_learner_state(learner, self.state_path(self.version))
         self.t0 = now()
         self.pool = Pool(self.backend, setup, self.t0, self.units)
         self.invocations: list[InvocationRecord] = []
@@ -68,6 +73,7 @@ class Runtime:
         self.step_t0 = self.t0
         self.step_t1: float | None = self.t0  # step 1's window opens when the runtime does (pool start included)
         self.totals: dict[str, float] = {}
+        self.paused: list[tuple[float, float]] = []  # run-relative intervals off the clock (`off_clock`)
         self.time_scale: float | None = None  # measured / predicted decode busy time, smoothed
         self.steps_done = 0
         self.last_learn_end: float | None = None
@@ -81,6 +87,25 @@ class Runtime:
             self._start_pool()
         for hook in RUNTIME_HOOKS:
             hook(self)
+
+    def _use_measured_profile(self, setup: dict, progress: bool) -> tuple[str | None, float]:
+        """Hand the planner this machine's decode-time profile for one-unit workers, from the cache or measured
+        now in a worker (platform set-up before the run's clock starts: not billed); (its path, seconds measuring).
+        Off with runtime.measure_profile=false, without a planner, and for vLLM decode (rlhfless.runtime.profile)."""
+        if self.planner is None or not self.rt.measure_profile or self.cfg.rollout.engine != "own":
+            return None, 0.0
+        from rlhfless.runtime import profile as P
+
+        key = P.profile_key(self.cfg, threads=1)  # a worker holds one unit: one torch thread
+        path = P.cache_path(P.cache_dir(self.rt.profile_cache), key)
+        measured_s, found = 0.0, P.read_cached(path, key)
+        if found is None:
+            found, measured_s = P.measure_in_worker(self.backend, setup, (0,), progress, self.rt.invocation_timeout_s,
+                                                    self.cfg.rollout.max_new_tokens)
+            P.write_cached(path, key, found, measured_s)
+        self.planner.use_profile(P.time_model(found, self.planner.base_time_model, str(path)))
+        P.save_for_run(found, self.out)
+        return str(path), measured_s
 
     def _backend(self):
         if self.rt.backend == "ray":
@@ -132,12 +157,15 @@ class Runtime:
     def dist_spec(self, rank: int, world: int, port: int) -> dict:
         return {"rank": rank, "world": world, "port": port, "timeout_s": min(60.0, self.rt.invocation_timeout_s)}
 
-    def restart_pool(self) -> None:
-        """Serverful recovery: a pool worker died, so the whole data-parallel pool restarts from the last state."""
+    def restart_pool(self, dead=None) -> None:
+        """Serverful recovery: a pool worker (`dead`, if the caller has not reaped it yet) died, so the whole
+        data-parallel pool restarts from the last state. The survivors are stopped at once, not asked to shut down:
+        their work is redone anyway, and a busy one would read `shutdown` only after its decode (or, inside the
+        broken all-reduce, only at gloo's timeout) while holding the unit its replacement needs. The caller
+        counts the retry (one per death)."""
         for h in self.pool_handles:
             if h.worker in self.pool.handles:
-                self.pool.dead(h) if not h.alive else self.pool.release(h)
-        self.count(M.RUNTIME_RETRIES)
+                self.pool.dead(h) if h is dead or not h.alive else self.pool.stop(h)
         self._start_pool()
 
     def claim(self, must: bool) -> tuple[int, ...] | None:
@@ -190,6 +218,19 @@ class Runtime:
         if self.last_learn_end is not None:
             self.history.between_s.append(self.step_t0 - self.last_learn_end)
 
+    @contextmanager
+    def off_clock(self):
+        """Driver work between steps that is not RL training (mid-run evaluation, checkpoints): cut out of every
+        worker's bill and out of the loop's wall time, in both modes (`meter`, "Off the clock")."""
+        t0 = now()
+        try:
+            yield
+        finally:
+            self.paused.append((self.rel(t0), self.rel(now())))
+
+    def paused_s(self) -> float:
+        return sum(b - a for a, b in self.paused)
+
     def overlaps(self) -> bool:
         """Whether this mode streams finished groups into the learner during decode (`runtime.overlap`)."""
         if self.rt.overlap is None:  # auto
@@ -238,7 +279,8 @@ class Runtime:
     def end_step(self, step: int) -> dict[str, float]:
         t1 = self.step_t1 = now()
         bill = bill_window(list(self.pool.records.values()), [i for i in self.invocations if i.step == step],
-                           self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful)
+                           self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful,
+                           self.paused)
         m = bill.metrics()
         m.update(self.counters)
         m[M.RUNTIME_UNITS_PEAK] = peak_units([r.to_json() for r in self.pool.records.values()],
@@ -284,13 +326,13 @@ class Runtime:
     def run_bill(self):
         t = now()
         return bill_run(list(self.pool.records.values()), self.invocations, self.rel(t), self.price,
-                        self.serverful, billing_rules(self.rt))
+                        self.serverful, billing_rules(self.rt), self.paused)
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
         bill = self.run_bill()
         recs = list(self.pool.records.values())
-        wall = (self.step_t1 or self.t0) - self.t0
+        wall = (self.step_t1 or self.t0) - self.t0 - self.paused_s()
         cold: dict[str, list[float]] = {}
         for r in recs:
             if r.ready_s is not None:
@@ -298,7 +340,9 @@ class Runtime:
         return {
             "mode": self.mode, "units": self.units, "start_method": self.rt.start_method,
             "platform_start_s": self.platform_start_s, "steps": self.steps_done,
-            "loop_wall_s": wall, "step_time_s": wall / max(1, self.steps_done),
+            "time_profile": self.time_profile or (self.planner.time_model.source if self.planner else None),
+            "time_profile_measured_s": self.profile_measured_s,
+            "loop_wall_s": wall, "step_time_s": wall / max(1, self.steps_done), "off_clock_s": self.paused_s(),
             "cost_device_s": bill.device_s, "cost_usd": bill.usd, "billed_s_by_kind": bill.by_kind,
             "busy_device_s": bill.busy_s, "idle_fraction": bill.idle_fraction, "cold_starts": bill.cold_starts,
             "cold_start_s_mean": {k: sum(v) / len(v) for k, v in cold.items()},

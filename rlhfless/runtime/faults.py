@@ -1,21 +1,32 @@
 """`rlhfless bench faults`: kill random workers with SIGKILL during a short serverless run; nothing may be lost.
 
-The same config runs twice: undisturbed, then with a chaos thread that kills a random busy worker (decode,
-learner or reference function, mid-invocation where one is running) at intervals sized to spread `kills` kills
-over the run. The runtime notices each death (the process sentinel), bills the lost time, and re-runs the dead
-worker's work from the same random streams. The report compares the two runs:
-  kills, lost_steps (steps that did not complete), samples_identical (every step's responses equal the
-  undisturbed run's), retries, extra_cost_fraction (billed device-seconds, faulty / undisturbed - 1).
+The same config runs `repeats` times undisturbed and `repeats` times under a chaos thread that kills a random busy
+worker (decode, learner or reference function, mid-invocation where one is running) at intervals sized to spread
+`kills` kills over the run; undisturbed and faulty runs alternate, so a shared machine's drift hits both alike.
+The runtime notices each death (the process sentinel), bills the lost time, and re-runs the dead worker's work
+from the same random streams. The report:
+  kills, lost_steps (steps that did not complete), samples_identical (every faulty run's responses equal the
+  undisturbed run's, step for step), retries;
+  extra_cost_fraction / extra_time_fraction: faulty / undisturbed - 1 per pair, as {mean, std, min, max, n};
+  undisturbed_noise_fraction: (max - min) / mean of the undisturbed runs' bills, the noise a single pair would
+  read as a cost of faults (one run on a shared machine came out 6% cheaper under faults than without);
+  extra_cost_resolved: the mean extra cost lies more than two standard errors from 0 (None with one pair);
+  lost_device_s: device-seconds of the invocations the kills cut short, measured in the faulty runs themselves
+  (no second run to compare with, so no noise of that kind; never negative).
+`KillOn` is the chaos the tests use instead: a kill at a protocol event (a message sent or received), no clock.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import random
 import signal
+import statistics
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlhfless.errors import TrainingError
@@ -65,42 +76,132 @@ class Chaos:
         self._stop.set()
 
 
-def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progress: bool = True) -> dict:
-    """Undisturbed run, then the same run under `kills` SIGKILLs; returns (and writes) the comparison.
+@dataclass(frozen=True)
+class KillRule:
+    """Kill the worker the driver just sent `op` to ("sent"), or just received `op` from ("received"), in `step`."""
+
+    when: str
+    op: str
+    step: int
+
+
+class KillOn:
+    """Chaos at protocol events instead of on a clock: SIGKILL a worker the moment the driver sends it (or reads
+    from it) a message matching a rule; each rule fires once. No thread and no sleep, so the kill lands at the same
+    point of the protocol on every run, loaded machine or not, and a test can assert what had to be recovered
+    (`fired`: (rule, worker) in firing order). Attach it with `executor.RUNTIME_HOOKS.append(k.attach)`."""
+
+    def __init__(self, *rules: KillRule):
+        self.rules = list(rules)
+        self.fired: list[tuple[KillRule, str]] = []
+
+    def attach(self, runtime) -> None:
+        backend = runtime.backend
+        send, poll = backend.send, backend.poll
+
+        def sent(h, msg: dict) -> None:
+            send(h, msg)
+            self._maybe_kill("sent", h, msg)
+
+        def polled(handles, timeout):
+            out = poll(handles, timeout)
+            for h, msg in out:
+                if msg is not None:
+                    self._maybe_kill("received", h, msg)
+            return out
+
+        backend.send, backend.poll = sent, polled
+
+    def _maybe_kill(self, when: str, h, msg: dict) -> None:
+        for rule in self.rules:
+            if rule.when == when and rule.op == msg.get("op") and rule.step == msg.get("step"):
+                self.rules.remove(rule)
+                try:
+                    os.kill(h.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    return
+                self.fired.append((rule, h.worker))
+                return
+
+
+def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progress: bool = True,
+                    repeats: int = 1) -> dict:
+    """`repeats` pairs of runs (undisturbed, then under `kills` SIGKILLs with chaos seed `seed + i`) into
+    out/undisturbed-<i> and out/faulty-<i>; returns the report (module header).
 
     train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime)."""
+    cfg = replace(cfg, runtime=replace(cfg.runtime, mode="serverless"))
+    pairs = [_pair(cfg, out, train, i, kills, seed + i - 1, progress) for i in range(1, repeats + 1)]
+    return fault_report(pairs, kills)
+
+
+def _pair(cfg, out: Path, train, i: int, kills: int, seed: int, progress: bool) -> dict:
     from rlhfless.runtime.compare import samples_match
 
-    cfg = replace(cfg, runtime=replace(cfg.runtime, mode="serverless"))
-    clean = train(cfg, out / "undisturbed", progress=progress)
-    wall = clean["runtime"]["loop_wall_s"]
-    chaos = Chaos(kills, interval_s=max(0.05, wall / (kills + 2)), seed=seed)
+    clean_dir, faulty_dir = out / f"undisturbed-{i}", out / f"faulty-{i}"
+    clean = train(cfg, clean_dir, progress=progress)
+    chaos = Chaos(kills, interval_s=max(0.05, clean["runtime"]["loop_wall_s"] / (kills + 2)), seed=seed)
     executor.RUNTIME_HOOKS.append(chaos.attach)
     lost = 0
     try:
-        faulty = train(cfg, out / "faulty", progress=progress)
+        faulty = train(cfg, faulty_dir, progress=progress)
     except TrainingError as exc:
-        faulty, lost = None, cfg.train.steps - _steps_done(out / "faulty")
-        print(f"rlhfless: bench faults: the faulty run stopped: {exc}")
+        faulty, lost = None, cfg.train.steps - _steps_done(faulty_dir)
+        print(f"rlhfless: bench faults: faulty run {i} stopped: {exc}")
     finally:
         chaos.stop()
         executor.RUNTIME_HOOKS.remove(chaos.attach)
-    identical, first_diff, n = samples_match(out / "undisturbed", out / "faulty")
-    c, f = clean["runtime"], (faulty or {}).get("runtime", {})
+    identical, first_diff, n = samples_match(clean_dir, faulty_dir)
+    return {"undisturbed": clean["runtime"], "faulty": (faulty or {}).get("runtime", {}), "lost_steps": lost,
+            "samples_identical": identical and lost == 0, "first_divergent_step": first_diff, "steps_compared": n,
+            "lost_device_s": _lost_device_s(faulty_dir), "killed": chaos.killed}
+
+
+def spread(values: list[float]) -> dict:
+    """{mean, std (sample; None for one value), min, max, n} of `values` (all None when empty)."""
+    if not values:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+def resolved(s: dict) -> bool | None:
+    """Whether a spread's mean lies more than two standard errors from 0 (None: fewer than two values)."""
+    if s["n"] < 2:
+        return None
+    return abs(s["mean"]) > 2 * s["std"] / math.sqrt(s["n"])
+
+
+def fault_report(pairs: list[dict], kills: int) -> dict:
+    """The bench's report from its pairs (`_pair` rows); faulty runs that stopped count in lost_steps only."""
+    done = [p for p in pairs if p["faulty"]]
+    cost = spread([p["faulty"]["cost_device_s"] / p["undisturbed"]["cost_device_s"] - 1 for p in done])
+    time_ = spread([p["faulty"]["loop_wall_s"] / p["undisturbed"]["loop_wall_s"] - 1 for p in done])
+    clean = [p["undisturbed"]["cost_device_s"] for p in pairs]
     return {
-        "kills": len(chaos.killed),
-        "kills_requested": kills,
-        "lost_steps": lost,
-        "samples_identical": identical and lost == 0,
-        "first_divergent_step": first_diff,
-        "steps_compared": n,
-        "retries": f.get("retries"),
-        "extra_cost_fraction": (f["cost_device_s"] / c["cost_device_s"] - 1.0) if f else None,
-        "extra_time_fraction": (f["loop_wall_s"] / c["loop_wall_s"] - 1.0) if f else None,
-        "undisturbed": c,
-        "faulty": f,
-        "killed": chaos.killed,
+        "repeats": len(pairs),
+        "kills": sum(len(p["killed"]) for p in pairs),
+        "kills_requested": kills * len(pairs),
+        "lost_steps": sum(p["lost_steps"] for p in pairs),
+        "samples_identical": all(p["samples_identical"] for p in pairs),
+        "retries": sum(p["faulty"].get("retries", 0) for p in done),
+        "extra_cost_fraction": cost,
+        "extra_time_fraction": time_,
+        "extra_cost_resolved": resolved(cost),
+        "undisturbed_cost_device_s": spread(clean),
+        "undisturbed_noise_fraction": (max(clean) - min(clean)) / statistics.fmean(clean) if len(clean) > 1 else None,
+        "lost_device_s": spread([p["lost_device_s"] for p in done]),
+        "pairs": pairs,
     }
+
+
+def _lost_device_s(run_dir: Path) -> float:
+    """Device-seconds of a run's failed invocations (request to death): the work the kills threw away."""
+    p = run_dir / "invocations.jsonl"
+    if not p.is_file():
+        return 0.0
+    rows = (json.loads(x) for x in p.read_text().splitlines() if x.strip())
+    return sum((r["finished_s"] - r["requested_s"]) * r["units"] for r in rows if not r["ok"])
 
 
 def _steps_done(run_dir: Path) -> int:

@@ -19,9 +19,9 @@ from rlhfless.runtime.executor import Runtime
 
 class RuntimeStages(Stages):
     def __init__(self, cfg, learner, planner, mode: str, out: Path, reference_checkpoint: Path | None = None,
-                 env=None):
+                 env=None, progress: bool = False):
         super().__init__(cfg, learner, None, planner, env)
-        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env)
+        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env, progress)
         self.step = 0
         self._samples: list[Sample] = []
 
@@ -50,6 +50,9 @@ class RuntimeStages(Stages):
 
     def sync_learner(self) -> None:
         self.runtime.sync_learner(self.learner)
+
+    def off_clock(self):
+        return self.runtime.off_clock()
 
     def close(self) -> None:
         """Release every worker first (billing stops), then load the last state into the driver's learner."""

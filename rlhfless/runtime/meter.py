@@ -16,6 +16,12 @@ pass the result as `plan.billing` so the planner's predicted device-seconds and 
 planner adds keep_alive_s after each invocation, the meter measures the idle that really followed). A lifetime is
 billed through `BillingRules.bill_held`; `bill_run` still accepts a bare granularity (other rules default).
 
+Off the clock: driver work between steps that is not RL training (a mid-run held-out evaluation, a checkpoint)
+runs on the driver in both modes, while a serverful pool is held and serverless functions are mostly released.
+Billing that time to the pool alone would charge the control for work neither mode's workers do, so both modes
+leave it out: `paused` intervals (run-relative) are cut out of every worker's held time, in windows and in the
+run total alike (`Runtime.off_clock`).
+
 Deviation from the paper's platform: it bills start to stop plus "a few seconds" of idle, rounded up to 1 s, for
 GPU steps of minutes. For CPU steps of about a second that rounding would dominate, so the local default is 1 ms
 (per-millisecond serverless billing), and idle is billed as it really happened (keep-alive) instead of a
@@ -84,9 +90,24 @@ def _usd_per_s(price: DevicePrice, serverful: bool) -> float:
     return price.serverless_usd_per_s
 
 
+Paused = Sequence[tuple[float, float]]
+"""Run-relative [start, end) intervals billed to no one (see "Off the clock" above)."""
+
+
+def overlap_s(a: float, b: float, paused: Paused) -> float:
+    """Seconds of [a, b) inside the (disjoint) `paused` intervals."""
+    return sum(max(0.0, min(b, p1) - max(a, p0)) for p0, p1 in paused)
+
+
+def _held(w: WorkerRecord, t0: float, t1: float, now: float, paused: Paused) -> float:
+    end = w.released_s if w.released_s is not None else now
+    return w.held(t0, t1, now) - overlap_s(max(w.spawned_s, t0), min(end, t1), paused)
+
+
 def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRecord], t0: float, t1: float,
-                now: float, price: DevicePrice, serverful: bool) -> Bill:
-    """Device-seconds billed inside [t0, t1): every worker's held time in the window times its units (unrounded).
+                now: float, price: DevicePrice, serverful: bool, paused: Paused = ()) -> Bill:
+    """Device-seconds billed inside [t0, t1): every worker's held time in the window, less any `paused` time,
+    times its units (unrounded).
 
     Cold starts are counted for workers that became ready inside the window.
     """
@@ -94,7 +115,7 @@ def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[Invocatio
     total = cold_s = 0.0
     colds = 0
     for w in workers:
-        held = w.held(t0, t1, now) * w.units
+        held = _held(w, t0, t1, now, paused) * w.units
         if held > 0:
             by_kind[_kind(w)] = by_kind.get(_kind(w), 0.0) + held
             total += held
@@ -106,16 +127,16 @@ def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[Invocatio
 
 
 def bill_run(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRecord], now: float,
-             price: DevicePrice, serverful: bool, granularity_s: float | BillingRules) -> Bill:
-    """The whole run: each lifetime (spawn to release, measured idle included) billed once under the rules
-    (`BillingRules.bill_held`; a float is a granularity), times its units."""
+             price: DevicePrice, serverful: bool, granularity_s: float | BillingRules, paused: Paused = ()) -> Bill:
+    """The whole run: each lifetime (spawn to release, measured idle included, `paused` time cut out) billed once
+    under the rules (`BillingRules.bill_held`; a float is a granularity), times its units."""
     rules = _rules(granularity_s)
     by_kind: dict[str, float] = {}
     total = 0.0
     for w in workers:
         end = w.released_s if w.released_s is not None else now
         cold = w.cold_start_s if w.ready_s is not None else 0.0
-        billed = rules.bill_held(end - w.spawned_s, cold) * w.units
+        billed = rules.bill_held(end - w.spawned_s - overlap_s(w.spawned_s, end, paused), cold) * w.units
         by_kind[_kind(w)] = by_kind.get(_kind(w), 0.0) + billed
         total += billed
     busy = sum(i.busy_s * i.units for i in invocations)

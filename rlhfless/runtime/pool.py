@@ -81,6 +81,14 @@ class Pool:
         self.backend.release(h)
         self._gone(h, killed=False)
 
+    def stop(self, h: Handle) -> None:
+        """End a live worker at once, without the graceful `shutdown` (its current work is being discarded: a
+        busy decode reads `shutdown` only after its decode, a rank inside a broken all-reduce not at all).
+        Recorded as released, not killed: the runtime chose to end it."""
+        if h.worker in self.handles:
+            self.backend.kill(h)
+            self._gone(h, killed=False)
+
     def dead(self, h: Handle) -> None:
         """Record a worker that died (its held time until now stays billed)."""
         if h.worker in self.handles:

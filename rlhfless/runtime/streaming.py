@@ -117,6 +117,7 @@ class LearnerStream:
             self.prewarm()
         if not (self.overlap or start_all):
             return
+        attempt = self.attempt
         for r in self.ranks:
             todo = [g for g in r.groups if g in self.finished and g not in r.sent]
             if r.handle is None and (todo or start_all) and not self._start(r, prewarmed=False):
@@ -128,10 +129,15 @@ class LearnerStream:
                 self._send(r, {"op": "learn_begin", "step": self.step, "seed": self.step, "with_ref": self.with_ref,
                                "chunks": self.plan[r.rank], **self.rt.state_setup()})
             for g in todo:
-                if r.handle is None:  # it died on a send just now: it restarts and gets everything again
+                if self.attempt != attempt:
                     break
                 self._send(r, {"op": "learn_group", "step": self.step, "g": g, "batch": self._file(g)})
                 r.sent.add(g)
+            if self.attempt != attempt:
+                # a rank died on a send just now and was reset (serverful: every rank, onto a new pool); what was
+                # computed here for the old workers no longer holds, so start over: a new worker gets learn_begin
+                # before any group (never a group first, which it could not add to an update it does not have)
+                return self.pump(start_all)
 
     def _start(self, r: _Rank, prewarmed: bool) -> bool:
         rt = self.rt
@@ -192,7 +198,7 @@ class LearnerStream:
             
             raise fail(f"learner of step {self.step}", self.attempt - 1)
         if rt.serverful:
-            rt.restart_pool()
+            rt.restart_pool(dead=h)
             return self.pool_restarted()
         for r in victims:
             r.reset()

@@ -1,7 +1,8 @@
 """A worker process: one device unit (a pinned CPU core, one torch thread), one model replica, a request loop.
 
 A worker runs the function kinds it was started for: `decode` (with its rows' `reward`), `reference`, `learner`;
-a serverful pool worker runs all of them on one replica (colocated, as verl does). Requests and replies are JSON
+a serverful pool worker runs all of them on one replica (colocated, as verl does). A decode worker also answers
+`profile` (once per machine and workload, `runtime.profile`): rollouts timed with its own pinned threads. Requests and replies are JSON
 messages (`rlhfless.runtime.wire`); tensors come and go as safetensors files. The worker knows nothing of
 modes, plans or billing: the driver decides what it runs and when it goes.
 
@@ -188,6 +189,8 @@ class Worker:
 
             sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
             return run_prefill(self, msg, sync_s)
+        if op == "profile":  # the planner's decode-time profile with this worker's threads (runtime.profile)
+            return self._profile(conn)
         if op == "cut":  # arrived after this worker had finished: nothing left to hand over
             return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
         if op == "learn_begin":
@@ -199,6 +202,18 @@ class Worker:
         if op == "reference":
             return self._reference(msg)
         raise ValueError(f"worker: unknown request {op!r}")
+
+    def _profile(self, conn) -> dict:
+        """Time rollouts of the run's own workload (its task's first train prompts, its sampling settings): the
+        decode-time profile of this worker's shape (`rollout.tpot.measure_profile`)."""
+        from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, measure_profile
+
+        r = self.cfg.rollout
+        prompts = [self.env.encode(p) for p in self.env.task.splits()[0][:PROFILE_PROMPTS]]
+        rows, prefill_s = measure_profile(self.model, prompts, PROFILE_GROUP,
+                                          self.env.sampling(r.max_new_tokens, r.temperature, r.top_p),
+                                          on_slice=lambda done: wire.send(conn, {"op": "profiling", "done": done}))
+        return {"op": "profiled", "rows": rows, "prefill_s_per_token": prefill_s}
 
     # -- the learner: one accumulated update per step, fed group by group (rlhfless.accumulate) ----------------
     def _learn_begin(self, msg: dict) -> None:
@@ -233,8 +248,16 @@ class Worker:
 
         if msg.get("dist") and self.shard is None:
             self._join(msg["dist"])
-        metrics = self.update.finish(torch.tensor(msg["rewards"], dtype=torch.float32), msg["lengths"],
-                                     self.shard)
+        try:
+            metrics = self.update.finish(torch.tensor(msg["rewards"], dtype=torch.float32), msg["lengths"],
+                                         self.shard)
+        except RuntimeError as exc:
+            if self.shard is None:
+                raise
+            # a peer died inside the all-reduce (runtime.dist: survivors raise at once); the driver restarts the
+            # group from the same state, so this is expected under faults: one line, not a traceback
+            raise SystemExit(f"rlhfless worker: the learner's all-reduce broke ({str(exc).splitlines()[0][:100]}); "
+                             "exiting for the driver to restart the group") from None
         self.version = msg["version"] + 1
         if msg.get("state_out"):
             save_learner_state(self.learner, msg["state_out"])

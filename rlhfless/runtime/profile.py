@@ -1,0 +1,166 @@
+"""The planner's decode-time profile, measured on this machine for the workers' own thread count, and cached.
+
+Why: the planner prices each candidate N with seconds per decode iteration vs batch size (`plan.TimeModel`). The
+shipped profile (`data/profiles/tpot_tiny_cpu.json`) was measured on another machine by a two-thread engine; the
+runtime's workers run one pinned thread each, and on this machine they slow down far more from batch 1 to 256
+than that profile says. The runtime's per-step calibration (`Planner.calibrate(time_scale)`) multiplies the whole
+profile by one number, which fixes the level but never the shape, so the planner would keep pricing small and
+large batches in the wrong proportion.
+
+What: when the runtime starts (`runtime.measure_profile`, on by default; own engine only), it looks up a profile
+keyed by this CPU's model name, the threads a worker runs (its units), the policy's model config, the torch
+version and the timed workload (task and sampling settings) under `runtime.profile_cache` (default
+`$XDG_CACHE_HOME/rlhfless/profiles`, else `~/.cache/...`). On a miss it measures one in a worker started like
+every decode function (pinned, same thread count, fork server), with a progress bar: three rollouts of the run's
+first 32 train prompts x 8 samples with its sampling settings (`rollout.tpot.measure_profile`; a few seconds for
+the quickstart's policy here), not billed (platform set-up, like the fork server's start). The planner then prices with it (`Planner.use_profile`); the per-step scale
+calibration continues on top of it. The run folder keeps what was priced with as `time_profile.json` (a profile
+`plan.time_profile` can load). `runtime.measure_profile=false` keeps `plan.time_profile` (the shipped one).
+Inline runs are untouched (the inline engine runs `train.threads` threads, and its plan is only logged).
+
+Measured here (`benchmarks/bench_profile_shape.py`; AMD EPYC, 2 cores shared with other jobs): the engine alone,
+one thread, decodes 16 prompts x 8 as 2 x 64 rows in 1.14-1.23x the seconds of 1 x 128; the measured profile
+predicts 1.11-1.15, the shipped one 1.47. Not captured: contention between co-running workers (the runtime billed
+1.52x for the same split, per-step range 0.81-2.69), which the per-step scale absorbs as a level.
+Deviations: prefill seconds per token come from the rollout's deduplicated prefill; the per-actor fixed and
+KV-transfer seconds keep the base profile's values. A Ray cluster's nodes are keyed by the driver's CPU.
+rollout.engine=vllm keeps `plan.time_profile` (vLLM's batching has another shape; not measured here yet).
+A cache file that does not parse, or whose key differs, is measured again and overwritten (with a warning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from rlhfless.errors import DataError
+from rlhfless.plan.timemodel import TimeModel, check_profile_rows
+from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, PROFILE_ROLLOUTS
+
+FORMAT = 2
+"""Bumped whenever what `measure_profile` measures changes, so older cache files are measured again."""
+
+
+def cpu_name() -> str:
+    """This machine's CPU model name (/proc/cpuinfo), or what the platform says elsewhere."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def model_digest(checkpoint: Path) -> str:
+    """sha256 of the checkpoint's model config (its shapes decide the time; the weights do not)."""
+    cfg = json.loads((checkpoint / "config.json").read_text(encoding="utf-8"))
+    cfg.pop("transformers_version", None)  # written by whatever version saved it: no bearing on the shapes
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def workload_digest(cfg) -> str:
+    """sha256 of what shapes the timed rollout besides the model: the task (its prompts' lengths) and sampling."""
+    r = cfg.rollout
+    what = {"task": asdict(cfg.task), "max_new_tokens": r.max_new_tokens, "temperature": r.temperature,
+            "top_p": r.top_p, "rows": [PROFILE_ROLLOUTS, PROFILE_PROMPTS, PROFILE_GROUP]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def profile_key(cfg, threads: int) -> dict:
+    """What a measured profile depends on: the CPU, the threads of one worker, the model's shapes, torch, and the
+    rollout that is timed (`workload_digest`)."""
+    return {"format": FORMAT, "cpu": cpu_name(), "threads": int(threads),
+            "model_config": model_digest(cfg.policy.resolved()), "torch": torch.__version__,
+            "workload": workload_digest(cfg)}
+
+
+def cache_dir(setting: str) -> Path:
+    """`runtime.profile_cache`, or the user's cache folder when it is empty."""
+    if setting:
+        return Path(setting)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rlhfless" / "profiles"
+
+
+def cache_path(folder: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return folder / f"tpot-{digest}.json"
+
+
+def read_cached(path: Path, key: dict) -> dict | None:
+    """The cached profile {"rows", "prefill_s_per_token"} for `key`, or None (missing, unreadable, other key)."""
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        if entry.get("key") != key:
+            raise DataError("written for another key")
+        profile = entry["profile"]
+        check_profile_rows(profile["rows"], str(path))
+        float(profile["prefill_s_per_token"])
+        return profile
+    except (ValueError, KeyError, TypeError, AttributeError, DataError) as exc:
+        print(f"rlhfless: measuring the time profile again: the cached {path} is unusable ({exc})", file=sys.stderr)
+        return None
+
+
+def write_cached(path: Path, key: dict, profile: dict, measured_s: float) -> None:
+    """Write the entry atomically (runs in parallel may measure the same key; the last rename wins, whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "measured_s": measured_s, "profile": profile}, indent=1))
+    tmp.replace(path)
+
+
+def time_model(profile: dict, base: TimeModel, source: str) -> TimeModel:
+    """The measured rows and prefill seconds; per-actor fixed and KV-transfer seconds from `base`."""
+    return TimeModel.from_rows(profile["rows"], source=source, prefill_s_per_token=float(profile["prefill_s_per_token"]),
+                               actor_fixed_s=base.actor_fixed_s, kv_transfer_s_per_token=base.kv_transfer_s_per_token)
+
+
+def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bool, timeout_s: float,
+                      max_new_tokens: int) -> tuple[dict, float]:
+    """Start one decode worker as every decode function starts (pinned to `cores`, as many torch threads), have
+    it measure (`Worker.handle("profile")`), release it; returns (profile, seconds including its start)."""
+    from rlhfless.errors import TrainingError
+    from rlhfless.progress import count_bar
+    from rlhfless.runtime.worker import now
+
+    t0 = now()
+    h = backend.start("profile-0", ("decode",), cores, setup)
+    total = PROFILE_ROLLOUTS * max_new_tokens
+    advance, close = count_bar(total, "time profile of this machine", progress, unit="iteration")
+    shown = 0
+    try:
+        backend.send(h, {"op": "profile"})  # waits in the pipe until the worker has loaded the model
+        while now() - t0 < timeout_s:
+            for _, msg in backend.poll([h], 1.0):
+                if msg is None:
+                    raise TrainingError("runtime: the worker measuring the time profile died "
+                                        "(runtime.measure_profile=false uses plan.time_profile instead)")
+                if msg["op"] == "profiling":
+                    advance(msg["done"] - shown)
+                    shown = msg["done"]
+                elif msg["op"] == "profiled":
+                    return {"rows": msg["rows"], "prefill_s_per_token": msg["prefill_s_per_token"]}, now() - t0
+        raise TrainingError(f"runtime: measuring the time profile took over runtime.invocation_timeout_s="
+                            f"{timeout_s:g} s")
+    finally:
+        close()
+        backend.release(h)
+
+
+def save_for_run(profile: dict, out: Path) -> Path:
+    """OUT/time_profile.json: what the run's planner priced with, loadable as `plan.time_profile`."""
+    path = out / "time_profile.json"
+    path.write_text(json.dumps({"rows": profile["rows"], "prefill_s_per_token": profile["prefill_s_per_token"]},
+                               indent=1))
+    return path
