@@ -61,7 +61,7 @@ def check_device(spec: str, field: str) -> None:
         return
     n = cuda_visible()
     if n == 0:
-        raise ConfigError(f"{field}={spec}: {no_cuda_message()}; use {field}=cpu (or auto)")
+        raise ConfigError(f"{field}={spec}: {no_cuda_message()}; use {field}=cpu")
     index = int(spec.partition(":")[2] or 0)
     if index >= n:
         raise ConfigError(f"{field}={spec}: torch sees {n} CUDA device(s), so the index must be < {n}")
