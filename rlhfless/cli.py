@@ -26,6 +26,7 @@ _MODULES = (
     "rlhfless.model.cli",
     "rlhfless.plan.cli",
     "rlhfless.bench.engine_cli",
+    "rlhfless.bench.profile_cli",
     "rlhfless.predictor.cli",
     "rlhfless.bench.faults_cli",
     "rlhfless.sim.cli",
@@ -34,7 +35,7 @@ _MODULES = (
 
 
 # Commands whose --out is one file, and commands that check their own --out (a run, a checkpoint).
-_FILE_OUT = {("data", "gsm8k-lengths"), ("data", "synthetic-trace")}
+_FILE_OUT = {("data", "gsm8k-lengths"), ("data", "synthetic-trace"), ("profile", None)}
 _OWN_OUT = {"train", "pretrain"}
 
 

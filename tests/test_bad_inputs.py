@@ -223,8 +223,18 @@ CASES += [
     C("device-runtime-form", [*DRY, "runtime.device=tpu"], "runtime.device"),
     C("device-functions-per-gpu-cpu", [*DRY, "runtime.functions_per_gpu=2"], "runtime.functions_per_gpu"),
 ]
+CASES += [
+    C("profile-model", ["profile", "--out", "{d}/p.json", "--model", "gpt2"], "--model"),
+    C("profile-device-form", ["profile", "--out", "{d}/p.json", "--device", "tpu"], "--device"),
+    C("profile-batch-sizes", ["profile", "--out", "{d}/p.json", "--batch-sizes", "4,x"], "--batch-sizes"),
+    C("profile-contexts-tiny", ["profile", "--out", "{d}/p.json", "--contexts", "4096", "--no-cold-start"],
+      "--contexts"),
+    C("profile-out-folder", ["profile", "--out", "{d}/adir"], "--out"),
+]
 if not cuda_visible():
     CASES += [
+        C("nocuda-profile", ["profile", "--out", "{d}/p.json", "--device", "cuda", "--model", "qwen2.5-0.5b"],
+          "--device"),
         C("nocuda-train-device", [*DRY, "train.device=cuda"], "train.device"),
         C("nocuda-train-device-k", [*DRY, "train.device=cuda:3"], "train.device"),
         C("nocuda-runtime-device", [*DRY, "runtime.mode=serverless", "runtime.device=cuda"], "runtime.device"),
