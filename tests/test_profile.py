@@ -56,3 +56,35 @@ def test_the_cli_measures_a_cold_start_in_a_fresh_process(tmp_path, capsys):
     cs = json.loads(out.read_text())["profile"]["cold_start"]
     assert cs["total_s"] > cs["load_s"] > 0 and cs["imports_s"] > 0 and cs["weight_bytes"] > 0
     assert "cold start" in capsys.readouterr().err
+
+
+def test_the_gpu_check_without_cuda_exits_2_with_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlhfless.devices import cuda_visible
+
+    if cuda_visible():
+        pytest.skip("this machine has CUDA: the check would run")
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "check.json"
+    proc = subprocess.run([str(repo / "scripts" / "gpu_check.sh"), str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable}, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "no CUDA device is visible" in lines[0], proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_code_runs_on_the_cpu(tmp_path):
+    """The check's own code path at CPU size (the numbers mean nothing here; on a GPU it runs at full size)."""
+    from rlhfless.bench.gpucheck import main
+
+    out = tmp_path / "check.json"
+    assert main([str(out), "--device", "cpu", "--models", "tiny", "--steps", "2", "--no-tests"]) == 0
+    r = json.loads(out.read_text())
+    assert r["profiles"]["tiny"]["profile"]["simulator"]["decode"]
+    g = r["inline_grpo"]
+    assert len(g["steps"]) == 2 and all(s["tokens_per_s"] > 0 for s in g["steps"])
