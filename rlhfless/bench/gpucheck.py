@@ -111,11 +111,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-tests", action="store_true")
     args = ap.parse_args(argv)
-    from rlhfless.devices import check_device
+    from rlhfless.devices import check_device, cuda_visible, no_cuda_message, wants_cuda
     from rlhfless.errors import ConfigError
 
+    if wants_cuda(args.device) and not cuda_visible():
+        print(f"gpu_check: {no_cuda_message()}; this check needs one CUDA GPU", file=sys.stderr)
+        return 2
     try:
-        check_device(args.device, "gpu_check --device")
+        check_device(args.device, "--device")
     except ConfigError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
