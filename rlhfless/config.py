@@ -192,6 +192,9 @@ class RunConfig:
                 "always ships the prefill function's KV to the decode functions, which rollout.engine=vllm cannot "
                 "take (vLLM prefills with its own prefix cache); use never or auto (auto never ships with vllm)")
         if self.runtime.executes:
+            # workers would hold bfloat16 replicas and all-reduce bfloat16 gradients through gloo: never run yet
+            require(self.train.dtype == "float32", "train.dtype",
+                    f"bfloat16 runs inline only for now (got runtime.mode={self.runtime.mode}); use train.dtype=float32")
             # the runtime's learner accumulates one pass over the step's groups (rlhfless.accumulate)
             require(self.algo.inner_epochs == 1, "algo.inner_epochs",
                     f"must be 1 with runtime.mode={self.runtime.mode}: the runtime's learner takes one pass over "

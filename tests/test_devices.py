@@ -34,6 +34,11 @@ def test_device_settings_are_refused_by_their_form(override, field):
         load_run_config(None, [override])
 
 
+def test_bfloat16_is_inline_only_for_now():
+    with pytest.raises(ConfigError, match=r"train\.dtype: bfloat16 runs inline only"):
+        load_run_config(None, ["train.dtype=bfloat16", "runtime.mode=serverful"])
+
+
 @no_cuda
 @pytest.mark.parametrize("overrides, field", [
     (["train.device=cuda"], "train.device"), (["train.device=cuda:1"], "train.device"),

@@ -83,8 +83,10 @@ def test_the_gpu_checks_code_runs_on_the_cpu(tmp_path):
     from rlhfless.bench.gpucheck import main
 
     out = tmp_path / "check.json"
-    assert main([str(out), "--device", "cpu", "--models", "tiny", "--steps", "2", "--no-tests"]) == 0
+    assert main([str(out), "--device", "cpu", "--models", "tiny", "--steps", "2", "--no-tests"]) == 0, out.read_text()
     r = json.loads(out.read_text())
     assert r["profiles"]["tiny"]["profile"]["simulator"]["decode"]
     g = r["inline_grpo"]
     assert len(g["steps"]) == 2 and all(s["tokens_per_s"] > 0 for s in g["steps"])
+    c = r["compare"]  # the runtime's three arms (on 2 cores here; 4 functions on one GPU there)
+    assert c["samples_identical"] and c["weights_identical"] and c["serverless"]["cost_device_s"] > 0

@@ -7,12 +7,15 @@ Parts, in order (each timed; a part that fails is recorded with its one-line err
    and prefill seconds and measured / predicted per point (`bench.profile.simulator_beside`);
 2. `inline_grpo`: `steps` inline GRPO steps of the tiny task (the quickstart config) with train.device on the GPU:
    step time and generated tokens/s per step, from the run's metrics.jsonl;
-3. `gpu_tests`: the `gpu`-marked tests (greedy reproducible on the device and close to the CPU, sampling streams,
+3. `compare`: `runtime.mode=compare` (serverful, serverful + overlap, serverless; 2 steps, a small batch) with
+   runtime.device=cuda and functions_per_gpu=4 on GPU 0: identical samples and weights across the arms, step
+   time and billed device-seconds (a unit is a quarter GPU here, so GPU-seconds are device-seconds / 4);
+4. `gpu_tests`: the `gpu`-marked tests (greedy reproducible on the device and close to the CPU, sampling streams,
    the loop in float32 and bfloat16), when pytest is importable.
 Needs only torch with CUDA, transformers and the project's light dependencies; no network, no vLLM. Without
 CUDA it exits 2 with one line. `--device cpu --models tiny --steps 2` runs the same code on a CPU (the test).
-Not in it (not built yet): the serverless vs serverful comparison with functions_per_gpu > 1 (issue 21 item 6's
-third part needs the runtime's workers on GPUs end to end) and NCCL weight transfer.
+The runtime on GPUs (part 3) is built but was never run on a GPU before this check existed: its part may record
+an error where the others succeed. Not in it: NCCL weight transfer (not built).
 """
 
 from __future__ import annotations
@@ -80,6 +83,26 @@ def inline_grpo(device: str, steps: int, small: bool) -> dict:
             "summary_steps": summary["steps"]}
 
 
+def compare(device: str, small: bool) -> dict:
+    """The three-arm comparison on the GPU (4 functions per GPU) or, on the CPU, on 2 cores."""
+    from rlhfless.config import load_run_config
+    from rlhfless.runner import train
+
+    over = ["runtime.mode=compare", "plan.max_actors=2", "train.steps=2", "rollout.prompts_per_step=6",
+            "algo.group_size=4", "rollout.max_new_tokens=48", "train.eval_prompts=0", "train.checkpoint_every=0",
+            "train.table_every=0", "tracking.mode=disabled", "runtime.gantt_every=0", "task.arith.k_max=6"]
+    over += ["runtime.units=2"] if small else ["runtime.device=cuda", "runtime.functions_per_gpu=4",
+                                               "runtime.units=4", f"train.device={device}"]
+    cfg = load_run_config(QUICKSTART, over)
+    with tempfile.TemporaryDirectory(prefix="rlhfless-gpucheck-") as tmp:
+        c = train(cfg, Path(tmp) / "cmp", progress=False)
+    keep = ("step_time_s", "cost_device_s", "cost_usd", "core_s_per_step")
+    return {"overrides": over, "arms": c["arms"], "skipped": c["skipped"],
+            "samples_identical": c["samples_identical"], "weights_identical": c["weights_identical"],
+            "step_time_ratio": c["step_time_ratio"], "cost_ratio": c["cost_ratio"],
+            **{a: {k: c[a].get(k) for k in keep} for a in c["arms"]}}
+
+
 def gpu_tests() -> dict:
     try:
         import pytest  # noqa: F401
@@ -110,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--no-tests", action="store_true")
+    ap.add_argument("--no-compare", action="store_true")
     args = ap.parse_args(argv)
     from rlhfless.devices import check_device, cuda_visible, no_cuda_message, wants_cuda
     from rlhfless.errors import ConfigError
@@ -127,13 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"format": "rlhfless.gpu_check", "version": 1, "machine": machine(args.device)}
     _part(report, "profiles", lambda: profiles(args.device, args.models.split(","), small))
     _part(report, "inline_grpo", lambda: inline_grpo(args.device, args.steps, small))
+    if not args.no_compare:
+        _part(report, "compare", lambda: compare(args.device, small))
     if not args.no_tests:
         _part(report, "gpu_tests", gpu_tests)
     report["wall_s"] = time.perf_counter() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(_headline(report), indent=1))
-    failed = [k for k in ("profiles", "inline_grpo", "gpu_tests") if "error" in report.get(k, {})]
+    failed = [k for k in ("profiles", "inline_grpo", "compare", "gpu_tests") if "error" in report.get(k, {})]
     return 1 if failed else 0
 
 
@@ -149,6 +175,9 @@ def _headline(r: dict) -> dict:
                       "cold_start_s": (doc["profile"].get("cold_start") or {}).get("total_s")}
     g = r.get("inline_grpo", {})
     out["inline_grpo"] = {k: g.get(k) for k in ("step_s_median", "tokens_per_s_median", "error") if k in g}
+    c = r.get("compare", {})
+    out["compare"] = {k: c.get(k) for k in ("samples_identical", "weights_identical", "step_time_ratio", "cost_ratio",
+                                              "error") if k in c}
     if "gpu_tests" in r:
         out["gpu_tests"] = r["gpu_tests"].get("summary", r["gpu_tests"])
     return out
