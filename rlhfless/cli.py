@@ -2,7 +2,7 @@
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
 `train`, `pretrain`, `build-hf-model`, `predictor train|eval|convert|compare`,
-`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `repro`, and
+`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `repro`, `profile`, and
 `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen inside
 the command functions, so `rlhfless --help` is instant.
 
