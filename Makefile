@@ -7,6 +7,8 @@
 #   make notebooks - execute every notebook at full size, saving outputs into the committed .ipynb files
 #   make repro  - regenerate the paper's figures and report (REPRO_OUT=runs/repro; repro-quick: the CI size)
 #   make lab    - JupyterLab on the notebooks, on 127.0.0.1 only, behind a token (as root too: containers)
+#   make gpu-check - on a CUDA machine, with the SYSTEM python's torch (GPU_PYTHON=...), no venv, no network:
+#                 profiles, 10 inline GRPO steps and the gpu tests into GPU_CHECK_OUT (docs/gpu.md)
 # torch is pinned here (torch==2.13.0, the tested CPU build) and installed FIRST: pyproject.toml declares a range
 # (torch>=2.11, so a GPU image keeps its CUDA torch), and pip alone would pull PyPI's multi-GB CUDA build.
 
@@ -18,7 +20,7 @@ OUT ?= runs/quickstart
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test test-slow test-ray test-vllm test-oldest-torch env-vllm env pretrain bench notebooks repro repro-quick lab clean-runs
+.PHONY: gpu-check demo test test-slow test-ray test-vllm test-oldest-torch env-vllm env pretrain bench notebooks repro repro-quick lab clean-runs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +36,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# No $(STAMP): the venv's torch is the CPU build; the check runs on the system's CUDA torch.
+GPU_PYTHON ?= python3
+GPU_CHECK_OUT ?= runs/gpu_check.json
+gpu-check:
+	PYTHON=$(GPU_PYTHON) scripts/gpu_check.sh $(GPU_CHECK_OUT)
 
 # pytest exits 5 when no test carries the marker: that is not a failure here.
 test-slow: $(STAMP)

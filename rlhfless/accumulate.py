@@ -160,12 +160,14 @@ class AccumulatedUpdate:
         if self.with_ref:
             ref = torch.cat([torch.nn.functional.pad(b.ref_logp[:, :T], (0, max(0, T - b.ref_logp.shape[1])))
                              for b, _ in kept])
-        loss, m = grpo_loss(out.logp, out.logp.detach(), ref, torch.cat([a for _, a in kept]), mask, algo,
+        dev = out.logp.device  # advantages and shipped reference log-probs arrive on the CPU
+        ref = ref.to(dev) if ref is not None else None
+        loss, m = grpo_loss(out.logp, out.logp.detach(), ref, torch.cat([a for _, a in kept]).to(dev), mask, algo,
                             entropy=out.entropy, denom=1.0)
         for p in self.params:
             p.grad = None
         loss.backward()
-        flat = torch.zeros(sum(self.sizes), dtype=self.params[0].dtype)
+        flat = torch.zeros(sum(self.sizes), dtype=self.params[0].dtype, device=self.params[0].device)
         flags = torch.zeros(len(self.params), dtype=torch.bool)
         off = 0
         for i, p in enumerate(self.params):

@@ -2,7 +2,7 @@
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
 `train`, `pretrain`, `build-hf-model`, `predictor train|eval|convert|compare`,
-`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `plan what-if`, `repro`, and
+`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `plan what-if`, `repro`, `profile`, and
 `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen
 inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
 metadata.
@@ -27,6 +27,7 @@ _MODULES = (
     "rlhfless.model.cli",
     "rlhfless.plan.cli",
     "rlhfless.bench.engine_cli",
+    "rlhfless.bench.profile_cli",
     "rlhfless.predictor.cli",
     "rlhfless.bench.faults_cli",
     "rlhfless.sim.cli",
@@ -35,7 +36,7 @@ _MODULES = (
 
 
 # Commands whose --out is one file, and commands that check their own --out (a run, a checkpoint).
-_FILE_OUT = {("data", "gsm8k-lengths"), ("data", "synthetic-trace")}
+_FILE_OUT = {("data", "gsm8k-lengths"), ("data", "synthetic-trace"), ("profile", None)}
 _OWN_OUT = {"train", "pretrain"}
 
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 from rlhfless.algo.config import GRPOConfig
 from rlhfless.configbase import build_config, load_yaml, merge
+from rlhfless.devices import check_device, syntax_problem
 from rlhfless.errors import ConfigError, require
 from rlhfless.plan.config import PlanConfig
 from rlhfless.predictor.config import PredictorConfig
@@ -115,6 +116,13 @@ class TrainConfig:
     """Seeds prompt order and sampling."""
     threads: int = 2
     """torch threads."""
+    device: str = "cpu"
+    """Where the inline loop's models run (policy, learner, reference, evaluation): cpu, cuda (= cuda:0), cuda:k,
+    or auto (cuda:0 when torch sees a CUDA device, else cpu). cpu by default so a config gives the same samples on
+    every machine; a CUDA setting on a machine without one fails before any work (rlhfless.devices)."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights, KV cache and activations: float32 or bfloat16 (sampling, log-probs and the loss stay float32;
+    checkpoints are written as float32 either way)."""
     eval_prompts: int = 1000
     """Held-out prompts for the initial and final evaluation (0 = skip)."""
     eval_greedy: bool = True
@@ -131,6 +139,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         require(self.steps >= 1, "train.steps", f"must be >= 1 (got {self.steps})")
         require(self.threads >= 1, "train.threads", f"must be >= 1 (got {self.threads})")
+        problem = syntax_problem(self.device)
+        require(problem is None, "train.device", problem or "")
         require(self.eval_prompts >= 0, "train.eval_prompts", f"must be >= 0 (got {self.eval_prompts})")
         for name in ("eval_every", "table_every", "checkpoint_every"):
             require(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0 (got {getattr(self, name)})")
@@ -165,6 +175,12 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
+    def check_machine(self) -> None:
+        """Reject, before any work, a setting this machine cannot run: the runtime's units and devices, and the
+        inline loop's device (one line naming the field; every entry point and `--dry-run` call this)."""
+        self.runtime.check_machine(self.plan.max_actors)
+        check_device(self.train.device, "train.device")
+
     def __post_init__(self) -> None:
         if self.runtime.mode in ("serverless", "compare"):
             require(self.train.plan, "train.plan", f"runtime.mode={self.runtime.mode} executes the planner's "
@@ -176,6 +192,9 @@ class RunConfig:
                 "always ships the prefill function's KV to the decode functions, which rollout.engine=vllm cannot "
                 "take (vLLM prefills with its own prefix cache); use never or auto (auto never ships with vllm)")
         if self.runtime.executes:
+            # workers would hold bfloat16 replicas and all-reduce bfloat16 gradients through gloo: never run yet
+            require(self.train.dtype == "float32", "train.dtype",
+                    f"bfloat16 runs inline only for now (got runtime.mode={self.runtime.mode}); use train.dtype=float32")
             # the runtime's learner accumulates one pass over the step's groups (rlhfless.accumulate)
             require(self.algo.inner_epochs == 1, "algo.inner_epochs",
                     f"must be 1 with runtime.mode={self.runtime.mode}: the runtime's learner takes one pass over "

@@ -98,7 +98,8 @@ def reduce_step(params: list[torch.nn.Parameter], shard: Shard, local: dict[str,
     if len(dtypes) > 1:
         raise ValueError(f"one flat buffer needs one parameter dtype (got {sorted(map(str, dtypes))})")
     # the gradient's own dtype: .grad must match its parameter, and float64 models reduce in float64
-    buf = torch.zeros(n_grad + n_par + shard.world * width, dtype=dtypes.pop() if dtypes else torch.float32)
+    buf = torch.zeros(n_grad + n_par + shard.world * width, dtype=dtypes.pop() if dtypes else torch.float32,
+                      device=params[0].device if params else None)
     off = 0
     for i, p in enumerate(params):
         if p.grad is not None:

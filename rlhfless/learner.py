@@ -77,8 +77,9 @@ class Learner:
         rows = [g * G + s for g in keep_groups for s in range(G)]
         sub_prompts = [prompts[g] for g in keep_groups]
         sub_resp = [responses[r] for r in rows]
-        sub_adv = adv.advantages[rows]
-        sub_ref = ref_logp[rows] if ref_logp is not None else None
+        dev = next(self.model.parameters()).device  # the loss runs where the model is; advantages come from the CPU
+        sub_adv = adv.advantages[rows].to(dev)
+        sub_ref = ref_logp[rows].to(dev) if ref_logp is not None else None
         old = None
         if self.algo.inner_epochs > 1 and rows:
             with torch.no_grad():

@@ -162,7 +162,7 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     resume: continue the run in `out_dir` from its last checkpoint; the result equals an uninterrupted run's.
     allow_config_change: resume even if the config differs in keys that change results (listed in a warning).
     """
-    cfg.runtime.check_machine(cfg.plan.max_actors)
+    cfg.check_machine()
     if cfg.runtime.mode == "compare":
         from rlhfless.runtime.compare import compare
 
@@ -189,7 +189,8 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
     """Learner, planner and stages around `policy`, restored from a run checkpoint `ckpt` when given."""
     reference = None
     if cfg.algo.kl_coef > 0:  # the reference is always the run's starting policy, also when resuming
-        reference = load_policy(cfg.policy.resolved()).eval().requires_grad_(False)
+        reference = placed(cfg, load_policy(cfg.policy.resolved())).eval().requires_grad_(False)
+    policy = placed(cfg, policy)  # before the optimizer is made: AdamW's state follows the parameters
     learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
     planner = Planner(cfg.predictor, _plan_config(cfg)) if cfg.train.plan else None
     if ckpt is not None and planner is not None:
@@ -201,6 +202,13 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
     eval_prompts = eval_prompts[: cfg.train.eval_prompts]
     check_fits_context(train_prompts + eval_prompts, cfg, context_of(policy, env), env)
     return learner, planner, Stages(cfg, learner, reference, planner, env), train_prompts, eval_prompts
+
+
+def placed(cfg: RunConfig, model):
+    """`model` on `train.device` in `train.dtype` (the same object on cpu/float32, the default)."""
+    from rlhfless.devices import place, resolve_device, resolve_dtype
+
+    return place(model, resolve_device(cfg.train.device), resolve_dtype(cfg.train.dtype))
 
 
 def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
@@ -216,7 +224,7 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     state = RunState(0, 0, None, 0, 0, [], wandb_id=tracker.run_id)
     run = Run(cfg, out, learner, planner, stages, eval_prompts, stream, tracker, traces, state, {},
               time.perf_counter())
-    run.initial = run_eval(policy, eval_prompts, cfg, stages.env, progress)
+    run.initial = run_eval(learner.model, eval_prompts, cfg, stages.env, progress)
     if run.initial:
         tracker.log(_eval_metrics(run.initial), step=0)
     return run

@@ -116,7 +116,7 @@ def _print_comparison(c: dict) -> None:
 def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:
     """Every check `train` makes before its first step, in the same functions, without writing anything.
 
-    The machine (`runtime.check_machine`), the planner (predictor, time profile), with --out --resume the run's
+    The machine (`RunConfig.check_machine`: units, devices), the planner (predictor, time profile), with --out --resume the run's
     checkpoint and config, the checkpoint (built first when `policy.build` says so, as a run would), the task's
     splits, the context fit, the learner and the reference. A progress bar names the check running.
     """
@@ -134,7 +134,7 @@ def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, prog
     names = ["machine", "planner"] + (["run folder"] if resume and out else []) + ["checkpoint", "task, learner"]
     step = phases(names, "dry-run checks", progress)
     step("machine")
-    cfg.runtime.check_machine(cfg.plan.max_actors)
+    cfg.check_machine()
     step("planner")
     if cfg.train.plan:
         Planner(cfg.predictor, cfg.plan)

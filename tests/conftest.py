@@ -53,3 +53,15 @@ def sft_checkpoint() -> Path:
     if not (SFT_CHECKPOINT / "model.safetensors").is_file():
         pytest.fail(f"the shipped SFT checkpoint is missing at {SFT_CHECKPOINT}")
     return SFT_CHECKPOINT
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu`-marked tests skip, saying why, where torch sees no CUDA device (`-m gpu` on a CPU machine)."""
+    from rlhfless.devices import cuda_visible, no_cuda_message
+
+    if cuda_visible():
+        return
+    skip = pytest.mark.skip(reason=no_cuda_message())
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

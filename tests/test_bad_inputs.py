@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from rlhfless.cli import main
+from rlhfless.devices import cuda_visible
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "experiments" / "configs" / "quickstart.yaml"
@@ -222,6 +223,32 @@ CASES += [
     C("allow-change-without-resume", [*DRY, "--allow-config-change"], "--allow-config-change"),
     C("resume-compare", ["train", "--resume", "--out", "{d}/run", "runtime.mode=compare"], "runtime.mode=compare"),
 ]
+# devices (issue 21): the form anywhere; a CUDA setting where torch sees no CUDA device, before any work
+CASES += [
+    C("device-form", [*DRY, "train.device=gpu"], "train.device"),
+    C("device-dtype", [*DRY, "train.dtype=float16"], "train.dtype"),
+    C("device-runtime-form", [*DRY, "runtime.device=tpu"], "runtime.device"),
+    C("device-functions-per-gpu-cpu", [*DRY, "runtime.functions_per_gpu=2"], "runtime.functions_per_gpu"),
+]
+CASES += [
+    C("profile-model", ["profile", "--out", "{d}/p.json", "--model", "gpt2"], "--model"),
+    C("profile-device-form", ["profile", "--out", "{d}/p.json", "--device", "tpu"], "--device"),
+    C("profile-batch-sizes", ["profile", "--out", "{d}/p.json", "--batch-sizes", "4,x"], "--batch-sizes"),
+    C("profile-contexts-tiny", ["profile", "--out", "{d}/p.json", "--contexts", "4096", "--no-cold-start"],
+      "--contexts"),
+    C("profile-out-folder", ["profile", "--out", "{d}/adir"], "--out"),
+]
+if not cuda_visible():
+    CASES += [
+        C("nocuda-profile", ["profile", "--out", "{d}/p.json", "--device", "cuda", "--model", "qwen2.5-0.5b"],
+          "--device"),
+        C("nocuda-train-device", [*DRY, "train.device=cuda"], "train.device"),
+        C("nocuda-train-device-k", [*DRY, "train.device=cuda:3"], "train.device"),
+        C("nocuda-runtime-device", [*DRY, "runtime.mode=serverless", "runtime.device=cuda"], "runtime.device"),
+        C("nocuda-functions-per-gpu", [*DRY, "runtime.mode=serverful", "runtime.device=cuda",
+                                       "runtime.functions_per_gpu=2"], "runtime.device"),
+        C("nocuda-train-run", ["train", "--no-progress", "--out", "{d}/gpu_run", "train.device=cuda"], "train.device"),
+    ]
 CASES += [C(f"config-{n}", [*DRY[:3], "--config", f"{{d}}/{n}"], n)
           for n in [*CONFIG_FILES, *BINARY_FILES] if n not in ("defaults_missing.yaml", "cross_field.yaml")]
 CASES += [

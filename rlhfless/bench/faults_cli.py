@@ -49,7 +49,7 @@ def _faults(args: argparse.Namespace) -> int:
     if not Path(config).exists() and (REPO_ROOT / config).exists():
         config = str(REPO_ROOT / config)
     cfg = load_run_config(config, args.overrides + ["tracking.mode=disabled"])
-    cfg.runtime.check_machine(cfg.plan.max_actors)
+    cfg.check_machine()
     report = run_fault_bench(cfg, Path(args.out), train, args.kills, args.seed, progress=not args.no_progress,
                              repeats=args.repeats)
     write_json(report, Path(args.json))

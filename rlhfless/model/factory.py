@@ -108,9 +108,11 @@ def save_checkpoint(model, directory: str | Path, meta: dict | None = None, toke
 
     tokenizer: the policy's own (`TextTokenizer`, for a Hugging Face model its `HFTokenizer`); None writes the byte
     tokenizer, which is the tiny model's."""
+    from rlhfless.devices import as_cpu_float32
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    with _no_hf_bars():
+    with _no_hf_bars(), as_cpu_float32(model):  # a GPU or bfloat16 policy still writes the float32 format
         model.save_pretrained(out, safe_serialization=True)
     (tokenizer or ByteTokenizer()).save(out)
     (out / META_FILE).write_text(json.dumps(meta or {}, indent=1, default=str))

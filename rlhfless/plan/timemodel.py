@@ -147,7 +147,8 @@ class TimeModel:
 
     @classmethod
     def from_json(cls, path: str | Path, context: int | None = None, **kw: float) -> TimeModel:
-        """Read a JSON profile: a list of rows, or {"rows": [...], optional scalar fields of TimeModel}.
+        """Read a JSON profile: a list of rows, or {"rows": [...], optional scalar fields of TimeModel, optional
+        "profile": the record of how it was measured (`rlhfless profile`), not read here}.
 
         Refused with a one-line `DataError` naming the file: a missing file, invalid JSON, another top-level
         shape or key, a scalar field that is not a number >= 0, and any malformed row (`check_profile_rows`).
@@ -161,7 +162,7 @@ class TimeModel:
             raise DataError(f"{p}: not valid JSON") from None
         rows = obj
         if isinstance(obj, dict):
-            unknown = sorted(set(obj) - {"rows", *_PROFILE_SCALARS})
+            unknown = sorted(set(obj) - {"rows", "profile", *_PROFILE_SCALARS})  # profile: what was measured
             if unknown:
                 raise DataError(f"{p}: unknown key '{unknown[0]}'; allowed: rows, {', '.join(_PROFILE_SCALARS)}")
             rows = obj.get("rows")

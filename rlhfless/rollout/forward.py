@@ -8,6 +8,8 @@ group, its KV is repeated G times (`DynamicCache.batch_repeat_interleave`, diffe
 G rows add up on the one prompt pass), and the responses run against that cache. Same log-probs up to float
 rounding and the same gradient (tested); it saves (G-1)/G of the prompt tokens in the forward and the backward,
 which pays when prompts are long next to responses (a few-shot template; `rlhfless bench prefill` measures it).
+Devices: ids, masks and positions are laid out on the CPU and moved to the model's device; the log-probs, mask
+and entropy come back there, in float32 whatever the model's dtype.
 Non-goals: sampling (see `engine.py`); sharing prefixes ACROSS prompts here (the learner's batches are split
 into micro-batches, where cross-prompt sharing would save little).
 """
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhfless.algo.logprobs import entropy_from_logits, token_logprobs
+from rlhfless.devices import model_device
 from rlhfless.errors import UserError
 from rlhfless.model.tokenizer import PAD_ID
 from rlhfless.rollout.engine import left_pad
@@ -61,8 +64,9 @@ def response_logprobs(model, prompts: list[list[int]], responses: list[list[int]
     rows = [p for p in prompts for _ in range(group_size)]
     p_ids, p_mask = left_pad(rows)
     r_ids, r_mask = pad_responses(responses)
-    ids = torch.cat([p_ids, r_ids], dim=1)
-    attn = torch.cat([p_mask, r_mask.long()], dim=1)
+    dev = model_device(model)
+    ids = torch.cat([p_ids, r_ids], dim=1).to(dev)
+    attn = torch.cat([p_mask, r_mask.long()], dim=1).to(dev)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
     P = p_ids.shape[1]
@@ -74,22 +78,23 @@ def _logits_reusing_prompt(model, prompts: list[list[int]], responses: list[list
     """[R, T, V] logits predicting each response token, with each prompt run once and its KV repeated G times."""
     from transformers import DynamicCache
 
-    p_ids, p_mask = left_pad(prompts)
+    dev = model_device(model)
+    p_ids, p_mask = (t.to(dev) for t in left_pad(prompts))
     cache = DynamicCache(config=model.config)
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1:, :].repeat_interleave(G, dim=0)  # predicts response token 0
     cache.batch_repeat_interleave(G)
-    r_ids, r_mask = pad_responses(responses)
+    r_ids, r_mask = (t.to(dev) for t in pad_responses(responses))
     attn = torch.cat([p_mask.repeat_interleave(G, dim=0), r_mask.long()], dim=1)
-    pos = p_mask.sum(-1).repeat_interleave(G).unsqueeze(-1) + torch.arange(r_ids.shape[1])
+    pos = p_mask.sum(-1).repeat_interleave(G).unsqueeze(-1) + torch.arange(r_ids.shape[1], device=dev)
     rest = model(input_ids=r_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
                  use_cache=True).logits
     return torch.cat([first, rest[:, :-1, :]], dim=1)
 
 
 def _finish(resp_logits: torch.Tensor, responses: list[list[int]], with_entropy: bool) -> ResponseLogprobs:
-    r_ids, r_mask = pad_responses(responses)
+    r_ids, r_mask = (t.to(resp_logits.device) for t in pad_responses(responses))
     resp_logits = resp_logits.float()
     logp = token_logprobs(resp_logits, r_ids) * r_mask
     ent = entropy_from_logits(resp_logits) * r_mask if with_entropy else None

@@ -32,6 +32,7 @@ from typing import Literal
 
 import torch
 
+from rlhfless.devices import model_device
 from rlhfless.errors import UserError, require
 from rlhfless.model.tokenizer import PAD_ID
 
@@ -222,14 +223,15 @@ def _forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, ca
 
 @torch.no_grad()
 def run_plan(model, prompts: list[list[int]], plan: PrefillPlan):
-    """Execute `plan`: returns (DynamicCache, attention mask [R, W] long, next-token logits [R, V]), R = B*G."""
+    """Execute `plan`: returns (DynamicCache, attention mask [R, W] long, next-token logits [R, V] float32), R = B*G,
+    all on the model's device (ids are laid out on the CPU and moved once per pass)."""
     from transformers import DynamicCache
 
     G = plan.group_size
     cache = DynamicCache(config=model.config)
     if plan.mode != "prefix":
         rows = prompts if plan.mode == "group" else [p for p in prompts for _ in range(G)]
-        ids, mask = left_pad(rows)
+        ids, mask = (t.to(model_device(model)) for t in left_pad(rows))
         logits = _forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache)
     else:
         mask, logits = _run_two_pass(model, prompts, plan, cache)
@@ -242,18 +244,20 @@ def run_plan(model, prompts: list[list[int]], plan: PrefillPlan):
 
 def _run_two_pass(model, prompts: list[list[int]], plan: PrefillPlan, cache) -> tuple[torch.Tensor, torch.Tensor]:
     """Shared prefixes in one pass, expand their KV to the prompts that use them, then every suffix in one pass."""
+    dev = model_device(model)
     heads = [prompts[g.members[0]][: g.length] for g in plan.groups]
-    p_ids, p_mask = left_pad(heads)
+    p_ids, p_mask = (t.to(dev) for t in left_pad(heads))
     _forward(model, p_ids, p_mask, (p_mask.cumsum(-1) - 1).clamp(min=0), cache)
     owner = torch.full((len(prompts),), -1, dtype=torch.long)
     shared = torch.zeros(len(prompts), dtype=torch.long)
     for k, g in enumerate(plan.groups):
         owner[list(g.members)] = k
         shared[list(g.members)] = g.length
+    s_ids, s_mask = left_pad([p[int(n):] for p, n in zip(prompts, shared)])
+    owner, shared, s_ids, s_mask = owner.to(dev), shared.to(dev), s_ids.to(dev), s_mask.to(dev)
     # Prompts without a shared prefix borrow group 0's rows with an all-zero mask: they attend to none of it.
     cache.batch_select_indices(owner.clamp(min=0))
     head_mask = p_mask[owner.clamp(min=0)] * (owner >= 0).long().unsqueeze(-1)
-    s_ids, s_mask = left_pad([p[int(n):] for p, n in zip(prompts, shared)])
     s_pos = (shared.unsqueeze(-1) + s_mask.cumsum(-1) - 1).clamp(min=0)
     mask = torch.cat([head_mask, s_mask], dim=1)
     logits = _forward(model, s_ids, mask, s_pos, cache)

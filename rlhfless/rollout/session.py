@@ -26,6 +26,11 @@ cross-prompt prefix plan inserts). `make_stepper` accepts it for both step imple
 it into its preallocated buffer; `HFStepper` decodes in it, mutating it), so a session CONSUMES its state.
 `select` and `state_from_tensors` build plain `DynamicLayer` caches (sliding-window layers are refused).
 
+Devices. The model, its KV cache, the attention mask, positions and logits live on the model's device; the
+bookkeeping (tokens so far, lengths, which rows are live) and the per-row uniforms stay on the CPU, so one
+[live rows] token vector crosses to the host per iteration and a seed draws the same uniforms on every device
+(samples can still differ across devices where kernels round logits differently; see `rollout.engine`).
+
 Non-goals: admitting rows into a running session (the batch only shrinks), paged KV, thread safety (a session
 is used by one thread; the model is only read, under no_grad), shipping a running session's decode KV.
 
@@ -48,6 +53,7 @@ from typing import Sequence
 
 import torch
 
+from rlhfless.devices import model_device
 from rlhfless.errors import DataError, UserError, require
 from rlhfless.model.tokenizer import PAD_ID
 from rlhfless.rollout.prefix import left_pad
@@ -141,7 +147,7 @@ class DecodeSession:
         # the live batch (shrinks on compaction): state row, row id, step offset, live flag, next position
         self._local, self._rid, self._off = torch.arange(R), rid, offset
         self._live = torch.ones(R, dtype=torch.bool)
-        self._pos = state.next_pos.clone()
+        self._pos = state.next_pos.cpu().clone()  # with the bookkeeping; the stepper moves it to the device
         self._logits: torch.Tensor | None = state.next_logits
         self._offsets = sorted(set(offset.tolist()))
         self._stepper = make_stepper(model, state.cache, state.attention_mask, n - self._offsets[0], impl)
@@ -187,7 +193,8 @@ class DecodeSession:
                 break
             t0 = time.perf_counter()
             live, local = self._live, self._local
-            tok = sample_tokens(self._logits, self._uniforms(), p.temperature, p.top_p)
+            # sampled on the logits' device, kept on the CPU with the bookkeeping (a no-op on a CPU model)
+            tok = sample_tokens(self._logits, self._uniforms(), p.temperature, p.top_p).cpu()
             if len(self._offsets) == 1:  # every row at the same step (no migrated rows): scalar indexing
                 step = self._offsets[0] + self._it
                 self._tokens[local[live], step] = tok[live]
@@ -281,7 +288,7 @@ def resume_prefill(model, prompts: Sequence[Sequence[int]], partials: Sequence[P
         require(len(row) > 0, "resume.prompts", f"row {r.row_id} has an empty prompt")
         require(len(row) < limit, "resume.partials", f"row {r.row_id} has {len(row)} tokens with its prompt; the "
                 f"model's context is {limit}")
-    ids, mask = left_pad(rows)
+    ids, mask = (t.to(model_device(model)) for t in left_pad(rows))
     cache = DynamicCache(config=model.config)
     logits = _forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache)
     n = sum(map(len, rows))
@@ -306,7 +313,7 @@ def state_to_tensors(state: PrefillState) -> tuple[dict[str, torch.Tensor], dict
                "next_logits": state.next_logits}
     for i, layer in enumerate(layers):
         tensors[f"kv.{i}.keys"], tensors[f"kv.{i}.values"] = layer.keys, layer.values
-    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}  # files hold host memory
     st = state.stats
     meta = {"format": STATE_FORMAT, "version": STATE_VERSION, "layers": str(len(layers)),
             "rows": str(int(state.attention_mask.shape[0])), "tokens_computed": str(st.tokens_computed),
@@ -341,7 +348,10 @@ def state_from_tensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str
     if int(meta.get("rows", -1)) != R or tensors["next_pos"].shape != (R,) or tensors["next_logits"].shape[0] != R:
         raise DataError(f"prefill state: rows disagree (metadata {meta.get('rows')}, mask {R}, next_pos "
                         f"{tuple(tensors['next_pos'].shape)}, next_logits {tuple(tensors['next_logits'].shape)})")
-    cache = dynamic_cache([(tensors[f"kv.{i}.keys"], tensors[f"kv.{i}.values"]) for i in range(n_layers)])
+    dev = model_device(model)
+    cache = dynamic_cache([(tensors[f"kv.{i}.keys"].to(dev), tensors[f"kv.{i}.values"].to(dev))
+                           for i in range(n_layers)])
     stats = PrefillStats(int(meta.get("tokens_computed", 0)), int(meta.get("tokens_naive", 0)),
                          float(meta.get("prefill_seconds", 0.0)))
-    return PrefillState(cache, mask.long(), tensors["next_pos"].long(), tensors["next_logits"].float(), stats)
+    return PrefillState(cache, mask.long().to(dev), tensors["next_pos"].long().to(dev),
+                        tensors["next_logits"].float().to(dev), stats)

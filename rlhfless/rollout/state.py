@@ -105,6 +105,7 @@ class PrefillState:
         require(len(idx) >= 1, "prefill.select", "needs at least one row")
         require(int(idx.min()) >= 0 and int(idx.max()) < R, "prefill.select",
                 f"rows must be in [0, {R}) (got {int(idx.min())}..{int(idx.max())})")
+        idx = idx.to(self.attention_mask.device)
         layers = list(self.cache.layers)
         require(all(type(layer) is DynamicLayer for layer in layers), "prefill.select",
                 "only full-attention DynamicCache layers can be sliced (not sliding-window or static ones)")
@@ -165,10 +166,12 @@ def _row_uniforms(seed: int, step: int, n_rows: int) -> torch.Tensor:
 def sample_tokens(logits: torch.Tensor, u: torch.Tensor | None, temperature: float, top_p: float) -> torch.Tensor:
     """Pick one token per row from `logits` [R, V] with one uniform `u` [R] per row (inverse-CDF sampling).
 
-    temperature 0 is greedy (argmax) and ignores `u`.
+    temperature 0 is greedy (argmax) and ignores `u`. `u` may live on the CPU (the per-row streams are drawn there
+    so a seed gives the same uniforms on every device); the result is on `logits`' device.
     """
     if temperature == 0:
         return logits.argmax(-1)
+    u = u.to(logits.device)
     probs = torch.softmax(logits.double() / temperature, dim=-1)
     order = None
     if top_p < 1.0:

@@ -29,10 +29,13 @@ class HFStepper:
         return int(self.mask.shape[1])
 
     def select(self, keep: torch.Tensor) -> None:
+        keep = keep.to(self.mask.device)
         self.cache.batch_select_indices(keep)
         self.mask = self.mask[keep]
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        dev = self.mask.device
+        tok, pos, live = tok.to(dev), pos.to(dev), live.to(dev)
         self.mask = torch.cat([self.mask, live.long().unsqueeze(-1)], dim=1)
         out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=self.mask, position_ids=pos.unsqueeze(-1),
                          past_key_values=self.cache, use_cache=True)
@@ -55,7 +58,7 @@ class FastStepper:
             vb[:, :, :width] = v
             self.keys.append(kb)
             self.values.append(vb)
-        self.mask = torch.zeros(rows, cap, dtype=torch.bool)
+        self.mask = torch.zeros(rows, cap, dtype=torch.bool, device=mask.device)
         self.mask[:, :width] = mask.bool()
         self.length = width
 
@@ -72,6 +75,7 @@ class FastStepper:
     def select(self, keep: torch.Tensor) -> None:
         # Copy only the filled part: the unused tail of the buffer needs no data.
         n = self.length
+        keep = keep.to(self.mask.device)
         for buf in (self.keys, self.values):
             for i, b in enumerate(buf):
                 new = b.new_empty(len(keep), *b.shape[1:])
@@ -84,6 +88,8 @@ class FastStepper:
 
         inner = self.model.model
         n = self.length
+        dev = self.mask.device
+        tok, pos, live = tok.to(dev), pos.to(dev), live.to(dev)
         self.mask[:, n] = live
         attn_mask = self.mask[:, None, None, : n + 1]
         h = inner.embed_tokens(tok.unsqueeze(-1))  # [R, 1, H]

@@ -11,7 +11,8 @@ Modes:
   * compare     serverful, serverful with overlap, then serverless, on the same seed and prompts, writing
                 OUT/comparison.json (rlhfless.runtime.compare).
 
-A device unit is one CPU core here (the worker pins itself to it and runs one torch thread) or one GPU.
+A device unit is one CPU core (runtime.device=cpu: the worker pins itself to it and runs one torch thread) or, with
+runtime.device=cuda, one GPU (1/k of one with runtime.functions_per_gpu=k), handed out by `runtime.gpus`.
 Backends: `local` runs workers as OS processes on this machine; `ray` runs each worker as a Ray actor on a Ray
 cluster (`rlhfless.runtime.raybackend`: placement across nodes, one unit = `num_cpus=1` of Ray's accounting).
 """
@@ -21,11 +22,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from rlhfless.devices import check_device
 from rlhfless.errors import require
 
 MODES = ("inline", "serverless", "serverful", "compare")
 BACKENDS = ("local", "ray")
 START_METHODS = ("forkserver", "spawn")
+DEVICES = ("cpu", "cuda")
 SHIP_KV = ("auto", "always", "never")
 MIGRATE = ("plan", "always", "never")
 
@@ -52,8 +55,14 @@ class RuntimeConfig:
     ray_address: str = ""
     """With backend=ray: "" starts a single-node Ray cluster for this run (stopped at its end); "auto" joins the
     cluster this machine already belongs to (`ray start` was run here); "host:port" joins that cluster's head."""
+    device: str = "cpu"
+    """What a unit is: cpu (one core) or cuda (one GPU per function, from a free list: `runtime.gpus`)."""
+    functions_per_gpu: int = 1
+    """With device=cuda: functions sharing one GPU (k > 1 is for one-GPU development boxes; each function may then
+    use 1/k of the GPU's memory). 1 = never two functions on one GPU."""
     units: int = 0
-    """Device units the runtime may use (CPU cores here); 0 = every core this process may run on."""
+    """Device units the runtime may use (CPU cores, or GPUs x functions_per_gpu with device=cuda); 0 = all this
+    process may use."""
     serverful_workers: int = 0
     """W: workers the serverful control holds for the whole run; 0 = units."""
     learner_units: int = 0
@@ -122,6 +131,12 @@ class RuntimeConfig:
                 f"ray_address={self.ray_address!r})")
         require(not self.ray_address or self.ray_address == "auto" or _host_port(self.ray_address),
                 "runtime.ray_address", f"must be '', 'auto' or 'host:port' (got {self.ray_address!r})")
+        require(self.device in DEVICES, "runtime.device", f"must be one of {list(DEVICES)} (got {self.device!r})")
+        require(isinstance(self.functions_per_gpu, int) and self.functions_per_gpu >= 1, "runtime.functions_per_gpu",
+                f"must be an integer >= 1 (got {self.functions_per_gpu!r})")
+        require(self.functions_per_gpu == 1 or self.device == "cuda", "runtime.functions_per_gpu",
+                f"only applies with runtime.device=cuda (got device={self.device!r}, "
+                f"functions_per_gpu={self.functions_per_gpu})")
         for name in ("units", "serverful_workers", "learner_units"):
             v = getattr(self, name)
             require(isinstance(v, int) and v >= 0, f"runtime.{name}", f"must be an integer >= 0 (got {v!r})")
@@ -151,8 +166,16 @@ class RuntimeConfig:
         """True when stages run on worker processes (every mode but inline)."""
         return self.mode != "inline"
 
+    def machine_units(self) -> int:
+        """Units this machine offers: cores in the affinity mask, or visible GPUs x functions_per_gpu."""
+        if self.device == "cuda":
+            from rlhfless.runtime.gpus import visible_gpus
+
+            return len(visible_gpus()) * self.functions_per_gpu
+        return available_cores()
+
     def resolved_units(self) -> int:
-        return self.units or available_cores()
+        return self.units or self.machine_units()
 
     def workers(self) -> int:
         """W of the serverful control."""
@@ -163,10 +186,15 @@ class RuntimeConfig:
 
     def check_machine(self, max_actors: int) -> None:
         """Reject, before any work, a setting this machine cannot run (names the field)."""
-        cores = available_cores()
+        if self.device == "cuda":
+            check_device("cuda", "runtime.device")
+            require(self.backend == "local", "runtime.backend",
+                    "ray with runtime.device=cuda is not built yet (actors ask for num_cpus only); use local")
+        cores = self.machine_units()
+        what = "GPU function slots" if self.device == "cuda" else "cores"
         # a Ray cluster's units live on its nodes, not in this driver's affinity mask
         require(self.backend == "ray" or self.resolved_units() <= cores, "runtime.units",
-                f"this process may use {cores} cores, so at most {cores} units (got {self.units})")
+                f"this process may use {cores} {what}, so at most {cores} units (got {self.units})")
         require(not self.scratch_dir or os.path.isdir(self.scratch_dir) and os.access(self.scratch_dir, os.W_OK),
                 "runtime.scratch_dir", f"must be an existing writable folder (got {self.scratch_dir!r})")
         units = self.resolved_units()

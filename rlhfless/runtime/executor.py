@@ -59,6 +59,10 @@ class Runtime:
         setup = {"config": json.loads(json.dumps(asdict(cfg), default=list)),
                  "checkpoint": str(cfg.policy.resolved()),
                  "reference_checkpoint": str(reference_checkpoint or cfg.policy.resolved())}
+        if self.rt.device == "cuda":  # units are GPU slots; each worker makes only its GPUs visible
+            from rlhfless.runtime.gpus import GpuLayout, visible_gpus
+
+            setup["gpu_layout"] = GpuLayout(tuple(visible_gpus()), self.rt.functions_per_gpu).to_json()
         self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, progress)
         self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
@@ -114,7 +118,10 @@ class Runtime:
             return RayBackend(self.rt.ray_address, self.units, self.rt.start_method)
         from rlhfless.runtime.worker import preload
 
-        return LocalBackend(self.rt.start_method, preload(self.cfg.rollout.engine))
+        # CUDA cannot be used in a process forked from one that initialised it (this driver may have: train.device),
+        # so GPU workers start as fresh interpreters and pay the imports in their cold start
+        method = "spawn" if self.rt.device == "cuda" else self.rt.start_method
+        return LocalBackend(method, preload(self.cfg.rollout.engine))
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:
@@ -338,7 +345,7 @@ class Runtime:
             if r.ready_s is not None:
                 cold.setdefault(r.kinds[0] if len(r.kinds) == 1 else "pool", []).append(r.cold_start_s)
         return {
-            "mode": self.mode, "units": self.units, "start_method": self.rt.start_method,
+            "mode": self.mode, "units": self.units, "start_method": getattr(self.backend, "start_method", self.rt.start_method),
             "platform_start_s": self.platform_start_s, "steps": self.steps_done,
             "time_profile": self.time_profile or (self.planner.time_model.source if self.planner else None),
             "time_profile_measured_s": self.profile_measured_s,

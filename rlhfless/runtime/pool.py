@@ -13,6 +13,18 @@ from rlhfless.runtime.records import WorkerRecord
 from rlhfless.runtime.records import now
 
 
+def free_units(units: int, held: list[tuple[int, ...]]) -> list[int]:
+    """Units 0..units-1 that none of the live workers' unit tuples `held` contains, lowest first (pure)."""
+    taken = {u for hs in held for u in hs}
+    return [u for u in range(units) if u not in taken]
+
+
+def claim_units(free: list[int], n: int) -> tuple[int, ...] | None:
+    """The n lowest free units, or None when fewer are free (pure). With runtime.device=cuda a unit is a GPU slot
+    (`runtime.gpus.GpuLayout`), so lowest-first spreads functions over the GPUs before doubling any up."""
+    return tuple(free[:n]) if len(free) >= n else None
+
+
 class Pool:
     """Workers by id, their records (times relative to the run's start `t0`), and who is idle since when."""
 
@@ -126,13 +138,11 @@ class Pool:
     # -- units: a budget, never a hint -------------------------------------------------------------------------
     def free_cores(self) -> list[int]:
         """Units no live worker holds (a worker holds its units from its start to its release or death)."""
-        held = {c for h in self.handles.values() for c in h.cores}
-        return [c for c in range(self.units) if c not in held]
+        return free_units(self.units, [h.cores for h in self.handles.values()])
 
     def claim(self, n: int = 1) -> tuple[int, ...] | None:
         """n free units for a new worker, or None: callers start nothing rather than share a unit."""
-        free = self.free_cores()
-        return tuple(free[:n]) if len(free) >= n else None
+        return claim_units(self.free_cores(), n)
 
     def make_room(self, n: int) -> bool:
         """Release idle workers (kept-alive first, longest idle first, then pre-warmed ones not yet invoked) until

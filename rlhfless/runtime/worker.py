@@ -46,14 +46,35 @@ def preload(engine: str) -> list[str]:
     return PRELOAD + (VLLM_PRELOAD if engine == "vllm" else [])
 
 
+def bind_device(setup: dict) -> str:
+    """Give this fresh worker its units, before anything touches CUDA; returns the torch device its models use.
+
+    runtime.device=cpu: its units are cores, pinned (the Ray backend pins only on the driver's node: core ids are
+    that node's). runtime.device=cuda (`setup["gpu_layout"]`): its units are GPU slots; only their GPUs are made
+    visible, so its GPU is cuda:0 (`runtime.gpus`); it runs on whatever cores the OS gives it."""
+    layout = setup.get("gpu_layout")
+    if layout is None:
+        if setup.get("pin", True):
+            os.sched_setaffinity(0, setup["cores"])
+        return "cpu"
+    from rlhfless.runtime.gpus import GpuLayout, apply_worker_env
+
+    setup["gpu_env"] = GpuLayout.from_json(layout).worker_env(setup["cores"])
+    apply_worker_env(setup["gpu_env"])
+    return "cuda:0"
+
+
 def main(conn, setup_json: str) -> None:
-    """Process entry point: pin, load, say ready, serve until `shutdown` (or the pipe closes)."""
+    """Process entry point: bind its units, load, say ready, serve until `shutdown` (or the pipe closes)."""
     setup = json.loads(setup_json)
-    if setup.get("pin", True):  # the Ray backend pins only on the driver's node (core ids are that node's)
-        os.sched_setaffinity(0, setup["cores"])
+    setup["torch_device"] = bind_device(setup)
     import torch
 
     torch.set_num_threads(len(setup["cores"]))
+    if "gpu_env" in setup:
+        from rlhfless.runtime.gpus import limit_memory
+
+        limit_memory(setup["gpu_env"])
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per cold start would drown the driver's output
@@ -103,7 +124,7 @@ class Worker:
         if "reference" in self.kinds or ("learner" in self.kinds and self.cfg.algo.kl_coef > 0):
             from rlhfless.model.factory import load_policy
 
-            self.reference = load_policy(setup["reference_checkpoint"]).eval().requires_grad_(False)
+            self.reference = self._placed(load_policy(setup["reference_checkpoint"])).eval().requires_grad_(False)
         if setup.get("dist"):
             self._join(setup["dist"])
 
@@ -127,7 +148,7 @@ class Worker:
         from rlhfless.model.factory import load_policy
 
         if self.model is None:
-            self.model = load_policy(self.setup["checkpoint"])
+            self.model = self._placed(load_policy(self.setup["checkpoint"]))
         if "learner" in self.kinds and self.learner is None:
             from rlhfless.learner import Learner
 
@@ -137,6 +158,14 @@ class Worker:
             self._sync(state_path, version)
         else:
             self.version = version
+
+    def _placed(self, model):
+        """`model` on this worker's device in train.dtype (the same object on cpu/float32)."""
+        import torch
+
+        from rlhfless.devices import place, resolve_dtype
+
+        return place(model, torch.device(self.setup.get("torch_device", "cpu")), resolve_dtype(self.cfg.train.dtype))
 
     def _sync(self, state_path: str, version: int) -> float:
         """Bring the replica to `version` from the learner's state file; returns the seconds it took."""

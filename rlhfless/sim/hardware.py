@@ -127,6 +127,9 @@ def _shape(name, layers, hidden, heads, kv, inter, vocab, tied, src, bpp=2) -> M
 
 _HF = "config.json of the public Hugging Face checkpoint"
 MODELS: dict[str, ModelShape] = {
+    # the small Qwen2.5 shapes `rlhfless profile` and the GPU check build with random weights (issue 21)
+    "qwen2.5-0.5b": _shape("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, True, f"Qwen/Qwen2.5-0.5B {_HF}"),
+    "qwen2.5-1.5b": _shape("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, True, f"Qwen/Qwen2.5-1.5B {_HF}"),
     "qwen2.5-3b": _shape("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, True, f"Qwen/Qwen2.5-3B {_HF}"),
     "qwen2.5-7b": _shape("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, False, f"Qwen/Qwen2.5-7B {_HF}"),
     "qwen2.5-14b": _shape("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, False, f"Qwen/Qwen2.5-14B {_HF}"),
