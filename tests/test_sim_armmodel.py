@@ -1,0 +1,165 @@
+"""The arm model's validation (rlhfless.sim.armmodel): the record's split of a step's bill by hand, constants
+recovered from arms recorded on a machine with known constants, and per-arm, per-component errors that point at
+the component that was changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from rlhfless.plan import PlanJob, TimeModel, assign
+from rlhfless.records import TraceRow
+from rlhfless.sim.armmodel import measure, read_arm, validate_arms
+from rlhfless.sim.calibrate import cpu_decode_model
+from rlhfless.sim.hardware import tiny_model
+from rlhfless.sim.validate import validate
+from rlhfless.sim.workload import replay_trace
+from rlhfless.traces import TraceWriter
+
+# the "true" machine the fake arms were recorded on
+D0, OV, PB = 0.02, 0.0015, 2e-9  # decode: fixed s, s per iteration, s per byte
+LG, LT = 0.01, 2e-5  # learner: s per kept group, s per kept token
+GAP, OPT, DRV, COLD = 0.003, 0.05, 0.04, 0.3
+G, B, CAP = 4, 8, 32
+
+
+def _trace(d: Path, steps: int) -> list:
+    rng = np.random.default_rng(1)
+    rows = [TraceRow(f"p{p}", "x", 0, s, k, 10 + p, int(rng.integers(5, 120)), False, float(rng.integers(0, 2)))
+            for s in range(1, steps + 1) for p in range(B) for k in range(G)]
+    with TraceWriter(d / "traces" / "rollouts.jsonl") as w:
+        w.write(rows)
+    return replay_trace(d / "traces" / "rollouts.jsonl")
+
+
+def _decode_s(groups, per_byte: TimeModel) -> float:
+    """The true decode span of a worker's groups: the planner's time model at unit costs (iterations) and at one
+    byte per second (bytes), then the constants."""
+    jobs = [PlanJob(str(i), G, tuple(float(x) for x in g.lengths), 0) for i, g in enumerate(groups)]
+    ones = TimeModel((1, CAP), (1.0, 1.0), 0.0, 0.0, source="unit")
+    return (D0 + OV * assign(jobs, 1, CAP, ones, "contiguous")[0].makespan_s
+            + PB * assign(jobs, 1, CAP, per_byte, "contiguous")[0].makespan_s)
+
+
+def _compute_s(groups) -> float:
+    k = [g for g in groups if len(set(g.rewards)) > 1]
+    return LG * len(k) + LT * sum(g.tokens for g in k)
+
+
+def _write_serverful(d: Path, steps: int = 8, overlap: bool = False, extra_idle: float = 0.0) -> None:
+    """A serverful arm (2 pool workers) played by the runtime's rules on the machine above; `extra_idle` adds
+    that many seconds of driver time (held, billed idle) to every even step."""
+    d.mkdir(parents=True)
+    work = _trace(d, steps)
+    gctx = float(np.mean([g.prompt_len for s in work for g in s.groups]) +
+                 np.mean([x for s in work for g in s.groups for x in g.lengths]) / 2)
+    per_byte = cpu_decode_model(tiny_model(), 1e30, 1.0, 0.0).time_model(CAP, gctx)
+    (d / "config.yaml").write_text(yaml.safe_dump({
+        "algo": {"skip_zero_variance_groups": True}, "plan": {"capacity": CAP},
+        "runtime": {"mode": "serverful", "units": 2, "overlap": overlap}}))
+    invs, metrics, t = [], [], 0.0
+    for s in work:
+        halves = [list(range(0, B // 2)), list(range(B // 2, B))]
+        ends = []
+        for w, gs in enumerate(halves):
+            dec = _decode_s([s.groups[g] for g in gs], per_byte)
+            ends.append(t + dec)
+            invs.append({"step": s.step, "kind": "decode", "worker": f"pool-{w}", "units": 1.0, "requested_s": t,
+                         "started_s": t, "finished_s": t + dec, "groups": gs, "extra": {}})
+        comp = [_compute_s([s.groups[g] for g in gs]) for gs in halves]
+        starts = [e + GAP for e in ends] if overlap else [max(ends) + GAP] * 2
+        end = max(st + c for st, c in zip(starts, comp)) + OPT
+        for w, gs in enumerate(halves):
+            invs.append({"step": s.step, "kind": "learner", "worker": f"pool-{w}", "units": 1.0,
+                         "requested_s": starts[w], "started_s": starts[w], "finished_s": end, "groups": gs,
+                         "extra": {"compute_s": comp[w]}})
+        period = end - t + DRV + (extra_idle if s.step % 2 == 0 else 0.0)
+        metrics.append({"step": s.step, "timing_s/step": period, "cost/device_seconds": 2 * period,
+                        "balancer/makespan_s": 0.0})
+        t += period
+    workers = [{"worker": f"pool-{w}", "kinds": ["decode", "learner"], "units": 1.0, "cores": [w],
+                "spawned_s": -COLD, "ready_s": 0.0, "released_s": t, "cold_start_s": COLD, "prewarmed": False}
+               for w in range(2)]
+    for name, rows in (("invocations", invs), ("metrics", metrics), ("workers", workers)):
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_serverful_arm_recovers_the_machine(tmp_path, overlap):
+    name = "serverful-overlap" if overlap else "serverful"
+    _write_serverful(tmp_path / name, overlap=overlap)
+    rep = validate_arms(tmp_path)[name]
+    c = rep["constants"]
+    assert c["decode_s_per_iter"] == pytest.approx(OV, rel=1e-6)
+    assert c["decode_s_per_byte"] == pytest.approx(PB, rel=1e-6)
+    assert c["learn_s_per_token"] == pytest.approx(LT, rel=1e-6) and c["opt_s"] == pytest.approx(OPT, abs=1e-9)
+    assert c["gap_s"] == pytest.approx(GAP) and c["driver_s"] == pytest.approx(DRV)
+    assert rep["steps_calibrated"] == 4 and rep["steps_validated"] == 3  # alternate steps; the last has no period
+    assert rep["step_time_s"]["rel_error"] < 1e-9 and rep["cost_device_s"]["rel_error"] < 1e-9
+    assert rep["core_s_per_step"]["held_idle"]["rel_error"] < 1e-6
+
+
+def test_overlap_is_modelled_not_fitted(tmp_path):
+    """Constants from the sequential arm predict the overlap arm's shorter step: the model plays overlap."""
+    _write_serverful(tmp_path / "a" / "serverful-overlap", overlap=False)
+    _write_serverful(tmp_path / "b" / "serverful-overlap", overlap=True)
+    seq = read_arm(tmp_path / "a" / "serverful-overlap")
+    ov = read_arm(tmp_path / "b" / "serverful-overlap")
+    assert ov.overlap and not seq.overlap
+    rep = validate_arms(tmp_path / "b", calibrate_from=tmp_path / "a")["serverful-overlap"]
+    meas = np.mean([measure(ov, r).period for r in ov.steps if r.period is not None])
+    meas_seq = np.mean([measure(seq, r).period for r in seq.steps if r.period is not None])
+    assert meas < meas_seq  # overlap shortens this run's steps ...
+    assert rep["step_time_s"]["rel_error"] < 1e-9  # ... and the model, calibrated without overlap, says by how much
+
+
+def test_a_changed_component_shows_in_its_row(tmp_path):
+    """Driver time held (billed idle) on validated steps only: the cost error is that idle, and the split puts it
+    in held_idle, not in cold starts or busy time."""
+    _write_serverful(tmp_path / "serverful", extra_idle=0.5)
+    rep = validate(tmp_path)
+    assert rep["errors_from"] == "arms"
+    a = rep["arms"]["serverful"]
+    meas_billed = a["cost_device_s"]["measured"]
+    assert a["core_s_per_step"]["held_idle"]["of_billed"] == pytest.approx(-2 * 0.5 / meas_billed, rel=1e-6)
+    for k in ("decode", "learner"):
+        assert abs(a["core_s_per_step"]["busy"][k]["of_billed"]) < 1e-9
+    assert rep["cost_error"] == pytest.approx(2 * 0.5 / meas_billed, rel=1e-6)
+    assert rep["step_time_error"] == pytest.approx(0.5 / a["step_time_s"]["measured"], rel=1e-6)
+
+
+def test_measure_splits_a_serverless_step_by_hand(tmp_path):
+    """One serverless step: a decode function (cold 0.3, decode 1.0, released 0.02 later) and two learner ranks
+    (cold 0.4 each; busy 0.5 and 0.2); billed 3.0 -> held idle = 3.0 - 1.1 - 1.7 = 0.2."""
+    d = tmp_path / "serverless"
+    d.mkdir()
+    _trace(d, 2)
+    (d / "config.yaml").write_text(yaml.safe_dump({"runtime": {"mode": "serverless", "units": 2}}))
+    inv = [{"step": 1, "kind": "decode", "worker": "decode-0", "requested_s": 0.0, "started_s": 0.3,
+            "finished_s": 1.3, "groups": list(range(B)), "extra": {}},
+           {"step": 1, "kind": "learner", "worker": "learner-1", "requested_s": 0.5, "started_s": 0.9,
+            "finished_s": 1.4, "groups": [0], "extra": {"compute_s": 0.1}},
+           {"step": 1, "kind": "learner", "worker": "learner-2", "requested_s": 1.3, "started_s": 1.2,
+            "finished_s": 1.4, "groups": [1], "extra": {"compute_s": 0.1}},
+           {"step": 2, "kind": "decode", "worker": "decode-3", "requested_s": 2.0, "started_s": 2.3,
+            "finished_s": 3.0, "groups": list(range(B)), "extra": {}}]
+    workers = [{"worker": "decode-0", "kinds": ["decode"], "units": 1.0, "cores": [0], "spawned_s": 0.0,
+                "ready_s": 0.3, "released_s": 1.32, "cold_start_s": 0.3},
+               {"worker": "learner-1", "kinds": ["learner"], "units": 1.0, "cores": [1], "spawned_s": 0.5,
+                "ready_s": 0.9, "released_s": 1.45, "cold_start_s": 0.4},
+               {"worker": "learner-2", "kinds": ["learner"], "units": 1.0, "cores": [0], "spawned_s": 0.8,
+                "ready_s": 1.2, "released_s": 1.45, "cold_start_s": 0.4}]
+    metrics = [{"step": 1, "timing_s/step": 1.9, "cost/device_seconds": 3.0},
+               {"step": 2, "timing_s/step": 1.1, "cost/device_seconds": 1.0}]
+    for name, rows in (("invocations", inv), ("metrics", metrics), ("workers", workers)):
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arm = read_arm(d)
+    s = measure(arm, arm.steps[0])
+    assert s.period == pytest.approx(2.0) and s.billed == 3.0 and s.cold == pytest.approx(1.1)
+    assert s.busy == pytest.approx({"decode": 1.0, "learner": 0.7})
+    assert s.held_idle == pytest.approx(3.0 - 1.1 - 1.7) and s.learn_end == pytest.approx(1.4)
+    assert measure(arm, arm.steps[1]).cold == 0.0  # no worker started in step 2 but decode-3 (no workers row)
