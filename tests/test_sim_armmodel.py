@@ -13,7 +13,7 @@ import yaml
 
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.records import TraceRow
-from rlhfless.sim.armmodel import measure, read_arm, validate_arms
+from rlhfless.sim.armmodel import Constants, measure, predict, read_arm, validate_arms
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.validate import validate
@@ -132,10 +132,9 @@ def test_a_changed_component_shows_in_its_row(tmp_path):
     assert rep["step_time_error"] == pytest.approx(0.5 / a["step_time_s"]["measured"], rel=1e-6)
 
 
-def test_measure_splits_a_serverless_step_by_hand(tmp_path):
-    """One serverless step: a decode function (cold 0.3, decode 1.0, released 0.02 later) and two learner ranks
-    (cold 0.4 each; busy 0.5 and 0.2); billed 3.0 -> held idle = 3.0 - 1.1 - 1.7 = 0.2."""
-    d = tmp_path / "serverless"
+def _serverless_records(d: Path) -> None:
+    """One serverless step by hand: a decode function (cold 0.3, decode 1.0, released 0.02 later) and two
+    learner ranks (cold 0.4 each; busy 0.5 and 0.2), billed 3.0; a second step so the first has a period."""
     d.mkdir()
     _trace(d, 2)
     (d / "config.yaml").write_text(yaml.safe_dump({"runtime": {"mode": "serverless", "units": 2}}))
@@ -153,10 +152,32 @@ def test_measure_splits_a_serverless_step_by_hand(tmp_path):
                 "ready_s": 0.9, "released_s": 1.45, "cold_start_s": 0.4},
                {"worker": "learner-2", "kinds": ["learner"], "units": 1.0, "cores": [0], "spawned_s": 0.8,
                 "ready_s": 1.2, "released_s": 1.45, "cold_start_s": 0.4}]
-    metrics = [{"step": 1, "timing_s/step": 1.9, "cost/device_seconds": 3.0},
-               {"step": 2, "timing_s/step": 1.1, "cost/device_seconds": 1.0}]
+    metrics = [{"step": 1, "timing_s/step": 1.9, "cost/device_seconds": 3.0, "balancer/makespan_s": 1.0},
+               {"step": 2, "timing_s/step": 1.1, "cost/device_seconds": 1.0, "balancer/makespan_s": 1.0}]
     for name, rows in (("invocations", inv), ("metrics", metrics), ("workers", workers)):
         (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_serverless_step_played_by_hand(tmp_path):
+    """The runtime's rules on one step, checked by hand. Constants: cold 0.3 (decode) / 0.4 (learner), decode
+    1.0 s fixed (so every group finishes at 1.3), release lag 0.02 / 0.03, 0.1 s per group, opt 0.05, driver 0.1.
+    One decode function on 2 units leaves one free: rank 0 is pre-warmed at 1.0 (planned makespan) - 0.4 - 0.05
+    = 0.55, ready 0.95, computes its 4 groups from 1.3 to 1.7; rank 1 starts on the unit decode releases at 1.32,
+    ready 1.72, computes to 2.12. Learner ends 2.17, the step 2.27; billed 1.32 + (2.2 - 0.55) + (2.2 - 1.32)."""
+    _serverless_records(tmp_path / "serverless")
+    arm = read_arm(tmp_path / "serverless")
+    c = Constants({"decode": 0.3, "learner": 0.4}, {"decode": 0.02, "learner": 0.03}, (1.0, 0.0, 0.0), (0.1, 0.0),
+                  ctx=40.0, opt_s=0.05, driver_s=0.1)
+    s = predict(arm, [arm.steps[0]], c)[0]
+    assert s.rollout == pytest.approx(1.3) and s.learn_end == pytest.approx(2.17) and s.period == pytest.approx(2.27)
+    assert s.billed == pytest.approx(1.32 + 1.65 + 0.88) and s.cold == pytest.approx(1.1)
+    assert s.busy == pytest.approx({"decode": 1.0, "learner": (2.17 - 0.95) + (2.17 - 1.72)})
+
+
+def test_measure_splits_a_serverless_step_by_hand(tmp_path):
+    """The record's split of the step above: held idle = billed 3.0 - cold 1.1 - busy 1.7 = 0.2."""
+    d = tmp_path / "serverless"
+    _serverless_records(d)
     arm = read_arm(d)
     s = measure(arm, arm.steps[0])
     assert s.period == pytest.approx(2.0) and s.billed == 3.0 and s.cold == pytest.approx(1.1)
