@@ -12,11 +12,12 @@ Per arm (time 0 = the step's first decode request):
   * serverful-overlap: the same, but each worker computes its own groups right after its own decode (the
     runtime's learner ranks take groups by index, contiguous: the same groups the count split gave it).
   * serverless: the step's decode functions start cold at 0, each on its own unit; a learner rank starts onto a
-    free unit: pre-warmed (the runtime's rule, `runtime.policy.prewarm_learner` with source "plan": the
-    planner's predicted makespan x the recent rollout/predicted ratio, minus a cold start and the buffer) where a
-    unit is free, else when a decode function releases one; each rank computes its groups in the order they
-    finish (group finish times from the planner's time model, streamed), the optimiser step follows the last
-    rank's compute. Every function is billed from spawn to release (cold start, work, wait, release lag).
+    free unit at its first finished group or at the pre-warm time (the runtime's rule,
+    `runtime.policy.prewarm_learner` with source "plan": the planner's predicted makespan x the recent
+    rollout/predicted ratio, minus a cold start and the buffer), whichever comes first; with no unit free, when a
+    decode function releases one (`learner_starts`); each rank computes its groups in the order they finish
+    (group finish times from the planner's time model, streamed), the optimiser step follows the last rank's
+    compute. Every function is billed from spawn to release (cold start, work, wait, release lag).
 Constants, all measured on calibration steps (never the validated ones): the cold start per kind (workers.jsonl,
 as the runtime measures it); decode seconds per invocation = fixed + per iteration + per byte of the time model's
 roofline (NNLS over every decode invocation's span, features from the trace through the planner's time model);
@@ -323,20 +324,18 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float]) -
         dec_busy += d
         dec_billed += end + c.release_s["decode"]
     rollout = max(releases) - c.release_s["decode"]
-    free = max(0, arm.units - len(r.decode))
     expected = r.predicted_makespan_s * (np.mean(history) if history else 1.0)
     prewarm_at = max(0.0, expected - c.cold_s["learner"] - arm.prewarm_buffer_s)
-    slots = sorted([prewarm_at] * free + releases)
-    ranks = [gs for gs in rank_groups(arm, len(r.work.groups))]
+    ranks = rank_groups(arm, len(r.work.groups))
+    spawn = learner_starts(ranks, finish, prewarm_at, rollout, [0.0] * max(0, arm.units - len(r.decode)) + releases)
     ready, comp_end = [], []
-    for k, gs in enumerate(ranks):
-        t = (slots[k] if k < len(slots) else max(releases)) + c.cold_s["learner"]
+    for gs, t0 in zip(ranks, spawn):
+        t = t0 + c.cold_s["learner"]
         ready.append(t)
         for g in sorted(gs, key=lambda g: finish.get(g, rollout)):
             t = max(t, finish.get(g, rollout)) + _compute_s(arm, r.work, [g], c)
         comp_end.append(t)
     learn_end = max(comp_end) + c.opt_s
-    spawn = [t - c.cold_s["learner"] for t in ready]
     learn_billed = sum(learn_end + c.release_s["learner"] - s for s in spawn)
     if r.predicted_makespan_s > 0:
         history.append(rollout / r.predicted_makespan_s)
@@ -346,6 +345,21 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float]) -
     return Split(learn_end + c.driver_s, dec_billed + learn_billed, cold,
                  {"decode": dec_busy, "learner": sum(learn_end - t for t in ready)}, learn_end, rollout) \
         if n else Split(c.driver_s, 0.0, 0.0)
+
+
+def learner_starts(ranks: list[list[int]], finish: dict[int, float], prewarm_at: float, rollout_end: float,
+                   units_free_at: list[float]) -> list[float]:
+    """When each learner rank is spawned (the runtime's `LearnerStream.pump` / `prewarm`): a rank wants a unit at
+    its first finished group, at the pre-warm time, or at the rollout's end, whichever comes first; it gets the
+    earliest unit free then (the units the decode functions left free at 0, then each one a decode function
+    releases), else waits for the next."""
+    want = [min([finish.get(g, rollout_end) for g in gs] + [prewarm_at, rollout_end]) for gs in ranks]
+    free = sorted(units_free_at)
+    out = [0.0] * len(ranks)
+    for k in sorted(range(len(ranks)), key=lambda k: (want[k], k)):
+        unit = free.pop(0) if free else rollout_end
+        out[k] = max(want[k], unit)
+    return out
 
 
 # ---- the record, split the same way ----------------------------------------------------------------------
