@@ -62,10 +62,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.overrides or args.scenario:
             raise ConfigError("validate: --validate takes no --scenario and no key=value overrides")
         report = validate(args.validate, args.calibrate_from)
-        for m in report["modes"].values():
+        for name, m in report["modes"].items():  # by folder: serverful-overlap's mode is serverful
             rows = ", ".join(f"{k} {v['simulated']:.3f}/{v['measured']:.3f} s ({v['rel_error']:.1%})"
                              for k, v in m["stages"].items())
-            print(f"{m['mode']}: simulated/measured mean per step: {rows}")
+            print(f"{name}: simulated/measured mean per step: {rows}")
         for a in report.get("arms", {}).values():
             print(arm_line(a))
         print(f"step_time_error {report['step_time_error']:.1%}, cost_error {report['cost_error']:.1%}")
