@@ -94,6 +94,7 @@ class Arm:
     skip_zero_variance: bool
     prewarm_buffer_s: float
     steps: tuple[StepRec, ...]
+    prewarm: bool = True
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def _jsonl(path: Path) -> list[dict]:
 
 
 def read_arm(path: str | Path, name: str | None = None) -> Arm:
-    """One arm's run dir. Missing records are a DataError naming the file."""
+    """One arm's run dir. Missing records are a DataError naming the file; so is a run with a function the
+    model does not play (module header)."""
     from rlhfless.configbase import load_yaml
 
     p = Path(path)
@@ -147,44 +149,43 @@ def read_arm(path: str | Path, name: str | None = None) -> Arm:
             raise DataError(f"validate: {p / f} not found (an arm of a `runtime.mode=compare` run writes it)")
     cfg = load_yaml(p / "config.yaml")
     rt, plan, algo = cfg.get("runtime") or {}, cfg.get("plan") or {}, cfg.get("algo") or {}
-    if rt.get("ship_prefix_kv", "never") != "never" or float(algo.get("kl_coef") or 0) > 0 and not rt.get("overlap"):
+    mode = rt.get("mode", "serverless")
+    overlap = (mode != "serverful") if rt.get("overlap") is None else bool(rt["overlap"])
+    if rt.get("ship_prefix_kv", "never") != "never" or (float(algo.get("kl_coef") or 0) > 0 and not overlap):
         raise DataError(f"validate: {p}: the arm model has no prefill or reference function (module header)")
+    workers = {w["worker"]: w for w in _jsonl(p / "workers.jsonl")}
+    units = int(rt.get("units") or 0) or len({c for w in workers.values() for c in (w.get("cores") or [])}) or 1
+    learners = int(rt.get("learner_units") or 0) or units
+    if mode == "serverful":  # the pool's W workers, one unit each
+        units = int(rt.get("serverful_workers") or 0) or units
+    return Arm(name or p.name, mode, overlap, units, learners, max(int(plan.get("capacity", 256)), 1),
+               int(rt.get("learner_microbatch_groups") or 1), bool(algo.get("skip_zero_variance_groups", False)),
+               float(rt.get("prewarm_buffer_s", 0.05)), _read_steps(p, workers), bool(rt.get("prewarm", True)))
+
+
+def _read_steps(p: Path, workers: dict[str, dict]) -> tuple[StepRec, ...]:
+    """Every step with metrics, a trace and a decode invocation; first attempts of successful invocations."""
     metrics = {r["step"]: r for r in _jsonl(p / "metrics.jsonl") if "timing_s/step" in r}
     trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
                  None)
     if trace is None:
         raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}[.gz]")
     work = {s.step: s for s in replay_trace(trace)}
-    invs = [i for i in _jsonl(p / "invocations.jsonl") if i.get("ok", True) and i.get("attempt", 1) == 1]
+    by_step: dict[int, dict[str, list[Inv]]] = {}
     first_step: dict[str, int] = {}
-    for i in invs:
-        first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
-    workers = {w["worker"]: w for w in _jsonl(p / "workers.jsonl")}
-    steps = sorted(s for s in metrics if s in work)
-    recs, t0s = [], {}
-    for s in steps:
-        dec = tuple(_inv(i) for i in invs if i["step"] == s and i["kind"] == "decode")
-        if dec:
-            t0s[s] = min(i.requested for i in dec)
-    for s in steps:
-        if s not in t0s:
-            continue
-        m = metrics[s]
-        recs.append(StepRec(
-            s, work[s], tuple(_inv(i) for i in invs if i["step"] == s and i["kind"] == "decode"),
-            tuple(_inv(i) for i in invs if i["step"] == s and i["kind"] == "learner"),
-            tuple(w for n, w in workers.items() if first_step.get(n) == s), float(m.get("cost/device_seconds") or 0),
-            float(m.get("balancer/makespan_s") or 0.0), t0s[s], t0s[s + 1] - t0s[s] if s + 1 in t0s else None))
-    mode = rt.get("mode", "serverless")
-    units = int(rt.get("units") or 0) or len({c for w in workers.values() for c in (w.get("cores") or [])}) or 1
-    learners = int(rt.get("learner_units") or 0) or units
-    if mode == "serverful":  # the pool's W workers, one unit each
-        units = int(rt.get("serverful_workers") or 0) or units
-    overlap = rt.get("overlap")
-    return Arm(name or p.name, mode, (mode != "serverful") if overlap is None else bool(overlap), units,
-               learners, max(int(plan.get("capacity", 256)), 1),
-               int(rt.get("learner_microbatch_groups") or 1), bool(algo.get("skip_zero_variance_groups", False)),
-               float(rt.get("prewarm_buffer_s", 0.05)), tuple(recs))
+    for i in _jsonl(p / "invocations.jsonl"):
+        if i.get("ok", True) and i.get("attempt", 1) == 1:
+            by_step.setdefault(i["step"], {}).setdefault(i["kind"], []).append(_inv(i))
+            first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
+    t0 = {s: min(i.requested for i in k["decode"]) for s, k in by_step.items() if k.get("decode")}
+    out = []
+    for s in sorted(x for x in metrics if x in work and x in t0):
+        m, k = metrics[s], by_step[s]
+        out.append(StepRec(s, work[s], tuple(k.get("decode", ())), tuple(k.get("learner", ())),
+                           tuple(w for n, w in workers.items() if first_step.get(n) == s),
+                           float(m.get("cost/device_seconds") or 0), float(m.get("balancer/makespan_s") or 0.0),
+                           t0[s], t0[s + 1] - t0[s] if s + 1 in t0 else None))
+    return tuple(out)
 
 
 def _inv(i: dict) -> Inv:
@@ -240,16 +241,7 @@ def fit_constants(arm: Arm, steps: list[StepRec]) -> Constants:
     if not steps:
         raise DataError(f"validate: {arm.name}: no calibration steps")
     ctx = context(arm, list(arm.steps))  # the trace's mean context (an input, not a measurement)
-    cold, rel = {}, {}
-    for kind in KINDS:
-        ws = [w for r in steps for w in r.workers if kind in (w.get("kinds") or ()) and w.get("ready_s") is not None]
-        cold[kind] = float(np.mean([w["cold_start_s"] for w in ws])) if ws else 0.0
-        last = {}
-        for r in steps:
-            for i in getattr(r, kind):
-                last[i.worker] = max(last.get(i.worker, 0.0), i.finished)
-        lags = [w["released_s"] - last[w["worker"]] for w in ws if w["worker"] in last and w.get("released_s")]
-        rel[kind] = float(np.mean(lags)) if lags and arm.mode == "serverless" else 0.0
+    cold, rel = _lifetimes(arm, steps)
     X = np.array([decode_features(arm, r, i, ctx) for r in steps for i in r.decode])
     y = np.array([i.finished - i.started for r in steps for i in r.decode])
     dec = tuple(float(x) for x in _nnls(X, y))
@@ -270,6 +262,22 @@ def fit_constants(arm: Arm, steps: list[StepRec]) -> Constants:
     played = predict(arm, steps, with_opt)
     drv = [m.period - p.period for r, m, p in zip(steps, meas, played) if r.period is not None]
     return Constants(cold, rel, dec, learn, ctx, c.gap_s, opt, float(np.mean(drv)) if drv else 0.0)
+
+
+def _lifetimes(arm: Arm, steps: list[StepRec]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per kind: the mean cold start of the workers started in `steps`, and the mean lag from a worker's last
+    invocation to its release (serverless only: a pool worker is held to the run's end)."""
+    cold, rel = {}, {}
+    for kind in KINDS:
+        ws = [w for r in steps for w in r.workers if kind in (w.get("kinds") or ()) and w.get("ready_s") is not None]
+        cold[kind] = float(np.mean([w["cold_start_s"] for w in ws])) if ws else 0.0
+        last: dict[str, float] = {}
+        for r in steps:
+            for i in getattr(r, kind):
+                last[i.worker] = max(last.get(i.worker, 0.0), i.finished)
+        lags = [w["released_s"] - last[w["worker"]] for w in ws if w["worker"] in last and w.get("released_s")]
+        rel[kind] = float(np.mean(lags)) if lags and arm.mode == "serverless" else 0.0
+    return cold, rel
 
 
 # ---- the model -------------------------------------------------------------------------------------------
@@ -302,49 +310,48 @@ def _serverful_step(arm: Arm, r: StepRec, c: Constants) -> Split:
         starts = [max(ends.values()) + c.gap_s] * len(ranks)
     learn_end = max(s + x for s, x in zip(starts, comp)) + c.opt_s
     period = learn_end + c.driver_s
-    units = arm.units
-    return Split(period, units * period, 0.0, {"decode": sum(ends.values()),
-                                               "learner": sum(learn_end - s for s in starts)}, learn_end,
-                 max(ends.values()))
+    busy = {"decode": sum(ends.values()), "learner": sum(learn_end - s for s in starts)}
+    return Split(period, arm.units * period, 0.0, busy, learn_end, max(ends.values()))  # the pool: W x period
+
+
+def _serverless_decode(arm: Arm, r: StepRec, c: Constants) -> tuple[dict[int, float], list[float], float, float]:
+    """The step's decode functions, each cold at 0: (finish time of each group, release times, busy seconds,
+    billed seconds). A group is streamed when its last sequence ends (the planner's time model)."""
+    tm = c.time_model(arm.capacity)
+    finish: dict[int, float] = {}
+    releases, busy = [], 0.0
+    for inv in r.decode:
+        jobs = _jobs([(g, r.work.groups[g]) for g in inv.groups])
+        cap = max(arm.capacity, max(j.n_seqs for j in jobs))
+        for gid, t in job_finish_s(assign(jobs, 1, cap, tm, "contiguous")[0], jobs, tm).items():
+            finish[int(gid)] = c.cold_s["decode"] + c.decode[0] + t
+        d = _decode_s(arm, r, inv, c)
+        busy += d
+        releases.append(c.cold_s["decode"] + d + c.release_s["decode"])
+    return finish, releases, busy, sum(releases)
 
 
 def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float]) -> Split:
-    tm = c.time_model(arm.capacity)
-    finish: dict[int, float] = {}
-    releases, dec_busy, dec_billed = [], 0.0, 0.0
-    for inv in r.decode:
-        d = _decode_s(arm, r, inv, c)
-        jobs = _jobs([(g, r.work.groups[g]) for g in inv.groups])
-        cap = max(arm.capacity, max(j.n_seqs for j in jobs))
-        plan = assign(jobs, 1, cap, tm, "contiguous")[0]
-        for gid, t in job_finish_s(plan, jobs, tm).items():
-            finish[int(gid)] = c.cold_s["decode"] + c.decode[0] + t
-        end = c.cold_s["decode"] + d
-        releases.append(end + c.release_s["decode"])
-        dec_busy += d
-        dec_billed += end + c.release_s["decode"]
+    finish, releases, dec_busy, dec_billed = _serverless_decode(arm, r, c)
     rollout = max(releases) - c.release_s["decode"]
     expected = r.predicted_makespan_s * (np.mean(history) if history else 1.0)
-    prewarm_at = max(0.0, expected - c.cold_s["learner"] - arm.prewarm_buffer_s)
+    prewarm_at = max(0.0, expected - c.cold_s["learner"] - arm.prewarm_buffer_s) if arm.prewarm else float("inf")
+    if r.predicted_makespan_s > 0:  # the runtime's history: measured (here: played) rollout over the plan's
+        history.append(rollout / r.predicted_makespan_s)
+        del history[:-PREWARM_HISTORY]
     ranks = rank_groups(arm, len(r.work.groups))
     spawn = learner_starts(ranks, finish, prewarm_at, rollout, [0.0] * max(0, arm.units - len(r.decode)) + releases)
-    ready, comp_end = [], []
-    for gs, t0 in zip(ranks, spawn):
-        t = t0 + c.cold_s["learner"]
-        ready.append(t)
-        for g in sorted(gs, key=lambda g: finish.get(g, rollout)):
+    ready = [t + c.cold_s["learner"] for t in spawn]
+    comp_end = []
+    for gs, t in zip(ranks, ready):
+        for g in sorted(gs, key=lambda g: finish.get(g, rollout)):  # in the order they arrive
             t = max(t, finish.get(g, rollout)) + _compute_s(arm, r.work, [g], c)
         comp_end.append(t)
     learn_end = max(comp_end) + c.opt_s
-    learn_billed = sum(learn_end + c.release_s["learner"] - s for s in spawn)
-    if r.predicted_makespan_s > 0:
-        history.append(rollout / r.predicted_makespan_s)
-        del history[:-PREWARM_HISTORY]
-    n = len(r.decode) + len(ranks)
+    learn_billed = sum(learn_end + c.release_s["learner"] - t for t in spawn)
     cold = len(r.decode) * c.cold_s["decode"] + len(ranks) * c.cold_s["learner"]
     return Split(learn_end + c.driver_s, dec_billed + learn_billed, cold,
-                 {"decode": dec_busy, "learner": sum(learn_end - t for t in ready)}, learn_end, rollout) \
-        if n else Split(c.driver_s, 0.0, 0.0)
+                 {"decode": dec_busy, "learner": sum(learn_end - t for t in ready)}, learn_end, rollout)
 
 
 def learner_starts(ranks: list[list[int]], finish: dict[int, float], prewarm_at: float, rollout_end: float,
