@@ -190,3 +190,14 @@ def test_measure_splits_a_serverless_step_by_hand(tmp_path):
     assert s.busy == pytest.approx({"decode": 1.0, "learner": 0.7})
     assert s.held_idle == pytest.approx(3.0 - 1.1 - 1.7) and s.learn_end == pytest.approx(1.4)
     assert measure(arm, arm.steps[1]).cold == 0.0  # no worker started in step 2 but decode-3 (no workers row)
+
+
+def test_an_arm_the_model_cannot_play_is_skipped_not_fatal(tmp_path):
+    """A reference function (kl_coef > 0 without overlap) is not modelled: that arm says so, the others count."""
+    _write_serverful(tmp_path / "serverful")
+    _serverless_records(tmp_path / "serverless")
+    (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(
+        {"algo": {"kl_coef": 0.1}, "runtime": {"mode": "serverless", "units": 2, "overlap": False}}))
+    rep = validate(tmp_path)
+    assert "reference function" in rep["arms"]["serverless"]["skipped"]
+    assert rep["errors_from"] == "arms" and rep["step_time_error"] < 1e-9  # from the serverful arm alone

@@ -446,7 +446,13 @@ def validate_arm(arm: Arm, calib: Arm | None = None) -> dict:
 
 
 def validate_arms(run_dir: str | Path, calibrate_from: str | Path | None = None) -> dict[str, dict]:
-    """Every arm of a comparison dir (`arm_dirs`), by name."""
+    """Every arm of a comparison dir (`arm_dirs`), by name; an arm the model cannot play (a prefill or reference
+    function, too few steps) is {"arm", "skipped": why}, not a failure of the others."""
     other = arm_dirs(calibrate_from) if calibrate_from else {}
-    return {a: validate_arm(read_arm(p), read_arm(other[a]) if a in other else None)
-            for a, p in arm_dirs(run_dir).items()}
+    out = {}
+    for a, p in arm_dirs(run_dir).items():
+        try:
+            out[a] = validate_arm(read_arm(p), read_arm(other[a]) if a in other else None)
+        except DataError as exc:
+            out[a] = {"arm": a, "skipped": str(exc)}
+    return out

@@ -63,11 +63,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise ConfigError("validate: --validate takes no --scenario and no key=value overrides")
         report = validate(args.validate, args.calibrate_from)
         for name, m in report["modes"].items():  # by folder: serverful-overlap's mode is serverful
+            if "skipped" in m:
+                print(f"{name}: not validated: {m['skipped']}")
+                continue
             rows = ", ".join(f"{k} {v['simulated']:.3f}/{v['measured']:.3f} s ({v['rel_error']:.1%})"
                              for k, v in m["stages"].items())
             print(f"{name}: simulated/measured mean per step: {rows}")
         for a in report.get("arms", {}).values():
-            print(arm_line(a))
+            print(f"arm {a['arm']}: not played: {a['skipped']}" if "skipped" in a else arm_line(a))
         print(f"step_time_error {report['step_time_error']:.1%}, cost_error {report['cost_error']:.1%}")
     else:
         from rlhfless.sim.scenario import run_scenario

@@ -367,18 +367,29 @@ def validate(run_dir: str | Path, calibrate_from: str | Path | None = None) -> d
 
     runs = load_runs(run_dir)
     calib = load_runs(calibrate_from) if calibrate_from else {}
-    modes = {m: validate_mode(r, calib.get(m) or (next(iter(calib.values())) if calib else None))
-             for m, r in runs.items()}
+    modes = {}
+    for m, r in runs.items():
+        try:
+            modes[m] = validate_mode(r, calib.get(m) or (next(iter(calib.values())) if calib else None))
+        except DataError as exc:
+            if len(runs) == 1:
+                raise
+            modes[m] = {"mode": m, "skipped": str(exc)}  # one unusable sub-run does not void the others
+    staged = [m for m in modes.values() if "skipped" not in m]
     out = {"run_dir": str(run_dir), "modes": modes}
-    if arm_dirs(run_dir):  # a comparison with runtime records: the arm model's per-step play decides the errors
-        arms = validate_arms(run_dir, calibrate_from)
+    arms = validate_arms(run_dir, calibrate_from) if arm_dirs(run_dir) else {}
+    if arms:
         out["arms"] = arms
-        out["step_time_error"] = max(a["step_time_s"]["rel_error"] for a in arms.values())
-        out["cost_error"] = max(a["cost_device_s"]["rel_error"] for a in arms.values())
+    played = [a for a in arms.values() if "skipped" not in a]
+    if played:  # a comparison with runtime records: the arm model's per-step play decides the errors
+        out["step_time_error"] = max(a["step_time_s"]["rel_error"] for a in played)
+        out["cost_error"] = max(a["cost_device_s"]["rel_error"] for a in played)
         out["errors_from"] = "arms"
         return out
-    out["step_time_error"] = max(m["stages"]["step"]["rel_error"] for m in modes.values())  # not the reference row
-    costs = [m["cost"]["cost_device_s"].get("rel_error") for m in modes.values()]
+    if not staged:
+        raise DataError(f"validate: {run_dir}: no sub-run could be validated ({modes})")
+    out["step_time_error"] = max(m["stages"]["step"]["rel_error"] for m in staged)  # not the reference row
+    costs = [m["cost"]["cost_device_s"].get("rel_error") for m in staged]
     out["cost_error"] = max((c for c in costs if c is not None), default=float("nan"))
     out["errors_from"] = "modes"
     return out
