@@ -14,7 +14,7 @@ import yaml
 
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.records import TraceRow
-from rlhfless.sim.armmodel import Constants, measure, predict, read_arm, validate_arms
+from rlhfless.sim.armmodel import Constants, measure, predict, read_arm, split_steps, validate_arms
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.validate import validate
@@ -100,6 +100,8 @@ def test_serverful_arm_recovers_the_machine(tmp_path, overlap):
     assert c["learn_s_per_token"] == pytest.approx(LT, rel=1e-6) and c["opt_s"] == pytest.approx(OPT, abs=1e-9)
     assert c["gap_s"] == pytest.approx(GAP) and c["driver_s"] == pytest.approx(DRV)
     assert rep["steps_calibrated"] == 4 and rep["steps_validated"] == 3  # alternate steps; the last has no period
+    cal, val = split_steps(list(read_arm(tmp_path / name).steps))
+    assert [r.step for r in cal] == [1, 3, 5, 7] and [r.step for r in val] == [2, 4, 6]  # the same load in both
     assert rep["step_time_s"]["rel_error"] < 1e-9 and rep["cost_device_s"]["rel_error"] < 1e-9
     assert rep["core_s_per_step"]["held_idle"]["rel_error"] < 1e-6
 
