@@ -47,12 +47,12 @@ from rlhfless.accumulate import microbatches
 from rlhfless.errors import DataError
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.plan.balancer import job_finish_s
+from rlhfless.runtime.policy import HISTORY as PREWARM_HISTORY
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
 
 KINDS = ("decode", "learner")
-PREWARM_HISTORY = 3  # runtime.policy.HISTORY
 
 
 @dataclass(frozen=True)
