@@ -14,7 +14,15 @@ import yaml
 
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.records import TraceRow
-from rlhfless.sim.armmodel import Constants, measure, predict, read_arm, split_steps, validate_arms
+from rlhfless.sim.armmodel import (
+    Constants,
+    learner_starts,
+    measure,
+    predict,
+    read_arm,
+    split_steps,
+    validate_arms,
+)
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.validate import validate
@@ -203,3 +211,14 @@ def test_an_arm_the_model_cannot_play_is_skipped_not_fatal(tmp_path):
     rep = validate(tmp_path)
     assert "reference function" in rep["arms"]["serverless"]["skipped"]
     assert rep["errors_from"] == "arms" and rep["step_time_error"] < 1e-9  # from the serverful arm alone
+
+
+def test_learner_ranks_take_units_as_the_runtime_gives_them():
+    """`learner_starts`: a rank wants a unit at its first finished group, the pre-warm time or the rollout's end;
+    it gets the earliest free one. Two decode functions on two units (released at 1.0 and 1.2): no rank starts
+    before a release. One decode function: rank 0 takes the free unit at its first group (0.2, before the
+    pre-warm at 0.3), rank 1 the released one. No pre-warm and no streamed group: both at the rollout's end."""
+    ranks, finish = [[0, 1], [2, 3]], {0: 0.5, 1: 0.2, 2: 0.9, 3: 0.7}
+    assert learner_starts(ranks, finish, 0.3, 1.0, [1.0, 1.2]) == pytest.approx([1.0, 1.2])
+    assert learner_starts(ranks, finish, 0.3, 1.0, [0.0, 1.0]) == pytest.approx([0.2, 1.0])
+    assert learner_starts(ranks, {}, float("inf"), 1.0, [0.0, 1.0]) == pytest.approx([1.0, 1.0])
