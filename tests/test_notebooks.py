@@ -34,6 +34,7 @@ STATED = {
                               "config": "experiments/configs/serverless_vs_serverful.yaml",
                               "config_defaults": "experiments/configs/quickstart.yaml"},
     "07_repro": {"trace": "data/traces/quickstart.jsonl.gz", "checkpoint": "data/checkpoints/sft/model.safetensors"},
+    "08_what_if": {},  # simulated: the workload and the price lists are made in the notebook (recorded as such)
 }
 # Figures each notebook must produce (file stems); GSM8K's only where the data is present.
 FIGURES = {
@@ -46,6 +47,7 @@ FIGURES = {
     # the full size adds timeline_gantt and sim_vs_real_stages (two training runs: `make repro-quick` in CI)
     "07_repro": {"headline_testbed", "large_scale_paper_sim", "ablation_ladder", "sensitivity_tau_lambda_n",
                  "prefill_saving", "predictor_ewma"},
+    "08_what_if": {"recommended_mode", "step_and_cost"},
 }
 
 # Notebooks whose run starts runtime workers, one per core (test_runtime_e2e.py skips below 2 as well).

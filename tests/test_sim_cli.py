@@ -115,7 +115,7 @@ def test_validate_inline_run_recovers_the_machine(tmp_path, capsys):
     assert rep["step_time_error"] < 1e-3 and rep["cost_error"] < 1e-3
     cal = rep["modes"]["inline"]["calibration"]
     assert cal["iter_overhead_s"] == pytest.approx(OV, rel=1e-3) and cal["bytes_per_s"] == pytest.approx(BW, rel=1e-3)
-    assert rep["modes"]["inline"]["steps_validated"] == 4  # calibrated on the first half, validated on the rest
+    assert rep["modes"]["inline"]["steps_validated"] == 4  # calibrated on alternate steps, validated on the others
 
 
 def test_validate_detects_a_wrong_model(tmp_path):
@@ -138,7 +138,7 @@ def test_validate_runtime_comparison_dir(tmp_path):
     rep = validate(tmp_path / "cmp")
     assert set(rep["modes"]) == {"serverless", "serverful"}
     sl = rep["modes"]["serverless"]["cost"]
-    for kind in ("decode", "learner"):  # busy device-seconds + the per-worker overhead fitted on the first half
+    for kind in ("decode", "learner"):  # busy device-seconds + the per-worker overhead fitted on the calibration steps
         row = sl[f"function/{kind}/billed_s"]
         assert row["rel_error"] < 1e-3 and row["overhead_per_worker_s"] == pytest.approx(OVERHEAD, rel=1e-3)
     assert "missing" in sl["function/prefill/billed_s"]  # not billed by the run: said so, not guessed

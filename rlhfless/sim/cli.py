@@ -41,6 +41,18 @@ def _strip(report: dict) -> dict:
     return {**report, "cases": [{k: v for k, v in c.items() if not k.startswith("_")} for c in report["cases"]]}
 
 
+def arm_line(a: dict) -> str:
+    """One arm of the arm model's validation: step time, bill and the bill's split, simulated/measured."""
+    def r(x: dict) -> str:
+        return f"{x['simulated']:.3f}/{x['measured']:.3f}"
+
+    c = a["core_s_per_step"]
+    busy = ", ".join(f"busy {k} {r(v)}" for k, v in c["busy"].items())
+    return (f"arm {a['arm']}: step {r(a['step_time_s'])} s ({a['step_time_s']['rel_error']:.1%}), billed "
+            f"{r(a['cost_device_s'])} core-s ({a['cost_device_s']['rel_error']:.1%}): cold {r(c['cold_start'])}, "
+            f"{busy}, held idle {r(c['held_idle'])} (simulated/measured per step, {a['steps_validated']} steps)")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rlhfless.jsonl import write_json
 
@@ -50,10 +62,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.overrides or args.scenario:
             raise ConfigError("validate: --validate takes no --scenario and no key=value overrides")
         report = validate(args.validate, args.calibrate_from)
-        for m in report["modes"].values():
+        for name, m in report["modes"].items():  # by folder: serverful-overlap's mode is serverful
+            if "skipped" in m:
+                print(f"{name}: not validated: {m['skipped']}")
+                continue
             rows = ", ".join(f"{k} {v['simulated']:.3f}/{v['measured']:.3f} s ({v['rel_error']:.1%})"
                              for k, v in m["stages"].items())
-            print(f"{m['mode']}: simulated/measured mean per step: {rows}")
+            print(f"{name}: simulated/measured mean per step: {rows}")
+        for a in report.get("arms", {}).values():
+            print(f"arm {a['arm']}: not played: {a['skipped']}" if "skipped" in a else arm_line(a))
         print(f"step_time_error {report['step_time_error']:.1%}, cost_error {report['cost_error']:.1%}")
     else:
         from rlhfless.sim.scenario import run_scenario

@@ -2,13 +2,18 @@
 
 Purpose: `validate(run_dir, calibrate_from=None)` -> report with `step_time_error` and `cost_error` (the largest
 relative error of the mean over modes) and per-stage rows. A run dir is one run (`config.yaml`, `metrics.jsonl`,
-`traces/rollouts.jsonl[.gz]`), or a comparison with `serverless/` and `serverful/` sub-runs.
+`traces/rollouts.jsonl[.gz]`), or a comparison with `serverful/`, `serverful-overlap/` and `serverless/` sub-runs.
+A comparison whose arms carry the runtime's records (`invocations.jsonl`, `workers.jsonl`) is also played step by
+step by the arm model (`rlhfless.sim.armmodel`: cold starts per function per step, the learner's ranks on the
+units budget, overlap, held idle time), reported under `arms` per arm and per component of the bill; then the
+two errors are the arm model's (`errors_from: arms`), else the stage model's below (`errors_from: modes`).
   * Calibration (this machine's measurements, never the steps being validated): the CPU performance model's
     decode constants (bytes/s and per-iteration overhead of `PerfModel.decode_iter_s` for the tiny model) are
     fitted to measured `timing_s/decode` by non-negative least squares on per-step features computed from the
     trace with the planner's time model (`fit_decode`); prefill, update and the remaining loop seconds are linear
-    in the tokens they process (`fit_linear`). Fitted on `calibrate_from` (another run) when given, else on the
-    first half of the steps and validated on the second half.
+    in the tokens they process (`fit_linear`). Fitted on `calibrate_from` (another run) when given, else on
+    alternate steps (1, 3, 5, ...) and validated on the others: on shared cores the neighbours' load drifts over
+    minutes, which a first-half/second-half split would report as model error.
   * Simulation: each validated step's groups, as recorded, through the same time model (inline: one engine
     batch; runtime modes: the planner's actor count per step from metrics) plus the fitted stage models.
   * Cost, by the runtime's rule (`rlhfless.runtime.meter`: a worker is billed from request to release, x its
@@ -95,9 +100,10 @@ def load_runs(path: str | Path) -> dict[str, RunData]:
     p = Path(path)
     if not p.is_dir():
         raise DataError(f"validate: run dir not found: {p}")
-    subs = [p / m for m in ("serverless", "serverful", "inline") if (p / m / "config.yaml").is_file()]
+    subs = [p / m for m in ("serverless", "serverful", "serverful-overlap", "inline")
+            if (p / m / "config.yaml").is_file()]
     runs = [load_run(s) for s in subs] if subs else [load_run(p)]
-    return {r.mode if len(runs) == 1 else r.path.name: r for r in runs}
+    return {r.mode if len(runs) == 1 else r.path.name: r for r in runs}  # serverful-overlap: by its folder
 
 
 # ---- per-step features --------------------------------------------------------------------------------
@@ -321,8 +327,8 @@ def validate_mode(run: RunData, calib: RunData | None) -> dict:
         cal_steps, val = calib.work, work
     else:
         if len(work) < 4:
-            raise DataError(f"validate: {run.path} has {len(work)} steps; need >= 4 to calibrate on half")
-        cal_steps, val = work[:len(work) // 2], work[len(work) // 2:]
+            raise DataError(f"validate: {run.path} has {len(work)} steps; need >= 4 to calibrate on alternate steps")
+        cal_steps, val = work[0::2], work[1::2]  # alternate steps: see armmodel.split_steps
     ctx = _context(work)
     sm = calibrate(calib or run, cal_steps, ctx)
     sim = simulate_steps(run, val, sm, ctx)
@@ -334,8 +340,8 @@ def validate_mode(run: RunData, calib: RunData | None) -> dict:
     if tpot is not None:  # the engine benchmark's profile alone, without fitting to this run: for reference
         stages["decode_from_tpot_profile"] = _row(tpot, float(_measured(run, val, "timing_s/decode").mean()))
     return {"mode": run.mode, "path": str(run.path), "steps_validated": len(val),
-            "calibrated_on": str((calib or run).path) + ("" if calib else f" steps {cal_steps[0].step}.."
-                                                         f"{cal_steps[-1].step}"),
+            "calibrated_on": str((calib or run).path) + ("" if calib else " alternate steps from "
+                                                         f"{cal_steps[0].step}"),
             "calibration": {"bytes_per_s": sm.bytes_per_s, "iter_overhead_s": sm.iter_overhead_s,
                             "prefill": sm.prefill, "update": sm.update, "rollout_other_s": sm.rollout_other_s,
                             "step_other_s": sm.step_other_s, **sm.fit},
@@ -357,11 +363,33 @@ def tpot_profile_decode(run: RunData, steps: list[StepWork], ctx: float) -> floa
 
 def validate(run_dir: str | Path, calibrate_from: str | Path | None = None) -> dict:
     """The `--validate` report: per mode, and the largest step-time and cost errors over modes."""
+    from rlhfless.sim.armmodel import arm_dirs, validate_arms
+
     runs = load_runs(run_dir)
     calib = load_runs(calibrate_from) if calibrate_from else {}
-    modes = {m: validate_mode(r, calib.get(m) or (next(iter(calib.values())) if calib else None))
-             for m, r in runs.items()}
-    step_err = max(m["stages"]["step"]["rel_error"] for m in modes.values())  # the reference row is not a mode
-    costs = [m["cost"]["cost_device_s"].get("rel_error") for m in modes.values()]
-    cost_err = max((c for c in costs if c is not None), default=float("nan"))
-    return {"run_dir": str(run_dir), "modes": modes, "step_time_error": step_err, "cost_error": cost_err}
+    modes = {}
+    for m, r in runs.items():
+        try:
+            modes[m] = validate_mode(r, calib.get(m) or (next(iter(calib.values())) if calib else None))
+        except DataError as exc:
+            if len(runs) == 1:
+                raise
+            modes[m] = {"mode": m, "skipped": str(exc)}  # one unusable sub-run does not void the others
+    staged = [m for m in modes.values() if "skipped" not in m]
+    out = {"run_dir": str(run_dir), "modes": modes}
+    arms = validate_arms(run_dir, calibrate_from) if arm_dirs(run_dir) else {}
+    if arms:
+        out["arms"] = arms
+    played = [a for a in arms.values() if "skipped" not in a]
+    if played:  # a comparison with runtime records: the arm model's per-step play decides the errors
+        out["step_time_error"] = max(a["step_time_s"]["rel_error"] for a in played)
+        out["cost_error"] = max(a["cost_device_s"]["rel_error"] for a in played)
+        out["errors_from"] = "arms"
+        return out
+    if not staged:
+        raise DataError(f"validate: {run_dir}: no sub-run could be validated ({modes})")
+    out["step_time_error"] = max(m["stages"]["step"]["rel_error"] for m in staged)  # not the reference row
+    costs = [m["cost"]["cost_device_s"].get("rel_error") for m in staged]
+    out["cost_error"] = max((c for c in costs if c is not None), default=float("nan"))
+    out["errors_from"] = "modes"
+    return out

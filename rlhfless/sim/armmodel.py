@@ -1,0 +1,458 @@
+"""The local runtime's step, arm by arm, as a model: what validation predicts a `runtime.mode=compare` run with.
+
+Purpose: `read_arm(dir)` reads one arm's records (metrics, trace, invocations.jsonl, workers.jsonl);
+`fit_constants(arm, steps)` measures this machine's constants on calibration steps; `predict(arm, steps, consts)`
+plays each step by the runtime's own rules and gives per step the period (step time), the billed core-seconds
+and their split into cold starts, busy time by function kind and held idle time (the split
+`runtime.compare.core_seconds_per_step` reports); `measure(arm, steps)` gives the same split from the records.
+Per arm (time 0 = the step's first decode request):
+  * serverful: W pool workers held for the run, the batch split by count; each worker decodes its share; the
+    learner ranks (the same workers) start `gap_s` after the whole rollout, compute their groups, then one
+    optimiser step (`opt_s`). Billed W x period; no cold start after the first step.
+  * serverful-overlap: the same, but each worker computes its own groups right after its own decode (the
+    runtime's learner ranks take groups by index, contiguous: the same groups the count split gave it).
+  * serverless: the step's decode functions start cold at 0, each on its own unit; a learner rank starts onto a
+    free unit at its first finished group or at the pre-warm time (the runtime's rule,
+    `runtime.policy.prewarm_learner` with source "plan": the planner's predicted makespan x the recent
+    rollout/predicted ratio, minus a cold start and the buffer), whichever comes first; with no unit free, when a
+    decode function releases one (`learner_starts`); each rank computes its groups in the order they finish
+    (group finish times from the planner's time model, streamed), the optimiser step follows the last rank's
+    compute. Every function is billed from spawn to release (cold start, work, wait, release lag).
+Constants, all measured on calibration steps (never the validated ones): the cold start per kind (workers.jsonl,
+as the runtime measures it); decode seconds per invocation = fixed + per iteration + per byte of the time model's
+roofline (NNLS over every decode invocation's span, features from the trace through the planner's time model);
+learner compute seconds per kept group and per token (NNLS over each rank's `compute_s`); the release lag per
+kind (invocation end to release). Two are residuals of the model on the calibration steps: `opt_s` (the learner's
+end after the last rank's compute: all-reduce, optimiser step, state file, and whatever the model misses before
+it) and `driver_s` (the period beyond the learner's end: the driver's reward aggregation, metrics, planning).
+Decisions are read from the record, not predicted: each decode function's groups (the planner's assignment or the
+count split), the planner's predicted makespan (`balancer/makespan_s`).
+
+Non-goals: migrations (a step with migrated rows is played without them), retries, a reference or prefill
+function (kl_coef = 0 and ship_prefix_kv=never in the comparison config: the model refuses a run that used one).
+
+Deviations from the runtime: the reward stage (on the decode worker, milliseconds) is folded into decode; a rank's
+start is its ready time (the runtime sends learn_begin at once).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.accumulate import microbatches
+from rlhfless.errors import DataError
+from rlhfless.plan import PlanJob, TimeModel, assign
+from rlhfless.plan.balancer import job_finish_s
+from rlhfless.runtime.policy import HISTORY as PREWARM_HISTORY
+from rlhfless.sim.calibrate import cpu_decode_model
+from rlhfless.sim.hardware import tiny_model
+from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
+
+KINDS = ("decode", "learner")
+
+
+@dataclass(frozen=True)
+class Inv:
+    """One invocation: its worker, groups, and run-relative seconds."""
+
+    worker: str
+    groups: tuple[int, ...]
+    requested: float
+    started: float
+    finished: float
+    compute_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepRec:
+    """One recorded step of an arm: its work, invocations by kind, the workers it started, its bill."""
+
+    step: int
+    work: StepWork
+    decode: tuple[Inv, ...]
+    learner: tuple[Inv, ...]
+    workers: tuple[dict, ...]  # workers.jsonl rows of the workers whose first invocation is in this step
+    billed: float  # cost/device_seconds of the step's window
+    predicted_makespan_s: float
+    t0: float  # the step's first decode request
+    period: float | None  # to the next step's first decode request (None for the last step)
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    mode: str  # serverful | serverless
+    overlap: bool
+    units: int
+    learners: int
+    capacity: int
+    microbatch: int
+    skip_zero_variance: bool
+    prewarm_buffer_s: float
+    steps: tuple[StepRec, ...]
+    prewarm: bool = True
+
+
+@dataclass(frozen=True)
+class Constants:
+    """This machine's constants, measured on calibration steps (module header)."""
+
+    cold_s: dict[str, float]
+    release_s: dict[str, float]
+    decode: tuple[float, float, float]  # fixed s per invocation, s per iteration, s per byte (bytes at 1 B/s)
+    learn: tuple[float, float]  # s per kept group, s per kept token
+    ctx: float  # mean context of a decode iteration (tokens)
+    gap_s: float = 0.0  # serverful: rollout (or own decode) end to the learner rank's start
+    opt_s: float = 0.0
+    driver_s: float = 0.0
+
+    def time_model(self, capacity: int) -> TimeModel:
+        bw = 1.0 / self.decode[2] if self.decode[2] > 0 else 1e30
+        return cpu_decode_model(tiny_model(), 1e30, bw, self.decode[1]).time_model(capacity, self.ctx)
+
+
+@dataclass
+class Split:
+    """One step's period and billed core-seconds, split as `runtime.compare.core_seconds_per_step`."""
+
+    period: float
+    billed: float
+    cold: float
+    busy: dict[str, float] = field(default_factory=dict)
+    learn_end: float = 0.0
+    rollout: float = 0.0
+
+    @property
+    def held_idle(self) -> float:
+        return self.billed - self.cold - sum(self.busy.values())
+
+
+# ---- reading ---------------------------------------------------------------------------------------------
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def read_arm(path: str | Path, name: str | None = None) -> Arm:
+    """One arm's run dir. Missing records are a DataError naming the file; so is a run with a function the
+    model does not play (module header)."""
+    from rlhfless.configbase import load_yaml
+
+    p = Path(path)
+    for f in ("config.yaml", "metrics.jsonl", "invocations.jsonl", "workers.jsonl"):  # workers.jsonl: at the end
+        if not (p / f).is_file():
+            raise DataError(f"validate: {p / f} not found (an arm of a `runtime.mode=compare` run writes it)")
+    cfg = load_yaml(p / "config.yaml")
+    rt, plan, algo = cfg.get("runtime") or {}, cfg.get("plan") or {}, cfg.get("algo") or {}
+    mode = rt.get("mode", "serverless")
+    overlap = (mode != "serverful") if rt.get("overlap") is None else bool(rt["overlap"])
+    if rt.get("ship_prefix_kv", "never") != "never" or (float(algo.get("kl_coef") or 0) > 0 and not overlap):
+        raise DataError(f"validate: {p}: the arm model has no prefill or reference function (module header)")
+    workers = {w["worker"]: w for w in _jsonl(p / "workers.jsonl")}
+    units = int(rt.get("units") or 0) or len({c for w in workers.values() for c in (w.get("cores") or [])}) or 1
+    learners = int(rt.get("learner_units") or 0) or units
+    if mode == "serverful":  # the pool's W workers, one unit each
+        units = int(rt.get("serverful_workers") or 0) or units
+    return Arm(name or p.name, mode, overlap, units, learners, max(int(plan.get("capacity", 256)), 1),
+               int(rt.get("learner_microbatch_groups") or 1), bool(algo.get("skip_zero_variance_groups", False)),
+               float(rt.get("prewarm_buffer_s", 0.05)), _read_steps(p, workers), bool(rt.get("prewarm", True)))
+
+
+def _read_steps(p: Path, workers: dict[str, dict]) -> tuple[StepRec, ...]:
+    """Every step with metrics, a trace and a decode invocation; first attempts of successful invocations."""
+    metrics = {r["step"]: r for r in _jsonl(p / "metrics.jsonl") if "timing_s/step" in r}
+    trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
+                 None)
+    if trace is None:
+        raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}[.gz]")
+    work = {s.step: s for s in replay_trace(trace)}
+    by_step: dict[int, dict[str, list[Inv]]] = {}
+    first_step: dict[str, int] = {}
+    for i in _jsonl(p / "invocations.jsonl"):
+        if i.get("ok", True) and i.get("attempt", 1) == 1:
+            by_step.setdefault(i["step"], {}).setdefault(i["kind"], []).append(_inv(i))
+            first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
+    t0 = {s: min(i.requested for i in k["decode"]) for s, k in by_step.items() if k.get("decode")}
+    out = []
+    for s in sorted(x for x in metrics if x in work and x in t0):
+        m, k = metrics[s], by_step[s]
+        out.append(StepRec(s, work[s], tuple(k.get("decode", ())), tuple(k.get("learner", ())),
+                           tuple(w for n, w in workers.items() if first_step.get(n) == s),
+                           float(m.get("cost/device_seconds") or 0), float(m.get("balancer/makespan_s") or 0.0),
+                           t0[s], t0[s + 1] - t0[s] if s + 1 in t0 else None))
+    return tuple(out)
+
+
+def _inv(i: dict) -> Inv:
+    return Inv(i["worker"], tuple(i.get("groups") or ()), i["requested_s"], i["started_s"], i["finished_s"],
+               float((i.get("extra") or {}).get("compute_s") or 0.0))
+
+
+# ---- work features ---------------------------------------------------------------------------------------
+def _jobs(groups: list[tuple[int, GroupWork]]) -> list[PlanJob]:
+    return [PlanJob(str(i), len(g.lengths), tuple(float(x) for x in g.lengths), 0) for i, g in groups]
+
+
+def decode_features(arm: Arm, rec: StepRec, inv: Inv, ctx: float) -> tuple[float, float, float]:
+    """(1, iterations, bytes) of one decode function's groups: the planner's time model at unit costs."""
+    jobs = _jobs([(g, rec.work.groups[g]) for g in inv.groups])
+    cap = max(arm.capacity, max(j.n_seqs for j in jobs))
+    ones = TimeModel((1, cap), (1.0, 1.0), 0.0, 0.0, source="unit")
+    per_byte = cpu_decode_model(tiny_model(), 1e30, 1.0, 0.0).time_model(cap, ctx)
+    return 1.0, assign(jobs, 1, cap, ones, "contiguous")[0].makespan_s, assign(jobs, 1, cap, per_byte,
+                                                                             "contiguous")[0].makespan_s
+
+
+def kept(arm: Arm, g: GroupWork) -> bool:
+    """GRPO skips a group whose rewards are all equal (no gradient): its learner compute is ~0."""
+    return not arm.skip_zero_variance or not g.rewards or len(set(g.rewards)) > 1
+
+
+def rank_groups(arm: Arm, n_groups: int) -> list[list[int]]:
+    """Group indices per learner rank (`accumulate.microbatches`: fixed by index)."""
+    return [[g for chunk in r for g in chunk] for r in microbatches(n_groups, arm.microbatch, arm.learners)]
+
+
+def learn_features(arm: Arm, work: StepWork, groups: list[int]) -> tuple[float, float]:
+    k = [work.groups[g] for g in groups if kept(arm, work.groups[g])]
+    return float(len(k)), float(sum(g.tokens for g in k))
+
+
+def context(arm: Arm, steps: list[StepRec]) -> float:
+    gs = [g for r in steps for g in r.work.groups]
+    return float(np.mean([g.prompt_len for g in gs]) + np.mean([x for g in gs for x in g.lengths]) / 2)
+
+
+# ---- constants -------------------------------------------------------------------------------------------
+def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    scale = np.maximum(X.max(axis=0), 1e-12)
+    return nnls(X / scale, y)[0] / scale
+
+
+def fit_constants(arm: Arm, steps: list[StepRec]) -> Constants:
+    """Measure the constants on `steps` (module header); the two residuals from the model played on them."""
+    if not steps:
+        raise DataError(f"validate: {arm.name}: no calibration steps")
+    ctx = context(arm, list(arm.steps))  # the trace's mean context (an input, not a measurement)
+    cold, rel = _lifetimes(arm, steps)
+    X = np.array([decode_features(arm, r, i, ctx) for r in steps for i in r.decode])
+    y = np.array([i.finished - i.started for r in steps for i in r.decode])
+    dec = tuple(float(x) for x in _nnls(X, y))
+    L = np.array([learn_features(arm, r.work, list(i.groups)) for r in steps for i in r.learner])
+    ly = np.array([i.compute_s for r in steps for i in r.learner])
+    learn = tuple(float(x) for x in _nnls(L, ly))
+    gaps = []
+    for r in steps:
+        if arm.mode == "serverful" and r.learner:
+            ends = {i.worker: i.finished for i in r.decode}
+            gaps += ([i.started - ends[i.worker] for i in r.learner if i.worker in ends] if arm.overlap
+                     else [min(i.started for i in r.learner) - max(ends.values())])
+    c = Constants(cold, rel, dec, learn, ctx, float(np.mean(gaps)) if gaps else 0.0)
+    played = predict(arm, steps, c)
+    meas = [measure(arm, r) for r in steps]
+    opt = float(np.mean([m.learn_end - p.learn_end for m, p in zip(meas, played)]))
+    with_opt = Constants(cold, rel, dec, learn, ctx, c.gap_s, opt)
+    played = predict(arm, steps, with_opt)
+    drv = [m.period - p.period for r, m, p in zip(steps, meas, played) if r.period is not None]
+    return Constants(cold, rel, dec, learn, ctx, c.gap_s, opt, float(np.mean(drv)) if drv else 0.0)
+
+
+def _lifetimes(arm: Arm, steps: list[StepRec]) -> tuple[dict[str, float], dict[str, float]]:
+    """Per kind: the mean cold start of the workers started in `steps`, and the mean lag from a worker's last
+    invocation to its release (serverless only: a pool worker is held to the run's end)."""
+    cold, rel = {}, {}
+    for kind in KINDS:
+        ws = [w for r in steps for w in r.workers if kind in (w.get("kinds") or ()) and w.get("ready_s") is not None]
+        cold[kind] = float(np.mean([w["cold_start_s"] for w in ws])) if ws else 0.0
+        last: dict[str, float] = {}
+        for r in steps:
+            for i in getattr(r, kind):
+                last[i.worker] = max(last.get(i.worker, 0.0), i.finished)
+        lags = [w["released_s"] - last[w["worker"]] for w in ws if w["worker"] in last and w.get("released_s")]
+        rel[kind] = float(np.mean(lags)) if lags and arm.mode == "serverless" else 0.0
+    return cold, rel
+
+
+# ---- the model -------------------------------------------------------------------------------------------
+def predict(arm: Arm, steps: list[StepRec], c: Constants) -> list[Split]:
+    """Each step played by the arm's rules (module header); the pre-warm history runs over `steps` in order."""
+    history: list[float] = []
+    out = []
+    for r in steps:
+        s = _serverful_step(arm, r, c) if arm.mode == "serverful" else _serverless_step(arm, r, c, history)
+        out.append(s)
+    return out
+
+
+def _decode_s(arm: Arm, r: StepRec, inv: Inv, c: Constants) -> float:
+    return float(np.dot(decode_features(arm, r, inv, c.ctx), c.decode))
+
+
+def _compute_s(arm: Arm, work: StepWork, groups: list[int], c: Constants) -> float:
+    return float(np.dot(learn_features(arm, work, groups), c.learn))
+
+
+def _serverful_step(arm: Arm, r: StepRec, c: Constants) -> Split:
+    ends = {i.worker: _decode_s(arm, r, i, c) for i in r.decode}
+    ranks = rank_groups(arm, len(r.work.groups))
+    comp = [_compute_s(arm, r.work, gs, c) for gs in ranks]
+    if arm.overlap and len(ranks) == len(r.decode):
+        # rank k is pool worker k; its groups are the ones it decoded (both contiguous by index)
+        starts = [ends[i.worker] + c.gap_s for i in sorted(r.decode, key=lambda i: min(i.groups, default=0))]
+    else:
+        starts = [max(ends.values()) + c.gap_s] * len(ranks)
+    learn_end = max(s + x for s, x in zip(starts, comp)) + c.opt_s
+    period = learn_end + c.driver_s
+    busy = {"decode": sum(ends.values()), "learner": sum(learn_end - s for s in starts)}
+    return Split(period, arm.units * period, 0.0, busy, learn_end, max(ends.values()))  # the pool: W x period
+
+
+def _serverless_decode(arm: Arm, r: StepRec, c: Constants) -> tuple[dict[int, float], list[float], float, float]:
+    """The step's decode functions, each cold at 0: (finish time of each group, release times, busy seconds,
+    billed seconds). A group is streamed when its last sequence ends (the planner's time model)."""
+    tm = c.time_model(arm.capacity)
+    finish: dict[int, float] = {}
+    releases, busy = [], 0.0
+    for inv in r.decode:
+        jobs = _jobs([(g, r.work.groups[g]) for g in inv.groups])
+        cap = max(arm.capacity, max(j.n_seqs for j in jobs))
+        for gid, t in job_finish_s(assign(jobs, 1, cap, tm, "contiguous")[0], jobs, tm).items():
+            finish[int(gid)] = c.cold_s["decode"] + c.decode[0] + t
+        d = _decode_s(arm, r, inv, c)
+        busy += d
+        releases.append(c.cold_s["decode"] + d + c.release_s["decode"])
+    return finish, releases, busy, sum(releases)
+
+
+def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float]) -> Split:
+    finish, releases, dec_busy, dec_billed = _serverless_decode(arm, r, c)
+    rollout = max(releases) - c.release_s["decode"]
+    expected = r.predicted_makespan_s * (np.mean(history) if history else 1.0)
+    prewarm_at = max(0.0, expected - c.cold_s["learner"] - arm.prewarm_buffer_s) if arm.prewarm else float("inf")
+    if r.predicted_makespan_s > 0:  # the runtime's history: measured (here: played) rollout over the plan's
+        history.append(rollout / r.predicted_makespan_s)
+        del history[:-PREWARM_HISTORY]
+    ranks = rank_groups(arm, len(r.work.groups))
+    spawn = learner_starts(ranks, finish, prewarm_at, rollout, [0.0] * max(0, arm.units - len(r.decode)) + releases)
+    ready = [t + c.cold_s["learner"] for t in spawn]
+    comp_end = []
+    for gs, t in zip(ranks, ready):
+        for g in sorted(gs, key=lambda g: finish.get(g, rollout)):  # in the order they arrive
+            t = max(t, finish.get(g, rollout)) + _compute_s(arm, r.work, [g], c)
+        comp_end.append(t)
+    learn_end = max(comp_end) + c.opt_s
+    learn_billed = sum(learn_end + c.release_s["learner"] - t for t in spawn)
+    cold = len(r.decode) * c.cold_s["decode"] + len(ranks) * c.cold_s["learner"]
+    return Split(learn_end + c.driver_s, dec_billed + learn_billed, cold,
+                 {"decode": dec_busy, "learner": sum(learn_end - t for t in ready)}, learn_end, rollout)
+
+
+def learner_starts(ranks: list[list[int]], finish: dict[int, float], prewarm_at: float, rollout_end: float,
+                   units_free_at: list[float]) -> list[float]:
+    """When each learner rank is spawned (the runtime's `LearnerStream.pump` / `prewarm`): a rank wants a unit at
+    its first finished group, at the pre-warm time, or at the rollout's end, whichever comes first; it gets the
+    earliest unit free then (the units the decode functions left free at 0, then each one a decode function
+    releases), else waits for the next."""
+    want = [min([finish.get(g, rollout_end) for g in gs] + [prewarm_at, rollout_end]) for gs in ranks]
+    free = sorted(units_free_at)
+    out = [0.0] * len(ranks)
+    for k in sorted(range(len(ranks)), key=lambda k: (want[k], k)):
+        unit = free.pop(0) if free else rollout_end
+        out[k] = max(want[k], unit)
+    return out
+
+
+# ---- the record, split the same way ----------------------------------------------------------------------
+def measure(arm: Arm, r: StepRec) -> Split:
+    """The step's measured period, bill and split (cold starts of the workers it started, invocation spans)."""
+    busy = {"decode": sum(i.finished - i.started for i in r.decode),
+            "learner": sum(i.finished - i.started for i in r.learner)}
+    cold = sum(float(w["cold_start_s"]) * float(w.get("units") or 1.0) for w in r.workers
+               if w.get("ready_s") is not None)
+    learn_end = max((i.finished for i in r.learner), default=r.t0) - r.t0
+    rollout = max((i.finished for i in r.decode), default=r.t0) - r.t0
+    return Split(r.period if r.period is not None else float("nan"), r.billed, cold, busy, learn_end, rollout)
+
+
+# ---- the report ------------------------------------------------------------------------------------------
+ARMS = ("serverful", "serverful-overlap", "serverless")
+
+
+def arm_dirs(run_dir: str | Path) -> dict[str, Path]:
+    """The arms of a comparison dir that carry runtime records (empty for any other dir)."""
+    p = Path(run_dir)
+    return {a: p / a for a in ARMS if (p / a / "workers.jsonl").is_file() and (p / a / "invocations.jsonl").is_file()}
+
+
+def split_steps(steps: list[StepRec]) -> tuple[list[StepRec], list[StepRec]]:
+    """(calibration, validation): alternate steps. The neighbours' load on shared cores drifts over minutes (up to
+    2x in step time within one arm here), so a first-half/second-half split would validate the load, not the
+    model; alternate steps see the same load."""
+    if len(steps) < 4:
+        raise DataError(f"validate: {len(steps)} steps; need >= 4 to calibrate on alternate steps")
+    return steps[0::2], [r for r in steps[1::2] if r.period is not None]
+
+
+def _row(sim: float, meas: float, billed: float | None = None) -> dict:
+    out = {"simulated": sim, "measured": meas, "rel_error": abs(sim / meas - 1.0) if meas else float("nan")}
+    if billed:  # a component's error as a share of the step's measured bill: what it adds to the cost error
+        out["of_billed"] = (sim - meas) / billed
+    return out
+
+
+def compare_splits(sim: list[Split], meas: list[Split]) -> dict:
+    """Mean per step of the period, the bill and its split, simulated against measured."""
+    def mean(xs, f):
+        return float(np.mean([f(x) for x in xs]))
+
+    billed = mean(meas, lambda s: s.billed)
+    kinds = sorted({k for s in sim + meas for k in s.busy})
+    return {
+        "step_time_s": _row(mean(sim, lambda s: s.period), mean(meas, lambda s: s.period)),
+        "cost_device_s": _row(mean(sim, lambda s: s.billed), billed),
+        "core_s_per_step": {
+            "cold_start": _row(mean(sim, lambda s: s.cold), mean(meas, lambda s: s.cold), billed),
+            "busy": {k: _row(mean(sim, lambda s: s.busy.get(k, 0.0)), mean(meas, lambda s: s.busy.get(k, 0.0)),
+                             billed) for k in kinds},
+            "held_idle": _row(mean(sim, lambda s: s.held_idle), mean(meas, lambda s: s.held_idle), billed)},
+        "rollout_s": _row(mean(sim, lambda s: s.rollout), mean(meas, lambda s: s.rollout)),
+        "learner_end_s": _row(mean(sim, lambda s: s.learn_end), mean(meas, lambda s: s.learn_end)),
+    }
+
+
+def validate_arm(arm: Arm, calib: Arm | None = None) -> dict:
+    """One arm: constants from `calib` (all its steps) or from alternate steps of `arm`; the rest played and
+    compared."""
+    steps = list(arm.steps)
+    cal, val = (list(calib.steps), [r for r in steps if r.period is not None]) if calib else split_steps(steps)
+    c = fit_constants(calib or arm, cal)
+    rep = compare_splits(predict(arm, val, c), [measure(arm, r) for r in val])
+    return {"arm": arm.name, "mode": arm.mode, "overlap": arm.overlap, "units": arm.units,
+            "learner_ranks": arm.learners, "steps_calibrated": len(cal), "steps_validated": len(val),
+            "calibrated_on": f"{calib.name} (another run)" if calib else "alternate steps (1, 3, 5, ...)",
+            "constants": {"cold_start_s": c.cold_s, "release_lag_s": c.release_s,
+                          "decode_fixed_s": c.decode[0], "decode_s_per_iter": c.decode[1],
+                          "decode_s_per_byte": c.decode[2], "learn_s_per_group": c.learn[0],
+                          "learn_s_per_token": c.learn[1], "gap_s": c.gap_s, "opt_s": c.opt_s,
+                          "driver_s": c.driver_s},
+            **rep}
+
+
+def validate_arms(run_dir: str | Path, calibrate_from: str | Path | None = None) -> dict[str, dict]:
+    """Every arm of a comparison dir (`arm_dirs`), by name; an arm the model cannot play (a prefill or reference
+    function, too few steps) is {"arm", "skipped": why}, not a failure of the others."""
+    other = arm_dirs(calibrate_from) if calibrate_from else {}
+    out = {}
+    for a, p in arm_dirs(run_dir).items():
+        try:
+            out[a] = validate_arm(read_arm(p), read_arm(other[a]) if a in other else None)
+        except DataError as exc:
+            out[a] = {"arm": a, "skipped": str(exc)}
+    return out

@@ -1,0 +1,224 @@
+"""The arm model's validation (rlhfless.sim.armmodel): the record's split of a step's bill by hand, constants
+recovered from arms recorded on a machine with known constants, and per-arm, per-component errors that point at
+the component that was changed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from rlhfless.plan import PlanJob, TimeModel, assign
+from rlhfless.records import TraceRow
+from rlhfless.sim.armmodel import (
+    Constants,
+    learner_starts,
+    measure,
+    predict,
+    read_arm,
+    split_steps,
+    validate_arms,
+)
+from rlhfless.sim.calibrate import cpu_decode_model
+from rlhfless.sim.hardware import tiny_model
+from rlhfless.sim.validate import validate
+from rlhfless.sim.workload import replay_trace
+from rlhfless.traces import TraceWriter
+
+# the "true" machine the fake arms were recorded on
+D0, OV, PB = 0.02, 0.0015, 2e-9  # decode: fixed s, s per iteration, s per byte
+LG, LT = 0.01, 2e-5  # learner: s per kept group, s per kept token
+GAP, OPT, DRV, COLD = 0.003, 0.05, 0.04, 0.3
+G, B, CAP = 4, 8, 32
+
+
+def _trace(d: Path, steps: int) -> list:
+    rng = np.random.default_rng(1)
+    rows = [TraceRow(f"p{p}", "x", 0, s, k, 10 + p, int(rng.integers(5, 120)), False, float(rng.integers(0, 2)))
+            for s in range(1, steps + 1) for p in range(B) for k in range(G)]
+    with TraceWriter(d / "traces" / "rollouts.jsonl") as w:
+        w.write(rows)
+    return replay_trace(d / "traces" / "rollouts.jsonl")
+
+
+def _decode_s(groups, per_byte: TimeModel) -> float:
+    """The true decode span of a worker's groups: the planner's time model at unit costs (iterations) and at one
+    byte per second (bytes), then the constants."""
+    jobs = [PlanJob(str(i), G, tuple(float(x) for x in g.lengths), 0) for i, g in enumerate(groups)]
+    ones = TimeModel((1, CAP), (1.0, 1.0), 0.0, 0.0, source="unit")
+    return (D0 + OV * assign(jobs, 1, CAP, ones, "contiguous")[0].makespan_s
+            + PB * assign(jobs, 1, CAP, per_byte, "contiguous")[0].makespan_s)
+
+
+def _compute_s(groups) -> float:
+    k = [g for g in groups if len(set(g.rewards)) > 1]
+    return LG * len(k) + LT * sum(g.tokens for g in k)
+
+
+def _write_serverful(d: Path, steps: int = 8, overlap: bool = False, extra_idle: float = 0.0) -> None:
+    """A serverful arm (2 pool workers) played by the runtime's rules on the machine above; `extra_idle` adds
+    that many seconds of driver time (held, billed idle) to every even step."""
+    d.mkdir(parents=True)
+    work = _trace(d, steps)
+    gctx = float(np.mean([g.prompt_len for s in work for g in s.groups]) +
+                 np.mean([x for s in work for g in s.groups for x in g.lengths]) / 2)
+    per_byte = cpu_decode_model(tiny_model(), 1e30, 1.0, 0.0).time_model(CAP, gctx)
+    (d / "config.yaml").write_text(yaml.safe_dump({
+        "algo": {"skip_zero_variance_groups": True}, "plan": {"capacity": CAP},
+        "runtime": {"mode": "serverful", "units": 2, "overlap": overlap}}))
+    invs, metrics, t = [], [], 0.0
+    for s in work:
+        halves = [list(range(0, B // 2)), list(range(B // 2, B))]
+        ends = []
+        for w, gs in enumerate(halves):
+            dec = _decode_s([s.groups[g] for g in gs], per_byte)
+            ends.append(t + dec)
+            invs.append({"step": s.step, "kind": "decode", "worker": f"pool-{w}", "units": 1.0, "requested_s": t,
+                         "started_s": t, "finished_s": t + dec, "groups": gs, "extra": {}})
+        comp = [_compute_s([s.groups[g] for g in gs]) for gs in halves]
+        starts = [e + GAP for e in ends] if overlap else [max(ends) + GAP] * 2
+        end = max(st + c for st, c in zip(starts, comp)) + OPT
+        for w, gs in enumerate(halves):
+            invs.append({"step": s.step, "kind": "learner", "worker": f"pool-{w}", "units": 1.0,
+                         "requested_s": starts[w], "started_s": starts[w], "finished_s": end, "groups": gs,
+                         "extra": {"compute_s": comp[w]}})
+        period = end - t + DRV + (extra_idle if s.step % 2 == 0 else 0.0)
+        metrics.append({"step": s.step, "timing_s/step": period, "cost/device_seconds": 2 * period,
+                        "balancer/makespan_s": 0.0})
+        t += period
+    workers = [{"worker": f"pool-{w}", "kinds": ["decode", "learner"], "units": 1.0, "cores": [w],
+                "spawned_s": -COLD, "ready_s": 0.0, "released_s": t, "cold_start_s": COLD, "prewarmed": False}
+               for w in range(2)]
+    for name, rows in (("invocations", invs), ("metrics", metrics), ("workers", workers)):
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_serverful_arm_recovers_the_machine(tmp_path, overlap):
+    name = "serverful-overlap" if overlap else "serverful"
+    _write_serverful(tmp_path / name, overlap=overlap)
+    rep = validate_arms(tmp_path)[name]
+    c = rep["constants"]
+    assert c["decode_s_per_iter"] == pytest.approx(OV, rel=1e-6)
+    assert c["decode_s_per_byte"] == pytest.approx(PB, rel=1e-6)
+    assert c["learn_s_per_token"] == pytest.approx(LT, rel=1e-6) and c["opt_s"] == pytest.approx(OPT, abs=1e-9)
+    assert c["gap_s"] == pytest.approx(GAP) and c["driver_s"] == pytest.approx(DRV)
+    assert rep["steps_calibrated"] == 4 and rep["steps_validated"] == 3  # alternate steps; the last has no period
+    cal, val = split_steps(list(read_arm(tmp_path / name).steps))
+    assert [r.step for r in cal] == [1, 3, 5, 7] and [r.step for r in val] == [2, 4, 6]  # the same load in both
+    assert rep["step_time_s"]["rel_error"] < 1e-9 and rep["cost_device_s"]["rel_error"] < 1e-9
+    assert rep["core_s_per_step"]["held_idle"]["rel_error"] < 1e-6
+
+
+def test_overlap_is_modelled_not_fitted(tmp_path):
+    """Constants from the sequential arm predict the overlap arm's shorter step: the model plays overlap."""
+    _write_serverful(tmp_path / "a" / "serverful-overlap", overlap=False)
+    _write_serverful(tmp_path / "b" / "serverful-overlap", overlap=True)
+    seq = read_arm(tmp_path / "a" / "serverful-overlap")
+    ov = read_arm(tmp_path / "b" / "serverful-overlap")
+    assert ov.overlap and not seq.overlap
+    rep = validate_arms(tmp_path / "b", calibrate_from=tmp_path / "a")["serverful-overlap"]
+    meas = np.mean([measure(ov, r).period for r in ov.steps if r.period is not None])
+    meas_seq = np.mean([measure(seq, r).period for r in seq.steps if r.period is not None])
+    assert meas < meas_seq  # overlap shortens this run's steps ...
+    assert rep["step_time_s"]["rel_error"] < 1e-9  # ... and the model, calibrated without overlap, says by how much
+
+
+def test_a_changed_component_shows_in_its_row(tmp_path):
+    """Driver time held (billed idle) on validated steps only: the cost error is that idle, and the split puts it
+    in held_idle, not in cold starts or busy time."""
+    _write_serverful(tmp_path / "serverful", extra_idle=0.5)
+    rep = validate(tmp_path)
+    assert rep["errors_from"] == "arms"
+    a = rep["arms"]["serverful"]
+    meas_billed = a["cost_device_s"]["measured"]
+    assert a["core_s_per_step"]["held_idle"]["of_billed"] == pytest.approx(-2 * 0.5 / meas_billed, rel=1e-6)
+    for k in ("decode", "learner"):
+        assert abs(a["core_s_per_step"]["busy"][k]["of_billed"]) < 1e-9
+    assert rep["cost_error"] == pytest.approx(2 * 0.5 / meas_billed, rel=1e-6)
+    assert rep["step_time_error"] == pytest.approx(0.5 / a["step_time_s"]["measured"], rel=1e-6)
+
+
+def _serverless_records(d: Path) -> None:
+    """One serverless step by hand: a decode function (cold 0.3, decode 1.0, released 0.02 later) and two
+    learner ranks (cold 0.4 each; busy 0.5 and 0.2), billed 3.0; a second step so the first has a period."""
+    d.mkdir()
+    _trace(d, 2)
+    (d / "config.yaml").write_text(yaml.safe_dump({"runtime": {"mode": "serverless", "units": 2}}))
+    inv = [{"step": 1, "kind": "decode", "worker": "decode-0", "requested_s": 0.0, "started_s": 0.3,
+            "finished_s": 1.3, "groups": list(range(B)), "extra": {}},
+           {"step": 1, "kind": "learner", "worker": "learner-1", "requested_s": 0.5, "started_s": 0.9,
+            "finished_s": 1.4, "groups": [0], "extra": {"compute_s": 0.1}},
+           {"step": 1, "kind": "learner", "worker": "learner-2", "requested_s": 1.3, "started_s": 1.2,
+            "finished_s": 1.4, "groups": [1], "extra": {"compute_s": 0.1}},
+           {"step": 2, "kind": "decode", "worker": "decode-3", "requested_s": 2.0, "started_s": 2.3,
+            "finished_s": 3.0, "groups": list(range(B)), "extra": {}}]
+    workers = [{"worker": "decode-0", "kinds": ["decode"], "units": 1.0, "cores": [0], "spawned_s": 0.0,
+                "ready_s": 0.3, "released_s": 1.32, "cold_start_s": 0.3},
+               {"worker": "learner-1", "kinds": ["learner"], "units": 1.0, "cores": [1], "spawned_s": 0.5,
+                "ready_s": 0.9, "released_s": 1.45, "cold_start_s": 0.4},
+               {"worker": "learner-2", "kinds": ["learner"], "units": 1.0, "cores": [0], "spawned_s": 0.8,
+                "ready_s": 1.2, "released_s": 1.45, "cold_start_s": 0.4}]
+    metrics = [{"step": 1, "timing_s/step": 1.9, "cost/device_seconds": 3.0, "balancer/makespan_s": 1.0},
+               {"step": 2, "timing_s/step": 1.1, "cost/device_seconds": 1.0, "balancer/makespan_s": 1.0}]
+    for name, rows in (("invocations", inv), ("metrics", metrics), ("workers", workers)):
+        (d / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_serverless_step_played_by_hand(tmp_path):
+    """The runtime's rules on one step, checked by hand. Constants: cold 0.3 (decode) / 0.4 (learner), decode
+    1.0 s fixed (so every group finishes at 1.3), release lag 0.02 / 0.03, 0.1 s per group, opt 0.05, driver 0.1.
+    One decode function on 2 units leaves one free: rank 0 is pre-warmed at 1.0 (planned makespan) - 0.4 - 0.05
+    = 0.55, ready 0.95, computes its 4 groups from 1.3 to 1.7; rank 1 starts on the unit decode releases at 1.32,
+    ready 1.72, computes to 2.12. Learner ends 2.17, the step 2.27; billed 1.32 + (2.2 - 0.55) + (2.2 - 1.32).
+    (With makespan 1.0 the pre-warm comes first; see the second case for a rank started by its first group.)"""
+    _serverless_records(tmp_path / "serverless")
+    arm = read_arm(tmp_path / "serverless")
+    c = Constants({"decode": 0.3, "learner": 0.4}, {"decode": 0.02, "learner": 0.03}, (1.0, 0.0, 0.0), (0.1, 0.0),
+                  ctx=40.0, opt_s=0.05, driver_s=0.1)
+    s = predict(arm, [arm.steps[0]], c)[0]
+    assert s.rollout == pytest.approx(1.3) and s.learn_end == pytest.approx(2.17) and s.period == pytest.approx(2.27)
+    assert s.billed == pytest.approx(1.32 + 1.65 + 0.88) and s.cold == pytest.approx(1.1)
+    assert s.busy == pytest.approx({"decode": 1.0, "learner": (2.17 - 0.95) + (2.17 - 1.72)})
+    # planned makespan 3.0: the pre-warm would come at 2.55, but rank 0's first group is in at 1.3 and a unit is
+    # free, so it starts then (LearnerStream.pump), not at the pre-warm time
+    late = predict(arm, [replace(arm.steps[0], predicted_makespan_s=3.0)], c)[0]
+    assert late.learn_end == pytest.approx(2.17) and late.billed == pytest.approx(1.32 + 0.9 + 0.88)
+
+
+def test_measure_splits_a_serverless_step_by_hand(tmp_path):
+    """The record's split of the step above: held idle = billed 3.0 - cold 1.1 - busy 1.7 = 0.2."""
+    d = tmp_path / "serverless"
+    _serverless_records(d)
+    arm = read_arm(d)
+    s = measure(arm, arm.steps[0])
+    assert s.period == pytest.approx(2.0) and s.billed == 3.0 and s.cold == pytest.approx(1.1)
+    assert s.busy == pytest.approx({"decode": 1.0, "learner": 0.7})
+    assert s.held_idle == pytest.approx(3.0 - 1.1 - 1.7) and s.learn_end == pytest.approx(1.4)
+    assert measure(arm, arm.steps[1]).cold == 0.0  # no worker started in step 2 but decode-3 (no workers row)
+
+
+def test_an_arm_the_model_cannot_play_is_skipped_not_fatal(tmp_path):
+    """A reference function (kl_coef > 0 without overlap) is not modelled: that arm says so, the others count."""
+    _write_serverful(tmp_path / "serverful")
+    _serverless_records(tmp_path / "serverless")
+    (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(
+        {"algo": {"kl_coef": 0.1}, "runtime": {"mode": "serverless", "units": 2, "overlap": False}}))
+    rep = validate(tmp_path)
+    assert "reference function" in rep["arms"]["serverless"]["skipped"]
+    assert rep["errors_from"] == "arms" and rep["step_time_error"] < 1e-9  # from the serverful arm alone
+
+
+def test_learner_ranks_take_units_as_the_runtime_gives_them():
+    """`learner_starts`: a rank wants a unit at its first finished group, the pre-warm time or the rollout's end;
+    it gets the earliest free one. Two decode functions on two units (released at 1.0 and 1.2): no rank starts
+    before a release. One decode function: rank 0 takes the free unit at its first group (0.2, before the
+    pre-warm at 0.3), rank 1 the released one. No pre-warm and no streamed group: both at the rollout's end."""
+    ranks, finish = [[0, 1], [2, 3]], {0: 0.5, 1: 0.2, 2: 0.9, 3: 0.7}
+    assert learner_starts(ranks, finish, 0.3, 1.0, [1.0, 1.2]) == pytest.approx([1.0, 1.2])
+    assert learner_starts(ranks, finish, 0.3, 1.0, [0.0, 1.0]) == pytest.approx([0.2, 1.0])
+    assert learner_starts(ranks, {}, float("inf"), 1.0, [0.0, 1.0]) == pytest.approx([1.0, 1.0])
