@@ -97,7 +97,7 @@ def compare(device: str, small: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="rlhfless-gpucheck-") as tmp:
         c = train(cfg, Path(tmp) / "cmp", progress=False)
     keep = ("step_time_s", "cost_device_s", "cost_usd", "core_s_per_step")
-    return {"overrides": over, "arms": c["arms"], "skipped": c["skipped"],
+    return {"overrides": over, "arms": c["arms"],
             "samples_identical": c["samples_identical"], "weights_identical": c["weights_identical"],
             "step_time_ratio": c["step_time_ratio"], "cost_ratio": c["cost_ratio"],
             **{a: {k: c[a].get(k) for k in keep} for a in c["arms"]}}
