@@ -5,6 +5,7 @@
     optimizer.safetensors   AdamW's per-parameter tensors, keys ``<param index>/<name>``
     rng.safetensors         torch's global CPU generator state (uint8)
     predictor/              the length predictor in its own JSON format (when the planner runs)
+    critic.safetensors      PPO's critic: weights, AdamW state, counters (`rlhfless.critic.save_critic_state`)
     state.json              the `RunState` below: step, learner counters, prompt-stream position, the rewards and
                             the initial evaluation so far, byte sizes of every output file, W&B run id
 No pickle anywhere: JSON, safetensors and the predictor's JSON are all a user may download and load safely.
@@ -86,9 +87,10 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tenso
     return tensors, groups
 
 
-def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor=None, tokenizer=None) -> Path:
+def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor=None, tokenizer=None,
+                        critic=None) -> Path:
     """Write `ckpt_root/last` crash-safely (see the module header); returns its path. `tokenizer`: the policy's
-    (default: the byte tokenizer)."""
+    (default: the byte tokenizer); `critic`: PPO's `rlhfless.critic.Critic`."""
     from safetensors.torch import save_file
 
     from rlhfless.model.factory import save_checkpoint
@@ -101,6 +103,10 @@ def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor
     save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
     if predictor is not None:
         predictor.save(tmp / "predictor")
+    if critic is not None:
+        from rlhfless.critic import STATE_FILE as CRITIC_FILE, save_critic_state
+
+        save_critic_state(critic, tmp / CRITIC_FILE)
     (tmp / STATE_FILE).write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, **asdict(state)}))
     if last.exists():
         shutil.rmtree(prev, ignore_errors=True)

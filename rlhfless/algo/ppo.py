@@ -138,7 +138,7 @@ def value_loss(vpred: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
     return loss, metrics
 
 
-def mini_batches(n: int, k: int, seed: int) -> list[list[int]]:
+def mini_batches(n: int, k: int, seed: int | str) -> list[list[int]]:
     """Row indices of `k` disjoint mini-batches covering range(n), in an order shuffled by `seed` (an epoch's).
 
     Sizes differ by at most one; with k > n the extra mini-batches are dropped (never empty ones).
