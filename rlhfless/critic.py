@@ -23,7 +23,7 @@ from torch import nn
 
 from rlhfless import metrics as M
 from rlhfless.config import CriticConfig
-from rlhfless.errors import DataError, TrainingError
+from rlhfless.errors import ConfigError, DataError, TrainingError
 from rlhfless.rollout.engine import left_pad
 from rlhfless.rollout.forward import pad_responses
 
@@ -113,9 +113,21 @@ class Critic:
         return {M.CRITIC_LR: self.lr()}
 
 
-def load_critic(cfg: CriticConfig, policy_checkpoint: Path) -> Critic:
-    """A fresh critic on the trunk of `critic.checkpoint` (default: the policy's starting checkpoint)."""
-    return Critic(build_value_model(cfg.resolved(policy_checkpoint)), cfg)
+def load_critic(cfg: CriticConfig, policy_checkpoint: Path, vocab_size: int | None = None) -> Critic:
+    """A fresh critic on the trunk of `critic.checkpoint` (default: the policy's starting checkpoint).
+
+    vocab_size: the policy's; a critic trunk with another vocabulary would read the policy's token ids as other
+    tokens, so it is refused naming critic.checkpoint."""
+    path = cfg.resolved(policy_checkpoint)
+    if cfg.checkpoint and not path.is_dir():
+        raise ConfigError(f"critic.checkpoint: no folder at {path}; name a policy folder (rlhfless pretrain or "
+                          "build-hf-model make one) or leave it null to start from policy.checkpoint")
+    model = build_value_model(path)
+    got = int(model.trunk.config.vocab_size)
+    if vocab_size is not None and got != vocab_size:
+        raise ConfigError(f"critic.checkpoint: {path} has a vocabulary of {got} tokens, the policy {vocab_size}; "
+                          "the critic reads the policy's token ids, so it needs the policy's tokenizer")
+    return Critic(model, cfg)
 
 
 def save_critic_state(critic: Critic, path: Path) -> Path:

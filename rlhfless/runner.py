@@ -197,7 +197,7 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
     if cfg.algo.name == "ppo":
         from rlhfless.critic import STATE_FILE as CRITIC_FILE, load_critic, load_critic_state
 
-        critic = load_critic(cfg.critic, cfg.policy.resolved())
+        critic = load_critic(cfg.critic, cfg.policy.resolved(), int(policy.config.vocab_size))
         if ckpt is not None:
             load_critic_state(critic, ckpt / CRITIC_FILE)
     reference = None

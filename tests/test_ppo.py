@@ -129,6 +129,14 @@ def test_resume_carries_the_critic_and_its_optimizer(sft_checkpoint, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_a_critic_checkpoint_that_is_missing_or_has_another_vocabulary_is_refused(tiny_checkpoint, tmp_path):
+    with pytest.raises(ConfigError, match="critic.checkpoint: no folder"):
+        load_critic(CriticConfig(checkpoint=str(tmp_path / "nope")), tiny_checkpoint)
+    with pytest.raises(ConfigError, match="critic.checkpoint: .* vocabulary"):
+        load_critic(CriticConfig(checkpoint=str(tiny_checkpoint)), tiny_checkpoint, vocab_size=1000)
+    assert load_critic(CriticConfig(checkpoint=str(tiny_checkpoint)), tiny_checkpoint, vocab_size=259).updates == 0
+
+
 @pytest.mark.parametrize("override,field", [
     ("runtime.mode=serverless", "runtime.mode"), ("runtime.mode=serverful", "runtime.mode"),
     ("critic.lr=0", "critic.lr"), ("train.eval_samples=0", "train.eval_samples"),
