@@ -149,3 +149,13 @@ def test_ppo_config_refusals_name_the_field(override, field):
 def test_quickstart_ppo_config_loads():
     cfg = load_run_config(Path(__file__).resolve().parents[1] / "experiments/configs/quickstart_ppo.yaml")
     assert cfg.algo.name == "ppo" and cfg.algo.group_size == 1 and cfg.train.eval_samples == 8
+
+
+def test_the_simulators_validation_counts_every_ppo_sequence_as_trained():
+    """PPO keeps skip_zero_variance_groups' default (true) in its config, but trains every sequence: with G = 1
+    every 'group' has one reward, and counting them as skipped made a PPO run's update look free."""
+    from rlhfless.sim.validate import skips_groups
+
+    assert skips_groups({"algo": {"name": "grpo", "skip_zero_variance_groups": True}})
+    assert skips_groups({"algo": {"skip_zero_variance_groups": True}})  # runs recorded before algo.name
+    assert not skips_groups({"algo": {"name": "ppo", "skip_zero_variance_groups": True}})
