@@ -180,7 +180,8 @@ def test_ppo_config_defaults_and_refusals():
     for kwargs, field in [({"name": "dpo"}, "algo.name"), ({"group_size": 1}, "algo.group_size"),
                           ({"name": "ppo", "group_size": 0}, "algo.group_size"),
                           ({"kl_in": "reward"}, "algo.kl_in"), ({"name": "ppo", "gamma": 1.5}, "algo.gamma"),
-                          ({"name": "ppo", "lam": -0.1}, "algo.lam"), ({"name": "ppo", "value_clip": 0}, "algo.value_clip"),
+                          ({"name": "ppo", "lam": -0.1}, "algo.lam"),
+                          ({"name": "ppo", "value_clip": 0}, "algo.value_clip"),
                           ({"name": "ppo", "ppo_epochs": 0}, "algo.ppo_epochs"),
                           ({"name": "ppo", "ppo_mini_batches": 0}, "algo.ppo_mini_batches"),
                           ({"name": "ppo", "inner_epochs": 2}, "algo.inner_epochs")]:
