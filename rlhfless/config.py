@@ -107,6 +107,33 @@ class OptimConfig:
 
 
 @dataclass
+class CriticConfig:
+    """PPO's value model (`rlhfless.critic`) and its own AdamW; unused with algo.name=grpo."""
+
+    checkpoint: str | None = None
+    """Folder whose causal LM's trunk the critic starts from (a scalar head replaces its LM head); None = the
+    policy's starting checkpoint (policy.checkpoint, the SFT model). Any policy folder works, e.g. a smaller one."""
+    lr: float = 1e-3
+    """Critic learning rate (> 0); its head starts at zero, so it needs more than the policy's."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (>= 0)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip of the critic (> 0)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup in critic updates (>= 0)."""
+
+    def __post_init__(self) -> None:
+        require(0 < self.lr <= 10, "critic.lr", f"must be in (0, 10] (got {self.lr})")
+        require(self.weight_decay >= 0, "critic.weight_decay", f"must be >= 0 (got {self.weight_decay})")
+        require(self.grad_clip > 0, "critic.grad_clip", f"must be > 0 (got {self.grad_clip})")
+        require(self.warmup_steps >= 0, "critic.warmup_steps", f"must be >= 0 (got {self.warmup_steps})")
+
+    def resolved(self, policy_checkpoint: Path) -> Path:
+        """The trunk's folder: `checkpoint` (repo root, then cwd, like policy.checkpoint), else the policy's."""
+        return PolicyConfig(checkpoint=self.checkpoint).resolved() if self.checkpoint else policy_checkpoint
+
+
+@dataclass
 class TrainConfig:
     """Length of the run, evaluation and checkpoints."""
 
@@ -125,6 +152,9 @@ class TrainConfig:
     checkpoints are written as float32 either way)."""
     eval_prompts: int = 1000
     """Held-out prompts for the initial and final evaluation (0 = skip)."""
+    eval_samples: int | None = None
+    """Sampled responses per held-out prompt for eval/accuracy (>= 1); None = algo.group_size. Set it when
+    comparing runs of different G (PPO's G = 1 makes a noisy estimate)."""
     eval_greedy: bool = True
     """Also report greedy accuracy on the held-out prompts."""
     eval_every: int = 0
@@ -142,6 +172,8 @@ class TrainConfig:
         problem = syntax_problem(self.device)
         require(problem is None, "train.device", problem or "")
         require(self.eval_prompts >= 0, "train.eval_prompts", f"must be >= 0 (got {self.eval_prompts})")
+        require(self.eval_samples is None or self.eval_samples >= 1, "train.eval_samples",
+                f"must be >= 1 or null (got {self.eval_samples})")
         for name in ("eval_every", "table_every", "checkpoint_every"):
             require(getattr(self, name) >= 0, f"train.{name}", f"must be >= 0 (got {getattr(self, name)})")
 
@@ -169,6 +201,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
@@ -191,6 +224,10 @@ class RunConfig:
         require(self.rollout.engine == "own" or self.runtime.ship_prefix_kv != "always", "runtime.ship_prefix_kv",
                 "always ships the prefill function's KV to the decode functions, which rollout.engine=vllm cannot "
                 "take (vLLM prefills with its own prefix cache); use never or auto (auto never ships with vllm)")
+        # the value and critic functions of the runtime are not built yet (issue 22, item 4)
+        require(self.algo.name == "grpo" or self.runtime.mode == "inline", "runtime.mode",
+                f"algo.name=ppo runs inline only for now: the runtime has no value or critic function yet "
+                f"(got runtime.mode={self.runtime.mode}); use runtime.mode=inline")
         if self.runtime.executes:
             # workers would hold bfloat16 replicas and all-reduce bfloat16 gradients through gloo: never run yet
             require(self.train.dtype == "float32", "train.dtype",

@@ -106,6 +106,18 @@ class Learner:
         self.updates += 1
         return metrics
 
+    def lr_for_update(self) -> float:
+        """Set this update's learning rate (warm-up counts updates) on the optimizer and return it."""
+        lr = self._lr()
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        return lr
+
+    def step_loss(self, loss: torch.Tensor) -> None:
+        """Backward `loss`, clip, step (one optimiser step of an update driven from outside, e.g. `ppo.ppo_update`);
+        raises TrainingError on a non-finite loss or gradient norm before stepping."""
+        self._step(loss)
+
     def _step(self, loss: torch.Tensor) -> None:
         if not torch.isfinite(loss):
             raise TrainingError(f"non-finite loss ({loss.item()}) at update {self.updates}")
@@ -162,7 +174,7 @@ def save_learner_state(learner: Learner, path: Path | str) -> Path:
     """
     from safetensors.torch import save_file
 
-    from rlhfless.runstate import optimizer_tensors
+    from rlhfless.optimstate import optimizer_tensors
 
     path = Path(path)
     tensors, seen = {}, set()
@@ -190,7 +202,7 @@ def load_learner_state(learner: Learner, path: Path | str) -> None:
     """Load a `save_learner_state` file into `learner` (same architecture); anything off raises `DataError`."""
     from safetensors import SafetensorError, safe_open
 
-    from rlhfless.runstate import set_optimizer_tensors
+    from rlhfless.optimstate import set_optimizer_tensors
 
     path = Path(path)
     try:

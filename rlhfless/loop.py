@@ -1,7 +1,8 @@
-"""One synchronous GRPO step, as a sequence of stage callables with timed boundaries.
+"""One synchronous GRPO or PPO step, as a sequence of stage callables with timed boundaries.
 
     prompts -> plan (predict lengths, choose N, assign) -> rollout (prefill + decode) -> score (rule-based
-    reward) -> reference -> learn -> observe (predictor update, plan scored with true lengths) -> report
+    reward) -> reference -> values (PPO's critic forward) -> learn -> observe (predictor update, plan scored
+    with true lengths) -> report
 
 Each stage is a method of `Stages` taking and returning typed records, timed as `timing_s/<stage>`, so a later
 runtime can run any stage as a serverless function (and insert plan/predict stages) without touching the others.
@@ -20,6 +21,7 @@ from rlhfless import metrics as M
 from rlhfless.config import RunConfig
 from rlhfless.learner import Learner
 from rlhfless.planning import Planner, StepPlan
+from rlhfless.ppo import ppo_update
 from rlhfless.records import PromptGroup, Sample, TraceRow
 from rlhfless.rollout.engine import RolloutOutput, generate
 from rlhfless.rollout.forward import response_logprobs
@@ -63,9 +65,11 @@ class Stages:
     environment (the task's reward through the policy's tokenizer; `make_env(cfg)` when not given)."""
 
     def __init__(self, cfg: RunConfig, learner: Learner, reference=None, planner: Planner | None = None,
-                 env: TextEnv | None = None):
+                 env: TextEnv | None = None, critic=None):
         self.cfg = cfg
         self.learner = learner
+        self.critic = critic
+        """PPO's `rlhfless.critic.Critic` (None for GRPO)."""
         self.reference = reference
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
@@ -138,11 +142,21 @@ class Stages:
         return response_logprobs(self.reference, [g.token_ids for g in groups], out.responses,
                                  self.cfg.algo.group_size, reuse_prefix=self.cfg.rollout.reuse_prefix_forward).logp
 
+    def values(self, groups: list[PromptGroup], out: RolloutOutput) -> torch.Tensor | None:
+        """PPO: [B*G, T] the critic's values of the rollout, before any update (None for GRPO)."""
+        if self.critic is None:
+            return None
+        return self.critic.values([g.token_ids for g in groups], out.responses, self.cfg.algo.group_size)
+
     def learn(self, groups: list[PromptGroup], out: RolloutOutput, samples: list[Sample],
-              ref_logp: torch.Tensor | None) -> dict[str, float]:
+              ref_logp: torch.Tensor | None, values: torch.Tensor | None = None) -> dict[str, float]:
         self.learner.model.train()
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        return self.learner.update([g.token_ids for g in groups], out.responses, rewards, ref_logp)
+        prompts = [g.token_ids for g in groups]
+        if values is None:
+            return self.learner.update(prompts, out.responses, rewards, ref_logp)
+        return ppo_update(self.learner, self.critic, prompts, out.responses, rewards, values, ref_logp,
+                          seed=self.cfg.train.seed)
 
 
 def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, seed: int) -> StepReport:
@@ -161,8 +175,12 @@ def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, s
         samples = stages.score(groups, out)
     with timed(m, "reference"):
         ref_logp = stages.reference_logprobs(groups, out)
+    values = None
+    if stages.cfg.algo.name == "ppo":
+        with timed(m, "values"):
+            values = stages.values(groups, out)
     with timed(m, "update"):
-        m.update(stages.learn(groups, out, samples, ref_logp))
+        m.update(stages.learn(groups, out, samples, ref_logp, values))
     rows = []
     if plan is not None:
         with timed(m, "observe"):

@@ -82,6 +82,18 @@ RATIO_MIN = "actor/ratio/min"
 RATIO_MAX = "actor/ratio/max"
 ADV_ABS_MEAN = "actor/advantages/abs_mean"
 
+# PPO's critic (rlhfless.algo.ppo, rlhfless.critic): verl's names where verl has one
+VF_LOSS = "critic/vf_loss"
+VF_CLIPFRAC = "critic/vf_clipfrac"
+VPRED_MEAN = "critic/vpred_mean"
+CRITIC_GRAD_NORM = "critic/grad_norm"
+CRITIC_LR = "critic/lr"
+VF_EXPLAINED_VAR = "critic/vf_explained_var"  # of the values that computed the advantages, against the returns
+VALUES_MEAN = "critic/values/mean"
+RETURNS_MEAN = "critic/returns/mean"
+ADV_MEAN = "critic/advantages/mean"  # GAE advantages before whitening
+KL_PENALTY = "critic/kl_penalty"  # mean per-token KL penalty taken from the reward (algo.kl_in=reward)
+
 # planner (rlhfless.plan): balancer, migration, scaler
 BAL_MAKESPAN_S = "balancer/makespan_s"
 BAL_IDLE_DEVICE_S = "balancer/idle_device_s"

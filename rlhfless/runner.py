@@ -100,7 +100,7 @@ def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv,
     sampled = env.sampling(r.max_new_tokens, r.temperature, r.top_p)
     advance, close = count_bar(len(prompts) * (1 + cfg.train.eval_greedy), "held-out eval", progress, "prompt")
     try:
-        res = {"sampled": evaluate(model, prompts, cfg.algo.group_size, sampled, env, seed=EVAL_SEED,
+        res = {"sampled": evaluate(model, prompts, eval_samples(cfg), sampled, env, seed=EVAL_SEED,
                                    progress=advance)}
         if cfg.train.eval_greedy:
             res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED,
@@ -108,6 +108,11 @@ def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv,
     finally:
         close()
     return res
+
+
+def eval_samples(cfg: RunConfig) -> int:
+    """Sampled responses per held-out prompt: train.eval_samples, else algo.group_size."""
+    return cfg.train.eval_samples or cfg.algo.group_size
 
 
 def completions_table(report: StepReport, limit: int = 16) -> list[list]:
@@ -186,7 +191,15 @@ def _plan_config(cfg: RunConfig):
 
 
 def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:
-    """Learner, planner and stages around `policy`, restored from a run checkpoint `ckpt` when given."""
+    """Learner, planner, PPO's critic and stages around `policy`, restored from a run checkpoint `ckpt` when given
+    (the policy's optimizer is restored by the caller)."""
+    critic = None
+    if cfg.algo.name == "ppo":
+        from rlhfless.critic import STATE_FILE as CRITIC_FILE, load_critic, load_critic_state
+
+        critic = load_critic(cfg.critic, cfg.policy.resolved(), int(policy.config.vocab_size))
+        if ckpt is not None:
+            load_critic_state(critic, ckpt / CRITIC_FILE)
     reference = None
     if cfg.algo.kl_coef > 0:  # the reference is always the run's starting policy, also when resuming
         reference = placed(cfg, load_policy(cfg.policy.resolved())).eval().requires_grad_(False)
@@ -201,7 +214,7 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
     train_prompts, eval_prompts = env.task.splits()
     eval_prompts = eval_prompts[: cfg.train.eval_prompts]
     check_fits_context(train_prompts + eval_prompts, cfg, context_of(policy, env), env)
-    return learner, planner, Stages(cfg, learner, reference, planner, env), train_prompts, eval_prompts
+    return learner, planner, Stages(cfg, learner, reference, planner, env, critic), train_prompts, eval_prompts
 
 
 def placed(cfg: RunConfig, model):
@@ -317,7 +330,7 @@ def _loop(run: Run, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     cfg, st = run.cfg, run.state
-    bar = tqdm(range(st.step + 1, cfg.train.steps + 1), desc="GRPO", disable=not progress,
+    bar = tqdm(range(st.step + 1, cfg.train.steps + 1), desc=cfg.algo.name.upper(), disable=not progress,
                initial=st.step, total=cfg.train.steps)
     try:
         for step in bar:
@@ -372,7 +385,8 @@ def _checkpoint(run: Run) -> None:
     st.file_sizes = file_sizes(run.out, output_files(run.out))
     st.elapsed_s = time.perf_counter() - run.t_start
     save_run_checkpoint(run.out / "checkpoints", run.learner.model, run.learner.opt, st,
-                        run.planner.predictor if run.planner is not None else None, tokenizer=run.stages.env.tok)
+                        run.planner.predictor if run.planner is not None else None, tokenizer=run.stages.env.tok,
+                        critic=run.stages.critic)
 
 
 def _finish(run: Run) -> dict:
@@ -513,7 +527,7 @@ def _summary(cfg: RunConfig, initial: dict, final: dict, rewards: list[float], w
     return {
         "steps": len(rewards),
         "eval_prompts": initial["sampled"].num_prompts if initial else 0,
-        "eval_samples_per_prompt": cfg.algo.group_size,
+        "eval_samples_per_prompt": eval_samples(cfg),
         "eval_accuracy_initial": acc(initial, "sampled"),
         "eval_accuracy_final": acc(final, "sampled"),
         "eval_greedy_accuracy_initial": acc(initial, "greedy"),

@@ -5,6 +5,7 @@
     optimizer.safetensors   AdamW's per-parameter tensors, keys ``<param index>/<name>``
     rng.safetensors         torch's global CPU generator state (uint8)
     predictor/              the length predictor in its own JSON format (when the planner runs)
+    critic.safetensors      PPO's critic: weights, AdamW state, counters (`rlhfless.critic.save_critic_state`)
     state.json              the `RunState` below: step, learner counters, prompt-stream position, the rewards and
                             the initial evaluation so far, byte sizes of every output file, W&B run id
 No pickle anywhere: JSON, safetensors and the predictor's JSON are all a user may download and load safely.
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from rlhfless.errors import DataError, one_line
+from rlhfless.optimstate import optimizer_tensors, set_optimizer_tensors
 
 STATE_FILE = "state.json"
 FORMAT = "rlhfless-run-checkpoint"
@@ -77,18 +79,10 @@ def config_changes(saved: dict, new: dict) -> list[str]:
 
 
 # --- writing ---------------------------------------------------------------------------------------------
-def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """AdamW state as flat safetensors-ready tensors plus JSON-able param groups."""
-    sd = opt.state_dict()
-    tensors = {f"{idx}/{name}": t.detach().clone().contiguous()
-               for idx, st in sd["state"].items() for name, t in st.items()}
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
-    return tensors, groups
-
-
-def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor=None, tokenizer=None) -> Path:
+def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor=None, tokenizer=None,
+                        critic=None) -> Path:
     """Write `ckpt_root/last` crash-safely (see the module header); returns its path. `tokenizer`: the policy's
-    (default: the byte tokenizer)."""
+    (default: the byte tokenizer); `critic`: PPO's `rlhfless.critic.Critic`."""
     from safetensors.torch import save_file
 
     from rlhfless.model.factory import save_checkpoint
@@ -101,6 +95,10 @@ def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor
     save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
     if predictor is not None:
         predictor.save(tmp / "predictor")
+    if critic is not None:
+        from rlhfless.critic import STATE_FILE as CRITIC_FILE, save_critic_state
+
+        save_critic_state(critic, tmp / CRITIC_FILE)
     (tmp / STATE_FILE).write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, **asdict(state)}))
     if last.exists():
         shutil.rmtree(prev, ignore_errors=True)
@@ -184,25 +182,6 @@ def restore_optimizer(opt: torch.optim.Optimizer, ckpt: Path, groups: list[dict]
     """Load optimizer.safetensors into `opt`; a tensor set that does not fit the model raises `DataError`."""
     path = ckpt / "optimizer.safetensors"
     set_optimizer_tensors(opt, load_tensors(path), groups, path)
-
-
-def set_optimizer_tensors(opt: torch.optim.Optimizer, flat: dict[str, torch.Tensor], groups: list[dict],
-                          path: Path) -> None:
-    """Inverse of `optimizer_tensors`; `path` names the source in the `DataError` raised on a mismatch."""
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, t in flat.items():
-        idx, _, name = key.partition("/")
-        if not idx.isdigit() or not name:
-            raise DataError(f"{path}: unexpected tensor name {key!r}")
-        state.setdefault(int(idx), {})[name] = t
-    params = [p for g in opt.param_groups for p in g["params"]]
-    for idx, st in state.items():
-        if idx >= len(params) or any(n != "step" and t.shape != params[idx].shape for n, t in st.items()):
-            raise DataError(f"{path}: optimizer state does not match the model's parameters (index {idx})")
-    try:
-        opt.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError, TypeError) as exc:
-        raise DataError(f"{path}: optimizer state does not load ({exc})") from None
 
 
 def read_rng(ckpt: Path) -> torch.Tensor:

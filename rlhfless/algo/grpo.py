@@ -217,7 +217,8 @@ def grpo_loss(
     entropy: Tensor | None = None,
     denom: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO loss: clipped surrogate + kl_coef * k3 KL(pi || ref), aggregated by `cfg.loss_agg`.
+    """GRPO loss: clipped surrogate + kl_loss_coef * k3 KL(pi || ref), aggregated by `cfg.loss_agg` (also PPO's
+    actor loss, with per-token advantages).
 
     Args:
         logp, old_logp: [N, T] current and sampling-policy log-probs of the response tokens.
@@ -231,7 +232,7 @@ def grpo_loss(
         (0-dim loss, metrics: actor/loss, actor/pg_loss, actor/clip_frac, actor/ppo_kl, actor/ratio/*, and
         actor/kl (token mean of k3) when ref_logp is given, actor/entropy when entropy is given).
     """
-    if cfg.kl_coef > 0 and ref_logp is None:
+    if cfg.kl_loss_coef > 0 and ref_logp is None:
         raise ValueError(f"kl_coef={cfg.kl_coef} > 0 needs ref_logp")
     pg_tok, metrics = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_eps_low, cfg.clip_eps_high)
     loss_tok = pg_tok
@@ -239,8 +240,8 @@ def grpo_loss(
         zero = torch.zeros_like(logp)
         kl_tok = kl_k3(torch.where(mask, logp, zero), torch.where(mask, ref_logp, zero))
         metrics[M.KL] = _masked_mean(kl_tok.detach(), mask).item()
-        if cfg.kl_coef > 0:
-            loss_tok = pg_tok + cfg.kl_coef * kl_tok
+        if cfg.kl_loss_coef > 0:  # 0 when the KL went into PPO's reward instead (cfg.kl_in)
+            loss_tok = pg_tok + cfg.kl_loss_coef * kl_tok
     loss = aggregate(loss_tok, mask, cfg.loss_agg, cfg.max_seq_len_norm, denom)
     metrics[M.LOSS] = loss.item()
     metrics[M.PG_LOSS] = aggregate(pg_tok.detach(), mask, cfg.loss_agg, cfg.max_seq_len_norm, denom).item()

@@ -44,7 +44,8 @@ class RuntimeStages(Stages):
             return None
         return self.runtime.reference([g.token_ids for g in groups], out.responses, self.step)
 
-    def learn(self, groups, out, samples, ref_logp) -> dict[str, float]:
+    def learn(self, groups, out, samples, ref_logp, values=None) -> dict[str, float]:
+        assert values is None, "RunConfig refuses algo.name=ppo outside runtime.mode=inline"
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         return self.runtime.learn([g.token_ids for g in groups], out.responses, rewards, ref_logp, self.step)
 

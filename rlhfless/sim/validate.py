@@ -148,6 +148,12 @@ def trained_tokens(step: StepWork, skip_zero_variance: bool) -> float:
     return float(sum(g.tokens for g in keep))
 
 
+def skips_groups(config: dict) -> bool:
+    """Whether the run's update dropped zero-variance groups: GRPO's switch (PPO trains every sequence)."""
+    algo = config.get("algo") or {}
+    return algo.get("name", "grpo") == "grpo" and bool(algo.get("skip_zero_variance_groups", False))
+
+
 def unique_prompt_tokens(step: StepWork) -> float:
     return float(sum(g.prompt_len for g in step.groups))
 
@@ -207,7 +213,7 @@ def calibrate(run: RunData, steps: list[StepWork], ctx: float) -> StageModel:
     bw, ov = fit_decode(feats, dec)
     pre = _measured(run, steps, "timing_s/prefill")
     p0, p1, perr = fit_linear(np.array([unique_prompt_tokens(s) for s in steps]), pre)
-    skip = bool((run.config.get("algo") or {}).get("skip_zero_variance_groups", False))
+    skip = skips_groups(run.config)
     upd = _measured(run, steps, "timing_s/update")
     u0, u1, uerr = fit_linear(np.array([trained_tokens(s, skip) for s in steps]), upd)
     roll, step = _measured(run, steps, "timing_s/rollout"), _measured(run, steps, "timing_s/step")
@@ -224,7 +230,7 @@ def simulate_steps(run: RunData, steps: list[StepWork], sm: StageModel, ctx: flo
     actors' busy seconds summed (what serverless decode workers are billed for, before overheads)."""
     n, cap = _actors(run, steps)
     tm = sm.time_model(cap, ctx)
-    skip = bool((run.config.get("algo") or {}).get("skip_zero_variance_groups", False))
+    skip = skips_groups(run.config)
     plans = [assign(_jobs(s), k, cap, tm, _policy(run))[0] for s, k in zip(steps, n)]
     decode = np.array([p.makespan_s for p in plans])
     prefill = np.array([sm.prefill[0] + sm.prefill[1] * unique_prompt_tokens(s) for s in steps])
