@@ -23,7 +23,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import time
 from pathlib import Path
 
@@ -56,14 +55,10 @@ def rel(path: Path) -> str:
 
 
 def cpu_name() -> str:
-    """The CPU model (absolute times mean little without it)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU model (absolute times mean little without it): the runtime's own reading of it."""
+    from rlhfless.runtime.profile import cpu_name as runtime_cpu_name
+
+    return runtime_cpu_name()
 
 
 def _plain(v):
