@@ -263,13 +263,16 @@ class LearnerStream:
     def _finish_once(self, end: dict) -> dict[int, dict] | None:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
         rt = self.rt
-        attempt = self.attempt
         self.pump(start_all=True)
         while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
             if not rt.pool.make_room(1):
                 raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
                                    "this step's learner ranks are busy now)")
             self.pump(start_all=True)
+        # taken after pump: a death inside it restarted the ranks and pump sent the new workers all they need. Taken
+        # before, a restart there looked like a death during learn_end, whose first send had already gone to a new
+        # rank: it got learn_end twice and crashed on the second (an extra death, an extra retry)
+        attempt = self.attempt
         port = free_port()
         for r in self.ranks:
             dist = None if rt.serverful else rt.dist_spec(r.rank, len(self.ranks), port)
