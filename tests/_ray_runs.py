@@ -5,7 +5,7 @@
 Runs the same tiny serverless config (two decode functions, migration forced) four times: on the local backend
 (the reference), on a single-node Ray cluster started by the runtime, on that cluster with one busy decode actor
 killed by `ray.kill`, and on a real two-node cluster (head on 127.0.0.1, a second node on 127.0.0.2, both started
-with `ray start`) joined with runtime.ray_address=auto. Writes OUT/<run>/ (the run folders) and OUT/summary.json.
+with `ray start`) joined at the head's address. Writes OUT/<run>/ (the run folders) and OUT/summary.json.
 Not a test module (leading underscore): pytest does not collect it.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -70,6 +71,21 @@ def kill_a_busy_decode_actor(killed: list):
     return hook
 
 
+def stop_ray_here() -> None:
+    """Stop the cluster started here. `ray stop --force` would kill every Ray process on the machine, another user's
+    or another test run's included (it finds them by name); every process in this loopback-only network namespace
+    is this run's (this process, its children, and the daemons `ray start` detached), so those are the ones ended."""
+    here, me = os.readlink("/proc/self/ns/net"), os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/net") == here:
+                os.kill(int(entry), signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+
+
 def two_nodes(env: dict) -> None:
     common = ["--num-cpus=4", "--disable-usage-stats"]
     subprocess.run([str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", "--port=6379",
@@ -98,10 +114,12 @@ def main(out: Path) -> None:
         two_nodes(dict(os.environ))
         shared = out / "shared-scratch"  # what a cluster of several machines needs: a folder all nodes mount
         shared.mkdir()
-        res["two_node"] = run(out, "two_node", ["runtime.backend=ray", "runtime.ray_address=auto", WARM,
+        # the head's address, not `auto`: auto reads /tmp/ray's note of the newest cluster, which may be another
+        # test run's, started at the same time on this machine in its own namespace
+        res["two_node"] = run(out, "two_node", ["runtime.backend=ray", "runtime.ray_address=127.0.0.1:6379", WARM,
                                                 f"runtime.scratch_dir={shared}"])
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], check=False, capture_output=True)
+        stop_ray_here()
     res["two_node_vs_local_step_time"] = (res["two_node"]["runtime"]["step_time_s"]
                                           / res["local_warm"]["runtime"]["step_time_s"])
     (out / "summary.json").write_text(json.dumps(res, indent=1))
