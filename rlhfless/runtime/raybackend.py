@@ -233,7 +233,9 @@ class RayBackend:
             # to the pool's cores, as locally, where nothing caps how many are alive): under keep-alive the warm
             # decode functions, the pre-warmed learner group, a prefill function and a re-run can all be alive at
             # once, and an actor Ray cannot place waits forever, so leave room for all of them
-            ray.init(num_cpus=4 * self.units, include_dashboard=False, _node_ip_address="127.0.0.1")
+            # address="local": a new cluster of our own, never one ray.init would otherwise find through
+            # RAY_ADDRESS or /tmp/ray's note of the newest cluster on the machine (another run's, or a stale one)
+            ray.init(address="local", num_cpus=4 * self.units, include_dashboard=False, _node_ip_address="127.0.0.1")
         self.started_ray = True
 
     def _accept(self) -> None:
