@@ -26,7 +26,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from rlhfless.jsonl import write_json
+from rlhfless.jsonl import iter_jsonl, write_json
 from rlhfless.runtime.gantt import plot_steps, read_records
 
 ARMS = ("serverful", "serverful-overlap", "serverless")
@@ -69,7 +69,7 @@ def weights_digest(run_dir: Path) -> str | None:
 
 def planner_accuracy(run_dir: Path, whole_step: bool) -> dict:
     """Mean per-step `plan/predicted_device_s` beside the billed device-seconds of what the planner priced."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl", "metrics")]
     billed_key = "cost/device_seconds" if whole_step else "function/decode/billed_s"
     pairs = [(r["plan/predicted_device_s"], r[billed_key]) for r in rows
              if r.get("plan/predicted_device_s") is not None and r.get(billed_key) is not None]

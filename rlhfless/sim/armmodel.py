@@ -37,7 +37,6 @@ start is its ready time (the runtime sends learn_begin at once).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +44,7 @@ import numpy as np
 
 from rlhfless.accumulate import microbatches
 from rlhfless.errors import DataError
+from rlhfless.jsonl import iter_jsonl
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.runtime.policy import HISTORY as PREWARM_HISTORY
@@ -133,9 +133,8 @@ class Split:
 
 # ---- reading ---------------------------------------------------------------------------------------------
 def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    """The records of a run file, [] when the run has none (the project's reader: errors name file and line)."""
+    return [r for _, r in iter_jsonl(path)] if path.is_file() else []
 
 
 def read_arm(path: str | Path, name: str | None = None) -> Arm:
