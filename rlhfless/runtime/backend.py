@@ -151,6 +151,11 @@ class LocalBackend:
     def close(self) -> None:
         """Nothing to stop: the fork server ends with the driver."""
 
+    def exit_status(self, h: Handle) -> int | None:
+        """The exit status of a worker whose pipe has closed (it is exiting: wait for that, bounded)."""
+        h.process.join(5.0)
+        return h.process.exitcode
+
     def kill(self, h: Handle) -> None:
         try:
             os.kill(h.pid, signal.SIGKILL)

@@ -11,6 +11,7 @@ import itertools
 from rlhfless.runtime.backend import Handle, LocalBackend, WorkerDied  # RayBackend: the same methods
 from rlhfless.runtime.records import WorkerRecord
 from rlhfless.runtime.records import now
+from rlhfless.runtime.worker import GROUP_BROKEN_EXIT
 
 
 def free_units(units: int, held: list[tuple[int, ...]]) -> list[int]:
@@ -102,10 +103,13 @@ class Pool:
             self._gone(h, killed=False)
 
     def dead(self, h: Handle) -> None:
-        """Record a worker that died (its held time until now stays billed)."""
+        """Record a worker that died (its held time until now stays billed). A learner rank that left because a
+        peer died inside the all-reduce (GROUP_BROKEN_EXIT) is recorded as released: the peer's death is the one
+        to count, and which of the two the driver notices first is a race."""
         if h.worker in self.handles:
+            left = self.backend.exit_status(h) == GROUP_BROKEN_EXIT
             self.backend.kill(h)  # reap it (it is already gone, or hung)
-            self._gone(h, killed=True)
+            self._gone(h, killed=not left)
 
     def _gone(self, h: Handle, killed: bool) -> None:
         rec = self.records[h.worker]

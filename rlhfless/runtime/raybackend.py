@@ -398,6 +398,10 @@ class RayBackend:
                 pass
         self.kill(h)
 
+    def exit_status(self, h: RayHandle) -> int | None:
+        """Unknown here (the worker's process lives inside its actor): every ended worker counts as a death."""
+        return None
+
     def kill(self, h: RayHandle) -> None:
         h.dead = True
         try:

@@ -64,6 +64,11 @@ def bind_device(setup: dict) -> str:
     return "cuda:0"
 
 
+GROUP_BROKEN_EXIT = 75
+"""The exit status of a learner rank that leaves on its own because a peer died inside the all-reduce: the
+driver records it as ended by the restart (released), not as a death of its own (`Pool.dead`)."""
+
+
 def main(conn, setup_json: str) -> None:
     """Process entry point: bind its units, load, say ready, serve until `shutdown` (or the pipe closes)."""
     setup = json.loads(setup_json)
@@ -285,8 +290,11 @@ class Worker:
                 raise
             # a peer died inside the all-reduce (runtime.dist: survivors raise at once); the driver restarts the
             # group from the same state, so this is expected under faults: one line, not a traceback
-            raise SystemExit(f"rlhfless worker: the learner's all-reduce broke ({str(exc).splitlines()[0][:100]}); "
-                             "exiting for the driver to restart the group") from None
+            import sys
+
+            print(f"rlhfless worker: the learner's all-reduce broke ({str(exc).splitlines()[0][:100]}); "
+                  "exiting for the driver to restart the group", file=sys.stderr, flush=True)
+            raise SystemExit(GROUP_BROKEN_EXIT) from None
         self.version = msg["version"] + 1
         if msg.get("state_out"):
             save_learner_state(self.learner, msg["state_out"])
