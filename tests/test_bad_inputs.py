@@ -212,6 +212,7 @@ CASES += [
     C("override-runtime-units", [*DRY, "runtime.units=4096"], "runtime.units"),
     C("override-learner-units", [*DRY, "runtime.units=1", "runtime.learner_units=2"], "runtime.learner_units"),
     C("override-mode", [*DRY, "runtime.mode=lambda"], "runtime.mode"),
+    C("override-hybrid", [*DRY, "runtime.hybrid=sometimes"], "runtime.hybrid"),
     C("override-policy", [*DRY, "plan.policy=fastest"], "plan.policy"),
     C("override-engine", [*DRY, "rollout.engine=tgi"], "rollout.engine"),
     C("override-task", [*DRY, "task.name=chess"], "task.name"),

@@ -51,7 +51,10 @@ def runs(tmp_path_factory):
     out = {"serverful": _run(tmp, "serverful", ["runtime.mode=serverful"]),
            # the prefill function ships the KV to the decode functions, which then migrate rows
            "serverless": _run(tmp, "serverless", ["runtime.mode=serverless", "runtime.ship_prefix_kv=always"]
-                              + MIGRATE)}
+                              + MIGRATE),
+           # separate function images: every learner rank is a new function (pre-warmed where a unit is free)
+           "separate": _run(tmp, "separate", ["runtime.mode=serverless", "runtime.ship_prefix_kv=always",
+                                              "runtime.hybrid=false"] + MIGRATE)}
 
     killed = []
 
@@ -60,7 +63,9 @@ def runs(tmp_path_factory):
             t_end = time.monotonic() + 120
             while not killed and time.monotonic() < t_end:
                 for h in list(runtime.pool.handles.values()):
-                    if h.kinds == ("decode",) and h.ready_s is not None and h.worker in runtime.pool.working:
+                    stream = runtime.stream  # a hybrid function that went on as a learner rank is not decoding
+                    if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.pool.working
+                            and not (stream is not None and stream.owns(h))):
                         os.kill(h.pid, signal.SIGKILL)
                         killed.append(h.worker)
                         return
@@ -147,12 +152,12 @@ def test_migration_really_moved_rows_and_kept_tokens(runs):
 
 
 def test_billing_serverless_releases_and_serverful_holds(runs):
-    sf, sl = runs["serverful"][1]["runtime"], runs["serverless"][1]["runtime"]
+    sf, sl, sep = (runs[k][1]["runtime"] for k in ("serverful", "serverless", "separate"))
     assert sf["workers_started"] == available_cores() and sf["billed_s_by_kind"].keys() == {"pool"}
     # the pool is held for the whole loop: billed = W x loop wall (up to the pool's start and rounding)
     assert sf["cost_device_s"] == pytest.approx(sf["units"] * sf["loop_wall_s"], rel=0.05, abs=0.1 * sf["units"])
     assert sl["workers_started"] > sf["workers_started"]  # functions start per step (scale to zero)
-    assert {"decode", "learner"} <= set(sl["billed_s_by_kind"])
+    assert {"decode", "learner"} <= set(sl["billed_s_by_kind"]) and {"decode", "learner"} <= set(sep["billed_s_by_kind"])
     workers = _rows(runs["serverless"][0] / "workers.jsonl")
     assert all(w["released_s"] is not None for w in workers)
 
@@ -204,7 +209,7 @@ def test_the_reference_forward_streams_with_overlap_and_gives_the_same_kl_and_we
 
 
 def test_prewarmed_workers_take_the_next_stage_work(runs):
-    out = runs["serverless"][0]
+    out = runs["separate"][0]
     prewarmed = {w["worker"] for w in _rows(out / "workers.jsonl") if w["prewarmed"]}
     used = {i["kind"] for i in _rows(out / "invocations.jsonl") if i["worker"] in prewarmed}
     assert "learner" in used  # started during the rollout, ready when the learner stage began
@@ -240,6 +245,21 @@ def test_overlap_streams_groups_into_the_learner_and_ends_with_bitwise_equal_wei
     assert _same_weights(out, runs["serverful"][0])
     learners = [i for i in _rows(out / "invocations.jsonl") if i["kind"] == "learner" and i["ok"]]
     assert learners and all(i["extra"]["compute_s"] > 0 for i in learners if i["groups"])
+
+
+def test_hybrid_functions_go_on_as_warm_learner_ranks_to_the_same_weights(runs):
+    """runtime.hybrid (the default): a decode function whose rows are done becomes a learner rank of its step, so
+    no learner function starts (no cold start in the learner stage), and the weights equal the separate images'
+    and the serverful control's bit for bit."""
+    out, sep = runs["serverless"][0], runs["separate"][0]
+    invs = _rows(out / "invocations.jsonl")
+    decoded = {(i["step"], i["worker"]) for i in invs if i["kind"] == "decode"}
+    learners = [i for i in invs if i["kind"] == "learner" and i["ok"]]
+    assert len(learners) == 3 * available_cores()
+    assert all((i["step"], i["worker"]) in decoded and not i["cold"] for i in learners)
+    assert any(i["cold"] for i in _rows(sep / "invocations.jsonl") if i["kind"] == "learner")
+    assert read_digests(out) == read_digests(sep)
+    assert _same_weights(out, sep) and _same_weights(out, runs["serverful"][0])
 
 
 def test_a_learner_rank_killed_while_streaming_recomputes_its_groups_to_the_same_weights(runs):
@@ -321,8 +341,8 @@ def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains
     assert sum(r["runtime/groups_streamed"] for r in _rows(tmp_path / "cmp" / "serverful" / "metrics.jsonl")) == 0
     assert c["overlap_only"]["step_time_ratio"] > 0
     sl, sf = c["serverless"]["core_s_per_step"], c["serverful"]["core_s_per_step"]
-    # serverless starts functions every step; the control's pool started once
-    assert sl["cold_start"] > sf["cold_start"] and sl["busy"]["learner"] > 0
+    # serverless starts functions every step (its decode functions); the control's pool started once
+    assert c["serverless"]["workers_started"] > c["serverful"]["workers_started"] and sl["busy"]["learner"] > 0
     assert c["gap_core_s_per_step"]["billed"] == pytest.approx(sl["billed"] - sf["billed"])
     assert c["serverless"]["planner"]["steps"] == 3 and c["serverless"]["planner"]["predicted_over_billed"] > 0
 

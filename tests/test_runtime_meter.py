@@ -4,7 +4,7 @@ import pytest
 
 from rlhfless.plan.cost import CATALOG
 from rlhfless.runtime.meter import bill_run, bill_window, rounded
-from rlhfless.runtime.records import InvocationRecord, WorkerRecord
+from rlhfless.runtime.records import KINDS_ALL, InvocationRecord, WorkerRecord
 
 CPU = CATALOG["cpu-core"]
 H100 = CATALOG["H100"]
@@ -53,8 +53,8 @@ def test_scale_to_zero_bills_nothing_between_lifetimes():
 
 
 def test_step_windows_slice_lifetimes_and_add_up_to_the_run():
-    ws = [WorkerRecord("pool-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.5, 6.0),
-          WorkerRecord("pool-1", ("decode", "learner"), 1.0, (1,), 0.0, 0.5, 6.0)]
+    ws = [WorkerRecord("pool-0", KINDS_ALL, 1.0, (0,), 0.0, 0.5, 6.0),
+          WorkerRecord("pool-1", KINDS_ALL, 1.0, (1,), 0.0, 0.5, 6.0)]
     step1 = bill_window(ws, [], 0.0, 2.0, 6.0, CPU, True)
     step2 = bill_window(ws, [], 2.0, 6.0, 6.0, CPU, True)
     assert step1.device_s == pytest.approx(4.0) and step2.device_s == pytest.approx(8.0)
@@ -65,7 +65,7 @@ def test_step_windows_slice_lifetimes_and_add_up_to_the_run():
 
 
 def test_serverful_uses_the_on_demand_price_and_serverless_the_per_second_price():
-    w = [WorkerRecord("pool-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.0, 3600.0)]
+    w = [WorkerRecord("pool-0", KINDS_ALL, 1.0, (0,), 0.0, 0.0, 3600.0)]
     assert bill_run(w, [], 3600.0, H100, True, 1.0).usd == pytest.approx(H100.ondemand_usd_per_h)
     assert bill_run(w, [], 3600.0, H100, False, 1.0).usd == pytest.approx(3600 * H100.serverless_usd_per_s)
 
@@ -115,7 +115,7 @@ def test_meter_follows_the_rules_it_is_given_not_a_copy_of_them():
 def test_time_off_the_clock_is_cut_out_of_every_lifetime_in_windows_and_runs():
     """A pool held 0-10 s with an evaluation off the clock at 4-6 s: 8 s each; a serverless function alive 3-5 s
     loses the 1 s it overlapped; one spawned during the pause (5-7 s) loses 1 s; windows add up to the run."""
-    ws = [WorkerRecord("pool-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.5, 10.0),
+    ws = [WorkerRecord("pool-0", KINDS_ALL, 1.0, (0,), 0.0, 0.5, 10.0),
           WorkerRecord("decode-1", ("decode",), 1.0, (1,), 3.0, 3.2, 5.0),
           WorkerRecord("decode-2", ("decode",), 2.0, (1,), 5.0, 5.5, 7.0)]
     paused = [(4.0, 6.0)]
@@ -127,3 +127,41 @@ def test_time_off_the_clock_is_cut_out_of_every_lifetime_in_windows_and_runs():
     assert windows[0] == pytest.approx(4.5 - 0.5 + 1.0) and sum(windows) == pytest.approx(run.device_s)
     assert bill_window(ws, [], 4.0, 6.0, 10.0, CPU, True, paused).device_s == 0.0
     assert bill_run(ws, [], 10.0, CPU, False, 0.001).device_s == pytest.approx(10.0 + 2.0 + 4.0)  # nothing paused
+
+
+def _split_reference(w, invs, a, b, dt=1e-3):
+    """role_split by brute force: label every dt-slice of [a, b) inside the lifetime."""
+    out = {}
+    mine = sorted((i for i in invs if i.worker == w.worker), key=lambda i: i.requested_s)
+    t = a + dt / 2
+    while t < b:
+        if w.spawned_s <= t < w.released_s:
+            before = [i for i in mine if i.requested_s <= t]
+            k = (before[-1] if before else mine[0]).kind
+            k = "decode" if k == "reward" else k
+            out[k] = out.get(k, 0.0) + dt
+        t += dt
+    return out
+
+
+def test_a_hybrid_function_is_billed_to_the_role_it_was_in():
+    """A decode+learner function (runtime.hybrid): cold start and decode (and scoring) to decode, the learner
+    rank and its idle after to learner, a decode of the next step to decode again; windows and runs agree with a
+    brute-force labelling, and the parts add up to the bill."""
+    from rlhfless.runtime.meter import role_split
+
+    w = WorkerRecord("decode+learner-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.3, 5.0)
+    invs = [inv("decode+learner-0", "decode", 0.3, 1.2), inv("decode+learner-0", "reward", 1.2, 1.25),
+            inv("decode+learner-0", "learner", 1.4, 2.6), inv("decode+learner-0", "decode", 3.1, 4.0, step=2),
+            inv("other-1", "learner", 0.0, 5.0)]
+    for a, b in [(0.0, 10.0), (1.0, 3.5), (2.0, 2.5), (3.2, 6.0)]:
+        got, ref = role_split(w, invs, a, b), _split_reference(w, invs, a, b)
+        assert got.keys() == ref.keys() and all(got[k] == pytest.approx(ref[k], abs=3e-3) for k in got)
+    assert role_split(w, invs, 0.0, 10.0) == pytest.approx({"decode": 1.4 + 1.9, "learner": 1.7})
+    run = bill_run([w], invs, 10.0, CPU, False, 1.0)
+    assert run.device_s == 5.0 and sum(run.by_kind.values()) == pytest.approx(5.0)
+    assert run.by_kind == pytest.approx({"decode": 3.3, "learner": 1.7})
+    win = bill_window([w], invs, 1.0, 3.5, 10.0, CPU, False)
+    assert win.by_kind == pytest.approx({"decode": 0.4 + 0.4, "learner": 1.7})
+    single = WorkerRecord("decode-1", ("decode",), 1.0, (1,), 0.0, 0.1, 2.0)
+    assert bill_run([single], [inv("decode-1", "decode", 0.1, 2.0)], 10.0, CPU, False, 1.0).by_kind == {"decode": 2.0}

@@ -101,6 +101,11 @@ class RuntimeConfig:
     reference forward (algo.kl_coef > 0) and forward/backward while the rest of the step decodes; one optimiser
     step once every group is in (bitwise the same update either way: rlhfless.accumulate). true | false | null
     (auto: true for serverless, false for the serverful control as verl does not overlap)."""
+    hybrid: bool = True
+    """Serverless: decode and learner are handlers of one function image, so a decode function whose rows are
+    done continues as a learner rank of the same step (warm: no cold start, the policy already in memory), and a
+    learner kept warm (keep_alive_s) decodes the next step with the weights it just computed (no weight load).
+    false = separate images: every rank is a new function that loads the learner state (the paper's figure)."""
     learner_microbatch_groups: int = 1
     """Groups per learner micro-batch (fixed by group index: chunk k = groups k*m .. k*m+m-1). Larger chunks run
     fewer, wider forwards but wait for more groups before computing."""
@@ -152,6 +157,7 @@ class RuntimeConfig:
         require(self.progress_every >= 1, "runtime.progress_every", f"must be >= 1 (got {self.progress_every})")
         require(self.overlap in (None, True, False), "runtime.overlap",
                 f"must be true, false or null (auto) (got {self.overlap!r})")
+        require(isinstance(self.hybrid, bool), "runtime.hybrid", f"must be true or false (got {self.hybrid!r})")
         require(isinstance(self.learner_microbatch_groups, int) and self.learner_microbatch_groups >= 1,
                 "runtime.learner_microbatch_groups", f"must be an integer >= 1 (got {self.learner_microbatch_groups!r})")
         require(self.invocation_timeout_s > 0, "runtime.invocation_timeout_s",

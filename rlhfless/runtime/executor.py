@@ -34,9 +34,7 @@ from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules
 from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
-from rlhfless.runtime.records import InvocationRecord, now, peak_units
-
-KINDS_ALL = ("decode", "reward", "reference", "learner")
+from rlhfless.runtime.records import HYBRID, KINDS_ALL, InvocationRecord, now, peak_units, role
 RUNTIME_HOOKS: list = []
 """Callables given each new Runtime once it is up (the fault bench attaches its chaos thread here)."""
 
@@ -51,6 +49,7 @@ class Runtime:
         self._free_port = free_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
         self.serverful = mode == "serverful"
+        self.hybrid = not self.serverful and self.rt.hybrid
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
         self.units = self.rt.resolved_units()
@@ -189,12 +188,16 @@ class Runtime:
                                    "(a bug: the runtime never holds more functions than runtime.units)")
         return cores
 
+    def image(self, kind: str) -> tuple[str, ...]:
+        """The kinds a new decode or learner function can run: both with the hybrid image (runtime.hybrid)."""
+        return HYBRID if self.hybrid else (kind,)
+
     def start_learner(self, prewarmed: bool):
         """One learner rank onto a free unit, or None when every unit is held (it waits for one)."""
         cores = self.claim(must=False)
         if cores is None:
             return None
-        return self.pool.start(("learner",), cores, self.state_setup(), prewarmed)
+        return self.pool.start(self.image("learner"), cores, {**self.state_setup(), "role": "learner"}, prewarmed)
 
     def start_decoders(self, n: int, prewarmed: bool) -> list:
         """n decode functions; pre-warmed ones only into free units (as many as fit)."""
@@ -203,7 +206,8 @@ class Runtime:
             cores = self.claim(must=not prewarmed)
             if cores is None:
                 break
-            out.append(self.pool.start(("decode",), cores, self.state_setup(), prewarmed))
+            out.append(self.pool.start(self.image("decode"), cores, {**self.state_setup(), "role": "decode"},
+                                       prewarmed))
         return out
 
     def start_single(self, kind: str):
@@ -212,7 +216,9 @@ class Runtime:
 
     def on_ready(self, h, msg: dict) -> None:
         self.pool.mark_ready(h, msg)
-        self.history.add_cold(h.kinds[0] if len(h.kinds) == 1 else "pool", self.pool.records[h.worker].cold_start_s)
+        cold = self.pool.records[h.worker].cold_start_s
+        for kind in h.kinds if h.kinds == HYBRID else (role(h.kinds),):  # a hybrid start is either kind's
+            self.history.add_cold(kind, cold)
 
     # -- steps --------------------------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -278,6 +284,8 @@ class Runtime:
             if self.rt.keep_alive_s == 0:
                 for h in stream.handles():
                     self.pool.release(h)
+            if self.rt.keep_alive_s == 0 or self.hybrid:
+                # hybrid: the ranks left their group and stay warm as the next step's decode functions
                 self.learners = []
         self.last_learn_end = now()
         self.history.learn_s.append(self.last_learn_end - t0)
@@ -343,7 +351,7 @@ class Runtime:
         cold: dict[str, list[float]] = {}
         for r in recs:
             if r.ready_s is not None:
-                cold.setdefault(r.kinds[0] if len(r.kinds) == 1 else "pool", []).append(r.cold_start_s)
+                cold.setdefault(role(tuple(r.kinds)), []).append(r.cold_start_s)
         return {
             "mode": self.mode, "units": self.units, "start_method": getattr(self.backend, "start_method", self.rt.start_method),
             "platform_start_s": self.platform_start_s, "steps": self.steps_done,

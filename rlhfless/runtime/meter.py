@@ -26,6 +26,10 @@ Deviation from the paper's platform: it bills start to stop plus "a few seconds"
 GPU steps of minutes. For CPU steps of about a second that rounding would dominate, so the local default is 1 ms
 (per-millisecond serverless billing), and idle is billed as it really happened (keep-alive) instead of a
 constant. `runtime.billing_granularity_s=1` restores the 1 s rounding.
+
+Bills by kind: a worker's held time goes to its kind; a hybrid function (runtime.hybrid: decode, then learner
+rank) is split by what it was doing, so `function/decode/billed_s` and `function/learner/billed_s` keep their
+meaning (`role_split`). A pool worker of the serverful control is one "pool" bill.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 
 from rlhfless import metrics as M
 from rlhfless.plan.cost import BillingRules, DevicePrice
-from rlhfless.runtime.records import InvocationRecord, WorkerRecord
+from rlhfless.runtime.records import InvocationRecord, WorkerRecord, role
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,37 @@ def rounded(seconds: float, granularity_s: float | BillingRules) -> float:
 
 
 def _kind(w: WorkerRecord) -> str:
-    return w.kinds[0] if len(w.kinds) == 1 else "pool"
+    return role(tuple(w.kinds))
+
+
+_BILLED_AS = {"reward": "decode"}
+"""Invocation kinds billed to the function they run inside (scoring runs in the decode function)."""
+
+
+def role_split(w: WorkerRecord, invocations: Sequence[InvocationRecord], a: float, b: float,
+               paused: Paused = ()) -> dict[str, float]:
+    """Seconds of [a, b) inside w's lifetime (less `paused`), by the role it was in: a single-kind worker's all
+    go to its kind; a hybrid worker's instant t goes to the kind of its last invocation requested at or before t
+    (idle after work is that work's keep-alive), before its first one to the first's kind (its cold start).
+    `invocations`: w's own, any order. Pure; the parts sum to the held seconds."""
+    end = w.released_s if w.released_s is not None else b
+    lo, hi = max(w.spawned_s, a), min(end, b)
+    if hi <= lo:
+        return {}
+    mine = sorted((i for i in invocations if i.worker == w.worker), key=lambda i: i.requested_s)
+    if len(w.kinds) == 1 or not mine or role(tuple(w.kinds)) == "pool":
+        return {_kind(w): hi - lo - overlap_s(lo, hi, paused)}
+    cuts = [lo] + [i.requested_s for i in mine[1:] if lo < i.requested_s < hi] + [hi]
+    kinds = [_BILLED_AS.get(mine[0].kind, mine[0].kind)]
+    for i in mine[1:]:
+        if lo < i.requested_s < hi:
+            kinds.append(_BILLED_AS.get(i.kind, i.kind))
+        elif i.requested_s <= lo:
+            kinds[0] = _BILLED_AS.get(i.kind, i.kind)
+    out: dict[str, float] = {}
+    for k, s, e in zip(kinds, cuts, cuts[1:]):
+        out[k] = out.get(k, 0.0) + (e - s) - overlap_s(s, e, paused)
+    return out
 
 
 def _usd_per_s(price: DevicePrice, serverful: bool) -> float:
@@ -114,10 +148,12 @@ def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[Invocatio
     by_kind: dict[str, float] = {}
     total = cold_s = 0.0
     colds = 0
+    invocations = list(invocations)
     for w in workers:
         held = _held(w, t0, t1, now, paused) * w.units
         if held > 0:
-            by_kind[_kind(w)] = by_kind.get(_kind(w), 0.0) + held
+            for k, s in role_split(w, invocations, t0, min(t1, now), paused).items():
+                by_kind[k] = by_kind.get(k, 0.0) + s * w.units
             total += held
         if w.ready_s is not None and t0 <= w.ready_s < t1:
             colds += 1
@@ -133,11 +169,15 @@ def bill_run(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRe
     rules = _rules(granularity_s)
     by_kind: dict[str, float] = {}
     total = 0.0
+    invocations = list(invocations)
     for w in workers:
         end = w.released_s if w.released_s is not None else now
         cold = w.cold_start_s if w.ready_s is not None else 0.0
-        billed = rules.bill_held(end - w.spawned_s - overlap_s(w.spawned_s, end, paused), cold) * w.units
-        by_kind[_kind(w)] = by_kind.get(_kind(w), 0.0) + billed
+        held = end - w.spawned_s - overlap_s(w.spawned_s, end, paused)
+        billed = rules.bill_held(held, cold) * w.units
+        # the rounded bill shared out like the measured held time
+        for k, s in role_split(w, invocations, w.spawned_s, end, paused).items():
+            by_kind[k] = by_kind.get(k, 0.0) + (billed * s / held if held > 0 else 0.0)
         total += billed
     busy = sum(i.busy_s * i.units for i in invocations)
     colds = [w for w in workers if w.ready_s is not None]

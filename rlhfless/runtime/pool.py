@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 
 from rlhfless.runtime.backend import Handle, LocalBackend, WorkerDied  # RayBackend: the same methods
-from rlhfless.runtime.records import WorkerRecord
+from rlhfless.runtime.records import WorkerRecord, role
 from rlhfless.runtime.records import now
 from rlhfless.runtime.worker import GROUP_BROKEN_EXIT
 
@@ -47,7 +47,7 @@ class Pool:
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self, kinds: tuple[str, ...], cores: tuple[int, ...], extra: dict | None = None,
               prewarmed: bool = False) -> Handle:
-        wid = f"{'+'.join(kinds) if len(kinds) == 1 else 'pool'}-{next(self._ids)}"
+        wid = f"{role(kinds)}-{next(self._ids)}"
         h = self.backend.start(wid, kinds, cores, {**self.setup, **(extra or {})})
         self.handles[wid] = h
         self.records[wid] = WorkerRecord(wid, kinds, float(len(cores)), cores, self.rel(h.spawned_s),
@@ -134,9 +134,9 @@ class Pool:
             if t - since >= keep_alive_s:
                 self.release(h)
 
-    def warm(self, kind: str) -> list[Handle]:
-        """Live workers of exactly this kind (ready or still starting), idle ones first."""
-        hs = [h for h in self.handles.values() if h.kinds == (kind,)]
+    def warm(self, kinds: tuple[str, ...]) -> list[Handle]:
+        """Live workers of exactly these kinds (ready or still starting), idle ones first."""
+        hs = [h for h in self.handles.values() if h.kinds == kinds]
         return sorted(hs, key=lambda h: (h.worker not in self.idle_since, h.worker))
 
     # -- units: a budget, never a hint -------------------------------------------------------------------------

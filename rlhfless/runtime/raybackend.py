@@ -268,12 +268,15 @@ class RayBackend:
             self.started_ray = False
 
     # -- placement ----------------------------------------------------------------------------------------------
-    def _place(self, kinds: tuple[str, ...]) -> tuple[str, bool, bool]:
-        """(node id, is it home, is the affinity soft) for a new worker of `kinds`."""
+    def _place(self, kinds: tuple[str, ...], role: str | None = None) -> tuple[str, bool, bool]:
+        """(node id, is it home, is the affinity soft) for a new worker of `kinds`; `role`: what a hybrid
+        function (decode + learner) starts as: a learner rank is home (its group binds loopback), a decode is
+        placed as one."""
         live = [h for h in self.handles.values() if not h.dead]
-        if len(kinds) > 1 or kinds[0] in ("learner", "prefill"):
-            return self.home, True, kinds[0] == "prefill"
-        if kinds == ("decode",) and not any(h.home and h.kinds == kinds for h in live):
+        first = role or kinds[0]
+        if (len(kinds) > 1 and role is None) or first in ("learner", "prefill"):
+            return self.home, True, first == "prefill"
+        if first == "decode" and not any(h.home and "decode" in h.kinds for h in live):
             return self.home, True, True
         nodes = self._nodes()
         load = {n: 0 for n in nodes}
@@ -288,7 +291,7 @@ class RayBackend:
         """Create the actor (returns at once; `poll` sees its `ready` once it connected and loaded)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        node, home, soft = self._place(kinds)
+        node, home, soft = self._place(kinds, setup.get("role"))
         payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores)})
         t = now()
         actor = self.host.options(num_cpus=len(cores), max_restarts=0,

@@ -25,6 +25,20 @@ def fail(what: str, attempts: int) -> TrainingError:
     return TrainingError(f"runtime: {what} failed {attempts} times (runtime.max_attempts); see invocations.jsonl")
 
 
+KINDS_ALL = ("decode", "reward", "reference", "learner")
+"""The kinds a serverful pool worker runs: all of them."""
+HYBRID = ("decode", "learner")
+"""The kinds of a serverless function with the hybrid image (runtime.hybrid): decode, then learner rank."""
+
+
+def role(kinds: tuple[str, ...]) -> str:
+    """A worker's label in ids, bills and cold-start means: its kind, "decode+learner" for the hybrid image,
+    "pool" for a serverful pool worker."""
+    if len(kinds) == 1:
+        return kinds[0]
+    return "pool" if set(kinds) == set(KINDS_ALL) else "+".join(kinds)
+
+
 @dataclass
 class WorkerRecord:
     """One worker process from request to release.

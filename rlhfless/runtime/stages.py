@@ -44,6 +44,8 @@ class _Actor:
     """Groups whose fresh rows it was sent (for the record: the plan as executed)."""
     finished: int = 0
     """Rows this invocation finished (streamed and final), for its record."""
+    handed: bool = False
+    """Its worker went on as a learner rank of this step (runtime.hybrid): it takes no more decode work."""
 
 
 def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | None:
@@ -53,7 +55,7 @@ def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | 
     no new resources to wait for (a fresh actor can queue forever behind warm workers holding every CPU);
     else None: a fresh function is needed."""
     def live(x: _Actor) -> bool:
-        return x.handle.worker in pool
+        return x.handle.worker in pool and not x.handed
     if planned is not None and not planned.done and live(planned):
         return planned
     running = [x for x in actors if not x.done and not x.cut and live(x)]
@@ -140,10 +142,11 @@ class DecodeStage:
         rt = self.rt
         if rt.serverful:
             return rt.pool_handles
-        available = rt.pool.warm("decode")
+        available = rt.pool.warm(rt.image("decode"))
         warm = available[:n]
-        for h in available[n:]:  # pre-warmed beyond this step's need: scale down at once
-            rt.pool.release(h)
+        for h in available[n:]:  # beyond this step's decode need: a hybrid one is a learner rank, else scale down
+            if not (rt.hybrid and h.ready_s is not None and self.stream.take(h)):
+                rt.pool.release(h)
         cold = rt.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
@@ -182,12 +185,14 @@ class DecodeStage:
                 self.stream.prewarm()  # into free units only
                 pw = None
             timeout = None if pw is None else max(0.0, t_start + pw - now())
-            watch = [a.handle for a in self.actors.values() if a.handle.worker in rt.pool.handles] + \
-                [h for h in rt.pool.live() if h.ready_s is None and h.worker not in self.actors]
+            watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in rt.pool.handles}
+            watch.update({h.worker: h for h in rt.pool.live() if h.ready_s is None and h.worker not in self.actors})
             if not rt.serverful:  # a serverful pool worker is watched as a decode actor already
-                watch += [h for h in self.stream.handles() if h.ready_s is not None and h.worker in rt.pool.handles]
-            for h, msg in rt.backend.poll(watch, min(timeout, 1.0) if timeout is not None else 1.0):
-                if h.worker not in self.actors and self.stream.owns(h):
+                watch.update({h.worker: h for h in self.stream.handles()
+                              if h.ready_s is not None and h.worker in rt.pool.handles})
+            for h, msg in rt.backend.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
+                a = self.actors.get(h.worker)
+                if (a is None or a.handed) and self.stream.owns(h):
                     self.stream.on_message(h, msg)
                 else:
                     self._on(h, msg)
@@ -264,6 +269,9 @@ class DecodeStage:
             return
         a.done = True
         if rt.serverful:
+            return
+        if rt.hybrid and self.stream.take(a.handle):
+            a.handed = True  # warm, at this step's weights: it goes on as a learner rank
             return
         rt.pool.idle(a.handle)
         if rt.rt.keep_alive_s == 0:

@@ -7,7 +7,10 @@ optimiser step. What a rank computes is fixed by group index (`accumulate.microb
 whether groups stream in during decode (`runtime.overlap`) or all arrive after it, in whatever order they finish.
 
 Units: a serverless learner rank starts only onto a free unit (`Pool.claim`), usually one a finished decode
-function released; until then its groups wait (their batch files are in the scratch tmpfs). The data-parallel group
+function released; until then its groups wait (their batch files are in the scratch tmpfs). With the hybrid image
+(`runtime.hybrid`, the default) the finished decode function itself goes on as the rank (`take`): warm, its policy
+already at the step's version, so neither a cold start nor a state load sits between the rollout and the update;
+a hybrid rank leaves its gloo group after the step (`leave`), free to decode the next step if kept warm. The data-parallel group
 forms at the optimiser step (`learn_end`), so a rank can start and work alone early, and a rank killed before the
 step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
 sent restarts every rank (the gloo group cannot be repaired), from the same state version.
@@ -20,6 +23,9 @@ Deviation from the paper: its learner is one FSDP function started after the rol
 into it is this project's extension (docs/architecture.md, "Overlap"). So is running the reference forward inside
 the learner ranks when streaming (the paper has a reference function; verl colocates the reference with the actor):
 a separate reference function would need a unit of its own during decode, which a small machine does not have.
+So is the hybrid image: the paper's decode actors and learner are separate functions; here one function image
+holds both handlers (as verl's hybrid engine holds rollout and actor in one worker), so a decode function that
+finishes is reused warm as a learner rank, the way a platform reuses a warm instance of the same function.
 """
 
 from __future__ import annotations
@@ -101,6 +107,20 @@ class LearnerStream:
         if self.overlap:
             self.streamed += 1
             self.pump()
+
+    def take(self, h) -> bool:
+        """Hybrid image (runtime.hybrid): a decode function whose rows are all done goes on as the rank with the
+        most finished groups waiting (ties: the lowest). It is warm and its policy is at this step's version, so
+        learn_begin loads nothing. False when every rank has a worker already (the caller releases it)."""
+        free = [r for r in self.ranks if r.handle is None]
+        if not free or not getattr(h, "home", True):  # ranks run on the learner's node (the group binds loopback)
+            return False
+        r = max(free, key=lambda x: sum(g in self.finished for g in x.groups))
+        r.handle, r.requested, r.cold = h, now(), False
+        self.rt.pool.busy(h)
+        self.rt.learners.append(h)
+        self.pump()
+        return True
 
     def prewarm(self) -> None:
         """The policy's pre-warm time has come: start ranks ahead of their first group, into free units only;
@@ -277,7 +297,7 @@ class LearnerStream:
         for r in self.ranks:
             dist = None if rt.serverful else rt.dist_spec(r.rank, len(self.ranks), port)
             r.ended = True
-            self._send(r, {**end, **rt.state_setup(), "dist": dist,
+            self._send(r, {**end, **rt.state_setup(), "dist": dist, "leave": rt.hybrid,
                            "state_out": str(rt.state_path(rt.version + 1)) if r.rank == 0 else None})
             if self.attempt != attempt:
                 return None

@@ -298,6 +298,11 @@ class Worker:
         self.version = msg["version"] + 1
         if msg.get("state_out"):
             save_learner_state(self.learner, msg["state_out"])
+        if msg.get("leave"):  # a hybrid function: its next step may be a decode, or a rank of another group
+            from rlhfless.runtime.dist import destroy_group
+
+            destroy_group()
+            self.shard = None
         info, peak = self.update_info, self.update.buffered_peak
         self.update, self.update_info = None, {}
         return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": now(),
