@@ -60,3 +60,32 @@ def test_a_sigkilled_worker_and_a_crash_are_killed():
     _await_eof(h)
     pool.dead(h)
     assert pool.records[h.worker].killed
+
+
+def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_another(tmp_path, monkeypatch):
+    """Between `free_port` and rank 0's bind another process can take the port (seen once with two CI runs side
+    by side): rank 0 dies starting, and the pool forms again on a new port instead of failing the run."""
+    import socket
+
+    from rlhfless.config import load_run_config
+    from rlhfless.runner import train
+    from rlhfless.runtime import dist
+    from rlhfless.runtime.config import available_cores
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    ports = [taken.getsockname()[1]]
+    real = dist.free_port
+    monkeypatch.setattr(dist, "free_port", lambda: ports.pop() if ports else real())
+    cfg = load_run_config("experiments/configs/quickstart.yaml",
+                          ["runtime.mode=serverful", "train.steps=1", "rollout.prompts_per_step=4", "algo.group_size=2",
+                           "rollout.max_new_tokens=16", "train.eval_prompts=0", "train.checkpoint_every=0",
+                           "tracking.mode=disabled", "runtime.gantt_every=0", "runtime.measure_profile=false"])
+    try:
+        rt = train(cfg, tmp_path / "run", progress=False)["runtime"]
+    finally:
+        taken.close()
+    W = available_cores()
+    assert not ports and rt["steps"] == 1
+    assert rt["workers_started"] == 2 * W and rt["workers_killed"] == 1  # rank 0 of the first try; the rest stopped

@@ -34,7 +34,7 @@ from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules
 from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
-from rlhfless.runtime.records import HYBRID, KINDS_ALL, InvocationRecord, now, peak_units, role
+from rlhfless.runtime.records import HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role
 RUNTIME_HOOKS: list = []
 """Callables given each new Runtime once it is up (the fault bench attaches its chaos thread here)."""
 
@@ -153,12 +153,23 @@ class Runtime:
 
     # -- workers ------------------------------------------------------------------------------------------------
     def _start_pool(self) -> None:
-        """Serverful: W colocated workers, one core each, one data-parallel group, held until close()."""
-        W, port = self.rt.workers(), self._free_port()
-        hs = [self.pool.start(KINDS_ALL, (r,), {**self.state_setup(), "dist": self.dist_spec(r, W, port)})
-              for r in range(W)]  # W <= units (check_machine): one unit each
-        self.pool.await_ready(hs)
-        self.pool_handles = hs
+        """Serverful: W colocated workers, one core each, one data-parallel group, held until close(). A worker
+        that dies while starting (rank 0 can lose the rendezvous port to another process between `free_port` and
+        its bind) fails the attempt: the others are stopped and the group forms again on a new port."""
+        W = self.rt.workers()
+        for attempt in range(1, self.rt.max_attempts + 1):
+            port = self._free_port()
+            hs = [self.pool.start(KINDS_ALL, (r,), {**self.state_setup(), "dist": self.dist_spec(r, W, port)})
+                  for r in range(W)]  # W <= units (check_machine): one unit each
+            try:
+                self.pool.await_ready(hs)
+            except WorkerDied as died:
+                for h in hs:
+                    self.pool.dead(h) if h is died.handle else self.pool.stop(h)
+                continue
+            self.pool_handles = hs
+            return
+        raise fail("the serverful pool's start", self.rt.max_attempts)
 
     def dist_spec(self, rank: int, world: int, port: int) -> dict:
         return {"rank": rank, "world": world, "port": port, "timeout_s": min(60.0, self.rt.invocation_timeout_s)}
