@@ -187,7 +187,7 @@ def _plan_config(cfg: RunConfig):
         return cfg.plan
     from rlhfless.runtime.meter import billing_rules
 
-    return replace(cfg.plan, billing=billing_rules(cfg.runtime))
+    return replace(cfg.plan, billing=billing_rules(cfg.runtime, decode=not cfg.plan.learner.whole_step))
 
 
 def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:

@@ -165,3 +165,24 @@ def test_a_hybrid_function_is_billed_to_the_role_it_was_in():
     assert win.by_kind == pytest.approx({"decode": 0.4 + 0.4, "learner": 1.7})
     single = WorkerRecord("decode-1", ("decode",), 1.0, (1,), 0.0, 0.1, 2.0)
     assert bill_run([single], [inv("decode-1", "decode", 0.1, 2.0)], 10.0, CPU, False, 1.0).by_kind == {"decode": 2.0}
+
+
+def test_a_hybrid_decode_function_is_priced_as_its_decode_share_of_the_bill():
+    """With the hybrid image the planner prices a decode function without the keep-alive after it (the worker
+    goes on as a learner rank, billed to the learner): what it prices is the meter's decode share."""
+    from types import SimpleNamespace
+
+    from rlhfless.plan.cost import Invocation, cost_step
+    from rlhfless.runtime.meter import billing_rules
+    from rlhfless.runtime.records import HYBRID
+
+    rt = SimpleNamespace(billing_granularity_s=0.001, keep_alive_s=2.0, hybrid=True, mode="serverless")
+    planned, _ = cost_step([Invocation("decode", 0, 10.0, 13.8, cold=True, gpus=1.0, cold_start_s=1.5)], CPU,
+                           billing_rules(rt, decode=True))
+    w = WorkerRecord("decode+learner-0", HYBRID, 1.0, (0,), spawned_s=10.0, ready_s=11.5, released_s=20.0)
+    invs = [inv(w.worker, "decode", 11.5, 13.8), inv(w.worker, "learner", 13.8, 18.0)]
+    billed = bill_run([w], invs, 99.0, CPU, False, billing_rules(rt))
+    assert billed.by_kind["decode"] == pytest.approx(planned.gpu_seconds) == pytest.approx(3.8)
+    assert billed.by_kind["learner"] == pytest.approx(6.2)
+    separate = SimpleNamespace(**{**vars(rt), "hybrid": False})
+    assert billing_rules(separate, decode=True).keep_alive_s == 2.0 == billing_rules(rt).keep_alive_s

@@ -67,10 +67,13 @@ class Bill:
         return out
 
 
-def billing_rules(rt) -> BillingRules:
+def billing_rules(rt, decode: bool = False) -> BillingRules:
     """The billing rules of a runtime config (`runtime.billing_granularity_s`, `runtime.keep_alive_s`): what this
-    meter bills with and what the planner must price with (`plan.billing`)."""
-    return BillingRules.metered(rt.billing_granularity_s, rt.keep_alive_s)
+    meter bills with and what the planner must price with (`plan.billing`). decode=True: the rules of a decode
+    function as the planner prices it: with the hybrid image (serverless) its time after the decode goes on as a
+    learner rank and is billed to the learner (`role_split`), so no keep-alive follows the decode."""
+    hybrid = decode and rt.hybrid and rt.mode == "serverless"
+    return BillingRules.metered(rt.billing_granularity_s, 0.0 if hybrid else rt.keep_alive_s)
 
 
 def _rules(rules: float | BillingRules) -> BillingRules:
