@@ -84,6 +84,10 @@ class Stages:
         """Called last in every step; returns the step's runtime metrics (none inline)."""
         return {}
 
+    def warm_decoders(self) -> int:
+        """Decode functions that would start warm now (the planner prices no cold start for them); none inline."""
+        return 0
+
     def sync_learner(self) -> None:
         """Make `learner` hold the newest weights and optimizer state (inline: it always does)."""
 
@@ -167,7 +171,7 @@ def run_step(stages: Stages, groups: list[PromptGroup], step: int, epoch: int, s
     plan = None
     if stages.planner is not None:
         with timed(m, "plan"):
-            plan, plan_metrics = stages.planner.plan_step(groups)
+            plan, plan_metrics = stages.planner.plan_step(groups, n_warm=stages.warm_decoders())
         m.update(plan_metrics)
     with timed(m, "rollout"):
         out = stages.rollout(groups, seed, plan)

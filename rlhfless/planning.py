@@ -76,11 +76,12 @@ class Planner:
         if time_scale is not None:
             self.time_model = self.base_time_model.scaled(time_scale)
 
-    def plan_step(self, groups: list[PromptGroup]) -> tuple[StepPlan, dict]:
+    def plan_step(self, groups: list[PromptGroup], n_warm: int = 0) -> tuple[StepPlan, dict]:
+        """n_warm: decode functions kept warm from the last step (they start without a cold start)."""
         pred = self.predictor.predict([g.prompt.prompt_id for g in groups], [g.prompt.text for g in groups])
         jobs = [PlanJob(g.prompt.prompt_id, g.group_size, max(1.0, float(m)), len(g.token_ids))
                 for g, m in zip(groups, pred.mean)]
-        decision, metrics = choose(jobs, self.cfg, self.time_model)
+        decision, metrics = choose(jobs, self.cfg, self.time_model, n_warm=n_warm)
         return StepPlan(pred, jobs, decision), metrics
 
     def observe_step(self, sp: StepPlan, groups: list[PromptGroup], samples: list[Sample], epoch: int,

@@ -242,6 +242,13 @@ class Runtime:
         if self.last_learn_end is not None:
             self.history.between_s.append(self.step_t0 - self.last_learn_end)
 
+    def warm_decoders(self) -> int:
+        """Serverless: ready workers that can decode and are idle (kept warm); the serverful pool is not planned."""
+        if self.serverful:
+            return 0
+        return sum(1 for h in self.pool.warm(self.image("decode"))
+                   if h.ready_s is not None and h.worker in self.pool.idle_since)
+
     @contextmanager
     def off_clock(self):
         """Driver work between steps that is not RL training (mid-run evaluation, checkpoints): cut out of every

@@ -29,6 +29,9 @@ class RuntimeStages(Stages):
         self.step = step
         self.runtime.begin_step(step)
 
+    def warm_decoders(self) -> int:
+        return self.runtime.warm_decoders()
+
     def end_step(self, step: int) -> dict[str, float]:
         return self.runtime.end_step(step)
 
