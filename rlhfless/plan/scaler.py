@@ -8,7 +8,17 @@ candidate), or, with cfg.exact_sweep or cfg.simulate_migration, from simulating 
 cut-and-migrate at tau for the latter). The chosen N's plan is always simulated exactly. Per active actor:
     duration = cold_start_s (if it starts cold) + weight_sync_s + busy_s   (busy = fixed + prefill + decode)
     T(N) = max duration;  C(N) = serverless cost of the invocations under cfg.billing at cfg.gpu_kind prices.
-Warm instances (n_warm, kept from the last step) go to the busiest actors, so cold starts avoid the critical path.
+Warm instances (n_warm, kept from the last step) go to the busiest actors (by the plan's predicted busy time),
+so cold starts avoid the critical path; a warm one is billed cfg.warm_bill_s before the step (the pre-warm rule:
+kept alive through the idle gap, or restarted ahead), and so is each of the n_warm a candidate leaves unused.
+n_warm=None: every candidate's actors warm (a pool pre-warmed to the candidate's size, none unused).
+Outcomes (`choose(..., draws=...)`, issue 19): the predicted means make every sample of a group end together
+and give no actor a tail, so T(N) fell short of the simulated step more the more actors N had (paper-sim,
+whole step: 36 s predicted for 44 s simulated at N=12, 43.5 for 46.7 at N=3) and lambda=1 chose too many actors.
+Given draws (per-sequence lengths drawn from the predicted distribution, `rlhfless.predictor.spread`), each
+candidate's plan (placed and admitted on the predictions, as a runtime would) is played on every draw, cuts
+decided on the predictions, and T(N), C(N) are the means over the draws (expected step time and cost: lambda
+keeps its meaning). Without draws the predictions alone are played, as before (the runtime's planner).
 Choice:
   * objective "score": argmin  lam * T(N)/min_N T  +  (1 - lam) * C(N)/min_N C   (C in dollars; a zero
     minimum makes that ratio 1); ties -> fewer actors.
@@ -32,8 +42,11 @@ exact_sweep does). lambda keeps its meaning:
 the same score over whole-step T and C.
 Per-actor TP (`choose(..., wide=WideActor)`, `rlhfless.plan.wide`): the chosen N's straggler is also costed on
 the wide engine (more devices, faster tail) and runs there only where the same rule as for cuts prefers it and the
-device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`). Decode-only scoring stays the default (learner.whole_step=False), as the
-runtime's planner had it.
+device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`).
+Whole-step scoring is on wherever the learner's costs are known: the simulator's RLHFless always sets it (with
+draws, warm bills and its perf model's learner). PlanConfig keeps learner.whole_step=False by default, so the real
+runtime's planner scores decode alone as before: its learner costs (s_per_token, cold start) are not calibrated
+per run there, and the runtime's behaviour is unchanged by issue 19's scaler work.
 "min_cost_at_deadline": the deadline is deadline_ratio x T of the serverful plan (max_actors, round robin, all
 warm, costed by the same model), then as "min_cost_under_deadline".
 `ScalingDecision.predicted_device_s` (metric plan/predicted_device_s): the chosen row's billed device-seconds.
@@ -98,15 +111,16 @@ def _budget(cfg: PlanConfig) -> float:
 
 
 def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.ndarray, head: np.ndarray,
-          cfg: PlanConfig, tm: TimeModel,
-          wide: tuple[WideActor, int] | None = None) -> tuple[float, list[Invocation]]:
+          cfg: PlanConfig, tm: TimeModel, wide: tuple[WideActor, int] | None = None,
+          own: np.ndarray | None = None) -> tuple[float, list[Invocation]]:
     """Whole-step seconds and the learner's + prefill's invocations of one labelling; dur, head: (n,) each
-    actor's duration and the seconds before its decode began (0 duration: inactive). A group that finishes
+    actor's duration and the seconds before its decode began (0 duration: inactive); own: (J,) each job's
+    finish on its actor when already simulated (`labels_finish_s`), else simulated here. A group that finishes
     past its actor's busy time was cut and migrated: it arrives at the end of the rollout (its new actor is not
     tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`)."""
     lc = cfg.learner
     busy = np.where(dur > 0, dur - head, 0.0)
-    own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm)
+    own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) if own is None else own.copy()
     gpus = np.full(n, cfg.gpus_per_actor)
     if wide is not None:  # the wide actor's groups finish on its own engine (admission by rank, as built)
         w, a = wide
@@ -121,11 +135,12 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
-            n_warm: int, tm: TimeModel, wide: tuple[WideActor, int] | None = None,
-            lengths: Sequence[PlanJob] | None = None) -> ScalingCandidate:
+            n_warm: int | None, tm: TimeModel, wide: tuple[WideActor, int] | None = None,
+            played: tuple[JobArrays, np.ndarray] | None = None) -> ScalingCandidate:
     """T and C of a plan whose actors are busy `busy_s` (score filled in later by `choose`); `wide`: (engine,
-    actor) when that actor runs on the wide engine (busy_s already its wide busy time); `lengths`: the jobs whose
-    lengths the groups' finishes are simulated with (an outcome; None = the plan's own predictions). The warm
+    actor) when that actor runs on the wide engine (busy_s already its wide busy time); `played`: (jobs in the
+    plan's order with an outcome's lengths, each job's finish on its actor) from `_play` (None = the plan's own
+    predictions, simulated here). The warm
     actors are the plan's predicted busiest either way (what a runtime knows when it starts them)."""
     invs = decode_invocations(plan, busy_s, n_warm, cfg, warm_by=plan.busy_s)
     if wide is not None:
@@ -141,25 +156,44 @@ def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg:
             if i.actor_id < plan.n_actors:  # not an unused pre-warmed instance
                 dur[i.actor_id] = i.end_s
         head = dur - np.asarray(busy_s, float)
-        flat = [j for jobs in plan.actor_jobs for j in jobs]
-        if lengths is not None:
-            by_id = {j.group_id: j for j in lengths}
-            flat = [by_id[j.group_id] for j in flat]
-        ja = JobArrays.from_jobs(flat)
-        labels = np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
-        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide)
+        labels = _plan_labels(plan)
+        ja, own = played if played is not None else (JobArrays.from_jobs([j for js in plan.actor_jobs for j in js]),
+                                                     None)
+        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide, own)
         invs = invs + tail
     cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
                             migrations)
 
 
-def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int, draws: Sequence[Sequence[PlanJob]],
-         cuts: MigrationResult | None = None, wide: WideActor | None = None) -> ScalingCandidate:
+def _plan_labels(plan: AssignmentPlan) -> np.ndarray:
+    """(J,) the actor of each job, in the plan's order (actor by actor, admission order within)."""
+    return np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
+
+
+def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel) -> tuple[list[float], JobArrays,
+                                                                                   np.ndarray]:
+    """The plan's placement and admission order played with an outcome's lengths (matched by group_id), once:
+    (each actor's busy seconds, the jobs in the plan's order with those lengths, (J,) each job's finish on its
+    actor). Busy = its last job's finish (`labels_finish_s` charges the fixed overhead and prefill first, as
+    `build_plan`), 0 for an idle actor."""
+    by_id = {j.group_id: j for j in outcome}
+    ja = JobArrays.from_jobs([by_id[j.group_id] for js in plan.actor_jobs for j in js])
+    labels = _plan_labels(plan)
+    own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm)
+    busy = np.zeros(plan.n_actors)
+    np.maximum.at(busy, labels, own)
+    return busy.tolist(), ja, own
+
+
+def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
+         draws: Sequence[Sequence[PlanJob]], cuts: MigrationResult | None = None, wide: WideActor | None = None,
+         memo: dict | None = None) -> ScalingCandidate:
     """T and C of a plan (with its cuts at tau when `cuts`, the predicted cut simulation; its straggler on the
     wide engine when `wide`). With `draws` (outcomes of the step's lengths drawn from the prediction): the means
     over the draws of T and C, each draw played with the plan's placement and admission order, cuts decided on
-    the predictions (module header); without: the plan played with its own predicted lengths."""
+    the predictions (module header); without: the plan played with its own predicted lengths. `memo`: plays
+    already simulated (by draw and placement), shared between calls that differ only in warm instances."""
     a = straggler(plan, plan.busy_s) if wide is not None else -1
     on = (wide, a) if wide is not None else None
     if not draws:
@@ -169,15 +203,23 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int, draw
         return _costed(plan, busy, len(cuts.moves) if cuts is not None else 0, cfg, n_warm, tm, on)
     rows = []
     for d in draws:
+        key = (id(d), tuple(j.group_id for js in plan.actor_jobs for j in js), plan.n_actors) if memo is not None \
+            else None
+        if key is not None and key in memo:
+            busy, ja, own = memo[key]
+            busy = list(busy)
+        else:
+            busy, ja, own = _play(plan, d, tm)
+            if key is not None:
+                memo[key] = (tuple(busy), ja, own)
+        moves = 0
         if cuts is not None:
             res, _ = simulate_with_migration(plan, tm, cfg.tau, d)
             busy, moves = list(res.busy_s), len(res.moves)
-        else:
-            busy, moves = list(evaluate_plan(plan, d, tm).busy_s), 0
-            if wide is not None:
-                by_id = {j.group_id: j for j in d}
-                busy[a] = on_wide([by_id[j.group_id] for j in plan.actor_jobs[a]], wide)[0]
-        rows.append(_costed(plan, busy, moves, cfg, n_warm, tm, on, d))
+        elif wide is not None:
+            first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
+            busy[a] = on_wide(ja.jobs[first:first + len(plan.actor_jobs[a])], wide)[0]
+        rows.append(_costed(plan, busy, moves, cfg, n_warm, tm, on, (ja, own)))
     return ScalingCandidate(plan.n_actors, plan.active_actors, float(np.mean([r.step_s for r in rows])),
                             float(np.mean([r.gpu_seconds for r in rows])), float(np.mean([r.cost_usd for r in rows])),
                             float("nan"), True, int(round(float(np.mean([r.migrations for r in rows])))))
@@ -287,11 +329,13 @@ def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
 
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
            n_warm: int | None = 0, wide: WideActor | None = None,
-           draws: Sequence[Sequence[PlanJob]] = ()) -> tuple[ScalingDecision, dict]:
+           draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingDecision, dict]:
     """Pick the number of decode actors for this step and whether it cuts and migrates (rule in the module
     header); returns (decision, metrics). `draws`: outcomes of the step's lengths drawn from the prediction
     (the same groups as `jobs`, per-sequence lengths; `rlhfless.predictor.spread.draw_lengths`): every
     candidate's T and C are then the means over them (module header, "Outcomes"); () = the predictions alone.
+    `memo`: a dict kept across calls on the same jobs and draws (e.g. the same step with another n_warm), so
+    each placement is played on each draw once; the caller owns it (None = none).
 
     metrics holds scalars (scaler/*, balancer/* of the chosen plan) and `scaler/candidates`: a list of plain
     rows (n_actors, active_actors, step_s, gpu_seconds, cost_usd, score, feasible, migrations, exact).
@@ -308,7 +352,7 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
         evaluated = []
         for r, n in enumerate(res.candidates):
             plan = build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
-            evaluated.append((_row(plan, cfg, tm, n_warm, draws), plan))
+            evaluated.append((_row(plan, cfg, tm, n_warm, draws, memo=memo), plan))
         cands = [c for c, _ in evaluated]
         plans = {c.n_actors: p for c, p in evaluated}
     elif simulated:

@@ -28,7 +28,13 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     (`rlhfless.plan.overlap`, the model the scaler prices with): verl's freed devices are its finished rollout
     replicas (colocated: no cold start), RLHFless's the spare devices (pre-warmed) and each released decode
     function's devices (after a learner cold start). The rlhfless scaler scores the whole step (`plan.learner`:
-    prefill, decode, the overlapped learner, their bills) with lambda as configured.
+    prefill, decode, the overlapped learner, their bills) with lambda as configured, averaged over `N_DRAWS`
+    outcomes of the lengths drawn from the predictor's distribution (`draws`; seeded by the step), capped at
+    the engine's response limit; warm decode actors and pre-warmed learner blocks bill the pre-warm rule's
+    seconds there as here. The decode pool pre-warmed for the next step is the N the scaler picks for this
+    step's work with every candidate warm (`_warm_pool`; the last step's N made growing N cost a cold start on
+    the critical path, so the first step's choice stuck); pre-warmed instances a step leaves unused are billed.
+    Warm actors are the plan's predicted busiest (the true busy times are not known when they start).
   * `oracle`: rlhfless with every switch on, fed the true per-sequence lengths.
 Each `decide` returns (StepPlan, metrics); `observe` feeds the true lengths back (the predictor's update).
 
@@ -271,7 +277,8 @@ class RLHFless:
                             self._prewarm(pm.cold_start_s(), self.gaps[0]))
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill),
                       warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]))
-        decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide, draws=draws)
+        memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
+        decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide, draws=draws, memo=memo)
         true = true_jobs(step, self._prompt_of, key)
         real = realized_plan(decision, true, c.time_model, self.cfg.tau)
         busy = list(real.busy_s)
@@ -286,7 +293,7 @@ class RLHFless:
                               decision.wide_actor)
         idle = tuple(FnRun("decode", pm.tp, 0.0, 0.0, self._prewarm(pm.cold_start_s(), self.gaps[0]))
                      for _ in range(max(n_warm - len(actors), 0)))
-        self.n_warm = self._warm_pool(jobs, cfg, draws, len(actors))
+        self.n_warm = self._warm_pool(jobs, cfg, draws, len(actors), memo)
         learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
                            sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
                            size_slack=self._size_slack())
@@ -294,14 +301,14 @@ class RLHFless:
         metrics["sim/realized_makespan_s"] = real.makespan_s
         return StepPlan(False, 0.0, actors, prefill, learner, idle_warm=idle), metrics
 
-    def _warm_pool(self, jobs, cfg: PlanConfig, draws, n_used: int) -> int:
+    def _warm_pool(self, jobs, cfg: PlanConfig, draws, n_used: int, memo: dict) -> int:
         """Decode instances to pre-warm for the next step: with scaling, the N the scaler picks for this step's
         work when every candidate's actors are warm (a pool sized to the plan, not to the last step's choice,
         so growing N does not put a cold start on the critical path; the next step's work is alike), else the
         instances this step used."""
         if not (self.sw.prewarm and self.sw.scale):
             return n_used
-        ahead, _ = choose(jobs, replace(cfg, migrate=False), self.c.time_model, None, draws=draws)
+        ahead, _ = choose(jobs, replace(cfg, migrate=False), self.c.time_model, None, draws=draws, memo=memo)
         return ahead.plan.active_actors
 
     def _learner_costs(self, step: StepWork, prefill: FnRun | None) -> LearnerCosts:
