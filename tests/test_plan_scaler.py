@@ -248,3 +248,34 @@ def test_whole_step_prices_a_migrated_group_at_the_rollouts_end_as_the_simulator
     # work: a 0.4, b 0.1, c 0.3 device-s on the released actors' devices (1 each, at 2.5 and 3.5 s): b is done by
     # 2.6; a and c both arrive at 3.5 -> 0.7 on 2 devices -> 3.85 (a at its uncut finish, 4.5 s, would end 4.7)
     assert end == pytest.approx(3.5 + 0.7 / 2)
+
+
+def test_draws_make_T_and_C_the_mean_over_outcomes_played_on_the_predicted_placement():
+    from rlhfless.plan.balancer import evaluate_plan
+
+    long_a = [PlanJob("a", 1, 1000.0), *JOBS[1:]]  # an outcome where job a runs ten times its prediction
+    as_pred = list(JOBS)
+    cfg = _cfg(lam=1.0)
+    plain, _ = choose(JOBS, cfg, TM)
+    d, _ = choose(JOBS, cfg, TM, draws=[long_a, as_pred])
+    for c, p in zip(d.candidates, plain.candidates):
+        if c.n_actors == d.n_actors:  # the chosen plan's own placement, played on each outcome
+            t = [3.2 + evaluate_plan(d.plan, o, TM).makespan_s for o in (long_a, as_pred)]
+            assert c.step_s == pytest.approx(sum(t) / 2)
+        assert c.step_s > p.step_s  # the long outcome lengthens every candidate's expected step
+        assert c.gpu_seconds > p.gpu_seconds
+
+
+def test_pre_warmed_instances_a_candidate_leaves_unused_are_billed():
+    # warm_bill_s = 2: a warm actor bills 2 s before the step; N=1 with 4 pre-warmed: 0.2 + 4 + 2 = 6.2 -> 7 s,
+    # plus 3 unused instances x 2 s = 13 GPU-s. n_warm=None: a pool sized to each candidate, none unused: 7.
+    cfg = _cfg(lam=0.5, warm_bill_s=2.0)
+    d4, _ = choose(JOBS, cfg, TM, n_warm=4)
+    assert d4.candidates[0].gpu_seconds == pytest.approx(13.0)
+    assert d4.candidates[-1].gpu_seconds == pytest.approx(4 * 4.0)  # 0.2 + 1 + 2 = 3.2 -> 4 s each, none unused
+    dn, _ = choose(JOBS, cfg, TM, n_warm=None)
+    assert dn.candidates[0].gpu_seconds == pytest.approx(7.0)
+    assert all(c.step_s == pytest.approx(0.2 + 4.0 / c.active_actors if c.n_actors != 3 else 2.2)
+               for c in dn.candidates)  # every candidate warm: no cold start on the critical path
+    exact, _ = choose(JOBS, replace(cfg, exact_sweep=True), TM, n_warm=4)
+    assert [c.gpu_seconds for c in exact.candidates] == pytest.approx([c.gpu_seconds for c in d4.candidates])

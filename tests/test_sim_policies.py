@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rlhfless.plan import TimeModel
@@ -182,7 +183,10 @@ def test_wide_actor_runs_the_straggler_on_twice_the_tp_when_the_scaler_keeps_it(
     for step in work:
         plan, metrics = pol.decide(step)
         wide = [a for a in plan.actors if a.devices == 2]
-        assert len(wide) == metrics[M.SCALER_WIDE_USED]
+        if M.SCALER_WIDE_USED not in metrics:  # not offered: the plan keeps its cuts, or no device is left
+            assert not wide
+            assert metrics.get(M.BAL_MIGRATE_USED) == 1.0 or sum(a.devices for a in plan.actors) + 1 > c.n_devices
+        assert len(wide) == metrics.get(M.SCALER_WIDE_USED, 0.0)
         if wide:
             used += 1
             (a,) = wide
@@ -225,3 +229,28 @@ def test_review_fixes_rlhfuse_cap_prewarm_gap_and_one_switch_per_rung():
     a, _ = RLHFless(c, rungs["+prewarm"], 0.5, 0.7).decide(STEP)
     b, _ = RLHFless(c, rungs["+overlap"], 0.5, 0.7).decide(STEP)
     assert a.learner.cold_s == b.learner.cold_s == pytest.approx(c.perf.learner_join_s())
+
+
+@pytest.mark.parametrize("n", [3, 6, 12])
+def test_scaler_predicts_the_simulated_whole_step_per_n_on_paper_sim(n):
+    """T(N), C(N) the scaler predicts vs what the simulator then plays, RLHFless at a fixed N on paper-sim (steps
+    1-4: step 0 has no length history). Scored on the predicted means alone, the plan has no actor tail and the
+    prediction misses by a growing margin with N (issue 19: 36 s predicted for 44 s at N=12)."""
+    from dataclasses import replace as dc_replace
+
+    from rlhfless import metrics as M
+
+    from rlhfless.sim.scenario import clusters, simulate_policy, workload
+
+    cfg = case_configs("paper-sim", 5, [])[0]
+    work, _ = workload(cfg)
+    _, cs, _ = clusters(cfg, work)
+    err = {}
+    for draws in (True, False):
+        pol = RLHFless(cs, dc_replace(Switches(), scale=False, draws=draws), 0.5, cfg.tau, max_actors=n)
+        _, _, rows = simulate_policy(pol, work, cs)
+        mean = lambda k: float(np.mean([r[k] for r in rows[1:]]))  # noqa: E731
+        err[draws] = (mean(M.SCALER_STEP_S) / mean("step_time_s") - 1, mean(M.SCALER_GPU_S) / mean("cost_device_s") - 1)
+    assert abs(err[True][0]) < 0.10 and abs(err[True][1]) < 0.10, err
+    if n == 12:  # the mean-only prediction is far off where the tail decides the step
+        assert err[False][0] < -0.15 and err[False][1] < -0.15, err

@@ -68,6 +68,10 @@ class PlanConfig:
     """Seconds a decode actor needs when it starts cold (process + model load), >= 0; assumed for the tiny model."""
     weight_sync_s: float = 0.2
     """Seconds to load the step's new weights into a decode actor, >= 0."""
+    warm_bill_s: float = 0.0
+    """Seconds each warm decode actor is billed before the step (kept alive through the idle gap since its last
+    use, or restarted that far ahead), >= 0; 0 = a warm actor costs nothing before the step (the runtime's
+    planner as before issue 19)."""
     time_profile: str | None = None
     """JSON time profile from the engine benchmark; None = the assumed default for the tiny CPU model."""
     billing: BillingRules = field(default_factory=BillingRules)
@@ -98,6 +102,7 @@ class PlanConfig:
         require(self.gpus_per_actor > 0, "plan.gpus_per_actor", f"must be > 0 (got {self.gpus_per_actor})")
         require(self.cold_start_s >= 0, "plan.cold_start_s", f"must be >= 0 s (got {self.cold_start_s})")
         require(self.weight_sync_s >= 0, "plan.weight_sync_s", f"must be >= 0 s (got {self.weight_sync_s})")
+        require(self.warm_bill_s >= 0, "plan.warm_bill_s", f"must be >= 0 s (got {self.warm_bill_s})")
 
     def candidates(self) -> range:
         """Candidate numbers of decode actors: min_actors..max_actors (only max_actors when scaling is off)."""

@@ -70,6 +70,9 @@ class LearnerCosts:
     """Seconds a learner block needs to start on freed devices (container + weights), >= 0."""
     prewarm: bool = True
     """Spare devices start the learner ahead, ready when the first group arrives (billed from their start)."""
+    prewarm_bill_s: float | None = None
+    """Seconds a pre-warmed block is billed ahead of its ready time (kept alive through a gap shorter than its
+    cold start, or restarted a cold start ahead); None = its cold start."""
     prompt_tokens: float = 0.0
     """Prompt tokens per sequence the learner processes besides the jobs' prompt_len (a dedup plan gives decode
     actors no prompt to prefill, but the learner still reads it), >= 0."""
@@ -85,6 +88,8 @@ class LearnerCosts:
     def __post_init__(self) -> None:
         require(self.size_slack is None or self.size_slack >= 0, "plan.learner.size_slack",
                 f"must be >= 0 or None (got {self.size_slack})")
+        require(self.prewarm_bill_s is None or self.prewarm_bill_s >= 0, "plan.learner.prewarm_bill_s",
+                f"must be >= 0 or None (got {self.prewarm_bill_s})")
         for f in ("devices", "s_per_token", "update_fixed_s", "cold_start_s", "prompt_tokens", "prefill_s",
                   "prefill_devices"):
             v = getattr(self, f)
@@ -184,6 +189,16 @@ def learner_blocks(release_s: np.ndarray, release_devices: np.ndarray | float, s
                   np.full(len(rel) + len(spare), float(cold_s)))
 
 
+def prewarm_billed(b: Blocks, first_warm: int, prewarm: bool, bill_s: float | None) -> Blocks:
+    """The blocks with the pre-warmed ones (index first_warm on: the spare blocks, or the single sequential one)
+    billed bill_s ahead of ready instead of their cold start, when prewarm, bill_s is set and it is shorter."""
+    if not prewarm or bill_s is None:
+        return b
+    cold = b.cold_s.copy()
+    cold[first_warm:] = np.minimum(cold[first_warm:], bill_s)
+    return Blocks(b.ready_s, b.devices, cold)
+
+
 def sequential_blocks(rollout_end_s: float, devices: float, cold_s: float) -> Blocks:
     """No overlap: every device is one learner block ready at the end of the rollout (pre-warmed: its cold start
     ran before, billed)."""
@@ -226,11 +241,13 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         first = float(np.min(arrive_s)) if len(arrive_s) else rollout_end
         block = float(devices_per_actor) if block_devices is None else block_devices
         b = learner_blocks(rels, devs, spare, block, first, lc.cold_start_s, lc.prewarm)
+        b = prewarm_billed(b, len(rels), lc.prewarm, lc.prewarm_bill_s)
         arrive = np.asarray(arrive_s, float)
         if lc.size_slack is not None:
             b = size_blocks(arrive, work_ds, b, lc.size_slack)
     else:
         b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
+        b = prewarm_billed(b, 0, lc.prewarm, lc.prewarm_bill_s)
         arrive = np.full(len(work_ds), rollout_end)
     work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + lc.update_fixed_s

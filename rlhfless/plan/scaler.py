@@ -8,7 +8,17 @@ candidate), or, with cfg.exact_sweep or cfg.simulate_migration, from simulating 
 cut-and-migrate at tau for the latter). The chosen N's plan is always simulated exactly. Per active actor:
     duration = cold_start_s (if it starts cold) + weight_sync_s + busy_s   (busy = fixed + prefill + decode)
     T(N) = max duration;  C(N) = serverless cost of the invocations under cfg.billing at cfg.gpu_kind prices.
-Warm instances (n_warm, kept from the last step) go to the busiest actors, so cold starts avoid the critical path.
+Warm instances (n_warm, kept from the last step) go to the busiest actors (by the plan's predicted busy time),
+so cold starts avoid the critical path; a warm one is billed cfg.warm_bill_s before the step (the pre-warm rule:
+kept alive through the idle gap, or restarted ahead), and so is each of the n_warm a candidate leaves unused.
+n_warm=None: every candidate's actors warm (a pool pre-warmed to the candidate's size, none unused).
+Outcomes (`choose(..., draws=...)`, issue 19): the predicted means make every sample of a group end together
+and give no actor a tail, so T(N) fell short of the simulated step more the more actors N had (paper-sim,
+whole step: 36 s predicted for 44 s simulated at N=12, 43.5 for 46.7 at N=3) and lambda=1 chose too many actors.
+Given draws (per-sequence lengths drawn from the predicted distribution, `rlhfless.predictor.spread`), each
+candidate's plan (placed and admitted on the predictions, as a runtime would) is played on every draw, cuts
+decided on the predictions, and T(N), C(N) are the means over the draws (expected step time and cost: lambda
+keeps its meaning). Without draws the predictions alone are played, as before (the runtime's planner).
 Choice:
   * objective "score": argmin  lam * T(N)/min_N T  +  (1 - lam) * C(N)/min_N C   (C in dollars; a zero
     minimum makes that ratio 1); ties -> fewer actors.
@@ -32,8 +42,11 @@ exact_sweep does). lambda keeps its meaning:
 the same score over whole-step T and C.
 Per-actor TP (`choose(..., wide=WideActor)`, `rlhfless.plan.wide`): the chosen N's straggler is also costed on
 the wide engine (more devices, faster tail) and runs there only where the same rule as for cuts prefers it and the
-device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`). Decode-only scoring stays the default (learner.whole_step=False), as the
-runtime's planner had it.
+device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`).
+Whole-step scoring is on wherever the learner's costs are known: the simulator's RLHFless always sets it (with
+draws, warm bills and its perf model's learner). PlanConfig keeps learner.whole_step=False by default, so the real
+runtime's planner scores decode alone as before: its learner costs (s_per_token, cold start) are not calibrated
+per run there, and the runtime's behaviour is unchanged by issue 19's scaler work.
 "min_cost_at_deadline": the deadline is deadline_ratio x T of the serverful plan (max_actors, round robin, all
 warm, costed by the same model), then as "min_cost_under_deadline".
 `ScalingDecision.predicted_device_s` (metric plan/predicted_device_s): the chosen row's billed device-seconds.
@@ -71,20 +84,26 @@ from rlhfless.plan.timemodel import TimeModel
 from rlhfless.plan.wide import WideActor, on_wide, straggler
 
 
-def decode_invocations(plan: AssignmentPlan, busy_s: Sequence[float], n_warm: int,
-                       cfg: PlanConfig) -> list[Invocation]:
-    """Predicted decode invocations of a plan: one per active actor, the busiest n_warm of them warm."""
+def decode_invocations(plan: AssignmentPlan, busy_s: Sequence[float], n_warm: int | None,
+                       cfg: PlanConfig, warm_by: Sequence[float] | None = None) -> list[Invocation]:
+    """Predicted decode invocations of a plan: one per active actor, the busiest n_warm of them (by `warm_by`,
+    default busy_s) warm (None: every one, a pool pre-warmed to this plan's size); a warm one is billed from
+    cfg.warm_bill_s before the step (kept alive through the idle gap, or restarted ahead of it), and so is each
+    of the n_warm instances the plan leaves unused (ids from n_actors on: released at the step's start)."""
     active = [a for a, jobs in enumerate(plan.actor_jobs) if jobs]
-    by_busy = sorted(active, key=lambda a: (-busy_s[a], a))
-    warm = set(by_busy[:max(n_warm, 0)])
+    rank_by = busy_s if warm_by is None else warm_by
+    by_busy = sorted(active, key=lambda a: (-rank_by[a], a))
+    warm = set(by_busy if n_warm is None else by_busy[:max(n_warm, 0)])
+    unused = 0 if n_warm is None or cfg.warm_bill_s <= 0 else max(n_warm - len(active), 0)
     kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0  # KV from the prefill function
     invs = []
     for a in active:
         cold = a not in warm
         cold_s = cfg.cold_start_s if cold else 0.0
-        invs.append(Invocation("decode", a, 0.0, max(cold_s + cfg.weight_sync_s, kv) + busy_s[a], cold,
-                               cfg.gpus_per_actor, cold_s))
-    return invs
+        invs.append(Invocation("decode", a, 0.0 if cold else -cfg.warm_bill_s,
+                               max(cold_s + cfg.weight_sync_s, kv) + busy_s[a], cold, cfg.gpus_per_actor, cold_s))
+    return invs + [Invocation("decode", plan.n_actors + k, -cfg.warm_bill_s, 0.0, False, cfg.gpus_per_actor)
+                   for k in range(unused)]
 
 
 def _budget(cfg: PlanConfig) -> float:
@@ -92,15 +111,16 @@ def _budget(cfg: PlanConfig) -> float:
 
 
 def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.ndarray, head: np.ndarray,
-          cfg: PlanConfig, tm: TimeModel,
-          wide: tuple[WideActor, int] | None = None) -> tuple[float, list[Invocation]]:
+          cfg: PlanConfig, tm: TimeModel, wide: tuple[WideActor, int] | None = None,
+          own: np.ndarray | None = None) -> tuple[float, list[Invocation]]:
     """Whole-step seconds and the learner's + prefill's invocations of one labelling; dur, head: (n,) each
-    actor's duration and the seconds before its decode began (0 duration: inactive). A group that finishes
+    actor's duration and the seconds before its decode began (0 duration: inactive); own: (J,) each job's
+    finish on its actor when already simulated (`labels_finish_s`), else simulated here. A group that finishes
     past its actor's busy time was cut and migrated: it arrives at the end of the rollout (its new actor is not
     tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`)."""
     lc = cfg.learner
     busy = np.where(dur > 0, dur - head, 0.0)
-    own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm)
+    own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) if own is None else own.copy()
     gpus = np.full(n, cfg.gpus_per_actor)
     if wide is not None:  # the wide actor's groups finish on its own engine (admission by rank, as built)
         w, a = wide
@@ -115,45 +135,111 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
-            n_warm: int, tm: TimeModel, wide: tuple[WideActor, int] | None = None) -> ScalingCandidate:
+            n_warm: int | None, tm: TimeModel, wide: tuple[WideActor, int] | None = None,
+            played: tuple[JobArrays, np.ndarray] | None = None) -> ScalingCandidate:
     """T and C of a plan whose actors are busy `busy_s` (score filled in later by `choose`); `wide`: (engine,
-    actor) when that actor runs on the wide engine (busy_s already its wide busy time)."""
-    invs = decode_invocations(plan, busy_s, n_warm, cfg)
+    actor) when that actor runs on the wide engine (busy_s already its wide busy time); `played`: (jobs in the
+    plan's order with an outcome's lengths, each job's finish on its actor) from `_play` (None = the plan's own
+    predictions, simulated here). The warm
+    actors are the plan's predicted busiest either way (what a runtime knows when it starts them)."""
+    invs = decode_invocations(plan, busy_s, n_warm, cfg, warm_by=plan.busy_s)
     if wide is not None:
         w, a = wide
         kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
         invs = [i if i.actor_id != a else
-                Invocation("decode", a, 0.0, max((w.cold_start_s if i.cold else 0.0) + w.weight_sync_s, kv)
+                Invocation("decode", a, i.start_s, max((w.cold_start_s if i.cold else 0.0) + w.weight_sync_s, kv)
                            + busy_s[a], i.cold, w.gpus, w.cold_start_s if i.cold else 0.0) for i in invs]
-    step = max((i.duration_s for i in invs), default=0.0)
+    step = max((i.end_s for i in invs), default=0.0)
     if cfg.learner.whole_step:
         dur = np.zeros(plan.n_actors)
         for i in invs:
-            dur[i.actor_id] = i.duration_s
+            if i.actor_id < plan.n_actors:  # not an unused pre-warmed instance
+                dur[i.actor_id] = i.end_s
         head = dur - np.asarray(busy_s, float)
-        ja = JobArrays.from_jobs([j for jobs in plan.actor_jobs for j in jobs])
-        labels = np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
-        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide)
+        labels = _plan_labels(plan)
+        ja, own = played if played is not None else (JobArrays.from_jobs([j for js in plan.actor_jobs for j in js]),
+                                                     None)
+        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide, own)
         invs = invs + tail
     cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
                             migrations)
 
 
-def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel,
-              n_warm: int) -> tuple[ScalingCandidate, MigrationResult]:
-    """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations) and the simulated cuts."""
+def _plan_labels(plan: AssignmentPlan) -> np.ndarray:
+    """(J,) the actor of each job, in the plan's order (actor by actor, admission order within)."""
+    return np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
+
+
+def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel) -> tuple[list[float], JobArrays,
+                                                                                   np.ndarray]:
+    """The plan's placement and admission order played with an outcome's lengths (matched by group_id), once:
+    (each actor's busy seconds, the jobs in the plan's order with those lengths, (J,) each job's finish on its
+    actor). Busy = its last job's finish (`labels_finish_s` charges the fixed overhead and prefill first, as
+    `build_plan`), 0 for an idle actor."""
+    by_id = {j.group_id: j for j in outcome}
+    ja = JobArrays.from_jobs([by_id[j.group_id] for js in plan.actor_jobs for j in js])
+    labels = _plan_labels(plan)
+    own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm)
+    busy = np.zeros(plan.n_actors)
+    np.maximum.at(busy, labels, own)
+    return busy.tolist(), ja, own
+
+
+def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
+         draws: Sequence[Sequence[PlanJob]], cuts: MigrationResult | None = None, wide: WideActor | None = None,
+         memo: dict | None = None) -> ScalingCandidate:
+    """T and C of a plan (with its cuts at tau when `cuts`, the predicted cut simulation; its straggler on the
+    wide engine when `wide`). With `draws` (outcomes of the step's lengths drawn from the prediction): the means
+    over the draws of T and C, each draw played with the plan's placement and admission order, cuts decided on
+    the predictions (module header); without: the plan played with its own predicted lengths. `memo`: plays
+    already simulated (by draw and placement), shared between calls that differ only in warm instances."""
+    a = straggler(plan, plan.busy_s) if wide is not None else -1
+    on = (wide, a) if wide is not None else None
+    if not draws:
+        busy = list(cuts.busy_s if cuts is not None else plan.busy_s)
+        if wide is not None:
+            busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
+        return _costed(plan, busy, len(cuts.moves) if cuts is not None else 0, cfg, n_warm, tm, on)
+    rows = []
+    for d in draws:
+        key = (id(d), tuple(j.group_id for js in plan.actor_jobs for j in js), plan.n_actors) if memo is not None \
+            else None
+        if key is not None and key in memo:
+            busy, ja, own = memo[key]
+            busy = list(busy)
+        else:
+            busy, ja, own = _play(plan, d, tm)
+            if key is not None:
+                memo[key] = (tuple(busy), ja, own)
+        moves = 0
+        if cuts is not None:
+            res, _ = simulate_with_migration(plan, tm, cfg.tau, d)
+            busy, moves = list(res.busy_s), len(res.moves)
+        elif wide is not None:
+            first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
+            busy[a] = on_wide(ja.jobs[first:first + len(plan.actor_jobs[a])], wide)[0]
+        rows.append(_costed(plan, busy, moves, cfg, n_warm, tm, on, (ja, own)))
+    return ScalingCandidate(plan.n_actors, plan.active_actors, float(np.mean([r.step_s for r in rows])),
+                            float(np.mean([r.gpu_seconds for r in rows])), float(np.mean([r.cost_usd for r in rows])),
+                            float("nan"), True, int(round(float(np.mean([r.migrations for r in rows])))))
+
+
+def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int,
+              draws: Sequence[Sequence[PlanJob]] = ()) -> tuple[ScalingCandidate, MigrationResult]:
+    """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations; over `draws` when given)
+    and the cuts simulated on the predictions (what a runtime decides with)."""
     res, _ = simulate_with_migration(plan, tm, cfg.tau)
-    return _costed(plan, res.busy_s, len(res.moves), cfg, n_warm, tm), res
+    return _row(plan, cfg, tm, n_warm, draws, cuts=res), res
 
 
-def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel,
-                       n_warm: int) -> tuple[ScalingCandidate, AssignmentPlan]:
+def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel, n_warm: int,
+                       draws: Sequence[Sequence[PlanJob]] = ()) -> tuple[ScalingCandidate, AssignmentPlan]:
     """T(n) and C(n) of one candidate, simulated (with cuts at tau when cfg.migrate and cfg.simulate_migration)."""
     plan, _ = assign(ja, n, cfg.capacity, tm, cfg.policy)
     if cfg.migrate and cfg.simulate_migration:
-        return with_cuts(plan, cfg, tm, n_warm)[0], plan
-    return _costed(plan, plan.busy_s, 0, cfg, n_warm, tm), plan
+        return with_cuts(plan, cfg, tm, n_warm, draws)[0], plan
+    return _row(plan, cfg, tm, n_warm, draws), plan
 
 
 def _scores(cands: list[ScalingCandidate], lam: float) -> list[float]:
@@ -196,8 +282,8 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     busy, active = res.busy_s, res.njobs > 0
     m = busy.shape[1]
     # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations
-    cold = active
-    if n_warm > 0:
+    cold = active if n_warm is not None else np.zeros_like(active)
+    if n_warm is not None and n_warm > 0:
         order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
         pos = np.empty_like(order)
         np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
@@ -205,8 +291,12 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     cold_s = np.where(cold, cfg.cold_start_s, 0.0)
     kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
     dur = np.maximum(cold_s + cfg.weight_sync_s, kv) + busy
-    billed = np.where(active, billed_seconds_array(dur, cold, cold_s, cfg.billing), 0.0)
+    held = dur + np.where(cold, 0.0, cfg.warm_bill_s)  # a warm actor bills from warm_bill_s before the step
+    billed = np.where(active, billed_seconds_array(held, cold, cold_s, cfg.billing), 0.0)
     gpu_s = (billed * cfg.gpus_per_actor).sum(axis=1)
+    if n_warm is not None and cfg.warm_bill_s > 0:  # pre-warmed instances a candidate leaves unused
+        idle = billed_seconds_array(np.array([cfg.warm_bill_s]), np.array([False]), 0.0, cfg.billing)[0]
+        gpu_s = gpu_s + np.maximum(n_warm - active.sum(axis=1), 0) * idle * cfg.gpus_per_actor
     step = np.where(active, dur, 0.0).max(axis=1)
     if cfg.learner.whole_step:
         step, gpu_s = _sweep_whole_step(ja, res, dur, active, gpu_s, cfg, tm)
@@ -228,17 +318,24 @@ def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, activ
     return step, total
 
 
-def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel) -> PlanConfig:
-    """min_cost_at_deadline: the deadline is deadline_ratio x the serverful plan's step (module header)."""
+def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
+                   draws: Sequence[Sequence[PlanJob]] = ()) -> PlanConfig:
+    """min_cost_at_deadline: the deadline is deadline_ratio x the serverful plan's step (module header), over
+    the same draws as the candidates."""
     ref_cfg = replace(cfg, policy="round_robin", objective="score", scale=False, migrate=False, exact_sweep=True)
-    ref, _ = evaluate_candidate(ja, cfg.max_actors, ref_cfg, tm, cfg.max_actors)
+    ref, _ = evaluate_candidate(ja, cfg.max_actors, ref_cfg, tm, cfg.max_actors, draws)
     return replace(cfg, deadline_s=cfg.deadline_ratio * ref.step_s)
 
 
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
-           n_warm: int = 0, wide: WideActor | None = None) -> tuple[ScalingDecision, dict]:
+           n_warm: int | None = 0, wide: WideActor | None = None,
+           draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingDecision, dict]:
     """Pick the number of decode actors for this step and whether it cuts and migrates (rule in the module
-    header); returns (decision, metrics).
+    header); returns (decision, metrics). `draws`: outcomes of the step's lengths drawn from the prediction
+    (the same groups as `jobs`, per-sequence lengths; `rlhfless.predictor.spread.draw_lengths`): every
+    candidate's T and C are then the means over them (module header, "Outcomes"); () = the predictions alone.
+    `memo`: a dict kept across calls on the same jobs and draws (e.g. the same step with another n_warm), so
+    each placement is played on each draw once; the caller owns it (None = none).
 
     metrics holds scalars (scaler/*, balancer/* of the chosen plan) and `scaler/candidates`: a list of plain
     rows (n_actors, active_actors, step_s, gpu_seconds, cost_usd, score, feasible, migrations, exact).
@@ -247,10 +344,19 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
     ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
     if cfg.objective == "min_cost_at_deadline":
         _validate(ja, cfg.max_actors, cfg.capacity)
-        cfg = _with_deadline(ja, cfg, tm)
-    simulated = cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration)
-    if simulated:
-        evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm) for n in cfg.candidates()]
+        cfg = _with_deadline(ja, cfg, tm, draws)
+    simulated = cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration) or bool(draws)
+    if simulated and not cfg.exact_sweep and not (cfg.migrate and cfg.simulate_migration):
+        _validate(ja, cfg.max_actors, cfg.capacity)  # draws: each candidate is the sweep's plan, played per draw
+        res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
+        evaluated = []
+        for r, n in enumerate(res.candidates):
+            plan = build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
+            evaluated.append((_row(plan, cfg, tm, n_warm, draws, memo=memo), plan))
+        cands = [c for c, _ in evaluated]
+        plans = {c.n_actors: p for c, p in evaluated}
+    elif simulated:
+        evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm, draws) for n in cfg.candidates()]
         cands = [c for c, _ in evaluated]
         plans = {c.n_actors: p for c, p in evaluated}
     else:
@@ -266,27 +372,25 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
         plan = build_plan(ja, res.labels(r), res.rank, best.n_actors, cfg.capacity, tm, cfg.policy)
     cut, migration = None, None
     if cfg.migrate:
-        cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm)
+        cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm, draws)
     wide_actor, wide_row = -1, None
     if wide is not None and migration is None:
-        cands, best, wide_actor, wide_row = _decide_wide(cands, best, plan, cfg, tm, n_warm, wide)
+        cands, best, wide_actor, wide_row = _decide_wide(cands, best, plan, cfg, tm, n_warm, wide, draws)
     decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, best.feasible, migration, cut,
                                wide_actor, wide_row)
     return decision, decision_metrics(decision)
 
 
 def _decide_wide(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
-                 tm: TimeModel, n_warm: int, wide: WideActor):
+                 tm: TimeModel, n_warm: int, wide: WideActor, draws: Sequence[Sequence[PlanJob]] = ()):
     """Run the straggler on the wide engine only where the objective prefers it (the rule of `_decide_cuts`)
     and the device budget holds it. Returns (table, chosen row, wide actor or -1, the wide row or None)."""
     a = straggler(plan, plan.busy_s)
     held = sum(cfg.gpus_per_actor for jobs in plan.actor_jobs if jobs)
     if a < 0 or held - cfg.gpus_per_actor + wide.gpus > _budget(cfg) + 1e-9:
         return cands, best, -1, None
-    busy = list(plan.busy_s)
-    busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
-    wide_row = _costed(plan, busy, 0, cfg, n_warm, tm, (wide, a))
-    plain_row = _costed(plan, plan.busy_s, 0, cfg, n_warm, tm)
+    wide_row = _row(plan, cfg, tm, n_warm, draws, wide=wide)
+    plain_row = _row(plan, cfg, tm, n_warm, draws)
     others = [c for c in cands if c.n_actors != best.n_actors]
     *_, plain, widened = _scored(others + [plain_row, wide_row], cfg)
     if _pick([plain, widened], cfg)[0] is not widened:  # ties keep every actor narrow
@@ -296,15 +400,15 @@ def _decide_wide(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
 
 
 def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
-                 tm: TimeModel, n_warm: int):
+                 tm: TimeModel, n_warm: int, draws: Sequence[Sequence[PlanJob]] = ()):
     """Keep cuts at tau in the chosen plan only where the objective prefers them (module header).
 
     Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None). The table changes only
     when the decision differs from how it was scored (without cuts, or with them under simulate_migration):
     then the chosen row is replaced and the table re-scored.
     """
-    cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm)
-    plain_row = _costed(plan, plan.busy_s, 0, cfg, n_warm, tm)
+    cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm, draws)
+    plain_row = _row(plan, cfg, tm, n_warm, draws)
     others = [c for c in cands if c.n_actors != best.n_actors]
     *_, plain, cut = _scored(others + [plain_row, cut_row], cfg)
     keep = _pick([plain, cut], cfg)[0] is cut  # ties keep the plan without cuts

@@ -28,7 +28,13 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     (`rlhfless.plan.overlap`, the model the scaler prices with): verl's freed devices are its finished rollout
     replicas (colocated: no cold start), RLHFless's the spare devices (pre-warmed) and each released decode
     function's devices (after a learner cold start). The rlhfless scaler scores the whole step (`plan.learner`:
-    prefill, decode, the overlapped learner, their bills) with lambda as configured.
+    prefill, decode, the overlapped learner, their bills) with lambda as configured, averaged over `N_DRAWS`
+    outcomes of the lengths drawn from the predictor's distribution (`draws`; seeded by the step), capped at
+    the engine's response limit; warm decode actors and pre-warmed learner blocks bill the pre-warm rule's
+    seconds there as here. The decode pool pre-warmed for the next step is the N the scaler picks for this
+    step's work with every candidate warm (`_warm_pool`; the last step's N made growing N cost a cold start on
+    the critical path, so the first step's choice stuck); pre-warmed instances a step leaves unused are billed.
+    Warm actors are the plan's predicted busiest (the true busy times are not known when they start).
   * `oracle`: rlhfless with every switch on, fed the true per-sequence lengths.
 Each `decide` returns (StepPlan, metrics); `observe` feeds the true lengths back (the predictor's update).
 
@@ -53,6 +59,7 @@ from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.wide import WideActor, on_wide
 from rlhfless.predictor import Observation, build_predictor
 from rlhfless.predictor.config import PredictorConfig
+from rlhfless.predictor.spread import draw_lengths
 from rlhfless.sim.perf import PerfModel
 from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepPlan
 from rlhfless.sim.workload import StepWork
@@ -77,6 +84,8 @@ class Cluster:
     """Optimizer steps per step (mini-batch updates)."""
     kv_rebuild_s: float = 0.0
     """Seconds per step each rollout replica spends rebuilding the KV cache it freed."""
+    max_response: float | None = None
+    """The engine's response cap in tokens (a setting the planner knows; caps its drawn outcomes); None = none."""
 
     @property
     def replicas(self) -> int:
@@ -98,7 +107,14 @@ class Switches:
     """With overlap: start only the learner blocks the backlog needs (`SIZE_SLACK`), not every free device."""
     wide: bool = True
     """Per-actor TP: the scaler may run the straggler on a wider engine (twice the TP; when a node allows it)."""
+    draws: bool = True
+    """The scaler averages each candidate's T and C over `N_DRAWS` outcomes of the lengths drawn from the
+    predictor's distribution (`rlhfless.predictor.spread`), not the predicted means alone (no actor tails)."""
 
+
+N_DRAWS = 2
+"""Length outcomes per step the scaler averages over (each a Latin hypercube over the step's sequences; two keep
+the predicted step time within a few percent of the simulated one on paper-sim, `docs/simulator.md`)."""
 
 SIZE_SLACK = 0.01
 """A sized learner may end its work up to 1% later than one on every free device (assumed: the price of not
@@ -227,7 +243,7 @@ class RLHFless:
                               wide.perf.weight_sync_s(colocated=False)) if wide is not None and sw.wide else None
         self.predictor = build_predictor(predictor or PredictorConfig(name="ewma"))
         self.prefill_actors = prefill_actors
-        self.n_prev = 0
+        self.n_warm = 0  # decode instances pre-warmed for the next step
         self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
 
     def _prewarm(self, cold_s: float, gap: float) -> float:
@@ -243,36 +259,57 @@ class RLHFless:
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
         c, pm, sw = self.c, self.c.perf, self.sw
         key = "dedup" if sw.dedup else f"engine{c.template_tokens}"
+        draws = []
         if sw.oracle:
             jobs = true_jobs(step, self._prompt_of, key)
         else:
             pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
             jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
-        n_warm = self.n_prev if sw.prewarm else 0
+            if sw.draws:  # seeded by the step: every policy and rerun draws the same outcomes
+                rng = np.random.default_rng([step.epoch, step.step])
+                draws = [_jobs(step, d, self._prompt_of) for d in
+                         draw_lengths(pred, [len(g.lengths) for g in step.groups], N_DRAWS, rng, c.max_response)]
+        n_warm = self.n_warm if sw.prewarm else 0
         prefill = None
         if sw.dedup:
             work = self._prefill_s(step, self._unique_tokens(step)) / self.prefill_actors
             prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if sw.prewarm else pm.cold_start_s(), work,
                             self._prewarm(pm.cold_start_s(), self.gaps[0]))
-        cfg = replace(self.cfg, learner=self._learner_costs(step, prefill))
-        decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide)
+        cfg = replace(self.cfg, learner=self._learner_costs(step, prefill),
+                      warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]))
+        memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
+        decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide, draws=draws, memo=memo)
         true = true_jobs(step, self._prompt_of, key)
         real = realized_plan(decision, true, c.time_model, self.cfg.tau)
-        busy, narrow = list(real.busy_s), list(real.busy_s)
+        busy = list(real.busy_s)
         finish = job_finish_s(decision.plan, true, c.time_model)
         if decision.wide_actor >= 0:  # the straggler's true lengths on the wide engine
             by_id = {j.group_id: j for j in true}
             mine = [by_id[j.group_id] for j in decision.plan.actor_jobs[decision.wide_actor]]
             busy[decision.wide_actor], fin = on_wide(mine, self.wide)
             finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
-        actors = self._actors(step, decision.plan.actor_jobs, busy, narrow, n_warm, decision.wide_actor)
-        self.n_prev = len(actors)
+        # warm: the plan's predicted busiest, as the scaler assumed (the true busy times are not known ahead)
+        actors = self._actors(step, decision.plan.actor_jobs, busy, list(decision.plan.busy_s), n_warm,
+                              decision.wide_actor)
+        idle = tuple(FnRun("decode", pm.tp, 0.0, 0.0, self._prewarm(pm.cold_start_s(), self.gaps[0]))
+                     for _ in range(max(n_warm - len(actors), 0)))
+        self.n_warm = self._warm_pool(jobs, cfg, draws, len(actors), memo)
         learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
                            sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
                            size_slack=self._size_slack())
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
-        return StepPlan(False, 0.0, actors, prefill, learner), metrics
+        return StepPlan(False, 0.0, actors, prefill, learner, idle_warm=idle), metrics
+
+    def _warm_pool(self, jobs, cfg: PlanConfig, draws, n_used: int, memo: dict) -> int:
+        """Decode instances to pre-warm for the next step: with scaling, the N the scaler picks for this step's
+        work when every candidate's actors are warm (a pool sized to the plan, not to the last step's choice,
+        so growing N does not put a cold start on the critical path; the next step's work is alike), else the
+        instances this step used."""
+        if not (self.sw.prewarm and self.sw.scale):
+            return n_used
+        ahead, _ = choose(jobs, replace(cfg, migrate=False), self.c.time_model, None, draws=draws, memo=memo)
+        return ahead.plan.active_actors
 
     def _learner_costs(self, step: StepWork, prefill: FnRun | None) -> LearnerCosts:
         """What the scaler adds to decode to score the whole step: this cluster's learner (perf model), the
@@ -284,6 +321,7 @@ class RLHFless:
                             s_per_token=pm.learner_s_per_token(c.algo), update_fixed_s=pm.update_fixed_s(c.algo),
                             cold_start_s=pm.learner_join_s(),
                             prewarm=sw.prewarm,
+                            prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]) if sw.prewarm else None,
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
                             prefill_devices=prefill.devices if prefill else 0.0, size_slack=self._size_slack())

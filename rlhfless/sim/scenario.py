@@ -208,10 +208,13 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
         raise ConfigError(f"n_devices: a {cfg.model} replica on {tp} x {cfg.device} holds {capacity} sequences of "
                           f"KV, fewer than one group of {gmax}; use larger devices or a higher tp")
     tm = pm.time_model(capacity, plen + float(lens.mean()) / 2)
+    # the response cap the planner knows (the engine's max tokens); a replayed trace's is not recorded
+    cap = float(cfg.lengths.max_response) if cfg.workload != "trace" else None
     if paper:
         return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, "paper",
-                       old_logprob=True, minibatches=PAPER_VERL_MINIBATCHES, kv_rebuild_s=cfg.kv_rebuild_s)
-    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing)
+                       old_logprob=True, minibatches=PAPER_VERL_MINIBATCHES, kv_rebuild_s=cfg.kv_rebuild_s,
+                       max_response=cap)
+    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, max_response=cap)
 
 
 def workload(cfg: SimConfig) -> tuple[list[StepWork], str]:

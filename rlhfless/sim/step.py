@@ -36,6 +36,7 @@ from rlhfless.plan.overlap import (
     learner_blocks,
     learner_drain,
     learner_invocations,
+    prewarm_billed,
     sequential_blocks,
     size_blocks,
 )
@@ -108,6 +109,8 @@ class StepPlan:
     prefill: FnRun | None
     learner: LearnerPlan
     metrics: dict = field(default_factory=dict)
+    idle_warm: tuple[FnRun, ...] = ()
+    """Pre-warmed decode instances the step left unused: billed from `prewarm_s` before t0 to t0."""
 
 
 @dataclass
@@ -149,11 +152,8 @@ def learner_schedule(plan: StepPlan, prefill_end: float) -> tuple[float, Blocks,
         spare = max(lp.devices - sum(dev), 0.0)
         first = float(arrive.min()) if len(arrive) else rollout_end
         b = learner_blocks(np.array(rel), np.array(dev), spare, lp.block_devices, first, lp.cold_s, lp.prewarm)
-    if lp.prewarm and lp.prewarm_bill_s is not None:  # pre-warmed blocks: the spare ones, or the single one
-        first_warm = len(rel) if lp.overlap else 0
-        cold = b.cold_s.copy()
-        cold[first_warm:] = np.minimum(cold[first_warm:], lp.prewarm_bill_s)
-        b = Blocks(b.ready_s, b.devices, cold)
+    # pre-warmed blocks (the spare ones, or the single one) bill the pre-warm rule's seconds, as the scaler does
+    b = prewarm_billed(b, len(rel) if lp.overlap else 0, lp.prewarm, lp.prewarm_bill_s)
     if lp.overlap and lp.size_slack is not None:
         b = size_blocks(arrive, work, b, lp.size_slack)
     end, joined = learner_drain(arrive, work, b.ready_s, b.devices)
@@ -170,6 +170,8 @@ def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepPlan, step: in
         loop.at(prefill_end, PRIO_RELEASE, lambda lp: _span(tl, plan, step, "prefill", 0, t0 - p.prewarm_s,
                                                             prefill_end, p.devices, "rollout", p.cold_s))
     pending = {"actors": len(plan.actors)}
+    for k, f in enumerate(plan.idle_warm):  # released unused at the step's start
+        _span(tl, plan, step, f.kind, len(plan.actors) + k, t0 - f.prewarm_s, t0, f.devices, "rollout", 0.0)
 
     def rollout_done(lp: EventLoop) -> None:
         res.rollout_end_s = lp.now
