@@ -10,8 +10,8 @@ Units: a serverless learner rank starts only onto a free unit (`Pool.claim`), us
 function released; until then its groups wait (their batch files are in the scratch tmpfs). With the hybrid image
 (`runtime.hybrid`, the default) the finished decode function itself goes on as the rank (`take`): warm, its policy
 already at the step's version, so neither a cold start nor a state load sits between the rollout and the update;
-a hybrid rank leaves its gloo group after the step (`leave`), free to decode the next step if kept warm. The data-parallel group
-forms at the optimiser step (`learn_end`), so a rank can start and work alone early, and a rank killed before the
+a hybrid rank leaves its gloo group after the step (`leave`), free to decode the next step if kept warm. The
+data-parallel group forms at the optimiser step (`learn_end`), so a rank can start and work alone early, and a rank killed before the
 step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
 sent restarts every rank (the gloo group cannot be repaired), from the same state version.
 Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
