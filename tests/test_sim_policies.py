@@ -254,3 +254,40 @@ def test_scaler_predicts_the_simulated_whole_step_per_n_on_paper_sim(n):
     assert abs(err[True][0]) < 0.10 and abs(err[True][1]) < 0.10, err
     if n == 12:  # the mean-only prediction is far off where the tail decides the step
         assert err[False][0] < -0.15 and err[False][1] < -0.15, err
+
+
+def test_hybrid_functions_take_the_new_weights_in_place():
+    """Switches.hybrid (the runtime's runtime.hybrid) on paper-sim: from the second step the decode actors that
+    were learner blocks take the new weights by the in-place reshard (the tuned verl's), not the one-NIC weight
+    sync, and bill from the step's start; a released decode actor's devices go on as a learner block after the
+    reshard, not a learner cold start; the steps are faster. Off, every warm actor syncs over the network."""
+    from dataclasses import asdict
+
+    from rlhfless.sim.scenario import ABLATION, clusters, workload
+
+    cfg = case_configs("paper-sim", 3, [])[0]
+    work, _ = workload(cfg)
+    _, cs, _ = clusters(cfg, work)
+    reshard, net = cs.perf.weight_sync_s(colocated=True), cs.perf.weight_sync_s(colocated=False)
+    assert reshard < 0.05 * net
+    plans, rows = {}, {}
+    for hyb in (True, False):
+        pol = RLHFless(cs, Switches(hybrid=hyb), 0.5, cfg.tau)
+        p0, m0 = pol.decide(work[0])
+        pol.observe(work[0], (30.0, 1.0, 1.0))
+        plans[hyb] = (p0, m0, *pol.decide(work[1]))
+        rows[hyb] = simulate_policy(RLHFless(cs, Switches(hybrid=hyb), 0.5, cfg.tau), work, cs)[2]
+    p0, m0, p1, m1 = plans[True]
+    assert m0["sim/hybrid_warm"] == 0 and all(a.sync_s == pytest.approx(net) for a in p0.actors)
+    h = min(m1["sim/hybrid_warm"], len(p1.actors))
+    hybrid = [a for a in p1.actors if a.sync_s == pytest.approx(reshard)]
+    assert h > 0 and len(hybrid) == h and all(a.cold_s == 0 and a.prewarm_s == 0 for a in hybrid)
+    assert p1.learner.release_cold_s == pytest.approx(reshard)
+    _, _, q1, n1 = plans[False]
+    assert n1["sim/hybrid_warm"] == 0 and all(a.sync_s == pytest.approx(net) for a in q1.actors)
+    assert q1.learner.release_cold_s is None
+    later = {k: float(np.mean([r["step_time_s"] for r in v[1:]])) for k, v in rows.items()}
+    assert later[True] < later[False], later
+    # the ablation's +hybrid rung changes only this switch
+    rungs = dict(ABLATION)
+    assert {k for k, v in asdict(rungs["+hybrid"]).items() if asdict(rungs["+overlap"])[k] != v} == {"hybrid"}
