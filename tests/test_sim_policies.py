@@ -66,7 +66,7 @@ def test_rlhfless_bills_only_what_runs_and_oracle_knows_the_lengths():
 
 def test_prewarm_keeps_functions_warm_after_the_first_step():
     c = _cluster()
-    pol = RLHFless(c, Switches(scale=False), 0.5, 0.7)
+    pol = RLHFless(c, Switches(scale=False, hybrid=False), 0.5, 0.7)  # separate images: pre-warmed decode functions
     first, _ = pol.decide(STEP)
     pol.observe(STEP, (10.0, 1.0, 2.0))
     second, _ = pol.decide(STEP)
@@ -74,6 +74,16 @@ def test_prewarm_keeps_functions_warm_after_the_first_step():
     assert all(a.cold_s == 0 for a in second.actors)
     # the gap before decode (score + update = 3 s) is shorter than a cold start: kept alive, billed 3 s
     assert all(a.prewarm_s == pytest.approx(3.0) for a in second.actors)
+    # hybrid functions: the last step's joined learner block (one here: the sized learner dropped the other)
+    # decodes the busiest actor, billed from the step's start (the learner's before); the other is pre-warmed
+    hyb = RLHFless(c, Switches(scale=False), 0.5, 0.7)
+    hyb.decide(STEP)
+    hyb.observe(STEP, (10.0, 1.0, 2.0))
+    second, m = hyb.decide(STEP)
+    assert m["sim/hybrid_warm"] == 1 and all(a.cold_s == 0 for a in second.actors)
+    busiest, other = sorted(second.actors, key=lambda a: -a.decode_s)
+    assert busiest.prewarm_s == 0 and busiest.sync_s == pytest.approx(c.perf.weight_sync_s(colocated=True))
+    assert other.prewarm_s == pytest.approx(3.0) and other.sync_s == pytest.approx(c.perf.weight_sync_s(False))
 
 
 def test_quick_scenario_is_deterministic_and_fair():
@@ -179,7 +189,9 @@ def test_wide_actor_runs_the_straggler_on_twice_the_tp_when_the_scaler_keeps_it(
     cw = wide_cluster(cfg, c, work)
     assert cw is not None and cw.perf.tp == 2
     used = 0
-    pol = RLHFless(c, Switches(), 1.0, cfg.tau, wide=cw)  # asked for time only: a faster tail is worth devices
+    # asked for time only: a faster tail is worth devices. Separate images: a hybrid narrow straggler takes the
+    # weights in place, which the wide engine (a new function, weights over the network) does not beat here
+    pol = RLHFless(c, Switches(hybrid=False), 1.0, cfg.tau, wide=cw)
     for step in work:
         plan, metrics = pol.decide(step)
         wide = [a for a in plan.actors if a.devices == 2]
