@@ -24,6 +24,10 @@ Model (every assumption stated):
     block after the learner's cold start (container + weights from storage; no pre-warm: its devices were busy);
     spare devices (held by no decode actor or prefill function) are pre-warmed to be ready when the first group
     arrives (when `prewarm`), else they start cold then;
+  * hybrid functions (`release_cold_s`, `warm_spare`; the runtime's `runtime.hybrid`): decode and learner are
+    one image, so a released decode actor goes on as the block itself after the in-place reshard of its weights
+    into the learner's layout, and hybrid functions kept from the last step's learner beyond the decode need are
+    spare blocks that already hold the weights (ready at the first arrival);
   * a block joins if it is ready before the work is done, and is held (billed) from its start to the end of the
     optimizer step: it keeps its accumulated gradients until the all-reduce;
   * without overlap the same functions give the sequential step: every group's work arrives at the end of the

@@ -12,6 +12,9 @@ Warm instances (n_warm, kept from the last step) go to the busiest actors (by th
 so cold starts avoid the critical path; a warm one is billed cfg.warm_bill_s before the step (the pre-warm rule:
 kept alive through the idle gap, or restarted ahead), and so is each of the n_warm a candidate leaves unused.
 n_warm=None: every candidate's actors warm (a pool pre-warmed to the candidate's size, none unused).
+Hybrid functions (cfg.hybrid_warm of the warm pool, the busiest actors; the simulator's `Switches.hybrid`): kept
+from the last step's learner, they hold the new weights, so duration = hybrid_sync_s + busy_s, billed from the
+step's start; those a candidate leaves unused stay learner blocks (whole step), not idle decode instances.
 Outcomes (`choose(..., draws=...)`, issue 19): the predicted means make every sample of a group end together
 and give no actor a tail, so T(N) fell short of the simulated step more the more actors N had (paper-sim,
 whole step: 36 s predicted for 44 s simulated at N=12, 43.5 for 46.7 at N=3) and lambda=1 chose too many actors.

@@ -35,12 +35,27 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     step's work with every candidate warm (`_warm_pool`; the last step's N made growing N cost a cold start on
     the critical path, so the first step's choice stuck); pre-warmed instances a step leaves unused are billed.
     Warm actors are the plan's predicted busiest (the true busy times are not known when they start).
+  * `hybrid` (a switch of rlhfless, default on like the runtime's `runtime.hybrid`): decode and learner are
+    handlers of one function image. A released decode actor's devices go on as a learner block after the
+    in-place reshard (`_hybrid_sync_s`: the tuned verl's, each device's TP shard over the node link), not a
+    learner cold start; the learner's blocks at the step's end (each holding the new weights after the
+    optimizer step) are the next step's warm decode actors, the busiest first: the in-place reshard instead of
+    the one-NIC weight sync, billed from the step's start (before it they were learner blocks, billed as such);
+    those beyond the decode need stay learner blocks (ready at the first arrival, billed by the pre-warm rule).
+    The scaler prices the same (`PlanConfig.hybrid_warm`, `hybrid_sync_s`, `LearnerCosts.release_cold_s`). At
+    70B a block is one node's 8 devices holding the model sharded within it (bf16 params, gradients, the
+    reference; the optimizer state sharded over the blocks), the layout the tuned verl's 0.04 s reshard assumes
+    too; memory per device: docs/simulator.md, "Hybrid functions".
   * `oracle`: rlhfless with every switch on, fed the true per-sequence lengths.
 Each `decide` returns (StepPlan, metrics); `observe` feeds the true lengths back (the predictor's update).
 
 Non-goals: no placement/locality (the paper's (?) locality rule), no failures.
 
-Deviations from the paper: the learner keeps its optimizer state between steps (a serverless learner would
+Deviations from the paper: the paper's decode actors and learner are separate functions; `hybrid` reuses one
+image for both, as verl's hybrid engine does (the runtime's `runtime.hybrid`). A hybrid decode function's keep-alive
+after its decode, and a learner block's before it decodes the next step, are billed as for separate functions
+(at most 2 s of keep-alive per role change over-billed; the runtime's meter bills one lifetime). The learner keeps
+its optimizer state between steps (a serverless learner would
 page it to storage; not modelled, same for every policy); the rule-based GSM8K reward runs on CPU and is not
 billed in device-seconds; RLHFuse is reduced to the two mechanisms above (its fused pipeline schedule is not
 modelled); PPO's critic has the policy's size (an assumption).

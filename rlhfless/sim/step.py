@@ -9,7 +9,7 @@ already known from the performance model and the planner's time model) as events
     learner (`LearnerPlan`, the model of `rlhfless.plan.overlap`, the same functions the scaler prices with):
         with overlap, each group's scoring + forward/backward work arrives when its last sample finishes and
         runs on learner blocks: spare devices (pre-warmed) and each released decode actor's devices (after the
-        learner's cold start); without overlap, all work arrives at the last decode release and runs on every
+        learner's cold start, or with hybrid functions the in-place reshard); without overlap, all work arrives at the last decode release and runs on every
         device at once; then ONE optimizer step (`update_fixed_s`); its end is the step's end.
 Stages recorded: rollout = [t0, last decode release]; score = the learner work left after the rollout (zero
 when overlap finished it under the tail); update = the optimizer step.
