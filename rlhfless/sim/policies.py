@@ -321,7 +321,7 @@ class RLHFless:
         # warm: the plan's predicted busiest, as the scaler assumed (the true busy times are not known ahead)
         actors = self._actors(step, decision.plan.actor_jobs, busy, list(decision.plan.busy_s), n_warm,
                               decision.wide_actor, hyb)
-        fresh_used = len([a for a in actors if a.cold_s == 0]) - min(hyb, len(actors))
+        fresh_used = min(n_warm, len(actors)) - min(hyb, len(actors))  # warm actors that are not hybrid
         # pre-warmed (not hybrid) instances left unused: billed idle; unused hybrid ones stay learner blocks
         idle = tuple(FnRun("decode", pm.tp, 0.0, 0.0, self._prewarm(pm.cold_start_s(), self.gaps[0]))
                      for _ in range(max(n_warm - hyb - fresh_used, 0)))
