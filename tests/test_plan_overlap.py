@@ -1,5 +1,5 @@
 """The overlapped learner's fluid queue (`learner_drain`) against a plain event-by-event reference, and the sized
-learner (`size_blocks`): within its slack, minimal in its order, never dearer."""
+learner (`size_blocks`): within its slack, minimal in its order, never dearer; the hybrid functions' blocks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlhfless.errors import DataError
-from rlhfless.plan.overlap import Blocks, learner_drain, learner_invocations, size_blocks
+from rlhfless.plan.overlap import Blocks, learner_blocks, learner_drain, learner_invocations, size_blocks
 
 
 def reference_drain(arrive, work, ready, devices) -> float:
@@ -69,3 +69,19 @@ def test_sized_learner_is_within_slack_minimal_and_cheaper():
             billed = sum(i.gpus * i.duration_s for i in learner_invocations(s, joined, end))
             full = sum(i.gpus * i.duration_s for i in learner_invocations(blocks, full_joined, full_end))
             assert billed <= full + 1e-9 or end > full_end  # held to a later end is the slack's price
+
+
+def test_hybrid_blocks_start_after_the_reshard_and_warm_spare_ones_hold_the_weights():
+    # two decode actors released at 10 s and 20 s (8 devices each), a prefill function at 5 s, 16 spare devices;
+    # first group at 3 s; a new learner function needs 6 s. Hybrid: the decode actors go on as ranks after a
+    # 0.05 s reshard (the prefill function is another image: 6 s); one spare block is a hybrid function kept
+    # from the last step: ready at the first arrival (3 s, before a cold start could end), billed 3 s ahead
+    b = learner_blocks(np.array([10.0, 20.0, 5.0]), np.array([8.0, 8.0, 8.0]), 16.0, 8.0, 3.0, 6.0, True,
+                       np.array([0.05, 0.05, 6.0]), warm_spare=1)
+    assert b.ready_s.tolist() == pytest.approx([10.05, 20.05, 11.0, 3.0, 6.0])
+    assert b.cold_s.tolist() == pytest.approx([0.05, 0.05, 6.0, 3.0, 6.0])
+    # without hybrid every block pays the cold start; warm_spare is capped at the spare blocks
+    c = learner_blocks(np.array([10.0, 20.0, 5.0]), 8.0, 16.0, 8.0, 3.0, 6.0, True, warm_spare=5)
+    assert c.ready_s.tolist() == pytest.approx([16.0, 26.0, 11.0, 3.0, 3.0])
+    assert learner_blocks(np.array([10.0]), 8.0, 16.0, 8.0, 3.0, 6.0, True).ready_s.tolist() == \
+        pytest.approx([16.0, 6.0, 6.0])

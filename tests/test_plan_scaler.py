@@ -279,3 +279,21 @@ def test_pre_warmed_instances_a_candidate_leaves_unused_are_billed():
                for c in dn.candidates)  # every candidate warm: no cold start on the critical path
     exact, _ = choose(JOBS, replace(cfg, exact_sweep=True), TM, n_warm=4)
     assert [c.gpu_seconds for c in exact.candidates] == pytest.approx([c.gpu_seconds for c in d4.candidates])
+
+
+def test_hybrid_warm_actors_reshard_in_place_and_bill_from_the_step_start():
+    # a pool of 4 warm instances, 2 of them hybrid functions from the last step's learner (hybrid_sync_s 0.05 s,
+    # billed from the step's start), 2 pre-warmed (weight_sync_s 0.2 s, billed warm_bill_s 2 s before the step).
+    # N=4: 2 x ceil(0.05 + 1) + 2 x ceil(0.2 + 1 + 2) = 12 GPU-s, step 1.2 s (a pre-warmed one syncs longer).
+    # N=1: the busiest actor is hybrid: 4.05 s, ceil -> 5, plus the 2 pre-warmed left unused x 2 s = 9 GPU-s
+    # (the unused hybrid one stays a learner rank: no decode bill)
+    cfg = _cfg(lam=0.5, warm_bill_s=2.0, hybrid_warm=2, hybrid_sync_s=0.05)
+    for exact in (False, True):
+        d, _ = choose(JOBS, replace(cfg, exact_sweep=exact), TM, n_warm=4)
+        assert (d.candidates[-1].step_s, d.candidates[-1].gpu_seconds) == pytest.approx((1.2, 12.0))
+        assert (d.candidates[0].step_s, d.candidates[0].gpu_seconds) == pytest.approx((4.05, 9.0))
+    plain, _ = choose(JOBS, _cfg(lam=0.5, warm_bill_s=2.0), TM, n_warm=4)
+    assert plain.candidates[0].gpu_seconds == pytest.approx(13.0)  # without hybrid functions, as before
+    for kw, field in [(dict(hybrid_warm=-1), "plan.hybrid_warm"), (dict(hybrid_sync_s=-1.0), "plan.hybrid_sync_s")]:
+        with pytest.raises(ConfigError, match=f"^{field}:"):
+            _cfg(**kw)

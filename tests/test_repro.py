@@ -21,10 +21,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_ablation_gains_are_relative_to_the_rung_before():
-    # verl, verl-paper, serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm, +overlap, +sized learner,
-    # rlhfless (+wide actor), oracle
-    times = dict(zip(LADDER, [10.0, 14.0, 12.0, 11.0, 11.0, 10.0, 8.0, 7.0, 6.0, 6.0, 5.5, 5.0]))
-    costs = dict(zip(LADDER, [100.0, 140.0, 80.0, 60.0, 30.0, 30.0, 27.0, 26.0, 27.0, 24.0, 24.0, 20.0]))
+    # verl, verl-paper, serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm, +overlap, +hybrid,
+    # +sized learner, rlhfless (+wide actor), oracle
+    times = dict(zip(LADDER, [10.0, 14.0, 12.0, 11.0, 11.0, 10.0, 8.0, 7.0, 6.0, 5.8, 5.8, 5.5, 5.0], strict=True))
+    costs = dict(zip(LADDER, [100.0, 140.0, 80.0, 60.0, 30.0, 30.0, 27.0, 26.0, 27.0, 26.0, 24.0, 24.0, 20.0],
+                     strict=True))
     case = {"policies": {k: {"step_time_s": times[k], "cost_device_s": costs[k]} for k in LADDER}}
     rows = {r["rung"]: r for r in ablation_steps(case)}
     assert [r["rung"] for r in ablation_steps(case)][:3] == ["tuned verl", "paper verl", "serverless"]
@@ -33,8 +34,9 @@ def test_ablation_gains_are_relative_to_the_rung_before():
     assert rows["+assign"]["cost_gain"] == pytest.approx(1 - 30 / 60)
     assert rows["+migrate"]["time_gain"] == pytest.approx(1 - 8 / 10)
     assert rows["+overlap"]["time_gain"] == pytest.approx(1 - 6 / 7)
-    assert rows["+sized learner"]["cost_gain"] == pytest.approx(1 - 24 / 27)
-    assert rows["+wide actor"]["time_gain"] == pytest.approx(1 - 5.5 / 6)
+    assert rows["+hybrid"]["time_gain"] == pytest.approx(1 - 5.8 / 6)
+    assert rows["+sized learner"]["cost_gain"] == pytest.approx(1 - 24 / 26)
+    assert rows["+wide actor"]["time_gain"] == pytest.approx(1 - 5.5 / 5.8)
     assert "cost_gain" not in rows["tuned verl"] and "cost_gain" not in rows["oracle"]  # the ends are references
 
 

@@ -66,7 +66,7 @@ def test_rlhfless_bills_only_what_runs_and_oracle_knows_the_lengths():
 
 def test_prewarm_keeps_functions_warm_after_the_first_step():
     c = _cluster()
-    pol = RLHFless(c, Switches(scale=False), 0.5, 0.7)
+    pol = RLHFless(c, Switches(scale=False, hybrid=False), 0.5, 0.7)  # separate images: pre-warmed decode functions
     first, _ = pol.decide(STEP)
     pol.observe(STEP, (10.0, 1.0, 2.0))
     second, _ = pol.decide(STEP)
@@ -74,6 +74,16 @@ def test_prewarm_keeps_functions_warm_after_the_first_step():
     assert all(a.cold_s == 0 for a in second.actors)
     # the gap before decode (score + update = 3 s) is shorter than a cold start: kept alive, billed 3 s
     assert all(a.prewarm_s == pytest.approx(3.0) for a in second.actors)
+    # hybrid functions: the last step's joined learner block (one here: the sized learner dropped the other)
+    # decodes the busiest actor, billed from the step's start (the learner's before); the other is pre-warmed
+    hyb = RLHFless(c, Switches(scale=False), 0.5, 0.7)
+    hyb.decide(STEP)
+    hyb.observe(STEP, (10.0, 1.0, 2.0))
+    second, m = hyb.decide(STEP)
+    assert m["sim/hybrid_warm"] == 1 and all(a.cold_s == 0 for a in second.actors)
+    busiest, other = sorted(second.actors, key=lambda a: -a.decode_s)
+    assert busiest.prewarm_s == 0 and busiest.sync_s == pytest.approx(c.perf.weight_sync_s(colocated=True))
+    assert other.prewarm_s == pytest.approx(3.0) and other.sync_s == pytest.approx(c.perf.weight_sync_s(False))
 
 
 def test_quick_scenario_is_deterministic_and_fair():
@@ -179,7 +189,9 @@ def test_wide_actor_runs_the_straggler_on_twice_the_tp_when_the_scaler_keeps_it(
     cw = wide_cluster(cfg, c, work)
     assert cw is not None and cw.perf.tp == 2
     used = 0
-    pol = RLHFless(c, Switches(), 1.0, cfg.tau, wide=cw)  # asked for time only: a faster tail is worth devices
+    # asked for time only: a faster tail is worth devices. Separate images: a hybrid narrow straggler takes the
+    # weights in place, which the wide engine (a new function, weights over the network) does not beat here
+    pol = RLHFless(c, Switches(hybrid=False), 1.0, cfg.tau, wide=cw)
     for step in work:
         plan, metrics = pol.decide(step)
         wide = [a for a in plan.actors if a.devices == 2]
@@ -254,3 +266,40 @@ def test_scaler_predicts_the_simulated_whole_step_per_n_on_paper_sim(n):
     assert abs(err[True][0]) < 0.10 and abs(err[True][1]) < 0.10, err
     if n == 12:  # the mean-only prediction is far off where the tail decides the step
         assert err[False][0] < -0.15 and err[False][1] < -0.15, err
+
+
+def test_hybrid_functions_take_the_new_weights_in_place():
+    """Switches.hybrid (the runtime's runtime.hybrid) on paper-sim: from the second step the decode actors that
+    were learner blocks take the new weights by the in-place reshard (the tuned verl's), not the one-NIC weight
+    sync, and bill from the step's start; a released decode actor's devices go on as a learner block after the
+    reshard, not a learner cold start; the steps are faster. Off, every warm actor syncs over the network."""
+    from dataclasses import asdict
+
+    from rlhfless.sim.scenario import ABLATION, clusters, workload
+
+    cfg = case_configs("paper-sim", 3, [])[0]
+    work, _ = workload(cfg)
+    _, cs, _ = clusters(cfg, work)
+    reshard, net = cs.perf.weight_sync_s(colocated=True), cs.perf.weight_sync_s(colocated=False)
+    assert reshard < 0.05 * net
+    plans, rows = {}, {}
+    for hyb in (True, False):
+        pol = RLHFless(cs, Switches(hybrid=hyb), 0.5, cfg.tau)
+        p0, m0 = pol.decide(work[0])
+        pol.observe(work[0], (30.0, 1.0, 1.0))
+        plans[hyb] = (p0, m0, *pol.decide(work[1]))
+        rows[hyb] = simulate_policy(RLHFless(cs, Switches(hybrid=hyb), 0.5, cfg.tau), work, cs)[2]
+    p0, m0, p1, m1 = plans[True]
+    assert m0["sim/hybrid_warm"] == 0 and all(a.sync_s == pytest.approx(net) for a in p0.actors)
+    h = min(m1["sim/hybrid_warm"], len(p1.actors))
+    hybrid = [a for a in p1.actors if a.sync_s == pytest.approx(reshard)]
+    assert h > 0 and len(hybrid) == h and all(a.cold_s == 0 and a.prewarm_s == 0 for a in hybrid)
+    assert p1.learner.release_cold_s == pytest.approx(reshard)
+    _, _, q1, n1 = plans[False]
+    assert n1["sim/hybrid_warm"] == 0 and all(a.sync_s == pytest.approx(net) for a in q1.actors)
+    assert q1.learner.release_cold_s is None
+    later = {k: float(np.mean([r["step_time_s"] for r in v[1:]])) for k, v in rows.items()}
+    assert later[True] < later[False], later
+    # the ablation's +hybrid rung changes only this switch
+    rungs = dict(ABLATION)
+    assert {k for k, v in asdict(rungs["+hybrid"]).items() if asdict(rungs["+overlap"])[k] != v} == {"hybrid"}

@@ -72,6 +72,15 @@ class PlanConfig:
     """Seconds each warm decode actor is billed before the step (kept alive through the idle gap since its last
     use, or restarted that far ahead), >= 0; 0 = a warm actor costs nothing before the step (the runtime's
     planner as before issue 19)."""
+    hybrid_warm: int = 0
+    """Of the warm decode actors, how many (the busiest) are hybrid functions kept from the last step's learner
+    (decode and learner are handlers of one image, `runtime.hybrid`): they hold the step's new weights, so they
+    need hybrid_sync_s instead of weight_sync_s, and they bill from the step's start (before it they were learner
+    ranks, billed to the learner); those beyond a candidate's decode need stay learner ranks (warm spare blocks).
+    >= 0; 0 = none (the runtime's planner: its weight_sync_s is calibrated on every load, zeros included)."""
+    hybrid_sync_s: float = 0.0
+    """Seconds a hybrid warm actor needs to put the learner's new weights into its engine's layout (the in-place
+    reshard), >= 0."""
     time_profile: str | None = None
     """JSON time profile from the engine benchmark; None = the assumed default for the tiny CPU model."""
     billing: BillingRules = field(default_factory=BillingRules)
@@ -103,6 +112,9 @@ class PlanConfig:
         require(self.cold_start_s >= 0, "plan.cold_start_s", f"must be >= 0 s (got {self.cold_start_s})")
         require(self.weight_sync_s >= 0, "plan.weight_sync_s", f"must be >= 0 s (got {self.weight_sync_s})")
         require(self.warm_bill_s >= 0, "plan.warm_bill_s", f"must be >= 0 s (got {self.warm_bill_s})")
+        require(isinstance(self.hybrid_warm, int) and self.hybrid_warm >= 0, "plan.hybrid_warm",
+                f"must be an integer >= 0 (got {self.hybrid_warm!r})")
+        require(self.hybrid_sync_s >= 0, "plan.hybrid_sync_s", f"must be >= 0 s (got {self.hybrid_sync_s})")
 
     def candidates(self) -> range:
         """Candidate numbers of decode actors: min_actors..max_actors (only max_actors when scaling is off)."""

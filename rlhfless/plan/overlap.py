@@ -24,6 +24,10 @@ Model (every assumption stated):
     block after the learner's cold start (container + weights from storage; no pre-warm: its devices were busy);
     spare devices (held by no decode actor or prefill function) are pre-warmed to be ready when the first group
     arrives (when `prewarm`), else they start cold then;
+  * hybrid functions (`release_cold_s`, `warm_spare`; the runtime's `runtime.hybrid`): decode and learner are
+    one image, so a released decode actor goes on as the block itself after the in-place reshard of its weights
+    into the learner's layout, and hybrid functions kept from the last step's learner beyond the decode need are
+    spare blocks that already hold the weights (ready at the first arrival);
   * a block joins if it is ready before the work is done, and is held (billed) from its start to the end of the
     optimizer step: it keeps its accumulated gradients until the all-reduce;
   * without overlap the same functions give the sequential step: every group's work arrives at the end of the
@@ -84,8 +88,15 @@ class LearnerCosts:
     """With overlap: start only the learner blocks the backlog needs, the fewest (earliest ready first) whose work
     ends within this fraction of the work end with every block (`size_blocks`); None = every free device is a
     block (the runtime's learner has a fixed rank count and does not size itself)."""
+    release_cold_s: float | None = None
+    """Seconds a learner block needs on the devices a decode actor released; None = cold_start_s (a new learner
+    function). A hybrid function (`runtime.hybrid`) goes on as the learner rank itself: only the in-place reshard
+    of the weights it decoded with into the learner's layout (the prefill function is another image: it keeps
+    cold_start_s)."""
 
     def __post_init__(self) -> None:
+        require(self.release_cold_s is None or self.release_cold_s >= 0, "plan.learner.release_cold_s",
+                f"must be >= 0 or None (got {self.release_cold_s})")
         require(self.size_slack is None or self.size_slack >= 0, "plan.learner.size_slack",
                 f"must be >= 0 or None (got {self.size_slack})")
         require(self.prewarm_bill_s is None or self.prewarm_bill_s >= 0, "plan.learner.prewarm_bill_s",
@@ -172,21 +183,32 @@ class Blocks:
 
 
 def learner_blocks(release_s: np.ndarray, release_devices: np.ndarray | float, spare_devices: float,
-                   block_devices: float, first_arrival_s: float, cold_s: float, prewarm: bool) -> Blocks:
+                   block_devices: float, first_arrival_s: float, cold_s: float, prewarm: bool,
+                   release_cold_s: np.ndarray | float | None = None, warm_spare: int = 0) -> Blocks:
     """The learner's blocks (module header): the devices of each released function (release_s, release_devices:
-    (A,) seconds from the step's start and devices; a decode actor or the prefill function) after a cold start,
-    and the spare devices in blocks of block_devices, pre-warmed to be ready at the first arrival (else cold from
-    then). A spare remainder smaller than a block is one more block."""
+    (A,) seconds from the step's start and devices; a decode actor or the prefill function) after its
+    release_cold_s ((A,) or a scalar; None = cold_s: a new learner function; a hybrid decode function goes on as
+    a rank after the in-place reshard only), and the spare devices in blocks of block_devices, pre-warmed to be
+    ready at the first arrival (else cold from then). A spare remainder smaller than a block is one more block.
+    warm_spare: the first this many spare blocks are hybrid functions kept from the last step's learner beyond
+    this step's decode need: they hold the weights, so they are ready at the first arrival even when it comes
+    before a cold start could end, and bill from the step's start or a cold start ahead of it, whichever is
+    later (the pre-warm rule: kept alive from the step's start when that bills less than releasing it there and
+    starting a learner function again in time)."""
     rel = np.asarray(release_s, float)
     rel_dev = np.broadcast_to(np.asarray(release_devices, float), rel.shape)
+    rel_cold = np.broadcast_to(np.asarray(cold_s if release_cold_s is None else release_cold_s, float), rel.shape)
     n_spare = int(np.floor(spare_devices / block_devices + 1e-9)) if block_devices > 0 else 0
     rest = spare_devices - n_spare * block_devices
     spare = [block_devices] * n_spare + ([rest] if rest > 1e-9 else [])
     # pre-warmed from the step's start at the earliest: before it, the previous step's learner held every device
     spare_ready = max(first_arrival_s, cold_s) if prewarm else first_arrival_s + cold_s
-    return Blocks(np.concatenate((rel + cold_s, np.full(len(spare), spare_ready))),
-                  np.concatenate((rel_dev, np.array(spare, float))),
-                  np.full(len(rel) + len(spare), float(cold_s)))
+    warm = min(max(int(warm_spare), 0), n_spare)
+    ready = np.full(len(spare), spare_ready)
+    cold = np.full(len(spare), float(cold_s))
+    ready[:warm], cold[:warm] = first_arrival_s, min(first_arrival_s, cold_s)
+    return Blocks(np.concatenate((rel + rel_cold, ready)), np.concatenate((rel_dev, np.array(spare, float))),
+                  np.concatenate((rel_cold, cold)))
 
 
 def prewarm_billed(b: Blocks, first_warm: int, prewarm: bool, bill_s: float | None) -> Blocks:
@@ -220,13 +242,14 @@ def job_learner_tokens(sizes: np.ndarray, prompt_len: np.ndarray, work: np.ndarr
 
 def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.ndarray,
                     devices_per_actor: float | np.ndarray, budget: float, lc: LearnerCosts,
-                    block_devices: float | None = None) -> tuple[float, list[Invocation]]:
+                    block_devices: float | None = None, warm_spare: int = 0) -> tuple[float, list[Invocation]]:
     """The scaler's whole step after decode: (step seconds, the learner's and prefill's invocations to bill).
 
     release_s: (A,) each active decode actor's release (seconds from the step's start); devices_per_actor: the
     devices each holds (a scalar, or (A,) when one runs wider); arrive_s, work_ds: (G,) when each group's learner
     work arrives (its predicted finish) and its device-seconds; block_devices: devices per spare learner block
-    (default: devices_per_actor, a scalar).
+    (default: devices_per_actor, a scalar); warm_spare: spare blocks that are hybrid functions kept warm from the
+    last step's learner (`learner_blocks`).
     """
     rel = np.asarray(release_s, float)
     rollout_end = float(rel.max()) if len(rel) else lc.prefill_s
@@ -240,7 +263,9 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         spare = max(budget - float(devs.sum()), 0.0)
         first = float(np.min(arrive_s)) if len(arrive_s) else rollout_end
         block = float(devices_per_actor) if block_devices is None else block_devices
-        b = learner_blocks(rels, devs, spare, block, first, lc.cold_start_s, lc.prewarm)
+        rcold = lc.cold_start_s if lc.release_cold_s is None else lc.release_cold_s
+        rcolds = np.concatenate((np.full(len(rel), rcold), [lc.cold_start_s])) if with_pf else rcold
+        b = learner_blocks(rels, devs, spare, block, first, lc.cold_start_s, lc.prewarm, rcolds, warm_spare)
         b = prewarm_billed(b, len(rels), lc.prewarm, lc.prewarm_bill_s)
         arrive = np.asarray(arrive_s, float)
         if lc.size_slack is not None:

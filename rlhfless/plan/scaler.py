@@ -12,6 +12,9 @@ Warm instances (n_warm, kept from the last step) go to the busiest actors (by th
 so cold starts avoid the critical path; a warm one is billed cfg.warm_bill_s before the step (the pre-warm rule:
 kept alive through the idle gap, or restarted ahead), and so is each of the n_warm a candidate leaves unused.
 n_warm=None: every candidate's actors warm (a pool pre-warmed to the candidate's size, none unused).
+Hybrid functions (cfg.hybrid_warm of the warm pool, the busiest actors; the simulator's `Switches.hybrid`): kept
+from the last step's learner, they hold the new weights, so duration = hybrid_sync_s + busy_s, billed from the
+step's start; those a candidate leaves unused stay learner blocks (whole step), not idle decode instances.
 Outcomes (`choose(..., draws=...)`, issue 19): the predicted means make every sample of a group end together
 and give no actor a tail, so T(N) fell short of the simulated step more the more actors N had (paper-sim,
 whole step: 36 s predicted for 44 s simulated at N=12, 43.5 for 46.7 at N=3) and lambda=1 chose too many actors.
@@ -84,24 +87,36 @@ from rlhfless.plan.timemodel import TimeModel
 from rlhfless.plan.wide import WideActor, on_wide, straggler
 
 
+def _hybrid_count(cfg: PlanConfig, n_warm: int | None) -> int:
+    """Hybrid functions among the warm pool (cfg.hybrid_warm, at most the pool)."""
+    return cfg.hybrid_warm if n_warm is None else min(cfg.hybrid_warm, max(n_warm, 0))
+
+
 def decode_invocations(plan: AssignmentPlan, busy_s: Sequence[float], n_warm: int | None,
                        cfg: PlanConfig, warm_by: Sequence[float] | None = None) -> list[Invocation]:
     """Predicted decode invocations of a plan: one per active actor, the busiest n_warm of them (by `warm_by`,
     default busy_s) warm (None: every one, a pool pre-warmed to this plan's size); a warm one is billed from
     cfg.warm_bill_s before the step (kept alive through the idle gap, or restarted ahead of it), and so is each
-    of the n_warm instances the plan leaves unused (ids from n_actors on: released at the step's start)."""
+    of the n_warm instances the plan leaves unused (ids from n_actors on: released at the step's start). The
+    busiest cfg.hybrid_warm of the warm ones are hybrid functions from the last step's learner: hybrid_sync_s
+    instead of weight_sync_s, billed from the step's start; unused hybrid ones stay learner ranks (`_tail`)."""
     active = [a for a, jobs in enumerate(plan.actor_jobs) if jobs]
     rank_by = busy_s if warm_by is None else warm_by
     by_busy = sorted(active, key=lambda a: (-rank_by[a], a))
-    warm = set(by_busy if n_warm is None else by_busy[:max(n_warm, 0)])
-    unused = 0 if n_warm is None or cfg.warm_bill_s <= 0 else max(n_warm - len(active), 0)
+    warm = by_busy if n_warm is None else by_busy[:max(n_warm, 0)]
+    h = _hybrid_count(cfg, n_warm)
+    hybrid, warm = set(warm[:h]), set(warm)
+    fresh_used = len(warm) - len(hybrid)
+    unused = 0 if n_warm is None or cfg.warm_bill_s <= 0 else max(n_warm - h - fresh_used, 0)
     kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0  # KV from the prefill function
     invs = []
     for a in active:
         cold = a not in warm
         cold_s = cfg.cold_start_s if cold else 0.0
-        invs.append(Invocation("decode", a, 0.0 if cold else -cfg.warm_bill_s,
-                               max(cold_s + cfg.weight_sync_s, kv) + busy_s[a], cold, cfg.gpus_per_actor, cold_s))
+        sync = cfg.hybrid_sync_s if a in hybrid else cfg.weight_sync_s
+        start = 0.0 if cold or a in hybrid else -cfg.warm_bill_s
+        invs.append(Invocation("decode", a, start, max(cold_s + sync, kv) + busy_s[a], cold, cfg.gpus_per_actor,
+                               cold_s))
     return invs + [Invocation("decode", plan.n_actors + k, -cfg.warm_bill_s, 0.0, False, cfg.gpus_per_actor)
                    for k in range(unused)]
 
@@ -112,12 +127,13 @@ def _budget(cfg: PlanConfig) -> float:
 
 def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.ndarray, head: np.ndarray,
           cfg: PlanConfig, tm: TimeModel, wide: tuple[WideActor, int] | None = None,
-          own: np.ndarray | None = None) -> tuple[float, list[Invocation]]:
+          own: np.ndarray | None = None, n_warm: int | None = 0) -> tuple[float, list[Invocation]]:
     """Whole-step seconds and the learner's + prefill's invocations of one labelling; dur, head: (n,) each
     actor's duration and the seconds before its decode began (0 duration: inactive); own: (J,) each job's
     finish on its actor when already simulated (`labels_finish_s`), else simulated here. A group that finishes
     past its actor's busy time was cut and migrated: it arrives at the end of the rollout (its new actor is not
-    tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`)."""
+    tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`). Hybrid functions of the warm
+    pool (cfg.hybrid_warm) beyond the active actors stay learner blocks (warm spare, `learner_blocks`)."""
     lc = cfg.learner
     busy = np.where(dur > 0, dur - head, 0.0)
     own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) if own is None else own.copy()
@@ -131,7 +147,8 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
     own = np.where(own <= busy[labels] + 1e-9, own, busy.max(initial=0.0))
     fin = own + head[labels]
     work = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc) * lc.s_per_token
-    return whole_step_tail(dur[dur > 0], fin, work, gpus[dur > 0], _budget(cfg), lc, cfg.gpus_per_actor)
+    warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)
+    return whole_step_tail(dur[dur > 0], fin, work, gpus[dur > 0], _budget(cfg), lc, cfg.gpus_per_actor, warm_spare)
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
@@ -159,7 +176,7 @@ def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg:
         labels = _plan_labels(plan)
         ja, own = played if played is not None else (JobArrays.from_jobs([j for js in plan.actor_jobs for j in js]),
                                                      None)
-        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide, own)
+        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide, own, n_warm)
         invs = invs + tail
     cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
@@ -281,25 +298,28 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
     busy, active = res.busy_s, res.njobs > 0
     m = busy.shape[1]
-    # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations
-    cold = active if n_warm is not None else np.zeros_like(active)
-    if n_warm is not None and n_warm > 0:
-        order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
-        pos = np.empty_like(order)
-        np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
-        cold = active & (pos >= n_warm)
+    # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations; the busiest
+    # hybrid_warm of them are hybrid functions from the last step's learner
+    order = np.argsort(np.where(active, -busy, np.inf), axis=1, kind="stable")
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(m)[None, :], axis=1)
+    cold = active & (pos >= n_warm) if n_warm is not None else np.zeros_like(active)
+    h = _hybrid_count(cfg, n_warm)
+    hybrid = active & (pos < h)
     cold_s = np.where(cold, cfg.cold_start_s, 0.0)
     kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
-    dur = np.maximum(cold_s + cfg.weight_sync_s, kv) + busy
-    held = dur + np.where(cold, 0.0, cfg.warm_bill_s)  # a warm actor bills from warm_bill_s before the step
+    dur = np.maximum(cold_s + np.where(hybrid, cfg.hybrid_sync_s, cfg.weight_sync_s), kv) + busy
+    # a warm actor bills from warm_bill_s before the step; a hybrid one from the step's start
+    held = dur + np.where(cold | hybrid, 0.0, cfg.warm_bill_s)
     billed = np.where(active, billed_seconds_array(held, cold, cold_s, cfg.billing), 0.0)
     gpu_s = (billed * cfg.gpus_per_actor).sum(axis=1)
-    if n_warm is not None and cfg.warm_bill_s > 0:  # pre-warmed instances a candidate leaves unused
+    if n_warm is not None and cfg.warm_bill_s > 0:  # pre-warmed (not hybrid) instances a candidate leaves unused
         idle = billed_seconds_array(np.array([cfg.warm_bill_s]), np.array([False]), 0.0, cfg.billing)[0]
-        gpu_s = gpu_s + np.maximum(n_warm - active.sum(axis=1), 0) * idle * cfg.gpus_per_actor
+        fresh_used = (active & ~cold & ~hybrid).sum(axis=1)
+        gpu_s = gpu_s + np.maximum(n_warm - h - fresh_used, 0) * idle * cfg.gpus_per_actor
     step = np.where(active, dur, 0.0).max(axis=1)
     if cfg.learner.whole_step:
-        step, gpu_s = _sweep_whole_step(ja, res, dur, active, gpu_s, cfg, tm)
+        step, gpu_s = _sweep_whole_step(ja, res, dur, active, gpu_s, cfg, tm, n_warm)
     usd = gpu_s * price(cfg.gpu_kind).serverless_usd_per_s
     n_active = active.sum(axis=1)
     rows = zip(res.candidates, n_active.tolist(), step.tolist(), gpu_s.tolist(), usd.tolist(),
@@ -308,12 +328,12 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
 
 
 def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, active: np.ndarray, gpu_s: np.ndarray,
-                      cfg: PlanConfig, tm: TimeModel) -> tuple[np.ndarray, np.ndarray]:
+                      cfg: PlanConfig, tm: TimeModel, n_warm: int | None = 0) -> tuple[np.ndarray, np.ndarray]:
     """Whole-step T and device-seconds of every swept candidate (decode's already in gpu_s), as `_costed`."""
     step, total = np.empty(len(res.candidates)), gpu_s.copy()
     for r, n in enumerate(res.candidates):
         d = np.where(active[r], dur[r], 0.0)[:n]
-        step[r], invs = _tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm)
+        step[r], invs = _tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm, n_warm=n_warm)
         total[r] += cost_step(invs, price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
     return step, total
 

@@ -175,7 +175,7 @@ def large_scale(ctx) -> StudyResult:
 
 
 LADDER = ("verl", "verl-paper", "serverless-verl", "+dedup", "+assign", "+scale", "+migrate", "+prewarm", "+overlap",
-          "+sized learner", "rlhfless", "oracle")
+          "+hybrid", "+sized learner", "rlhfless", "oracle")
 """The waterfall: tuned verl, verl as the paper ran it, then serverless functions with one RLHFless mechanism
 added per rung (`rlhfless.sim.scenario.ABLATION`); `rlhfless` is the last rung, +wide actor (per-actor TP; the
 full system)."""

@@ -35,12 +35,27 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     step's work with every candidate warm (`_warm_pool`; the last step's N made growing N cost a cold start on
     the critical path, so the first step's choice stuck); pre-warmed instances a step leaves unused are billed.
     Warm actors are the plan's predicted busiest (the true busy times are not known when they start).
+  * `hybrid` (a switch of rlhfless, default on like the runtime's `runtime.hybrid`): decode and learner are
+    handlers of one function image. A released decode actor's devices go on as a learner block after the
+    in-place reshard (`_hybrid_sync_s`: the tuned verl's, each device's TP shard over the node link), not a
+    learner cold start; the learner's blocks at the step's end (each holding the new weights after the
+    optimizer step) are the next step's warm decode actors, the busiest first: the in-place reshard instead of
+    the one-NIC weight sync, billed from the step's start (before it they were learner blocks, billed as such);
+    those beyond the decode need stay learner blocks (ready at the first arrival, billed by the pre-warm rule).
+    The scaler prices the same (`PlanConfig.hybrid_warm`, `hybrid_sync_s`, `LearnerCosts.release_cold_s`). At
+    70B a block is one node's 8 devices holding the model sharded within it (bf16 params, gradients, the
+    reference; the optimizer state sharded over the blocks), the layout the tuned verl's 0.04 s reshard assumes
+    too; memory per device: docs/simulator.md, "Hybrid functions".
   * `oracle`: rlhfless with every switch on, fed the true per-sequence lengths.
 Each `decide` returns (StepPlan, metrics); `observe` feeds the true lengths back (the predictor's update).
 
 Non-goals: no placement/locality (the paper's (?) locality rule), no failures.
 
-Deviations from the paper: the learner keeps its optimizer state between steps (a serverless learner would
+Deviations from the paper: the paper's decode actors and learner are separate functions; `hybrid` reuses one
+image for both, as verl's hybrid engine does (the runtime's `runtime.hybrid`). A hybrid decode function's keep-alive
+after its decode, and a learner block's before it decodes the next step, are billed as for separate functions
+(at most 2 s of keep-alive per role change over-billed; the runtime's meter bills one lifetime). The learner keeps
+its optimizer state between steps (a serverless learner would
 page it to storage; not modelled, same for every policy); the rule-based GSM8K reward runs on CPU and is not
 billed in device-seconds; RLHFuse is reduced to the two mechanisms above (its fused pipeline schedule is not
 modelled); PPO's critic has the policy's size (an assumption).
@@ -61,7 +76,7 @@ from rlhfless.predictor import Observation, build_predictor
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.predictor.spread import draw_lengths
 from rlhfless.sim.perf import PerfModel
-from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepPlan
+from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepPlan, learner_schedule
 from rlhfless.sim.workload import StepWork
 
 
@@ -107,6 +122,11 @@ class Switches:
     """With overlap: start only the learner blocks the backlog needs (`SIZE_SLACK`), not every free device."""
     wide: bool = True
     """Per-actor TP: the scaler may run the straggler on a wider engine (twice the TP; when a node allows it)."""
+    hybrid: bool = True
+    """Decode and learner are handlers of one function image (the runtime's `runtime.hybrid`): a released decode
+    actor's devices go on as a learner block at once (the in-place reshard, no cold start), and the learner's
+    blocks at the step's end are the next step's warm decode actors, holding the new weights (the in-place
+    reshard instead of the network weight sync); those beyond the decode need stay learner blocks."""
     draws: bool = True
     """The scaler averages each candidate's T and C over `N_DRAWS` outcomes of the lengths drawn from the
     predictor's distribution (`rlhfless.predictor.spread`), not the predicted means alone (no actor tails)."""
@@ -123,7 +143,8 @@ holding devices that would wait idle for groups until the optimizer step; `rlhfl
 
 def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], busy, overlap: bool, cold_s: float,
              prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None,
-             size_slack: float | None = None) -> LearnerPlan:
+             size_slack: float | None = None, release_cold_s: float | None = None,
+             warm_spare: int = 0) -> LearnerPlan:
     """The step's scoring + update (`LearnerPlan`): each group's work (tokens x the perf model's learner
     device-seconds per token) arriving when its last sample finishes on its actor. A group whose finish is past
     its actor's realised busy time was migrated: it arrives at the end of the rollout (its new actor is not
@@ -139,7 +160,8 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
         done.append(f if f <= busy[a] + 1e-9 else tail)
         work.append(g.tokens * spt)
     return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
-                       prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack)
+                       prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack, release_cold_s,
+                       warm_spare)
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
@@ -238,13 +260,20 @@ class RLHFless:
                               objective=objective, deadline_ratio=deadline_ratio,
                               gpu_kind=pm.device.price_kind, gpus_per_actor=float(pm.tp),
                               cold_start_s=pm.cold_start_s(), weight_sync_s=pm.weight_sync_s(colocated=False),
-                              billing=c.billing)
+                              hybrid_sync_s=self._hybrid_sync_s(), billing=c.billing)
         self.wide = WideActor(wide.time_model, float(wide.perf.tp), wide.capacity, wide.perf.cold_start_s(),
                               wide.perf.weight_sync_s(colocated=False)) if wide is not None and sw.wide else None
         self.predictor = build_predictor(predictor or PredictorConfig(name="ewma"))
         self.prefill_actors = prefill_actors
         self.n_warm = 0  # decode instances pre-warmed for the next step
+        self.n_hybrid = 0  # hybrid functions the last step's learner ended with (warm, holding the new weights)
         self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
+
+    def _hybrid_sync_s(self) -> float:
+        """A hybrid function's switch between its decode engine's layout (TP shards) and its learner block's
+        (sharded over the same devices), each way: the in-place reshard the tuned verl pays (each device's TP
+        shard over the node link; `PerfModel.weight_sync_s(colocated=True)`, sources in docs/overheads.md)."""
+        return self.c.perf.weight_sync_s(colocated=True)
 
     def _prewarm(self, cold_s: float, gap: float) -> float:
         """Seconds billed to have a function warm when needed (pre-warm rule from invocation history): kept
@@ -269,14 +298,15 @@ class RLHFless:
                 rng = np.random.default_rng([step.epoch, step.step])
                 draws = [_jobs(step, d, self._prompt_of) for d in
                          draw_lengths(pred, [len(g.lengths) for g in step.groups], N_DRAWS, rng, c.max_response)]
-        n_warm = self.n_warm if sw.prewarm else 0
+        hyb = self.n_hybrid if sw.hybrid else 0
+        n_warm = max(self.n_warm if sw.prewarm else 0, hyb)  # the hybrid functions and fresh pre-warmed ones
         prefill = None
         if sw.dedup:
             work = self._prefill_s(step, self._unique_tokens(step)) / self.prefill_actors
             prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if sw.prewarm else pm.cold_start_s(), work,
                             self._prewarm(pm.cold_start_s(), self.gaps[0]))
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill),
-                      warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]))
+                      warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]), hybrid_warm=hyb)
         memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
         decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide, draws=draws, memo=memo)
         true = true_jobs(step, self._prompt_of, key)
@@ -290,16 +320,32 @@ class RLHFless:
             finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
         # warm: the plan's predicted busiest, as the scaler assumed (the true busy times are not known ahead)
         actors = self._actors(step, decision.plan.actor_jobs, busy, list(decision.plan.busy_s), n_warm,
-                              decision.wide_actor)
+                              decision.wide_actor, hyb)
+        fresh_used = min(n_warm, len(actors)) - min(hyb, len(actors))  # warm actors that are not hybrid
+        # pre-warmed (not hybrid) instances left unused: billed idle; unused hybrid ones stay learner blocks
         idle = tuple(FnRun("decode", pm.tp, 0.0, 0.0, self._prewarm(pm.cold_start_s(), self.gaps[0]))
-                     for _ in range(max(n_warm - len(actors), 0)))
-        self.n_warm = self._warm_pool(jobs, cfg, draws, len(actors), memo)
+                     for _ in range(max(n_warm - hyb - fresh_used, 0)))
         learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
                            sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
-                           size_slack=self._size_slack())
+                           size_slack=self._size_slack(),
+                           release_cold_s=self._hybrid_sync_s() if sw.hybrid else None,
+                           warm_spare=max(hyb - len(actors), 0))
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
-        return StepPlan(False, 0.0, actors, prefill, learner, idle_warm=idle), metrics
+        metrics["sim/hybrid_warm"] = hyb
+        plan = StepPlan(False, 0.0, actors, prefill, learner, idle_warm=idle)
+        self.n_hybrid = self._hybrid_after(plan) if sw.hybrid else 0
+        self.n_warm = self._warm_pool(jobs, replace(cfg, hybrid_warm=self.n_hybrid), draws, len(actors), memo)
+        return plan, metrics
+
+    def _hybrid_after(self, plan: StepPlan) -> int:
+        """Hybrid functions the step's learner ends with: each joined block holds its devices (and, after the
+        optimizer step, the new weights) to the step's end; a block of k replicas' devices is k decode actors of
+        the next step (the simulator plays the plan as decided, so its learner schedule is this one)."""
+        pre = plan.prefill.cold_s + plan.prefill.work_s if plan.prefill is not None else 0.0
+        _, blocks, joined = learner_schedule(plan, pre)
+        tp = float(self.c.perf.tp)
+        return int(sum(np.floor(blocks.devices[joined] / tp + 1e-9)))
 
     def _warm_pool(self, jobs, cfg: PlanConfig, draws, n_used: int, memo: dict) -> int:
         """Decode instances to pre-warm for the next step: with scaling, the N the scaler picks for this step's
@@ -324,7 +370,8 @@ class RLHFless:
                             prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]) if sw.prewarm else None,
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
-                            prefill_devices=prefill.devices if prefill else 0.0, size_slack=self._size_slack())
+                            prefill_devices=prefill.devices if prefill else 0.0, size_slack=self._size_slack(),
+                            release_cold_s=self._hybrid_sync_s() if sw.hybrid else None)
 
     def _size_slack(self) -> float | None:
         return SIZE_SLACK if self.sw.overlap and self.sw.size_learner else None
@@ -338,13 +385,16 @@ class RLHFless:
         return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
 
     def _actors(self, step: StepWork, actor_jobs, busy: list[float], narrow: list[float], n_warm: int,
-                wide_actor: int = -1) -> tuple[ActorRun, ...]:
-        """One ActorRun per active actor; the n_warm busiest at the narrow TP warm (as the scaler assumed);
-        `wide_actor` on the wide engine (its devices, cold start and weight sync; `busy` holds its time there)."""
+                wide_actor: int = -1, n_hybrid: int = 0) -> tuple[ActorRun, ...]:
+        """One ActorRun per active actor; the n_warm busiest at the narrow TP warm (as the scaler assumed), the
+        n_hybrid busiest of those hybrid functions from the last step's learner (the in-place reshard, billed from
+        t0); `wide_actor` on the wide engine (its devices, cold start and weight sync; `busy` holds its time
+        there)."""
         c, pm, sw = self.c, self.c.perf, self.sw
         plen = {g.prompt_id: g.prompt_len for g in step.groups}
         active = [a for a, jobs in enumerate(actor_jobs) if jobs]
-        warm = set(sorted(active, key=lambda a: (-narrow[a], a))[:n_warm])
+        by_busy = sorted(active, key=lambda a: (-narrow[a], a))[:n_warm]
+        warm, hybrid = set(by_busy), set(by_busy[:min(n_hybrid, n_warm)])
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill = self._prewarm(cold_s, self.gaps[0])
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
@@ -360,8 +410,12 @@ class RLHFless:
             is_warm = a in warm
             if a == wide_actor:
                 w = self.wide
+                bill = self._prewarm(w.cold_start_s, self.gaps[0]) if is_warm and a not in hybrid else 0.0
                 out.append(ActorRun(a, w.gpus, 0.0 if is_warm else w.cold_start_s, w.weight_sync_s, kv_ready, tmpl,
-                                    busy[a], self._prewarm(w.cold_start_s, self.gaps[0]) if is_warm else 0.0))
+                                    busy[a], bill))
+                continue
+            if a in hybrid:  # held by the last step's learner up to t0, the new weights already on its devices
+                out.append(ActorRun(a, pm.tp, 0.0, self._hybrid_sync_s(), kv_ready, tmpl, busy[a], 0.0))
                 continue
             out.append(ActorRun(a, pm.tp, 0.0 if is_warm else cold_s, sync, kv_ready, tmpl, busy[a],
                                 warm_bill if is_warm else 0.0))

@@ -10,7 +10,7 @@ smallest that fits, 0.6 of memory, eager decode, KV cache rebuilt every step, wh
 recomputation, 4 mini-batch updates; every setting's source in `rlhfless.sim.overheads`), rlhfuse, rlhfless (lam
 as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
 cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm,
-+overlap, +sized learner (then +wide actor = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
++overlap, +hybrid, +sized learner (then +wide actor = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
 Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
 one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
 learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
@@ -52,14 +52,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that m
 ALGOS = ("grpo", "ppo")
 BASELINES = ("tuned", "paper")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
-_OFF = dict(overlap=False, size_learner=False, wide=False)
+_OFF = dict(overlap=False, size_learner=False, wide=False, hybrid=False)
 ABLATION = (("serverless-verl", Switches(False, False, False, False, False, **_OFF)),
             ("+dedup", Switches(dedup=True, assign=False, migrate=False, scale=False, prewarm=False, **_OFF)),
             ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, **_OFF)),
             ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, **_OFF)),
             ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, **_OFF)),
             ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, **_OFF)),
-            ("+overlap", Switches(size_learner=False, wide=False)),
+            ("+overlap", Switches(size_learner=False, wide=False, hybrid=False)),
+            ("+hybrid", Switches(size_learner=False, wide=False)),
             ("+sized learner", Switches(wide=False)))
 """The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +wide actor (per-actor TP),
 is `rlhfless`."""

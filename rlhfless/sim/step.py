@@ -9,7 +9,7 @@ already known from the performance model and the planner's time model) as events
     learner (`LearnerPlan`, the model of `rlhfless.plan.overlap`, the same functions the scaler prices with):
         with overlap, each group's scoring + forward/backward work arrives when its last sample finishes and
         runs on learner blocks: spare devices (pre-warmed) and each released decode actor's devices (after the
-        learner's cold start); without overlap, all work arrives at the last decode release and runs on every
+        learner's cold start, or with hybrid functions the in-place reshard); without overlap, all work arrives at the last decode release and runs on every
         device at once; then ONE optimizer step (`update_fixed_s`); its end is the step's end.
 Stages recorded: rollout = [t0, last decode release]; score = the learner work left after the rollout (zero
 when overlap finished it under the tail); update = the optimizer step.
@@ -97,6 +97,12 @@ class LearnerPlan:
     shorter than a cold start, else restarted a cold start ahead); None = the cold start."""
     size_slack: float | None = None
     """With overlap: start only the blocks the backlog needs (`rlhfless.plan.overlap.size_blocks`); None = all."""
+    release_cold_s: float | None = None
+    """Seconds a block needs on a released decode actor's devices; None = cold_s. A hybrid decode function goes
+    on as the learner rank itself (`rlhfless.plan.overlap.LearnerCosts.release_cold_s`)."""
+    warm_spare: int = 0
+    """Spare blocks that are hybrid functions kept warm from the last step's learner beyond this step's decode
+    need: learner blocks ready at the first arrival (`learner_blocks`)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,10 @@ def learner_schedule(plan: StepPlan, prefill_end: float) -> tuple[float, Blocks,
             rel, dev = rel + [prefill_end], dev + [plan.prefill.devices]
         spare = max(lp.devices - sum(dev), 0.0)
         first = float(arrive.min()) if len(arrive) else rollout_end
-        b = learner_blocks(np.array(rel), np.array(dev), spare, lp.block_devices, first, lp.cold_s, lp.prewarm)
+        rcold = lp.cold_s if lp.release_cold_s is None else lp.release_cold_s
+        rcolds = [rcold] * len(release) + ([lp.cold_s] if plan.prefill is not None else [])  # prefill: another image
+        b = learner_blocks(np.array(rel), np.array(dev), spare, lp.block_devices, first, lp.cold_s, lp.prewarm,
+                           np.array(rcolds), lp.warm_spare)
     # pre-warmed blocks (the spare ones, or the single one) bill the pre-warm rule's seconds, as the scaler does
     b = prewarm_billed(b, len(rel) if lp.overlap else 0, lp.prewarm, lp.prewarm_bill_s)
     if lp.overlap and lp.size_slack is not None:
