@@ -137,3 +137,14 @@ def test_study_results_need_figures_under_the_output_folder(tmp_path):
 
     assert study_json(r, tmp_path)["figures"] == ["x/a.png"]
     assert isinstance(Path(study_json(r, tmp_path)["figures"][0]), Path)
+
+
+def test_the_comparison_run_is_reused_only_for_the_same_config():
+    """The timeline and sim-vs-real studies share one comparison run per repro folder; an edited comparison
+    config must run again (a stale run from the old config was reported once)."""
+    from rlhfless.config import load_run_config
+    from rlhfless.repro.real_studies import COMPARE_CONFIG, config_key
+
+    a = load_run_config(str(COMPARE_CONFIG), ["train.steps=6"])
+    assert config_key(a) == config_key(load_run_config(str(COMPARE_CONFIG), ["train.steps=6"]))
+    assert config_key(a) != config_key(load_run_config(str(COMPARE_CONFIG), ["train.steps=6", "runtime.keep_alive_s=0"]))

@@ -194,23 +194,33 @@ def predictor_study(ctx) -> StudyResult:
 
 
 # ------------------------------------------------------------------------- real runs: timeline, sim vs real
+def config_key(cfg) -> str:
+    """12 hex digits of the resolved run config: a comparison run is reused only for the same config (an edited
+    comparison config, or the quickstart it inherits, runs again instead of reporting a stale run)."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    return hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def compare_run(ctx) -> tuple[Path, dict]:
     """The serverful control and the serverless runtime on the same seed and prompts (runtime.mode=compare),
-    run once per repro folder and shared by the timeline and sim-vs-real studies."""
+    run once per repro folder and config and shared by the timeline and sim-vs-real studies."""
     import json
 
     from rlhfless.config import load_run_config
     from rlhfless.runner import train
 
-    out = ctx.out / "real-runs" / f"compare-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
-    done = out / "comparison.json"
-    if done.is_file():
-        return out, json.loads(done.read_text())
     steps = 6 if ctx.quick else 40
     overrides = [f"train.steps={steps}", f"train.eval_prompts={0 if ctx.quick else 100}",
                  "runtime.gantt_every=0", f"train.seed={ctx.seed}", f"tracking.mode={ctx.tracking}",
                  "tracking.group=real-runs"]
     cfg = load_run_config(str(COMPARE_CONFIG), overrides)
+    out = ctx.out / "real-runs" / f"compare-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}-{config_key(cfg)}"
+    done = out / "comparison.json"
+    if done.is_file():
+        return out, json.loads(done.read_text())
     return out, train(cfg, out, progress=False)  # runtime.mode=compare: both runs and comparison.json
 
 
