@@ -111,6 +111,12 @@ def _print_comparison(c: dict) -> None:
           f"{busy}, held idle {g['held_idle']:+.3f}", file=sys.stderr)
     print(f"samples identical in every step: {c['samples_identical']}; final weights identical: "
           f"{c['weights_identical']}; gantt: {', '.join(c['gantt'])}", file=sys.stderr)
+    shares = {a: c[a]["machine"]["other_cpu_fraction"] for a in arms}
+    if None not in shares.values():
+        share = ", ".join(f"{a} {v:.0%}" for a, v in shares.items())
+        note = ("the arms ran alone: the ratios are clean" if max(shares.values()) < 0.05 else
+                "other jobs shared the cores while the arms ran one after another: the ratios above are not clean")
+        print(f"machine CPU taken by other processes: {share} ({note})", file=sys.stderr)
 
 
 def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:

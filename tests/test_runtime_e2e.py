@@ -345,6 +345,11 @@ def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains
     assert c["serverless"]["workers_started"] > c["serverful"]["workers_started"] and sl["busy"]["learner"] > 0
     assert c["gap_core_s_per_step"]["billed"] == pytest.approx(sl["billed"] - sf["billed"])
     assert c["serverless"]["planner"]["steps"] == 3 and c["serverless"]["planner"]["predicted_over_billed"] > 0
+    # what other processes took while each arm ran (the arms run one after another on shared cores)
+    for arm in c["arms"]:
+        m = c[arm]["machine"]
+        assert m["own_cpu_s"] > 0 and m["wall_s"] >= c[arm]["loop_wall_s"] and 0 <= m["other_cpu_fraction"] <= 1
+    assert c["other_cpu_fraction_max"] == max(c[a]["machine"]["other_cpu_fraction"] for a in c["arms"])
 
 
 @pytest.mark.slow

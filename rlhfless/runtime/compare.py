@@ -15,7 +15,9 @@ billed seconds per function kind, decode actors, migrations) and `planner`: the 
 device-seconds per step beside the billed ones of what it priced (the decode functions; the whole step with
 plan.learner.whole_step) and their ratio, and `core_s_per_step`: the billed core-seconds of a step split into
 cold starts, busy time by function kind and held-but-idle time; `gap_core_s_per_step` is serverless minus
-serverful, component by component (where the cost gap comes from).
+serverful, component by component (where the cost gap comes from). Each arm's `machine` says how much CPU other
+processes took while it ran (`rlhfless.runtime.contention`), and `other_cpu_fraction_max` the most any arm saw:
+the arms run one after another, so the ratios are clean only when it is near 0.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlhfless.jsonl import iter_jsonl, write_json
+from rlhfless.runtime.contention import CpuWindow
 from rlhfless.runtime.gantt import plot_steps, read_records
 
 ARMS = ("serverful", "serverful-overlap", "serverless")
@@ -98,7 +101,11 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     """train: the runner's `train(cfg, out_dir, progress=...)`, passed in because the runner sits above the
     runtime (it calls this module for `runtime.mode=compare`)."""
     out.mkdir(parents=True, exist_ok=True)
-    summaries = {arm: train(arm_config(cfg, arm), out / arm, progress=progress) for arm in ARMS}
+    summaries, machine = {}, {}
+    for arm in ARMS:
+        window = CpuWindow.open()
+        summaries[arm] = train(arm_config(cfg, arm), out / arm, progress=progress)
+        machine[arm] = window.close()
     ran = list(summaries)
     digests = {arm: weights_digest(out / arm) for arm in ran}
     same = [samples_match(out / BASE, out / arm) for arm in ran if arm != BASE]
@@ -115,8 +122,11 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
                  "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],
                  "planner": planner_accuracy(out / arm, cfg.plan.learner.whole_step),
-                 "core_s_per_step": core_seconds_per_step(out / arm, rs[arm])} for arm in ran},
+                 "core_s_per_step": core_seconds_per_step(out / arm, rs[arm]),
+                 "machine": machine[arm]} for arm in ran},
     }
+    shares = [m["other_cpu_fraction"] for m in machine.values() if m["other_cpu_fraction"] is not None]
+    result["other_cpu_fraction_max"] = max(shares) if shares else None
     result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
