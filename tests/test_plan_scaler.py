@@ -297,3 +297,23 @@ def test_hybrid_warm_actors_reshard_in_place_and_bill_from_the_step_start():
     for kw, field in [(dict(hybrid_warm=-1), "plan.hybrid_warm"), (dict(hybrid_sync_s=-1.0), "plan.hybrid_sync_s")]:
         with pytest.raises(ConfigError, match=f"^{field}:"):
             _cfg(**kw)
+
+
+def test_memoised_plays_are_keyed_by_placement_not_only_by_job_order():
+    # two placements of the same jobs in the same order over 2 actors, a | bcd and abc | d: a play of one on a
+    # draw must not be reused for the other (on an outcome where a runs 10 s: 10 s | 3 s against 12 s | 1 s)
+    from rlhfless.plan.records import AssignmentPlan
+    from rlhfless.plan.scaler import _row
+
+    def placed(cut):
+        parts = (tuple(JOBS[:cut]), tuple(JOBS[cut:]))
+        busy = tuple(float(len(p)) for p in parts)
+        return AssignmentPlan("round_robin", 2, 8, parts, busy, max(busy), max(busy) - min(busy))
+
+    cfg, outcome = _cfg(lam=0.5), [[PlanJob("a", 1, 1000.0), *JOBS[1:]]]
+    memo: dict = {}
+    _row(placed(1), cfg, TM, 0, outcome, memo=memo)
+    shared = _row(placed(3), cfg, TM, 0, outcome, memo=memo)
+    alone = _row(placed(3), cfg, TM, 0, outcome)
+    assert alone.step_s == pytest.approx(3.0 + 0.2 + 12.0)
+    assert (shared.step_s, shared.gpu_seconds) == pytest.approx((alone.step_s, alone.gpu_seconds))

@@ -219,9 +219,10 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
             busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
         return _costed(plan, busy, len(cuts.moves) if cuts is not None else 0, cfg, n_warm, tm, on)
     rows = []
+    # the placement: each actor's groups in admission order (the same order split differently plays differently)
+    placed = (tuple(tuple(j.group_id for j in js) for js in plan.actor_jobs), plan.capacity)
     for d in draws:
-        key = (id(d), tuple(j.group_id for js in plan.actor_jobs for j in js), plan.n_actors) if memo is not None \
-            else None
+        key = (id(d), placed) if memo is not None else None
         if key is not None and key in memo:
             busy, ja, own = memo[key]
             busy = list(busy)
