@@ -317,3 +317,20 @@ def test_memoised_plays_are_keyed_by_placement_not_only_by_job_order():
     alone = _row(placed(3), cfg, TM, 0, outcome)
     assert alone.step_s == pytest.approx(3.0 + 0.2 + 12.0)
     assert (shared.step_s, shared.gpu_seconds) == pytest.approx((alone.step_s, alone.gpu_seconds))
+
+
+def test_a_warm_wide_straggler_is_a_pre_warmed_function_even_where_a_hybrid_one_would_stand():
+    # a | bcd (busy 1 s | 3 s), both warm and hybrid functions. The straggler on the wide engine (2 devices, twice
+    # as fast: 1.5 s) is a new function with weights over the network, not the learner's block: billed
+    # warm_bill_s = 2 s before the step like any pre-warmed one: 2 + 0.2 + 1.5 = 3.7 -> 4 s x 2 devices = 8,
+    # plus the hybrid narrow actor 0.05 + 1 -> 2 s: 10 GPU-s (a free pre-warm would make it 6)
+    from rlhfless.plan.records import AssignmentPlan
+    from rlhfless.plan.scaler import _row
+    from rlhfless.plan.wide import WideActor
+
+    parts = (tuple(JOBS[:1]), tuple(JOBS[1:]))
+    plan = AssignmentPlan("round_robin", 2, 8, parts, (1.0, 3.0), 3.0, 2.0)
+    cfg = _cfg(lam=0.5, warm_bill_s=2.0, hybrid_warm=2, hybrid_sync_s=0.05)
+    wide = WideActor(TimeModel.per_token(0.005), 2.0, 8, 3.0, 0.2)
+    row = _row(plan, cfg, TM, 2, (), wide=wide)
+    assert (row.step_s, row.gpu_seconds) == pytest.approx((1.7, 10.0))

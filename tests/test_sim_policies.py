@@ -268,6 +268,29 @@ def test_scaler_predicts_the_simulated_whole_step_per_n_on_paper_sim(n):
         assert err[False][0] < -0.15 and err[False][1] < -0.15, err
 
 
+def test_a_warm_wide_straggler_is_billed_its_pre_warm_with_hybrid_functions_on():
+    """The wide engine is a new function (twice the TP, weights over the network), not a learner block: where
+    the straggler that runs there would have been a hybrid function, it is still billed the pre-warm rule's
+    seconds of the wide engine's cold start (a hybrid function holds one block's devices, not the wide engine)."""
+    from rlhfless.sim.scenario import build_cluster, wide_cluster, workload
+
+    cfg = case_configs("quick", 6, ["n_devices=16"])[0]
+    work, _ = workload(cfg)
+    c = build_cluster(cfg, 1, work)
+    cw = wide_cluster(cfg, c, work)
+    pol = RLHFless(c, Switches(), 1.0, cfg.tau, wide=cw)
+    seen = 0
+    for step in work:
+        bill = pol._prewarm(cw.perf.cold_start_s(), pol.gaps[0])
+        plan, metrics = pol.decide(step)
+        for a in plan.actors:
+            if a.devices == 2 and a.cold_s == 0:  # a warm wide straggler
+                seen += metrics["sim/hybrid_warm"] > 0
+                assert bill > 0 and a.prewarm_s == pytest.approx(bill)
+        pol.observe(step, (10.0, 1.0, 1.0))
+    assert seen > 0  # the case arises: a warm wide straggler in a step that had hybrid functions
+
+
 def test_hybrid_functions_take_the_new_weights_in_place():
     """Switches.hybrid (the runtime's runtime.hybrid) on paper-sim: from the second step the decode actors that
     were learner blocks take the new weights by the in-place reshard (the tuned verl's), not the one-NIC weight

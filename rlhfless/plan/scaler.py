@@ -45,7 +45,8 @@ exact_sweep does). lambda keeps its meaning:
 the same score over whole-step T and C.
 Per-actor TP (`choose(..., wide=WideActor)`, `rlhfless.plan.wide`): the chosen N's straggler is also costed on
 the wide engine (more devices, faster tail) and runs there only where the same rule as for cuts prefers it and the
-device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`).
+device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`); warm, it is billed
+cfg.warm_bill_s before the step even where a hybrid function stood (the wide engine is a new function).
 Whole-step scoring is on wherever the learner's costs are known: the simulator's RLHFless always sets it (with
 draws, warm bills and its perf model's learner). PlanConfig keeps learner.whole_step=False by default, so the real
 runtime's planner scores decode alone as before: its learner costs (s_per_token, cold start) are not calibrated
@@ -163,8 +164,9 @@ def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg:
     if wide is not None:
         w, a = wide
         kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
+        # the wide engine is a new function (weights over the network), never a learner block: warm = pre-warmed
         invs = [i if i.actor_id != a else
-                Invocation("decode", a, i.start_s, max((w.cold_start_s if i.cold else 0.0) + w.weight_sync_s, kv)
+                Invocation("decode", a, 0.0 if i.cold else -cfg.warm_bill_s, max((w.cold_start_s if i.cold else 0.0) + w.weight_sync_s, kv)
                            + busy_s[a], i.cold, w.gpus, w.cold_start_s if i.cold else 0.0) for i in invs]
     step = max((i.end_s for i in invs), default=0.0)
     if cfg.learner.whole_step:

@@ -42,6 +42,8 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     optimizer step) are the next step's warm decode actors, the busiest first: the in-place reshard instead of
     the one-NIC weight sync, billed from the step's start (before it they were learner blocks, billed as such);
     those beyond the decode need stay learner blocks (ready at the first arrival, billed by the pre-warm rule).
+    A straggler on the wide engine is a new function (twice the TP, weights over the network), never a hybrid
+    one: warm, it is billed its pre-warm even in a hybrid function's place (that block is released at t0).
     The scaler prices the same (`PlanConfig.hybrid_warm`, `hybrid_sync_s`, `LearnerCosts.release_cold_s`). At
     70B a block is one node's 8 devices holding the model sharded within it (bf16 params, gradients, the
     reference; the optimizer state sharded over the blocks), the layout the tuned verl's 0.04 s reshard assumes
@@ -410,7 +412,9 @@ class RLHFless:
             is_warm = a in warm
             if a == wide_actor:
                 w = self.wide
-                bill = self._prewarm(w.cold_start_s, self.gaps[0]) if is_warm and a not in hybrid else 0.0
+                # a new function of twice the TP (weights over the network), not a learner block: a warm one is
+                # pre-warmed, even in a hybrid function's place (that block is released at t0)
+                bill = self._prewarm(w.cold_start_s, self.gaps[0]) if is_warm else 0.0
                 out.append(ActorRun(a, w.gpus, 0.0 if is_warm else w.cold_start_s, w.weight_sync_s, kv_ready, tmpl,
                                     busy[a], bill))
                 continue
