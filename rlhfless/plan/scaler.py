@@ -165,9 +165,10 @@ def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg:
         w, a = wide
         kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
         # the wide engine is a new function (weights over the network), never a learner block: warm = pre-warmed
+        cold_s = [w.cold_start_s if i.cold else 0.0 for i in invs]
         invs = [i if i.actor_id != a else
-                Invocation("decode", a, 0.0 if i.cold else -cfg.warm_bill_s, max((w.cold_start_s if i.cold else 0.0) + w.weight_sync_s, kv)
-                           + busy_s[a], i.cold, w.gpus, w.cold_start_s if i.cold else 0.0) for i in invs]
+                Invocation("decode", a, 0.0 if i.cold else -cfg.warm_bill_s, max(c + w.weight_sync_s, kv) + busy_s[a],
+                           i.cold, w.gpus, c) for i, c in zip(invs, cold_s)]
     step = max((i.end_s for i in invs), default=0.0)
     if cfg.learner.whole_step:
         dur = np.zeros(plan.n_actors)
@@ -350,6 +351,31 @@ def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     return replace(cfg, deadline_s=cfg.deadline_ratio * ref.step_s)
 
 
+def _candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
+                draws: Sequence[Sequence[PlanJob]], memo: dict | None):
+    """The scored table of every candidate N and a function giving N's plan: simulated per candidate (exact
+    sweep or simulated cuts), the sweep's plans played on each draw (draws), or the vectorised sweep alone
+    (whose chosen plan is then built from its own labels)."""
+    exact = cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration)
+    if exact:
+        evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm, draws) for n in cfg.candidates()]
+    else:
+        _validate(ja, cfg.max_actors, cfg.capacity)
+        if not draws:
+            cands, res = sweep_candidates(ja, cfg, tm, n_warm)  # already scored
+
+            def built(n: int) -> AssignmentPlan:
+                r = res.candidates.index(n)
+                return build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
+            return cands, built
+        res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
+        plans = [build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
+                 for r, n in enumerate(res.candidates)]
+        evaluated = [(_row(p, cfg, tm, n_warm, draws, memo=memo), p) for p in plans]
+    plans_by_n = {c.n_actors: p for c, p in evaluated}
+    return _scored([c for c, _ in evaluated], cfg), plans_by_n.__getitem__
+
+
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
            n_warm: int | None = 0, wide: WideActor | None = None,
            draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingDecision, dict]:
@@ -368,31 +394,9 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
     if cfg.objective == "min_cost_at_deadline":
         _validate(ja, cfg.max_actors, cfg.capacity)
         cfg = _with_deadline(ja, cfg, tm, draws)
-    simulated = cfg.exact_sweep or (cfg.migrate and cfg.simulate_migration) or bool(draws)
-    if simulated and not cfg.exact_sweep and not (cfg.migrate and cfg.simulate_migration):
-        _validate(ja, cfg.max_actors, cfg.capacity)  # draws: each candidate is the sweep's plan, played per draw
-        res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
-        evaluated = []
-        for r, n in enumerate(res.candidates):
-            plan = build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
-            evaluated.append((_row(plan, cfg, tm, n_warm, draws, memo=memo), plan))
-        cands = [c for c, _ in evaluated]
-        plans = {c.n_actors: p for c, p in evaluated}
-    elif simulated:
-        evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm, draws) for n in cfg.candidates()]
-        cands = [c for c, _ in evaluated]
-        plans = {c.n_actors: p for c, p in evaluated}
-    else:
-        _validate(ja, cfg.max_actors, cfg.capacity)
-        cands, res = sweep_candidates(ja, cfg, tm, n_warm)  # already scored
-    if simulated:
-        cands = _scored(cands, cfg)
+    cands, plan_of = _candidates(ja, cfg, tm, n_warm, draws, memo)
     best, _ = _pick(cands, cfg)
-    if simulated:
-        plan = plans[best.n_actors]
-    else:  # the chosen candidate's plan, simulated exactly from the sweep's own labels
-        r = res.candidates.index(best.n_actors)
-        plan = build_plan(ja, res.labels(r), res.rank, best.n_actors, cfg.capacity, tm, cfg.policy)
+    plan = plan_of(best.n_actors)
     cut, migration = None, None
     if cfg.migrate:
         cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm, draws)

@@ -69,7 +69,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rlhfless.plan import PlanConfig, PlanJob, TimeModel, assign, choose, realized_plan, simulate_with_migration
+from rlhfless.plan import (
+    AssignmentPlan,
+    MigrationResult,
+    PlanConfig,
+    PlanJob,
+    ScalingDecision,
+    TimeModel,
+    assign,
+    choose,
+    realized_plan,
+    simulate_with_migration,
+)
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.cost import BillingRules
 from rlhfless.plan.overlap import LearnerCosts
@@ -290,16 +301,7 @@ class RLHFless:
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
         c, pm, sw = self.c, self.c.perf, self.sw
         key = "dedup" if sw.dedup else f"engine{c.template_tokens}"
-        draws = []
-        if sw.oracle:
-            jobs = true_jobs(step, self._prompt_of, key)
-        else:
-            pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
-            jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
-            if sw.draws:  # seeded by the step: every policy and rerun draws the same outcomes
-                rng = np.random.default_rng([step.epoch, step.step])
-                draws = [_jobs(step, d, self._prompt_of) for d in
-                         draw_lengths(pred, [len(g.lengths) for g in step.groups], N_DRAWS, rng, c.max_response)]
+        jobs, draws = self._planned_jobs(step, key)
         hyb = self.n_hybrid if sw.hybrid else 0
         n_warm = max(self.n_warm if sw.prewarm else 0, hyb)  # the hybrid functions and fresh pre-warmed ones
         prefill = None
@@ -311,15 +313,7 @@ class RLHFless:
                       warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]), hybrid_warm=hyb)
         memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
         decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide, draws=draws, memo=memo)
-        true = true_jobs(step, self._prompt_of, key)
-        real = realized_plan(decision, true, c.time_model, self.cfg.tau)
-        busy = list(real.busy_s)
-        finish = job_finish_s(decision.plan, true, c.time_model)
-        if decision.wide_actor >= 0:  # the straggler's true lengths on the wide engine
-            by_id = {j.group_id: j for j in true}
-            mine = [by_id[j.group_id] for j in decision.plan.actor_jobs[decision.wide_actor]]
-            busy[decision.wide_actor], fin = on_wide(mine, self.wide)
-            finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
+        real, busy, finish = self._realized(decision, true_jobs(step, self._prompt_of, key))
         # warm: the plan's predicted busiest, as the scaler assumed (the true busy times are not known ahead)
         actors = self._actors(step, decision.plan.actor_jobs, busy, list(decision.plan.busy_s), n_warm,
                               decision.wide_actor, hyb)
@@ -339,6 +333,34 @@ class RLHFless:
         self.n_hybrid = self._hybrid_after(plan) if sw.hybrid else 0
         self.n_warm = self._warm_pool(jobs, replace(cfg, hybrid_warm=self.n_hybrid), draws, len(actors), memo)
         return plan, metrics
+
+    def _planned_jobs(self, step: StepWork, key: str) -> tuple[list[PlanJob], list[list[PlanJob]]]:
+        """The jobs the scaler plans with (the predicted means; the true lengths for the oracle) and the drawn
+        outcomes it averages over (none for the oracle or without `Switches.draws`)."""
+        if self.sw.oracle:
+            return true_jobs(step, self._prompt_of, key), []
+        pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+        jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
+        if not self.sw.draws:
+            return jobs, []
+        rng = np.random.default_rng([step.epoch, step.step])  # by the step: every policy and rerun draws alike
+        sizes = [len(g.lengths) for g in step.groups]
+        return jobs, [_jobs(step, d, self._prompt_of)
+                      for d in draw_lengths(pred, sizes, N_DRAWS, rng, self.c.max_response)]
+
+    def _realized(self, decision: ScalingDecision,
+                  true: list[PlanJob]) -> tuple[AssignmentPlan | MigrationResult, list[float], dict[str, float]]:
+        """The decision played with the true lengths: (realised plan, each actor's busy seconds, each group's
+        finish on its actor), the straggler's on the wide engine when it runs there."""
+        real = realized_plan(decision, true, self.c.time_model, self.cfg.tau)
+        busy = list(real.busy_s)
+        finish = job_finish_s(decision.plan, true, self.c.time_model)
+        if decision.wide_actor >= 0:
+            by_id = {j.group_id: j for j in true}
+            mine = [by_id[j.group_id] for j in decision.plan.actor_jobs[decision.wide_actor]]
+            busy[decision.wide_actor], fin = on_wide(mine, self.wide)
+            finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
+        return real, busy, finish
 
     def _hybrid_after(self, plan: StepPlan) -> int:
         """Hybrid functions the step's learner ends with: each joined block holds its devices (and, after the
