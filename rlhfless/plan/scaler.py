@@ -246,7 +246,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
                             float("nan"), True, int(round(float(np.mean([r.migrations for r in rows])))))
 
 
-def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int,
+def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
               draws: Sequence[Sequence[PlanJob]] = ()) -> tuple[ScalingCandidate, MigrationResult]:
     """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations; over `draws` when given)
     and the cuts simulated on the predictions (what a runtime decides with)."""
@@ -254,7 +254,7 @@ def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int,
     return _row(plan, cfg, tm, n_warm, draws, cuts=res), res
 
 
-def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel, n_warm: int,
+def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
                        draws: Sequence[Sequence[PlanJob]] = ()) -> tuple[ScalingCandidate, AssignmentPlan]:
     """T(n) and C(n) of one candidate, simulated (with cuts at tau when cfg.migrate and cfg.simulate_migration)."""
     plan, _ = assign(ja, n, cfg.capacity, tm, cfg.policy)
@@ -296,11 +296,11 @@ def _pick(cands: list[ScalingCandidate], cfg: PlanConfig) -> tuple[ScalingCandid
 
 
 def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
-                     n_warm: int) -> tuple[list[ScalingCandidate], sw.SweepResult]:
+                     n_warm: int | None) -> tuple[list[ScalingCandidate], sw.SweepResult]:
     """T(N) and C(N) of every candidate from the fast sweep, costed like `decode_invocations` + `cost_step`,
     and scored for cfg's objective as `_scored` would."""
     res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
-    busy, active = res.busy_s, res.njobs > 0
+    busy, active = res.busy_s, res.njobs > 0  # (R, M): candidate row x actor slot
     m = busy.shape[1]
     # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations; the busiest
     # hybrid_warm of them are hybrid functions from the last step's learner
@@ -313,7 +313,8 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
     cold_s = np.where(cold, cfg.cold_start_s, 0.0)
     kv = cfg.learner.prefill_s if cfg.learner.whole_step else 0.0
     dur = np.maximum(cold_s + np.where(hybrid, cfg.hybrid_sync_s, cfg.weight_sync_s), kv) + busy
-    # a warm actor bills from warm_bill_s before the step; a hybrid one from the step's start
+    # a pre-warmed actor was kept alive (or restarted) warm_bill_s ahead; a hybrid one was a learner block until
+    # the step's start, billed to the learner, so its decode bill starts there
     held = dur + np.where(cold | hybrid, 0.0, cfg.warm_bill_s)
     billed = np.where(active, billed_seconds_array(held, cold, cold_s, cfg.billing), 0.0)
     gpu_s = (billed * cfg.gpus_per_actor).sum(axis=1)
@@ -409,7 +410,7 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
 
 
 def _decide_wide(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
-                 tm: TimeModel, n_warm: int, wide: WideActor, draws: Sequence[Sequence[PlanJob]] = ()):
+                 tm: TimeModel, n_warm: int | None, wide: WideActor, draws: Sequence[Sequence[PlanJob]] = ()):
     """Run the straggler on the wide engine only where the objective prefers it (the rule of `_decide_cuts`)
     and the device budget holds it. Returns (table, chosen row, wide actor or -1, the wide row or None)."""
     a = straggler(plan, plan.busy_s)
@@ -427,7 +428,7 @@ def _decide_wide(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
 
 
 def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
-                 tm: TimeModel, n_warm: int, draws: Sequence[Sequence[PlanJob]] = ()):
+                 tm: TimeModel, n_warm: int | None, draws: Sequence[Sequence[PlanJob]] = ()):
     """Keep cuts at tau in the chosen plan only where the objective prefers them (module header).
 
     Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None). The table changes only
