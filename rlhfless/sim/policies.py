@@ -408,23 +408,23 @@ class RLHFless:
     def _unique_tokens(self, step: StepWork) -> int:
         return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
 
-    def _actors(self, step: StepWork, actor_jobs, busy: list[float], narrow: list[float], n_warm: int,
+    def _actors(self, step: StepWork, actor_jobs, busy: list[float], predicted: list[float], n_warm: int,
                 wide_actor: int = -1, n_hybrid: int = 0) -> tuple[ActorRun, ...]:
-        """One ActorRun per active actor; the n_warm busiest at the narrow TP warm (as the scaler assumed), the
-        n_hybrid busiest of those hybrid functions from the last step's learner (the in-place reshard, billed from
-        t0); `wide_actor` on the wide engine (its devices, cold start and weight sync; `busy` holds its time
-        there)."""
+        """One ActorRun per active actor; the n_warm busiest by the plan's `predicted` busy seconds (narrow TP:
+        what is known when they start) warm, as the scaler assumed; the n_hybrid busiest of those hybrid functions
+        from the last step's learner (the in-place reshard, billed from t0); `wide_actor` on the wide engine (its
+        devices, cold start and weight sync; `busy` holds its time there)."""
         c, pm, sw = self.c, self.c.perf, self.sw
         plen = {g.prompt_id: g.prompt_len for g in step.groups}
         active = [a for a, jobs in enumerate(actor_jobs) if jobs]
-        by_busy = sorted(active, key=lambda a: (-narrow[a], a))[:n_warm]
+        by_busy = sorted(active, key=lambda a: (-predicted[a], a))[:n_warm]
         warm, hybrid = set(by_busy), set(by_busy[:min(n_hybrid, n_warm)])
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill = self._prewarm(cold_s, self.gaps[0])
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
         t_prefill = 0.0 if sw.prewarm or not sw.dedup else cold_s
         out = []
-        for a in sorted(active, key=lambda a: -narrow[a]):  # the prefill function serves the busiest first
+        for a in sorted(active, key=lambda a: -predicted[a]):  # the prefill function serves the busiest first
             toks = sum(plen[j.group_id] for j in actor_jobs[a])
             kv_ready = 0.0
             if sw.dedup:
