@@ -262,6 +262,21 @@ def test_hybrid_functions_go_on_as_warm_learner_ranks_to_the_same_weights(runs):
     assert _same_weights(out, sep) and _same_weights(out, runs["serverful"][0])
 
 
+def test_every_step_bills_hybrid_functions_to_decode_or_learner(runs):
+    """A hybrid function's held time in a step is billed by role (`meter.role_split`) from every invocation so
+    far: one pre-warmed for the next step, or kept warm from the last, is never billed to a mixed
+    "decode+learner" kind, and the steps' decode and learner bills stay within the run's (which also bills the
+    time between steps)."""
+    out = runs["serverless"][0]
+    steps = [r for r in _rows(out / "metrics.jsonl") if "timing_s/step" in r]
+    assert len(steps) == 3 and not any("decode+learner" in k for r in steps for k in r)
+    billed = runs["serverless"][1]["runtime"]["billed_s_by_kind"]
+    assert set(billed) <= {"decode", "learner", "prefill", "reference"}
+    kinds = ("decode", "learner")
+    in_steps = sum(r.get(f"function/{k}/billed_s", 0.0) for r in steps for k in kinds)
+    assert 0 < in_steps <= sum(billed[k] for k in kinds) + 0.01
+
+
 def test_a_learner_rank_killed_while_streaming_recomputes_its_groups_to_the_same_weights(runs):
     out, summary = runs["killed_learner"]
     assert runs["killed_ranks"], "the chaos hook never found a learner rank with groups"
