@@ -115,6 +115,22 @@ def runs(tmp_path_factory):
     finally:
         executor.RUNTIME_HOOKS.remove(chaos.attach)
     out["serverful_chaos"] = chaos
+
+    # hybrid functions kept warm between steps (keep-alive): a learner rank decodes the next step, and decode
+    # functions are pre-warmed during the update
+    warm = ["runtime.mode=serverless", "runtime.keep_alive_s=30", "plan.scale=false", "plan.max_actors=2"]
+    out["hybrid_warm"] = _run(tmp, "hybrid_warm", warm)
+    # hybrid functions under SIGKILL at protocol events: a decode function the moment its `done` is read (it is
+    # then handed on as a learner rank, dead), a rank just handed (its learn_begin sent), and in step 3 a warm
+    # hybrid function, a learner rank of step 2, just sent its decode
+    hybrid = KillOn(KillRule("received", "done", 1), KillRule("sent", "learn_begin", 2),
+                    KillRule("sent", "decode", 3))
+    executor.RUNTIME_HOOKS.append(hybrid.attach)
+    try:
+        out["hybrid_killed"] = _run(tmp, "hybrid_killed", warm)
+    finally:
+        executor.RUNTIME_HOOKS.remove(hybrid.attach)
+    out["hybrid_chaos"] = hybrid
     return out
 
 
@@ -267,14 +283,16 @@ def test_every_step_bills_hybrid_functions_to_decode_or_learner(runs):
     far: one pre-warmed for the next step, or kept warm from the last, is never billed to a mixed
     "decode+learner" kind, and the steps' decode and learner bills stay within the run's (which also bills the
     time between steps)."""
-    out = runs["serverless"][0]
+    out, summary = runs["hybrid_warm"]
+    workers = _rows(out / "workers.jsonl")
+    assert len(workers) < 3 * 2  # kept warm across steps
     steps = [r for r in _rows(out / "metrics.jsonl") if "timing_s/step" in r]
     assert len(steps) == 3 and not any("decode+learner" in k for r in steps for k in r)
-    billed = runs["serverless"][1]["runtime"]["billed_s_by_kind"]
+    billed = summary["runtime"]["billed_s_by_kind"]
     assert set(billed) <= {"decode", "learner", "prefill", "reference"}
-    kinds = ("decode", "learner")
-    in_steps = sum(r.get(f"function/{k}/billed_s", 0.0) for r in steps for k in kinds)
-    assert 0 < in_steps <= sum(billed[k] for k in kinds) + 0.01
+    for kind in ("decode", "learner"):
+        in_steps = sum(r.get(f"function/{kind}/billed_s", 0.0) for r in steps)
+        assert 0 < in_steps <= billed[kind] + 0.01, kind
 
 
 def test_a_learner_rank_killed_while_streaming_recomputes_its_groups_to_the_same_weights(runs):
@@ -415,3 +433,32 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
             assert s["loop_wall_s"] == pytest.approx(rt.step_t1 - rt.t0 - off_s, rel=1e-9)
     finally:
         executor.RUNTIME_HOOKS.remove(runtimes.append)
+
+
+def test_hybrid_functions_killed_before_and_after_going_on_as_ranks_lose_nothing(runs):
+    """SIGKILL a hybrid function as its decode ends (the driver hands the dead worker on as a rank), a rank just
+    handed, and a warm former rank as it starts the next decode: each death is one retry, noticed by whoever
+    owns the worker at that moment (decode stage or learner stream), and samples and weights are the serverful
+    control's bit for bit."""
+    out, summary = runs["hybrid_killed"]
+    fired = [(rule.op, rule.step) for rule, _ in runs["hybrid_chaos"].fired]
+    assert fired == [("done", 1), ("learn_begin", 2), ("decode", 3)]
+    rt = summary["runtime"]
+    assert rt["workers_killed"] == 3 and rt["retries"] == 3
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+    assert _same_weights(out, runs["serverful"][0])
+    invs = _rows(out / "invocations.jsonl")
+    assert all(i["ok"] for i in invs if i["kind"] == "learner" and i["step"] == 3)
+
+
+def test_a_warm_hybrid_function_decodes_the_next_step_with_the_weights_it_computed(runs):
+    """Kept warm (keep-alive), a learner rank decodes the next step with the update it applied in memory (no
+    state load: sync_s 0) and, rank 0 or not, gives the samples and final weights of the serverful control bit
+    for bit."""
+    out = runs["hybrid_warm"][0]
+    invs = _rows(out / "invocations.jsonl")
+    ranks = {(i["step"], i["worker"]) for i in invs if i["kind"] == "learner" and i["ok"]}
+    warm = [i for i in invs if i["kind"] == "decode" and (i["step"] - 1, i["worker"]) in ranks]
+    assert len({i["worker"] for i in warm}) == 2 and all(i["extra"]["sync_s"] == 0 for i in warm)
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+    assert _same_weights(out, runs["serverful"][0])
