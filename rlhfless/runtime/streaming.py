@@ -110,13 +110,16 @@ class LearnerStream:
 
     def take(self, h) -> bool:
         """Hybrid image (runtime.hybrid): a decode function whose rows are all done goes on as the rank with the
-        most finished groups waiting (ties: the lowest). It is warm and its policy is at this step's version, so
-        learn_begin loads nothing. False when every rank has a worker already (the caller releases it)."""
+        most finished groups waiting (ties: the lowest). It is warm; its policy is at this step's version when it
+        decoded this step or was a rank of the last (learn_begin then loads nothing; else it loads the state, as
+        any rank behind the version does). A function pre-warmed for decode and taken before any decode (beyond
+        the step's decode need) runs its first invocation here, so the rank carries its cold start. False when
+        every rank has a worker already (the caller releases it)."""
         free = [r for r in self.ranks if r.handle is None]
         if not free or not getattr(h, "home", True):  # ranks run on the learner's node (the group binds loopback)
             return False
         r = max(free, key=lambda x: sum(g in self.finished for g in x.groups))
-        r.handle, r.requested, r.cold = h, now(), False
+        r.handle, r.requested, r.cold = h, now(), self.rt.first_use(h)
         self.rt.pool.busy(h)
         self.rt.learners.append(h)
         self.pump()
