@@ -215,7 +215,7 @@ class LearnerStream:
         victims = self.ranks if ending or rt.serverful else [dead]
         for r in victims:
             if r.handle is not None:
-                self._drop(r, dead=r is dead)
+                self._drop(r, dead=r is dead, stop=ending)
         self.attempt += 1
         if self.attempt > rt.rt.max_attempts:
             
@@ -226,13 +226,19 @@ class LearnerStream:
         for r in victims:
             r.reset()
 
-    def _drop(self, r: _Rank, dead: bool, **extra) -> None:
-        """Record the rank's unfinished invocation and let its worker go (serverful: the pool restarts it)."""
+    def _drop(self, r: _Rank, dead: bool, stop: bool = False, **extra) -> None:
+        """Record the rank's unfinished invocation and let its worker go (serverful: the pool restarts it). `stop`:
+        a survivor of a death after learn_end is ended at once, not asked to shut down: it waits inside the
+        group's rendezvous or broken all-reduce and would read `shutdown` only at gloo's timeout (the driver
+        stalled 5 s per survivor before killing it)."""
         rt = self.rt
         rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                   self.attempt, ok=False, **extra)
         if not rt.serverful:
-            rt.pool.dead(r.handle) if dead else rt.pool.release(r.handle)
+            if dead:
+                rt.pool.dead(r.handle)
+            else:
+                rt.pool.stop(r.handle) if stop else rt.pool.release(r.handle)
         rt.learners = [x for x in rt.learners if x is not r.handle]
 
     def preempt(self) -> bool:
