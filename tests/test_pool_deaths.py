@@ -62,6 +62,16 @@ def test_a_sigkilled_worker_and_a_crash_are_killed():
     assert pool.records[h.worker].killed
 
 
+def test_a_hung_worker_declared_dead_is_killed_at_once_not_after_waiting_for_its_exit():
+    """An invocation over time (`DecodeStage._check_timeouts`) declares a worker that is alive and silent dead:
+    its pipe is open, so it is not exiting, and waiting for its exit status only stalls the driver (5 s)."""
+    pool, h = _pool_with(None)  # alive, blocked on its pipe: hung as far as the driver can tell
+    t0 = now()
+    pool.dead(h)
+    assert not h.process.is_alive() and pool.records[h.worker].killed
+    assert now() - t0 < 2.5, "the driver waited for a hung worker to exit on its own"
+
+
 def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_another(tmp_path, monkeypatch):
     """Between `free_port` and rank 0's bind another process can take the port (seen once with two CI runs side
     by side): rank 0 dies starting, and the pool forms again on a new port instead of failing the run."""

@@ -115,6 +115,22 @@ def runs(tmp_path_factory):
     finally:
         executor.RUNTIME_HOOKS.remove(chaos.attach)
     out["serverful_chaos"] = chaos
+
+    # hybrid functions kept warm between steps (keep-alive): a learner rank decodes the next step, and decode
+    # functions are pre-warmed during the update
+    warm = ["runtime.mode=serverless", "runtime.keep_alive_s=30", "plan.scale=false", "plan.max_actors=2"]
+    out["hybrid_warm"] = _run(tmp, "hybrid_warm", warm)
+    # hybrid functions under SIGKILL at protocol events: a decode function the moment its `done` is read (it is
+    # then handed on as a learner rank, dead), a rank just handed (its learn_begin sent), and in step 3 a warm
+    # hybrid function, a learner rank of step 2, just sent its decode, and a rank just sent the optimiser step
+    hybrid = KillOn(KillRule("received", "done", 1), KillRule("sent", "learn_begin", 2),
+                    KillRule("sent", "decode", 3), KillRule("sent", "learn_end", 3))
+    executor.RUNTIME_HOOKS.append(hybrid.attach)
+    try:
+        out["hybrid_killed"] = _run(tmp, "hybrid_killed", warm)
+    finally:
+        executor.RUNTIME_HOOKS.remove(hybrid.attach)
+    out["hybrid_chaos"] = hybrid
     return out
 
 
@@ -262,6 +278,23 @@ def test_hybrid_functions_go_on_as_warm_learner_ranks_to_the_same_weights(runs):
     assert _same_weights(out, sep) and _same_weights(out, runs["serverful"][0])
 
 
+def test_every_step_bills_hybrid_functions_to_decode_or_learner(runs):
+    """A hybrid function's held time in a step is billed by role (`meter.role_split`) from every invocation so
+    far: one pre-warmed for the next step, or kept warm from the last, is never billed to a mixed
+    "decode+learner" kind, and the steps' decode and learner bills stay within the run's (which also bills the
+    time between steps)."""
+    out, summary = runs["hybrid_warm"]
+    workers = _rows(out / "workers.jsonl")
+    assert len(workers) < 3 * 2  # kept warm across steps
+    steps = [r for r in _rows(out / "metrics.jsonl") if "timing_s/step" in r]
+    assert len(steps) == 3 and not any("decode+learner" in k for r in steps for k in r)
+    billed = summary["runtime"]["billed_s_by_kind"]
+    assert set(billed) <= {"decode", "learner", "prefill", "reference"}
+    for kind in ("decode", "learner"):
+        in_steps = sum(r.get(f"function/{kind}/billed_s", 0.0) for r in steps)
+        assert 0 < in_steps <= billed[kind] + 0.01, kind
+
+
 def test_a_learner_rank_killed_while_streaming_recomputes_its_groups_to_the_same_weights(runs):
     out, summary = runs["killed_learner"]
     assert runs["killed_ranks"], "the chaos hook never found a learner rank with groups"
@@ -400,3 +433,37 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
             assert s["loop_wall_s"] == pytest.approx(rt.step_t1 - rt.t0 - off_s, rel=1e-9)
     finally:
         executor.RUNTIME_HOOKS.remove(runtimes.append)
+
+
+def test_hybrid_functions_killed_before_and_after_going_on_as_ranks_lose_nothing(runs):
+    """SIGKILL a hybrid function as its decode ends (the driver hands the dead worker on as a rank), a rank just
+    handed, a warm former rank as it starts the next decode, and a rank just sent the optimiser step (its group
+    forms anew): each death is one retry, noticed by whoever owns the worker at that moment (decode stage or
+    learner stream), and samples and weights are the serverful control's bit for bit."""
+    out, summary = runs["hybrid_killed"]
+    fired = [(rule.op, rule.step) for rule, _ in runs["hybrid_chaos"].fired]
+    assert fired == [("done", 1), ("learn_begin", 2), ("decode", 3), ("learn_end", 3)]
+    rt = summary["runtime"]
+    assert rt["workers_killed"] == 4 and rt["retries"] == 4
+    # the rank that survived the death at learn_end waits in the group's rendezvous: it is stopped at once, not
+    # asked to shut down (it would read that only at gloo's timeout; the driver waited 5 s before killing it)
+    workers = {w["worker"]: w for w in _rows(out / "workers.jsonl")}
+    killed_at_end = workers[runs["hybrid_chaos"].fired[-1][1]]["released_s"]
+    survivors = [w for w in workers.values() if not w["killed"] and w["spawned_s"] < killed_at_end
+                 and w["released_s"] >= killed_at_end]
+    assert survivors and all(w["released_s"] - killed_at_end < 2.5 for w in survivors)
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+    assert _same_weights(out, runs["serverful"][0])
+
+
+def test_a_warm_hybrid_function_decodes_the_next_step_with_the_weights_it_computed(runs):
+    """Kept warm (keep-alive), a learner rank decodes the next step with the update it applied in memory (no
+    state load: sync_s 0) and, rank 0 or not, gives the samples and final weights of the serverful control bit
+    for bit."""
+    out = runs["hybrid_warm"][0]
+    invs = _rows(out / "invocations.jsonl")
+    ranks = {(i["step"], i["worker"]) for i in invs if i["kind"] == "learner" and i["ok"]}
+    warm = [i for i in invs if i["kind"] == "decode" and (i["step"] - 1, i["worker"]) in ranks]
+    assert len({i["worker"] for i in warm}) == 2 and all(i["extra"]["sync_s"] == 0 for i in warm)
+    assert read_digests(out) == read_digests(runs["serverful"][0])
+    assert _same_weights(out, runs["serverful"][0])

@@ -186,3 +186,21 @@ def test_a_hybrid_decode_function_is_priced_as_its_decode_share_of_the_bill():
     assert billed.by_kind["learner"] == pytest.approx(6.2)
     separate = SimpleNamespace(**{**vars(rt), "hybrid": False})
     assert billing_rules(separate, decode=True).keep_alive_s == 2.0 == billing_rules(rt).keep_alive_s
+
+
+def test_a_step_window_bills_a_hybrid_function_by_its_earlier_work_and_never_to_a_mixed_kind():
+    """A step's window sees a hybrid function (runtime.hybrid) idle after the previous step's learner rank, and one
+    pre-warmed for the next step (not invoked yet). Given every invocation so far, the first is learner keep-alive
+    (as the run's bill says) and the second decode; neither is billed to "decode+learner", which has no
+    function/<kind>/billed_s meaning. Windows add up to the run's split."""
+    kept = WorkerRecord("decode+learner-0", ("decode", "learner"), 1.0, (0,), 0.0, 0.3, 6.0)
+    fresh = WorkerRecord("decode+learner-1", ("decode", "learner"), 1.0, (1,), 4.5, 4.8, 8.0)
+    invs = [inv("decode+learner-0", "decode", 0.3, 1.2), inv("decode+learner-0", "learner", 1.4, 2.6),
+            inv("decode+learner-0", "decode", 5.0, 5.5, step=2), inv("decode+learner-1", "decode", 5.1, 7.0, step=2)]
+    step1 = bill_window([kept, fresh], invs[:2], 0.0, 5.0, 5.0, CPU, False)  # at step 1's end: step 2 not run yet
+    assert step1.by_kind == pytest.approx({"decode": 1.4 + 0.5, "learner": 3.6})
+    step2 = bill_window([kept, fresh], invs, 5.0, 10.0, 10.0, CPU, False)
+    assert step2.by_kind == pytest.approx({"decode": 1.0 + 3.0})
+    whole = bill_run([kept, fresh], invs, 10.0, CPU, False, 0.001)
+    assert whole.by_kind == pytest.approx({k: step1.by_kind.get(k, 0) + step2.by_kind.get(k, 0)
+                                           for k in ("decode", "learner")}, abs=2e-3)

@@ -72,6 +72,19 @@ def _without_main():
             main.__file__ = file_
 
 
+def _closed(conn, most: int = 1000) -> bool:
+    """Whether the worker's end of the pipe is closed (EOF after what it had sent, which is read and dropped:
+    the worker is being recorded as dead). `most` messages at most, for a worker that still writes."""
+    try:
+        for _ in range(most):
+            if not conn.poll():
+                return False
+            conn.recv_bytes()
+    except (EOFError, OSError):
+        return True
+    return False
+
+
 class LocalBackend:
     def __init__(self, start_method: str = "forkserver", preload: list[str] | None = None):
         """preload: the modules the fork server imports once (default `worker.PRELOAD`; `worker.preload(engine)`
@@ -152,7 +165,10 @@ class LocalBackend:
         """Nothing to stop: the fork server ends with the driver."""
 
     def exit_status(self, h: Handle) -> int | None:
-        """The exit status of a worker whose pipe has closed (it is exiting: wait for that, bounded)."""
+        """The exit status of a worker whose pipe has closed (it is exiting: wait for that, bounded); None for one
+        whose pipe is open: it hangs (an invocation over time), and waiting would only stall the driver."""
+        if not _closed(h.conn):
+            return h.process.exitcode
         h.process.join(5.0)
         return h.process.exitcode
 

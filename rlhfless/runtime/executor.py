@@ -311,9 +311,10 @@ class Runtime:
 
     def end_step(self, step: int) -> dict[str, float]:
         t1 = self.step_t1 = now()
-        bill = bill_window(list(self.pool.records.values()), [i for i in self.invocations if i.step == step],
-                           self.rel(self.step_t0), self.rel(t1), self.rel(t1), self.price, self.serverful,
-                           self.paused)
+        # every invocation so far, not only this step's: a hybrid function idle at the step's start is billed to
+        # the role of its previous step's work (`meter.role_split`); busy time is clipped to the window
+        bill = bill_window(list(self.pool.records.values()), self.invocations, self.rel(self.step_t0),
+                           self.rel(t1), self.rel(t1), self.price, self.serverful, self.paused)
         m = bill.metrics()
         m.update(self.counters)
         m[M.RUNTIME_UNITS_PEAK] = peak_units([r.to_json() for r in self.pool.records.values()],

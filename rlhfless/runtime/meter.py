@@ -100,14 +100,19 @@ def role_split(w: WorkerRecord, invocations: Sequence[InvocationRecord], a: floa
     """Seconds of [a, b) inside w's lifetime (less `paused`), by the role it was in: a single-kind worker's all
     go to its kind; a hybrid worker's instant t goes to the kind of its last invocation requested at or before t
     (idle after work is that work's keep-alive), before its first one to the first's kind (its cold start).
-    `invocations`: w's own, any order. Pure; the parts sum to the held seconds."""
+    A hybrid worker not invoked yet is a pre-warmed decode function (a learner rank is invoked from its start):
+    decode. `invocations`: w's own, any order, all of them so far (a window's split needs the ones before it: a
+    worker's idle at a step's start is the keep-alive of its previous step's work). Pure; the parts sum to the
+    held seconds."""
     end = w.released_s if w.released_s is not None else b
     lo, hi = max(w.spawned_s, a), min(end, b)
     if hi <= lo:
         return {}
     mine = sorted((i for i in invocations if i.worker == w.worker), key=lambda i: i.requested_s)
-    if len(w.kinds) == 1 or not mine or role(tuple(w.kinds)) == "pool":
+    if len(w.kinds) == 1 or role(tuple(w.kinds)) == "pool":
         return {_kind(w): hi - lo - overlap_s(lo, hi, paused)}
+    if not mine:
+        return {"decode": hi - lo - overlap_s(lo, hi, paused)}
     cuts = [lo] + [i.requested_s for i in mine[1:] if lo < i.requested_s < hi] + [hi]
     kinds = [_BILLED_AS.get(mine[0].kind, mine[0].kind)]
     for i in mine[1:]:
@@ -141,10 +146,19 @@ def _held(w: WorkerRecord, t0: float, t1: float, now: float, paused: Paused) -> 
     return w.held(t0, t1, now) - overlap_s(max(w.spawned_s, t0), min(end, t1), paused)
 
 
+def _by_worker(invocations: Sequence[InvocationRecord]) -> dict[str, list[InvocationRecord]]:
+    """Invocations by worker id: `role_split` per worker without scanning the run's every invocation each time."""
+    out: dict[str, list[InvocationRecord]] = {}
+    for i in invocations:
+        out.setdefault(i.worker, []).append(i)
+    return out
+
+
 def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRecord], t0: float, t1: float,
                 now: float, price: DevicePrice, serverful: bool, paused: Paused = ()) -> Bill:
     """Device-seconds billed inside [t0, t1): every worker's held time in the window, less any `paused` time,
-    times its units (unrounded).
+    times its units (unrounded). `invocations`: every one so far, not only the window's (a hybrid worker's
+    split by role needs its earlier ones; busy time is clipped to the window).
 
     Cold starts are counted for workers that became ready inside the window.
     """
@@ -152,10 +166,11 @@ def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[Invocatio
     total = cold_s = 0.0
     colds = 0
     invocations = list(invocations)
+    by_worker = _by_worker(invocations)
     for w in workers:
         held = _held(w, t0, t1, now, paused) * w.units
         if held > 0:
-            for k, s in role_split(w, invocations, t0, min(t1, now), paused).items():
+            for k, s in role_split(w, by_worker.get(w.worker, ()), t0, min(t1, now), paused).items():
                 by_kind[k] = by_kind.get(k, 0.0) + s * w.units
             total += held
         if w.ready_s is not None and t0 <= w.ready_s < t1:
@@ -173,13 +188,14 @@ def bill_run(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRe
     by_kind: dict[str, float] = {}
     total = 0.0
     invocations = list(invocations)
+    by_worker = _by_worker(invocations)
     for w in workers:
         end = w.released_s if w.released_s is not None else now
         cold = w.cold_start_s if w.ready_s is not None else 0.0
         held = end - w.spawned_s - overlap_s(w.spawned_s, end, paused)
         billed = rules.bill_held(held, cold) * w.units
         # the rounded bill shared out like the measured held time
-        for k, s in role_split(w, invocations, w.spawned_s, end, paused).items():
+        for k, s in role_split(w, by_worker.get(w.worker, ()), w.spawned_s, end, paused).items():
             by_kind[k] = by_kind.get(k, 0.0) + (billed * s / held if held > 0 else 0.0)
         total += billed
     busy = sum(i.busy_s * i.units for i in invocations)

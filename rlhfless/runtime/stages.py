@@ -5,7 +5,9 @@ progress goes through the planner's own `plan_migrations`, the same rule the tim
 (a source's unfinished rows, sent on to their destinations as `adopt`), `done` (scored rows), and death
 (the worker's outstanding rows are re-run on a fresh worker from their prompts, or from the tokens they had when
 they were migrated: the same random streams give the same tokens). It also fires the pre-warm of the learner
-group at the time the policy says.
+group at the time the policy says. With the hybrid image (runtime.hybrid) a function whose rows are all done goes
+on as a learner rank (`LearnerStream.take`, `_Actor.handed`): from then on its messages and its death are the
+learner stream's, and no cut row is sent to it.
 """
 
 from __future__ import annotations

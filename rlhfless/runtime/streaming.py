@@ -110,13 +110,16 @@ class LearnerStream:
 
     def take(self, h) -> bool:
         """Hybrid image (runtime.hybrid): a decode function whose rows are all done goes on as the rank with the
-        most finished groups waiting (ties: the lowest). It is warm and its policy is at this step's version, so
-        learn_begin loads nothing. False when every rank has a worker already (the caller releases it)."""
+        most finished groups waiting (ties: the lowest). It is warm; its policy is at this step's version when it
+        decoded this step or was a rank of the last (learn_begin then loads nothing; else it loads the state, as
+        any rank behind the version does). A function pre-warmed for decode and taken before any decode (beyond
+        the step's decode need) runs its first invocation here, so the rank carries its cold start. False when
+        every rank has a worker already (the caller releases it)."""
         free = [r for r in self.ranks if r.handle is None]
         if not free or not getattr(h, "home", True):  # ranks run on the learner's node (the group binds loopback)
             return False
         r = max(free, key=lambda x: sum(g in self.finished for g in x.groups))
-        r.handle, r.requested, r.cold = h, now(), False
+        r.handle, r.requested, r.cold = h, now(), self.rt.first_use(h)
         self.rt.pool.busy(h)
         self.rt.learners.append(h)
         self.pump()
@@ -212,7 +215,7 @@ class LearnerStream:
         victims = self.ranks if ending or rt.serverful else [dead]
         for r in victims:
             if r.handle is not None:
-                self._drop(r, dead=r is dead)
+                self._drop(r, dead=r is dead, stop=ending)
         self.attempt += 1
         if self.attempt > rt.rt.max_attempts:
             
@@ -223,13 +226,19 @@ class LearnerStream:
         for r in victims:
             r.reset()
 
-    def _drop(self, r: _Rank, dead: bool, **extra) -> None:
-        """Record the rank's unfinished invocation and let its worker go (serverful: the pool restarts it)."""
+    def _drop(self, r: _Rank, dead: bool, stop: bool = False, **extra) -> None:
+        """Record the rank's unfinished invocation and let its worker go (serverful: the pool restarts it). `stop`:
+        a survivor of a death after learn_end is ended at once, not asked to shut down: it waits inside the
+        group's rendezvous or broken all-reduce and would read `shutdown` only at gloo's timeout (the driver
+        stalled 5 s per survivor before killing it)."""
         rt = self.rt
         rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                   self.attempt, ok=False, **extra)
         if not rt.serverful:
-            rt.pool.dead(r.handle) if dead else rt.pool.release(r.handle)
+            if dead:
+                rt.pool.dead(r.handle)
+            else:
+                rt.pool.stop(r.handle) if stop else rt.pool.release(r.handle)
         rt.learners = [x for x in rt.learners if x is not r.handle]
 
     def preempt(self) -> bool:
