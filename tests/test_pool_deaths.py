@@ -8,6 +8,8 @@ import multiprocessing as mp
 import os
 import signal
 
+import pytest
+
 from rlhfless.runtime.backend import Handle, LocalBackend
 from rlhfless.runtime.pool import Pool
 from rlhfless.runtime.records import WorkerRecord, now
@@ -73,8 +75,9 @@ def test_a_hung_worker_declared_dead_is_killed_at_once_not_after_waiting_for_its
 
 
 def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_another(tmp_path, monkeypatch):
-    """Between `free_port` and rank 0's bind another process can take the port (seen once with two CI runs side
-    by side): rank 0 dies starting, and the pool forms again on a new port instead of failing the run."""
+    """A rank 0 that cannot bind its rendezvous port dies starting (the port is reserved now, `reserve_port`, but
+    a bug or a foreign SO_REUSEPORT socket could still take it): the pool forms again on a new port instead of
+    failing the run."""
     import socket
 
     from rlhfless.config import load_run_config
@@ -85,9 +88,9 @@ def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_anothe
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen(1)
-    ports = [taken.getsockname()[1]]
-    real = dist.free_port
-    monkeypatch.setattr(dist, "free_port", lambda: ports.pop() if ports else real())
+    ports = [(taken.getsockname()[1], socket.socket())]
+    real = dist.reserve_port
+    monkeypatch.setattr(dist, "reserve_port", lambda: ports.pop() if ports else real())
     cfg = load_run_config("experiments/configs/quickstart.yaml",
                           ["runtime.mode=serverful", "train.steps=1", "rollout.prompts_per_step=4", "algo.group_size=2",
                            "rollout.max_new_tokens=16", "train.eval_prompts=0", "train.checkpoint_every=0",
@@ -99,3 +102,27 @@ def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_anothe
     W = available_cores()
     assert not ports and rt["steps"] == 1
     assert rt["workers_started"] == 2 * W and rt["workers_killed"] == 1  # rank 0 of the first try; the rest stopped
+
+
+def test_a_reserved_port_is_refused_to_others_and_taken_by_rank_0():
+    """reserve_port: while the driver holds the port no other socket binds it, and rank 0's rendezvous (SO_REUSEPORT)
+    listens on it and forms the group (a world of one here)."""
+    import socket
+
+    from rlhfless.runtime.dist import destroy_group, init_group, reserve_port
+
+    port, held = reserve_port()
+    try:
+        other = socket.socket()
+        with pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))
+        other.close()
+        all_reduce = init_group(0, 1, port, timeout_s=10.0)
+        import torch
+
+        t = torch.ones(3)
+        all_reduce(t)
+        assert t.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        destroy_group()
+        held.close()

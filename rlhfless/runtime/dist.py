@@ -31,10 +31,23 @@ _GROUP: dict = {}
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (the OS picks it). Another process may take it before rank 0
-    binds it; `init_group` then fails with an error naming the port, and the caller retries with a new one."""
+    binds it (an outgoing connection's ephemeral port included); `init_group` then fails with an error naming the
+    port. A driver that spawns the ranks holds the port instead: `reserve_port`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]
+
+
+def reserve_port() -> tuple[int, socket.socket]:
+    """(port, reservation): a port on 127.0.0.1 held by a bound, not listening, SO_REUSEPORT socket. No other
+    socket can bind it, and the kernel gives a bound port to no outgoing connection, while rank 0 (which binds with
+    SO_REUSEPORT too) listens on it; connections go to the listening socket only. Close the reservation once the
+    group has formed. (free_port left a window in which gloo's own connections could take the port: a rank 0
+    that died starting, seen in CI beside other jobs.)"""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind((HOST, 0))
+    return s.getsockname()[1], s
 
 
 def init_group(rank: int, world: int, port: int, backend: str = "gloo",
@@ -43,7 +56,7 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo",
 
     Args:
         rank: 0 .. world - 1; rank 0 hosts the rendezvous on 127.0.0.1:port.
-        port: the same on every rank (e.g. `free_port()` in the parent that spawns the ranks).
+        port: the same on every rank (`reserve_port()` in the parent that spawns the ranks, held until they joined).
         backend: "gloo" (CPU) or "nccl" (one CUDA device per rank).
         timeout_s: bound on the rendezvous and on every later collective.
     Returns:
@@ -60,6 +73,7 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo",
     timeout = timedelta(seconds=timeout_s)
     if rank == 0:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # beside the driver's `reserve_port`
         try:
             listener.bind((HOST, port))
         except OSError as exc:

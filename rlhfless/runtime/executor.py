@@ -44,9 +44,9 @@ class Runtime:
                  planner=None, env=None, progress: bool = False):
         from rlhfless.learner import save_learner_state
         from rlhfless.textenv import make_env
-        from rlhfless.runtime.dist import free_port
+        from rlhfless.runtime.dist import reserve_port
 
-        self._free_port = free_port
+        self._reserve_port = reserve_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
         self.serverful = mode == "serverful"
         self.hybrid = not self.serverful and self.rt.hybrid
@@ -153,12 +153,12 @@ class Runtime:
 
     # -- workers ------------------------------------------------------------------------------------------------
     def _start_pool(self) -> None:
-        """Serverful: W colocated workers, one core each, one data-parallel group, held until close(). A worker
-        that dies while starting (rank 0 can lose the rendezvous port to another process between `free_port` and
-        its bind) fails the attempt: the others are stopped and the group forms again on a new port."""
+        """Serverful: W colocated workers, one core each, one data-parallel group, held until close(). The
+        rendezvous port is reserved until the group has formed (`dist.reserve_port`); a worker that dies while
+        starting anyway fails the attempt: the others are stopped and the group forms again on a new port."""
         W = self.rt.workers()
         for attempt in range(1, self.rt.max_attempts + 1):
-            port = self._free_port()
+            port, held = self._reserve_port()
             hs = [self.pool.start(KINDS_ALL, (r,), {**self.state_setup(), "dist": self.dist_spec(r, W, port)})
                   for r in range(W)]  # W <= units (check_machine): one unit each
             try:
@@ -167,6 +167,8 @@ class Runtime:
                 for h in hs:
                     self.pool.dead(h) if h is died.handle else self.pool.stop(h)
                 continue
+            finally:
+                held.close()
             self.pool_handles = hs
             return
         raise fail("the serverful pool's start", self.rt.max_attempts)

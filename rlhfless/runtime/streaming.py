@@ -39,7 +39,7 @@ from rlhfless import metrics as M
 from rlhfless.accumulate import microbatches
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
-from rlhfless.runtime.dist import free_port
+from rlhfless.runtime.dist import reserve_port
 from rlhfless.runtime.records import fail, now
 
 
@@ -302,14 +302,22 @@ class LearnerStream:
         # before, a restart there looked like a death during learn_end, whose first send had already gone to a new
         # rank: it got learn_end twice and crashed on the second (an extra death, an extra retry)
         attempt = self.attempt
-        port = free_port()
-        for r in self.ranks:
-            dist = None if rt.serverful else rt.dist_spec(r.rank, len(self.ranks), port)
-            r.ended = True
-            self._send(r, {**end, **rt.state_setup(), "dist": dist, "leave": rt.hybrid,
-                           "state_out": str(rt.state_path(rt.version + 1)) if r.rank == 0 else None})
-            if self.attempt != attempt:
-                return None
+        port, held = reserve_port()  # held until the ranks have joined: every reply is in, or a rank died
+        try:
+            for r in self.ranks:
+                dist = None if rt.serverful else rt.dist_spec(r.rank, len(self.ranks), port)
+                r.ended = True
+                self._send(r, {**end, **rt.state_setup(), "dist": dist, "leave": rt.hybrid,
+                               "state_out": str(rt.state_path(rt.version + 1)) if r.rank == 0 else None})
+                if self.attempt != attempt:
+                    return None
+            return self._await_learned(attempt)
+        finally:
+            held.close()
+
+    def _await_learned(self, attempt: int) -> dict[int, dict] | None:
+        """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""
+        rt = self.rt
         replies: dict[int, dict] = {}
         t0 = now()
         pw = rt.next_decode_prewarm()
