@@ -29,6 +29,8 @@ def test_gains_are_means_over_cases_and_the_verdict_names_each_metric():
     assert A.mean_gain(ppo, "tuned", "cost_reduction") == pytest.approx(0.11)
     assert A.verdict(grpo, ppo, "paper") == ("GRPO 1.30x / 20.0%, PPO 1.50x / 11.0% "
                                              "(speed: PPO gains more; cost: GRPO gains more)")
+    ppo_alike = [_case("ppo", 1, 1.3 + A.TIE / 2, 0.20 - A.TIE / 2)]
+    assert A.verdict(grpo, ppo_alike, "paper").endswith("(speed: alike; cost: alike)")
 
 
 def test_after_rollout_share_is_score_plus_update_over_the_step():

@@ -79,12 +79,18 @@ def _gains(cases: list[dict], baseline: str) -> str:
     return f"{mean_gain(cases, baseline, 'speedup'):.2f}x / {mean_gain(cases, baseline, 'cost_reduction'):.1%}"
 
 
+TIE = 0.005
+"""Mean gains closer than this (0.005x of speedup, half a point of cost reduction) are called alike: the printed
+numbers round to the same value, or nearly."""
+
+
 def verdict(grpo: list[dict], ppo: list[dict], baseline: str) -> str:
-    """Whether GRPO's mean speedup and cost reduction exceed PPO's, each said, with the numbers."""
+    """Whether GRPO's mean speedup and cost reduction exceed PPO's (or are alike, within `TIE`), each said, with
+    the numbers."""
     says = []
     for key, label in (("speedup", "speed"), ("cost_reduction", "cost")):
-        more = mean_gain(grpo, baseline, key) > mean_gain(ppo, baseline, key)
-        says.append(f"{label}: {'GRPO' if more else 'PPO'} gains more")
+        diff = mean_gain(grpo, baseline, key) - mean_gain(ppo, baseline, key)
+        says.append(f"{label}: " + ("alike" if abs(diff) < TIE else f"{'GRPO' if diff > 0 else 'PPO'} gains more"))
     return f"GRPO {_gains(grpo, baseline)}, PPO {_gains(ppo, baseline)} ({'; '.join(says)})"
 
 
