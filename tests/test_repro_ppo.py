@@ -45,12 +45,13 @@ def test_step_split_totals_only_step_rows(tmp_path):
             {"step": 1, "timing_s/step": 2.0, "timing_s/rollout": 0.5, "timing_s/values": 0.25,
              "timing_s/update": 1.0, "response_length/mean": 40.0},
             {"step": 2, "timing_s/step": 3.0, "timing_s/rollout": 1.5, "timing_s/values": 0.25,
-             "timing_s/update": 1.0, "response_length/mean": 60.0}]
+             "timing_s/update": 1.0, "response_length/mean": 60.0, "actor/groups_skipped_frac": 0.5}]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     s = A.step_split(path, seqs_per_step=4)
     assert (s["steps"], s["sequences"], s["tokens"]) == (2, 8, pytest.approx(400.0))
     assert s["after_rollout_share"] == pytest.approx(1 - 2.0 / 5.0)
+    assert s["groups_skipped"] == pytest.approx(0.25)  # a step without the metric skipped none
     assert s["ms_per_token"] == {"rollout": pytest.approx(5.0), "values": pytest.approx(1.25),
                                  "update": pytest.approx(5.0), "step": pytest.approx(12.5)}
 

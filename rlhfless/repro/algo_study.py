@@ -135,11 +135,12 @@ def real_run(ctx, algo: str, size: dict) -> Path:
 
 def step_split(metrics_path: Path, seqs_per_step: int) -> dict:
     """Totals over a run's steps: seconds in the rollout and after it (values, reference, update, ...), generated
-    sequences and tokens, read from metrics.jsonl (its rows with timing_s/step)."""
+    sequences and tokens, and the mean fraction of groups the update skipped, read from metrics.jsonl (its rows
+    with timing_s/step)."""
     from rlhfless.jsonl import iter_jsonl
 
     tot = {"steps": 0, "step_s": 0.0, "rollout_s": 0.0, "values_s": 0.0, "update_s": 0.0, "sequences": 0,
-           "tokens": 0.0}
+           "tokens": 0.0, "groups_skipped": 0.0}
     for _, row in iter_jsonl(metrics_path, "metrics"):
         if "timing_s/step" not in row:
             continue
@@ -150,7 +151,9 @@ def step_split(metrics_path: Path, seqs_per_step: int) -> dict:
         tot["update_s"] += row["timing_s/update"]
         tot["sequences"] += seqs_per_step
         tot["tokens"] += row["response_length/mean"] * seqs_per_step
+        tot["groups_skipped"] += row.get("actor/groups_skipped_frac", 0.0)  # GRPO: equal rewards, no gradient
     tot["after_rollout_share"] = 1.0 - tot["rollout_s"] / tot["step_s"]
+    tot["groups_skipped"] /= tot["steps"]
     tot["ms_per_token"] = {k: 1e3 * tot[f"{k}_s"] / tot["tokens"] for k in ("rollout", "values", "update", "step")}
     return tot
 
@@ -164,8 +167,9 @@ def real_row(split: dict[str, dict]) -> PaperRow:
     why = (f"same task and {p['sequences']:,} generated sequences each ({p['tokens']:,.0f} vs {g['tokens']:,.0f} "
            f"tokens; PPO {p['steps']} steps at G=1, GRPO {g['steps']} at G=8), inline on this machine's cores: "
            f"PPO's value forward and critic update are per-token work the rollout optimizations do not shorten, "
-           f"and GRPO's forward runs each prompt once per group; RLHFless vs verl on real PPO is not measured "
-           f"(the runtime modes refuse algo.name=ppo for now)")
+           f"while GRPO's update skipped {g['groups_skipped']:.0%} of its groups (equal rewards: no gradient) and "
+           f"runs each prompt's forward once per group; RLHFless vs verl on real PPO is not measured (the runtime "
+           f"modes refuse algo.name=ppo for now)")
     return PaperRow("share of a step the rollout optimizations cannot shorten, PPO vs GRPO (real runs)",
                     "- (the paper: PPO gains less)", ours, "measured", why)
 
