@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlhfless.errors import require
+from rlhfless.repro import algo_study
 from rlhfless.repro import real_studies as real
 from rlhfless.repro import sim_studies as sim
 from rlhfless.repro.records import StudyResult
@@ -35,7 +36,7 @@ class Study:
     name: str
     fn: Callable[[ReproContext], StudyResult]
     source: str
-    """real (measured on this machine) or sim (simulated)."""
+    """real (measured on this machine), sim (simulated), or sim+real (both)."""
     about: str
 
 
@@ -47,6 +48,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("pareto", sim.pareto, "sim", "speedup vs cost reduction over lambda and the deadline objective"),
     Study("overheads", sim.overhead_sensitivity, "sim", "each overhead constant halved and doubled"),
     Study("sensitivity", sim.sensitivity, "sim", "tau, lambda, and the actor-count sweet spot T(N), C(N)"),
+    Study("ppo-vs-grpo", algo_study.ppo_vs_grpo, "sim+real", "RLHFless's gain on PPO vs GRPO (testbed, "
+                                                             "what-ifs) and the stages it cannot shorten, measured"),
     Study("prefill", real.prefill_study, "real", "dedup prefill saving vs theory over G and shared-prefix length"),
     Study("predictor", real.predictor_study, "real", "EWMA length predictor: MAE and Kendall tau over epochs, window"),
     Study("timeline", real.timeline_study, "real", "one step's per-function Gantt, serverful beside serverless"),
