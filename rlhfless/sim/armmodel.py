@@ -30,10 +30,11 @@ Per arm (time 0 = the step's first decode request):
 Constants, all measured on calibration steps (never the validated ones): the cold start per kind (workers.jsonl,
 as the runtime measures it); decode seconds per invocation = fixed + per iteration + per byte of the time model's
 roofline (NNLS over every decode invocation's span, features from the trace through the planner's time model);
-learner compute seconds per kept group and per token (NNLS over each rank's `compute_s`); the release lag per
-kind (invocation end to release). Two are residuals of the model on the calibration steps: `opt_s` (the learner's
-end after the last rank's compute: all-reduce, optimiser step, state file, and whatever the model misses before
-it) and `driver_s` (the period beyond the learner's end: the driver's reward aggregation, metrics, planning).
+learner compute seconds per kept group and per token (NNLS over each rank's `compute_s`); the release lag by the
+kind of a worker's last invocation (its end to the release; keep-alive 0 only). Two are residuals of the model
+on the calibration steps: `opt_s` (the learner's end after the last rank's compute: all-reduce, optimiser step,
+state file, and whatever the model misses before it) and `driver_s` (the period beyond the learner's end: the
+driver's reward aggregation, metrics, planning).
 Decisions are read from the record, not predicted: each decode function's groups (the planner's assignment or the
 count split), the planner's predicted makespan (`balancer/makespan_s`).
 
@@ -46,7 +47,9 @@ Deviations from the runtime: the reward stage (on the decode worker, millisecond
 start is its ready time (the runtime sends learn_begin at once); a warm worker behind the weights version (a
 decode function kept but not taken as a rank) loads the state inside its decode (folded into decode's fixed time);
 a step's warm workers come from the previous recorded step played by the model (so `predict` plays every step
-before the ones asked for); the decode functions warm first are those with the lowest groups.
+before the ones asked for); the decode functions warm first are those with the lowest groups; decode functions
+pre-warmed during the previous step's optimiser step (only into units the learner ranks leave free: none in the
+comparison config, whose ranks hold every unit) are played cold.
 """
 
 from __future__ import annotations
@@ -405,13 +408,14 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], w
     return split, alive if kept and arm.keep_alive_s > period - learn_end else 0
 
 
-def learner_ranks(arm: Arm, ranks: list[list[int]], finish: dict[int, float], ends: list[float],
-                  prewarm_at: float, surplus: int, release_s: float = 0.0) -> tuple[list[float], list[bool], set[int]]:
+def learner_ranks(arm: Arm, ranks: list[list[int]], finish: dict[int, float], ends: list[float], prewarm_at: float,
+                  surplus: int, release_s: float = 0.0) -> tuple[list[float], list[bool], set[int]]:
     """Each rank's start, whether it starts cold, and the decode functions taken as ranks (module header). Ranks
     0..surplus-1 are warm workers taken at 0. Then in time order: a decode function's end (hybrid: it becomes
     the free rank with the most finished groups, `LearnerStream.take`; else it leaves its unit, at its end with
-    keep-alive 0 (plus `release_s`), at the rollout's end otherwise), or a waiting rank's cold start onto a free unit
-    (at its first finished group, the pre-warm time or the rollout's end, whichever comes first); a decode end first on a tie (the runtime takes before it pumps)."""
+    keep-alive 0 (plus `release_s`), at the rollout's end otherwise), or a waiting rank's cold start onto a free
+    unit (at its first finished group, the pre-warm time or the rollout's end, whichever comes first); a decode
+    end first on a tie (the runtime takes before it pumps)."""
     rollout = max(ends)
     start: list[float | None] = [0.0 if k < surplus else None for k in range(len(ranks))]
     cold = [False] * len(ranks)
