@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from rlhfless.plan import PlanJob, TimeModel, assign
+from rlhfless.errors import DataError
 from rlhfless.records import TraceRow
 from rlhfless.sim.armmodel import (
     Constants,
@@ -255,3 +256,17 @@ def test_kept_hybrid_workers_are_warm_and_billed_through(tmp_path):
     # keep-alive shorter than the driver's time between steps: released at the next step's start, step 2 cold
     short = predict(replace(arm, keep_alive_s=0.05), list(arm.steps), c)[1]
     assert short.cold > 0 and short.rollout == pytest.approx(1.3)
+
+
+def test_separate_images_kept_alive_are_refused_by_name(tmp_path):
+    """runtime.hybrid=false with keep-alive > 0 (kept learner ranks preempted by the next decode) is not played:
+    the arm is skipped saying why; the same arm with the hybrid image or keep-alive 0 is played."""
+    _serverless_records(tmp_path / "serverless")
+    cfg = {"runtime": {"mode": "serverless", "units": 2, "hybrid": False, "keep_alive_s": 2.0}}
+    (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(DataError, match="runtime.hybrid=false with runtime.keep_alive_s > 0"):
+        read_arm(tmp_path / "serverless")
+    cfg["runtime"]["hybrid"] = True
+    (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    arm = read_arm(tmp_path / "serverless")
+    assert arm.hybrid and arm.keep_alive_s == 2.0
