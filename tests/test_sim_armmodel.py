@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from rlhfless.plan import PlanJob, TimeModel, assign
+from rlhfless.errors import DataError
 from rlhfless.records import TraceRow
 from rlhfless.sim.armmodel import (
     Constants,
-    learner_starts,
+    learner_ranks,
     measure,
     predict,
     read_arm,
@@ -213,12 +214,59 @@ def test_an_arm_the_model_cannot_play_is_skipped_not_fatal(tmp_path):
     assert rep["errors_from"] == "arms" and rep["step_time_error"] < 1e-9  # from the serverful arm alone
 
 
-def test_learner_ranks_take_units_as_the_runtime_gives_them():
-    """`learner_starts`: a rank wants a unit at its first finished group, the pre-warm time or the rollout's end;
-    it gets the earliest free one. Two decode functions on two units (released at 1.0 and 1.2): no rank starts
-    before a release. One decode function: rank 0 takes the free unit at its first group (0.2, before the
-    pre-warm at 0.3), rank 1 the released one. No pre-warm and no streamed group: both at the rollout's end."""
+def test_learner_ranks_take_units_as_the_runtime_gives_them(tmp_path):
+    """`learner_ranks`, separate images (runtime.hybrid=false, keep-alive 0): a rank wants a unit at its first
+    finished group, the pre-warm time or the rollout's end; it gets the earliest free one. Two decode functions on
+    two units (ending at 1.0 and 1.2): no rank starts before a release. One decode function: rank 0 takes the
+    free unit at its first group (0.2, before the pre-warm at 0.3), rank 1 the released one. No pre-warm and no
+    streamed group: both at the rollout's end. Every rank cold, no decode function taken."""
+    _serverless_records(tmp_path / "serverless")
+    arm = read_arm(tmp_path / "serverless")
+    assert not arm.hybrid and arm.keep_alive_s == 0.0  # a config without the key predates the hybrid image
     ranks, finish = [[0, 1], [2, 3]], {0: 0.5, 1: 0.2, 2: 0.9, 3: 0.7}
-    assert learner_starts(ranks, finish, 0.3, 1.0, [1.0, 1.2]) == pytest.approx([1.0, 1.2])
-    assert learner_starts(ranks, finish, 0.3, 1.0, [0.0, 1.0]) == pytest.approx([0.2, 1.0])
-    assert learner_starts(ranks, {}, float("inf"), 1.0, [0.0, 1.0]) == pytest.approx([1.0, 1.0])
+    assert learner_ranks(arm, ranks, finish, [1.0, 1.2], 0.3, 0) == ([1.0, 1.2], [True, True], set())
+    assert learner_ranks(arm, ranks, finish, [1.0], 0.3, 0)[0] == pytest.approx([0.2, 1.0])
+    assert learner_ranks(arm, ranks, {}, [1.0], float("inf"), 0)[0] == pytest.approx([1.0, 1.0])
+
+
+def test_hybrid_ranks_are_the_finished_decode_functions(tmp_path):
+    """Hybrid image: a decode function whose rows are done goes on as the free rank with the most finished groups
+    (`LearnerStream.take`), warm, at its decode end. Function 0 (ends 1.0) finds rank 1's groups 2, 3 in (0.9,
+    0.7) and rank 0's only one (0.5): it takes rank 1; function 1 (1.2) takes rank 0. A warm worker beyond the
+    decode need is rank 0 from the step's start; the one decode function then takes rank 1."""
+    _serverless_records(tmp_path / "serverless")
+    arm = replace(read_arm(tmp_path / "serverless"), hybrid=True, keep_alive_s=2.0)
+    ranks, finish = [[0, 1], [2, 3]], {0: 0.5, 1: 1.1, 2: 0.9, 3: 0.7}
+    assert learner_ranks(arm, ranks, finish, [1.0, 1.2], 0.3, 0) == ([1.2, 1.0], [False, False], {0, 1})
+    assert learner_ranks(arm, ranks, finish, [1.2], float("inf"), 1) == ([0.0, 1.2], [False, False], {0})
+
+
+def test_kept_hybrid_workers_are_warm_and_billed_through(tmp_path):
+    """Keep-alive 2 s with the hybrid image: step 1's decode function is cold, the workers kept into step 2 are
+    warm (no cold start; one decode function, the other worker a rank from 0) and every worker is billed to the
+    step's end: 2 units x the period."""
+    _serverless_records(tmp_path / "serverless")
+    arm = replace(read_arm(tmp_path / "serverless"), hybrid=True, keep_alive_s=2.0)
+    c = Constants({"decode": 0.3, "learner": 0.4}, {"decode": 0.0, "learner": 0.0}, (1.0, 0.0, 0.0), (0.1, 0.0),
+                  ctx=40.0, opt_s=0.05, driver_s=0.1)
+    one, two = predict(arm, list(arm.steps), c)
+    assert one.cold == pytest.approx(0.3 + 0.4)  # the decode function, then a cold rank on the free unit
+    assert two.cold == 0.0 and two.rollout == pytest.approx(1.0)
+    assert two.billed == pytest.approx(2 * two.period) and one.billed < 2 * one.period
+    # keep-alive shorter than the driver's time between steps: released at the next step's start, step 2 cold
+    short = predict(replace(arm, keep_alive_s=0.05), list(arm.steps), c)[1]
+    assert short.cold > 0 and short.rollout == pytest.approx(1.3)
+
+
+def test_separate_images_kept_alive_are_refused_by_name(tmp_path):
+    """runtime.hybrid=false with keep-alive > 0 (kept learner ranks preempted by the next decode) is not played:
+    the arm is skipped saying why; the same arm with the hybrid image or keep-alive 0 is played."""
+    _serverless_records(tmp_path / "serverless")
+    cfg = {"runtime": {"mode": "serverless", "units": 2, "hybrid": False, "keep_alive_s": 2.0}}
+    (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(DataError, match="runtime.hybrid=false with runtime.keep_alive_s > 0"):
+        read_arm(tmp_path / "serverless")
+    cfg["runtime"]["hybrid"] = True
+    (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    arm = read_arm(tmp_path / "serverless")
+    assert arm.hybrid and arm.keep_alive_s == 2.0

@@ -11,28 +11,45 @@ Per arm (time 0 = the step's first decode request):
     optimiser step (`opt_s`). Billed W x period; no cold start after the first step.
   * serverful-overlap: the same, but each worker computes its own groups right after its own decode (the
     runtime's learner ranks take groups by index, contiguous: the same groups the count split gave it).
-  * serverless: the step's decode functions start cold at 0, each on its own unit; a learner rank starts onto a
-    free unit at its first finished group or at the pre-warm time (the runtime's rule,
-    `runtime.policy.prewarm_learner` with source "plan": the planner's predicted makespan x the recent
-    rollout/predicted ratio, minus a cold start and the buffer), whichever comes first; with no unit free, when a
-    decode function releases one (`learner_starts`); each rank computes its groups in the order they finish
-    (group finish times from the planner's time model, streamed), the optimiser step follows the last rank's
-    compute. Every function is billed from spawn to release (cold start, work, wait, release lag).
+  * serverless: the step's N decode functions start at 0, each on its own unit: warm (no cold start) when a
+    worker was kept alive from the previous step, else cold. A worker is kept when `runtime.keep_alive_s` > 0 and
+    its idle from the learner's end to the next step's start (the driver's time) is shorter than that; a kept
+    worker is billed continuously (its idle between steps included). Learner ranks: with the hybrid image
+    (`runtime.hybrid`) warm workers beyond the step's N become ranks at 0 (the lowest ranks, no pre-warm then),
+    and a decode function whose rows are done goes on as the free rank with the most finished groups (ties: the
+    lowest; `LearnerStream.take`): the rank starts at that decode end, no cold start. A rank still without a
+    worker (or every rank with `runtime.hybrid=false`) starts cold onto a free unit at its first finished group
+    or at the pre-warm time (the runtime's rule, `runtime.policy.prewarm_learner` with source "plan": the
+    planner's predicted makespan x the recent rollout/predicted ratio, minus a cold start and the buffer),
+    whichever comes first; with no unit free, when a decode function not taken releases one (keep-alive 0: at
+    its end; else the runtime evicts the idle function at the rollout's end) (`learner_ranks`). Each rank
+    computes its groups in the order they finish (group finish times from the planner's time model, streamed);
+    the optimiser step follows the last rank's compute. Billing (the meter's rule: spawn to release): with
+    keep-alive 0 a function is released at its last invocation's end plus the release lag; with keep-alive > 0
+    every worker is held to the step's end (released, if at all, at the next step's start).
 Constants, all measured on calibration steps (never the validated ones): the cold start per kind (workers.jsonl,
 as the runtime measures it); decode seconds per invocation = fixed + per iteration + per byte of the time model's
 roofline (NNLS over every decode invocation's span, features from the trace through the planner's time model);
-learner compute seconds per kept group and per token (NNLS over each rank's `compute_s`); the release lag per
-kind (invocation end to release). Two are residuals of the model on the calibration steps: `opt_s` (the learner's
-end after the last rank's compute: all-reduce, optimiser step, state file, and whatever the model misses before
-it) and `driver_s` (the period beyond the learner's end: the driver's reward aggregation, metrics, planning).
+learner compute seconds per kept group and per token (NNLS over each rank's `compute_s`); the release lag by the
+kind of a worker's last invocation (its end to the release; keep-alive 0 only). Two are residuals of the model
+on the calibration steps: `opt_s` (the learner's end after the last rank's compute: all-reduce, optimiser step,
+state file, and whatever the model misses before it) and `driver_s` (the period beyond the learner's end: the
+driver's reward aggregation, metrics, planning).
 Decisions are read from the record, not predicted: each decode function's groups (the planner's assignment or the
 count split), the planner's predicted makespan (`balancer/makespan_s`).
 
 Non-goals: migrations (a step with migrated rows is played without them), retries, a reference or prefill
-function (kl_coef = 0 and ship_prefix_kv=never in the comparison config: the model refuses a run that used one).
+function (kl_coef = 0 and ship_prefix_kv=never in the comparison config: the model refuses a run that used one);
+separate images kept alive (`runtime.hybrid=false` with `runtime.keep_alive_s` > 0: kept learner ranks hold the
+units the next decode needs and are preempted; the model refuses that run too).
 
 Deviations from the runtime: the reward stage (on the decode worker, milliseconds) is folded into decode; a rank's
-start is its ready time (the runtime sends learn_begin at once).
+start is its ready time (the runtime sends learn_begin at once); a warm worker behind the weights version (a
+decode function kept but not taken as a rank) loads the state inside its decode (folded into decode's fixed time);
+a step's warm workers come from the previous recorded step played by the model (so `predict` plays every step
+before the ones asked for); the decode functions warm first are those with the lowest groups; decode functions
+pre-warmed during the previous step's optimiser step (only into units the learner ranks leave free: none in the
+comparison config, whose ranks hold every unit) are played cold.
 """
 
 from __future__ import annotations
@@ -95,6 +112,8 @@ class Arm:
     prewarm_buffer_s: float
     steps: tuple[StepRec, ...]
     prewarm: bool = True
+    hybrid: bool = False  # serverless: the hybrid image (`runtime.hybrid`)
+    keep_alive_s: float = 0.0  # serverless: `runtime.keep_alive_s`
 
 
 @dataclass(frozen=True)
@@ -157,9 +176,15 @@ def read_arm(path: str | Path, name: str | None = None) -> Arm:
     learners = int(rt.get("learner_units") or 0) or units
     if mode == "serverful":  # the pool's W workers, one unit each
         units = int(rt.get("serverful_workers") or 0) or units
+    # a config written before the hybrid image existed has no `hybrid` key: separate images, as it ran
+    hybrid, keep = mode == "serverless" and bool(rt.get("hybrid", False)), float(rt.get("keep_alive_s") or 0.0)
+    if mode == "serverless" and not hybrid and keep > 0:
+        raise DataError(f"validate: {p}: the arm model does not play separate images kept alive "
+                        "(runtime.hybrid=false with runtime.keep_alive_s > 0; module header)")
     return Arm(name or p.name, mode, overlap, units, learners, max(int(plan.get("capacity", 256)), 1),
                int(rt.get("learner_microbatch_groups") or 1), bool(algo.get("skip_zero_variance_groups", False)),
-               float(rt.get("prewarm_buffer_s", 0.05)), _read_steps(p, workers), bool(rt.get("prewarm", True)))
+               float(rt.get("prewarm_buffer_s", 0.05)), _read_steps(p, workers), bool(rt.get("prewarm", True)),
+               hybrid, keep)
 
 
 def _read_steps(p: Path, workers: dict[str, dict]) -> tuple[StepRec, ...]:
@@ -264,30 +289,41 @@ def fit_constants(arm: Arm, steps: list[StepRec]) -> Constants:
 
 
 def _lifetimes(arm: Arm, steps: list[StepRec]) -> tuple[dict[str, float], dict[str, float]]:
-    """Per kind: the mean cold start of the workers started in `steps`, and the mean lag from a worker's last
-    invocation to its release (serverless only: a pool worker is held to the run's end)."""
+    """Per kind: the mean cold start of the workers started in `steps` (a hybrid worker counts for both kinds),
+    and the mean lag from a worker's last invocation to its release, by that invocation's kind (serverless with
+    keep-alive 0 only: a pool worker, or a worker kept alive, is held to the step's end instead)."""
     cold, rel = {}, {}
+    last: dict[str, tuple[float, str]] = {}
+    for r in steps:
+        for kind in KINDS:
+            for i in getattr(r, kind):
+                if i.finished >= last.get(i.worker, (-np.inf, ""))[0]:
+                    last[i.worker] = (i.finished, kind)
     for kind in KINDS:
         ws = [w for r in steps for w in r.workers if kind in (w.get("kinds") or ()) and w.get("ready_s") is not None]
         cold[kind] = float(np.mean([w["cold_start_s"] for w in ws])) if ws else 0.0
-        last: dict[str, float] = {}
-        for r in steps:
-            for i in getattr(r, kind):
-                last[i.worker] = max(last.get(i.worker, 0.0), i.finished)
-        lags = [w["released_s"] - last[w["worker"]] for w in ws if w["worker"] in last and w.get("released_s")]
-        rel[kind] = float(np.mean(lags)) if lags and arm.mode == "serverless" else 0.0
+        lags = [w["released_s"] - last[w["worker"]][0] for r in steps for w in r.workers
+                if last.get(w["worker"], (0, ""))[1] == kind and w.get("released_s")]
+        rel[kind] = float(np.mean(lags)) if lags and arm.mode == "serverless" and arm.keep_alive_s == 0 else 0.0
     return cold, rel
 
 
 # ---- the model -------------------------------------------------------------------------------------------
 def predict(arm: Arm, steps: list[StepRec], c: Constants) -> list[Split]:
-    """Each step played by the arm's rules (module header); the pre-warm history runs over `steps` in order."""
+    """`steps` played by the arm's rules (module header). Every recorded step before the last of them is played
+    too, in order (unreported): the workers kept warm into a step and the pre-warm history come from the steps
+    before it, not from the previous one asked for (`steps` are alternate steps)."""
+    asked = {r.step: r for r in steps}
+    play = {**{r.step: r for r in arm.steps if r.step <= max(asked, default=0)}, **asked}
     history: list[float] = []
-    out = []
-    for r in steps:
-        s = _serverful_step(arm, r, c) if arm.mode == "serverful" else _serverless_step(arm, r, c, history)
-        out.append(s)
-    return out
+    warm = 0
+    out: dict[int, Split] = {}
+    for n in sorted(play):
+        if arm.mode == "serverful":
+            out[n] = _serverful_step(arm, play[n], c)
+        else:
+            out[n], warm = _serverless_step(arm, play[n], c, history, warm)
+    return [out[r.step] for r in steps]
 
 
 def _decode_s(arm: Arm, r: StepRec, inv: Inv, c: Constants) -> float:
@@ -313,59 +349,99 @@ def _serverful_step(arm: Arm, r: StepRec, c: Constants) -> Split:
     return Split(period, arm.units * period, 0.0, busy, learn_end, max(ends.values()))  # the pool: W x period
 
 
-def _serverless_decode(arm: Arm, r: StepRec, c: Constants) -> tuple[dict[int, float], list[float], float, float]:
-    """The step's decode functions, each cold at 0: (finish time of each group, release times, busy seconds,
-    billed seconds). A group is streamed when its last sequence ends (the planner's time model)."""
+def _serverless_decode(arm: Arm, r: StepRec, c: Constants, warm: int) -> tuple[dict[int, float], list[float],
+                                                                                 float, int]:
+    """The step's decode functions at 0, the `warm` ones with the lowest groups kept from the last step (no cold
+    start), the rest cold: (finish time of each group, each function's decode end, busy seconds, cold ones). A
+    group is streamed when its last sequence ends (the planner's time model)."""
     tm = c.time_model(arm.capacity)
     finish: dict[int, float] = {}
-    releases, busy = [], 0.0
-    for inv in r.decode:
+    ends, busy = [], 0.0
+    for k, inv in enumerate(sorted(r.decode, key=lambda i: min(i.groups, default=0))):
+        cold = 0.0 if k < warm else c.cold_s["decode"]
         jobs = _jobs([(g, r.work.groups[g]) for g in inv.groups])
         cap = max(arm.capacity, max(j.n_seqs for j in jobs))
         for gid, t in job_finish_s(assign(jobs, 1, cap, tm, "contiguous")[0], jobs, tm).items():
-            finish[int(gid)] = c.cold_s["decode"] + c.decode[0] + t
+            finish[int(gid)] = cold + c.decode[0] + t
         d = _decode_s(arm, r, inv, c)
         busy += d
-        releases.append(c.cold_s["decode"] + d + c.release_s["decode"])
-    return finish, releases, busy, sum(releases)
+        ends.append(cold + d)
+    return finish, ends, busy, max(0, len(ends) - warm)
 
 
-def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float]) -> Split:
-    finish, releases, dec_busy, dec_billed = _serverless_decode(arm, r, c)
-    rollout = max(releases) - c.release_s["decode"]
+def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], warm: int
+                     ) -> tuple[Split, int]:
+    """One step (module header), from `warm` workers kept alive into it; returns it and the workers it keeps."""
+    n = len(r.decode)
+    finish, ends, dec_busy, dec_cold = _serverless_decode(arm, r, c, min(warm, n))
+    rollout = max(ends)
+    ranks = rank_groups(arm, len(r.work.groups))
+    surplus = min(max(0, warm - n), len(ranks)) if arm.hybrid else 0  # warm hybrid workers taken as ranks at 0
     expected = r.predicted_makespan_s * (np.mean(history) if history else 1.0)
-    prewarm_at = max(0.0, expected - c.cold_s["learner"] - arm.prewarm_buffer_s) if arm.prewarm else float("inf")
+    prewarm_at = (max(0.0, expected - c.cold_s["learner"] - arm.prewarm_buffer_s)
+                  if arm.prewarm and not surplus else float("inf"))  # the runtime pre-warms no rank with ranks held
     if r.predicted_makespan_s > 0:  # the runtime's history: measured (here: played) rollout over the plan's
         history.append(rollout / r.predicted_makespan_s)
         del history[:-PREWARM_HISTORY]
-    ranks = rank_groups(arm, len(r.work.groups))
-    spawn = learner_starts(ranks, finish, prewarm_at, rollout, [0.0] * max(0, arm.units - len(r.decode)) + releases)
-    ready = [t + c.cold_s["learner"] for t in spawn]
+    start, cold_rank, taken = learner_ranks(arm, ranks, finish, ends, prewarm_at, surplus, c.release_s["decode"])
+    ready = [t + (c.cold_s["learner"] if cold else 0.0) for t, cold in zip(start, cold_rank)]
     comp_end = []
     for gs, t in zip(ranks, ready):
         for g in sorted(gs, key=lambda g: finish.get(g, rollout)):  # in the order they arrive
             t = max(t, finish.get(g, rollout)) + _compute_s(arm, r.work, [g], c)
         comp_end.append(t)
     learn_end = max(comp_end) + c.opt_s
-    learn_billed = sum(learn_end + c.release_s["learner"] - t for t in spawn)
-    cold = len(r.decode) * c.cold_s["decode"] + len(ranks) * c.cold_s["learner"]
-    return Split(learn_end + c.driver_s, dec_billed + learn_billed, cold,
-                 {"decode": dec_busy, "learner": sum(learn_end - t for t in ready)}, learn_end, rollout)
+    period = learn_end + c.driver_s
+    kept = arm.keep_alive_s > 0  # every worker held to the step's end (meter: billed to its release)
+    rank_end = period if kept else learn_end + c.release_s["learner"]
+    # each worker from its spawn (a kept one: from the step's start) to its release; a taken decode function
+    # goes on as its rank, one worker; a cold rank from its spawn
+    billed = sum(rank_end if k in taken else (period if kept else e + c.release_s["decode"])
+                 for k, e in enumerate(ends))
+    billed += sum(rank_end - t for t, cold in zip(start, cold_rank) if cold) + surplus * rank_end
+    cold = dec_cold * c.cold_s["decode"] + sum(cold_rank) * c.cold_s["learner"]
+    split = Split(period, billed, cold, {"decode": dec_busy, "learner": sum(learn_end - t for t in ready)},
+                  learn_end, rollout)
+    # kept into the next step: every worker alive at the learner's end (ranks, idle decode functions not evicted),
+    # when the driver's time before the next step is within the keep-alive (`Pool.expire` at the step's start)
+    alive = min(arm.units, len(ranks) + n - len(taken))
+    return split, alive if kept and arm.keep_alive_s > period - learn_end else 0
 
 
-def learner_starts(ranks: list[list[int]], finish: dict[int, float], prewarm_at: float, rollout_end: float,
-                   units_free_at: list[float]) -> list[float]:
-    """When each learner rank is spawned (the runtime's `LearnerStream.pump` / `prewarm`): a rank wants a unit at
-    its first finished group, at the pre-warm time, or at the rollout's end, whichever comes first; it gets the
-    earliest unit free then (the units the decode functions left free at 0, then each one a decode function
-    releases), else waits for the next."""
-    want = [min([finish.get(g, rollout_end) for g in gs] + [prewarm_at, rollout_end]) for gs in ranks]
-    free = sorted(units_free_at)
-    out = [0.0] * len(ranks)
-    for k in sorted(range(len(ranks)), key=lambda k: (want[k], k)):
-        unit = free.pop(0) if free else rollout_end
-        out[k] = max(want[k], unit)
-    return out
+def learner_ranks(arm: Arm, ranks: list[list[int]], finish: dict[int, float], ends: list[float], prewarm_at: float,
+                  surplus: int, release_s: float = 0.0) -> tuple[list[float], list[bool], set[int]]:
+    """Each rank's start, whether it starts cold, and the decode functions taken as ranks (module header). Ranks
+    0..surplus-1 are warm workers taken at 0. Then in time order: a decode function's end (hybrid: it becomes
+    the free rank with the most finished groups, `LearnerStream.take`; else it leaves its unit, at its end with
+    keep-alive 0 (plus `release_s`), at the rollout's end otherwise), or a waiting rank's cold start onto a free
+    unit (at its first finished group, the pre-warm time or the rollout's end, whichever comes first); a decode
+    end first on a tie (the runtime takes before it pumps)."""
+    rollout = max(ends)
+    start: list[float | None] = [0.0 if k < surplus else None for k in range(len(ranks))]
+    cold = [False] * len(ranks)
+    want = [min([finish.get(g, rollout) for g in gs] + [prewarm_at, rollout]) for gs in ranks]
+    free = [0.0] * max(0, arm.units - len(ends) - surplus)
+    order = sorted(range(len(ends)), key=lambda k: (ends[k], k))
+    taken: set[int] = set()
+    while any(t is None for t in start):
+        waiting = [k for k, t in enumerate(start) if t is None]
+        nxt = ends[order[0]] if order else float("inf")
+        if free:
+            k = min(waiting, key=lambda k: (max(want[k], free[0]), k))
+            if max(want[k], free[0]) < nxt:
+                start[k], cold[k] = max(want[k], free.pop(0)), True
+                continue
+        if not order:  # every unit held by a kept function: the runtime evicts one after the rollout
+            free.append(rollout)
+            continue
+        j = order.pop(0)
+        if arm.hybrid:
+            k = max(waiting, key=lambda k: (sum(finish.get(g, np.inf) <= ends[j] for g in ranks[k]), -k))
+            start[k] = ends[j]
+            taken.add(j)
+        else:
+            free = sorted(free + [ends[j] + release_s if arm.keep_alive_s == 0 else rollout])
+    return [float(t) for t in start], cold, taken
 
 
 # ---- the record, split the same way ----------------------------------------------------------------------

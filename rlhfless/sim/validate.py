@@ -4,8 +4,8 @@ Purpose: `validate(run_dir, calibrate_from=None)` -> report with `step_time_erro
 relative error of the mean over modes) and per-stage rows. A run dir is one run (`config.yaml`, `metrics.jsonl`,
 `traces/rollouts.jsonl[.gz]`), or a comparison with `serverful/`, `serverful-overlap/` and `serverless/` sub-runs.
 A comparison whose arms carry the runtime's records (`invocations.jsonl`, `workers.jsonl`) is also played step by
-step by the arm model (`rlhfless.sim.armmodel`: cold starts per function per step, the learner's ranks on the
-units budget, overlap, held idle time), reported under `arms` per arm and per component of the bill; then the
+step by the arm model (`rlhfless.sim.armmodel`: warm or cold functions by the run's keep-alive, hybrid learner
+ranks or cold ones on the units budget, overlap, held idle time), reported under `arms` per arm and per component of the bill; then the
 two errors are the arm model's (`errors_from: arms`), else the stage model's below (`errors_from: modes`).
   * Calibration (this machine's measurements, never the steps being validated): the CPU performance model's
     decode constants (bytes/s and per-iteration overhead of `PerfModel.decode_iter_s` for the tiny model) are
