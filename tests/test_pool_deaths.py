@@ -126,3 +126,34 @@ def test_a_reserved_port_is_refused_to_others_and_taken_by_rank_0():
     finally:
         destroy_group()
         held.close()
+
+
+def test_rank_0_announces_its_rendezvous_before_the_others_join():
+    """init_group's on_listening: rank 0 calls it once its store listens and before it waits for the others,
+    so a driver can send the other ranks their learn_end then (early, they are refused and back off 0.3 s+)."""
+    ctx = mp.get_context("fork")
+    from rlhfless.runtime.dist import reserve_port
+
+    port, held = reserve_port()
+    ours, theirs = ctx.Pipe()
+
+    def rank(r: int) -> None:
+        from rlhfless.runtime.dist import destroy_group, init_group
+
+        init_group(r, 2, port, timeout_s=20.0, on_listening=(lambda: theirs.send("open")) if r == 0 else None)
+        destroy_group()
+
+    r0 = ctx.Process(target=rank, args=(0,))
+    r0.start()
+    try:
+        assert ours.poll(20.0) and ours.recv() == "open"  # rank 0 listens, alone: the call came before the join
+        r1 = ctx.Process(target=rank, args=(1,))
+        r1.start()
+        r1.join(30.0)
+        r0.join(30.0)
+        assert r0.exitcode == 0 and r1.exitcode == 0
+    finally:
+        held.close()
+        for p in (r0,):
+            if p.is_alive():
+                p.kill()

@@ -50,8 +50,8 @@ def reserve_port() -> tuple[int, socket.socket]:
     return s.getsockname()[1], s
 
 
-def init_group(rank: int, world: int, port: int, backend: str = "gloo",
-               timeout_s: float = 60.0) -> Callable[[torch.Tensor], None]:
+def init_group(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 60.0,
+               on_listening: Callable[[], None] | None = None) -> Callable[[torch.Tensor], None]:
     """Join the group (blocks until all `world` ranks have joined, at most `timeout_s`); returns all_reduce.
 
     Args:
@@ -59,6 +59,9 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo",
         port: the same on every rank (`reserve_port()` in the parent that spawns the ranks, held until they joined).
         backend: "gloo" (CPU) or "nccl" (one CUDA device per rank).
         timeout_s: bound on the rendezvous and on every later collective.
+        on_listening: rank 0 calls it once its rendezvous listens, before waiting for the others. A rank that
+            connects before rank 0 listens is refused and retries after torch's backoff (0.3 s and growing:
+            measured 0.53 s to join for a rank 0 0.3 s late), so a driver holds the other ranks back until then.
     Returns:
         all_reduce(t): sums the float tensor t in place across ranks (blocking), for `dataparallel.Shard`.
     Raises:
@@ -80,7 +83,10 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo",
             listener.close()
             raise RuntimeError(f"cannot bind the rendezvous to {HOST}:{port} ({exc}); pick another port") from exc
         listener.listen(max(world, 8))
-        store = dist.TCPStore(HOST, port, world, True, timeout, master_listen_fd=listener.detach())
+        store = dist.TCPStore(HOST, port, world, True, timeout, wait_for_workers=False,
+                              master_listen_fd=listener.detach())
+        if on_listening is not None:
+            on_listening()
     else:
         store = dist.TCPStore(HOST, port, world, False, timeout)
     if backend == "gloo":

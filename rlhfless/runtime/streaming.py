@@ -305,15 +305,41 @@ class LearnerStream:
         port, held = reserve_port()  # held until the ranks have joined: every reply is in, or a rank died
         try:
             for r in self.ranks:
-                dist = None if rt.serverful else rt.dist_spec(r.rank, len(self.ranks), port)
+                dist = None if rt.serverful else {**rt.dist_spec(r.rank, len(self.ranks), port), "announce": True}
                 r.ended = True
                 self._send(r, {**end, **rt.state_setup(), "dist": dist, "leave": rt.hybrid,
                                "state_out": str(rt.state_path(rt.version + 1)) if r.rank == 0 else None})
                 if self.attempt != attempt:
                     return None
+                # the others connect once rank 0 listens: early, they are refused and back off (dist.init_group)
+                if r.rank == 0 and dist is not None and len(self.ranks) > 1 and not self._await_open(attempt):
+                    return None
             return self._await_learned(attempt)
         finally:
             held.close()
+
+    def _await_open(self, attempt: int) -> bool:
+        """Wait for rank 0's `rendezvous_open` (it may first finish the groups it was sent); False when a rank
+        died meanwhile (the attempt is over)."""
+        rt, rank0 = self.rt, self.ranks[0].handle
+        t0 = now()
+        while True:
+            hs = self.handles()
+            watch = hs + [h for h in rt.pool.live() if h.ready_s is None and h not in hs]
+            for h, msg in rt.backend.poll(watch, 1.0):
+                if h is rank0 and msg is not None and msg["op"] == "rendezvous_open":
+                    return True
+                if not self.owns(h):
+                    if msg is None:
+                        rt.pool.dead(h)
+                    elif msg["op"] == "ready":
+                        rt.on_ready(h, msg)
+                    continue
+                self.on_message(h, msg)
+                if self.attempt != attempt:
+                    return False
+            if now() - t0 > rt.rt.invocation_timeout_s:
+                rt.backend.kill(rank0)
 
     def _await_learned(self, attempt: int) -> dict[int, dict] | None:
         """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""

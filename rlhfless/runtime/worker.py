@@ -133,13 +133,14 @@ class Worker:
         if setup.get("dist"):
             self._join(setup["dist"])
 
-    def _join(self, d: dict) -> None:
-        """Join the learner's data-parallel group (blocks until every rank has joined)."""
+    def _join(self, d: dict, on_listening=None) -> None:
+        """Join the learner's data-parallel group (blocks until every rank has joined); rank 0 calls
+        `on_listening` once its rendezvous listens (the driver sends the other ranks their learn_end then)."""
         from rlhfless.dataparallel import Shard
         from rlhfless.runtime.dist import init_group
 
-        self.shard = Shard(d["rank"], d["world"],
-                           init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"]))
+        self.shard = Shard(d["rank"], d["world"], init_group(d["rank"], d["world"], d["port"],
+                                                             timeout_s=d["timeout_s"], on_listening=on_listening))
 
     @functools.cached_property
     def env(self):
@@ -232,7 +233,7 @@ class Worker:
         if op == "learn_group":
             return self._learn_group(msg)
         if op == "learn_end":
-            return self._learn_end(msg)
+            return self._learn_end(msg, conn)
         if op == "reference":
             return self._reference(msg)
         raise ValueError(f"worker: unknown request {op!r}")
@@ -274,14 +275,18 @@ class Worker:
         self.update_info["compute_s"] += now() - t0
         return None
 
-    def _learn_end(self, msg: dict) -> dict:
+    def _learn_end(self, msg: dict, conn=None) -> dict:
         """The optimiser step (all-reduce across ranks), the next state version written by rank 0."""
         import torch
 
         from rlhfless.learner import save_learner_state
 
         if msg.get("dist") and self.shard is None:
-            self._join(msg["dist"])
+            announce = None
+            if msg["dist"].get("announce") and conn is not None:
+                def announce():
+                    wire.send(conn, {"op": "rendezvous_open", "step": msg["step"]})
+            self._join(msg["dist"], announce)
         try:
             metrics = self.update.finish(torch.tensor(msg["rewards"], dtype=torch.float32), msg["lengths"],
                                          self.shard)
