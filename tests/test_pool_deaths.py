@@ -140,8 +140,15 @@ def test_rank_0_announces_its_rendezvous_before_the_others_join():
     def rank(r: int) -> None:
         from rlhfless.runtime.dist import destroy_group, init_group
 
-        init_group(r, 2, port, timeout_s=20.0, on_listening=(lambda: theirs.send("open")) if r == 0 else None)
+        import torch
+
+        all_reduce = init_group(r, 2, port, timeout_s=20.0,
+                                on_listening=(lambda: theirs.send("open")) if r == 0 else None)
+        t = torch.ones(1)
+        all_reduce(t)  # as the learner does before it leaves: a rank that left at once could cut the other's join
         destroy_group()
+        if t.item() != 2.0:
+            raise SystemExit(3)
 
     r0 = ctx.Process(target=rank, args=(0,))
     r0.start()
