@@ -318,22 +318,30 @@ class LearnerStream:
         finally:
             held.close()
 
+    def _watch(self) -> list:
+        """This step's ranks and the workers still starting (a pre-warmed decode function says ready meanwhile)."""
+        hs = self.handles()
+        return hs + [h for h in self.rt.pool.live() if h.ready_s is None and h not in hs]
+
+    def _other(self, h, msg: dict | None) -> None:
+        """A message from a worker that is not a rank of this step: its ready, or its death (a pre-warmed decode
+        worker died: the next rollout starts another)."""
+        if msg is None:
+            self.rt.pool.dead(h)
+        elif msg["op"] == "ready":
+            self.rt.on_ready(h, msg)
+
     def _await_open(self, attempt: int) -> bool:
         """Wait for rank 0's `rendezvous_open` (it may first finish the groups it was sent); False when a rank
         died meanwhile (the attempt is over)."""
         rt, rank0 = self.rt, self.ranks[0].handle
         t0 = now()
         while True:
-            hs = self.handles()
-            watch = hs + [h for h in rt.pool.live() if h.ready_s is None and h not in hs]
-            for h, msg in rt.backend.poll(watch, 1.0):
+            for h, msg in rt.backend.poll(self._watch(), 1.0):
                 if h is rank0 and msg is not None and msg["op"] == "rendezvous_open":
                     return True
                 if not self.owns(h):
-                    if msg is None:
-                        rt.pool.dead(h)
-                    elif msg["op"] == "ready":
-                        rt.on_ready(h, msg)
+                    self._other(h, msg)
                     continue
                 self.on_message(h, msg)
                 if self.attempt != attempt:
@@ -351,15 +359,10 @@ class LearnerStream:
             if pw is not None and now() >= t0 + pw[0]:
                 rt.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
-            hs = self.handles()
-            watch = hs + [h for h in rt.pool.live() if h.ready_s is None and h not in hs]
             timeout = 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
-            for h, msg in rt.backend.poll(watch, timeout):
+            for h, msg in rt.backend.poll(self._watch(), timeout):
                 if not self.owns(h):
-                    if msg is None:
-                        rt.pool.dead(h)  # a pre-warmed decode worker died: the next rollout starts another
-                    elif msg["op"] == "ready":
-                        rt.on_ready(h, msg)
+                    self._other(h, msg)
                     continue
                 reply = self.on_message(h, msg)
                 if self.attempt != attempt:
