@@ -7,13 +7,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 
 import pytest
 
 from rlhfless.runtime.backend import Handle, LocalBackend
 from rlhfless.runtime.pool import Pool
 from rlhfless.runtime.records import WorkerRecord, now
-from rlhfless.runtime.worker import GROUP_BROKEN_EXIT
+from rlhfless.runtime import wire
+from rlhfless.runtime.worker import GROUP_BROKEN_EXIT, LEFT, leave_broken_group
 
 
 def _serve(conn, code: int | None) -> None:
@@ -22,10 +24,18 @@ def _serve(conn, code: int | None) -> None:
     conn.recv()  # blocks until killed
 
 
-def _pool_with(code: int | None) -> tuple[Pool, Handle]:
+def _leave_and_linger(conn) -> None:
+    """A rank whose all-reduce broke, on a loaded machine: it says `LEFT`, its pipe closes, and its process is
+    still finishing (interpreter and gloo teardown) when the driver looks at it."""
+    wire.send(conn, {"op": LEFT, "why": "group_broken", "step": 3})
+    conn.close()
+    threading.Event().wait()  # never set: it exits only when killed
+
+
+def _pool_with(code: int | None, target=None) -> tuple[Pool, Handle]:
     ctx = mp.get_context("fork")
     ours, theirs = ctx.Pipe(duplex=True)
-    p = ctx.Process(target=_serve, args=(theirs, code), daemon=True)
+    p = ctx.Process(target=target or _serve, args=(theirs,) if target else (theirs, code), daemon=True)
     p.start()
     theirs.close()
     pool = Pool(LocalBackend(start_method="fork"), {}, now(), units=1)
@@ -50,6 +60,30 @@ def test_a_rank_that_left_on_a_broken_all_reduce_is_released_not_killed():
     pool.dead(h)
     rec = pool.records[h.worker]
     assert rec.released_s is not None and not rec.killed and h.worker not in pool.handles
+
+
+def test_a_rank_that_said_it_left_is_released_while_its_process_still_exits():
+    """CI's 4-deaths-for-3-kills: the survivor's pipe closed before its process had exited, the driver's bounded
+    wait for the exit status expired, and the rank was counted as a death of its own. Its `LEFT` message, read
+    in order before the EOF, decides, with no wait for the process."""
+    pool, h = _pool_with(None, _leave_and_linger)
+    got = []
+    while not got:  # LEFT is consumed by the backend (a poll may return nothing but it); then the EOF
+        got = pool.backend.poll([h], None)
+    assert got == [(h, None)]
+    assert h.left and h.process.is_alive()
+    t0 = now()
+    pool.dead(h)
+    assert not pool.records[h.worker].killed and not h.process.is_alive()
+    assert now() - t0 < 2.5, "the driver waited for the exit status of a rank that had said why it left"
+
+
+def test_a_left_message_still_unread_when_the_driver_declares_the_rank_dead_is_read_then():
+    """The restart reaps a survivor the driver had not polled: `exit_status` reads what it sent last."""
+    pool, h = _pool_with(None, _leave_and_linger)
+    _ = h.conn.poll(None)  # its LEFT has arrived (an event), unread
+    pool.dead(h)
+    assert h.left and not pool.records[h.worker].killed
 
 
 def test_a_sigkilled_worker_and_a_crash_are_killed():
@@ -164,3 +198,20 @@ def test_rank_0_announces_its_rendezvous_before_the_others_join():
         for p in (r0,):
             if p.is_alive():
                 p.kill()
+
+
+def _rank_whose_all_reduce_broke(conn) -> None:
+    leave_broken_group(conn, 3, RuntimeError("Connection closed by peer [127.0.0.1]:1234"))
+
+
+def test_a_worker_whose_all_reduce_broke_says_left_then_exits_with_its_status():
+    """What the worker does in `_learn_end` when gloo raises: LEFT on the pipe, then GROUP_BROKEN_EXIT, so the
+    pool above records it as released however late its exit status arrives."""
+    ctx = mp.get_context("fork")
+    ours, theirs = ctx.Pipe(duplex=True)
+    p = ctx.Process(target=_rank_whose_all_reduce_broke, args=(theirs,), daemon=True)
+    p.start()
+    theirs.close()
+    assert wire.recv(ours) == {"op": LEFT, "why": "group_broken", "step": 3}
+    p.join()
+    assert p.exitcode == GROUP_BROKEN_EXIT

@@ -312,6 +312,8 @@ def test_a_serverful_pool_killed_at_decode_and_update_restarts_to_the_same_sampl
     fired = [(rule.op, rule.step) for rule, _ in runs["serverful_chaos"].fired]
     assert fired == [("done", 1), ("decode", 2), ("learn_end", 3)]
     rt = summary["runtime"]
+    killed = sorted(w["worker"] for w in _rows(out / "workers.jsonl") if w["killed"])
+    assert killed == sorted(w for _, w in runs["serverful_chaos"].fired), "a survivor was counted as a death"
     assert rt["workers_killed"] == 3 and rt["retries"] == 3
     assert rt["workers_started"] == 4 * available_cores()  # the first pool + one whole new pool per death
     assert read_digests(out) == read_digests(runs["serverful"][0])
@@ -444,6 +446,8 @@ def test_hybrid_functions_killed_before_and_after_going_on_as_ranks_lose_nothing
     fired = [(rule.op, rule.step) for rule, _ in runs["hybrid_chaos"].fired]
     assert fired == [("done", 1), ("learn_begin", 2), ("decode", 3), ("learn_end", 3)]
     rt = summary["runtime"]
+    killed = sorted(w["worker"] for w in _rows(out / "workers.jsonl") if w["killed"])
+    assert killed == sorted(w for _, w in runs["hybrid_chaos"].fired), "a survivor was counted as a death"
     assert rt["workers_killed"] == 4 and rt["retries"] == 4
     # the rank that survived the death at learn_end waits in the group's rendezvous: it is stopped at once, not
     # asked to shut down (it would read that only at gloo's timeout; the driver waited 5 s before killing it)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from rlhfless.runtime import wire
-from rlhfless.runtime.worker import PRELOAD, main, now
+from rlhfless.runtime.worker import LEFT, PRELOAD, main, now
 
 
 @dataclass
@@ -37,6 +37,8 @@ class Handle:
     """Where it runs: None here (one machine); the Ray backend's handles carry their node's IP."""
     pending: list[dict] = field(default_factory=list)
     """Messages that arrived while the driver was waiting for something else (kept in order)."""
+    left: bool = False
+    """It said it is leaving because its learner group broke (`worker.LEFT`): its end is the restart's doing."""
 
     @property
     def pid(self) -> int:
@@ -72,15 +74,24 @@ def _without_main():
             main.__file__ = file_
 
 
-def _closed(conn, most: int = 1000) -> bool:
-    """Whether the worker's end of the pipe is closed (EOF after what it had sent, which is read and dropped:
-    the worker is being recorded as dead). `most` messages at most, for a worker that still writes."""
+def noted(h, msg: dict) -> dict | None:
+    """A message as the driver's code sees it: `worker.LEFT` is the backend's business (it marks the handle and
+    is consumed); every other message passes through. Both backends read every message through this."""
+    if msg.get("op") == LEFT:
+        h.left = True
+        return None
+    return msg
+
+
+def _closed(h: Handle, most: int = 1000) -> bool:
+    """Whether the worker's end of the pipe is closed (EOF after what it had sent, which is read and dropped but
+    for `worker.LEFT`: the worker is being recorded as dead). `most` messages at most, for one that still writes."""
     try:
         for _ in range(most):
-            if not conn.poll():
+            if not h.conn.poll():
                 return False
-            conn.recv_bytes()
-    except (EOFError, OSError):
+            noted(h, wire.recv(h.conn))
+    except (EOFError, OSError, ValueError):  # ValueError: a message cut short by the death
         return True
     return False
 
@@ -142,7 +153,9 @@ class LocalBackend:
             seen.add(h.worker)
             try:
                 while h.conn.poll():
-                    out.append((h, wire.recv(h.conn)))
+                    msg = noted(h, wire.recv(h.conn))
+                    if msg is not None:
+                        out.append((h, msg))
             except (EOFError, OSError):
                 out.append((h, None))
                 continue
@@ -167,7 +180,7 @@ class LocalBackend:
     def exit_status(self, h: Handle) -> int | None:
         """The exit status of a worker whose pipe has closed (it is exiting: wait for that, bounded); None for one
         whose pipe is open: it hangs (an invocation over time), and waiting would only stall the driver."""
-        if not _closed(h.conn):
+        if not _closed(h):
             return h.process.exitcode
         h.process.join(5.0)
         return h.process.exitcode

@@ -104,10 +104,11 @@ class Pool:
 
     def dead(self, h: Handle) -> None:
         """Record a worker that died (its held time until now stays billed). A learner rank that left because a
-        peer died inside the all-reduce (GROUP_BROKEN_EXIT) is recorded as released: the peer's death is the one
-        to count, and which of the two the driver notices first is a race."""
+        peer died inside the all-reduce is recorded as released: the peer's death is the one to count, and which
+        of the two the driver notices first is a race. Such a rank says so on its pipe (`worker.LEFT`, read into
+        `h.left`, by `exit_status` at the latest); its exit status (GROUP_BROKEN_EXIT) is the fallback."""
         if h.worker in self.handles:
-            left = self.backend.exit_status(h) == GROUP_BROKEN_EXIT
+            left = h.left or self.backend.exit_status(h) == GROUP_BROKEN_EXIT or h.left
             self.backend.kill(h)  # reap it (it is already gone, or hung)
             self._gone(h, killed=not left)
 

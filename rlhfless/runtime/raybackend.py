@@ -52,7 +52,7 @@ from multiprocessing.connection import Client, Listener, wait
 
 from rlhfless.errors import ConfigError
 from rlhfless.runtime import wire
-from rlhfless.runtime.backend import WorkerDied, _without_main
+from rlhfless.runtime.backend import WorkerDied, _without_main, noted
 from rlhfless.runtime.worker import PRELOAD, main, now
 
 POLL_SLICE_S = 0.2
@@ -171,6 +171,8 @@ class RayHandle:
     pending: list[dict] = field(default_factory=list)
     outbox: list[dict] = field(default_factory=list)
     """Requests sent before the actor connected (a pipe would have buffered them)."""
+    left: bool = False
+    """It said it is leaving because its learner group broke (`worker.LEFT`, read through `backend.noted`)."""
 
     @property
     def alive(self) -> bool:
@@ -362,7 +364,9 @@ class RayBackend:
         got = []
         try:
             while h.conn.poll():
-                got.append((h, wire.recv(h.conn)))
+                msg = noted(h, wire.recv(h.conn))
+                if msg is not None:
+                    got.append((h, msg))
         except (EOFError, OSError):
             h.dead = True
             got.append((h, None))
@@ -402,7 +406,10 @@ class RayBackend:
         self.kill(h)
 
     def exit_status(self, h: RayHandle) -> int | None:
-        """Unknown here (the worker's process lives inside its actor): every ended worker counts as a death."""
+        """Unknown here (the worker's process lives inside its actor); what it sent last is read (dropped), so a
+        rank that said `worker.LEFT` is known by `h.left`, and every other ended worker counts as a death."""
+        if h.conn is not None and not h.dead:
+            self._drain(h)
         return None
 
     def kill(self, h: RayHandle) -> None:

@@ -67,6 +67,26 @@ def bind_device(setup: dict) -> str:
 GROUP_BROKEN_EXIT = 75
 """The exit status of a learner rank that leaves on its own because a peer died inside the all-reduce: the
 driver records it as ended by the restart (released), not as a death of its own (`Pool.dead`)."""
+LEFT = "left"
+"""The op of the last message such a rank sends before it exits: the driver learns why it ended from the pipe, in
+order, before the pipe's EOF. The exit status alone arrived too late on a loaded machine (the pipe closes before
+the process has exited, and a bounded wait for the status expired), which counted the rank as a second death."""
+
+
+def leave_broken_group(conn, step: int, exc: Exception) -> None:
+    """A peer died inside the all-reduce (runtime.dist: survivors raise at once). The driver restarts the group
+    from the same state, so this is expected under faults: one line on stderr, not a traceback; `LEFT` on the
+    pipe, then exit with GROUP_BROKEN_EXIT. Never returns."""
+    import sys
+
+    print(f"rlhfless worker: the learner's all-reduce broke ({str(exc).splitlines()[0][:100]}); "
+          "exiting for the driver to restart the group", file=sys.stderr, flush=True)
+    if conn is not None:
+        try:
+            wire.send(conn, {"op": LEFT, "why": "group_broken", "step": step})
+        except OSError:  # the driver is gone too: nobody is left to tell
+            pass
+    raise SystemExit(GROUP_BROKEN_EXIT) from None
 
 
 def main(conn, setup_json: str) -> None:
@@ -293,13 +313,7 @@ class Worker:
         except RuntimeError as exc:
             if self.shard is None:
                 raise
-            # a peer died inside the all-reduce (runtime.dist: survivors raise at once); the driver restarts the
-            # group from the same state, so this is expected under faults: one line, not a traceback
-            import sys
-
-            print(f"rlhfless worker: the learner's all-reduce broke ({str(exc).splitlines()[0][:100]}); "
-                  "exiting for the driver to restart the group", file=sys.stderr, flush=True)
-            raise SystemExit(GROUP_BROKEN_EXIT) from None
+            leave_broken_group(conn, msg["step"], exc)
         self.version = msg["version"] + 1
         if msg.get("state_out"):
             save_learner_state(self.learner, msg["state_out"])
