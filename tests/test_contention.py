@@ -39,5 +39,6 @@ def test_work_outside_the_measured_tree_is_other_and_work_inside_is_own():
     finally:
         sleeper.stdin.close()
         sleeper.wait()
-    assert t["own_cpu_s"] < 0.1 and t["other_cpu_s"] >= 0.38 and 0 < t["other_cpu_fraction"] <= 1
+    # own: the sleeper's interpreter start, which a slow CI machine may stretch past 0.1 s
+    assert t["own_cpu_s"] < 0.2 and t["other_cpu_s"] >= 0.38 and 0 < t["other_cpu_fraction"] <= 1
     assert o["own_cpu_s"] >= 0.38

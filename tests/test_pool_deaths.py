@@ -75,7 +75,7 @@ def test_a_rank_that_said_it_left_is_released_while_its_process_still_exits():
     t0 = now()
     pool.dead(h)
     assert not pool.records[h.worker].killed and not h.process.is_alive()
-    assert now() - t0 < 2.5, "the driver waited for the exit status of a rank that had said why it left"
+    assert now() - t0 < 4.5, "the driver waited (5 s) for the exit status of a rank that had said why it left"
 
 
 def test_a_left_message_still_unread_when_the_driver_declares_the_rank_dead_is_read_then():
@@ -105,7 +105,7 @@ def test_a_hung_worker_declared_dead_is_killed_at_once_not_after_waiting_for_its
     t0 = now()
     pool.dead(h)
     assert not h.process.is_alive() and pool.records[h.worker].killed
-    assert now() - t0 < 2.5, "the driver waited for a hung worker to exit on its own"
+    assert now() - t0 < 4.5, "the driver waited (5 s) for a hung worker to exit on its own"
 
 
 def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_another(tmp_path, monkeypatch):

@@ -455,7 +455,7 @@ def test_hybrid_functions_killed_before_and_after_going_on_as_ranks_lose_nothing
     killed_at_end = workers[runs["hybrid_chaos"].fired[-1][1]]["released_s"]
     survivors = [w for w in workers.values() if not w["killed"] and w["spawned_s"] < killed_at_end
                  and w["released_s"] >= killed_at_end]
-    assert survivors and all(w["released_s"] - killed_at_end < 2.5 for w in survivors)
+    assert survivors and all(w["released_s"] - killed_at_end < 4.5 for w in survivors)  # the stall was 5 s
     assert read_digests(out) == read_digests(runs["serverful"][0])
     assert _same_weights(out, runs["serverful"][0])
 
