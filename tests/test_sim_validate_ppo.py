@@ -25,7 +25,7 @@ from rlhfless.sim.validate import (
     ppo_update_features,
     unique_prompt_tokens,
     validate,
-    value_tokens,
+    trained_tokens,
 )
 from rlhfless.sim.workload import replay_trace
 from rlhfless.traces import TraceWriter
@@ -69,13 +69,15 @@ def test_a_real_ppo_run_validates_with_its_values_stage(ppo_run, capsys):
 
 
 def test_the_ppo_section_sets_the_simulators_structure_beside_the_measured_ratios(ppo_run):
-    from rlhfless.sim.hardware import DEVICES, tiny_model
-    from rlhfless.sim.perf import Efficiency, PerfModel
+    from rlhfless.sim.perf import FITTED
 
     p = validate(ppo_run)["modes"]["inline"]["ppo"]
     assert p["steps"] == 6 and p["ppo_mini_batches"] == 2 and p["old_logprob_recomputed"]
-    pm = PerfModel(DEVICES["H100"], tiny_model(), 1, Efficiency(1.0, 1.0, 0.0))
-    assert p["update_over_actor_update"]["simulated"] == pm.update_fixed_s("ppo") / pm.update_fixed_s("grpo")
+    # the simulator's update per token: actor (+ critic) training at 6 x params, the old log-prob forward at 2 x
+    eff = FITTED["cpu-core"]
+    t, f = 6 / eff.train_mfu, 2 / eff.fwd_mfu
+    assert p["update_over_actor_update"]["simulated"] == pytest.approx((PPO_MODELS * t + f) / (t + f))
+    assert p["update_over_actor_update"]["simulated_training_only"] == pytest.approx(PPO_MODELS)
     assert p["values_over_reference"]["simulated"] == PPO_MODELS - 1
     # measured on the run: the critic's steps are part of the update and the reference forward ran (kl_coef > 0)
     upd = p["update_over_actor_update"]["measured"]
@@ -126,7 +128,7 @@ def test_a_run_without_the_critics_timing_says_the_ratio_is_missing(ppo_run, tmp
 
 # ---- run dirs measured on a known machine ---------------------------------------------------------------
 OV, BW = 0.0015, 2e9
-VAL0, VAL1 = 0.02, 3e-6  # values: intercept, seconds per padded token of the critic's batch
+VAL0, VAL1 = 0.02, 3e-6  # values: intercept, seconds per token of the critic's forward
 UPD_TOK, UPD_OPT = 4e-5, 0.25  # update: seconds per token-pass, per optimiser step (actor + critic)
 
 
@@ -148,7 +150,7 @@ def _write_ppo_run(d: Path, epochs: int, mini_batches: int, steps: int = 8, seed
     with (d / "metrics.jsonl").open("w") as fh:
         for s, f, u in zip(work, feats, upd):
             dec, pre = f @ np.array([OV, 1 / BW]), 0.002 + 1e-5 * unique_prompt_tokens(s)
-            val = VAL0 + VAL1 * value_tokens(s)
+            val = VAL0 + VAL1 * trained_tokens(s, False)
             roll = pre + dec + 0.001
             fh.write(json.dumps({"step": s.step, "timing_s/decode": dec, "timing_s/prefill": pre,
                                  "timing_s/rollout": roll, "timing_s/values": val, "timing_s/update": u,
@@ -162,7 +164,8 @@ def test_validate_recovers_a_known_machines_ppo_stages(tmp_path):
     for st in ("rollout", "decode", "prefill", "values", "update", "step"):
         assert m["stages"][st]["rel_error"] < 1e-3, st
     assert m["calibration"]["values"] == pytest.approx((VAL0, VAL1), rel=1e-3)
-    assert m["ppo"]["update_over_actor_update"]["measured"] == pytest.approx(2.0)
+    assert m["ppo"]["update_over_actor_update"]["measured"] == pytest.approx(2.0)  # the critic's half, written
+    assert m["ppo"]["update_over_actor_update"]["simulated"] == pytest.approx(1.75)  # 2 mini-batches: old log-probs
     assert "kl_coef is 0" in m["ppo"]["values_over_reference"]["missing"]
 
 

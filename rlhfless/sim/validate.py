@@ -12,11 +12,10 @@ two errors are the arm model's (`errors_from: arms`), else the stage model's bel
     fitted to measured `timing_s/decode` by non-negative least squares on per-step features computed from the
     trace with the planner's time model (`fit_decode`); prefill, update and the remaining loop seconds are linear
     in the tokens they process (`fit_linear`). PPO runs (`algo.name: ppo`, inline only) add the `values` stage
-    (the critic's forward over the batch padded to its longest prompt and response: linear in those tokens) and
-    fit their update (actor + critic, `rlhfless.ppo.ppo_update`) as seconds per token per epoch plus seconds per
-    optimiser step (epochs x mini-batches), so a calibration run with other `algo.ppo_epochs` or
-    `algo.ppo_mini_batches` carries over (a constant per-run term would not). Fitted on `calibrate_from` (another
-    run) when given, else on
+    (the critic's forward: linear in the prompt + response tokens of the batch, as the update) and fit their
+    update (actor + critic, `rlhfless.ppo.ppo_update`) as seconds per token per epoch plus seconds per optimiser
+    step (epochs x mini-batches), so a calibration run with other `algo.ppo_epochs` or `algo.ppo_mini_batches`
+    carries over (a constant per-run term would not). Fitted on `calibrate_from` (another run) when given, else on
     alternate steps (1, 3, 5, ...) and validated on the others: on shared cores the neighbours' load drifts over
     minutes, which a first-half/second-half split would report as model error.
   * Simulation: each validated step's groups, as recorded, through the same time model (inline: one engine
@@ -30,8 +29,9 @@ two errors are the arm model's (`errors_from: arms`), else the stage model's bel
     compared with `function/<kind>/billed_s` and `cost/device_seconds`. Workers per step come from
     `invocations.jsonl`. Fields that are absent are reported as such (`missing`), not guessed.
   * PPO's structure (`ppo` key of a PPO mode): the simulator's assumption that PPO's learner runs
-    `perf.PPO_MODELS` models of the policy's size (a value forward per reference forward; critic + actor update
-    = 2 x the actor's) beside the run's measured ratios over all its steps (`timing_s/values` /
+    `perf.PPO_MODELS` models of the policy's size (a value forward per reference forward; critic + actor
+    training = 2 x the actor's; with the old log-prob forward the run recomputes, 1.75 x on this machine's
+    cpu-core model) beside the run's measured ratios over all its steps (`timing_s/values` /
     `timing_s/reference` when `algo.kl_coef` > 0; `timing_s/update` / its actor part, `timing_s/update` minus
     `timing_s/update_critic`). A measurement to read, not a fitted constant.
 
@@ -197,16 +197,11 @@ def unique_prompt_tokens(step: StepWork) -> float:
     return float(sum(g.prompt_len for g in step.groups))
 
 
-def value_tokens(step: StepWork) -> float:
-    """Tokens the critic's forward processes: one batch of every row (prompt + response), each padded to the
-    longest prompt and the longest response (`rlhfless.critic.response_values`)."""
-    rows = sum(len(g.lengths) for g in step.groups)
-    return float(rows * (max(g.prompt_len for g in step.groups) + max(x for g in step.groups for x in g.lengths)))
-
-
 def ppo_update_features(steps: list[StepWork], config: dict) -> np.ndarray:
     """(steps, 2): per step, the tokens PPO's update passes over (prompt + response of every sequence x epochs)
-    and its optimiser steps (epochs x mini-batches, each one actor and one critic step; `rlhfless.ppo`)."""
+    and its optimiser steps (epochs x mini-batches, each one actor and one critic step; `rlhfless.ppo`).
+    Tokens, not the padded batch: on the four 20-step quickstart_ppo runs of docs/simulator.md the padded count
+    (rows x (longest prompt + longest response)) validated worse on three, for the update and for the values."""
     algo = config["algo"]
     ep, mb = int(algo["ppo_epochs"]), int(algo["ppo_mini_batches"])
     return np.array([(ep * trained_tokens(s, False), ep * min(mb, s.n_seqs)) for s in steps], dtype=float)
@@ -236,8 +231,8 @@ class StageModel:
     rollout_other_s: float  # rollout seconds beyond prefill + decode (sampling set-up, scoring of the batch)
     step_other_s: float  # step seconds beyond rollout + update (plan, reward, reference, observe, logging)
     fit: dict
-    values: tuple[float, float] | None = None  # PPO: intercept, seconds per token of the critic's forward batch
-    ppo_update: tuple[float, float] | None = None  # PPO: seconds per token-pass, seconds per optimiser step
+    values: tuple[float, float] | None = None  # PPO: intercept, seconds per token of the critic's forward
+    ppo_update: tuple[float, float] | None = None  # PPO: s per token-pass, s per optimiser step
 
     def time_model(self, capacity: int, ctx: float) -> TimeModel:
         return cpu_decode_model(tiny_model(), 1e30, self.bytes_per_s, self.iter_overhead_s).time_model(capacity, ctx)
@@ -296,10 +291,10 @@ def calibrate(run: RunData, steps: list[StepWork], ctx: float) -> StageModel:
 
 def _calibrate_ppo(run: RunData, steps: list[StepWork], decode: tuple[float, float, float],
                    prefill: tuple[float, float, float], dec: np.ndarray, pre: np.ndarray) -> StageModel:
-    """PPO's stage models: decode and prefill as GRPO's, the values stage linear in `value_tokens`, the update
+    """PPO's stage models: decode and prefill as GRPO's, the values stage linear in the trained tokens, the update
     on `ppo_update_features`; the step's remainder (plan, reward, reference, observe) a mean."""
     val = _measured(run, steps, "timing_s/values")
-    v0, v1, verr = fit_linear(np.array([value_tokens(s) for s in steps]), val)
+    v0, v1, verr = fit_linear(np.array([trained_tokens(s, False) for s in steps]), val)
     upd = _measured(run, steps, "timing_s/update")
     ut, uo, uerr = fit_ppo_update(ppo_update_features(steps, run.config), upd)
     roll, step = _measured(run, steps, "timing_s/rollout"), _measured(run, steps, "timing_s/step")
@@ -328,7 +323,7 @@ def simulate_steps(run: RunData, steps: list[StepWork], sm: StageModel, ctx: flo
     if run.algo == "ppo":
         if sm.values is None or sm.ppo_update is None:
             raise DataError(f"validate: {run.path} is a PPO run but its calibration run is not (no values stage)")
-        out["values"] = np.array([sm.values[0] + sm.values[1] * value_tokens(s) for s in steps])
+        out["values"] = np.array([sm.values[0] + sm.values[1] * trained_tokens(s, False) for s in steps])
         out["update"] = ppo_update_features(steps, run.config) @ np.array(sm.ppo_update)
         out["step"] = rollout + out["values"] + out["update"] + sm.step_other_s
     return out
@@ -457,9 +452,29 @@ def validate_mode(run: RunData, calib: RunData | None) -> dict:
     return out
 
 
+def simulated_ppo_ratios(old_logprob: bool) -> dict[str, float]:
+    """The simulator's PPO structure on this machine's model (`perf.FITTED["cpu-core"]`, the tiny model), per
+    token from `PerfModel.learner_s_per_token` (its reference, value and old log-prob forwards at fwd_mfu, the
+    actor's and the critic's training at train_mfu; `update_fixed_s` is 0 on this machine):
+    value forward / reference forward, and PPO's update / the actor's part of it (with the old log-prob
+    forward in both when the run recomputes it; `training_only`: without it, the bare PPO_MODELS)."""
+    from rlhfless.sim.hardware import DEVICES
+    from rlhfless.sim.perf import FITTED, PPO_MODELS, PerfModel
+
+    pm = PerfModel(DEVICES["cpu-core"], tiny_model(), 1, FITTED["cpu-core"])
+    fwd = pm.forward_s(1.0, 1.0)  # one scoring forward's seconds per token, the reference's or the value model's
+    ppo, grpo = pm.learner_s_per_token("ppo", old_logprob), pm.learner_s_per_token("grpo", old_logprob)
+    bare = pm.learner_s_per_token("ppo") - PPO_MODELS * fwd, pm.learner_s_per_token("grpo") - fwd
+    # learner_s_per_token counts PPO_MODELS scoring forwards for PPO (reference + value), one for GRPO: minus those,
+    # what is left is the update (the old log-prob forward, the actor's training, PPO: the critic's)
+    return {"values_over_reference": float(PPO_MODELS - 1),
+            "update_over_actor_update": (ppo - PPO_MODELS * fwd) / (grpo - fwd), "training_only": bare[0] / bare[1]}
+
+
 def ppo_structure(run: RunData) -> dict:
-    """The simulator's PPO structure (`perf.PPO_MODELS`) beside this run's measured ratios, over all its steps
-    (ratios of the stages' mean seconds; module header). A ratio the run cannot measure is `missing`, saying why."""
+    """The simulator's PPO structure (`simulated_ppo_ratios`) beside this run's measured ratios, over all its
+    steps (ratios of the stages' mean seconds; module header). A ratio the run cannot measure is `missing`, saying
+    why."""
     from rlhfless.sim.perf import PPO_MODELS
 
     steps = run.work
@@ -467,23 +482,27 @@ def ppo_structure(run: RunData) -> dict:
             for k in ("values", "reference", "update", "update_critic")}
     algo = run.config["algo"]
     kl = float(algo.get("kl_coef") or 0.0)
-    has_critic_t = all("timing_s/update_critic" in run.metrics[s.step] for s in steps)
     ep, mb = int(algo["ppo_epochs"]), int(algo["ppo_mini_batches"])
+    old = ep * mb > 1 or (kl > 0 and algo.get("kl_in", "auto") in ("auto", "reward"))
+    sim = simulated_ppo_ratios(old)
     out = {"steps": len(steps), "mean_s": mean, "ppo_epochs": ep, "ppo_mini_batches": mb,
-           "old_logprob_recomputed": ep * mb > 1 or (kl > 0 and algo.get("kl_in", "auto") in ("auto", "reward")),
-           "simulator_models": PPO_MODELS}
-    sim_vr = float(PPO_MODELS - 1)  # value forwards per reference forward: the same model, the same formula
+           "old_logprob_recomputed": old, "simulator_models": PPO_MODELS}
     out["values_over_reference"] = (
-        _row(sim_vr, mean["values"] / mean["reference"]) if kl > 0 and mean["reference"] > 0 else
-        {"simulated": sim_vr, "missing": f"algo.kl_coef is {kl:g}: the run has no reference forward to compare with"})
+        _row(sim["values_over_reference"], mean["values"] / mean["reference"]) if kl > 0 and mean["reference"] > 0
+        else {"simulated": sim["values_over_reference"],
+              "missing": f"algo.kl_coef is {kl:g}: the run has no reference forward to compare with"})
     actor = mean["update"] - mean["update_critic"]
+    has_critic_t = all("timing_s/update_critic" in run.metrics[s.step] for s in steps)
     out["update_over_actor_update"] = (
-        _row(float(PPO_MODELS), mean["update"] / actor) if has_critic_t and actor > 0 else
-        {"simulated": float(PPO_MODELS), "missing": "timing_s/update_critic not in every step of metrics.jsonl (runs "
-                                                    "recorded before rlhfless.ppo timed the critic's steps)"})
-    out["note"] = ("simulated: perf.PPO_MODELS models of the policy's size (perf.learner_s_per_token, "
-                   "update_fixed_s); measured: this run's stage seconds; the actor's part of the update includes the "
-                   "old log-prob forward when it is recomputed")
+        _row(sim["update_over_actor_update"], mean["update"] / actor) if has_critic_t and actor > 0 else
+        {"simulated": sim["update_over_actor_update"],
+         "missing": "timing_s/update_critic not in every step of metrics.jsonl (runs recorded before rlhfless.ppo "
+                    "timed the critic's steps)"})
+    out["update_over_actor_update"]["simulated_training_only"] = sim["training_only"]
+    out["note"] = ("simulated: perf.PPO_MODELS models of the policy's size on this machine's cpu-core model "
+                   "(perf.learner_s_per_token); measured: this run's stage seconds; the actor's part of the update "
+                   "(timing_s/update - timing_s/update_critic) includes the old log-prob forward when it is "
+                   "recomputed, and so does the simulated ratio then")
     return out
 
 
