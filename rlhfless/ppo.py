@@ -12,7 +12,7 @@ no_grad when more than one optimiser step follows or the KL enters the reward; w
 they are the update's own detached forward (bitwise the same, one forward cheaper), as in `rlhfless.learner`.
 Metrics are means over the update's mini-batch steps (verl's reduction); `timing_s/update_critic` is the sum of the
 critic's mini-batch steps (forward, backward, optimiser step), so the actor's share of `timing_s/update` is the rest
-(what `rlhfless simulate --validate` sets beside the simulator's 2x for PPO's update).
+(what `rlhfless simulate --validate` sets beside the simulator's `perf.PPO_MODELS` structure).
 """
 
 from __future__ import annotations

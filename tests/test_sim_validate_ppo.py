@@ -107,6 +107,8 @@ def test_what_a_ppo_validation_cannot_use_is_refused_naming_the_field(ppo_run, t
         (dict(cfg_edit=lambda c: c["runtime"].update(mode="serverless")), r"config\.yaml: .*runtime\.mode"),
         (dict(cfg_edit=algo(ppo_mini_batches=0)), r"config\.yaml: algo\.ppo_mini_batches"),
         (dict(cfg_edit=algo(ppo_epochs=None)), r"config\.yaml: algo\.ppo_epochs"),
+        (dict(cfg_edit=algo(kl_coef="high")), r"config\.yaml: algo\.kl_coef"),
+        (dict(cfg_edit=lambda c: c.update(algo=["ppo"])), r"config\.yaml: algo must be a mapping"),
         (dict(metrics_edit=lambda r: {k: v for k, v in r.items() if k != "timing_s/values"}),
          r"metrics\.jsonl: .*timing_s/values"),
     ]

@@ -131,6 +131,9 @@ def run_algo(config: dict, cfg_path: Path, mode: str) -> str:
             v = algo.get(key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise DataError(f"validate: {cfg_path}: algo.{key} must be an integer >= 1 for a PPO run (got {v!r})")
+        kl = algo.get("kl_coef", 0.0)
+        if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not kl >= 0:
+            raise DataError(f"validate: {cfg_path}: algo.kl_coef must be a number >= 0 (got {kl!r})")
     return name
 
 
@@ -483,7 +486,8 @@ def ppo_structure(run: RunData) -> dict:
     algo = run.config["algo"]
     kl = float(algo.get("kl_coef") or 0.0)
     ep, mb = int(algo["ppo_epochs"]), int(algo["ppo_mini_batches"])
-    old = ep * mb > 1 or (kl > 0 and algo.get("kl_in", "auto") in ("auto", "reward"))
+    # rlhfless.ppo recomputes the old log-probs when more than one optimiser step follows or the KL is a reward
+    old = ep * min(mb, min(s.n_seqs for s in steps)) > 1 or (kl > 0 and algo.get("kl_in", "auto") in ("auto", "reward"))
     sim = simulated_ppo_ratios(old)
     out = {"steps": len(steps), "mean_s": mean, "ppo_epochs": ep, "ppo_mini_batches": mb,
            "old_logprob_recomputed": old, "simulator_models": PPO_MODELS}
