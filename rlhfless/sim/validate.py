@@ -203,7 +203,7 @@ def unique_prompt_tokens(step: StepWork) -> float:
 def ppo_update_features(steps: list[StepWork], config: dict) -> np.ndarray:
     """(steps, 2): per step, the tokens PPO's update passes over (prompt + response of every sequence x epochs)
     and its optimiser steps (epochs x mini-batches, each one actor and one critic step; `rlhfless.ppo`).
-    Tokens, not the padded batch: on the four 20-step quickstart_ppo runs of docs/simulator.md the padded count
+    Tokens, not the padded batch: on four 20-step quickstart_ppo runs (docs/simulator.md, A-D) the padded count
     (rows x (longest prompt + longest response)) validated worse on three, for the update and for the values."""
     algo = config["algo"]
     ep, mb = int(algo["ppo_epochs"]), int(algo["ppo_mini_batches"])
