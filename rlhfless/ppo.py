@@ -10,11 +10,14 @@ then the actor: the two are independent given the advantages, so the order chang
 pass reshuffles with a seed of (update, epoch). Old log-probs are the sampling policy's: recomputed under
 no_grad when more than one optimiser step follows or the KL enters the reward; with one step and no KL reward
 they are the update's own detached forward (bitwise the same, one forward cheaper), as in `rlhfless.learner`.
-Metrics are means over the update's mini-batch steps (verl's reduction).
+Metrics are means over the update's mini-batch steps (verl's reduction); `timing_s/update_critic` is the sum of the
+critic's mini-batch steps (forward, backward, optimiser step), so the actor's share of `timing_s/update` is the rest
+(what `rlhfless simulate --validate` sets beside the simulator's `perf.PPO_MODELS` structure).
 """
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import torch
@@ -49,12 +52,16 @@ def ppo_update(learner: Learner, critic: Critic, prompts: list[list[int]], respo
     metrics.update(adv_metrics)
     lr = learner.lr_for_update()
     steps: dict[str, list[float]] = defaultdict(list)
+    critic_s = 0.0
     for epoch in range(cfg.ppo_epochs):
         for rows in mini_batches(len(responses), cfg.ppo_mini_batches, seed=f"{seed}:{learner.updates}:{epoch}"):
-            for k, v in _mini_batch_step(learner, critic, rows, rows_prompts, responses, adv, returns, values,
-                                         old, ref_logp, mask).items():
+            mb, secs = _mini_batch_step(learner, critic, rows, rows_prompts, responses, adv, returns, values, old,
+                                        ref_logp, mask)
+            critic_s += secs
+            for k, v in mb.items():
                 steps[k].append(v)
     metrics.update({k: sum(v) / len(v) for k, v in steps.items()})
+    metrics[M.timing("update_critic")] = critic_s
     metrics[M.LR] = lr
     metrics.update(critic.metrics())
     learner.updates += 1
@@ -63,8 +70,9 @@ def ppo_update(learner: Learner, critic: Critic, prompts: list[list[int]], respo
 
 
 def _mini_batch_step(learner: Learner, critic: Critic, rows: list[int], rows_prompts, responses, adv, returns,
-                     values, old, ref_logp, mask) -> dict[str, float]:
-    """One actor step and one critic step on the sequences `rows` (each cut to its own longest response)."""
+                     values, old, ref_logp, mask) -> tuple[dict[str, float], float]:
+    """One actor step and one critic step on the sequences `rows` (each cut to its own longest response); returns
+    the step's metrics and the critic step's wall seconds."""
     cfg = learner.algo
     sub_p, sub_r = [rows_prompts[r] for r in rows], [responses[r] for r in rows]
     learner.model.train()
@@ -76,9 +84,10 @@ def _mini_batch_step(learner: Learner, critic: Critic, rows: list[int], rows_pro
     loss, metrics = grpo_loss(out.logp, old_mb, ref, adv[rows, :T], m, cfg, entropy=out.entropy)
     learner.step_loss(loss)
     metrics[M.GRAD_NORM] = learner.last_grad_norm
+    t0 = time.perf_counter()
     critic.model.train()
     vpred = response_values(critic.model, sub_p, sub_r, 1)
     vloss, vm = value_loss(vpred, values[rows, :T], returns[rows, :T], m, cfg.value_clip, cfg.loss_agg,
                            cfg.max_seq_len_norm)
     vm[M.CRITIC_GRAD_NORM] = critic.step(vloss)
-    return {**metrics, **vm}
+    return {**metrics, **vm}, time.perf_counter() - t0

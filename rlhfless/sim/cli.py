@@ -53,6 +53,17 @@ def arm_line(a: dict) -> str:
             f"{busy}, held idle {r(c['held_idle'])} (simulated/measured per step, {a['steps_validated']} steps)")
 
 
+def ppo_line(p: dict) -> str:
+    """The PPO structure check of a validated PPO run: the simulator's ratios beside the measured ones."""
+    def r(x: dict) -> str:
+        meas = f"measured {x['measured']:.2f} ({x['rel_error']:.1%})" if "measured" in x else \
+            f"not measured: {x['missing']}"
+        return f"simulated {x['simulated']:.2f}, {meas}"
+
+    return (f"PPO structure over {p['steps']} steps: value forward / reference forward "
+            f"{r(p['values_over_reference'])}; update / its actor part {r(p['update_over_actor_update'])}")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rlhfless.jsonl import write_json
 
@@ -69,6 +80,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             rows = ", ".join(f"{k} {v['simulated']:.3f}/{v['measured']:.3f} s ({v['rel_error']:.1%})"
                              for k, v in m["stages"].items())
             print(f"{name}: simulated/measured mean per step: {rows}")
+            if "ppo" in m:
+                print(f"{name}: {ppo_line(m['ppo'])}")
         for a in report.get("arms", {}).values():
             print(f"arm {a['arm']}: not played: {a['skipped']}" if "skipped" in a else arm_line(a))
         print(f"step_time_error {report['step_time_error']:.1%}, cost_error {report['cost_error']:.1%}")

@@ -36,6 +36,11 @@ from rlhfless.plan.timemodel import TimeModel
 from rlhfless.sim.hardware import DeviceSpec, ModelShape
 from rlhfless.sim.overheads import DEFAULT
 
+PPO_MODELS = 2
+"""Models PPO's learner runs per model GRPO's runs (assumed: the critic is the policy's size, as verl's default
+critic from the actor's checkpoint): one value forward beside the reference forward, one critic training pass and
+optimiser step beside the actor's. `rlhfless simulate --validate` sets the measured ratios beside it."""
+
 
 @dataclass(frozen=True)
 class Efficiency:
@@ -190,14 +195,14 @@ class PerfModel:
         the value forward) at fwd_mfu, the policy's forward/backward (PPO: and the critic's) at train_mfu; the
         same formulas as `forward_s` and `train_s`, without the per-update constant (`update_fixed_s`).
         old_logprob: plus one actor forward recomputing the old log-probs (verl does it every step)."""
-        n = 2 if algo == "ppo" else 1
+        n = PPO_MODELS if algo == "ppo" else 1
         fwd = 2.0 * self.model.params / (self.device.peak_flops * self.eff.fwd_mfu)
         train = 6.0 * self.model.params / (self.device.peak_flops * self.eff.train_mfu)
         return (n + int(old_logprob)) * fwd + n * train
 
     def update_fixed_s(self, algo: str, minibatches: int = 1) -> float:
         """The optimizer step(s) of one step: policy (PPO: and critic), once per mini-batch."""
-        return self.eff.train_fixed_s * (2 if algo == "ppo" else 1) * minibatches
+        return self.eff.train_fixed_s * (PPO_MODELS if algo == "ppo" else 1) * minibatches
 
     def weight_sync_s(self, colocated: bool) -> float:
         """New weights into a rollout replica: resharding over the node link (colocated: each device's TP shard,

@@ -11,7 +11,11 @@ two errors are the arm model's (`errors_from: arms`), else the stage model's bel
     decode constants (bytes/s and per-iteration overhead of `PerfModel.decode_iter_s` for the tiny model) are
     fitted to measured `timing_s/decode` by non-negative least squares on per-step features computed from the
     trace with the planner's time model (`fit_decode`); prefill, update and the remaining loop seconds are linear
-    in the tokens they process (`fit_linear`). Fitted on `calibrate_from` (another run) when given, else on
+    in the tokens they process (`fit_linear`). PPO runs (`algo.name: ppo`, inline only) add the `values` stage
+    (the critic's forward: linear in the prompt + response tokens of the batch, as the update) and fit their
+    update (actor + critic, `rlhfless.ppo.ppo_update`) as seconds per token per epoch plus seconds per optimiser
+    step (epochs x mini-batches), so a calibration run with other `algo.ppo_epochs` or `algo.ppo_mini_batches`
+    carries over (a constant per-run term would not). Fitted on `calibrate_from` (another run) when given, else on
     alternate steps (1, 3, 5, ...) and validated on the others: on shared cores the neighbours' load drifts over
     minutes, which a first-half/second-half split would report as model error.
   * Simulation: each validated step's groups, as recorded, through the same time model (inline: one engine
@@ -24,6 +28,12 @@ two errors are the arm model's (`errors_from: arms`), else the stage model's bel
     per-worker overhead (cold start, pre-warm, idle) fitted on the calibration steps' `function/<kind>/billed_s`;
     compared with `function/<kind>/billed_s` and `cost/device_seconds`. Workers per step come from
     `invocations.jsonl`. Fields that are absent are reported as such (`missing`), not guessed.
+  * PPO's structure (`ppo` key of a PPO mode): the simulator's assumption that PPO's learner runs
+    `perf.PPO_MODELS` models of the policy's size (a value forward per reference forward; critic + actor
+    training = 2 x the actor's; with the old log-prob forward the run recomputes, 1.75 x on this machine's
+    cpu-core model) beside the run's measured ratios over all its steps (`timing_s/values` /
+    `timing_s/reference` when `algo.kl_coef` > 0; `timing_s/update` / its actor part, `timing_s/update` minus
+    `timing_s/update_critic`). A measurement to read, not a fitted constant.
 
 Non-goals: no per-token replay; no simulation of process start-up outside the steps.
 
@@ -45,6 +55,8 @@ from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.workload import StepWork, replay_trace
 
 STAGES = ("rollout", "decode", "prefill", "update", "step")
+PPO_STAGES = ("rollout", "decode", "prefill", "values", "update", "step")
+ALGOS = ("grpo", "ppo")
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class RunData:
     work: list[StepWork]
     invocations: list[dict]
     workers: list[dict]
+    algo: str = "grpo"
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -92,7 +105,36 @@ def load_run(path: str | Path) -> RunData:
         raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}[.gz]")
     work = [s for s in replay_trace(trace) if s.step in metrics]
     mode = (config.get("runtime") or {}).get("mode", "inline")
-    return RunData(p, mode, config, metrics, work, _jsonl(p / "invocations.jsonl"), _jsonl(p / "workers.jsonl"))
+    algo = run_algo(config, cfg_path, mode)
+    if algo == "ppo" and not any("timing_s/values" in r for r in metrics.values()):
+        raise DataError(f"validate: {p / 'metrics.jsonl'}: algo.name is ppo but no step has timing_s/values (the "
+                        "critic's forward, timed by rlhfless.loop)")
+    return RunData(p, mode, config, metrics, work, _jsonl(p / "invocations.jsonl"), _jsonl(p / "workers.jsonl"),
+                   algo)
+
+
+def run_algo(config: dict, cfg_path: Path, mode: str) -> str:
+    """`algo.name` of a run's config.yaml (runs recorded before the key: grpo); a DataError naming the field for
+    an algorithm the simulator does not model, PPO outside inline mode, or PPO's epochs / mini-batches not >= 1."""
+    algo = config.get("algo") or {}
+    if not isinstance(algo, dict):
+        raise DataError(f"validate: {cfg_path}: algo must be a mapping (got {type(algo).__name__})")
+    name = algo.get("name", "grpo")
+    if name not in ALGOS:
+        raise DataError(f"validate: {cfg_path}: algo.name {name!r} is not one the simulator models "
+                        f"({', '.join(ALGOS)})")
+    if name == "ppo":
+        if mode != "inline":
+            raise DataError(f"validate: {cfg_path}: algo.name ppo with runtime.mode {mode!r}: PPO runs inline only "
+                            "(rlhfless.config refuses the runtime modes), so this run cannot be validated")
+        for key in ("ppo_epochs", "ppo_mini_batches"):
+            v = algo.get(key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise DataError(f"validate: {cfg_path}: algo.{key} must be an integer >= 1 for a PPO run (got {v!r})")
+        kl = algo.get("kl_coef", 0.0)
+        if isinstance(kl, bool) or not isinstance(kl, (int, float)) or not kl >= 0:
+            raise DataError(f"validate: {cfg_path}: algo.kl_coef must be a number >= 0 (got {kl!r})")
+    return name
 
 
 def load_runs(path: str | Path) -> dict[str, RunData]:
@@ -158,6 +200,28 @@ def unique_prompt_tokens(step: StepWork) -> float:
     return float(sum(g.prompt_len for g in step.groups))
 
 
+def ppo_update_features(steps: list[StepWork], config: dict) -> np.ndarray:
+    """(steps, 2): per step, the tokens PPO's update passes over (prompt + response of every sequence x epochs)
+    and its optimiser steps (epochs x mini-batches, each one actor and one critic step; `rlhfless.ppo`).
+    Tokens, not the padded batch: on four 20-step quickstart_ppo runs (docs/simulator.md, A-D) the padded count
+    (rows x (longest prompt + longest response)) validated worse on three, for the update and for the values."""
+    algo = config["algo"]
+    ep, mb = int(algo["ppo_epochs"]), int(algo["ppo_mini_batches"])
+    return np.array([(ep * trained_tokens(s, False), ep * min(mb, s.n_seqs)) for s in steps], dtype=float)
+
+
+def fit_ppo_update(feats: np.ndarray, measured: np.ndarray) -> tuple[float, float, float]:
+    """(seconds per token-pass, seconds per optimiser step, median |relative error|), both >= 0, of measured ~
+    feats @ coef. With one run's fixed epochs and mini-batches the second term is the intercept."""
+    from scipy.optimize import nnls
+
+    scale = np.maximum(feats.max(axis=0), 1e-30)
+    coef, _ = nnls(feats / scale, measured)
+    coef = coef / scale
+    pred = feats @ coef
+    return float(coef[0]), float(coef[1]), float(np.median(np.abs(pred / np.maximum(measured, 1e-12) - 1)))
+
+
 # ---- calibration ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StageModel:
@@ -170,6 +234,8 @@ class StageModel:
     rollout_other_s: float  # rollout seconds beyond prefill + decode (sampling set-up, scoring of the batch)
     step_other_s: float  # step seconds beyond rollout + update (plan, reward, reference, observe, logging)
     fit: dict
+    values: tuple[float, float] | None = None  # PPO: intercept, seconds per token of the critic's forward
+    ppo_update: tuple[float, float] | None = None  # PPO: s per token-pass, s per optimiser step
 
     def time_model(self, capacity: int, ctx: float) -> TimeModel:
         return cpu_decode_model(tiny_model(), 1e30, self.bytes_per_s, self.iter_overhead_s).time_model(capacity, ctx)
@@ -211,17 +277,36 @@ def calibrate(run: RunData, steps: list[StepWork], ctx: float) -> StageModel:
     feats = decode_features(steps, n, cap, ctx, _policy(run))
     dec = _measured(run, steps, "timing_s/decode")
     bw, ov = fit_decode(feats, dec)
+    pred_dec = feats @ np.array([ov, 1.0 / bw])
+    derr = float(np.median(np.abs(pred_dec / np.maximum(dec, 1e-9) - 1)))
     pre = _measured(run, steps, "timing_s/prefill")
     p0, p1, perr = fit_linear(np.array([unique_prompt_tokens(s) for s in steps]), pre)
+    if run.algo == "ppo":
+        return _calibrate_ppo(run, steps, (bw, ov, derr), (p0, p1, perr), dec, pre)
     skip = skips_groups(run.config)
     upd = _measured(run, steps, "timing_s/update")
     u0, u1, uerr = fit_linear(np.array([trained_tokens(s, skip) for s in steps]), upd)
     roll, step = _measured(run, steps, "timing_s/rollout"), _measured(run, steps, "timing_s/step")
-    pred_dec = feats @ np.array([ov, 1.0 / bw])
     return StageModel(bw, ov, (p0, p1), (u0, u1), float(np.mean(roll - pre - dec)), float(np.mean(step - roll - upd)),
-                      {"decode_median_abs_rel_err": float(np.median(np.abs(pred_dec / np.maximum(dec, 1e-9) - 1))),
-                       "prefill_median_abs_rel_err": perr, "update_median_abs_rel_err": uerr,
-                       "steps": len(steps)})
+                      {"decode_median_abs_rel_err": derr, "prefill_median_abs_rel_err": perr,
+                       "update_median_abs_rel_err": uerr, "steps": len(steps)})
+
+
+def _calibrate_ppo(run: RunData, steps: list[StepWork], decode: tuple[float, float, float],
+                   prefill: tuple[float, float, float], dec: np.ndarray, pre: np.ndarray) -> StageModel:
+    """PPO's stage models: decode and prefill as GRPO's, the values stage linear in the trained tokens, the update
+    on `ppo_update_features`; the step's remainder (plan, reward, reference, observe) a mean."""
+    val = _measured(run, steps, "timing_s/values")
+    v0, v1, verr = fit_linear(np.array([trained_tokens(s, False) for s in steps]), val)
+    upd = _measured(run, steps, "timing_s/update")
+    ut, uo, uerr = fit_ppo_update(ppo_update_features(steps, run.config), upd)
+    roll, step = _measured(run, steps, "timing_s/rollout"), _measured(run, steps, "timing_s/step")
+    bw, ov, derr = decode
+    return StageModel(bw, ov, prefill[:2], (0.0, 0.0), float(np.mean(roll - pre - dec)),
+                      float(np.mean(step - roll - val - upd)),
+                      {"decode_median_abs_rel_err": derr, "prefill_median_abs_rel_err": prefill[2],
+                       "values_median_abs_rel_err": verr, "update_median_abs_rel_err": uerr, "steps": len(steps)},
+                      values=(v0, v1), ppo_update=(ut, uo))
 
 
 # ---- simulation and comparison ---------------------------------------------------------------------
@@ -236,8 +321,15 @@ def simulate_steps(run: RunData, steps: list[StepWork], sm: StageModel, ctx: flo
     prefill = np.array([sm.prefill[0] + sm.prefill[1] * unique_prompt_tokens(s) for s in steps])
     update = np.array([sm.update[0] + sm.update[1] * trained_tokens(s, skip) for s in steps])
     rollout = prefill + decode + sm.rollout_other_s
-    return {"decode": decode, "prefill": prefill, "update": update, "rollout": rollout,
-            "step": rollout + update + sm.step_other_s, "decode_busy": np.array([sum(p.busy_s) for p in plans])}
+    out = {"decode": decode, "prefill": prefill, "update": update, "rollout": rollout,
+           "step": rollout + update + sm.step_other_s, "decode_busy": np.array([sum(p.busy_s) for p in plans])}
+    if run.algo == "ppo":
+        if sm.values is None or sm.ppo_update is None:
+            raise DataError(f"validate: {run.path} is a PPO run but its calibration run is not (no values stage)")
+        out["values"] = np.array([sm.values[0] + sm.values[1] * trained_tokens(s, False) for s in steps])
+        out["update"] = ppo_update_features(steps, run.config) @ np.array(sm.ppo_update)
+        out["step"] = rollout + out["values"] + out["update"] + sm.step_other_s
+    return out
 
 
 def _units(run: RunData) -> float:
@@ -335,23 +427,87 @@ def validate_mode(run: RunData, calib: RunData | None) -> dict:
         if len(work) < 4:
             raise DataError(f"validate: {run.path} has {len(work)} steps; need >= 4 to calibrate on alternate steps")
         cal_steps, val = work[0::2], work[1::2]  # alternate steps: see armmodel.split_steps
+    if calib is not None and calib.algo != run.algo:
+        raise DataError(f"validate: {run.path} is a {run.algo} run (algo.name) but the calibration run {calib.path} "
+                        f"is {calib.algo}: their learner stages differ")
     ctx = _context(work)
     sm = calibrate(calib or run, cal_steps, ctx)
     sim = simulate_steps(run, val, sm, ctx)
     stages = {}
-    for st in STAGES:
+    for st in (PPO_STAGES if run.algo == "ppo" else STAGES):
         meas = _measured(run, val, f"timing_s/{st}")
         stages[st] = _row(float(sim[st].mean()), float(meas.mean()))
     tpot = tpot_profile_decode(run, val, ctx)
     if tpot is not None:  # the engine benchmark's profile alone, without fitting to this run: for reference
         stages["decode_from_tpot_profile"] = _row(tpot, float(_measured(run, val, "timing_s/decode").mean()))
-    return {"mode": run.mode, "path": str(run.path), "steps_validated": len(val),
-            "calibrated_on": str((calib or run).path) + ("" if calib else " alternate steps from "
-                                                         f"{cal_steps[0].step}"),
-            "calibration": {"bytes_per_s": sm.bytes_per_s, "iter_overhead_s": sm.iter_overhead_s,
-                            "prefill": sm.prefill, "update": sm.update, "rollout_other_s": sm.rollout_other_s,
-                            "step_other_s": sm.step_other_s, **sm.fit},
-            "stages": stages, "cost": cost_rows(run, calib or run, cal_steps, val, sm, ctx, sim)}
+    out = {"mode": run.mode, "path": str(run.path), "steps_validated": len(val),
+           "calibrated_on": str((calib or run).path) + ("" if calib else " alternate steps from "
+                                                        f"{cal_steps[0].step}"),
+           "calibration": {"bytes_per_s": sm.bytes_per_s, "iter_overhead_s": sm.iter_overhead_s,
+                           "prefill": sm.prefill, "update": sm.update, "rollout_other_s": sm.rollout_other_s,
+                           "step_other_s": sm.step_other_s, **sm.fit},
+           "stages": stages, "cost": cost_rows(run, calib or run, cal_steps, val, sm, ctx, sim)}
+    if run.algo == "ppo":
+        out["algo"] = "ppo"
+        out["calibration"]["update"] = {"s_per_token_pass": sm.ppo_update[0], "s_per_optimizer_step": sm.ppo_update[1]}
+        out["calibration"]["values"] = sm.values
+        out["ppo"] = ppo_structure(run)
+    return out
+
+
+def simulated_ppo_ratios(old_logprob: bool) -> dict[str, float]:
+    """The simulator's PPO structure on this machine's model (`perf.FITTED["cpu-core"]`, the tiny model), per
+    token from `PerfModel.learner_s_per_token` (its reference, value and old log-prob forwards at fwd_mfu, the
+    actor's and the critic's training at train_mfu; `update_fixed_s` is 0 on this machine):
+    value forward / reference forward, and PPO's update / the actor's part of it (with the old log-prob
+    forward in both when the run recomputes it; `training_only`: without it, the bare PPO_MODELS)."""
+    from rlhfless.sim.hardware import DEVICES
+    from rlhfless.sim.perf import FITTED, PPO_MODELS, PerfModel
+
+    pm = PerfModel(DEVICES["cpu-core"], tiny_model(), 1, FITTED["cpu-core"])
+    fwd = pm.forward_s(1.0, 1.0)  # one scoring forward's seconds per token, the reference's or the value model's
+    ppo, grpo = pm.learner_s_per_token("ppo", old_logprob), pm.learner_s_per_token("grpo", old_logprob)
+    bare = pm.learner_s_per_token("ppo") - PPO_MODELS * fwd, pm.learner_s_per_token("grpo") - fwd
+    # learner_s_per_token counts PPO_MODELS scoring forwards for PPO (reference + value), one for GRPO: minus those,
+    # what is left is the update (the old log-prob forward, the actor's training, PPO: the critic's)
+    return {"values_over_reference": float(PPO_MODELS - 1),
+            "update_over_actor_update": (ppo - PPO_MODELS * fwd) / (grpo - fwd), "training_only": bare[0] / bare[1]}
+
+
+def ppo_structure(run: RunData) -> dict:
+    """The simulator's PPO structure (`simulated_ppo_ratios`) beside this run's measured ratios, over all its
+    steps (ratios of the stages' mean seconds; module header). A ratio the run cannot measure is `missing`, saying
+    why."""
+    from rlhfless.sim.perf import PPO_MODELS
+
+    steps = run.work
+    mean = {k: float(_measured(run, steps, f"timing_s/{k}").mean())
+            for k in ("values", "reference", "update", "update_critic")}
+    algo = run.config["algo"]
+    kl = float(algo.get("kl_coef") or 0.0)
+    ep, mb = int(algo["ppo_epochs"]), int(algo["ppo_mini_batches"])
+    # rlhfless.ppo recomputes the old log-probs when more than one optimiser step follows or the KL is a reward
+    old = ep * min(mb, min(s.n_seqs for s in steps)) > 1 or (kl > 0 and algo.get("kl_in", "auto") in ("auto", "reward"))
+    sim = simulated_ppo_ratios(old)
+    out = {"steps": len(steps), "mean_s": mean, "ppo_epochs": ep, "ppo_mini_batches": mb,
+           "old_logprob_recomputed": old, "simulator_models": PPO_MODELS}
+    out["values_over_reference"] = (
+        _row(sim["values_over_reference"], mean["values"] / mean["reference"]) if kl > 0 and mean["reference"] > 0
+        else {"simulated": sim["values_over_reference"],
+              "missing": f"algo.kl_coef is {kl:g}: the run has no reference forward to compare with"})
+    actor = mean["update"] - mean["update_critic"]
+    has_critic_t = all("timing_s/update_critic" in run.metrics[s.step] for s in steps)
+    out["update_over_actor_update"] = (
+        _row(sim["update_over_actor_update"], mean["update"] / actor) if has_critic_t and actor > 0 else
+        {"simulated": sim["update_over_actor_update"],
+         "missing": "timing_s/update_critic not in every step of metrics.jsonl (runs recorded before rlhfless.ppo "
+                    "timed the critic's steps)"})
+    out["update_over_actor_update"]["simulated_training_only"] = sim["training_only"]
+    out["note"] = ("simulated: perf.PPO_MODELS models of the policy's size on this machine's cpu-core model "
+                   "(perf.learner_s_per_token); measured: this run's stage seconds; the actor's part of the update "
+                   "(timing_s/update - timing_s/update_critic) includes the old log-prob forward when it is "
+                   "recomputed, and so does the simulated ratio then")
+    return out
 
 
 def tpot_profile_decode(run: RunData, steps: list[StepWork], ctx: float) -> float | None:
