@@ -368,9 +368,53 @@ def clusters(cfg: SimConfig, work: list[StepWork]) -> tuple[Cluster, Cluster, Cl
     return cb, cs, _paper_tp(cfg, work)
 
 
-def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...] = ()) -> dict:
+PARALLEL_MIN_STEPS = 10
+"""Cases of fewer steps play their policies in this process (a fork costs more than such a case)."""
+_FORKED: tuple = ()
+"""(policies, work, keep_timelines) for the forked children of `play_policies` (inherited, not pickled)."""
+
+
+def _play_forked(i: int) -> tuple[dict, Timeline | None, list[dict]]:
+    pols, work, keep = _FORKED
+    summary, tl, rows = simulate_policy(pols[i], work, pols[i].c)
+    if keep:
+        tl.hooks = []  # live observers only: closures do not cross processes
+    return summary, tl if keep else None, rows
+
+
+def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False,
+                  jobs: int | None = None) -> list[tuple[dict, Timeline | None, list[dict]]]:
+    """`simulate_policy` of each policy, in order: in `jobs` forked processes (None: one per core of this
+    process, for cases of PARALLEL_MIN_STEPS steps or more). The policies share no state (each has its own
+    predictor, warm pool and event loop; clusters are read only), so the results are the sequential ones bit
+    for bit (tests/test_sim_parallel.py). The RLHFless policies, which run the planner every step, go first."""
+    import multiprocessing as mp
+    import os
+
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if len(work) >= PARALLEL_MIN_STEPS else 1
+    jobs = min(jobs, len(pols))
+    if jobs <= 1:
+        return [simulate_policy(p, work, p.c) for p in pols]
+    global _FORKED
+    _FORKED = (pols, work, keep_timelines)
+    order = sorted(range(len(pols)), key=lambda i: not isinstance(pols[i], RLHFless))
+    try:
+        with mp.get_context("fork").Pool(jobs) as pool:
+            played = pool.map(_play_forked, order, chunksize=1)
+    finally:
+        _FORKED = ()
+    out: list = [None] * len(pols)
+    for i, r in zip(order, played):
+        out[i] = r
+    return out
+
+
+def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...] = (),
+             jobs: int | None = None) -> dict:
     """Every policy over the case's steps (`only`: just these, which must include verl, verl-paper and rlhfless;
-    without the oracle there is no gap to it); returns the case's report (and timelines/rows when asked)."""
+    without the oracle there is no gap to it); returns the case's report (and timelines/rows when asked).
+    `jobs`: processes that play the policies (`play_policies`; None: one per core for long enough cases)."""
     work, note = workload(cfg)
     cb, cs, cp = clusters(cfg, work)
     out = {"name": cfg.name, "baseline": cfg.baseline, "tp": cb.perf.tp, "replicas": cb.replicas,
@@ -380,10 +424,8 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     extra = {}
     cw = wide_cluster(cfg, cs, work)
     out["rlhfless_wide_tp"] = cw.perf.tp if cw is not None else 0
-    for pol in policies(cfg, cb, cs, cp, cw):
-        if only and pol.name not in only:
-            continue
-        summary, tl, rows = simulate_policy(pol, work, pol.c)
+    pols = [pol for pol in policies(cfg, cb, cs, cp, cw) if not only or pol.name in only]
+    for pol, (summary, tl, rows) in zip(pols, play_policies(pols, work, keep_timelines, jobs)):
         out["policies"][pol.name] = summary
         extra[pol.name] = (tl, rows)
     p = out["policies"]
