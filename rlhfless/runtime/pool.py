@@ -108,7 +108,8 @@ class Pool:
         of the two the driver notices first is a race. Such a rank says so on its pipe (`worker.LEFT`, read into
         `h.left`, by `exit_status` at the latest); its exit status (GROUP_BROKEN_EXIT) is the fallback."""
         if h.worker in self.handles:
-            left = h.left or self.backend.exit_status(h) == GROUP_BROKEN_EXIT or h.left
+            status = None if h.left else self.backend.exit_status(h)  # reads what it sent last, LEFT included
+            left = h.left or status == GROUP_BROKEN_EXIT
             self.backend.kill(h)  # reap it (it is already gone, or hung)
             self._gone(h, killed=not left)
 

@@ -29,6 +29,8 @@ epochs the paper averages over are the default number of steps.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -242,8 +244,6 @@ def _gsm8k_pool(path: str, template_tokens: int):
 def gsm8k_path(given: str):
     """The GSM8K file to use: `given` when set (it must exist), else the first that exists of $RLHFLESS_GSM8K and
     ../shared beside the checkout or beside its parent (worktrees); None when there is none."""
-    import os
-
     from rlhfless.errors import DataError
 
     if given:
@@ -388,9 +388,6 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
     process, for cases of PARALLEL_MIN_STEPS steps or more). The policies share no state (each has its own
     predictor, warm pool and event loop; clusters are read only), so the results are the sequential ones bit
     for bit (tests/test_sim_parallel.py). The RLHFless policies, which run the planner every step, go first."""
-    import multiprocessing as mp
-    import os
-
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if len(work) >= PARALLEL_MIN_STEPS else 1
     jobs = min(jobs, len(pols))
