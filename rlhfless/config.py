@@ -211,8 +211,12 @@ class RunConfig:
     def check_machine(self) -> None:
         """Reject, before any work, a setting this machine cannot run: the runtime's units and devices, and the
         inline loop's device (one line naming the field; every entry point and `--dry-run` call this)."""
-        self.runtime.check_machine(self.plan.max_actors)
+        self.runtime.check_machine(self.plan.max_actors, compare_dp=self.algo.name == "grpo")
         check_device(self.train.device, "train.device")
+        if self.algo.name == "ppo" and self.runtime.mode in ("serverless", "compare"):
+            units = self.runtime.resolved_units()
+            require(units >= 2, "runtime.units", f"PPO's actor and critic functions run side by side: at least 2 "
+                    f"units (got {units}); use runtime.mode=serverful or inline on one unit")
 
     def __post_init__(self) -> None:
         if self.runtime.mode in ("serverless", "compare"):
@@ -224,10 +228,8 @@ class RunConfig:
         require(self.rollout.engine == "own" or self.runtime.ship_prefix_kv != "always", "runtime.ship_prefix_kv",
                 "always ships the prefill function's KV to the decode functions, which rollout.engine=vllm cannot "
                 "take (vLLM prefills with its own prefix cache); use never or auto (auto never ships with vllm)")
-        # the value and critic functions of the runtime are not built yet (issue 22, item 4)
-        require(self.algo.name == "grpo" or self.runtime.mode == "inline", "runtime.mode",
-                f"algo.name=ppo runs inline only for now: the runtime has no value or critic function yet "
-                f"(got runtime.mode={self.runtime.mode}); use runtime.mode=inline")
+        if self.algo.name == "ppo" and self.runtime.executes:
+            self._check_ppo_runtime()
         if self.runtime.executes:
             # workers would hold bfloat16 replicas and all-reduce bfloat16 gradients through gloo: never run yet
             require(self.train.dtype == "float32", "train.dtype",
@@ -239,6 +241,16 @@ class RunConfig:
         if self.algo.max_seq_len_norm is not None:
             require(self.algo.max_seq_len_norm >= self.rollout.max_new_tokens, "algo.max_seq_len_norm",
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")
+
+
+    def _check_ppo_runtime(self) -> None:
+        """What the runtime's PPO (`runtime.ppo_stages`) does not do."""
+        rt = self.runtime
+        require(rt.overlap is not True, "runtime.overlap",
+                "PPO whitens its advantages over the whole batch and steps on mini-batches cut across it, so no "
+                "group can be trained while the rest decodes; leave runtime.overlap null (auto) or set it false")
+        require(rt.learner_units <= 1, "runtime.learner_units",
+                f"PPO's actor and critic run as one rank each for now (got {rt.learner_units}); leave it 0")
 
 
 def _load_with_defaults(path: Path, depth: int = 0) -> dict:

@@ -312,7 +312,7 @@ def _steps(run: Run, progress: bool) -> None:
         from rlhfless.runtime.loop_stages import RuntimeStages
 
         run.stages = RuntimeStages(run.cfg, run.learner, run.planner, run.cfg.runtime.mode, run.out,
-                                   env=run.stages.env, progress=progress)
+                                   env=run.stages.env, progress=progress, critic=run.stages.critic)
     try:
         _loop(run, progress)
     finally:

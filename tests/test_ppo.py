@@ -138,12 +138,22 @@ def test_a_critic_checkpoint_that_is_missing_or_has_another_vocabulary_is_refuse
 
 
 @pytest.mark.parametrize("override,field", [
-    ("runtime.mode=serverless", "runtime.mode"), ("runtime.mode=serverful", "runtime.mode"),
+    ("runtime.mode=serverless runtime.overlap=true", "runtime.overlap"),
+    ("runtime.mode=serverful runtime.learner_units=2", "runtime.learner_units"),
     ("critic.lr=0", "critic.lr"), ("train.eval_samples=0", "train.eval_samples"),
 ])
 def test_ppo_config_refusals_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        load_run_config(None, ["algo.name=ppo", override])
+        load_run_config(None, ["algo.name=ppo", *override.split()])
+
+
+def test_the_runtime_modes_take_ppo_and_serverless_needs_two_units():
+    for mode in ("serverless", "serverful", "compare"):
+        assert load_run_config(None, ["algo.name=ppo", f"runtime.mode={mode}"]).runtime.mode == mode
+    with pytest.raises(ConfigError, match=r"runtime\.units: PPO's actor and critic"):
+        load_run_config(None, ["algo.name=ppo", "runtime.mode=serverless", "runtime.units=1",
+                         "plan.max_actors=1"]).check_machine()
+    load_run_config(None, ["algo.name=ppo", "runtime.mode=serverful", "runtime.units=1"]).check_machine()
 
 
 def test_quickstart_ppo_config_loads():

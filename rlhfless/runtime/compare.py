@@ -5,7 +5,8 @@ Three arms, each a whole run with its own evals, traces and W&B files, in OUT/<a
 - `serverful-overlap`: the same pool with `runtime.overlap=true`, so the comparison separates what streaming the
   tail buys from what serverless buys;
 - `serverless`: functions started on demand, as configured (`runtime.overlap` null = on).
-Then OUT/comparison.json and side-by-side Gantt charts (OUT/gantt/step-<k>.png).
+PPO (algo.name=ppo) runs the first and the last: nothing of its update streams, so there is no overlap arm and
+`overlap_only` is null. Then OUT/comparison.json and side-by-side Gantt charts (OUT/gantt/step-<k>.png).
 
 comparison.json: step_time_ratio, cost_ratio, usd_ratio (serverless / serverful: mean step wall time, billed
 device-seconds, dollars), samples_identical and weights_identical over every arm that ran (per-step response
@@ -55,6 +56,11 @@ def gantt_steps(steps: int, every: int) -> list[int]:
     return sorted({1, *(range(every, steps + 1, every) if every else ())} & set(range(1, steps + 1)))
 
 
+def arms(cfg) -> tuple[str, ...]:
+    """The arms of a comparison: PPO has no overlap arm (nothing of its update can stream, `ppo_stages`)."""
+    return tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo")
+
+
 def arm_config(cfg, arm: str):
     """The run config of one arm (module header)."""
     if arm == "serverful":
@@ -102,7 +108,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     runtime (it calls this module for `runtime.mode=compare`)."""
     out.mkdir(parents=True, exist_ok=True)
     summaries, machine = {}, {}
-    for arm in ARMS:
+    for arm in arms(cfg):
         window = CpuWindow.open()
         summaries[arm] = train(arm_config(cfg, arm), out / arm, progress=progress)
         machine[arm] = window.close()
@@ -116,7 +122,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         "first_divergent_step": min((d for _, d, _ in same if d is not None), default=None),
         "steps_compared": min(n for _, _, n in same),
         "weights_identical": None not in digests.values() and len(set(digests.values())) == 1,
-        "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]),
+        "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
         "arms": ran, "seed": cfg.train.seed, "steps": cfg.train.steps,
         **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],

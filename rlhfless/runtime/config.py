@@ -190,8 +190,9 @@ class RuntimeConfig:
     def learners(self) -> int:
         return self.learner_units or self.resolved_units()
 
-    def check_machine(self, max_actors: int) -> None:
-        """Reject, before any work, a setting this machine cannot run (names the field)."""
+    def check_machine(self, max_actors: int, compare_dp: bool = True) -> None:
+        """Reject, before any work, a setting this machine cannot run (names the field). compare_dp: compare must
+        train with the same data-parallel degree in both modes (GRPO; PPO trains one rank each way)."""
         if self.device == "cuda":
             check_device("cuda", "runtime.device")
             require(self.backend == "local", "runtime.backend",
@@ -212,7 +213,7 @@ class RuntimeConfig:
             require(max_actors <= units, "plan.max_actors",
                     f"serverless decode functions need one unit each: at most runtime.units={units} "
                     f"(got {max_actors}); lower plan.max_actors or raise runtime.units")
-        if self.mode == "compare":
+        if self.mode == "compare" and compare_dp:
             require(self.learners() == self.workers(), "runtime.learner_units",
                     f"compare needs the same data-parallel degree in both modes (learner_units="
                     f"{self.learners()}, serverful_workers={self.workers()}), or the two modes would not learn "

@@ -34,14 +34,14 @@ from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules
 from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
-from rlhfless.runtime.records import HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role
+from rlhfless.runtime.records import CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role
 RUNTIME_HOOKS: list = []
 """Callables given each new Runtime once it is up (the fault bench attaches its chaos thread here)."""
 
 
 class Runtime:
     def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
-                 planner=None, env=None, progress: bool = False):
+                 planner=None, env=None, progress: bool = False, critic=None):
         from rlhfless.learner import save_learner_state
         from rlhfless.textenv import make_env
         from rlhfless.runtime.dist import reserve_port
@@ -67,6 +67,11 @@ class Runtime:
         self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
         self.version = learner.updates
         save_learner_state(learner, self.state_path(self.version))
+        self.ppo = cfg.algo.name == "ppo"
+        if self.ppo:  # the critic moves between its functions as a state file, like the policy
+            from rlhfless.critic import save_critic_state
+
+            save_critic_state(critic, self.critic_path(self.version))
         self.t0 = now()
         self.pool = Pool(self.backend, setup, self.t0, self.units)
         self.invocations: list[InvocationRecord] = []
@@ -126,6 +131,9 @@ class Runtime:
     def state_path(self, version: int) -> Path:
         return self.scratch / f"learner-v{version}.safetensors"
 
+    def critic_path(self, version: int) -> Path:
+        return self.scratch / f"critic-v{version}.safetensors"
+
     def rel(self, t: float) -> float:
         return t - self.t0
 
@@ -151,6 +159,10 @@ class Runtime:
     def state_setup(self) -> dict:
         return {"state_path": str(self.state_path(self.version)), "version": self.version}
 
+    def critic_setup(self) -> dict:
+        """PPO: where the critic of this step's version is (`runtime.ppo_worker.sync_critic`)."""
+        return {"critic_state": str(self.critic_path(self.version)), "critic_version": self.version}
+
     # -- workers ------------------------------------------------------------------------------------------------
     def _start_pool(self) -> None:
         """Serverful: W colocated workers, one core each, one data-parallel group, held until close(). The
@@ -159,8 +171,10 @@ class Runtime:
         W = self.rt.workers()
         for attempt in range(1, self.rt.max_attempts + 1):
             port, held = self._reserve_port()
-            hs = [self.pool.start(KINDS_ALL, (r,), {**self.state_setup(), "dist": self.dist_spec(r, W, port)})
-                  for r in range(W)]  # W <= units (check_machine): one unit each
+            # W <= units (check_machine): one unit each; PPO's critic lives on the last worker (`ppo_stages`)
+            hs = [self.pool.start(KINDS_ALL, (r,), {**self.state_setup(), "dist": self.dist_spec(r, W, port),
+                                                    **(self._critic_holder() if self.ppo and r == W - 1 else {})})
+                  for r in range(W)]
             try:
                 self.pool.await_ready(hs)
             except WorkerDied as died:
@@ -172,6 +186,9 @@ class Runtime:
             self.pool_handles = hs
             return
         raise fail("the serverful pool's start", self.rt.max_attempts)
+
+    def _critic_holder(self) -> dict:
+        return {"holds_critic": True, **self.critic_setup()}
 
     def dist_spec(self, rank: int, world: int, port: int) -> dict:
         return {"rank": rank, "world": world, "port": port, "timeout_s": min(60.0, self.rt.invocation_timeout_s)}
@@ -223,6 +240,11 @@ class Runtime:
                                        prewarmed))
         return out
 
+    def start_critic(self, must: bool, prewarmed: bool = False):
+        """PPO's critic image onto a free unit (must: evicting idle workers if none is free), or None."""
+        cores = self.claim(must)
+        return None if cores is None else self.pool.start(CRITIC_IMAGE, cores, self.critic_setup(), prewarmed)
+
     def start_single(self, kind: str):
         """A prefill or reference function onto a free unit (evicting idle workers when none is free)."""
         return self.pool.start((kind,), self.claim(must=True), {} if kind == "reference" else self.state_setup())
@@ -266,15 +288,20 @@ class Runtime:
 
     def overlaps(self) -> bool:
         """Whether this mode streams finished groups into the learner during decode (`runtime.overlap`)."""
+        if self.ppo:  # PPO whitens its advantages over the whole batch: nothing can stream (`ppo_stages`)
+            return False
         if self.rt.overlap is None:  # auto
             return not self.serverful
         return self.rt.overlap
 
     def rollout(self, groups, seed: int, plan, step: int):
+        from rlhfless.runtime.ppo_stages import PpoStream
         from rlhfless.runtime.stages import DecodeStage
         from rlhfless.runtime.streaming import LearnerStream
 
-        self.stream = LearnerStream(self, step, [g.token_ids for g in groups], seed, self.overlaps())
+        prompts = [g.token_ids for g in groups]
+        self.stream = PpoStream(self, step, prompts) if self.ppo else \
+            LearnerStream(self, step, prompts, seed, self.overlaps())
         return DecodeStage(self, groups, seed, plan, step, self.stream).run()
 
     def reference(self, prompts, responses, step: int) -> torch.Tensor | None:
@@ -287,8 +314,13 @@ class Runtime:
             return None
         return run_reference(self, prompts, responses, step)
 
+    def values(self, responses) -> torch.Tensor:
+        """PPO: the value function's V(s_t) of the step's rollout, before any update (`ppo_stages`)."""
+        return self.stream.values(responses)
+
     def learn(self, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:
-        """The optimiser step of the step's stream (its groups were fed during decode when overlapping)."""
+        """The optimiser step of the step's stream (its groups were fed during decode when overlapping); PPO: the
+        actor and critic functions."""
         t0 = now()
         stream, self.stream = self.stream, None
         try:
@@ -298,13 +330,14 @@ class Runtime:
         self.version += 1
         # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
         self.state_path(self.version - 2).unlink(missing_ok=True)
+        self.critic_path(self.version - 2).unlink(missing_ok=True)
         if not self.serverful:
             for h in stream.handles():
                 self.pool.idle(h)
             if self.rt.keep_alive_s == 0:
                 for h in stream.handles():
                     self.pool.release(h)
-            if self.rt.keep_alive_s == 0 or self.hybrid:
+            if self.rt.keep_alive_s == 0 or self.hybrid or self.ppo:
                 # hybrid: the ranks left their group and stay warm as the next step's decode functions
                 self.learners = []
         self.last_learn_end = now()
@@ -362,6 +395,13 @@ class Runtime:
 
         if learner.updates != self.version:
             load_learner_state(learner, self.state_path(self.version))
+
+    def sync_critic(self, critic) -> None:
+        """PPO: bring the driver's critic (for checkpoints) to the runtime's latest version."""
+        from rlhfless.critic import load_critic_state
+
+        if critic.updates != self.version:
+            load_critic_state(critic, self.critic_path(self.version))
 
     def run_bill(self):
         t = now()

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 KIND_COLOURS = {"decode": "#4C72B0", "reward": "#DD8452", "reference": "#55A868", "learner": "#C44E52",
-                "prefill": "#8172B3"}
+                "prefill": "#8172B3", "values": "#937860", "critic": "#DA8BC3"}
 
 
 def read_records(run_dir: Path) -> tuple[list[dict], list[dict]]:

@@ -1,8 +1,9 @@
 """`RuntimeStages`: the loop's stage callables backed by the runtime, so `loop.run_step` keeps its shape.
 
 rollout -> decode functions (reward scored on the same workers; `score` returns what they scored);
-reference_logprobs -> the reference function; learn -> the data-parallel learner function. The driver's own
-`Learner` is a mirror brought up to date only when the run needs the weights (evaluation, checkpoints).
+reference_logprobs -> the reference function; values (PPO) -> the value function; learn -> the data-parallel
+learner function (PPO: the actor and critic functions, `runtime.ppo_stages`). The driver's own `Learner` (and
+PPO's `Critic`) is a mirror brought up to date only when the run needs the weights (evaluation, checkpoints).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from rlhfless.runtime.executor import Runtime
 
 class RuntimeStages(Stages):
     def __init__(self, cfg, learner, planner, mode: str, out: Path, reference_checkpoint: Path | None = None,
-                 env=None, progress: bool = False):
-        super().__init__(cfg, learner, None, planner, env)
-        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env, progress)
+                 env=None, progress: bool = False, critic=None):
+        super().__init__(cfg, learner, None, planner, env, critic)
+        self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env, progress, critic)
         self.step = 0
         self._samples: list[Sample] = []
 
@@ -47,13 +48,19 @@ class RuntimeStages(Stages):
             return None
         return self.runtime.reference([g.token_ids for g in groups], out.responses, self.step)
 
+    def values(self, groups: list[PromptGroup], out: RolloutOutput) -> torch.Tensor | None:
+        return self.runtime.values(out.responses) if self.critic is not None else None
+
     def learn(self, groups, out, samples, ref_logp, values=None) -> dict[str, float]:
-        assert values is None, "RunConfig refuses algo.name=ppo outside runtime.mode=inline"
+        """GRPO: the learner stream's optimiser step; PPO (`values` given): the actor and critic functions, which
+        read the values from the value function's file, not from `values`."""
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
         return self.runtime.learn([g.token_ids for g in groups], out.responses, rewards, ref_logp, self.step)
 
     def sync_learner(self) -> None:
         self.runtime.sync_learner(self.learner)
+        if self.critic is not None:
+            self.runtime.sync_critic(self.critic)
 
     def off_clock(self):
         return self.runtime.off_clock()

@@ -29,6 +29,8 @@ KINDS_ALL = ("decode", "reward", "reference", "learner")
 """The kinds a serverful pool worker runs: all of them."""
 HYBRID = ("decode", "learner")
 """The kinds of a serverless function with the hybrid image (runtime.hybrid): decode, then learner rank."""
+CRITIC_IMAGE = ("values", "critic")
+"""PPO's critic function image: the value forward, then (on the same warm worker) the critic update."""
 
 
 def role(kinds: tuple[str, ...]) -> str:

@@ -146,6 +146,8 @@ class DecodeStage:
             return rt.pool_handles
         available = rt.pool.warm(rt.image("decode"))
         warm = available[:n]
+        for h in warm:  # taken: the cold starts below may evict idle workers, never these
+            rt.pool.busy(h)
         for h in available[n:]:  # beyond this step's decode need: a hybrid one is a learner rank, else scale down
             if not (rt.hybrid and h.ready_s is not None and self.stream.take(h)):
                 rt.pool.release(h)
@@ -179,6 +181,8 @@ class DecodeStage:
                 self._send(a, "decode", rows, kv[i] if kv else None)
             else:
                 a.done = True
+                if not rt.serverful:
+                    rt.pool.idle(h)
         rt.decode_prewarm = len([a for a in self.actors.values() if a.rows])
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
@@ -422,7 +426,8 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
     batch, out = rt.scratch / f"ref-in-{step}.safetensors", rt.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
     for attempt in range(1, rt.rt.max_attempts + 1):
-        h = rt.pool_handles[0] if rt.serverful else (rt.reference_worker or rt.start_single("reference"))
+        kept = rt.reference_worker if rt.reference_worker and rt.reference_worker.worker in rt.pool.handles else None
+        h = rt.pool_handles[0] if rt.serverful else (kept or rt.start_single("reference"))  # kept: not evicted
         rt.reference_worker = None if rt.serverful else h
         msg = _call(rt, step, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
                     "referenced", attempt)
@@ -430,6 +435,8 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
             if not rt.serverful and rt.rt.keep_alive_s == 0:
                 rt.pool.release(h)
                 rt.reference_worker = None
+            elif not rt.serverful:
+                rt.pool.idle(h)  # kept warm for the next step: idle, so a function that must start may evict it
             logp = wire.read_tensors(out)["ref_logp"]
             batch.unlink(missing_ok=True)
             out.unlink(missing_ok=True)

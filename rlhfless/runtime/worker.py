@@ -141,6 +141,8 @@ class Worker:
         """Requests read by a running decode's control loop that are not for it (learner groups, shutdown)."""
         self.update = None  # the learner's AccumulatedUpdate of the current step (learn_begin .. learn_end)
         self.update_info: dict = {}
+        self.critic = None  # PPO's critic (algo.name=ppo): the critic image, or the serverful pool's critic worker
+        self.critic_version = -1
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
         if "decode" in self.kinds and self.cfg.rollout.engine == "vllm":
@@ -150,6 +152,10 @@ class Worker:
             from rlhfless.model.factory import load_policy
 
             self.reference = self._placed(load_policy(setup["reference_checkpoint"])).eval().requires_grad_(False)
+        if "critic" in self.kinds or setup.get("holds_critic"):
+            from rlhfless.runtime.ppo_worker import load_critic_model
+
+            load_critic_model(self, setup)
         if setup.get("dist"):
             self._join(setup["dist"])
 
@@ -256,6 +262,12 @@ class Worker:
             return self._learn_end(msg, conn)
         if op == "reference":
             return self._reference(msg)
+        if op in ("values", "ppo_actor", "critic_learn"):
+            from rlhfless.runtime import ppo_worker
+
+            if op == "ppo_actor":
+                return ppo_worker.ppo_actor(self, msg, conn)
+            return ppo_worker.values(self, msg) if op == "values" else ppo_worker.critic_learn(self, msg)
         raise ValueError(f"worker: unknown request {op!r}")
 
     def _profile(self, conn) -> dict:

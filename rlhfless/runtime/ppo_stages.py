@@ -1,0 +1,271 @@
+"""PPO's stages in the runtime (algo.name=ppo): the value function, and the actor and critic updates side by side.
+
+    rollout    decode functions as for GRPO, without streaming: PPO whitens its advantages over the whole batch
+               and steps on mini-batches cut across it, so nothing can be trained before the last row is in
+    reference  the reference function, as for GRPO (algo.kl_coef > 0)
+    values     the value function: the critic image's forward over the batch                     `PpoStream.values`
+    update     the actor function (old log-probs, advantages and returns, then the policy's steps) and the
+               critic function (the critic's steps on the same mini-batches) at once: the critic starts as soon as
+               the actor has written the returns (`ppo_returns`), before its first optimiser step  `PpoStream.finish`
+
+Workers. Serverless: the critic image ("values", "critic") runs the value forward and then, on the same warm worker,
+the critic update (a platform reuses a warm instance of the function it invokes next); it is pre-warmed into a free
+unit when the learner pre-warm is due. The actor is a learner function: with the hybrid image (runtime.hybrid) the
+last decode function to finish goes on as the actor (warm, the step's policy in memory; an earlier one would sit
+idle through the tail), else a learner function starts when the value function does, so its cold start overlaps
+the value forward. Serverful: pool worker 0 is the actor and the last pool worker holds the critic (W = 1: one
+worker runs both, one after the other).
+Faults: a function that dies is re-run on a fresh worker from the same files (state version k, batch, values,
+returns), so the update is the same; in the serverful control the pool restarts whole.
+
+Deviation from the paper: its PPO has value and critic functions beside an FSDP actor over several devices; here
+the actor and the critic are one rank each (`runtime.learner_units` above 1 is refused with PPO): data-parallel
+PPO is not built. Deviation from verl: the value forward is its own function after the reference forward, where
+verl runs it on the critic's workers in the same phase as the old-log-prob and reference forwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rlhfless import metrics as M
+from rlhfless.runtime import wire
+from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
+from rlhfless.runtime.stages import _call
+
+
+class PpoStream:
+    """The learner side of one PPO step; the decode stage talks to it as to GRPO's `LearnerStream`."""
+
+    overlap = False
+
+    def __init__(self, rt, step: int, prompts: list[list[int]]):
+        self.rt, self.step, self.prompts = rt, step, prompts
+        self.actor = None
+        self.critic = None
+        self.rollout_end: float | None = None
+        self.prewarm_due = False
+        self.working = False  # the update was sent: neither worker may be preempted any more
+        self.files: list[Path] = []
+        if rt.serverful:
+            self.pool_restarted()
+
+    # -- the decode stage's side (LearnerStream's interface) ----------------------------------------------------
+    def _live(self, h) -> bool:
+        return h is not None and h.worker in self.rt.pool.handles
+
+    def group_done(self, g: int, responses, rewards) -> None:
+        """Nothing trains before the whole batch is in."""
+
+    def take(self, h) -> bool:
+        """Hybrid image: the last decode function to finish goes on as the actor (warm, at the step's version)."""
+        rt = self.rt
+        if self._live(self.actor) or not getattr(h, "home", True):
+            return False
+        if any(x is not h and "decode" in x.kinds and x.worker in rt.pool.working for x in rt.pool.live()):
+            return False  # others still decode: an actor taken now would sit idle, billed, through the tail
+        self.actor = h
+        rt.pool.busy(h)
+        return True
+
+    def prewarm(self) -> None:
+        """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
+        self.prewarm_due = True
+        if not self.rt.serverful and not self.rt.pool.warm(CRITIC_IMAGE):
+            self.rt.start_critic(must=False, prewarmed=True)
+
+    def pump(self, start_all: bool = False) -> None:
+        if self.prewarm_due:
+            self.prewarm()
+
+    def handles(self) -> list:
+        hs = [h for h in (self.actor, self.critic) if self._live(h)]
+        return hs[:1] if len(hs) == 2 and hs[0] is hs[1] else hs  # serverful W = 1: one worker holds both
+
+    def owns(self, h) -> bool:
+        return h is not None and (h is self.actor or h is self.critic)
+
+    def on_message(self, h, msg: dict | None) -> None:
+        if msg is None:
+            self.rt.pool.dead(h)
+            self.actor = None if h is self.actor else self.actor
+            self.critic = None if h is self.critic else self.critic
+        elif msg["op"] == "ready":
+            self.rt.on_ready(h, msg)
+
+    def preempt(self) -> bool:
+        """Free a unit for decode work that must start: the actor taken early goes (it starts again later)."""
+        if self.rt.serverful or self.working or not self._live(self.actor):
+            return False
+        self.rt.pool.release(self.actor)
+        self.actor = None
+        return True
+
+    def pool_restarted(self) -> None:
+        hs = self.rt.pool_handles
+        self.actor, self.critic = hs[0], hs[-1]
+
+    # -- values -------------------------------------------------------------------------------------------------
+    def _file(self, name: str) -> Path:
+        path = self.rt.scratch / f"ppo-{name}-{self.step}.safetensors"
+        self.files.append(path)
+        return path
+
+    def values(self, responses: list[list[int]]) -> torch.Tensor:
+        """[B*G, T] the critic's values of the rollout from the value function (the critic update follows on
+        the same worker)."""
+        rt = self.rt
+        batch, self.values_file = self._file("values-in"), self._file("values")
+        wire.write_batch(batch, self.prompts, responses, torch.zeros(len(responses)), None)
+        if not rt.serverful and not self._live(self.actor):
+            self.actor = rt.start_learner(prewarmed=False)  # its cold start overlaps the value forward
+            if self.actor is not None:
+                rt.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
+        msg = {"op": "values", "step": self.step, "batch": str(batch), "out": str(self.values_file),
+               **rt.critic_setup()}
+        for attempt in range(1, rt.rt.max_attempts + 1):
+            h = self._critic_worker()
+            if _call(rt, self.step, "values", h, msg, "valued", attempt) is not None:
+                return wire.read_tensors(self.values_file)["values"]
+            self.critic = None
+            if rt.serverful:
+                rt.restart_pool()
+                self.pool_restarted()
+        raise fail(f"value function of step {self.step}", rt.rt.max_attempts)
+
+    def _critic_worker(self):
+        if self._live(self.critic):
+            return self.critic
+        warm = self.rt.pool.warm(CRITIC_IMAGE)  # kept warm from the last step, or pre-warmed during the rollout
+        for h in warm[1:]:
+            self.rt.pool.release(h)
+        self.critic = warm[0] if warm else self.rt.start_critic(must=True)
+        return self.critic
+
+    # -- the update ---------------------------------------------------------------------------------------------
+    def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
+               ) -> dict[str, float]:
+        """The actor and the critic update, side by side; the metrics of both once both are done."""
+        rt = self.rt
+        self.rollout_end = self.rollout_end or now()
+        batch, returns = self._file("batch"), self._file("returns")
+        wire.write_batch(batch, self.prompts, responses, rewards, ref_logp)
+        common = {"step": self.step, "batch": str(batch), "values": str(self.values_file), "returns": str(returns),
+                  "seed": rt.cfg.train.seed, "updates": rt.version}
+        update = _Update(self, {**common, "op": "ppo_actor", "returns_out": str(returns), **rt.state_setup(),
+                                "state_out": str(rt.state_path(rt.version + 1))},
+                         {**common, "op": "critic_learn", **rt.critic_setup(),
+                          "critic_out": str(rt.critic_path(rt.version + 1))})
+        self.working = True
+        replies = update.run()
+        for path in self.files:
+            path.unlink(missing_ok=True)
+        rt.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
+        return {**replies["learner"]["metrics"], **replies["critic"]["metrics"]}
+
+
+class _Update:
+    """One step's actor and critic invocations: sent, re-run on death, recorded, until both replied."""
+
+    def __init__(self, stream: PpoStream, actor_msg: dict, critic_msg: dict):
+        self.s, self.rt = stream, stream.rt
+        self.msgs = {"learner": actor_msg, "critic": critic_msg}
+        self.sent: dict[str, tuple[object, float, bool]] = {}  # role -> (worker, requested, cold)
+        self.replies: dict[str, dict] = {}
+        self.returns_ready = False
+        self.attempt = {"learner": 1, "critic": 1}
+
+    def _worker(self, role: str):
+        s, rt = self.s, self.rt
+        if role == "learner":
+            if not s._live(s.actor):
+                s.actor = rt.start_learner(prewarmed=False) or self._room(lambda: rt.start_learner(False))
+            return s.actor
+        return s._critic_worker()
+
+    def _room(self, start):
+        if not self.rt.pool.make_room(1):
+            raise RuntimeError("runtime: no free unit for PPO's actor after the rollout (a bug: only the critic "
+                               "holds one now)")
+        return start()
+
+    def _send(self, role: str) -> None:
+        h = self._worker(role)
+        self.sent[role] = (h, now(), self.rt.first_use(h))
+        self.rt.pool.busy(h)
+        try:
+            self.rt.backend.send(h, self.msgs[role])
+        except WorkerDied:
+            self._died(h)
+
+    def run(self) -> dict[str, dict]:
+        rt = self.rt
+        t0 = now()
+        pw = rt.next_decode_prewarm()
+        while len(self.replies) < 2:
+            for role in ("learner", "critic"):
+                if role not in self.sent and role not in self.replies and (role == "learner" or self.returns_ready):
+                    self._send(role)
+            if pw is not None and now() >= t0 + pw[0]:
+                rt.start_decoders(pw[1], prewarmed=True)  # into free units only
+                pw = None
+            watch = []
+            for h in [h for h, _, _ in self.sent.values()] + [h for h in rt.pool.live() if h.ready_s is None]:
+                if self.s._live(h) and h not in watch:  # serverful W = 1: the actor is the critic
+                    watch.append(h)
+            for h, msg in rt.backend.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
+                self._on(h, msg)
+            for role, (h, requested, _) in list(self.sent.items()):
+                if now() - requested > rt.rt.invocation_timeout_s and self.s._live(h):
+                    rt.backend.kill(h)  # over time: treated as a death on the next poll
+        if pw is not None:
+            rt.start_decoders(pw[1], prewarmed=True)
+        return self.replies
+
+    def _on(self, h, msg: dict | None) -> None:
+        rt = self.rt
+        if msg is None:
+            return self._died(h)
+        op = msg["op"]
+        if op == "ready":
+            rt.on_ready(h, msg)
+        elif msg.get("step") != self.s.step:
+            return
+        elif op == "ppo_returns":
+            self.returns_ready = True
+        elif op in ("ppo_learned", "critic_learned"):
+            role = "learner" if op == "ppo_learned" else "critic"
+            _, requested, cold = self.sent.pop(role)
+            self.replies[role] = msg
+            rt.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold, self.attempt[role],
+                      sync_s=msg["sync_s"])
+
+    def _died(self, h) -> None:
+        """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
+        fresh worker; serverful, the pool restarts and both roles are re-run."""
+        rt, s = self.rt, self.s
+        roles = [r for r, (x, _, _) in self.sent.items() if x is h]
+        if not roles:
+            if s._live(h):
+                rt.pool.dead(h)
+            return
+        for role in (("learner", "critic") if rt.serverful else roles):
+            if role not in self.sent:
+                continue
+            x, requested, cold = self.sent.pop(role)
+            rt.record(s.step, role, x, requested, requested, now(), cold, self.attempt[role], ok=False)
+            self.attempt[role] += 1
+            if self.attempt[role] > rt.rt.max_attempts:
+                raise fail(f"PPO {'actor' if role == 'learner' else 'critic'} of step {s.step}", rt.rt.max_attempts)
+        rt.count(M.RUNTIME_RETRIES)
+        if rt.serverful:
+            rt.restart_pool(dead=h)
+            s.pool_restarted()
+            self.replies, self.returns_ready = {}, False
+            return
+        rt.pool.dead(h)
+        s.actor = None if h is s.actor else s.actor
+        s.critic = None if h is s.critic else s.critic

@@ -1,0 +1,91 @@
+"""PPO's handlers on a worker: the value forward, the actor's update and the critic's update (algo.name=ppo).
+
+    values        the critic's V(s_t) of the step's batch, before any update            -> `valued`
+    ppo_actor     old log-probs, advantages and returns (`ppo.ppo_targets`); the returns file is written and
+                  announced (`ppo_returns`) before the policy's optimiser steps, so the critic function can start
+                  its own steps while the actor still runs; then the next policy state      -> `ppo_learned`
+    critic_learn  the critic's steps on the same mini-batches; then the next critic state   -> `critic_learned`
+
+The critic's weights and AdamW move between steps as `critic-v<k>.safetensors` in the scratch tmpfs (k = updates
+done), written by the worker that ran the critic update, as the policy moves as `learner-v<k>`. A worker holding
+the critic at another version loads it first (timed: `sync_s`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlhfless.runtime import wire
+from rlhfless.runtime.records import now
+
+
+def load_critic_model(worker, setup: dict) -> None:
+    """Build the critic on the critic checkpoint's trunk and bring it to the runtime's version (cold start)."""
+    from rlhfless.critic import Critic, load_critic
+
+    built = load_critic(worker.cfg.critic, Path(setup["checkpoint"]))
+    worker.critic = Critic(worker._placed(built.model), worker.cfg.critic)  # AdamW made after placing
+    worker.critic_version = 0
+    if setup.get("critic_state"):
+        sync_critic(worker, setup["critic_state"], setup["critic_version"])
+
+
+def sync_critic(worker, path: str, version: int) -> float:
+    """The critic at `version` (weights, AdamW, counters) from its state file; returns the seconds it took."""
+    from rlhfless.critic import load_critic_state
+
+    if version == worker.critic_version:
+        return 0.0
+    t0 = now()
+    load_critic_state(worker.critic, Path(path))
+    worker.critic_version = version
+    return now() - t0
+
+
+def values(worker, msg: dict) -> dict:
+    t0 = now()
+    sync_s = sync_critic(worker, msg["critic_state"], msg["critic_version"])
+    prompts, responses, _, _ = wire.read_batch(Path(msg["batch"]))
+    v = worker.critic.values(prompts, responses, worker.G)
+    wire.write_tensors(msg["out"], {"values": v.cpu()})
+    return {"op": "valued", "t_start": t0, "t_end": now(), "sync_s": sync_s}
+
+
+def ppo_actor(worker, msg: dict, conn) -> dict:
+    from rlhfless.learner import save_learner_state
+    from rlhfless.ppo import actor_steps, ppo_schedule, ppo_targets
+
+    t0 = now()
+    sync_s = worker._sync(msg["state_path"], msg["version"])
+    learner = worker.learner
+    prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
+    vals = wire.read_tensors(msg["values"])["values"]
+    t = ppo_targets(learner, prompts, responses, rewards, vals, ref)
+    wire.write_tensors(msg["returns_out"], {"returns": t.returns})
+    wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
+    schedule = ppo_schedule(learner.algo, len(responses), msg["seed"], msg["updates"])
+    metrics = {**t.metrics, **actor_steps(learner, t, responses, ref, schedule)}
+    save_learner_state(learner, msg["state_out"])
+    worker.version = msg["version"] + 1
+    return {"op": "ppo_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
+            "metrics": {k: v for k, v in metrics.items() if v is not None}}
+
+
+def critic_learn(worker, msg: dict) -> dict:
+    from rlhfless.critic import save_critic_state
+    from rlhfless.ppo import critic_steps, ppo_schedule
+
+    t0 = now()
+    sync_s = sync_critic(worker, msg["critic_state"], msg["critic_version"])
+    prompts, responses, _, _ = wire.read_batch(Path(msg["batch"]))
+    G = worker.G
+    rows_prompts = [prompts[r // G] for r in range(len(responses))]
+    vals = wire.read_tensors(msg["values"])["values"]
+    returns = wire.read_tensors(msg["returns"])["returns"]
+    cfg = worker.cfg.algo
+    schedule = ppo_schedule(cfg, len(responses), msg["seed"], msg["updates"])
+    metrics = critic_steps(worker.critic, cfg, rows_prompts, responses, vals, returns, schedule)
+    save_critic_state(worker.critic, Path(msg["critic_out"]))
+    worker.critic_version = msg["critic_version"] + 1
+    return {"op": "critic_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
+            "metrics": metrics}

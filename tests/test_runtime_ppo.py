@@ -1,0 +1,176 @@
+"""PPO in the runtime (issue 22): the value function, and the actor and critic updates as functions of their own.
+
+One module-scoped set of small real runs (worker processes, 3 steps of 8 prompts, two decode functions): the
+serverful control and the serverless runtime through `runtime.mode=compare`, serverless with separate images, the
+inline loop on one thread, runs with workers killed at protocol events (`KillOn`: no clock), a KL run in both
+modes, and a resumed run. Every run of one KL setting must produce the same samples and the same policy and
+critic, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhfless.config import load_run_config
+from rlhfless.runner import train
+from rlhfless.runtime import executor
+from rlhfless.runtime.compare import samples_match, weights_digest
+from rlhfless.runtime.config import available_cores
+from rlhfless.runtime.faults import KillOn, KillRule
+
+pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
+
+TINY = ["train.steps=3", "rollout.prompts_per_step=8", "rollout.max_new_tokens=48", "train.eval_prompts=0",
+        "train.checkpoint_every=0", "tracking.mode=disabled", "runtime.gantt_every=0", "task.arith.k_max=6",
+        "plan.scale=false", "plan.max_actors=2"]
+KL = ["algo.kl_coef=0.01"]
+
+
+def _run(tmp: Path, name: str, extra: list[str], chaos: KillOn | None = None) -> Path:
+    cfg = load_run_config("experiments/configs/quickstart_ppo.yaml", TINY + extra)
+    if chaos is not None:
+        executor.RUNTIME_HOOKS.append(chaos.attach)
+    try:
+        train(cfg, tmp / name, progress=False)
+    finally:
+        if chaos is not None:
+            executor.RUNTIME_HOOKS.remove(chaos.attach)
+    return tmp / name
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _critic(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / "last" / "critic.safetensors"))
+
+
+def _same_critic(a: Path, b: Path) -> bool:
+    ta, tb = _critic(a), _critic(b)
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runtime_ppo")
+    out = {"compare": _run(tmp, "compare", ["runtime.mode=compare"])}
+    out["serverful"], out["serverless"] = out["compare"] / "serverful", out["compare"] / "serverless"
+    out["separate"] = _run(tmp, "separate", ["runtime.mode=serverless", "runtime.hybrid=false"])
+    out["inline"] = _run(tmp, "inline", ["train.threads=1"])
+    # the serverful pool's critic worker killed the moment it is sent its update: the pool restarts whole
+    out["serverful_chaos"] = KillOn(KillRule("sent", "critic_learn", 2))
+    out["serverful_killed"] = _run(tmp, "serverful_killed", ["runtime.mode=serverful"], out["serverful_chaos"])
+    # KL in the reward (the reference function runs), functions kept warm; killed: the value function, the actor
+    # and the critic function of step 2, each the moment it is sent its work
+    out["kl_serverful"] = _run(tmp, "kl_serverful", ["runtime.mode=serverful"] + KL)
+    out["chaos"] = KillOn(KillRule("sent", "values", 2), KillRule("sent", "ppo_actor", 2),
+                          KillRule("sent", "critic_learn", 2))
+    out["kl_killed"] = _run(tmp, "kl_killed", ["runtime.mode=serverless", "runtime.keep_alive_s=30"] + KL,
+                            out["chaos"])
+    return out
+
+
+GROUP = ("serverful", "serverless", "separate", "inline", "serverful_killed")
+
+
+@pytest.mark.parametrize("name", GROUP[1:])
+def test_every_mode_gives_the_same_samples_policy_and_critic(runs, name):
+    """Serverless (hybrid and separate images), the killed serverful pool and the inline loop on one thread all
+    equal the serverful control: samples every step, the final policy's bytes, every critic tensor (weights,
+    AdamW moments). The critic's file would differ if any mode skipped or repeated a critic step."""
+    base, run = runs["serverful"], runs[name]
+    identical, first, n = samples_match(base, run)
+    assert n == 3 and identical, f"{name}: samples differ from step {first}"
+    assert weights_digest(run) == weights_digest(base) is not None
+    assert _same_critic(run, base)
+    metrics = [r for r in _rows(run / "metrics.jsonl") if "critic/vf_loss" in r]
+    assert len(metrics) == 3 and metrics[-1]["critic/vf_loss"] == [
+        r for r in _rows(base / "metrics.jsonl") if "critic/vf_loss" in r][-1]["critic/vf_loss"]
+
+
+def test_compare_runs_ppo_without_an_overlap_arm(runs):
+    result = json.loads((runs["compare"] / "comparison.json").read_text())
+    assert result["arms"] == ["serverful", "serverless"] and result["overlap_only"] is None
+    assert result["samples_identical"] and result["weights_identical"]
+
+
+def _steps(run: Path) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for i in _rows(run / "invocations.jsonl"):
+        out.setdefault(i["step"], []).append(i)
+    return out
+
+
+@pytest.mark.parametrize("name", ["serverless", "separate"])
+def test_values_actor_and_critic_are_functions_of_their_own(runs, name):
+    """Each step: one value invocation and one critic invocation on the same critic-image worker, one actor
+    (learner) invocation on another; every worker released at the end (scale to zero); each function billed."""
+    for step, invs in _steps(runs[name]).items():
+        by = {k: [i for i in invs if i["kind"] == k and i["ok"]] for k in ("values", "critic", "learner", "decode")}
+        assert [len(by[k]) for k in ("values", "critic", "learner")] == [1, 1, 1], (step, by)
+        assert by["values"][0]["worker"] == by["critic"][0]["worker"] and by["values"][0]["worker"].startswith(
+            "values+critic")
+        assert by["learner"][0]["worker"] != by["critic"][0]["worker"]
+        if name == "serverless":  # hybrid: the last decode function to finish goes on as the actor, warm
+            last = max(by["decode"], key=lambda i: i["finished_s"])
+            assert by["learner"][0]["worker"] == last["worker"] and not by["learner"][0]["cold"]
+        else:
+            assert by["learner"][0]["worker"].startswith("learner")
+    assert all(w["released_s"] is not None and not w["killed"] for w in _rows(runs[name] / "workers.jsonl"))
+    for r in [r for r in _rows(runs[name] / "metrics.jsonl") if "timing_s/step" in r]:
+        assert r["function/values/billed_s"] > 0 and r["function/critic/billed_s"] > 0
+        assert not any("values+critic" in k for k in r)  # the image's time is split by what it was doing
+
+
+def test_the_critic_trains_beside_the_actor(runs):
+    """The critic function gets its work once the actor has written the returns, before the actor's optimiser
+    steps are done: in some step of the serverless runs the two invocations overlap in time."""
+    overlapping = 0
+    for name in ("serverless", "separate", "kl_killed"):
+        for invs in _steps(runs[name]).values():
+            actor = [i for i in invs if i["kind"] == "learner" and i["ok"]][0]
+            critic = [i for i in invs if i["kind"] == "critic" and i["ok"]][0]
+            overlapping += critic["requested_s"] < actor["finished_s"]
+    assert overlapping >= 1
+
+
+def test_killed_ppo_functions_are_re_run_to_the_same_policy_and_critic(runs):
+    """Value, actor and critic functions killed at step 2 (each the moment it was sent its work) are re-run on
+    fresh workers from the same state files: the same samples, policy and critic as the undisturbed serverful run
+    with the same KL; each kill is a failed invocation and a killed worker, nothing more."""
+    run, base = runs["kl_killed"], runs["kl_serverful"]
+    assert [rule.op for rule, _ in runs["chaos"].fired] == ["values", "ppo_actor", "critic_learn"]
+    assert samples_match(base, run)[0] and weights_digest(run) == weights_digest(base)
+    assert _same_critic(run, base)
+    failed = sorted(i["kind"] for i in _rows(run / "invocations.jsonl") if not i["ok"])
+    assert failed == ["critic", "learner", "values"]
+    killed = {w["worker"] for w in _rows(run / "workers.jsonl") if w["killed"]}
+    assert killed == {w for _, w in runs["chaos"].fired}
+    kinds = {i["kind"] for i in _rows(run / "invocations.jsonl")}
+    assert "reference" in kinds and any(r.get("critic/kl_penalty", 0) != 0 for r in _rows(run / "metrics.jsonl"))
+
+
+def test_the_serverful_pool_restarts_when_its_critic_worker_dies(runs):
+    run = runs["serverful_killed"]
+    assert len(runs["serverful_chaos"].fired) == 1
+    assert any(not i["ok"] and i["kind"] == "critic" for i in _rows(run / "invocations.jsonl"))
+    workers = _rows(run / "workers.jsonl")
+    assert sum(w["killed"] for w in workers) == 1 and len(workers) == 4  # the pool of 2, then its restart
+
+
+def test_a_resumed_serverless_ppo_run_equals_the_uninterrupted_one(runs, tmp_path):
+    """The checkpoint carries the critic out of the runtime (the driver's mirror is synced) and back in."""
+    cfg = load_run_config("experiments/configs/quickstart_ppo.yaml", TINY + ["runtime.mode=serverless",
+                                                                             "train.checkpoint_every=1"])
+    out = tmp_path / "resumed"
+    train(replace(cfg, train=replace(cfg.train, steps=2)), out, progress=False)
+    train(cfg, out, progress=False, resume=True)
+    assert samples_match(runs["serverless"], out)[0]
+    assert weights_digest(out) == weights_digest(runs["serverless"]) and _same_critic(out, runs["serverless"])
