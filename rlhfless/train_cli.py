@@ -103,8 +103,9 @@ def _print_comparison(c: dict) -> None:
     print(f"serverless / serverful: step time {c['step_time_ratio']:.3f}x, device-seconds {c['cost_ratio']:.3f}x",
           file=sys.stderr)
     o = c["overlap_only"]
-    print(f"serverful-overlap / serverful: step time {o['step_time_ratio']:.3f}x, device-seconds "
-          f"{o['cost_ratio']:.3f}x", file=sys.stderr)
+    if o is not None:  # PPO has no overlap arm
+        print(f"serverful-overlap / serverful: step time {o['step_time_ratio']:.3f}x, device-seconds "
+              f"{o['cost_ratio']:.3f}x", file=sys.stderr)
     g = c["gap_core_s_per_step"]
     busy = ", ".join(f"{k} busy {v:+.3f}" for k, v in g["busy"].items())
     print(f"serverless - serverful, core-seconds per step: {g['billed']:+.3f} = cold starts {g['cold_start']:+.3f}, "

@@ -95,10 +95,15 @@ def test_every_mode_gives_the_same_samples_policy_and_critic(runs, name):
         r for r in _rows(base / "metrics.jsonl") if "critic/vf_loss" in r][-1]["critic/vf_loss"]
 
 
-def test_compare_runs_ppo_without_an_overlap_arm(runs):
+def test_compare_runs_ppo_without_an_overlap_arm(runs, capsys):
+    from rlhfless.train_cli import _print_comparison
+
     result = json.loads((runs["compare"] / "comparison.json").read_text())
     assert result["arms"] == ["serverful", "serverless"] and result["overlap_only"] is None
     assert result["samples_identical"] and result["weights_identical"]
+    _print_comparison(result)  # what `rlhfless train` prints for runtime.mode=compare
+    err = capsys.readouterr().err
+    assert "serverless / serverful: step time" in err and "serverful-overlap" not in err
 
 
 def _steps(run: Path) -> dict[int, list[dict]]:
