@@ -74,6 +74,22 @@ def response_values(model: ValueModel, prompts: list[list[int]], responses: list
     return values[:, P - 1: P - 1 + r_ids.shape[1]] * r_mask
 
 
+def value_chunks(n_groups: int, group_size: int, chunk_seqs: int) -> list[list[int]]:
+    """The value forward's chunks: lists of consecutive group indices, max(1, chunk_seqs // group_size) groups
+    each (the last may be shorter); chunk_seqs = 0: one chunk of every group. Fixed by index only (pure)."""
+    if n_groups < 1 or group_size < 1 or chunk_seqs < 0:
+        raise ValueError(f"need n_groups >= 1, group_size >= 1, chunk_seqs >= 0 "
+                         f"(got {n_groups}, {group_size}, {chunk_seqs})")
+    m = max(1, chunk_seqs // group_size) if chunk_seqs else n_groups
+    return [list(range(k, min(k + m, n_groups))) for k in range(0, n_groups, m)]
+
+
+def join_chunks(parts: list[torch.Tensor]) -> torch.Tensor:
+    """[R, T] from the chunks' [r_k, T_k] values in chunk order, zero-padded on the right to the longest T_k."""
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
 class Critic:
     """The value model and its own AdamW; `step(loss)` is one clipped optimiser step."""
 
@@ -90,7 +106,16 @@ class Critic:
 
     @torch.no_grad()
     def values(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> torch.Tensor:
-        """[R, T] values of the rollout before any update (the value forward stage)."""
+        """[R, T] values of the rollout before any update (the value forward stage), chunk by chunk
+        (`value_chunks` with critic.values_chunk): the same numbers as the runtime's value function."""
+        G = group_size
+        parts = [self.chunk_values([prompts[g] for g in gs], responses[gs[0] * G:(gs[-1] + 1) * G], G)
+                 for gs in value_chunks(len(prompts), G, self.cfg.values_chunk)]
+        return join_chunks(parts)
+
+    @torch.no_grad()
+    def chunk_values(self, prompts: list[list[int]], responses: list[list[int]], group_size: int) -> torch.Tensor:
+        """[r, T_chunk] values of one chunk's rows (T_chunk: its own longest response)."""
         self.model.eval()
         return response_values(self.model, prompts, responses, group_size)
 

@@ -64,6 +64,7 @@ RUNTIME_PLANNER_COLD_START_S = "runtime/planner_cold_start_s"  # the measured va
 RUNTIME_PLANNER_WEIGHT_SYNC_S = "runtime/planner_weight_sync_s"
 RUNTIME_TIME_MODEL_SCALE = "runtime/time_model_scale"  # measured / predicted decode busy time (smoothed)
 RUNTIME_GROUPS_STREAMED = "runtime/groups_streamed"  # groups the learner got before the rollout ended (overlap)
+RUNTIME_VALUES_STREAMED = "runtime/values_chunks_streamed"  # PPO: value chunks sent while some group still decoded
 RUNTIME_LEARNER_TAIL_S = "runtime/learner_tail_s"  # from the rollout's end to the optimiser step's end
 RUNTIME_LEARNER_BUFFERED = "runtime/learner_buffered_peak"  # most gradients a rank held waiting for a lower chunk
 RUNTIME_UNITS_PEAK = "runtime/units_peak"  # most device units held at once in the step (<= runtime.units)

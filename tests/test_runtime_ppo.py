@@ -70,10 +70,17 @@ def runs(tmp_path_factory):
     # KL in the reward (the reference function runs), functions kept warm; killed: the value function, the actor
     # and the critic function of step 2, each the moment it is sent its work
     out["kl_serverful"] = _run(tmp, "kl_serverful", ["runtime.mode=serverful"] + KL)
-    out["chaos"] = KillOn(KillRule("sent", "values", 2), KillRule("sent", "ppo_actor", 2),
+    out["chaos"] = KillOn(KillRule("sent", "values_end", 2), KillRule("sent", "ppo_actor", 2),
                           KillRule("sent", "critic_learn", 2))
     out["kl_killed"] = _run(tmp, "kl_killed", ["runtime.mode=serverless", "runtime.keep_alive_s=30"] + KL,
                             out["chaos"])
+    # the value forward in chunks of one sequence (G = 1): streamed into the value function during decode (serverless), one
+    # after the other (serverful), in one process (inline); the first streamed function killed at its first chunk
+    chunked = ["critic.values_chunk=1"]
+    out["chunked_serverful"] = _run(tmp, "chunked_serverful", ["runtime.mode=serverful"] + chunked)
+    out["chunked_inline"] = _run(tmp, "chunked_inline", ["train.threads=1"] + chunked)
+    out["chunk_chaos"] = KillOn(KillRule("sent", "values_chunk", 2))
+    out["streamed"] = _run(tmp, "streamed", ["runtime.mode=serverless"] + chunked, out["chunk_chaos"])
     return out
 
 
@@ -151,7 +158,7 @@ def test_killed_ppo_functions_are_re_run_to_the_same_policy_and_critic(runs):
     fresh workers from the same state files: the same samples, policy and critic as the undisturbed serverful run
     with the same KL; each kill is a failed invocation and a killed worker, nothing more."""
     run, base = runs["kl_killed"], runs["kl_serverful"]
-    assert [rule.op for rule, _ in runs["chaos"].fired] == ["values", "ppo_actor", "critic_learn"]
+    assert [rule.op for rule, _ in runs["chaos"].fired] == ["values_end", "ppo_actor", "critic_learn"]
     assert samples_match(base, run)[0] and weights_digest(run) == weights_digest(base)
     assert _same_critic(run, base)
     failed = sorted(i["kind"] for i in _rows(run / "invocations.jsonl") if not i["ok"])
@@ -179,3 +186,29 @@ def test_a_resumed_serverless_ppo_run_equals_the_uninterrupted_one(runs, tmp_pat
     train(cfg, out, progress=False, resume=True)
     assert samples_match(runs["serverless"], out)[0]
     assert weights_digest(out) == weights_digest(runs["serverless"]) and _same_critic(out, runs["serverless"])
+
+
+@pytest.mark.parametrize("name", ["chunked_inline", "streamed"])
+def test_the_value_forward_streams_in_chunks_to_the_same_numbers(runs, name):
+    """critic.values_chunk=1: serverless sends each chunk of finished groups to the value function while the rest
+    decodes (even with the first such function killed at its first chunk of step 2); the serverful control and the
+    inline loop compute the same chunks after the rollout. Same samples, policy and critic, bit for bit."""
+    base, run = runs["chunked_serverful"], runs[name]
+    assert samples_match(base, run)[0] and weights_digest(run) == weights_digest(base) is not None
+    assert _same_critic(run, base)
+    assert weights_digest(run) != weights_digest(runs["serverful"])  # chunks change the last bits of the values
+
+
+def test_streamed_value_chunks_are_computed_during_decode_and_re_sent_after_a_death(runs):
+    run = runs["streamed"]
+    metrics = [r for r in _rows(run / "metrics.jsonl") if "timing_s/step" in r]
+    assert all(r["runtime/values_chunks_streamed"] <= 8 for r in metrics)
+    assert sum(r["runtime/values_chunks_streamed"] for r in metrics) >= 1
+    assert all(r["runtime/values_chunks_streamed"] == 0 for r in _rows(runs["chunked_serverful"] / "metrics.jsonl")
+               if "timing_s/step" in r)
+    values = [i for i in _rows(run / "invocations.jsonl") if i["kind"] == "values"]
+    assert [(i["step"], i["ok"]) for i in values] == [(1, True), (2, False), (2, True), (3, True)]
+    assert all(i["extra"]["chunks"] == 8 for i in values if i["ok"])
+    assert [rule.op for rule, _ in runs["chunk_chaos"].fired] == ["values_chunk"]
+    killed = [w["worker"] for w in _rows(run / "workers.jsonl") if w["killed"]]
+    assert killed == [runs["chunk_chaos"].fired[0][1]] and killed[0].startswith("values+critic")

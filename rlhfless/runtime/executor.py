@@ -288,7 +288,7 @@ class Runtime:
 
     def overlaps(self) -> bool:
         """Whether this mode streams finished groups into the learner during decode (`runtime.overlap`)."""
-        if self.ppo:  # PPO whitens its advantages over the whole batch: nothing can stream (`ppo_stages`)
+        if self.ppo and not self.cfg.critic.values_chunk:  # PPO streams only the value forward, in chunks
             return False
         if self.rt.overlap is None:  # auto
             return not self.serverful

@@ -31,19 +31,26 @@ from pathlib import Path
 import torch
 
 from rlhfless import metrics as M
+from rlhfless.critic import value_chunks
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
-from rlhfless.runtime.stages import _call
+from rlhfless.runtime.stages import _await
 
 
 class PpoStream:
     """The learner side of one PPO step; the decode stage talks to it as to GRPO's `LearnerStream`."""
 
-    overlap = False
-
     def __init__(self, rt, step: int, prompts: list[list[int]]):
         self.rt, self.step, self.prompts = rt, step, prompts
+        self.G = rt.cfg.algo.group_size
+        self.overlap = rt.overlaps()  # the value forward's chunks stream into the value function during decode
+        self.chunks = value_chunks(len(prompts), self.G, rt.cfg.critic.values_chunk)
+        self.finished: dict[int, list[list[int]]] = {}
+        self.sent: set[int] = set()  # chunks the current value function has been sent
+        self.streamed: set[int] = set()  # ... of which while some group still decoded
+        self.values_requested: tuple[float, bool] | None = None  # (first chunk sent, cold) of its invocation
+        self.values_attempt = 1
         self.actor = None
         self.critic = None
         self.rollout_end: float | None = None
@@ -57,8 +64,12 @@ class PpoStream:
     def _live(self, h) -> bool:
         return h is not None and h.worker in self.rt.pool.handles
 
-    def group_done(self, g: int, responses, rewards) -> None:
-        """Nothing trains before the whole batch is in."""
+    def group_done(self, g: int, responses: list[list[int]], rewards) -> None:
+        """All G rows of group g are scored: with overlap, a chunk whose groups are all in goes to the value
+        function now (the update itself needs the whole batch)."""
+        self.finished[g] = responses
+        if self.overlap:
+            self.pump()
 
     def take(self, h) -> bool:
         """Hybrid image: the last decode function to finish goes on as the actor (warm, at the step's version)."""
@@ -74,12 +85,22 @@ class PpoStream:
     def prewarm(self) -> None:
         """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
         self.prewarm_due = True
-        if not self.rt.serverful and not self.rt.pool.warm(CRITIC_IMAGE):
+        if not self.rt.serverful and not self._live(self.critic) and not self.rt.pool.warm(CRITIC_IMAGE):
             self.rt.start_critic(must=False, prewarmed=True)
 
     def pump(self, start_all: bool = False) -> None:
+        """Pre-warm when due; with overlap, send the value function every chunk whose groups are all in (starting
+        it onto a free unit: none free, the chunks wait for a decode function to release one)."""
         if self.prewarm_due:
             self.prewarm()
+        if not self.overlap:
+            return
+        ready = [k for k, gs in enumerate(self.chunks) if k not in self.sent and all(g in self.finished for g in gs)]
+        if ready:
+            h = self._critic_worker(must=False)
+            for k in ready:
+                if h is None or not self._send_chunk(h, k):
+                    return
 
     def handles(self) -> list:
         hs = [h for h in (self.actor, self.critic) if self._live(h)]
@@ -90,23 +111,31 @@ class PpoStream:
 
     def on_message(self, h, msg: dict | None) -> None:
         if msg is None:
+            if h is self.critic:
+                return self._critic_lost(h, dead=True)
             self.rt.pool.dead(h)
             self.actor = None if h is self.actor else self.actor
-            self.critic = None if h is self.critic else self.critic
         elif msg["op"] == "ready":
             self.rt.on_ready(h, msg)
 
     def preempt(self) -> bool:
-        """Free a unit for decode work that must start: the actor taken early goes (it starts again later)."""
-        if self.rt.serverful or self.working or not self._live(self.actor):
+        """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
+        a value function taking streamed chunks (its chunks are sent again to the next one)."""
+        if self.rt.serverful or self.working:
             return False
-        self.rt.pool.release(self.actor)
-        self.actor = None
-        return True
+        if self._live(self.actor):
+            self.rt.pool.release(self.actor)
+            self.actor = None
+            return True
+        if self._live(self.critic):
+            self._critic_lost(self.critic, dead=False)
+            return True
+        return False
 
     def pool_restarted(self) -> None:
         hs = self.rt.pool_handles
         self.actor, self.critic = hs[0], hs[-1]
+        self.sent, self.streamed, self.values_requested = set(), set(), None
 
     # -- values -------------------------------------------------------------------------------------------------
     def _file(self, name: str) -> Path:
@@ -114,36 +143,94 @@ class PpoStream:
         self.files.append(path)
         return path
 
-    def values(self, responses: list[list[int]]) -> torch.Tensor:
-        """[B*G, T] the critic's values of the rollout from the value function (the critic update follows on
-        the same worker)."""
+    def _critic_worker(self, must: bool):
+        """The value function: this step's, one kept warm or pre-warmed, else a new one (must: evicting idle
+        workers; otherwise only onto a free unit, or None)."""
+        if self._live(self.critic):
+            return self.critic
+        warm = self.rt.pool.warm(CRITIC_IMAGE)
+        for h in warm[1:]:
+            self.rt.pool.release(h)
+        self.critic = warm[0] if warm else self.rt.start_critic(must=must)
+        if self.critic is not None:
+            self.rt.pool.busy(self.critic)  # invoked from now on: nothing may evict it (`preempt` may)
+        return self.critic
+
+    def _send_chunk(self, h, k: int) -> bool:
+        """Chunk k to the value function h; False when h was found dead (its chunks go to the next one)."""
+        gs = self.chunks[k]
+        path = self.rt.scratch / f"ppo-chunk-{self.step}-{k}.safetensors"
+        if path not in self.files:
+            self.files.append(path)
+            responses = [r for g in gs for r in self.finished[g]]
+            wire.write_batch(path, [self.prompts[g] for g in gs], responses, torch.zeros(len(responses)), None)
+        if self.values_requested is None:
+            self.values_requested = (now(), self.rt.first_use(h))
+        try:
+            self.rt.backend.send(h, {"op": "values_chunk", "step": self.step, "k": k, "batch": str(path),
+                                     **self.rt.critic_setup()})
+        except WorkerDied:
+            self._critic_lost(h, dead=True)
+            return False
+        self.sent.add(k)
+        if len(self.finished) < len(self.prompts):  # sent while some group still decodes
+            self.streamed.add(k)
+        return True
+
+    def _critic_lost(self, h, dead: bool) -> None:
+        """The value function died (or was preempted) holding chunks: recorded as a failed attempt; the next one
+        is sent every chunk again. Serverful: the pool restarts."""
         rt = self.rt
-        batch, self.values_file = self._file("values-in"), self._file("values")
-        wire.write_batch(batch, self.prompts, responses, torch.zeros(len(responses)), None)
+        if self.values_requested is not None:
+            requested, cold = self.values_requested
+            rt.record(self.step, "values", h, requested, requested, now(), cold, self.values_attempt, ok=False,
+                      **({} if dead else {"preempted": 1}))
+            if dead:
+                rt.count(M.RUNTIME_RETRIES)
+                self.values_attempt += 1
+                if self.values_attempt > rt.rt.max_attempts:
+                    raise fail(f"value function of step {self.step}", rt.rt.max_attempts)
+        self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
+        if rt.serverful:
+            rt.restart_pool(dead=h if dead else None)
+            self.pool_restarted()
+        else:
+            rt.pool.dead(h) if dead else rt.pool.release(h)
+
+    def values(self, responses: list[list[int]]) -> torch.Tensor:
+        """[B*G, T] the critic's values of the rollout: the chunks not streamed yet, then `values_end` (the
+        critic update follows on the same worker)."""
+        rt = self.rt
+        for g in range(len(self.prompts)):
+            self.finished.setdefault(g, responses[g * self.G:(g + 1) * self.G])
+        self.values_file = self._file("values")
         if not rt.serverful and not self._live(self.actor):
             self.actor = rt.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
                 rt.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
-        msg = {"op": "values", "step": self.step, "batch": str(batch), "out": str(self.values_file),
-               **rt.critic_setup()}
-        for attempt in range(1, rt.rt.max_attempts + 1):
-            h = self._critic_worker()
-            if _call(rt, self.step, "values", h, msg, "valued", attempt) is not None:
-                return wire.read_tensors(self.values_file)["values"]
-            self.critic = None
-            if rt.serverful:
-                rt.restart_pool()
-                self.pool_restarted()
-        raise fail(f"value function of step {self.step}", rt.rt.max_attempts)
+        while True:
+            h = self._critic_worker(must=True)
+            if all(self._send_chunk(h, k) for k in range(len(self.chunks)) if k not in self.sent):
+                reply = self._values_end(h)
+                if reply is not None:
+                    rt.count(M.RUNTIME_VALUES_STREAMED, float(len(self.streamed)))
+                    return wire.read_tensors(self.values_file)["values"]
 
-    def _critic_worker(self):
-        if self._live(self.critic):
-            return self.critic
-        warm = self.rt.pool.warm(CRITIC_IMAGE)  # kept warm from the last step, or pre-warmed during the rollout
-        for h in warm[1:]:
-            self.rt.pool.release(h)
-        self.critic = warm[0] if warm else self.rt.start_critic(must=True)
-        return self.critic
+    def _values_end(self, h) -> dict | None:
+        rt = self.rt
+        try:
+            rt.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
+                                "out": str(self.values_file)})
+            reply = _await(rt, h, "valued")
+        except WorkerDied:
+            reply = None
+        if reply is None:
+            self._critic_lost(h, dead=True)
+            return None
+        requested, cold = self.values_requested
+        rt.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold, self.values_attempt,
+                  sync_s=reply["sync_s"], compute_s=reply["compute_s"], chunks=len(self.chunks))
+        return reply
 
     # -- the update ---------------------------------------------------------------------------------------------
     def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
@@ -184,7 +271,7 @@ class _Update:
             if not s._live(s.actor):
                 s.actor = rt.start_learner(prewarmed=False) or self._room(lambda: rt.start_learner(False))
             return s.actor
-        return s._critic_worker()
+        return s._critic_worker(must=True)
 
     def _room(self, start):
         if not self.rt.pool.make_room(1):

@@ -1,6 +1,8 @@
 """PPO's handlers on a worker: the value forward, the actor's update and the critic's update (algo.name=ppo).
 
-    values        the critic's V(s_t) of the step's batch, before any update            -> `valued`
+    values_chunk  the critic's V(s_t) of one chunk of the batch, before any update (no reply: chunks stream in
+                  while the rest decodes with runtime.overlap and critic.values_chunk)
+    values_end    the step's values from its chunks, written to one file                 -> `valued`
     ppo_actor     old log-probs, advantages and returns (`ppo.ppo_targets`); the returns file is written and
                   announced (`ppo_returns`) before the policy's optimiser steps, so the critic function can start
                   its own steps while the actor still runs; then the next policy state      -> `ppo_learned`
@@ -42,13 +44,32 @@ def sync_critic(worker, path: str, version: int) -> float:
     return now() - t0
 
 
-def values(worker, msg: dict) -> dict:
+def values_chunk(worker, msg: dict) -> None:
+    """One chunk of the value forward (`critic.value_chunks`), kept until `values_end`; no reply, so chunks can
+    stream in while the rest of the step decodes."""
     t0 = now()
-    sync_s = sync_critic(worker, msg["critic_state"], msg["critic_version"])
+    st = worker.values_step
+    if st is None or st["step"] != msg["step"]:  # a new step (a re-run starts over on a fresh worker)
+        st = worker.values_step = {"step": msg["step"], "parts": {}, "t_start": t0, "sync_s": 0.0, "compute_s": 0.0}
+    st["sync_s"] += sync_critic(worker, msg["critic_state"], msg["critic_version"])
     prompts, responses, _, _ = wire.read_batch(Path(msg["batch"]))
-    v = worker.critic.values(prompts, responses, worker.G)
-    wire.write_tensors(msg["out"], {"values": v.cpu()})
-    return {"op": "valued", "t_start": t0, "t_end": now(), "sync_s": sync_s}
+    st["parts"][msg["k"]] = worker.critic.chunk_values(prompts, responses, worker.G).cpu()
+    st["compute_s"] += now() - t0
+
+
+def values_end(worker, msg: dict) -> dict:
+    """The step's values, [B*G, T], from its chunks in index order, written to msg["out"]."""
+    from rlhfless.critic import join_chunks
+
+    st, n = worker.values_step, msg["n_chunks"]
+    if st is None or st["step"] != msg["step"] or sorted(st["parts"]) != list(range(n)):
+        got = [] if st is None or st["step"] != msg["step"] else sorted(st["parts"])
+        raise RuntimeError(f"values_end of step {msg['step']}: chunks {got} of {n} are here (the driver sends "
+                           "every chunk before values_end)")
+    wire.write_tensors(msg["out"], {"values": join_chunks([st["parts"][k] for k in range(n)])})
+    worker.values_step = None
+    return {"op": "valued", "step": msg["step"], "t_start": st["t_start"], "t_end": now(), "sync_s": st["sync_s"],
+            "compute_s": st["compute_s"]}
 
 
 def ppo_actor(worker, msg: dict, conn) -> dict:

@@ -64,6 +64,9 @@ def bind_device(setup: dict) -> str:
     return "cuda:0"
 
 
+PPO_OPS = ("values_chunk", "values_end", "ppo_actor", "critic_learn")
+"""Requests handled by `runtime.ppo_worker` (algo.name=ppo)."""
+
 GROUP_BROKEN_EXIT = 75
 """The exit status of a learner rank that leaves on its own because a peer died inside the all-reduce: the
 driver records it as ended by the restart (released), not as a death of its own (`Pool.dead`)."""
@@ -143,6 +146,7 @@ class Worker:
         self.update_info: dict = {}
         self.critic = None  # PPO's critic (algo.name=ppo): the critic image, or the serverful pool's critic worker
         self.critic_version = -1
+        self.values_step: dict | None = None  # the value forward's chunks of the current step (runtime.ppo_worker)
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
         if "decode" in self.kinds and self.cfg.rollout.engine == "vllm":
@@ -262,12 +266,10 @@ class Worker:
             return self._learn_end(msg, conn)
         if op == "reference":
             return self._reference(msg)
-        if op in ("values", "ppo_actor", "critic_learn"):
+        if op in PPO_OPS:
             from rlhfless.runtime import ppo_worker
 
-            if op == "ppo_actor":
-                return ppo_worker.ppo_actor(self, msg, conn)
-            return ppo_worker.values(self, msg) if op == "values" else ppo_worker.critic_learn(self, msg)
+            return ppo_worker.ppo_actor(self, msg, conn) if op == "ppo_actor" else getattr(ppo_worker, op)(self, msg)
         raise ValueError(f"worker: unknown request {op!r}")
 
     def _profile(self, conn) -> dict:
