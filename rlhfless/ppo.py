@@ -57,22 +57,35 @@ class PpoTargets:
 
 
 def ppo_targets(learner: Learner, prompts: list[list[int]], responses: list[list[int]], rewards: torch.Tensor,
-                values: torch.Tensor, ref_logp: torch.Tensor | None = None) -> PpoTargets:
+                values: torch.Tensor, ref_logp: torch.Tensor | None = None,
+                old: torch.Tensor | None = None) -> PpoTargets:
     """Advantages and returns of a batch. prompts: B token lists; responses: B*G (group-major); rewards: [B*G]
     outcome rewards; values: [B*G, T] the critic's values of the rollout (`Critic.values`); ref_logp: [B*G, T]
-    when kl_coef > 0. Uses the policy only for the old log-probs, before any step."""
+    when kl_coef > 0; old: `old_logprobs` computed ahead (the runtime's actor does it during the value forward),
+    else computed here when needed. Uses the policy only for the old log-probs, before any step."""
     cfg, G = learner.algo, learner.algo.group_size
     rows_prompts = [prompts[r // G] for r in range(len(responses))]
     mask = pad_responses(responses)[1].bool()
     kl_reward = cfg.kl_coef if cfg.kl_in_reward else 0.0
-    old = None
-    if n_optimizer_steps(cfg, len(responses)) > 1 or kl_reward > 0:
-        with torch.no_grad():
-            old = response_logprobs(learner.model, rows_prompts, responses, 1).logp
+    if old is None and needs_old_logprobs(cfg, len(responses)):
+        old = old_logprobs(learner, prompts, responses)
     tok_r, metrics = token_rewards(rewards, mask, kl_reward, old, ref_logp)
     adv, returns, adv_metrics = ppo_advantages(tok_r, values, mask, cfg.gamma, cfg.lam, cfg.whiten_advantages)
     metrics.update(adv_metrics)
     return PpoTargets(rows_prompts, mask, old, adv, returns, metrics)
+
+
+def needs_old_logprobs(cfg: GRPOConfig, n_rows: int) -> bool:
+    """Whether the sampling policy's log-probs must be recomputed: several optimiser steps (the ratio moves away
+    from 1 after the first) or the KL in the reward."""
+    return n_optimizer_steps(cfg, n_rows) > 1 or (cfg.kl_in_reward and cfg.kl_coef > 0)
+
+
+@torch.no_grad()
+def old_logprobs(learner: Learner, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
+    """[B*G, T] the sampling policy's log-probs of every response token (rows in full, no prefix reuse)."""
+    G = learner.algo.group_size
+    return response_logprobs(learner.model, [prompts[r // G] for r in range(len(responses))], responses, 1).logp
 
 
 def n_optimizer_steps(cfg: GRPOConfig, n_rows: int) -> int:

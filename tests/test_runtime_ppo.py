@@ -141,6 +141,16 @@ def test_values_actor_and_critic_are_functions_of_their_own(runs, name):
         assert not any("values+critic" in k for k in r)  # the image's time is split by what it was doing
 
 
+def test_the_actor_computes_the_old_log_probs_during_the_value_forward(runs):
+    """Two mini-batches need the sampling policy's log-probs: the actor is sent them ahead (`ppo_old`) when the
+    value function starts, in both modes; a re-run actor on a fresh worker computes them itself."""
+    for name in ("serverful", "serverless", "separate"):
+        actors = [i for i in _rows(runs[name] / "invocations.jsonl") if i["kind"] == "learner" and i["ok"]]
+        assert len(actors) == 3 and all(i["extra"]["old_ahead"] == 1.0 for i in actors), name
+    rerun = [i for i in _rows(runs["kl_killed"] / "invocations.jsonl") if i["kind"] == "learner" and i["ok"]]
+    assert [i["extra"]["old_ahead"] for i in rerun] == [1.0, 0.0, 1.0]
+
+
 def test_the_critic_trains_beside_the_actor(runs):
     """The critic function gets its work once the actor has written the returns, before the actor's optimiser
     steps are done: in some step of the serverless runs the two invocations overlap in time."""

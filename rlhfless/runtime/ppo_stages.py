@@ -32,6 +32,7 @@ import torch
 
 from rlhfless import metrics as M
 from rlhfless.critic import value_chunks
+from rlhfless.ppo import needs_old_logprobs
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
@@ -56,6 +57,7 @@ class PpoStream:
         self.rollout_end: float | None = None
         self.prewarm_due = False
         self.working = False  # the update was sent: neither worker may be preempted any more
+        self.actor_requested: tuple | None = None  # (worker, when, cold) the actor was sent the old log-probs
         self.files: list[Path] = []
         if rt.serverful:
             self.pool_restarted()
@@ -208,6 +210,7 @@ class PpoStream:
             self.actor = rt.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
                 rt.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
+        self._old_ahead(responses)
         while True:
             h = self._critic_worker(must=True)
             if all(self._send_chunk(h, k) for k in range(len(self.chunks)) if k not in self.sent):
@@ -215,6 +218,20 @@ class PpoStream:
                 if reply is not None:
                     rt.count(M.RUNTIME_VALUES_STREAMED, float(len(self.streamed)))
                     return wire.read_tensors(self.values_file)["values"]
+
+    def _old_ahead(self, responses: list[list[int]]) -> None:
+        """The actor computes the old log-probs while the value function runs (verl computes them in the same
+        phase); its invocation starts now. A death is handled when the update is sent."""
+        rt, h = self.rt, self.actor
+        if not self._live(h) or not needs_old_logprobs(rt.cfg.algo, len(responses)):
+            return
+        path = self._file("old")
+        wire.write_batch(path, self.prompts, responses, torch.zeros(len(responses)), None)
+        self.actor_requested = (h, now(), rt.first_use(h))
+        try:
+            rt.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path), **rt.state_setup()})
+        except WorkerDied:
+            pass
 
     def _values_end(self, h) -> dict | None:
         rt = self.rt
@@ -281,7 +298,8 @@ class _Update:
 
     def _send(self, role: str) -> None:
         h = self._worker(role)
-        self.sent[role] = (h, now(), self.rt.first_use(h))
+        ahead = self.s.actor_requested if role == "learner" and self.attempt[role] == 1 else None
+        self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.rt.first_use(h))
         self.rt.pool.busy(h)
         try:
             self.rt.backend.send(h, self.msgs[role])
@@ -327,8 +345,9 @@ class _Update:
             role = "learner" if op == "ppo_learned" else "critic"
             _, requested, cold = self.sent.pop(role)
             self.replies[role] = msg
+            extra = {"old_ahead": float(msg["old_ahead"])} if role == "learner" else {}
             rt.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold, self.attempt[role],
-                      sync_s=msg["sync_s"])
+                      sync_s=msg["sync_s"], **extra)
 
     def _died(self, h) -> None:
         """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a

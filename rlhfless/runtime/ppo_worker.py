@@ -3,7 +3,8 @@
     values_chunk  the critic's V(s_t) of one chunk of the batch, before any update (no reply: chunks stream in
                   while the rest decodes with runtime.overlap and critic.values_chunk)
     values_end    the step's values from its chunks, written to one file                 -> `valued`
-    ppo_actor     old log-probs, advantages and returns (`ppo.ppo_targets`); the returns file is written and
+    ppo_old       the sampling policy's log-probs, ahead, while the value function runs (no reply)
+    ppo_actor     old log-probs (unless ahead), advantages and returns (`ppo.ppo_targets`); the returns file is written and
                   announced (`ppo_returns`) before the policy's optimiser steps, so the critic function can start
                   its own steps while the actor still runs; then the next policy state      -> `ppo_learned`
     critic_learn  the critic's steps on the same mini-batches; then the next critic state   -> `critic_learned`
@@ -72,16 +73,30 @@ def values_end(worker, msg: dict) -> dict:
             "compute_s": st["compute_s"]}
 
 
+def ppo_old(worker, msg: dict) -> None:
+    """The sampling policy's log-probs of the step's batch, computed while the value function runs (both are
+    forwards before the update); kept for `ppo_actor`, no reply."""
+    from rlhfless.ppo import old_logprobs
+
+    t0 = now()
+    sync_s = worker._sync(msg["state_path"], msg["version"])
+    prompts, responses, _, _ = wire.read_batch(Path(msg["batch"]))
+    worker.ppo_old = {"step": msg["step"], "old": old_logprobs(worker.learner, prompts, responses), "t_start": t0,
+                      "sync_s": sync_s}
+
+
 def ppo_actor(worker, msg: dict, conn) -> dict:
     from rlhfless.learner import save_learner_state
     from rlhfless.ppo import actor_steps, ppo_schedule, ppo_targets
 
-    t0 = now()
-    sync_s = worker._sync(msg["state_path"], msg["version"])
+    pre, worker.ppo_old = worker.ppo_old, None
+    pre = pre if pre is not None and pre["step"] == msg["step"] else None
+    t0 = pre["t_start"] if pre else now()
+    sync_s = (pre["sync_s"] if pre else 0.0) + worker._sync(msg["state_path"], msg["version"])
     learner = worker.learner
     prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
     vals = wire.read_tensors(msg["values"])["values"]
-    t = ppo_targets(learner, prompts, responses, rewards, vals, ref)
+    t = ppo_targets(learner, prompts, responses, rewards, vals, ref, old=pre["old"] if pre else None)
     wire.write_tensors(msg["returns_out"], {"returns": t.returns})
     wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
     schedule = ppo_schedule(learner.algo, len(responses), msg["seed"], msg["updates"])
@@ -89,7 +104,7 @@ def ppo_actor(worker, msg: dict, conn) -> dict:
     save_learner_state(learner, msg["state_out"])
     worker.version = msg["version"] + 1
     return {"op": "ppo_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
-            "metrics": {k: v for k, v in metrics.items() if v is not None}}
+            "old_ahead": pre is not None, "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
 
 def critic_learn(worker, msg: dict) -> dict:

@@ -64,7 +64,7 @@ def bind_device(setup: dict) -> str:
     return "cuda:0"
 
 
-PPO_OPS = ("values_chunk", "values_end", "ppo_actor", "critic_learn")
+PPO_OPS = ("values_chunk", "values_end", "ppo_old", "ppo_actor", "critic_learn")
 """Requests handled by `runtime.ppo_worker` (algo.name=ppo)."""
 
 GROUP_BROKEN_EXIT = 75
@@ -147,6 +147,7 @@ class Worker:
         self.critic = None  # PPO's critic (algo.name=ppo): the critic image, or the serverful pool's critic worker
         self.critic_version = -1
         self.values_step: dict | None = None  # the value forward's chunks of the current step (runtime.ppo_worker)
+        self.ppo_old: dict | None = None  # the old log-probs computed ahead for the current step (ppo_worker)
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
         if "decode" in self.kinds and self.cfg.rollout.engine == "vllm":
