@@ -87,7 +87,7 @@ def test_quick_study_lands_its_figure_rows_and_both_real_runs(quick_run):
     st = json.loads((quick_run / "results.json").read_text())["studies"]["ppo-vs-grpo"]
     assert st["figures"] == ["ppo-vs-grpo/ppo_vs_grpo.png"]
     assert (quick_run / st["figures"][0]).read_bytes().startswith(PNG)
-    assert [r["kind"] for r in st["rows"]] == ["simulated", "measured"]
+    assert [r["kind"] for r in st["rows"]] == ["simulated", "measured", "measured"]
     report = (quick_run / "report.md").read_text()
     assert "| ppo-vs-grpo | GRPO gains more than PPO" in report
     cases = st["numbers"]["cases"]
@@ -99,3 +99,13 @@ def test_quick_study_lands_its_figure_rows_and_both_real_runs(quick_run):
     for algo in ("ppo", "grpo"):
         run = quick_run / "ppo-vs-grpo" / "runs" / f"{algo}-quick-seed0"
         assert json.loads((run / "summary.json").read_text())["steps"] == A.real_sizes(True)[algo]["steps"]
+    # the runtime half: each algorithm in both modes on the same samples, the ratios from the two summaries
+    runtime = st["numbers"]["runtime"]
+    for algo in ("ppo", "grpo"):
+        g = runtime[algo]
+        assert g["samples_identical"] and g["steps"] == A.real_sizes(True)[algo]["steps"]
+        assert g["step_time_ratio"] == pytest.approx(g["serverless_step_s"] / g["serverful_step_s"])
+        modes = {m: json.loads((quick_run / "ppo-vs-grpo" / "runs" / f"{algo}-{m}-quick-seed0" / "summary.json")
+                               .read_text())["runtime"]["mode"] for m in A.MODES}
+        assert modes == {m: m for m in A.MODES}
+    assert st["rows"][2]["ours"].startswith("serverless / serverful")

@@ -4,11 +4,12 @@ Modes:
   * inline      one process runs every stage (the debugging path and the reference for the math);
   * serverless  every stage is a function on its own worker process: N decode functions executing the planner's
                 assignment with live cut-and-migrate, a reference function (kl_coef > 0) and a data-parallel
-                learner function; workers are started on demand, pre-warmed from the invocation history and
+                learner function (PPO: a value function, then the actor and critic functions side by side,
+                `runtime.ppo_stages`); workers are started on demand, pre-warmed from the invocation history and
                 released when idle (scale to zero); only their lifetimes are billed;
   * serverful   the verl-like control: W workers started once and held for the whole run, prompts split evenly
                 by count, training data-parallel on the same workers; billed W x wall time;
-  * compare     serverful, serverful with overlap, then serverless, on the same seed and prompts, writing
+  * compare     serverful, serverful with overlap (GRPO only), then serverless, on the same seed and prompts, writing
                 OUT/comparison.json (rlhfless.runtime.compare).
 
 A device unit is one CPU core (runtime.device=cpu: the worker pins itself to it and runs one torch thread) or, with
@@ -100,7 +101,8 @@ class RuntimeConfig:
     """Stream the tail: each finished group (all G samples scored) goes to its learner rank, which runs its
     reference forward (algo.kl_coef > 0) and forward/backward while the rest of the step decodes; one optimiser
     step once every group is in (bitwise the same update either way: rlhfless.accumulate). true | false | null
-    (auto: true for serverless, false for the serverful control as verl does not overlap)."""
+    (auto: true for serverless, false for the serverful control as verl does not overlap). PPO streams only its
+    value forward, in chunks (critic.values_chunk > 0; without a chunk size nothing streams)."""
     hybrid: bool = True
     """Serverless: decode and learner are handlers of one function image, so a decode function whose rows are
     done continues as a learner rank of the same step (warm: no cold start, the policy already in memory), and a

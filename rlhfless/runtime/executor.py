@@ -5,7 +5,9 @@
     .begin_step(step)               opens the step's billing window
     .rollout(groups, seed, plan)    decode functions (+ reward on the same workers); cut-and-migrate live
     .reference(...)                 the reference function (kl_coef > 0, no overlap; with overlap the learner ranks)
-    .learn(...)                     the data-parallel learner function; new weights for the next decode
+    .values(...)                    PPO: the value function (`runtime.ppo_stages`)
+    .learn(...)                     the data-parallel learner function; new weights for the next decode (PPO: the
+                                    actor and critic functions; the critic moves as critic-v<k> files)
     .end_step(step) -> metrics      closes the window: billed device-seconds, cold starts, idle, migrations
     .off_clock()                    a context for driver work between steps (evaluation, checkpoint): billed to
                                     neither mode (runtime.meter, "Off the clock")

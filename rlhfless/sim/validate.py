@@ -125,8 +125,9 @@ def run_algo(config: dict, cfg_path: Path, mode: str) -> str:
                         f"({', '.join(ALGOS)})")
     if name == "ppo":
         if mode != "inline":
-            raise DataError(f"validate: {cfg_path}: algo.name ppo with runtime.mode {mode!r}: PPO runs inline only "
-                            "(rlhfless.config refuses the runtime modes), so this run cannot be validated")
+            raise DataError(f"validate: {cfg_path}: algo.name ppo with runtime.mode {mode!r}: only inline PPO runs "
+                            "are validated (the arm model has no value or critic functions, and there the actor and "
+                            "the critic update side by side); validate an inline PPO run")
         for key in ("ppo_epochs", "ppo_mini_batches"):
             v = algo.get(key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
