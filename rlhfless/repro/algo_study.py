@@ -176,10 +176,11 @@ def runtime_row(gains: dict[str, dict]) -> PaperRow:
     p, g = gains["ppo"], gains["grpo"]
     ours = (f"serverless / serverful, step time and billed device-seconds: GRPO {g['step_time_ratio']:.2f}x / "
             f"{g['cost_ratio']:.2f}x, PPO {p['step_time_ratio']:.2f}x / {p['cost_ratio']:.2f}x")
-    why = (f"the same workloads in the runtime on this machine's 2 cores (identical samples in both modes: GRPO "
-           f"{g['samples_identical']}, PPO {p['samples_identical']}): every step keeps both cores busy, so there "
-           f"is no idle decode tail for serverless to give back (docs/runtime.md); the paper's gains come from "
-           f"idle devices at scale (the simulated row)")
+    why = (f"the same workloads in the runtime on this machine's 2 cores, GRPO {g['steps']} steps, PPO "
+           f"{p['steps']} (identical samples in both modes: GRPO {g['samples_identical']}, PPO "
+           f"{p['samples_identical']}); the first step's cold starts weigh more in the shorter run; every step "
+           f"keeps both cores busy, so there is no idle decode tail for serverless to give back (docs/runtime.md); "
+           f"the paper's gains come from idle devices at scale (the simulated row)")
     return PaperRow("RLHFless vs a held pool on real runs, GRPO vs PPO", "GRPO gains more than PPO", ours,
                     "measured", why)
 
