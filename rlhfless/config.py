@@ -14,7 +14,7 @@ from typing import Literal
 
 from rlhfless.algo.config import GRPOConfig
 from rlhfless.configbase import build_config, load_yaml, merge
-from rlhfless.devices import check_device, syntax_problem
+from rlhfless.devices import check_device, resolve_device, syntax_problem, wants_cuda
 from rlhfless.errors import ConfigError, require
 from rlhfless.plan.config import PlanConfig
 from rlhfless.predictor.config import PredictorConfig
@@ -221,6 +221,10 @@ class RunConfig:
         inline loop's device (one line naming the field; every entry point and `--dry-run` call this)."""
         self.runtime.check_machine(self.plan.max_actors, compare_dp=self.algo.name == "grpo")
         check_device(self.train.device, "train.device")
+        # train.device=auto passes __post_init__'s check and may only resolve to a GPU here
+        require(self.algo.name != "ppo" or resolve_device(self.train.device).type == "cpu", "train.device",
+                f"{self.train.device} resolves to a GPU here, and PPO runs on the CPU only for now; use "
+                "train.device=cpu")
         if self.algo.name == "ppo" and self.runtime.mode in ("serverless", "compare"):
             units = self.runtime.resolved_units()
             require(units >= 2, "runtime.units", f"PPO's actor and critic functions run side by side: at least 2 "
@@ -236,6 +240,12 @@ class RunConfig:
         require(self.rollout.engine == "own" or self.runtime.ship_prefix_kv != "always", "runtime.ship_prefix_kv",
                 "always ships the prefill function's KV to the decode functions, which rollout.engine=vllm cannot "
                 "take (vLLM prefills with its own prefix cache); use never or auto (auto never ships with vllm)")
+        if self.algo.name == "ppo":
+            # the critic, the values and the PPO targets are never moved to a GPU yet: refused, not a device error
+            # mid-run (docs/ppo.md, "Not built yet")
+            for name, spec in (("train.device", self.train.device), ("runtime.device", self.runtime.device)):
+                require(not wants_cuda(spec), name, f"PPO runs on the CPU only for now (got {name}={spec}); use "
+                        f"{name}=cpu")
         if self.algo.name == "ppo" and self.runtime.executes:
             self._check_ppo_runtime()
         if self.runtime.executes:

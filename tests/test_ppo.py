@@ -141,6 +141,7 @@ def test_a_critic_checkpoint_that_is_missing_or_has_another_vocabulary_is_refuse
     ("runtime.mode=serverless runtime.overlap=true", "runtime.overlap"),
     ("runtime.mode=serverful runtime.learner_units=2", "runtime.learner_units"),
     ("critic.lr=0", "critic.lr"), ("train.eval_samples=0", "train.eval_samples"),
+    ("train.device=cuda", "train.device"), ("runtime.mode=serverless runtime.device=cuda", "runtime.device"),
 ])
 def test_ppo_config_refusals_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -169,3 +170,13 @@ def test_the_simulators_validation_counts_every_ppo_sequence_as_trained():
     assert skips_groups({"algo": {"name": "grpo", "skip_zero_variance_groups": True}})
     assert skips_groups({"algo": {"skip_zero_variance_groups": True}})  # runs recorded before algo.name
     assert not skips_groups({"algo": {"name": "ppo", "skip_zero_variance_groups": True}})
+
+
+def test_ppo_with_a_device_that_resolves_to_a_gpu_is_refused_before_any_work(monkeypatch):
+    import rlhfless.devices as D
+
+    cfg = load_run_config(None, ["algo.name=ppo", "train.device=auto"])
+    cfg.check_machine()  # this machine: auto is the CPU
+    monkeypatch.setattr(D, "cuda_visible", lambda: 1)
+    with pytest.raises(ConfigError, match=r"train\.device: auto resolves to a GPU here"):
+        cfg.check_machine()
