@@ -312,7 +312,7 @@ class Runtime:
         numbers: `worker.Worker.group_reference`)."""
         from rlhfless.runtime.stages import run_reference
 
-        if self.overlaps():
+        if self.overlaps() and not self.ppo:  # PPO streams only its value forward: the reference function runs
             return None
         return run_reference(self, prompts, responses, step)
 
