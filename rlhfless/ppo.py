@@ -83,8 +83,10 @@ def needs_old_logprobs(cfg: GRPOConfig, n_rows: int) -> bool:
 
 @torch.no_grad()
 def old_logprobs(learner: Learner, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
-    """[B*G, T] the sampling policy's log-probs of every response token (rows in full, no prefix reuse)."""
+    """[B*G, T] the sampling policy's log-probs of every response token (rows in full, no prefix reuse), in eval
+    mode as the rollout sampled them, whatever mode the model was left in (a worker's, or the inline loop's)."""
     G = learner.algo.group_size
+    learner.model.eval()
     return response_logprobs(learner.model, [prompts[r // G] for r in range(len(responses))], responses, 1).logp
 
 

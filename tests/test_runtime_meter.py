@@ -167,6 +167,21 @@ def test_a_hybrid_function_is_billed_to_the_role_it_was_in():
     assert bill_run([single], [inv("decode-1", "decode", 0.1, 2.0)], 10.0, CPU, False, 1.0).by_kind == {"decode": 2.0}
 
 
+def test_a_ppo_critic_function_is_billed_to_values_then_critic_and_to_values_before_any_invocation():
+    """PPO's critic image (values+critic): the value forward and its cold start to values, the critic update and
+    its keep-alive to critic; one pre-warmed and evicted before any invocation is a value function (not decode)."""
+    from rlhfless.runtime.meter import role_split
+    from rlhfless.runtime.records import CRITIC_IMAGE
+
+    w = WorkerRecord("values+critic-0", CRITIC_IMAGE, 1.0, (0,), 0.0, 0.2, 3.0)
+    invs = [inv("values+critic-0", "values", 0.5, 0.9), inv("values+critic-0", "critic", 1.0, 2.0)]
+    assert role_split(w, invs, 0.0, 10.0) == pytest.approx({"values": 1.0, "critic": 2.0})
+    idle = WorkerRecord("values+critic-1", CRITIC_IMAGE, 1.0, (1,), 0.0, 0.2, 0.7)
+    assert role_split(idle, invs, 0.0, 10.0) == pytest.approx({"values": 0.7})
+    hybrid = WorkerRecord("decode+learner-2", ("decode", "learner"), 1.0, (1,), 0.0, 0.2, 0.7)
+    assert role_split(hybrid, [], 0.0, 10.0) == pytest.approx({"decode": 0.7})
+
+
 def test_a_hybrid_decode_function_is_priced_as_its_decode_share_of_the_bill():
     """With the hybrid image the planner prices a decode function without the keep-alive after it (the worker
     goes on as a learner rank, billed to the learner): what it prices is the meter's decode share."""

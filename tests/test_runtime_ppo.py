@@ -64,8 +64,9 @@ def runs(tmp_path_factory):
     out["serverful"], out["serverless"] = out["compare"] / "serverful", out["compare"] / "serverless"
     out["separate"] = _run(tmp, "separate", ["runtime.mode=serverless", "runtime.hybrid=false"])
     out["inline"] = _run(tmp, "inline", ["train.threads=1"])
-    # the serverful pool's critic worker killed the moment it is sent its update: the pool restarts whole
-    out["serverful_chaos"] = KillOn(KillRule("sent", "critic_learn", 2))
+    # the serverful pool's critic worker killed the moment it is sent its update (step 2), its actor the moment
+    # it is sent the old log-probs (step 3, during the value forward): the pool restarts whole, never a function
+    out["serverful_chaos"] = KillOn(KillRule("sent", "critic_learn", 2), KillRule("sent", "ppo_old", 3))
     out["serverful_killed"] = _run(tmp, "serverful_killed", ["runtime.mode=serverful"], out["serverful_chaos"])
     # KL in the reward (the reference function runs), functions kept warm; killed: the value function, the actor
     # and the critic function of step 2, each the moment it is sent its work
@@ -179,12 +180,14 @@ def test_killed_ppo_functions_are_re_run_to_the_same_policy_and_critic(runs):
     assert "reference" in kinds and any(r.get("critic/kl_penalty", 0) != 0 for r in _rows(run / "metrics.jsonl"))
 
 
-def test_the_serverful_pool_restarts_when_its_critic_worker_dies(runs):
+def test_the_serverful_pool_restarts_when_its_critic_or_actor_worker_dies(runs):
     run = runs["serverful_killed"]
-    assert len(runs["serverful_chaos"].fired) == 1
-    assert any(not i["ok"] and i["kind"] == "critic" for i in _rows(run / "invocations.jsonl"))
+    assert [rule.op for rule, _ in runs["serverful_chaos"].fired] == ["critic_learn", "ppo_old"]
+    failed = {(i["step"], i["kind"]) for i in _rows(run / "invocations.jsonl") if not i["ok"]}
+    assert (2, "critic") in failed and (3, "learner") in failed
     workers = _rows(run / "workers.jsonl")
-    assert sum(w["killed"] for w in workers) == 1 and len(workers) == 4  # the pool of 2, then its restart
+    assert all(w["worker"].startswith("pool") for w in workers)  # the control never starts a function
+    assert sum(w["killed"] for w in workers) == 2 and len(workers) == 6  # the pool of 2, restarted twice
 
 
 def test_a_resumed_serverless_ppo_run_equals_the_uninterrupted_one(runs, tmp_path):

@@ -100,8 +100,8 @@ def role_split(w: WorkerRecord, invocations: Sequence[InvocationRecord], a: floa
     """Seconds of [a, b) inside w's lifetime (less `paused`), by the role it was in: a single-kind worker's all
     go to its kind; a hybrid worker's instant t goes to the kind of its last invocation requested at or before t
     (idle after work is that work's keep-alive), before its first one to the first's kind (its cold start).
-    A hybrid worker not invoked yet is a pre-warmed decode function (a learner rank is invoked from its start):
-    decode. `invocations`: w's own, any order, all of them so far (a window's split needs the ones before it: a
+    A multi-kind worker not invoked yet is billed to its image's first kind: a hybrid one is a pre-warmed decode
+    function (a learner rank is invoked from its start), PPO's critic image a pre-warmed value function. `invocations`: w's own, any order, all of them so far (a window's split needs the ones before it: a
     worker's idle at a step's start is the keep-alive of its previous step's work). Pure; the parts sum to the
     held seconds."""
     end = w.released_s if w.released_s is not None else b
@@ -112,7 +112,7 @@ def role_split(w: WorkerRecord, invocations: Sequence[InvocationRecord], a: floa
     if len(w.kinds) == 1 or role(tuple(w.kinds)) == "pool":
         return {_kind(w): hi - lo - overlap_s(lo, hi, paused)}
     if not mine:
-        return {"decode": hi - lo - overlap_s(lo, hi, paused)}
+        return {w.kinds[0]: hi - lo - overlap_s(lo, hi, paused)}
     cuts = [lo] + [i.requested_s for i in mine[1:] if lo < i.requested_s < hi] + [hi]
     kinds = [_BILLED_AS.get(mine[0].kind, mine[0].kind)]
     for i in mine[1:]:

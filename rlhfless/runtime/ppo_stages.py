@@ -57,7 +57,8 @@ class PpoStream:
         self.rollout_end: float | None = None
         self.prewarm_due = False
         self.working = False  # the update was sent: neither worker may be preempted any more
-        self.actor_requested: tuple | None = None  # (worker, when, cold) the actor was sent the old log-probs
+        self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
+        self.actor_attempt = 1
         self.files: list[Path] = []
         if rt.serverful:
             self.pool_restarted()
@@ -81,6 +82,7 @@ class PpoStream:
         if any(x is not h and "decode" in x.kinds and x.worker in rt.pool.working for x in rt.pool.live()):
             return False  # others still decode: an actor taken now would sit idle, billed, through the tail
         self.actor = h
+        self.actor_requested = (h, now(), rt.first_use(h))  # its time from here on is the actor's (as GRPO's ranks)
         rt.pool.busy(h)
         return True
 
@@ -113,12 +115,26 @@ class PpoStream:
 
     def on_message(self, h, msg: dict | None) -> None:
         if msg is None:
-            if h is self.critic:
-                return self._critic_lost(h, dead=True)
-            self.rt.pool.dead(h)
-            self.actor = None if h is self.actor else self.actor
-        elif msg["op"] == "ready":
+            return self._critic_lost(h, dead=True) if h is self.critic else self._actor_lost(h, dead=True)
+        if msg["op"] == "ready":
             self.rt.on_ready(h, msg)
+
+    def _actor_lost(self, h, dead: bool) -> None:
+        """The actor died (or was preempted) before its update was sent: its invocation so far is recorded as a
+        failed attempt (a death counts a retry); the update goes to a new actor."""
+        rt = self.rt
+        if self.actor_requested is not None and self.actor_requested[0] is h:
+            _, requested, cold = self.actor_requested
+            rt.record(self.step, "learner", h, requested, requested, now(), cold, self.actor_attempt, ok=False,
+                      **({} if dead else {"preempted": 1}))
+            if dead:
+                rt.count(M.RUNTIME_RETRIES)
+                self.actor_attempt += 1
+                if self.actor_attempt > rt.rt.max_attempts:
+                    raise fail(f"PPO actor of step {self.step}", rt.rt.max_attempts)
+            self.actor_requested = None
+        rt.pool.dead(h) if dead else rt.pool.release(h)
+        self.actor = None if h is self.actor else self.actor
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
@@ -126,8 +142,7 @@ class PpoStream:
         if self.rt.serverful or self.working:
             return False
         if self._live(self.actor):
-            self.rt.pool.release(self.actor)
-            self.actor = None
+            self._actor_lost(self.actor, dead=False)
             return True
         if self._live(self.critic):
             self._critic_lost(self.critic, dead=False)
@@ -137,7 +152,7 @@ class PpoStream:
     def pool_restarted(self) -> None:
         hs = self.rt.pool_handles
         self.actor, self.critic = hs[0], hs[-1]
-        self.sent, self.streamed, self.values_requested = set(), set(), None
+        self.sent, self.streamed, self.values_requested, self.actor_requested = set(), set(), None, None
 
     # -- values -------------------------------------------------------------------------------------------------
     def _file(self, name: str) -> Path:
@@ -145,9 +160,19 @@ class PpoStream:
         self.files.append(path)
         return path
 
+    def serverful_worker(self, role: str):
+        """Serverful: the pool worker holding `role` (0: the actor, the last: the critic); one found dead restarts
+        the pool whole (the control never starts functions)."""
+        if not all(self._live(h) for h in self.rt.pool_handles):
+            self.rt.restart_pool()
+            self.pool_restarted()
+        return self.actor if role == "learner" else self.critic
+
     def _critic_worker(self, must: bool):
         """The value function: this step's, one kept warm or pre-warmed, else a new one (must: evicting idle
-        workers; otherwise only onto a free unit, or None)."""
+        workers; otherwise only onto a free unit, or None). Serverful: the pool's critic worker."""
+        if self.rt.serverful:
+            return self.serverful_worker("critic")
         if self._live(self.critic):
             return self.critic
         warm = self.rt.pool.warm(CRITIC_IMAGE)
@@ -209,6 +234,7 @@ class PpoStream:
         if not rt.serverful and not self._live(self.actor):
             self.actor = rt.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
+                self.actor_requested = (self.actor, now(), rt.first_use(self.actor))
                 rt.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
         self._old_ahead(responses)
         while True:
@@ -227,7 +253,8 @@ class PpoStream:
             return
         path = self._file("old")
         wire.write_batch(path, self.prompts, responses, torch.zeros(len(responses)), None)
-        self.actor_requested = (h, now(), rt.first_use(h))
+        if self.actor_requested is None or self.actor_requested[0] is not h:
+            self.actor_requested = (h, now(), rt.first_use(h))
         try:
             rt.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path), **rt.state_setup()})
         except WorkerDied:
@@ -280,10 +307,15 @@ class _Update:
         self.sent: dict[str, tuple[object, float, bool]] = {}  # role -> (worker, requested, cold)
         self.replies: dict[str, dict] = {}
         self.returns_ready = False
-        self.attempt = {"learner": 1, "critic": 1}
+        ahead = stream.actor_requested
+        if ahead is not None and not self.rt.serverful and not stream._live(ahead[0]):
+            stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
+        self.attempt = {"learner": stream.actor_attempt, "critic": 1}
 
     def _worker(self, role: str):
         s, rt = self.s, self.rt
+        if rt.serverful:
+            return s.serverful_worker(role)
         if role == "learner":
             if not s._live(s.actor):
                 s.actor = rt.start_learner(prewarmed=False) or self._room(lambda: rt.start_learner(False))
@@ -297,9 +329,14 @@ class _Update:
         return start()
 
     def _send(self, role: str) -> None:
+        dead = next((x for x in self.rt.pool_handles if not self.s._live(x)), None) if self.rt.serverful else None
+        if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
+            self._died(dead)
         h = self._worker(role)
-        ahead = self.s.actor_requested if role == "learner" and self.attempt[role] == 1 else None
+        ahead = self.s.actor_requested if role == "learner" else None
         self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.rt.first_use(h))
+        if role == "learner":
+            self.s.actor_requested = None  # from now on a death is this update's to record
         self.rt.pool.busy(h)
         try:
             self.rt.backend.send(h, self.msgs[role])
@@ -339,9 +376,9 @@ class _Update:
             rt.on_ready(h, msg)
         elif msg.get("step") != self.s.step:
             return
-        elif op == "ppo_returns":
+        elif op == "ppo_returns" and self._holds(h, "learner"):
             self.returns_ready = True
-        elif op in ("ppo_learned", "critic_learned"):
+        elif op in ("ppo_learned", "critic_learned") and self._holds(h, "learner" if op == "ppo_learned" else "critic"):
             role = "learner" if op == "ppo_learned" else "critic"
             _, requested, cold = self.sent.pop(role)
             self.replies[role] = msg
@@ -349,12 +386,17 @@ class _Update:
             rt.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold, self.attempt[role],
                       sync_s=msg["sync_s"], **extra)
 
+    def _holds(self, h, role: str) -> bool:
+        """Whether h was sent `role`'s work and still owes it (a message polled together with a death that
+        restarted the pool comes from a worker that no longer does)."""
+        return role in self.sent and self.sent[role][0] is h
+
     def _died(self, h) -> None:
         """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
-        fresh worker; serverful, the pool restarts and both roles are re-run."""
+        fresh worker; serverful (any pool worker), the pool restarts and the roles still owed are re-run."""
         rt, s = self.rt, self.s
         roles = [r for r, (x, _, _) in self.sent.items() if x is h]
-        if not roles:
+        if not roles and not rt.serverful:
             if s._live(h):
                 rt.pool.dead(h)
             return
@@ -367,10 +409,9 @@ class _Update:
             if self.attempt[role] > rt.rt.max_attempts:
                 raise fail(f"PPO {'actor' if role == 'learner' else 'critic'} of step {s.step}", rt.rt.max_attempts)
         rt.count(M.RUNTIME_RETRIES)
-        if rt.serverful:
+        if rt.serverful:  # the roles that replied keep their results (their state files are written)
             rt.restart_pool(dead=h)
             s.pool_restarted()
-            self.replies, self.returns_ready = {}, False
             return
         rt.pool.dead(h)
         s.actor = None if h is s.actor else s.actor

@@ -444,6 +444,8 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
         rt.reference_worker = None
         if rt.serverful:
             rt.restart_pool()
+            if rt.stream is not None:  # the step's learner side holds pool workers that are gone now
+                rt.stream.pool_restarted()
     raise fail(f"reference of step {step}", rt.rt.max_attempts)
 
 
