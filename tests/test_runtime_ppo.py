@@ -225,3 +225,28 @@ def test_streamed_value_chunks_are_computed_during_decode_and_re_sent_after_a_de
     assert [rule.op for rule, _ in runs["chunk_chaos"].fired] == ["values_chunk"]
     killed = [w["worker"] for w in _rows(run / "workers.jsonl") if w["killed"]]
     assert killed == [runs["chunk_chaos"].fired[0][1]] and killed[0].startswith("values+critic")
+
+
+def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
+    """One poll can return a death that restarts the serverful pool and, after it, a reply or the returns of a
+    worker of the old pool: they belong to work that is re-run, so they must neither complete a role nor let the
+    critic start early (before, the reply raised KeyError and the returns counted)."""
+    from types import SimpleNamespace
+
+    from rlhfless.runtime.ppo_stages import _Update
+
+    records = []
+    rt = SimpleNamespace(serverful=True, record=lambda *a, **k: records.append(a[1]))
+    stream = SimpleNamespace(rt=rt, step=2, actor_requested=None, actor_attempt=1, _live=lambda h: True)
+    update = _Update(stream, {"op": "ppo_actor"}, {"op": "critic_learn"})
+    old, actor, critic = object(), object(), object()
+    update.sent = {"learner": (actor, 1.0, False), "critic": (critic, 1.5, False)}
+    reply = {"step": 2, "t_start": 2.0, "t_end": 3.0, "sync_s": 0.0, "old_ahead": True, "metrics": {}}
+    update._on(old, {"op": "ppo_returns", "step": 2})
+    update._on(old, {**reply, "op": "critic_learned"})
+    update._on(old, {**reply, "op": "ppo_learned"})
+    assert not update.returns_ready and update.replies == {} and records == []
+    update._on(actor, {"op": "ppo_returns", "step": 2})
+    update._on(critic, {**reply, "op": "critic_learned"})
+    assert update.returns_ready and list(update.replies) == ["critic"] and records == ["critic"]
+    assert list(update.sent) == ["learner"]
