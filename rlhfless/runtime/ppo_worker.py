@@ -28,7 +28,7 @@ def load_critic_model(worker, setup: dict) -> None:
 
     built = load_critic(worker.cfg.critic, Path(setup["checkpoint"]))
     worker.critic = Critic(worker._placed(built.model), worker.cfg.critic)  # AdamW made after placing
-    worker.critic_version = 0
+    worker.critic_version = -1  # always loaded from the runtime's state file, as the policy is (`Worker._sync`)
     if setup.get("critic_state"):
         sync_critic(worker, setup["critic_state"], setup["critic_version"])
 
