@@ -124,17 +124,24 @@ class PpoStream:
         failed attempt (a death counts a retry); the update goes to a new actor."""
         rt = self.rt
         if self.actor_requested is not None and self.actor_requested[0] is h:
-            _, requested, cold = self.actor_requested
-            rt.record(self.step, "learner", h, requested, requested, now(), cold, self.actor_attempt, ok=False,
-                      **({} if dead else {"preempted": 1}))
-            if dead:
-                rt.count(M.RUNTIME_RETRIES)
-                self.actor_attempt += 1
-                if self.actor_attempt > rt.rt.max_attempts:
-                    raise fail(f"PPO actor of step {self.step}", rt.rt.max_attempts)
+            self.actor_attempt = self._lost_attempt("learner", h, self.actor_requested[1:], self.actor_attempt, dead)
             self.actor_requested = None
         rt.pool.dead(h) if dead else rt.pool.release(h)
         self.actor = None if h is self.actor else self.actor
+
+    def _lost_attempt(self, kind: str, h, requested: tuple[float, bool], attempt: int, dead: bool) -> int:
+        """Record the invocation of `kind` that h held since `requested` (when, cold) as failed, preempted unless
+        `dead`; a death counts a retry and ends the step past runtime.max_attempts. Returns the next attempt."""
+        rt = self.rt
+        rt.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], attempt, ok=False,
+                  **({} if dead else {"preempted": 1}))
+        if not dead:
+            return attempt
+        rt.count(M.RUNTIME_RETRIES)
+        if attempt + 1 > rt.rt.max_attempts:
+            what = "PPO actor" if kind == "learner" else "value function"
+            raise fail(f"{what} of step {self.step}", rt.rt.max_attempts)
+        return attempt + 1
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
@@ -209,14 +216,7 @@ class PpoStream:
         is sent every chunk again. Serverful: the pool restarts."""
         rt = self.rt
         if self.values_requested is not None:
-            requested, cold = self.values_requested
-            rt.record(self.step, "values", h, requested, requested, now(), cold, self.values_attempt, ok=False,
-                      **({} if dead else {"preempted": 1}))
-            if dead:
-                rt.count(M.RUNTIME_RETRIES)
-                self.values_attempt += 1
-                if self.values_attempt > rt.rt.max_attempts:
-                    raise fail(f"value function of step {self.step}", rt.rt.max_attempts)
+            self.values_attempt = self._lost_attempt("values", h, self.values_requested, self.values_attempt, dead)
         self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
         if rt.serverful:
             rt.restart_pool(dead=h if dead else None)
