@@ -260,7 +260,6 @@ class RunConfig:
             require(self.algo.max_seq_len_norm >= self.rollout.max_new_tokens, "algo.max_seq_len_norm",
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")
 
-
     def _check_ppo_runtime(self) -> None:
         """What the runtime's PPO (`runtime.ppo_stages`) does not do."""
         rt = self.runtime

@@ -63,8 +63,8 @@ def ppo_targets(learner: Learner, prompts: list[list[int]], responses: list[list
     outcome rewards; values: [B*G, T] the critic's values of the rollout (`Critic.values`); ref_logp: [B*G, T]
     when kl_coef > 0; old: `old_logprobs` computed ahead (the runtime's actor does it during the value forward),
     else computed here when needed. Uses the policy only for the old log-probs, before any step."""
-    cfg, G = learner.algo, learner.algo.group_size
-    rows_prompts = [prompts[r // G] for r in range(len(responses))]
+    cfg = learner.algo
+    rows_prompts = row_prompts(prompts, len(responses), cfg.group_size)
     mask = pad_responses(responses)[1].bool()
     kl_reward = cfg.kl_coef if cfg.kl_in_reward else 0.0
     if old is None and needs_old_logprobs(cfg, len(responses)):
@@ -78,20 +78,21 @@ def ppo_targets(learner: Learner, prompts: list[list[int]], responses: list[list
 def needs_old_logprobs(cfg: GRPOConfig, n_rows: int) -> bool:
     """Whether the sampling policy's log-probs must be recomputed: several optimiser steps (the ratio moves away
     from 1 after the first) or the KL in the reward."""
-    return n_optimizer_steps(cfg, n_rows) > 1 or (cfg.kl_in_reward and cfg.kl_coef > 0)
+    return cfg.ppo_epochs * min(cfg.ppo_mini_batches, n_rows) > 1 or (cfg.kl_in_reward and cfg.kl_coef > 0)
 
 
 @torch.no_grad()
 def old_logprobs(learner: Learner, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
     """[B*G, T] the sampling policy's log-probs of every response token (rows in full, no prefix reuse), in eval
     mode as the rollout sampled them, whatever mode the model was left in (a worker's, or the inline loop's)."""
-    G = learner.algo.group_size
     learner.model.eval()
-    return response_logprobs(learner.model, [prompts[r // G] for r in range(len(responses))], responses, 1).logp
+    rows = row_prompts(prompts, len(responses), learner.algo.group_size)
+    return response_logprobs(learner.model, rows, responses, 1).logp
 
 
-def n_optimizer_steps(cfg: GRPOConfig, n_rows: int) -> int:
-    return cfg.ppo_epochs * min(cfg.ppo_mini_batches, n_rows)
+def row_prompts(prompts: list[list[int]], n_rows: int, group_size: int) -> list[list[int]]:
+    """[n_rows] each group-major row's prompt: PPO's mini-batches cut across groups, so rows go one by one."""
+    return [prompts[r // group_size] for r in range(n_rows)]
 
 
 def ppo_schedule(cfg: GRPOConfig, n_rows: int, seed: int, updates: int) -> list[list[int]]:

@@ -120,40 +120,26 @@ def real_sizes(quick: bool) -> dict[str, dict]:
     return {"ppo": {"steps": 16, "prompts": 64, "G": 1}, "grpo": {"steps": 4, "prompts": 32, "G": 8}}
 
 
-def real_run(ctx, algo: str, size: dict) -> Path:
-    """One inline quickstart run of `algo` at `size` (no held-out eval: only step times matter here), reused while
-    its summary.json exists."""
-    from rlhfless.config import load_run_config
-    from rlhfless.runner import train
-
-    out = ctx.out / "ppo-vs-grpo" / "runs" / f"{algo}-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
-    if (out / "summary.json").is_file():
-        return out
-    overrides = [f"train.steps={size['steps']}", f"rollout.prompts_per_step={size['prompts']}",
-                 f"algo.group_size={size['G']}", "train.eval_prompts=0", "train.threads=1", "train.table_every=0",
-                 f"train.seed={ctx.seed}", f"tracking.mode={ctx.tracking}", "tracking.group=ppo-vs-grpo"]
-    train(load_run_config(str(CONFIGS[algo]), overrides), out, progress=False)
-    return out
-
-
 RUNTIME = ["plan.max_actors=2", "plan.objective=min_cost_at_deadline", "plan.deadline_ratio=1.0",
            "runtime.keep_alive_s=2.0", "runtime.gantt_every=0"]
 """The platform conditions of the serverless-vs-serverful configs, for both algorithms."""
 MODES = ("serverful", "serverless")
 
 
-def runtime_run(ctx, algo: str, size: dict, mode: str) -> Path:
-    """`algo` at `size` in runtime mode `mode` (RUNTIME conditions), reused while its summary.json exists."""
+def real_run(ctx, algo: str, size: dict, mode: str = "inline") -> Path:
+    """One quickstart run of `algo` at `size` (no held-out eval: only step times matter here), inline on one
+    thread or in runtime mode `mode` (RUNTIME conditions), reused while its summary.json exists."""
     from rlhfless.config import load_run_config
     from rlhfless.runner import train
 
-    out = ctx.out / "ppo-vs-grpo" / "runs" / f"{algo}-{mode}-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
+    name = algo if mode == "inline" else f"{algo}-{mode}"
+    out = ctx.out / "ppo-vs-grpo" / "runs" / f"{name}-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
     if (out / "summary.json").is_file():
         return out
     overrides = [f"train.steps={size['steps']}", f"rollout.prompts_per_step={size['prompts']}",
                  f"algo.group_size={size['G']}", "train.eval_prompts=0", "train.table_every=0",
-                 f"train.seed={ctx.seed}", f"tracking.mode={ctx.tracking}", "tracking.group=ppo-vs-grpo",
-                 f"runtime.mode={mode}", *RUNTIME]
+                 f"train.seed={ctx.seed}", f"tracking.mode={ctx.tracking}", "tracking.group=ppo-vs-grpo"]
+    overrides += ["train.threads=1"] if mode == "inline" else [f"runtime.mode={mode}", *RUNTIME]
     train(load_run_config(str(CONFIGS[algo]), overrides), out, progress=False)
     return out
 
@@ -286,7 +272,7 @@ def ppo_vs_grpo(ctx) -> StudyResult:
     split = {a: step_split(runs[a] / "metrics.jsonl", sizes[a]["prompts"] * sizes[a]["G"]) for a in runs}
     gains = None
     if available_cores() >= 2:
-        modes = {a: {m: runtime_run(ctx, a, sizes[a], m) for m in MODES} for a in ("ppo", "grpo")}
+        modes = {a: {m: real_run(ctx, a, sizes[a], m) for m in MODES} for a in ("ppo", "grpo")}
         gains = {a: runtime_gain(modes[a]["serverful"], modes[a]["serverless"]) for a in modes}
         res.artifacts += [modes[a][m] / "summary.json" for a in modes for m in MODES]
     else:

@@ -39,6 +39,12 @@ from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
 from rlhfless.runtime.stages import _await
 
 
+ROLE_NAMES = {"learner": "PPO actor", "critic": "PPO critic", "values": "value function"}
+"""A PPO function's name in the error of a step out of attempts, by invocation kind."""
+REPLY_ROLES = {"ppo_learned": "learner", "critic_learned": "critic"}
+"""The update's reply ops and the role each completes."""
+
+
 class PpoStream:
     """The learner side of one PPO step; the decode stage talks to it as to GRPO's `LearnerStream`."""
 
@@ -59,7 +65,7 @@ class PpoStream:
         self.working = False  # the update was sent: neither worker may be preempted any more
         self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
         self.actor_attempt = 1
-        self.files: list[Path] = []
+        self.files: set[Path] = set()
         if rt.serverful:
             self.pool_restarted()
 
@@ -92,7 +98,7 @@ class PpoStream:
         if not self.rt.serverful and not self._live(self.critic) and not self.rt.pool.warm(CRITIC_IMAGE):
             self.rt.start_critic(must=False, prewarmed=True)
 
-    def pump(self, start_all: bool = False) -> None:
+    def pump(self) -> None:
         """Pre-warm when due; with overlap, send the value function every chunk whose groups are all in (starting
         it onto a free unit: none free, the chunks wait for a decode function to release one)."""
         if self.prewarm_due:
@@ -129,18 +135,20 @@ class PpoStream:
         rt.pool.dead(h) if dead else rt.pool.release(h)
         self.actor = None if h is self.actor else self.actor
 
-    def _lost_attempt(self, kind: str, h, requested: tuple[float, bool], attempt: int, dead: bool) -> int:
+    def _lost_attempt(self, kind: str, h, requested: tuple[float, bool], attempt: int, dead: bool,
+                      retry: bool = True) -> int:
         """Record the invocation of `kind` that h held since `requested` (when, cold) as failed, preempted unless
-        `dead`; a death counts a retry and ends the step past runtime.max_attempts. Returns the next attempt."""
+        `dead`; a death counts a retry (unless the caller counts it: `retry`) and ends the step past
+        runtime.max_attempts. Returns the next attempt."""
         rt = self.rt
         rt.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], attempt, ok=False,
                   **({} if dead else {"preempted": 1}))
         if not dead:
             return attempt
-        rt.count(M.RUNTIME_RETRIES)
+        if retry:
+            rt.count(M.RUNTIME_RETRIES)
         if attempt + 1 > rt.rt.max_attempts:
-            what = "PPO actor" if kind == "learner" else "value function"
-            raise fail(f"{what} of step {self.step}", rt.rt.max_attempts)
+            raise fail(f"{ROLE_NAMES[kind]} of step {self.step}", rt.rt.max_attempts)
         return attempt + 1
 
     def preempt(self) -> bool:
@@ -164,7 +172,7 @@ class PpoStream:
     # -- values -------------------------------------------------------------------------------------------------
     def _file(self, name: str) -> Path:
         path = self.rt.scratch / f"ppo-{name}-{self.step}.safetensors"
-        self.files.append(path)
+        self.files.add(path)
         return path
 
     def serverful_worker(self, role: str):
@@ -195,7 +203,7 @@ class PpoStream:
         gs = self.chunks[k]
         path = self.rt.scratch / f"ppo-chunk-{self.step}-{k}.safetensors"
         if path not in self.files:
-            self.files.append(path)
+            self.files.add(path)
             responses = [r for g in gs for r in self.finished[g]]
             wire.write_batch(path, [self.prompts[g] for g in gs], responses, torch.zeros(len(responses)), None)
         if self.values_requested is None:
@@ -378,8 +386,8 @@ class _Update:
             return
         elif op == "ppo_returns" and self._holds(h, "learner"):
             self.returns_ready = True
-        elif op in ("ppo_learned", "critic_learned") and self._holds(h, "learner" if op == "ppo_learned" else "critic"):
-            role = "learner" if op == "ppo_learned" else "critic"
+        elif op in REPLY_ROLES and self._holds(h, REPLY_ROLES[op]):
+            role = REPLY_ROLES[op]
             _, requested, cold = self.sent.pop(role)
             self.replies[role] = msg
             extra = {"old_ahead": float(msg["old_ahead"])} if role == "learner" else {}
@@ -404,11 +412,9 @@ class _Update:
             if role not in self.sent:
                 continue
             x, requested, cold = self.sent.pop(role)
-            rt.record(s.step, role, x, requested, requested, now(), cold, self.attempt[role], ok=False)
-            self.attempt[role] += 1
-            if self.attempt[role] > rt.rt.max_attempts:
-                raise fail(f"PPO {'actor' if role == 'learner' else 'critic'} of step {s.step}", rt.rt.max_attempts)
-        rt.count(M.RUNTIME_RETRIES)
+            self.attempt[role] = s._lost_attempt(role, x, (requested, cold), self.attempt[role], dead=True,
+                                                 retry=False)
+        rt.count(M.RUNTIME_RETRIES)  # one death, one retry (serverful: both roles re-run)
         if rt.serverful:  # the roles that replied keep their results (their state files are written)
             rt.restart_pool(dead=h)
             s.pool_restarted()

@@ -109,13 +109,12 @@ def ppo_actor(worker, msg: dict, conn) -> dict:
 
 def critic_learn(worker, msg: dict) -> dict:
     from rlhfless.critic import save_critic_state
-    from rlhfless.ppo import critic_steps, ppo_schedule
+    from rlhfless.ppo import critic_steps, ppo_schedule, row_prompts
 
     t0 = now()
     sync_s = sync_critic(worker, msg["critic_state"], msg["critic_version"])
     prompts, responses, _, _ = wire.read_batch(Path(msg["batch"]))
-    G = worker.G
-    rows_prompts = [prompts[r // G] for r in range(len(responses))]
+    rows_prompts = row_prompts(prompts, len(responses), worker.G)
     vals = wire.read_tensors(msg["values"])["values"]
     returns = wire.read_tensors(msg["returns"])["returns"]
     cfg = worker.cfg.algo
