@@ -63,6 +63,10 @@ RUNTIME_SHIP_SAVED_TOKENS = "runtime/ship_saved_tokens"
 RUNTIME_PLANNER_COLD_START_S = "runtime/planner_cold_start_s"  # the measured value the planner now uses
 RUNTIME_PLANNER_WEIGHT_SYNC_S = "runtime/planner_weight_sync_s"
 RUNTIME_TIME_MODEL_SCALE = "runtime/time_model_scale"  # measured / predicted decode busy time (smoothed)
+RUNTIME_DECODE_BUSY_S = "runtime/decode_busy_s"  # this step's decode invocations' busy seconds, summed (measured)
+# what the planner's base time model predicts for the same placement with the true lengths; their ratio feeds the
+# time model scale above (EWMA), so the calibration can be replayed from the log alone
+RUNTIME_DECODE_BUSY_MODEL_S = "runtime/decode_busy_model_s"
 RUNTIME_GROUPS_STREAMED = "runtime/groups_streamed"  # groups the learner got before the rollout ended (overlap)
 RUNTIME_VALUES_STREAMED = "runtime/values_chunks_streamed"  # PPO: value chunks sent while some group still decoded
 RUNTIME_LEARNER_TAIL_S = "runtime/learner_tail_s"  # from the rollout's end to the optimiser step's end

@@ -352,29 +352,55 @@ def test_peak_units_counts_overlaps_and_not_handovers():
     assert peak_units(rows, 3.0, 4.0) == 1.0
 
 
-@pytest.mark.slow
-def test_the_planners_predicted_device_seconds_are_the_size_of_the_billed_ones(tmp_path):
-    """On the comparison config (serverless arm, shortened), the planner's per-step `plan/predicted_device_s` of
-    what it prices (the decode functions: plan.learner.whole_step is off in the runtime) against the meter's
-    `function/decode/billed_s`, averaged after the calibration's first steps (it learns cold start and speed).
-    The band is wide because load that changes during the run moves the billed seconds after the calibration has
-    learned the speed (0.748 in a CI run beside other jobs); the accuracy itself is a measured number of the
-    idle comparison (`comparison.json`: 0.996x over 100 steps), not a timed test's. A planner pricing the wrong
-    kind or the wrong units (a factor of 2) is off by more than this band."""
+def test_planner_accuracy_sums_predicted_and_billed_over_the_same_steps():
+    """The one definition (`compare` reports it, the benchmark measures it): steps past the calibration that logged
+    both numbers, predicted and billed summed over exactly those steps."""
     from rlhfless.runtime.compare import planner_accuracy
 
-    cfg = load_run_config("experiments/configs/serverless_vs_serverful.yaml",
-                          ["runtime.mode=serverless", "train.steps=12", "train.eval_prompts=0",
-                           "train.checkpoint_every=0", "tracking.mode=disabled", "runtime.gantt_every=0"])
-    out = tmp_path / "run"
-    train(cfg, out, progress=False)
-    rows = _rows(out / "metrics.jsonl")[4:]
-    pred = sum(r["plan/predicted_device_s"] for r in rows)
-    billed = sum(r["function/decode/billed_s"] for r in rows)
-    assert 2 / 3 <= pred / billed <= 1.5, (pred / billed, planner_accuracy(out, False))
+    rows = [{"step": 1, "plan/predicted_device_s": 9.0, "function/decode/billed_s": 1.0, "cost/device_seconds": 3.0},
+            {"step": 2, "plan/predicted_device_s": 2.0, "function/decode/billed_s": 4.0, "cost/device_seconds": 6.0},
+            {"step": 3, "plan/predicted_device_s": 3.0, "cost/device_seconds": 5.0},  # no decode bill: left out
+            {"step": 4, "plan/predicted_device_s": 4.0, "function/decode/billed_s": 1.0, "cost/device_seconds": 2.0}]
+    a = planner_accuracy(rows, whole_step=False, skip=1)
+    assert a == {"priced": "function/decode/billed_s", "skipped_steps": 1, "steps": 2, "predicted_device_s": 3.0,
+                 "billed_device_s": 2.5, "predicted_over_billed": 6.0 / 5.0}
+    w = planner_accuracy(rows, whole_step=True, skip=1)
+    assert w["priced"] == "cost/device_seconds" and w["steps"] == 3 and w["predicted_over_billed"] == 9.0 / 13.0
+    assert planner_accuracy(rows, whole_step=False, skip=4) == {"priced": "function/decode/billed_s",
+                                                                 "skipped_steps": 4, "steps": 0}
+
+
+def test_the_planner_prices_the_decode_functions_every_step_and_follows_the_measured_speed(runs):
+    """What the planner's accuracy rests on, checked without a clock (how close it comes is measured by
+    benchmarks/bench_planner_accuracy.py, beside the machine's load): the prediction is logged every step next to
+    the bill of what it priced; the bill is the workers' lifetimes split by role; and the time-model scale the
+    planner prices with is the smoothed ratio of the measured decode busy seconds (the invocations') to what its
+    base model predicts for the same placement, replayed here from the log alone."""
+    from rlhfless.runtime.compare import priced_key
+    from rlhfless.runtime.executor import smoothed_scale
+
+    out, summary = runs["serverless"]
+    rows = _rows(out / "metrics.jsonl")
+    invs = [i for i in _rows(out / "invocations.jsonl") if i["kind"] == "decode" and i["ok"]]
+    assert priced_key(False) == "function/decode/billed_s"
+    scale = None
+    for r in rows:
+        assert r["plan/predicted_device_s"] > 0 and r["function/decode/billed_s"] > 0
+        by_kind = sum(v for k, v in r.items() if k.startswith("function/") and k.endswith("/billed_s"))
+        assert by_kind == pytest.approx(r["cost/device_seconds"], rel=1e-9)
+        busy = sum(i["finished_s"] - i["started_s"] for i in invs if i["step"] == r["step"])
+        assert r["runtime/decode_busy_s"] == pytest.approx(busy, rel=1e-9)
+        scale = smoothed_scale(scale, r["runtime/decode_busy_s"] / r["runtime/decode_busy_model_s"])
+        assert r["runtime/time_model_scale"] == pytest.approx(scale, rel=1e-12)
+    workers = _rows(out / "workers.jsonl")
+    lifetimes = sum((w["released_s"] - w["spawned_s"]) * w["units"] for w in workers)
+    # billing rounds each lifetime up to its granularity (1 ms here)
+    assert summary["runtime"]["cost_device_s"] == pytest.approx(lifetimes, abs=0.001 * len(workers) + 1e-9)
 
 
 def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains_the_gap(tmp_path):
+    from rlhfless.runtime.compare import run_planner_accuracy
+
     cfg = load_run_config("experiments/configs/quickstart.yaml", TINY + ["runtime.mode=compare"])
     c = train(cfg, tmp_path / "cmp", progress=False)
     assert c["arms"] == ["serverful", "serverful-overlap", "serverless"]
@@ -389,7 +415,9 @@ def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains
     # serverless starts functions every step (its decode functions); the control's pool started once
     assert c["serverless"]["workers_started"] > c["serverful"]["workers_started"] and sl["busy"]["learner"] > 0
     assert c["gap_core_s_per_step"]["billed"] == pytest.approx(sl["billed"] - sf["billed"])
-    assert c["serverless"]["planner"]["steps"] == 3 and c["serverless"]["planner"]["predicted_over_billed"] > 0
+    # 3 steps are all calibration: the accuracy leaves them out, and counts them when told to skip none
+    assert c["serverless"]["planner"]["steps"] == 0 and c["serverless"]["planner"]["skipped_steps"] == 3
+    assert run_planner_accuracy(tmp_path / "cmp" / "serverless", False, skip=0)["steps"] == 3
     # what other processes took while each arm ran (the arms run one after another on shared cores)
     for arm in c["arms"]:
         m = c[arm]["machine"]
@@ -465,7 +493,7 @@ def test_hybrid_functions_killed_before_and_after_going_on_as_ranks_lose_nothing
     killed_at_end = workers[runs["hybrid_chaos"].fired[-1][1]]["released_s"]
     survivors = [w for w in workers.values() if not w["killed"] and w["spawned_s"] < killed_at_end
                  and w["released_s"] >= killed_at_end]
-    assert survivors and all(w["released_s"] - killed_at_end < 4.5 for w in survivors)  # the stall was 5 s
+    assert survivors and all(w["stopped"] for w in survivors)
     assert read_digests(out) == read_digests(runs["serverful"][0])
     assert _same_weights(out, runs["serverful"][0])
 

@@ -14,9 +14,9 @@ digests; the final checkpoint's weight file, byte for byte), `overlap_only` (ser
 arm step_time_s, cost_device_s, cost_usd, eval accuracy, what explains the numbers (cold starts, idle fraction,
 billed seconds per function kind, decode actors, migrations) and `planner`: the planner's predicted
 device-seconds per step beside the billed ones of what it priced (the decode functions; the whole step with
-plan.learner.whole_step) and their ratio, and `core_s_per_step`: the billed core-seconds of a step split into
-cold starts, busy time by function kind and held-but-idle time; `gap_core_s_per_step` is serverless minus
-serverful, component by component (where the cost gap comes from). Each arm's `machine` says how much CPU other
+plan.learner.whole_step) and their ratio, both over the same steps past the calibration (`planner_accuracy`),
+and `core_s_per_step`: the billed core-seconds of a step split into cold starts, busy time by function kind
+and held-but-idle time; `gap_core_s_per_step` is serverless minus serverful, component by component (where the cost gap comes from). Each arm's `machine` says how much CPU other
 processes took while it ran (`rlhfless.runtime.contention`), and `other_cpu_fraction_max` the most any arm saw:
 the arms run one after another, so the ratios are clean only when it is near 0.
 """
@@ -76,17 +76,37 @@ def weights_digest(run_dir: Path) -> str | None:
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
 
 
-def planner_accuracy(run_dir: Path, whole_step: bool) -> dict:
-    """Mean per-step `plan/predicted_device_s` beside the billed device-seconds of what the planner priced."""
-    rows = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl", "metrics")]
-    billed_key = "cost/device_seconds" if whole_step else "function/decode/billed_s"
-    pairs = [(r["plan/predicted_device_s"], r[billed_key]) for r in rows
-             if r.get("plan/predicted_device_s") is not None and r.get(billed_key) is not None]
+CALIBRATION_STEPS = 3
+"""Steps the planner needs before it prices with measured cold starts and speed (the runtime's calibration: the
+first step prices the configured assumptions): planner accuracy leaves them out."""
+
+
+def priced_key(whole_step: bool) -> str:
+    """The billed metric of what the planner priced: the whole step (plan.learner.whole_step) or the decode
+    functions alone (each decode function's billed seconds: cold start, busy and held-idle until its release)."""
+    return "cost/device_seconds" if whole_step else "function/decode/billed_s"
+
+
+def planner_accuracy(rows: list[dict], whole_step: bool, skip: int = CALIBRATION_STEPS) -> dict:
+    """The planner's predicted device-seconds against the billed ones of what it priced, over ONE set of steps.
+
+    rows: a run's metrics rows (`metrics.jsonl`); a step counts when it is past the first `skip` steps and logged
+    both `plan/predicted_device_s` and the priced key. Both sums run over exactly those steps, so the ratio is
+    sum(predicted) / sum(billed) (= the ratio of the per-step means). The one definition: `compare` reports it,
+    the tests check it, the benchmark measures it."""
+    key = priced_key(whole_step)
+    pairs = [(r["plan/predicted_device_s"], r[key]) for r in rows if r.get("step", 0) > skip
+             and r.get("plan/predicted_device_s") is not None and r.get(key) is not None]
+    out = {"priced": key, "skipped_steps": skip, "steps": len(pairs)}
     if not pairs:
-        return {"priced": billed_key, "steps": 0}
-    pred, billed = (statistics.fmean(x) for x in zip(*pairs))
-    return {"priced": billed_key, "steps": len(pairs), "predicted_device_s": pred, "billed_device_s": billed,
+        return out
+    pred, billed = (sum(x) for x in zip(*pairs))
+    return {**out, "predicted_device_s": pred / len(pairs), "billed_device_s": billed / len(pairs),
             "predicted_over_billed": pred / billed if billed > 0 else None}
+
+
+def run_planner_accuracy(run_dir: Path, whole_step: bool, skip: int = CALIBRATION_STEPS) -> dict:
+    return planner_accuracy([r for _, r in iter_jsonl(run_dir / "metrics.jsonl", "metrics")], whole_step, skip)
 
 
 def core_seconds_per_step(run_dir: Path, runtime: dict) -> dict:
@@ -127,7 +147,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
                  "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],
-                 "planner": planner_accuracy(out / arm, cfg.plan.learner.whole_step),
+                 "planner": run_planner_accuracy(out / arm, cfg.plan.learner.whole_step),
                  "core_s_per_step": core_seconds_per_step(out / arm, rs[arm]),
                  "machine": machine[arm]} for arm in ran},
     }

@@ -41,6 +41,16 @@ RUNTIME_HOOKS: list = []
 """Callables given each new Runtime once it is up (the fault bench attaches its chaos thread here)."""
 
 
+
+TIME_SCALE_ALPHA = 0.3
+"""Weight of the newest step's measured / predicted decode busy time in the planner's time-model scale (EWMA):
+recent enough to follow a machine whose load changes, smooth enough that one odd step does not swing the plan."""
+
+
+def smoothed_scale(scale: float | None, ratio: float) -> float:
+    """The time-model scale after one more step's measured / predicted ratio (the first step's ratio as is)."""
+    return ratio if scale is None else (1 - TIME_SCALE_ALPHA) * scale + TIME_SCALE_ALPHA * ratio
+
 class Runtime:
     def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
                  planner=None, env=None, progress: bool = False, critic=None):
@@ -363,8 +373,8 @@ class Runtime:
         self._write_invocations()
         return m
 
-    def observe_time_scale(self, ratio: float, alpha: float = 0.3) -> None:
-        self.time_scale = ratio if self.time_scale is None else (1 - alpha) * self.time_scale + alpha * ratio
+    def observe_time_scale(self, ratio: float) -> None:
+        self.time_scale = smoothed_scale(self.time_scale, ratio)
 
     def _calibrate(self, step: int) -> dict[str, float]:
         """Hand the planner the measured decode cold start and weight-sync seconds in place of its assumptions."""

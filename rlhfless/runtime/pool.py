@@ -100,6 +100,7 @@ class Pool:
         Recorded as released, not killed: the runtime chose to end it."""
         if h.worker in self.handles:
             self.backend.kill(h)
+            self.records[h.worker].stopped = True
             self._gone(h, killed=False)
 
     def dead(self, h: Handle) -> None:

@@ -48,8 +48,10 @@ class WorkerRecord:
     kinds: function kinds it may run (one for a serverless function; all of them for a serverful pool worker).
     spawned_s: when the runtime asked for it (billing starts); ready_s: when it had loaded its model and could
     take work (ready_s - spawned_s is the measured cold start); released_s: when it stopped (billing ends);
-    None while alive. pid, node: its process and, on a cluster, its node (both as reported once it is ready). killed: it died (kill -9 or a crash) instead of being released.
-    prewarmed: started ahead of need by the pre-warming policy.
+    None while alive. pid, node: its process and, on a cluster, its node (both as reported once it is ready).
+    killed: it died (kill -9 or a crash) instead of being released. stopped: the runtime ended it at once (its work
+    was being discarded) instead of asking it to shut down. prewarmed: started ahead of need by the pre-warming
+    policy.
     """
 
     worker: str
@@ -60,6 +62,7 @@ class WorkerRecord:
     ready_s: float | None = None
     released_s: float | None = None
     killed: bool = False
+    stopped: bool = False
     prewarmed: bool = False
     pid: int = 0
     node: str | None = None

@@ -418,6 +418,8 @@ class DecodeStage:
         measured = sum(i.busy_s for i in self.rt.invocations
                        if i.step == self.step and i.kind == "decode" and i.ok)
         if predicted > 0 and measured > 0:
+            self.rt.count(M.RUNTIME_DECODE_BUSY_S, measured)
+            self.rt.count(M.RUNTIME_DECODE_BUSY_MODEL_S, predicted)
             self.rt.observe_time_scale(measured / predicted)
 
 
