@@ -39,8 +39,8 @@ def batch(seed: int = 0):
 
 def timed_updates(threads: int, repeats: int, shard=None, barrier=None) -> list[float]:
     from rlhfless.algo import GRPOConfig
-    from rlhfless.config import OptimConfig
-    from rlhfless.learner import Learner
+    from rlhfless.learn.config import OptimConfig
+    from rlhfless.learn.learner import Learner
     from rlhfless.model.factory import load_checkpoint
 
     torch.set_num_threads(threads)
@@ -59,7 +59,7 @@ def timed_updates(threads: int, repeats: int, shard=None, barrier=None) -> list[
 
 def rank_main(rank: int, world: int, port: int, repeats: int, out: Path) -> None:
     torch.set_num_threads(1)
-    from rlhfless.dataparallel import Shard
+    from rlhfless.learn.dataparallel import Shard
     from rlhfless.runtime.dist import destroy_group, init_group
 
     t0 = time.perf_counter()

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
     from rlhfless.runtime.compare import run_planner_accuracy
     from rlhfless.runtime.contention import CpuWindow
     from rlhfless.runtime.profile import cpu_name

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from rlhfless.algo.config import GRPOConfig
-from rlhfless.config import CriticConfig, OptimConfig
-from rlhfless.critic import load_critic
-from rlhfless.learner import Learner
+from rlhfless.learn.config import CriticConfig, OptimConfig
+from rlhfless.learn.critic import load_critic
+from rlhfless.learn.learner import Learner
 from rlhfless.model.factory import load_policy
-from rlhfless.ppo import ppo_update
+from rlhfless.learn.ppo_update import ppo_update
 
 CKPT = Path(__file__).resolve().parents[1] / "data" / "checkpoints" / "sft"
 B, G, ROUNDS = 32, 8, 4

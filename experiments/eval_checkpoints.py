@@ -1,6 +1,6 @@
 """Held-out accuracy of one or more checkpoints, sampled and greedy, overall and per number of terms k.
 
-Uses the quickstart's evaluation exactly (`rlhfless.runner.run_eval`: its eval prompts, temperature, G samples,
+Uses the quickstart's evaluation exactly (`rlhfless.run.runner.run_eval`: its eval prompts, temperature, G samples,
 seed), so the numbers compare with a run's summary.json.
 
 usage: python experiments/eval_checkpoints.py CKPT [CKPT ...] [--config C] [--json OUT]
@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from rlhfless.config import load_run_config
-    from rlhfless.errors import UserError
-    from rlhfless.jsonl import write_json
+    from rlhfless.core.errors import UserError
+    from rlhfless.core.jsonl import write_json
     from rlhfless.model.factory import load_policy
-    from rlhfless.runner import run_eval
-    from rlhfless.textenv import make_env
+    from rlhfless.run.runner import run_eval
+    from rlhfless.step.textenv import make_env
 
     try:
         cfg = load_run_config(args.config)

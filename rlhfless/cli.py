@@ -7,10 +7,10 @@ Each area registers its own subcommands (`register(sub, bench)`) so this file st
 inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
 metadata.
 
-User errors (`rlhfless.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
+User errors (`rlhfless.core.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
 characters) and exit with status 2, without a traceback. `KEY=VALUE` overrides may stand anywhere among the
 options (`train --config C train.steps=2 --out D train.eval_prompts=0`). Output paths (`--json`, `--out`) are
-checked here before any work (`rlhfless.outpaths`); `train` and `pretrain` check their own `--out`.
+checked here before any work (`rlhfless.core.outpaths`); `train` and `pretrain` check their own `--out`.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import argparse
 import importlib
 import sys
 
-from rlhfless.errors import UserError, short_message
+from rlhfless.core.errors import UserError, short_message
 
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
-    "rlhfless.train_cli",
-    "rlhfless.model.cli",
+    "rlhfless.run.train_cli",
+    "rlhfless.run.model_cli",
     "rlhfless.plan.cli",
     "rlhfless.bench.engine_cli",
+    "rlhfless.bench.loop_bench",
     "rlhfless.bench.profile_cli",
     "rlhfless.predictor.cli",
     "rlhfless.bench.faults_cli",
@@ -100,7 +101,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse an output path that cannot be written or must not be touched, before the command starts."""
-    from rlhfless.outpaths import check_output_dir, check_output_file
+    from rlhfless.core.outpaths import check_output_dir, check_output_file
 
     for flag in ("json", "figure"):
         value = getattr(args, flag, None)

@@ -13,15 +13,16 @@ from pathlib import Path
 from typing import Literal
 
 from rlhfless.algo.config import GRPOConfig
-from rlhfless.configbase import build_config, load_yaml, merge
-from rlhfless.devices import check_device, resolve_device, syntax_problem, wants_cuda
-from rlhfless.errors import ConfigError, require
+from rlhfless.core.configbase import build_config, load_yaml, merge
+from rlhfless.core.devices import check_device, resolve_device, syntax_problem, wants_cuda
+from rlhfless.core.errors import ConfigError, require
+from rlhfless.core.outpaths import REPO_ROOT, repo_path
+from rlhfless.learn.config import CriticConfig, OptimConfig
 from rlhfless.plan.config import PlanConfig
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.tasks.config import TaskConfig
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CHECKPOINT = "data/checkpoints/sft"
 
 
@@ -49,10 +50,7 @@ class PolicyConfig:
         require(self.build_sft_steps >= 0, "policy.build_sft_steps", f"must be >= 0 (got {self.build_sft_steps})")
 
     def resolved(self) -> Path:
-        p = Path(self.checkpoint)
-        if p.is_absolute() or p.exists():
-            return p
-        return REPO_ROOT / p
+        return repo_path(self.checkpoint)
 
 
 @dataclass
@@ -86,62 +84,6 @@ class RolloutConfig:
 
 
 @dataclass
-class OptimConfig:
-    """AdamW for the learner."""
-
-    lr: float = 1e-4
-    """Learning rate (> 0); 1e-4 measured best for the tiny model (2e-4 worse, 5e-5 flat)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay (>= 0)."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip (> 0)."""
-    warmup_steps: int = 0
-    """Linear learning-rate warmup steps (>= 0)."""
-
-    def __post_init__(self) -> None:
-        # above 10 AdamW moves every weight by more than its scale per step; past 3.4e38 torch cannot even hold it
-        require(0 < self.lr <= 10, "optim.lr", f"must be in (0, 10] (got {self.lr})")
-        require(self.weight_decay >= 0, "optim.weight_decay", f"must be >= 0 (got {self.weight_decay})")
-        require(self.grad_clip > 0, "optim.grad_clip", f"must be > 0 (got {self.grad_clip})")
-        require(self.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0 (got {self.warmup_steps})")
-
-
-@dataclass
-class CriticConfig:
-    """PPO's value model (`rlhfless.critic`) and its own AdamW; unused with algo.name=grpo."""
-
-    checkpoint: str | None = None
-    """Folder whose causal LM's trunk the critic starts from (a scalar head replaces its LM head); None = the
-    policy's starting checkpoint (policy.checkpoint, the SFT model). Any policy folder works, e.g. a smaller one."""
-    lr: float = 1e-3
-    """Critic learning rate (> 0); its head starts at zero, so it needs more than the policy's."""
-    weight_decay: float = 0.0
-    """AdamW weight decay (>= 0)."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip of the critic (> 0)."""
-    warmup_steps: int = 0
-    """Linear learning-rate warmup in critic updates (>= 0)."""
-    values_chunk: int = 0
-    """Sequences per value-forward chunk, rounded down to whole groups (at least one); 0 = the whole batch in one
-    forward. Chunks are fixed by group index and computed alike in every mode, so with a chunk size the runtime's
-    value function can take each chunk while the rest of the step decodes (runtime.overlap) and still give the
-    same values to the last bit. 8 was the fastest here (0.23 s against 0.34 s for 64 sequences in one forward,
-    one thread: less padding); 0 keeps the earlier measurements' numbers exact."""
-
-    def __post_init__(self) -> None:
-        require(isinstance(self.values_chunk, int) and self.values_chunk >= 0, "critic.values_chunk",
-                f"must be an integer >= 0 (got {self.values_chunk!r})")
-        require(0 < self.lr <= 10, "critic.lr", f"must be in (0, 10] (got {self.lr})")
-        require(self.weight_decay >= 0, "critic.weight_decay", f"must be >= 0 (got {self.weight_decay})")
-        require(self.grad_clip > 0, "critic.grad_clip", f"must be > 0 (got {self.grad_clip})")
-        require(self.warmup_steps >= 0, "critic.warmup_steps", f"must be >= 0 (got {self.warmup_steps})")
-
-    def resolved(self, policy_checkpoint: Path) -> Path:
-        """The trunk's folder: `checkpoint` (repo root, then cwd, like policy.checkpoint), else the policy's."""
-        return PolicyConfig(checkpoint=self.checkpoint).resolved() if self.checkpoint else policy_checkpoint
-
-
-@dataclass
 class TrainConfig:
     """Length of the run, evaluation and checkpoints."""
 
@@ -154,7 +96,7 @@ class TrainConfig:
     device: str = "cpu"
     """Where the inline loop's models run (policy, learner, reference, evaluation): cpu, cuda (= cuda:0), cuda:k,
     or auto (cuda:0 when torch sees a CUDA device, else cpu). cpu by default so a config gives the same samples on
-    every machine; a CUDA setting on a machine without one fails before any work (rlhfless.devices)."""
+    every machine; a CUDA setting on a machine without one fails before any work (rlhfless.core.devices)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights, KV cache and activations: float32 or bfloat16 (sampling, log-probs and the loss stay float32;
     checkpoints are written as float32 either way)."""
@@ -252,7 +194,7 @@ class RunConfig:
             # workers would hold bfloat16 replicas and all-reduce bfloat16 gradients through gloo: never run yet
             require(self.train.dtype == "float32", "train.dtype",
                     f"bfloat16 runs inline only for now (got runtime.mode={self.runtime.mode}); use train.dtype=float32")
-            # the runtime's learner accumulates one pass over the step's groups (rlhfless.accumulate)
+            # the runtime's learner accumulates one pass over the step's groups (rlhfless.learn.accumulate)
             require(self.algo.inner_epochs == 1, "algo.inner_epochs",
                     f"must be 1 with runtime.mode={self.runtime.mode}: the runtime's learner takes one pass over "
                     f"the step's groups as they finish (got {self.algo.inner_epochs}); use runtime.mode=inline")

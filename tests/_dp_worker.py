@@ -22,9 +22,9 @@ def main(rank: int, world: int, port: int, dead_port: int, work: Path) -> None:
     from safetensors.torch import load_file
 
     from rlhfless.algo import GRPOConfig
-    from rlhfless.config import OptimConfig
-    from rlhfless.dataparallel import Shard
-    from rlhfless.learner import Learner, save_learner_state
+    from rlhfless.learn.config import OptimConfig
+    from rlhfless.learn.dataparallel import Shard
+    from rlhfless.learn.learner import Learner, save_learner_state
     from rlhfless.model.factory import load_checkpoint
     from rlhfless.runtime.dist import destroy_group, init_group
 

@@ -57,7 +57,7 @@ def sft_checkpoint() -> Path:
 
 def pytest_collection_modifyitems(config, items):
     """`gpu`-marked tests skip, saying why, where torch sees no CUDA device (`-m gpu` on a CPU machine)."""
-    from rlhfless.devices import cuda_visible, no_cuda_message
+    from rlhfless.core.devices import cuda_visible, no_cuda_message
 
     if cuda_visible():
         return

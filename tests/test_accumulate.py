@@ -19,11 +19,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless.accumulate import AccumulatedUpdate, GroupBatch, microbatches
+from rlhfless.learn.accumulate import AccumulatedUpdate, GroupBatch
+from rlhfless.plan.schedule import microbatches
 from rlhfless.algo import GRPOConfig
-from rlhfless.config import OptimConfig
-from rlhfless.dataparallel import Shard
-from rlhfless.learner import Learner
+from rlhfless.learn.config import OptimConfig
+from rlhfless.learn.dataparallel import Shard
+from rlhfless.learn.learner import Learner
 from rlhfless.model.factory import load_checkpoint
 
 CKPT = Path(__file__).resolve().parents[1] / "data" / "checkpoints" / "sft"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from rlhfless.cli import main
-from rlhfless.devices import cuda_visible
+from rlhfless.core.devices import cuda_visible
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "experiments" / "configs" / "quickstart.yaml"
@@ -545,7 +545,7 @@ def test_overrides_may_stand_anywhere_among_the_options():
 
 
 def test_out_accepts_a_new_path_an_empty_folder_and_a_run_to_resume(corpus_dir, tmp_path):
-    from rlhfless.outpaths import check_new_checkpoint, check_run_dir
+    from rlhfless.core.outpaths import check_new_checkpoint, check_run_dir
 
     (tmp_path / "empty").mkdir()
     assert check_run_dir(str(tmp_path / "new" / "run"), resume=False) == tmp_path / "new" / "run"

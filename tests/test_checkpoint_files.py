@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.model.factory import ModelConfig, build_model, load_checkpoint, read_meta, save_checkpoint
 
 WEIGHTS, CONFIG, TOKENIZER = "model.safetensors", "config.json", "tokenizer.json"

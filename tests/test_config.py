@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from rlhfless.config import RunConfig, load_run_config
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 

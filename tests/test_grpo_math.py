@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.algo import (
     GRPOConfig,
     aggregate,
@@ -21,8 +21,8 @@ from rlhfless.algo import (
     loss_denominator,
     token_logprobs,
 )
-from rlhfless.configbase import from_dict
-from rlhfless.errors import ConfigError
+from rlhfless.core.configbase import from_dict
+from rlhfless.core.errors import ConfigError
 
 TOL = 1e-10
 D = torch.float64

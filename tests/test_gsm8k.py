@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.tasks.gsm8k import GSM8KConfig, load_prompts, missing_message, read_jsonl
 
 from conftest import GSM8K as REAL

@@ -14,7 +14,7 @@ from rlhfless.config import load_run_config
 from rlhfless.model.factory import load_policy
 from rlhfless.model.hf import HFTokenizer, TinyHFConfig, build_tiny_hf
 from rlhfless.model.tokenizer import load_tokenizer
-from rlhfless.runner import train
+from rlhfless.run.runner import train
 from rlhfless.runtime.config import available_cores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_a_run_on_an_hf_checkpoint_resumes(setup):
 
 
 def test_the_prompt_must_fit_the_checkpoints_context_in_its_own_tokens(setup):
-    from rlhfless.errors import ConfigError
+    from rlhfless.core.errors import ConfigError
 
     root, data, model_dir = setup
     with pytest.raises(ConfigError, match=r"the longest prompt \(gsm8k-\d+\) has \d+ tokens.*context of 256"):
@@ -129,11 +129,11 @@ def test_the_serverless_runtime_decodes_and_scores_with_the_checkpoints_tokenize
 def test_the_build_can_warm_start_on_the_train_solutions_only(setup, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    import rlhfless.model.warmstart as ws
-    from rlhfless.errors import DataError
-    from rlhfless.runner import ensure_policy
+    import rlhfless.run.warmstart as ws
+    from rlhfless.core.errors import DataError
+    from rlhfless.run.runner import ensure_policy
     from rlhfless.tasks.arith import ArithTask, ArithTaskConfig
-    from rlhfless.textenv import TextEnv, make_env
+    from rlhfless.step.textenv import TextEnv, make_env
 
     _, data, model_dir = setup
     base = [f"task.gsm8k.path={data}", "task.gsm8k.num_eval=8", "policy.build=tiny-bpe", "train.threads=1"]

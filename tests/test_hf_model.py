@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.model import hf
 from rlhfless.model.factory import ModelConfig, build_model, load_policy, save_checkpoint
-from rlhfless.model.hf import HFTokenizer, TinyHFConfig, build_tiny_hf, corpus_texts, ensure_tiny_hf, load_hf_model
+from rlhfless.model.hf import HFTokenizer, TinyHFConfig, build_tiny_hf, ensure_tiny_hf, load_hf_model
+from rlhfless.tasks.gsm8k import corpus_texts
 from rlhfless.model.tokenizer import ByteTokenizer, is_byte_tokenizer, load_tokenizer
 
 CFG = TinyHFConfig(vocab_size=300, max_positions=256)
@@ -242,20 +243,20 @@ def test_ensure_builds_once_atomically_and_refuses_other_settings(tmp_path, corp
     with monkeypatch.context() as mp:
         mp.setattr(hf, "build_tiny_hf", crash)
         with pytest.raises(RuntimeError):
-            ensure_tiny_hf(out, corpus, TinyHFConfig(vocab_size=300))
+            ensure_tiny_hf(out, lambda: corpus_texts(corpus), TinyHFConfig(vocab_size=300))
     assert list(tmp_path.iterdir()) == []  # ...never becomes `out`, and the temporary sibling is gone
     cfg = TinyHFConfig(vocab_size=300)
-    assert ensure_tiny_hf(out, corpus, cfg) == out and (out / "config.json").is_file()
+    assert ensure_tiny_hf(out, lambda: corpus_texts(corpus), cfg) == out and (out / "config.json").is_file()
     stamp = (out / "model.safetensors").stat().st_mtime_ns
-    assert ensure_tiny_hf(out, corpus, cfg) == out and (out / "model.safetensors").stat().st_mtime_ns == stamp
+    assert ensure_tiny_hf(out, lambda: corpus_texts(corpus), cfg) == out and (out / "model.safetensors").stat().st_mtime_ns == stamp
     with pytest.raises(DataError, match="rlhfless.json: this folder was built with"):
-        ensure_tiny_hf(out, corpus, TinyHFConfig(vocab_size=300, seed=5))
+        ensure_tiny_hf(out, lambda: corpus_texts(corpus), TinyHFConfig(vocab_size=300, seed=5))
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "x").write_text("x")
     with pytest.raises(DataError, match="no config.json"):
-        ensure_tiny_hf(tmp_path / "junk", corpus, cfg)
+        ensure_tiny_hf(tmp_path / "junk", lambda: corpus_texts(corpus), cfg)
     with pytest.raises(DataError, match="GSM8K file not found"):
-        ensure_tiny_hf(tmp_path / "n", tmp_path / "missing.jsonl", cfg)
+        ensure_tiny_hf(tmp_path / "n", lambda: corpus_texts(tmp_path / "missing.jsonl"), cfg)
 
 
 def test_config_validation_names_the_field():

@@ -91,14 +91,108 @@ def test_no_two_modules_import_each_other():
     assert _cycles(_graph()) == []
 
 
-@pytest.mark.parametrize("package,forbidden", [
-    ("rlhfless.runtime", ("rlhfless.runner", "rlhfless.train_cli", "rlhfless.cli", "rlhfless.bench",
-                          "rlhfless.repro")),
-    ("rlhfless.rollout", ("rlhfless.runner", "rlhfless.runtime", "rlhfless.tasks", "rlhfless.bench",
-                          "rlhfless.loop", "rlhfless.config")),
-])
-def test_lower_packages_do_not_reach_up(package, forbidden):
+# One row per part: the parts it may import (its own modules always). A part is a sub-package of rlhfless, or one
+# of the root modules `config` (the run config composing every part's config) and `cli` (the thin dispatcher).
+# Read top to bottom, the table is the layering: nothing imports a part listed after it in `LAYERS`.
+BELOW_STEP = ("core", "algo", "tasks", "model", "predictor", "plan", "rollout", "learn", "config")
+MAY_IMPORT = {
+    "": (),  # the root package's __init__
+    "core": (),
+    "algo": ("core",),
+    "tasks": ("core",),
+    "model": ("core",),  # the weights package: never a task or the loop (task texts are passed in)
+    "predictor": ("core", "model"),
+    "plan": ("core",),  # the planner: never the loop, the rollout or the predictor
+    "rollout": ("core", "algo", "model", "plan"),
+    "learn": ("core", "algo", "model", "rollout", "plan"),
+    "sim": ("core", "plan", "predictor"),  # numpy only: never torch, the runtime or the learner
+    "config": ("core", "algo", "tasks", "plan", "predictor", "learn", "runtime"),  # their *.config modules only
+    "step": BELOW_STEP,
+    "runtime": BELOW_STEP + ("step",),
+    "run": BELOW_STEP + ("step", "runtime"),
+    "bench": BELOW_STEP + ("step", "runtime", "run", "sim"),
+    "repro": BELOW_STEP + ("step", "runtime", "run", "sim", "bench"),
+    "cli": ("core",),  # subcommands are found by module name, so `--help` imports none of them
+}
+MUST_NOT = {  # the boundaries a reader relies on, stated on their own so a change to the table above cannot drop them
+    "sim": ("rlhfless.runtime", "rlhfless.learn"),  # and never torch: test_the_simulator_never_imports_torch
+    "plan": ("rlhfless.step", "rlhfless.rollout", "rlhfless.predictor"),
+    "model": ("rlhfless.tasks", "rlhfless.step"),
+    "runtime": ("rlhfless.run", "rlhfless.bench", "rlhfless.repro", "rlhfless.cli"),
+    "rollout": ("rlhfless.runtime", "rlhfless.tasks", "rlhfless.step", "rlhfless.config"),
+}
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""  # "" = the root package's __init__ (a docstring only)
+
+
+def _under(module: str, pkg: str) -> bool:
+    return module == pkg or module.startswith(pkg + ".")
+
+
+def _boundary_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    bad = []
+    for mod, deps in graph.items():
+        allowed = MAY_IMPORT.get(_part(mod))
+        if allowed is None:
+            bad.append((mod, "(a part missing from MAY_IMPORT)"))
+            continue
+        for d in deps:
+            p = _part(d)
+            if p in ("", _part(mod)):
+                continue
+            if p not in allowed or (_part(mod) == "config" and p != "core" and not d.endswith(".config")):
+                bad.append((mod, d))
+    return sorted(bad)
+
+
+def _reach(graph: dict[str, set[str]], roots: set[str]) -> set[str]:
+    seen, todo = set(), list(roots)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph.get(m, ()))
+    return seen
+
+
+def test_every_part_imports_only_the_parts_below_it():
+    assert _boundary_breaks(_graph()) == []
+
+
+@pytest.mark.parametrize("part", sorted(MUST_NOT))
+def test_the_stated_boundaries_hold_through_every_import_chain(part):
+    """Transitively, lazy imports included: a module the part imports may not import what the part must not."""
     graph = _graph()
-    bad = {(m, d) for m, deps in graph.items() if m.startswith(package)
-           for d in deps if d.startswith(forbidden)}
+    reached = _reach(graph, {m for m in graph if _part(m) == part})
+    bad = {(m, d) for m in reached for d in graph[m] if any(_under(d, f) for f in MUST_NOT[part])}
     assert not bad, sorted(bad)
+
+
+def test_the_simulator_never_imports_torch():
+    """Every simulator module imported in a fresh interpreter leaves torch (and transformers) unloaded: the
+    simulator is numpy, and a torch import costs seconds at every `rlhfless simulate`."""
+    import subprocess
+    import sys
+
+    code = ("import pkgutil, importlib, sys, rlhfless.sim as s\n"
+            "for m in pkgutil.walk_packages(s.__path__, 'rlhfless.sim.'): importlib.import_module(m.name)\n"
+            "print(sorted(k for k in ('torch', 'transformers') if k in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PKG.parent).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_boundary_check_sees_a_deliberate_break():
+    """The table is not vacuous: a simulator module importing the runtime, a planner module importing the
+    rollout, and `plan` not catching `planning`-like names are each seen (or not) as they should be."""
+    graph = {m: set(d) for m, d in _graph().items()}
+    graph["rlhfless.sim.events"].add("rlhfless.runtime.pool")
+    graph["rlhfless.plan.cost"].add("rlhfless.rollout.engine")
+    assert ("rlhfless.sim.events", "rlhfless.runtime.pool") in _boundary_breaks(graph)
+    assert ("rlhfless.plan.cost", "rlhfless.rollout.engine") in _boundary_breaks(graph)
+    assert not _under("rlhfless.planning_glue", "rlhfless.plan") and _under("rlhfless.plan.cost", "rlhfless.plan")
+    reached = _reach(graph, {m for m in graph if _part(m) == "sim"})
+    assert "rlhfless.runtime.pool" in reached

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.algo import GRPOConfig
-from rlhfless.config import OptimConfig
-from rlhfless.dataparallel import Shard, split_groups
-from rlhfless.learner import Learner, load_learner_state, save_learner_state
+from rlhfless.learn.config import OptimConfig
+from rlhfless.learn.dataparallel import Shard, split_groups
+from rlhfless.learn.learner import Learner, load_learner_state, save_learner_state
 from rlhfless.model.factory import load_checkpoint
 from rlhfless.rollout.forward import response_logprobs
 from rlhfless.runtime.dist import free_port
@@ -214,7 +214,7 @@ def test_learner_state_round_trip_continues_bitwise(tmp_path):
 def test_load_learner_state_refuses_other_files(tmp_path):
     from safetensors.torch import save_file
 
-    from rlhfless.errors import DataError
+    from rlhfless.core.errors import DataError
 
     bad = tmp_path / "x.safetensors"
     save_file({"a": torch.zeros(1)}, str(bad), metadata={"format": "other"})
@@ -227,7 +227,7 @@ def test_load_learner_state_refuses_other_files(tmp_path):
 
 
 def test_non_finite_loss_raises_after_the_all_reduce_on_every_rank():
-    from rlhfless.errors import TrainingError
+    from rlhfless.core.errors import TrainingError
 
     calls = []
     learner = Learner(_model(), OptimConfig(**OPTIM), GRPOConfig(group_size=G))

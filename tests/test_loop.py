@@ -9,9 +9,9 @@ from safetensors.torch import load_file, save_file
 
 from rlhfless.cli import main
 from rlhfless.config import load_run_config
-from rlhfless.errors import TrainingError
-from rlhfless.runner import train
-from rlhfless.traces import read_trace
+from rlhfless.core.errors import TrainingError
+from rlhfless.run.runner import train
+from rlhfless.core.traces import read_trace
 
 SMALL = ["train.steps=2", "train.eval_prompts=6", "rollout.prompts_per_step=4", "algo.group_size=2",
          "rollout.max_new_tokens=12", "train.threads=1", "tracking.mode=disabled", "train.checkpoint_every=1",
@@ -102,7 +102,7 @@ def test_weights_made_non_finite_by_an_update_stop_the_run_and_are_never_saved(t
                                                                                monkeypatch):
     """The learner's guard watches loss and gradient norm; an update can still leave a weight infinite (an
     absurd learning rate did): the run stops after that step, `last` keeps step 1, and no `final` is written."""
-    from rlhfless.loop import Stages
+    from rlhfless.step.loop import Stages
 
     learn = Stages.learn
 
@@ -124,7 +124,7 @@ def test_weights_made_non_finite_by_an_update_stop_the_run_and_are_never_saved(t
 
 
 def test_prompt_plus_max_new_tokens_must_fit_the_context(tiny_checkpoint, tmp_path):
-    from rlhfless.errors import ConfigError
+    from rlhfless.core.errors import ConfigError
 
     # the tiny checkpoint's context is 256 tokens
     with pytest.raises(ConfigError, match="rollout.max_new_tokens: the longest prompt .* has"):
@@ -132,8 +132,8 @@ def test_prompt_plus_max_new_tokens_must_fit_the_context(tiny_checkpoint, tmp_pa
 
 
 def test_warmup_advances_on_a_batch_without_reward_variance(tiny_checkpoint):
-    from rlhfless.config import OptimConfig
-    from rlhfless.learner import Learner
+    from rlhfless.learn.config import OptimConfig
+    from rlhfless.learn.learner import Learner
     from rlhfless.model.factory import load_checkpoint
 
     cfg = load_run_config(None, ["algo.group_size=2", "optim.warmup_steps=4", "optim.lr=1e-3"])

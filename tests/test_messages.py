@@ -15,9 +15,9 @@ import pytest
 from rlhfless.sim.scenario import case_configs
 from rlhfless.cli import build_parser
 from rlhfless.config import load_run_config
-from rlhfless.configbase import apply_overrides, from_dict
-from rlhfless.errors import ConfigError, DataError, UserError
-from rlhfless.model.pretrain import PretrainConfig
+from rlhfless.core.configbase import apply_overrides, from_dict
+from rlhfless.core.errors import ConfigError, DataError, UserError
+from rlhfless.run.pretrain import PretrainConfig
 from rlhfless.plan.cli import load_plan_config
 from rlhfless.predictor import cli as predictor_cli
 from rlhfless.predictor.synthetic import SyntheticParams

@@ -14,15 +14,15 @@ import copy
 import pytest
 import torch
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.config import load_run_config
-from rlhfless.learner import Learner
-from rlhfless.loop import Stages, run_step
+from rlhfless.learn.learner import Learner
+from rlhfless.step.loop import Stages, run_step
 from rlhfless.model.factory import load_checkpoint
 from rlhfless.model.tokenizer import ByteTokenizer
-from rlhfless.planning import Planner
+from rlhfless.step.planner import Planner
 from rlhfless.predictor.data import Observation
-from rlhfless.records import Prompt, PromptGroup
+from rlhfless.core.records import Prompt, PromptGroup
 
 G = 4
 BASE = ["rollout.prompts_per_step=8", f"algo.group_size={G}", "rollout.max_new_tokens=72", "plan.max_actors=4",

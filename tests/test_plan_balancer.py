@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless import metrics as M
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.plan import balancer as B
 from rlhfless.plan.balancer import POLICIES, assign, evaluate_plan, hindsight_assign
 from rlhfless.plan.records import PlanJob

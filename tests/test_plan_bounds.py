@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 from rlhfless.plan.balancer import POLICIES, JobArrays, assign, build_plan
 from rlhfless.plan.bounds import batch_cost_floors, makespan_lower_bound
 from rlhfless.plan.migrate import simulate_with_migration

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless import metrics as M
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.plan.cost import (
     CATALOG,
     BillingRules,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless import metrics as M
-from rlhfless.errors import ConfigError
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import ConfigError
 from rlhfless.plan.balancer import assign
 from rlhfless.plan.migrate import plan_migrations, simulate_with_migration
 from rlhfless.plan.records import ActorProgress, PlanJob, SeqProgress

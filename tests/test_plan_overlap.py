@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.plan.overlap import Blocks, learner_blocks, learner_drain, learner_invocations, size_blocks
 
 

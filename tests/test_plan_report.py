@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.plan import cli as plan_cli
 from rlhfless.plan.bench import run_planner_bench
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.report import trace_report, trace_steps
-from rlhfless.records import TraceRow
-from rlhfless.traces import TraceWriter
+from rlhfless.core.records import TraceRow
+from rlhfless.core.traces import TraceWriter
 
 
 def _write_trace(path, epochs=2, steps=2, groups=12, g=4, seed=0):

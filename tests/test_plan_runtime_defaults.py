@@ -1,6 +1,6 @@
 """The real runtime's planner is not coupled to the simulator's scaler settings (issue 19): with every shipped
 run config it scores decode alone (learner.whole_step off), bills warm decode functions nothing before the step,
-prices no hybrid functions and no drawn outcomes (`rlhfless.planning.Planner.plan_step` passes none); the
+prices no hybrid functions and no drawn outcomes (`rlhfless.step.planner.Planner.plan_step` passes none); the
 simulator sets these per step itself (`rlhfless.sim.policies.RLHFless.decide`)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.planning import Planner
-from rlhfless.runner import _plan_config
+from rlhfless.step.planner import Planner
+from rlhfless.run.runner import _plan_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "experiments" / "configs").glob("*.yaml"))
 

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from rlhfless import metrics as M
-from rlhfless.configbase import from_dict
-from rlhfless.errors import ConfigError
+from rlhfless.core import metrics as M
+from rlhfless.core.configbase import from_dict
+from rlhfless.core.errors import ConfigError
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import BillingRules, price
 from rlhfless.plan.overlap import LearnerCosts

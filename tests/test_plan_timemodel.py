@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.plan import timemodel as T
 from rlhfless.plan.timemodel import TimeModel, simulate
 

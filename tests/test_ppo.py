@@ -10,16 +10,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfless import metrics as M
-from rlhfless.config import CriticConfig, OptimConfig, load_run_config
-from rlhfless.critic import STATE_FILE, load_critic, load_critic_state, response_values, save_critic_state
-from rlhfless.errors import ConfigError, DataError
-from rlhfless.learner import Learner
+from rlhfless.core import metrics as M
+from rlhfless.config import load_run_config
+from rlhfless.learn.config import CriticConfig, OptimConfig
+from rlhfless.learn.critic import STATE_FILE, load_critic, load_critic_state, response_values, save_critic_state
+from rlhfless.core.errors import ConfigError, DataError
+from rlhfless.learn.learner import Learner
 from rlhfless.algo.config import GRPOConfig
 from rlhfless.model.factory import load_policy
-from rlhfless.ppo import ppo_update
+from rlhfless.learn.ppo_update import ppo_update
 from rlhfless.rollout.forward import response_logprobs
-from rlhfless.runner import train
+from rlhfless.run.runner import train
 
 PROMPTS = [[3, 10, 11, 12], [3, 20, 21], [3, 30, 31, 32, 33]]
 RESPONSES = [[40, 41, 42, 1], [50, 51, 1], [60, 61, 62, 63, 64, 1]]
@@ -173,7 +174,7 @@ def test_the_simulators_validation_counts_every_ppo_sequence_as_trained():
 
 
 def test_ppo_with_a_device_that_resolves_to_a_gpu_is_refused_before_any_work(monkeypatch):
-    import rlhfless.devices as D
+    import rlhfless.core.devices as D
 
     cfg = load_run_config(None, ["algo.name=ppo", "train.device=auto"])
     cfg.check_machine()  # this machine: auto is the CPU

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.config import load_run_config
-from rlhfless.runner import train
+from rlhfless.run.runner import train
 
 OVERRIDES = [
     "algo.name=ppo", "algo.group_size=4", "algo.ppo_epochs=2", "algo.ppo_mini_batches=2",

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.algo.config import GRPOConfig
 from rlhfless.algo.gae import gae_advantages
 from rlhfless.algo.ppo import (
@@ -20,7 +20,7 @@ from rlhfless.algo.ppo import (
     token_rewards,
     value_loss,
 )
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 
 
 def _batch(seed: int, n: int = 5, t: int = 7):

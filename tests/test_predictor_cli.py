@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfless.errors import ConfigError, DataError, UserError
+from rlhfless.core.errors import ConfigError, DataError, UserError
 from rlhfless.predictor import cli
 from rlhfless.predictor.commands import (
     compare_predictors,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.predictor.data import (
     LengthRow,
     group_observations,
@@ -16,8 +16,8 @@ from rlhfless.predictor.data import (
     rows_from_trace,
     write_lengths,
 )
-from rlhfless.records import TraceRow
-from rlhfless.traces import TraceWriter
+from rlhfless.core.records import TraceRow
+from rlhfless.core.traces import TraceWriter
 
 
 def _write(path: Path, lines: list[str]) -> Path:

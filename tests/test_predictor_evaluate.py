@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless import metrics as M
-from rlhfless.errors import DataError
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import DataError
 from rlhfless.predictor.base import Prediction
 from rlhfless.predictor.config import PredictorConfig, build_predictor
 from rlhfless.predictor.data import LengthRow

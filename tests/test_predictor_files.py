@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.predictor.config import PredictorConfig, build_predictor, load_predictor
 from rlhfless.predictor.data import rows_from_trace
 from rlhfless.predictor.learned import NPZ_FILE, fit_estimators
@@ -232,7 +232,7 @@ def test_honest_old_pickle_loads_only_with_trust_pickle_and_converts(tmp_path, f
 
 def test_cli_eval_refuses_old_pickle_until_trusted_and_convert_makes_it_safe(tmp_path, fitted, capsys):
     from rlhfless.cli import main
-    from rlhfless.traces import TraceWriter
+    from rlhfless.core.traces import TraceWriter
 
     trace = tmp_path / "t.jsonl"
     with TraceWriter(trace) as w:

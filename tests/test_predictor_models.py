@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.predictor.base import LengthPredictor
 from rlhfless.predictor.config import (
     PREDICTOR_NAMES,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.predictor.data import rows_from_trace
 from rlhfless.predictor.synthetic import SyntheticParams, fit_params, generate_trace
 

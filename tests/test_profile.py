@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rlhfless.bench.profile import ProfileConfig, hf_config, run_profile, save
+from rlhfless.bench.device_profile import ProfileConfig, hf_config, run_profile, save
 from rlhfless.cli import main
 from rlhfless.config import load_run_config
 from rlhfless.plan.timemodel import TimeModel
@@ -64,7 +64,7 @@ def test_the_gpu_check_without_cuda_exits_2_with_one_line(tmp_path):
     import sys
     from pathlib import Path
 
-    from rlhfless.devices import cuda_visible
+    from rlhfless.core.devices import cuda_visible
 
     if cuda_visible():
         pytest.skip("this machine has CUDA: the check would run")

@@ -108,7 +108,7 @@ def test_a_second_command_adds_its_study_to_the_same_report(two_runs):
 
 
 def test_each_study_is_a_wandb_run_grouped_by_study_with_its_table_and_artifact(two_runs):
-    from rlhfless.tracking import read_offline_run
+    from rlhfless.run.tracking import read_offline_run
 
     for name in ("ablation", "predictor"):
         (run_dir,) = glob.glob(str(two_runs / name / "wandb" / "offline-run-*"))

@@ -21,12 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfless.config import load_run_config
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.model.tokenizer import ByteTokenizer
-from rlhfless.runner import PromptStream, train
-from rlhfless.runstate import RESUME_SAFE_KEYS, config_changes
+from rlhfless.run.runner import PromptStream, train
+from rlhfless.run.runstate import RESUME_SAFE_KEYS, config_changes
 from rlhfless.tasks.arith import ArithTask, ArithTaskConfig, make_splits
-from rlhfless.textenv import TextEnv
+from rlhfless.step.textenv import TextEnv
 
 RUN = ["task.arith.num_train=48", "rollout.prompts_per_step=4", "algo.group_size=4", "rollout.max_new_tokens=48",
        "train.steps=6", "train.checkpoint_every=2", "train.eval_prompts=8", "train.table_every=1",

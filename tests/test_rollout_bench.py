@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rlhfless.cli import build_parser, main
-from rlhfless.bench.engine import PrefillBenchConfig, bench_prefill
+from rlhfless.bench.engine_bench import PrefillBenchConfig, bench_prefill
 from rlhfless.rollout.tpot import load_profile
 
 
@@ -123,7 +123,7 @@ def test_bench_engine_says_what_runs_and_shows_progress_per_workload_and_arm(tmp
 
 
 def test_bench_engine_estimate_grows_with_the_work_and_shrinks_with_threads(tmp_path):
-    from rlhfless.bench.engine import EngineBenchConfig
+    from rlhfless.bench.engine_bench import EngineBenchConfig
     from rlhfless.bench.engineprogress import engine_workloads, total_estimate_s
 
     base = dict(gsm8k_path=str(tmp_path / "absent.jsonl"), threads=1)
@@ -139,7 +139,7 @@ def test_bench_engine_estimate_grows_with_the_work_and_shrinks_with_threads(tmp_
 def test_bench_engine_progress_counts_the_vllm_start_and_warm_up(tmp_path, monkeypatch, capsys):
     """With the vLLM arm on (a stand-in engine here: the own engine behind vLLM's interface), the bar still adds up
     to its total and names the untimed start and warm-up calls."""
-    import rlhfless.bench.engine as bench
+    import rlhfless.bench.engine_bench as bench
     import rlhfless.rollout.vllm_engine as vllm_engine
     from rlhfless.rollout.engine import generate
 

@@ -13,7 +13,7 @@ from scipy import stats
 
 from rlhfless.model.factory import ModelConfig, build_model
 from rlhfless.model.tokenizer import EOS_ID
-from rlhfless.bench.engine import hf_generate
+from rlhfless.bench.engine_bench import hf_generate
 from rlhfless.rollout.engine import (
     SamplingParams,
     decode,

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from rlhfless.errors import UserError
+from rlhfless.core.errors import UserError
 from rlhfless.model.factory import ModelConfig, build_model
 from rlhfless.model.tokenizer import EOS_ID
 from rlhfless.rollout.forward import response_logprobs

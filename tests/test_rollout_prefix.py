@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless.errors import UserError
+from rlhfless.core.errors import UserError
 from rlhfless.model.factory import ModelConfig, build_model
 from rlhfless.rollout.engine import prefill
 from rlhfless.rollout.prefix import PrefixCost, _lcp, choose_segments, plan_prefill

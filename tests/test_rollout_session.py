@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.model.factory import load_checkpoint
 from rlhfless.model.tokenizer import EOS_ID, ByteTokenizer
 from rlhfless.rollout.engine import SamplingParams, decode, prefill

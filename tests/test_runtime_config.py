@@ -3,8 +3,8 @@
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.errors import ConfigError
-from rlhfless.runner import train
+from rlhfless.core.errors import ConfigError
+from rlhfless.run.runner import train
 from rlhfless.runtime.config import RuntimeConfig, available_cores
 
 QS = "experiments/configs/quickstart.yaml"

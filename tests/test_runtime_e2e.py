@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.runner import train
+from rlhfless.run.runner import train
 from rlhfless.runtime import executor
 from rlhfless.runtime.compare import read_digests, samples_match
 from rlhfless.runtime.config import available_cores
@@ -432,7 +432,7 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
     device-seconds equal its workers' lifetimes (workers.jsonl, summed plainly) less the time they were held during
     the evaluations, and the loop's wall time excludes them. Billing the held pool would charge the control alone
     for work neither mode's workers do."""
-    import rlhfless.runner as runner
+    import rlhfless.run.runner as runner
 
     evals, runtimes = [], []
     real_eval = runner.run_eval

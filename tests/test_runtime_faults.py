@@ -57,7 +57,7 @@ def test_a_stopped_faulty_run_counts_as_lost_steps_not_as_a_cost():
 @pytest.mark.slow
 def test_the_bench_repeats_pairs_and_loses_nothing(tmp_path):
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
     from rlhfless.runtime.config import available_cores
     from rlhfless.runtime.faults import run_fault_bench
 

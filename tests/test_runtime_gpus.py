@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 from rlhfless.runtime.gpus import ENV, MEMORY_FRACTION, GpuLayout, parse_visible, visible_gpus
 from rlhfless.runtime.pool import claim_units, free_units
 from rlhfless.runtime.worker import bind_device

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.learner import Learner
+from rlhfless.learn.learner import Learner
 from rlhfless.model.factory import load_policy
-from rlhfless.runner import ensure_policy
+from rlhfless.run.runner import ensure_policy
 from rlhfless.runtime.config import available_cores
 from rlhfless.runtime.executor import Runtime
 from rlhfless.runtime.streaming import LearnerStream

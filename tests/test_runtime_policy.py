@@ -59,7 +59,7 @@ def test_shipping_kv_saves_only_prefixes_shared_across_actors():
 
 
 def test_the_planner_takes_measured_cold_start_and_a_time_scale():
-    from rlhfless.planning import Planner
+    from rlhfless.step.planner import Planner
     from rlhfless.predictor.config import PredictorConfig
 
     p = Planner(PredictorConfig(), PlanConfig())
@@ -73,7 +73,7 @@ def test_the_planner_takes_measured_cold_start_and_a_time_scale():
 
 
 def test_time_model_scale_rejects_nonsense():
-    from rlhfless.errors import ConfigError
+    from rlhfless.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="time_model.scale"):
         TimeModel.default_tiny_cpu().scaled(0.0)

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfless.config import load_run_config
-from rlhfless.runner import train
+from rlhfless.run.runner import train
 from rlhfless.runtime import executor
 from rlhfless.runtime.compare import samples_match, weights_digest
 from rlhfless.runtime.config import available_cores
@@ -104,7 +104,7 @@ def test_every_mode_gives_the_same_samples_policy_and_critic(runs, name):
 
 
 def test_compare_runs_ppo_without_an_overlap_arm(runs, capsys):
-    from rlhfless.train_cli import _print_comparison
+    from rlhfless.run.train_cli import _print_comparison
 
     result = json.loads((runs["compare"] / "comparison.json").read_text())
     assert result["arms"] == ["serverful", "serverless"] and result["overlap_only"] is None

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rlhfless.plan import PlanJob, TimeModel, assign
-from rlhfless.errors import DataError
-from rlhfless.records import TraceRow
+from rlhfless.core.errors import DataError
+from rlhfless.core.records import TraceRow
 from rlhfless.sim.armmodel import (
     Constants,
     learner_ranks,
@@ -28,7 +28,7 @@ from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.validate import validate
 from rlhfless.sim.workload import replay_trace
-from rlhfless.traces import TraceWriter
+from rlhfless.core.traces import TraceWriter
 
 # the "true" machine the fake arms were recorded on
 D0, OV, PB = 0.02, 0.0015, 2e-9  # decode: fixed s, s per iteration, s per byte

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rlhfless.cli import main
-from rlhfless.records import TraceRow
+from rlhfless.core.records import TraceRow
 from rlhfless.plan import PlanJob, assign
 from rlhfless.sim.validate import (
     StageModel,
@@ -22,7 +22,7 @@ from rlhfless.sim.validate import (
     validate,
 )
 from rlhfless.sim.workload import replay_trace
-from rlhfless.traces import TraceWriter
+from rlhfless.core.traces import TraceWriter
 
 POLICY_KEYS = {"step_time_s", "cost_device_s", "cost_usd"}
 TOP_KEYS = {"speedup", "cost_reduction", "gap_to_oracle_time", "gap_to_oracle_cost", "sim_wall_s", "policies"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.plan.cost import BillingRules, cost_step, price
 from rlhfless.sim.events import PRIO_OTHER, PRIO_RELEASE, PRIO_START, EventLoop, Timeline
 from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepPlan, play_step

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.calibrate import VIDUR_GPUS, fit_cpu_decode, read_vidur, vidur_errors
 from rlhfless.sim.perf import FITTED, Efficiency, PerfModel, smallest_tp

@@ -108,7 +108,7 @@ def test_ablation_ladder_and_trace_replay():
 
 
 def test_config_errors_name_the_field():
-    from rlhfless.errors import ConfigError
+    from rlhfless.core.errors import ConfigError
 
     for kw, field in [(dict(algo="dpo"), "algo"), (dict(tau=0.0), "tau"), (dict(lam=2.0), "lam"),
                       (dict(n_devices=2, tp=4), "n_devices"),
@@ -178,7 +178,7 @@ def test_paper_verl_settings_each_cost_time():
 
 
 def test_wide_actor_runs_the_straggler_on_twice_the_tp_when_the_scaler_keeps_it():
-    from rlhfless import metrics as M
+    from rlhfless.core import metrics as M
     from rlhfless.plan.wide import on_wide
     from rlhfless.sim.policies import true_jobs
     from rlhfless.sim.scenario import build_cluster, wide_cluster, workload
@@ -250,7 +250,7 @@ def test_scaler_predicts_the_simulated_whole_step_per_n_on_paper_sim(n):
     prediction misses by a growing margin with N (issue 19: 36 s predicted for 44 s at N=12)."""
     from dataclasses import replace as dc_replace
 
-    from rlhfless import metrics as M
+    from rlhfless.core import metrics as M
 
     from rlhfless.sim.scenario import clusters, simulate_policy, workload
 

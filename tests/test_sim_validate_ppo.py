@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from rlhfless.cli import main
-from rlhfless.errors import DataError
-from rlhfless.records import TraceRow
+from rlhfless.core.errors import DataError
+from rlhfless.core.records import TraceRow
 from rlhfless.sim.perf import PPO_MODELS
 from rlhfless.sim.validate import (
     PPO_STAGES,
@@ -28,7 +28,7 @@ from rlhfless.sim.validate import (
     trained_tokens,
 )
 from rlhfless.sim.workload import replay_trace
-from rlhfless.traces import TraceWriter
+from rlhfless.core.traces import TraceWriter
 
 TINY_PPO = ["algo.name=ppo", "algo.group_size=1", "algo.ppo_mini_batches=2", "algo.kl_coef=0.05",
             "task.arith.num_train=48", "rollout.prompts_per_step=6", "rollout.max_new_tokens=32",
@@ -40,7 +40,7 @@ TINY_PPO = ["algo.name=ppo", "algo.group_size=1", "algo.ppo_mini_batches=2", "al
 def ppo_run(sft_checkpoint, tmp_path_factory) -> Path:
     """Six real PPO steps from the SFT checkpoint, inline, with a reference forward (kl_coef > 0)."""
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
 
     out = tmp_path_factory.mktemp("ppo") / "run"
     train(load_run_config(None, TINY_PPO + [f"policy.checkpoint={sft_checkpoint}"]), out, progress=False)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.sim.workload import LengthDist, gsm8k_prompt_tokens, replay_trace, synthetic
-from rlhfless.traces import read_trace
+from rlhfless.core.traces import read_trace
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "data" / "traces" / "quickstart.jsonl.gz"
 

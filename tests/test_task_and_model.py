@@ -4,8 +4,8 @@ import statistics
 import pytest
 import torch
 
-from rlhfless.errors import ConfigError, DataError
-from rlhfless.model.pretrain import PretrainConfig, sft_chunks
+from rlhfless.core.errors import ConfigError, DataError
+from rlhfless.run.pretrain import PretrainConfig, sft_chunks
 from rlhfless.model.factory import (
     ModelConfig,
     build_model,

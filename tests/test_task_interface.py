@@ -10,19 +10,19 @@ import pytest
 import torch
 
 from rlhfless.config import load_run_config
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 from rlhfless.model.factory import load_checkpoint
 from rlhfless.model.tokenizer import EOS_ID, ByteTokenizer
 from rlhfless.rollout.engine import SamplingParams, generate
 from rlhfless.tasks.arith import ArithTask
-from rlhfless.textenv import TextEnv, make_env
+from rlhfless.step.textenv import TextEnv, make_env
 
 REPO = Path(__file__).resolve().parents[1]
 # Every module of the step loop and of the runtime that executes it: none may name a task or a tokenizer.
 LOOP_MODULES = ["loop.py", "runner.py", "evaluate.py", "loopbench.py", "train_cli.py", "runtime/decoding.py",
                 "runtime/stages.py", "runtime/loop_stages.py", "runtime/executor.py", "runtime/worker.py",
                 "runtime/compare.py"]
-FORBIDDEN = ("rlhfless.tasks.arith", "rlhfless.tasks.gsm8k", "rlhfless.tasks.jsonl")
+FORBIDDEN = ("rlhfless.tasks.arith", "rlhfless.tasks.gsm8k", "rlhfless.tasks.jsonl_task")
 
 
 def _imports(path: Path) -> set[str]:

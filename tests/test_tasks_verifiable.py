@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlhfless.configbase import build_config
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.configbase import build_config
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.tasks.answers import answers_match, extract_final, normalize_number
 from rlhfless.tasks.config import TASK_NAMES, TaskConfig, make_task
 from rlhfless.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig, read_jsonl
 from rlhfless.tasks.hashsplit import normalize_question
-from rlhfless.tasks.jsonl import JSONLTask, JSONLTaskConfig, file_stem
+from rlhfless.tasks.jsonl_task import JSONLTask, JSONLTaskConfig, file_stem
 
 # ---------------------------------------------------------------- answers: exact tables
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from rlhfless.errors import DataError
-from rlhfless.records import TraceRow
-from rlhfless.traces import TraceWriter, length_stats, read_trace
+from rlhfless.core.errors import DataError
+from rlhfless.core.records import TraceRow
+from rlhfless.core.traces import TraceWriter, length_stats, read_trace
 
 
 def _row(pid, epoch, step, sample, length):

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.config import TrackingConfig, load_run_config
-from rlhfless.tracking import Tracker, read_offline_run
+from rlhfless.run.tracking import Tracker, read_offline_run
 
 TABLES = ("scaler_candidates", "completions", "predicted_vs_actual", "assignment")
 
@@ -62,7 +62,7 @@ def offline_wandb(tmp_path, monkeypatch):
 
 
 def test_a_run_logged_offline_reads_back_from_wandb(offline_wandb, sft_checkpoint):
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
 
     cfg = load_run_config(None, [
         f"policy.checkpoint={sft_checkpoint}", "train.steps=3", "rollout.prompts_per_step=4", "algo.group_size=4",

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from rlhfless.errors import UserError
-from rlhfless.bench.engine import arith_template_prompts, load_policy
+from rlhfless.core.errors import UserError
+from rlhfless.bench.engine_bench import arith_template_prompts, load_policy
 from rlhfless.rollout.engine import SamplingParams, generate
 
 pytestmark = pytest.mark.vllm
@@ -187,7 +187,7 @@ def test_sampled_rows_with_long_prompts_that_share_a_step(tmp_path):
     prefill off; sampled rows must come back, and reproduce for a seed."""
     from rlhfless.model.factory import save_checkpoint
     from rlhfless.model.tokenizer import ByteTokenizer
-    from rlhfless.bench.engine import fresh_model
+    from rlhfless.bench.engine_bench import fresh_model
     from rlhfless.rollout.vllm_engine import VLLMEngine, vllm_available
 
     why = vllm_available()

@@ -30,10 +30,10 @@ def _vllm():
 
 
 def test_each_rollout_runs_the_learners_current_weights():
-    from rlhfless.learner import Learner
-    from rlhfless.loop import Stages
+    from rlhfless.learn.learner import Learner
+    from rlhfless.step.loop import Stages
     from rlhfless.model.factory import load_checkpoint
-    from rlhfless.records import PromptGroup
+    from rlhfless.core.records import PromptGroup
 
     cfg = load_run_config(REPO / "experiments/configs/quickstart.yaml", TINY)
     learner = Learner(load_checkpoint(cfg.policy.resolved()), cfg.optim, cfg.algo)
@@ -53,7 +53,7 @@ def test_each_rollout_runs_the_learners_current_weights():
 
 
 def test_grpo_steps_run_on_the_vllm_engine(tmp_path):
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
 
     summary = train(load_run_config(REPO / "experiments/configs/quickstart.yaml", TINY), tmp_path / "run",
                     progress=False)

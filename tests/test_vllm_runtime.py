@@ -66,7 +66,7 @@ def _run_all(*sessions) -> dict:
 
 
 def test_greedy_rows_split_over_two_sessions_equal_the_own_engine(engine, prompts, sft_checkpoint):
-    from rlhfless.bench.engine import load_policy
+    from rlhfless.bench.engine_bench import load_policy
 
     own = generate(load_policy(sft_checkpoint)[0], prompts, G, GREEDY).responses
     rows, P = _rows(prompts)
@@ -102,7 +102,7 @@ def test_sampled_rows_reproduce_for_a_seed_do_not_depend_on_the_split_and_equal_
 
 
 def test_migrated_sampled_rows_get_a_stream_of_their_own_and_generate_waits_for_open_sessions(engine, prompts):
-    from rlhfless.errors import UserError
+    from rlhfless.core.errors import UserError
     from rlhfless.rollout.vllm_engine import row_seed, session_seed
 
     assert session_seed(7, 3, 0) == row_seed(7, 3) and session_seed(7, 3, 5) != session_seed(7, 3, 6)
@@ -132,7 +132,7 @@ def _digest(responses: list[list[int]]) -> str:
 def run(tmp_path_factory, engine):
     """Serverless with vLLM decode functions: step 1, its weights kept aside, then step 2 (a resume)."""
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
     from rlhfless.runtime.config import available_cores
 
     if available_cores() < 2:
@@ -163,9 +163,9 @@ def test_serverless_decode_functions_run_vllm(run):
 def test_step_2_samples_come_from_the_learners_weights_after_step_1(run, engine, sft_checkpoint):
     """Step 2's rows equal the inline vLLM engine's on the weights after step 1 (the same per-row streams), and
     differ from what the starting weights give: without the weight load into the workers' engines this fails."""
-    from rlhfless.runner import PromptStream
+    from rlhfless.run.runner import PromptStream
     from rlhfless.runtime.compare import read_digests
-    from rlhfless.textenv import make_env
+    from rlhfless.step.textenv import make_env
 
     cfg, out, after_1, _ = run
     env = make_env(cfg)
@@ -192,7 +192,7 @@ def test_serverful_pool_workers_decode_with_vllm_the_same_samples(run, tmp_path)
     so both modes give the same samples step for step."""
     from dataclasses import replace
 
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
     from rlhfless.runtime.compare import samples_match
 
     cfg, serverless, _, _ = run

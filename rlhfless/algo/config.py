@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from rlhfless.errors import require
+from rlhfless.core.errors import require
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAgg)

@@ -1,7 +1,7 @@
 """GRPO (and PPO-style clipped) policy-gradient math as pure tensor functions.
 
 Purpose: group-normalised advantages, the k3 KL estimator, the clipped surrogate, loss aggregation and the
-combined GRPO loss, each returning `(result, metrics)` with metric names from `rlhfless.metrics`.
+combined GRPO loss, each returning `(result, metrics)` with metric names from `rlhfless.core.metrics`.
 Non-goals: no model code, no optimiser, no batching or micro-batching; the learner calls these functions.
 Shapes: N = sequences in the batch (N = B * G for B prompts and G responses each), T = padded response
 length, V = vocabulary. `mask[N, T]` is True on response tokens that are trained on.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.algo.config import LOSS_AGG_MODES, GRPOConfig
 
 

@@ -22,7 +22,7 @@ import random
 import torch
 from torch import Tensor
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.algo.gae import gae_advantages
 from rlhfless.algo.grpo import aggregate
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlhfless.cliargs import count
-from rlhfless.jsonl import write_json
+from rlhfless.core.cliargs import count
+from rlhfless.core.jsonl import write_json
 
 
 def register(sub, bench) -> None:
@@ -73,7 +73,7 @@ def register(sub, bench) -> None:
 
 
 def _engine_list(text: str) -> tuple[str, ...]:
-    from rlhfless.bench.engine import ENGINES
+    from rlhfless.bench.engine_bench import ENGINES
 
     names = tuple(x.strip() for x in text.split(",") if x.strip())
     bad = [x for x in names if x not in ENGINES]
@@ -87,7 +87,7 @@ def _write(report: dict, path: str) -> None:
 
 
 def _prefill(args: argparse.Namespace) -> int:
-    from rlhfless.bench.engine import PrefillBenchConfig, bench_prefill
+    from rlhfless.bench.engine_bench import PrefillBenchConfig, bench_prefill
 
     cfg = PrefillBenchConfig(prompts=args.prompts, group_size=args.group_size, repeats=args.repeats,
                              gsm8k_path=args.gsm8k, gsm8k_prompts=args.gsm8k_prompts, gsm8k_shots=args.gsm8k_shots,
@@ -99,7 +99,7 @@ def _prefill(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from rlhfless.bench.engine import EngineBenchConfig, bench_engine
+    from rlhfless.bench.engine_bench import EngineBenchConfig, bench_engine
     from rlhfless.bench.engineprogress import describe
 
     threads = {} if args.threads is None else {"threads": args.threads}  # unset: the config's default

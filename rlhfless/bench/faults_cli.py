@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rlhfless.cliargs import count
+from rlhfless.core.cliargs import count
 
 FAULTS_CONFIG = "experiments/configs/faults.yaml"
 
@@ -38,9 +38,9 @@ def register(sub, bench) -> None:
 
 def _faults(args: argparse.Namespace) -> int:
     from rlhfless.config import REPO_ROOT, load_run_config
-    from rlhfless.errors import ConfigError
-    from rlhfless.jsonl import write_json
-    from rlhfless.runner import train
+    from rlhfless.core.errors import ConfigError
+    from rlhfless.core.jsonl import write_json
+    from rlhfless.run.runner import train
     from rlhfless.runtime.faults import run_fault_bench
 
     if args.kills < 1:

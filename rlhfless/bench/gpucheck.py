@@ -44,7 +44,7 @@ def _part(report: dict, name: str, fn) -> None:
 
 
 def profiles(device: str, models: list[str], small: bool) -> dict:
-    from rlhfless.bench.profile import ProfileConfig, run_profile
+    from rlhfless.bench.device_profile import ProfileConfig, run_profile
 
     out = {}
     for m in models:
@@ -56,9 +56,9 @@ def profiles(device: str, models: list[str], small: bool) -> dict:
 
 
 def inline_grpo(device: str, steps: int, small: bool) -> dict:
-    from rlhfless import metrics as M
+    from rlhfless.core import metrics as M
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
 
     over = [f"train.steps={steps}", "train.eval_prompts=0", "tracking.mode=disabled", f"train.device={device}",
             "train.checkpoint_every=0", "train.table_every=0"]
@@ -86,7 +86,7 @@ def inline_grpo(device: str, steps: int, small: bool) -> dict:
 def compare(device: str, small: bool) -> dict:
     """The three-arm comparison on the GPU (4 functions per GPU) or, on the CPU, on 2 cores."""
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
 
     over = ["runtime.mode=compare", "plan.max_actors=2", "train.steps=2", "rollout.prompts_per_step=6",
             "algo.group_size=4", "rollout.max_new_tokens=48", "train.eval_prompts=0", "train.checkpoint_every=0",
@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-tests", action="store_true")
     ap.add_argument("--no-compare", action="store_true")
     args = ap.parse_args(argv)
-    from rlhfless.devices import check_device, cuda_visible, no_cuda_message, wants_cuda
-    from rlhfless.errors import ConfigError
+    from rlhfless.core.devices import check_device, cuda_visible, no_cuda_message, wants_cuda
+    from rlhfless.core.errors import ConfigError
 
     if wants_cuda(args.device) and not cuda_visible():
         print(f"gpu_check: {no_cuda_message()}; this check needs one CUDA GPU", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rlhfless.cliargs import count
+from rlhfless.core.cliargs import count
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -45,7 +45,7 @@ def register(sub, bench) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from rlhfless.bench.profile import ProfileConfig, run_profile, save, summary_lines
+    from rlhfless.bench.device_profile import ProfileConfig, run_profile, save, summary_lines
 
     cfg = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, batch_sizes=args.batch_sizes,
                         contexts=args.contexts, prefill_tokens=args.prefill_tokens, iters=args.iters,

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlhfless.errors import ConfigError, DataError, one_line, require
-from rlhfless.jsonl import read_json_file
+from rlhfless.core.errors import ConfigError, DataError, one_line, require
+from rlhfless.core.jsonl import read_json_file
 from rlhfless.model.tokenizer import ByteTokenizer, is_byte_tokenizer
 
 META_FILE = "rlhfless.json"
@@ -108,7 +108,7 @@ def save_checkpoint(model, directory: str | Path, meta: dict | None = None, toke
 
     tokenizer: the policy's own (`TextTokenizer`, for a Hugging Face model its `HFTokenizer`); None writes the byte
     tokenizer, which is the tiny model's."""
-    from rlhfless.devices import as_cpu_float32
+    from rlhfless.core.devices import as_cpu_float32
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,12 +28,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlhfless.errors import ConfigError, DataError, one_line, require
-from rlhfless.jsonl import read_json_file
+from rlhfless.core.errors import ConfigError, DataError, one_line, require
+from rlhfless.core.jsonl import read_json_file
 
 CHAT_MODES = ("auto", "on", "off")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
@@ -275,16 +275,6 @@ class TinyHFConfig:
         require(self.seed >= 0, "seed", f"must be >= 0 (got {self.seed})")
 
 
-def corpus_texts(path: str | Path) -> list[str]:
-    """The question and answer texts of a GSM8K-format JSONL, in file order (the tokenizer's training corpus)."""
-    from rlhfless.tasks.gsm8k import missing_message, read_jsonl
-
-    why = missing_message(path)
-    if why:
-        raise DataError(why)
-    return [t for qa in read_jsonl(path) for t in (qa.question, qa.answer)]
-
-
 def train_tokenizer(texts: list[str], cfg: TinyHFConfig):
     """A byte-level BPE tokenizer trained on `texts`, as a `Qwen2Tokenizer` with the ChatML template.
 
@@ -358,9 +348,11 @@ def _built_with(path: Path) -> dict | None:
     return raw.get("tiny_hf_config") if isinstance(raw, dict) else None
 
 
-def ensure_tiny_hf(out: str | Path, corpus: str | Path | list[str], cfg: TinyHFConfig, after=None) -> Path:
-    """`out` when it already holds a model (config.json), else build it there from the corpus (a GSM8K-format file,
-    or the texts themselves). `after(folder) -> dict`, when given, runs on the built folder before it is renamed
+def ensure_tiny_hf(out: str | Path, texts: Callable[[], list[str]], cfg: TinyHFConfig, label: str | None = None,
+                   after=None) -> Path:
+    """`out` when it already holds a model (config.json), else build it there from the corpus: `texts()` gives its
+    texts (called only when a build is needed; the task reads them, e.g. `tasks.gsm8k.corpus_texts`), `label` names
+    it in the folder's rlhfless.json. `after(folder) -> dict`, when given, runs on the built folder before it is renamed
     into place (a warm start that rewrites the weights); its result is recorded in the folder's rlhfless.json.
 
     The build goes into a temporary sibling that is renamed into place, so a crash never leaves a half folder.
@@ -374,12 +366,12 @@ def ensure_tiny_hf(out: str | Path, corpus: str | Path | list[str], cfg: TinyHFC
         return path
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise DataError(f"{path}: exists but holds no model (no config.json); delete it or choose another folder")
-    texts = corpus if isinstance(corpus, list) else corpus_texts(corpus)
-    label = f"{len(texts)} task texts" if isinstance(corpus, list) else str(corpus)
+    corpus = texts()
+    label = label or f"{len(corpus)} task texts"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.building-", dir=path.parent))
     try:
-        build_tiny_hf(tmp, texts, cfg, corpus=label)
+        build_tiny_hf(tmp, corpus, cfg, corpus=label)
         if after is not None:
             meta = json.loads((tmp / BUILD_META).read_text())
             (tmp / BUILD_META).write_text(json.dumps({**meta, **after(tmp)}, indent=1))

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 
 PAD_ID = 0
 BOS_ID = 1

@@ -30,8 +30,8 @@ from operator import itemgetter
 
 import numpy as np
 
-from rlhfless import metrics as M
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import ConfigError, DataError
 import rlhfless.plan.sweep as sw
 from rlhfless.plan.records import AssignmentPlan, PlanJob
 from rlhfless.plan.timemodel import TimeModel, simulate_fast
@@ -112,7 +112,7 @@ def build_plan(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: in
 
 
 def plan_metrics(plan: AssignmentPlan) -> dict[str, float]:
-    """Balancer metrics of a plan (names from rlhfless.metrics)."""
+    """Balancer metrics of a plan (names from rlhfless.core.metrics)."""
     return {
         M.BAL_IMBALANCE: plan.imbalance,
         M.BAL_MAKESPAN_S: plan.makespan_s,

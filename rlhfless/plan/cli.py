@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlhfless.cliargs import count
-from rlhfless.configbase import build_config, load_yaml
-from rlhfless.errors import ConfigError
-from rlhfless.jsonl import write_json
+from rlhfless.core.cliargs import count
+from rlhfless.core.configbase import build_config, load_yaml
+from rlhfless.core.errors import ConfigError
+from rlhfless.core.jsonl import write_json
 
 SET_EXAMPLE = "max_actors=16"  # a valid --set of the plan commands (tests apply it)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhfless.errors import require
+from rlhfless.core.errors import require
 from rlhfless.plan.balancer import POLICIES
 from rlhfless.plan.cost import CATALOG, BillingRules
 from rlhfless.plan.overlap import LearnerCosts

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlhfless import metrics as M
-from rlhfless.errors import ConfigError, require
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import ConfigError, require
 from rlhfless.plan.records import Invocation
 
 PRICE_DATE = "late 2026 public list prices as recorded in PAPER.md"

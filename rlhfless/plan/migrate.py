@@ -36,8 +36,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlhfless import metrics as M
-from rlhfless.errors import ConfigError
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import ConfigError
 from rlhfless.plan.records import (
     ActorProgress,
     AssignmentPlan,

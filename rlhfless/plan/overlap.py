@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlhfless.errors import DataError, require
+from rlhfless.core.errors import DataError, require
 from rlhfless.plan.records import Invocation
 
 

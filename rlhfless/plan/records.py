@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from rlhfless.errors import ConfigError, DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.plan.balancer import POLICIES, JobArrays, assign
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.migrate import simulate_with_migration
 from rlhfless.plan.records import PlanJob
 from rlhfless.plan.scaler import choose, evaluate_candidate
 from rlhfless.plan.timemodel import TimeModel
-from rlhfless.records import TraceRow
-from rlhfless.traces import read_trace
+from rlhfless.core.records import TraceRow
+from rlhfless.core.traces import read_trace
 
 
 def trace_steps(rows: list[TraceRow], steps: str = "last_epoch") -> dict[tuple[int, int], list[PlanJob]]:

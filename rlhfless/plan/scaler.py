@@ -69,7 +69,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 import rlhfless.plan.sweep as sw
 from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
@@ -458,7 +458,7 @@ def _with(c: ScalingCandidate, score: float, cfg: PlanConfig) -> ScalingCandidat
 
 
 def decision_metrics(d: ScalingDecision) -> dict:
-    """Scaler metrics of a decision (names from rlhfless.metrics); balancer/* describe the plan as chosen,
+    """Scaler metrics of a decision (names from rlhfless.core.metrics); balancer/* describe the plan as chosen,
     with its cuts when it includes them."""
     c = d.chosen
     done = d.migration if d.migration is not None else d.plan

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import ConfigError, DataError, require
+from rlhfless.core.errors import ConfigError, DataError, require
 
 # Assumed profile of the tiny CPU model (batch size -> seconds per decode iteration); see the module header.
 _TINY_CPU_TABLE = ((1, 0.010), (2, 0.011), (4, 0.012), (8, 0.015), (16, 0.021), (32, 0.033),

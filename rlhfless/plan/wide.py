@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlhfless.errors import require
+from rlhfless.core.errors import require
 from rlhfless.plan.balancer import JobArrays, build_plan, labels_finish_s
 from rlhfless.plan.records import AssignmentPlan, PlanJob
 from rlhfless.plan.timemodel import TimeModel

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import rlhfless
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.predictor.data import LengthRow, Observation
 
 MODEL_FILE = "predictor.json"

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rlhfless.cliargs import count
-from rlhfless.errors import ConfigError
-from rlhfless.jsonl import write_json
+from rlhfless.core.cliargs import count
+from rlhfless.core.errors import ConfigError
+from rlhfless.core.jsonl import write_json
 
 SET_EXAMPLE = "alpha=0.3"  # valid --set examples the help and messages give (tests apply them)
 SYNTHETIC_SET_EXAMPLE = "n_prompts=256"
@@ -33,7 +33,7 @@ def _trust_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _config(name: str, sets: list[str]):
-    from rlhfless.configbase import parse_override
+    from rlhfless.core.configbase import parse_override
     from rlhfless.predictor.config import PredictorConfig
 
     data = {"name": name}
@@ -86,7 +86,7 @@ def cmd_compare(args) -> int:
     from rlhfless.predictor.config import PREDICTOR_NAMES
     from rlhfless.predictor.data import read_lengths
 
-    from rlhfless.errors import quote
+    from rlhfless.core.errors import quote
 
     names = tuple(args.models.split(",")) if args.models else PREDICTOR_NAMES
     bad = [n for n in names if n not in PREDICTOR_NAMES]
@@ -113,9 +113,9 @@ def cmd_gsm8k(args) -> int:
 
 
 def cmd_trace_stats(args) -> int:
-    from rlhfless.traces import length_stats, read_trace
+    from rlhfless.core.traces import length_stats, read_trace
 
-    from rlhfless.errors import DataError
+    from rlhfless.core.errors import DataError
 
     rows = list(read_trace(args.trace))
     if not rows:
@@ -130,7 +130,7 @@ def cmd_trace_stats(args) -> int:
 
 def _synthetic_params(sets: list[str]) -> dict:
     """``--set key=value`` items of `data synthetic-trace` as a dict of generator parameters."""
-    from rlhfless.configbase import parse_override
+    from rlhfless.core.configbase import parse_override
 
     params = {}
     for item in sets:

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlhfless.errors import DataError
-from rlhfless.jsonl import json_safe, read_json_file, write_json  # noqa: F401  (json_safe is re-exported)
+from rlhfless.core.errors import DataError
+from rlhfless.core.jsonl import json_safe, read_json_file, write_json  # noqa: F401  (json_safe is re-exported)
 from rlhfless.predictor.base import LengthPredictor
 from rlhfless.predictor.config import (
     PREDICTOR_NAMES,
@@ -45,7 +45,7 @@ class SplitSpec:
 def train_predictor(data: str | Path, cfg: PredictorConfig, out: str | Path, *, split: SplitSpec = SplitSpec(),
                     use_all: bool = False, progress: bool = False) -> LengthPredictor:
     """Fit `cfg`'s predictor on `data` (train split, or every row with `use_all`) and save it to `out`."""
-    from rlhfless.progress import phases
+    from rlhfless.core.progress import phases
 
     step = phases(["read", "fit", "save"], "predictor train", progress)
     step("read")
@@ -80,7 +80,7 @@ def read_training_meta(model_dir: str | Path) -> dict:
 def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4, trust_pickle: bool = False,
                    progress: bool = False) -> dict:
     """Metrics of a saved predictor on the held-out part of `data` (the split recorded at training)."""
-    from rlhfless.progress import phases
+    from rlhfless.core.progress import phases
 
     step = phases(["load", "evaluate"], "predictor eval", progress)
     step("load")
@@ -135,7 +135,7 @@ def compare_predictors(rows: list[LengthRow], *, names=PREDICTOR_NAMES, base: Pr
     predictors when `progress`: the learned one takes seconds)."""
     import pandas as pd
 
-    from rlhfless.progress import phases
+    from rlhfless.core.progress import phases
     from rlhfless.predictor.sibling import evaluate_refinement
 
     s = split.apply(rows)
@@ -194,9 +194,9 @@ def synthetic_trace_file(out: str | Path, *, seed: int = 0, fit_from: str | Path
     then overridden by `params`. Returns the number of rows."""
     from dataclasses import fields
 
-    from rlhfless.configbase import from_dict
+    from rlhfless.core.configbase import from_dict
     from rlhfless.predictor.synthetic import SyntheticParams, fit_params, generate_trace
-    from rlhfless.traces import TraceWriter
+    from rlhfless.core.traces import TraceWriter
 
     base = SyntheticParams()
     if fit_from is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from rlhfless.errors import ConfigError, DataError, require
+from rlhfless.core.errors import ConfigError, DataError, require
 from rlhfless.predictor.base import MODEL_FILE, LengthPredictor, SavedState, read_model
 
 PREDICTOR_NAMES = ("ewma", "sibling", "learned", "global_mean", "prompt_length")
@@ -75,7 +75,7 @@ class PredictorConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> PredictorConfig:
-        from rlhfless.configbase import from_dict
+        from rlhfless.core.configbase import from_dict
 
         return from_dict(cls, dict(data))
 

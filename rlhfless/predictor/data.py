@@ -1,7 +1,7 @@
 """Length data: one JSONL schema for response lengths, readers for it and for loop traces, GSM8K conversion.
 
 Schema (one JSON object per line): ``prompt_id`` (str), ``prompt`` (str, the text), ``response_length`` (int,
-tokens, EOS included), optional ``epoch``, ``step``, ``sample`` (ints). Loop traces (`rlhfless.records.TraceRow`,
+tokens, EOS included), optional ``epoch``, ``step``, ``sample`` (ints). Loop traces (`rlhfless.core.records.TraceRow`,
 which name the length ``response_len``) are read by the same reader, so a run's trace is training data as is.
 Rows without ``epoch``/``step`` are "text-only" data (one pass, no history); they are evaluated by a split on
 prompts, never on epochs.
@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfless.errors import DataError
-from rlhfless.jsonl import iter_jsonl
+from rlhfless.core.errors import DataError
+from rlhfless.core.jsonl import iter_jsonl
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ def write_lengths(rows: Iterable[LengthRow], path: str | Path) -> int:
 
 
 def rows_from_trace(trace_rows: Iterable) -> list[LengthRow]:
-    """Convert `rlhfless.records.TraceRow`s (in memory) to `LengthRow`s."""
+    """Convert `rlhfless.core.records.TraceRow`s (in memory) to `LengthRow`s."""
     return [
         LengthRow(r.prompt_id, r.prompt, r.response_len, r.epoch, r.step, r.sample, r.truncated)
         for r in trace_rows

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import kendalltau, spearmanr
 
-from rlhfless import metrics as M
-from rlhfless.errors import DataError
+from rlhfless.core import metrics as M
+from rlhfless.core.errors import DataError
 from rlhfless.predictor.base import LengthPredictor, Prediction
 from rlhfless.predictor.data import (
     LengthRow,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.predictor.base import (
     Prediction,
     SavedState,

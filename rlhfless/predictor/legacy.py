@@ -19,7 +19,7 @@ import pickle
 import warnings
 from pathlib import Path
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.predictor.trees import Forest, from_sklearn
 
 PICKLE_FILE = "model.pkl"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 
 HISTORY_FIELDS = ("count", "last", "sum", "ewma", "n", "total", "total_sq")
 N_HISTORY_FEATURES = 5

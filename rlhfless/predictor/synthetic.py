@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlhfless.errors import DataError, require
-from rlhfless.records import TraceRow
+from rlhfless.core.errors import DataError, require
+from rlhfless.core.records import TraceRow
 
 
 @dataclass(frozen=True)

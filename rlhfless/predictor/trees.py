@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 
 FIELDS = {"baseline": np.float64, "tree_start": np.int64, "feature": np.int64, "threshold": np.float64,
           "left": np.int64, "right": np.int64, "missing_left": np.bool_, "is_leaf": np.bool_, "value": np.float64}

@@ -130,7 +130,7 @@ def real_run(ctx, algo: str, size: dict, mode: str = "inline") -> Path:
     """One quickstart run of `algo` at `size` (no held-out eval: only step times matter here), inline on one
     thread or in runtime mode `mode` (RUNTIME conditions), reused while its summary.json exists."""
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
 
     name = algo if mode == "inline" else f"{algo}-{mode}"
     out = ctx.out / "ppo-vs-grpo" / "runs" / f"{name}-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
@@ -175,7 +175,7 @@ def step_split(metrics_path: Path, seqs_per_step: int) -> dict:
     """Totals over a run's steps: seconds in the rollout and after it (values, reference, update, ...), generated
     sequences and tokens, and the mean fraction of groups the update skipped, read from metrics.jsonl (its rows
     with timing_s/step)."""
-    from rlhfless.jsonl import iter_jsonl
+    from rlhfless.core.jsonl import iter_jsonl
 
     tot = {"steps": 0, "step_s": 0.0, "rollout_s": 0.0, "values_s": 0.0, "update_s": 0.0, "sequences": 0,
            "tokens": 0.0, "groups_skipped": 0.0}
@@ -259,7 +259,7 @@ def _figure(cases: list[dict], split: dict[str, dict], gains: dict | None, path:
 
 def ppo_vs_grpo(ctx) -> StudyResult:
     """The simulated testbed comparison, its what-ifs, and the measured stage split (module header)."""
-    from rlhfless.jsonl import write_json
+    from rlhfless.core.jsonl import write_json
 
     steps = 6 if ctx.quick else None
     sizes = real_sizes(ctx.quick)

@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 
 
 def register(sub, bench) -> None:
@@ -72,7 +72,7 @@ def run(names: list[str], out: Path, quick: bool, seed: int, tracking: str):
     """Run `names` into `out`; returns (results, names that failed). Writes report.md and results.json."""
     from tqdm import tqdm
 
-    from rlhfless.jsonl import write_json
+    from rlhfless.core.jsonl import write_json
     from rlhfless.repro.real_studies import REPO
     from rlhfless.repro.report import track, write_report, write_results
     from rlhfless.repro.studies import STUDIES, ReproContext

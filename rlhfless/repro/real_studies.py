@@ -34,7 +34,7 @@ def random_prompts(n: int, prefix_len: int, tail_len: int, seed: int) -> list[li
 
 def time_prefill(model, prompts, G: int, modes: dict, repeats: int) -> dict:
     """Median wall seconds and tokens computed of each prefill mode (interleaved repeats, one call = one batch)."""
-    from rlhfless.bench.engine import Timer
+    from rlhfless.bench.engine_bench import Timer
     from rlhfless.rollout.engine import prefill
 
     timer = Timer()
@@ -54,7 +54,7 @@ def prefill_study(ctx) -> StudyResult:
     import torch
 
     from rlhfless.config import DEFAULT_CHECKPOINT
-    from rlhfless.bench.engine import load_policy
+    from rlhfless.bench.engine_bench import load_policy
 
     torch.set_num_threads(1)  # steadier medians on a shared machine
     model, _ = load_policy(REPO / DEFAULT_CHECKPOINT)
@@ -210,7 +210,7 @@ def compare_run(ctx) -> tuple[Path, dict]:
     import json
 
     from rlhfless.config import load_run_config
-    from rlhfless.runner import train
+    from rlhfless.run.runner import train
 
     steps = 6 if ctx.quick else 40
     overrides = [f"train.steps={steps}", f"train.eval_prompts={0 if ctx.quick else 100}",

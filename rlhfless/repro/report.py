@@ -11,7 +11,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from rlhfless.jsonl import write_json
+from rlhfless.core.jsonl import write_json
 from rlhfless.repro.records import StudyResult
 from rlhfless.repro.studies import STUDIES
 
@@ -98,7 +98,7 @@ def track(result: StudyResult, ctx) -> str | None:
     """One W&B run for the study (offline by default): its table, figures, numbers and artifacts. Returns the
     run's folder, or None when tracking is disabled."""
     from rlhfless.config import TrackingConfig
-    from rlhfless.tracking import Tracker
+    from rlhfless.run.tracking import Tracker
 
     cfg = TrackingConfig(mode=ctx.tracking, name=f"repro-{result.name}", group=result.name)
     tr = Tracker(cfg, ctx.out / result.name, {"study": result.name, "quick": ctx.quick, "seed": ctx.seed,

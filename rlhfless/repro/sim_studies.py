@@ -8,7 +8,7 @@ The "why" of every row comes from a what-if simulated in the same study (no fixe
 
 from __future__ import annotations
 
-from rlhfless.jsonl import write_json
+from rlhfless.core.jsonl import write_json
 from rlhfless.repro.plots import save, theme
 from rlhfless.repro.records import PaperRow, StudyResult
 
@@ -51,7 +51,7 @@ def step_plans(cases: list[dict], path):
     cost) as JSONL: the W&B artifact behind the bars."""
     import json
 
-    from rlhfless.jsonl import json_safe
+    from rlhfless.core.jsonl import json_safe
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rlhfless.errors import require
+from rlhfless.core.errors import require
 from rlhfless.repro import algo_study
 from rlhfless.repro import real_studies as real
 from rlhfless.repro import sim_studies as sim

@@ -14,7 +14,7 @@ depend on compaction, on prefill dedup or on how rows are split between decode a
 same tokens (`rollout.session` states the contract), which is what makes the dedup/no-dedup and migration
 ablations exact comparisons. (Exact up to float rounding: a different batch layout can change the last bits of a
 logit, which could flip a sampled token only at a near-tie; the tests check token identity on real runs.)
-Devices (`train.device`, `rlhfless.devices`): the model, KV cache, masks and logits live on the model's device,
+Devices (`train.device`, `rlhfless.core.devices`): the model, KV cache, masks and logits live on the model's device,
 but the per-row uniforms are always drawn from a CPU generator (float64) and moved to the logits, so a seed gives
 the same uniforms on CPU and GPU. Where samples can still differ across devices: the kernels (matmul and
 attention reductions, bfloat16 rounding) give logits that differ in their last bits, which flips a sampled or

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from rlhfless.algo.logprobs import entropy_from_logits, token_logprobs
-from rlhfless.devices import model_device
-from rlhfless.errors import UserError
+from rlhfless.core.devices import model_device
+from rlhfless.core.errors import UserError
 from rlhfless.model.tokenizer import PAD_ID
 from rlhfless.rollout.engine import left_pad
 

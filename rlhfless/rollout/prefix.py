@@ -32,8 +32,8 @@ from typing import Literal
 
 import torch
 
-from rlhfless.devices import model_device
-from rlhfless.errors import UserError, require
+from rlhfless.core.devices import model_device
+from rlhfless.core.errors import UserError, require
 from rlhfless.model.tokenizer import PAD_ID
 
 Mode = Literal["naive", "group", "prefix"]

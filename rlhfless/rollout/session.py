@@ -53,8 +53,8 @@ from typing import Sequence
 
 import torch
 
-from rlhfless.devices import model_device
-from rlhfless.errors import DataError, UserError, require
+from rlhfless.core.devices import model_device
+from rlhfless.core.errors import DataError, UserError, require
 from rlhfless.model.tokenizer import PAD_ID
 from rlhfless.rollout.prefix import left_pad
 from rlhfless.rollout.state import (

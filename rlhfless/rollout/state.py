@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlhfless.errors import require
+from rlhfless.core.errors import require
 from rlhfless.model.tokenizer import EOS_ID
 from rlhfless.rollout.prefix import (
     PrefillPlan,

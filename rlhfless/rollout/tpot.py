@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 
 
 def profile_rows(iterations: Iterable) -> list[dict]:

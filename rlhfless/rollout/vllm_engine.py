@@ -64,7 +64,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfless.errors import DataError, UserError, require
+from rlhfless.core.errors import DataError, UserError, require
 from rlhfless.rollout.engine import IterationRecord, PrefillStats, RolloutOutput, SamplingParams
 from rlhfless.rollout.prefix import check_prompts
 from rlhfless.rollout.session import PartialRow, SessionProgress

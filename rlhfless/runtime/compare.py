@@ -29,7 +29,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from rlhfless.jsonl import iter_jsonl, write_json
+from rlhfless.core.jsonl import iter_jsonl, write_json
 from rlhfless.runtime.contention import CpuWindow
 from rlhfless.runtime.gantt import plot_steps, read_records
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from rlhfless.devices import check_device
-from rlhfless.errors import require
+from rlhfless.core.devices import check_device
+from rlhfless.core.errors import require
 
 MODES = ("inline", "serverless", "serverful", "compare")
 BACKENDS = ("local", "ray")
@@ -100,7 +100,7 @@ class RuntimeConfig:
     overlap: bool | None = None
     """Stream the tail: each finished group (all G samples scored) goes to its learner rank, which runs its
     reference forward (algo.kl_coef > 0) and forward/backward while the rest of the step decodes; one optimiser
-    step once every group is in (bitwise the same update either way: rlhfless.accumulate). true | false | null
+    step once every group is in (bitwise the same update either way: rlhfless.learn.accumulate). true | false | null
     (auto: true for serverless, false for the serverful control as verl does not overlap). PPO streams only its
     value forward, in chunks (critic.values_chunk > 0; without a chunk size nothing streams)."""
     hybrid: bool = True

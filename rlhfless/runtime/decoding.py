@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 from rlhfless.rollout.engine import prefill
 from rlhfless.rollout.session import DecodeSession, PartialRow, resume_prefill, state_from_tensors, state_to_tensors
 from rlhfless.runtime import wire

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.config import RunConfig
 from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
@@ -54,8 +54,8 @@ def smoothed_scale(scale: float | None, ratio: float) -> float:
 class Runtime:
     def __init__(self, cfg: RunConfig, mode: str, learner, out: Path, reference_checkpoint: Path | None = None,
                  planner=None, env=None, progress: bool = False, critic=None):
-        from rlhfless.learner import save_learner_state
-        from rlhfless.textenv import make_env
+        from rlhfless.learn.learner import save_learner_state
+        from rlhfless.step.textenv import make_env
         from rlhfless.runtime.dist import reserve_port
 
         self._reserve_port = reserve_port
@@ -81,7 +81,7 @@ class Runtime:
         save_learner_state(learner, self.state_path(self.version))
         self.ppo = cfg.algo.name == "ppo"
         if self.ppo:  # the critic moves between its functions as a state file, like the policy
-            from rlhfless.critic import save_critic_state
+            from rlhfless.learn.critic import save_critic_state
 
             save_critic_state(critic, self.critic_path(self.version))
         self.t0 = now()
@@ -403,14 +403,14 @@ class Runtime:
     # -- end ----------------------------------------------------------------------------------------------------
     def sync_learner(self, learner) -> None:
         """Bring the driver's learner (for eval and checkpoints) to the runtime's latest version."""
-        from rlhfless.learner import load_learner_state
+        from rlhfless.learn.learner import load_learner_state
 
         if learner.updates != self.version:
             load_learner_state(learner, self.state_path(self.version))
 
     def sync_critic(self, critic) -> None:
         """PPO: bring the driver's critic (for checkpoints) to the runtime's latest version."""
-        from rlhfless.critic import load_critic_state
+        from rlhfless.learn.critic import load_critic_state
 
         if critic.updates != self.version:
             load_critic_state(critic, self.critic_path(self.version))

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rlhfless.errors import TrainingError
+from rlhfless.core.errors import TrainingError
 from rlhfless.runtime import executor
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 
 ENV = "CUDA_VISIBLE_DEVICES"
 MEMORY_FRACTION = "RLHFLESS_GPU_MEMORY_FRACTION"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from rlhfless.loop import Stages
-from rlhfless.records import PromptGroup, Sample
+from rlhfless.step.loop import Stages
+from rlhfless.core.records import PromptGroup, Sample
 from rlhfless.rollout.engine import RolloutOutput
 from rlhfless.runtime.executor import Runtime
 

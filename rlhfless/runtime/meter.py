@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.plan.cost import BillingRules, DevicePrice
 from rlhfless.runtime.records import InvocationRecord, WorkerRecord, role
 

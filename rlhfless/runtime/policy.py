@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlhfless.planning import StepPlan
+from rlhfless.plan.schedule import PREWARM_HISTORY as HISTORY  # shared with the simulator
 from rlhfless.rollout.prefix import plan_prefill
-
-HISTORY = 3
+from rlhfless.step.planner import StepPlan
 
 
 @dataclass

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
-from rlhfless import metrics as M
-from rlhfless.critic import value_chunks
-from rlhfless.ppo import needs_old_logprobs
+from rlhfless.core import metrics as M
+from rlhfless.learn.critic import value_chunks
+from rlhfless.learn.ppo_update import needs_old_logprobs
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.records import CRITIC_IMAGE, fail, now

@@ -24,7 +24,7 @@ from rlhfless.runtime.records import now
 
 def load_critic_model(worker, setup: dict) -> None:
     """Build the critic on the critic checkpoint's trunk and bring it to the runtime's version (cold start)."""
-    from rlhfless.critic import Critic, load_critic
+    from rlhfless.learn.critic import Critic, load_critic
 
     built = load_critic(worker.cfg.critic, Path(setup["checkpoint"]))
     worker.critic = Critic(worker._placed(built.model), worker.cfg.critic)  # AdamW made after placing
@@ -35,7 +35,7 @@ def load_critic_model(worker, setup: dict) -> None:
 
 def sync_critic(worker, path: str, version: int) -> float:
     """The critic at `version` (weights, AdamW, counters) from its state file; returns the seconds it took."""
-    from rlhfless.critic import load_critic_state
+    from rlhfless.learn.critic import load_critic_state
 
     if version == worker.critic_version:
         return 0.0
@@ -60,7 +60,7 @@ def values_chunk(worker, msg: dict) -> None:
 
 def values_end(worker, msg: dict) -> dict:
     """The step's values, [B*G, T], from its chunks in index order, written to msg["out"]."""
-    from rlhfless.critic import join_chunks
+    from rlhfless.learn.critic import join_chunks
 
     st, n = worker.values_step, msg["n_chunks"]
     if st is None or st["step"] != msg["step"] or sorted(st["parts"]) != list(range(n)):
@@ -76,7 +76,7 @@ def values_end(worker, msg: dict) -> dict:
 def ppo_old(worker, msg: dict) -> None:
     """The sampling policy's log-probs of the step's batch, computed while the value function runs (both are
     forwards before the update); kept for `ppo_actor`, no reply."""
-    from rlhfless.ppo import old_logprobs
+    from rlhfless.learn.ppo_update import old_logprobs
 
     t0 = now()
     sync_s = worker._sync(msg["state_path"], msg["version"])
@@ -86,8 +86,8 @@ def ppo_old(worker, msg: dict) -> None:
 
 
 def ppo_actor(worker, msg: dict, conn) -> dict:
-    from rlhfless.learner import save_learner_state
-    from rlhfless.ppo import actor_steps, ppo_schedule, ppo_targets
+    from rlhfless.learn.learner import save_learner_state
+    from rlhfless.learn.ppo_update import actor_steps, ppo_schedule, ppo_targets
 
     pre, worker.ppo_old = worker.ppo_old, None
     pre = pre if pre is not None and pre["step"] == msg["step"] else None
@@ -108,8 +108,8 @@ def ppo_actor(worker, msg: dict, conn) -> dict:
 
 
 def critic_learn(worker, msg: dict) -> dict:
-    from rlhfless.critic import save_critic_state
-    from rlhfless.ppo import critic_steps, ppo_schedule, row_prompts
+    from rlhfless.learn.critic import save_critic_state
+    from rlhfless.learn.ppo_update import critic_steps, ppo_schedule, row_prompts
 
     t0 = now()
     sync_s = sync_critic(worker, msg["critic_state"], msg["critic_version"])

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.plan.timemodel import TimeModel, check_profile_rows
 from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, PROFILE_ROLLOUTS
 
@@ -130,8 +130,8 @@ def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bo
                       max_new_tokens: int) -> tuple[dict, float]:
     """Start one decode worker as every decode function starts (pinned to `cores`, as many torch threads), have
     it measure (`Worker.handle("profile")`), release it; returns (profile, seconds including its start)."""
-    from rlhfless.errors import TrainingError
-    from rlhfless.progress import count_bar
+    from rlhfless.core.errors import TrainingError
+    from rlhfless.core.progress import count_bar
     from rlhfless.runtime.worker import now
 
     t0 = now()

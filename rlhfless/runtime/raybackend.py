@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Listener, wait
 
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied, _without_main, noted
 from rlhfless.runtime.worker import PRELOAD, main, now

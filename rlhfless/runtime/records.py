@@ -12,7 +12,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from rlhfless.errors import DataError, TrainingError
+from rlhfless.core.errors import DataError, TrainingError
 
 
 def now() -> float:

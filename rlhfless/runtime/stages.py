@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlhfless import metrics as M
+from rlhfless.core import metrics as M
 from rlhfless.plan import ActorProgress, SeqProgress, plan_migrations
-from rlhfless.records import Sample
+from rlhfless.core.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied

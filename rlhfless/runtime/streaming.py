@@ -2,7 +2,7 @@
 
 `LearnerStream` lives for one step. The decode stage calls `group_done(g, ...)` as soon as all G rows of group g
 are scored (on any decode function, after any migration); `finish(...)` after the rollout sends the rest and the
-optimiser step. What a rank computes is fixed by group index (`accumulate.microbatches`): micro-batch chunks of
+optimiser step. What a rank computes is fixed by group index (`plan.schedule.microbatches`): micro-batch chunks of
 `runtime.learner_microbatch_groups` groups, contiguous runs of chunks per rank, so the update is bitwise the same
 whether groups stream in during decode (`runtime.overlap`) or all arrive after it, in whatever order they finish.
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from rlhfless import metrics as M
-from rlhfless.accumulate import microbatches
+from rlhfless.core import metrics as M
+from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.dist import reserve_port

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 
 
 def send(conn, msg: dict) -> None:

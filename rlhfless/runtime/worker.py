@@ -31,8 +31,8 @@ from rlhfless.runtime.records import now
 
 # Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
 PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
-           "rlhfless.rollout.session", "rlhfless.learner", "rlhfless.runtime.dist", "rlhfless.tasks.config",
-           "rlhfless.textenv", "rlhfless.config", "rlhfless.dataparallel", "safetensors.torch"]
+           "rlhfless.rollout.session", "rlhfless.learn.learner", "rlhfless.runtime.dist", "rlhfless.tasks.config",
+           "rlhfless.step.textenv", "rlhfless.config", "rlhfless.learn.dataparallel", "safetensors.torch"]
 # rollout.engine=vllm: vLLM's import (about 10 s here) moves out of the cold start too; importing it starts no
 # thread, so forking after it is safe. The local backend only: a Ray node's fork server preloads PRELOAD.
 VLLM_PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "rlhfless.rollout.vllm_engine"]
@@ -127,7 +127,7 @@ class Worker:
 
     def __init__(self, setup: dict):
         from rlhfless.config import RunConfig
-        from rlhfless.configbase import build_config
+        from rlhfless.core.configbase import build_config
 
         self.setup = setup
         self.kinds = tuple(setup["kinds"])
@@ -167,7 +167,7 @@ class Worker:
     def _join(self, d: dict, on_listening=None) -> None:
         """Join the learner's data-parallel group (blocks until every rank has joined); rank 0 calls
         `on_listening` once its rendezvous listens (the driver sends the other ranks their learn_end then)."""
-        from rlhfless.dataparallel import Shard
+        from rlhfless.learn.dataparallel import Shard
         from rlhfless.runtime.dist import init_group
 
         self.shard = Shard(d["rank"], d["world"], init_group(d["rank"], d["world"], d["port"],
@@ -176,7 +176,7 @@ class Worker:
     @functools.cached_property
     def env(self):
         """The run's task and tokenizer (decode functions decode and score their rows here)."""
-        from rlhfless.textenv import make_env
+        from rlhfless.step.textenv import make_env
 
         return make_env(self.cfg)
 
@@ -187,7 +187,7 @@ class Worker:
         if self.model is None:
             self.model = self._placed(load_policy(self.setup["checkpoint"]))
         if "learner" in self.kinds and self.learner is None:
-            from rlhfless.learner import Learner
+            from rlhfless.learn.learner import Learner
 
             self.learner = Learner(self.model, self.cfg.optim, self.cfg.algo,
                                    reuse_prefix=self.cfg.rollout.reuse_prefix_forward)
@@ -200,7 +200,7 @@ class Worker:
         """`model` on this worker's device in train.dtype (the same object on cpu/float32)."""
         import torch
 
-        from rlhfless.devices import place, resolve_dtype
+        from rlhfless.core.devices import place, resolve_dtype
 
         return place(model, torch.device(self.setup.get("torch_device", "cpu")), resolve_dtype(self.cfg.train.dtype))
 
@@ -210,11 +210,11 @@ class Worker:
             return 0.0
         t0 = now()
         if self.learner is not None:
-            from rlhfless.learner import load_learner_state
+            from rlhfless.learn.learner import load_learner_state
 
             load_learner_state(self.learner, state_path)
         else:
-            from rlhfless.learner import load_policy_weights
+            from rlhfless.learn.learner import load_policy_weights
 
             load_policy_weights(self.model, state_path)
         self.version = version
@@ -285,12 +285,12 @@ class Worker:
                                           on_slice=lambda done: wire.send(conn, {"op": "profiling", "done": done}))
         return {"op": "profiled", "rows": rows, "prefill_s_per_token": prefill_s}
 
-    # -- the learner: one accumulated update per step, fed group by group (rlhfless.accumulate) ----------------
+    # -- the learner: one accumulated update per step, fed group by group (rlhfless.learn.accumulate) ----------------
     def _learn_begin(self, msg: dict) -> None:
         """Start the step's update: weights (and AdamW) at the step's version, the seed, this rank's chunks."""
         import torch
 
-        from rlhfless.accumulate import AccumulatedUpdate
+        from rlhfless.learn.accumulate import AccumulatedUpdate
 
         sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
         torch.manual_seed(msg["seed"])
@@ -300,7 +300,7 @@ class Worker:
 
     def _learn_group(self, msg: dict) -> None:
         """Forward/backward of a finished group's micro-batch (once all of its groups are in); no reply."""
-        from rlhfless.accumulate import GroupBatch
+        from rlhfless.learn.accumulate import GroupBatch
 
         t0 = now()
         prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
@@ -314,7 +314,7 @@ class Worker:
         """The optimiser step (all-reduce across ranks), the next state version written by rank 0."""
         import torch
 
-        from rlhfless.learner import save_learner_state
+        from rlhfless.learn.learner import save_learner_state
 
         if msg.get("dist") and self.shard is None:
             announce = None

@@ -59,12 +59,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.accumulate import microbatches
-from rlhfless.errors import DataError
-from rlhfless.jsonl import iter_jsonl
+from rlhfless.core.errors import DataError
+from rlhfless.core.jsonl import iter_jsonl
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.plan.balancer import job_finish_s
-from rlhfless.runtime.policy import HISTORY as PREWARM_HISTORY
+from rlhfless.plan.schedule import PREWARM_HISTORY, microbatches
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
@@ -159,7 +158,7 @@ def _jsonl(path: Path) -> list[dict]:
 def read_arm(path: str | Path, name: str | None = None) -> Arm:
     """One arm's run dir. Missing records are a DataError naming the file; so is a run with a function the
     model does not play (module header)."""
-    from rlhfless.configbase import load_yaml
+    from rlhfless.core.configbase import load_yaml
 
     p = Path(path)
     for f in ("config.yaml", "metrics.jsonl", "invocations.jsonl", "workers.jsonl"):  # workers.jsonl: at the end
@@ -238,7 +237,7 @@ def kept(arm: Arm, g: GroupWork) -> bool:
 
 
 def rank_groups(arm: Arm, n_groups: int) -> list[list[int]]:
-    """Group indices per learner rank (`accumulate.microbatches`: fixed by index)."""
+    """Group indices per learner rank (`plan.schedule.microbatches`: fixed by index)."""
     return [[g for chunk in r for g in chunk] for r in microbatches(n_groups, arm.microbatch, arm.learners)]
 
 

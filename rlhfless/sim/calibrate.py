@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.sim.hardware import DEVICES, DeviceSpec, ModelShape
 from rlhfless.sim.perf import Efficiency, PerfModel
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from rlhfless.cliargs import count
+from rlhfless.core.cliargs import count
 from rlhfless.sim import MAX_SIM_STEPS, SCENARIO_HELP
-from rlhfless.errors import ConfigError
+from rlhfless.core.errors import ConfigError
 
 
 def _print_case(case: dict) -> None:
@@ -65,7 +65,7 @@ def ppo_line(p: dict) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from rlhfless.jsonl import write_json
+    from rlhfless.core.jsonl import write_json
 
     if args.validate:
         from rlhfless.sim.validate import validate
@@ -118,7 +118,7 @@ def _figures(report: dict, out: str) -> None:
 
 
 def cmd_what_if(args: argparse.Namespace) -> int:
-    from rlhfless.jsonl import write_json
+    from rlhfless.core.jsonl import write_json
     from rlhfless.sim.whatif import render, what_if
 
     report = what_if(args.model, args.devices, args.prices, args.deadline_ratio, args.budget_usd, args.trace,

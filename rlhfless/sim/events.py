@@ -23,7 +23,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.plan.records import Invocation
 
 # priorities at equal times: releases first (free devices before anyone asks), then stage starts, then the rest

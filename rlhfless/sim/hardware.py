@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfless.errors import ConfigError, DataError, require
+from rlhfless.core.errors import ConfigError, DataError, require
 
 GB = 1e9
 TINY_CONFIG = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "sft" / "config.json"

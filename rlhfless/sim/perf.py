@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rlhfless.errors import ConfigError, require
+from rlhfless.core.errors import ConfigError, require
 from rlhfless.plan.timemodel import TimeModel
 from rlhfless.sim.hardware import DeviceSpec, ModelShape
 from rlhfless.sim.overheads import DEFAULT

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.configbase import from_dict
-from rlhfless.errors import ConfigError, require
+from rlhfless.core.configbase import from_dict
+from rlhfless.core.errors import ConfigError, require
 from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
 from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
@@ -244,7 +244,7 @@ def _gsm8k_pool(path: str, template_tokens: int):
 def gsm8k_path(given: str):
     """The GSM8K file to use: `given` when set (it must exist), else the first that exists of $RLHFLESS_GSM8K and
     ../shared beside the checkout or beside its parent (worktrees); None when there is none."""
-    from rlhfless.errors import DataError
+    from rlhfless.core.errors import DataError
 
     if given:
         if not Path(given).is_file():
@@ -439,7 +439,7 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
 
 def case_configs(name: str, steps: int | None, overrides: list[str]) -> list[SimConfig]:
     """The scenario's cases with --steps and key=value overrides applied (unknown scenario: ConfigError)."""
-    from rlhfless.configbase import apply_overrides
+    from rlhfless.core.configbase import apply_overrides
 
     if name not in SCENARIOS:
         raise ConfigError(f"scenario: unknown scenario {name!r}; allowed: {', '.join(SCENARIOS)}")

@@ -13,7 +13,7 @@ two errors are the arm model's (`errors_from: arms`), else the stage model's bel
     trace with the planner's time model (`fit_decode`); prefill, update and the remaining loop seconds are linear
     in the tokens they process (`fit_linear`). PPO runs (`algo.name: ppo`, inline only) add the `values` stage
     (the critic's forward: linear in the prompt + response tokens of the batch, as the update) and fit their
-    update (actor + critic, `rlhfless.ppo.ppo_update`) as seconds per token per epoch plus seconds per optimiser
+    update (actor + critic, `rlhfless.learn.ppo_update.ppo_update`) as seconds per token per epoch plus seconds per optimiser
     step (epochs x mini-batches), so a calibration run with other `algo.ppo_epochs` or `algo.ppo_mini_batches`
     carries over (a constant per-run term would not). Fitted on `calibrate_from` (another run) when given, else on
     alternate steps (1, 3, 5, ...) and validated on the others: on shared cores the neighbours' load drifts over
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import DataError
+from rlhfless.core.errors import DataError
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.sim.calibrate import cpu_decode_model, fit_linear
 from rlhfless.sim.hardware import tiny_model
@@ -88,7 +88,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 def load_run(path: str | Path) -> RunData:
     """Read a run dir; a missing config, metrics or trace is a DataError naming the file."""
-    from rlhfless.configbase import load_yaml
+    from rlhfless.core.configbase import load_yaml
 
     p = Path(path)
     cfg_path = p / "config.yaml"
@@ -108,7 +108,7 @@ def load_run(path: str | Path) -> RunData:
     algo = run_algo(config, cfg_path, mode)
     if algo == "ppo" and not any("timing_s/values" in r for r in metrics.values()):
         raise DataError(f"validate: {p / 'metrics.jsonl'}: algo.name is ppo but no step has timing_s/values (the "
-                        "critic's forward, timed by rlhfless.loop)")
+                        "critic's forward, timed by rlhfless.step.loop)")
     return RunData(p, mode, config, metrics, work, _jsonl(p / "invocations.jsonl"), _jsonl(p / "workers.jsonl"),
                    algo)
 
@@ -203,7 +203,7 @@ def unique_prompt_tokens(step: StepWork) -> float:
 
 def ppo_update_features(steps: list[StepWork], config: dict) -> np.ndarray:
     """(steps, 2): per step, the tokens PPO's update passes over (prompt + response of every sequence x epochs)
-    and its optimiser steps (epochs x mini-batches, each one actor and one critic step; `rlhfless.ppo`).
+    and its optimiser steps (epochs x mini-batches, each one actor and one critic step; `rlhfless.learn.ppo_update`).
     Tokens, not the padded batch: on four 20-step quickstart_ppo runs (docs/simulator.md, A-D) the padded count
     (rows x (longest prompt + longest response)) validated worse on three, for the update and for the values."""
     algo = config["algo"]
@@ -487,7 +487,7 @@ def ppo_structure(run: RunData) -> dict:
     algo = run.config["algo"]
     kl = float(algo.get("kl_coef") or 0.0)
     ep, mb = int(algo["ppo_epochs"]), int(algo["ppo_mini_batches"])
-    # rlhfless.ppo recomputes the old log-probs when more than one optimiser step follows or the KL is a reward
+    # rlhfless.learn.ppo_update recomputes the old log-probs when more than one optimiser step follows or the KL is a reward
     old = ep * min(mb, min(s.n_seqs for s in steps)) > 1 or (kl > 0 and algo.get("kl_in", "auto") in ("auto", "reward"))
     sim = simulated_ppo_ratios(old)
     out = {"steps": len(steps), "mean_s": mean, "ppo_epochs": ep, "ppo_mini_batches": mb,
@@ -501,7 +501,7 @@ def ppo_structure(run: RunData) -> dict:
     out["update_over_actor_update"] = (
         _row(sim["update_over_actor_update"], mean["update"] / actor) if has_critic_t and actor > 0 else
         {"simulated": sim["update_over_actor_update"],
-         "missing": "timing_s/update_critic not in every step of metrics.jsonl (runs recorded before rlhfless.ppo "
+         "missing": "timing_s/update_critic not in every step of metrics.jsonl (runs recorded before rlhfless.learn.ppo_update "
                     "timed the critic's steps)"})
     out["update_over_actor_update"]["simulated_training_only"] = sim["training_only"]
     out["note"] = ("simulated: perf.PPO_MODELS models of the policy's size on this machine's cpu-core model "

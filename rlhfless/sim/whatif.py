@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import ConfigError, DataError, require
+from rlhfless.core.errors import ConfigError, DataError, require
 
 LAMS = (0.0, 0.5, 1.0)
 """Lambdas tried (the scaler's time-vs-cost weight)."""
@@ -48,7 +48,7 @@ def load_prices(path: str | None) -> dict:
     optional; a bad file raises DataError / ConfigError naming --prices."""
     if not path:
         return {}
-    from rlhfless.configbase import load_yaml
+    from rlhfless.core.configbase import load_yaml
     from rlhfless.plan.cost import CATALOG
 
     if not Path(path).is_file():
@@ -132,7 +132,7 @@ def what_if(model: str, devices: str, prices: str | None = None, deadline_ratio:
             budget_usd: float | None = None, trace: str | None = None, steps: int = 6,
             prompts_per_step: int = 512, group_size: int = 8, seed: int = 0) -> dict:
     """Serverful and serverless on the user's devices, and the recommendation (module header)."""
-    from rlhfless.configbase import from_dict
+    from rlhfless.core.configbase import from_dict
     from rlhfless.sim.policies import RLHFless, Switches, Verl
     from rlhfless.sim.scenario import SimConfig, clusters, simulate_policy, workload
 

@@ -2,7 +2,7 @@
 
 Purpose: three sources, one record (`StepWork`: a step's `GroupWork`s), so every policy sees the same lengths, as
 the paper's replayed baseline does:
-  * `replay_trace(path)`: a recorded trace (`rlhfless.traces`: one row per response) grouped by (step, prompt);
+  * `replay_trace(path)`: a recorded trace (`rlhfless.core.traces`: one row per response) grouped by (step, prompt);
   * `synthetic(cfg)`: the multi-epoch generator of `rlhfless.predictor.synthetic` (per-prompt lognormal base,
     epoch jitter, within-group noise, truncation at the response cap), with prompt lengths drawn from GSM8K
     questions when `gsm8k` is given (`gsm8k_prompt_tokens`), else lognormal;
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.errors import DataError, require
+from rlhfless.core.errors import DataError, require
 from rlhfless.predictor.synthetic import SyntheticParams, generate_trace
 
 
@@ -171,7 +171,7 @@ def _synthetic_arrays(p: SyntheticParams, plen: np.ndarray, steps: int, seed: in
 
 def replay_trace(path: str | Path, steps: int | None = None) -> list[StepWork]:
     """Steps of a recorded trace (rows grouped by step, then prompt, in file order); rewards kept."""
-    from rlhfless.traces import read_trace
+    from rlhfless.core.traces import read_trace
 
     by_step: dict[int, dict[str, list]] = defaultdict(dict)
     epoch_of: dict[int, int] = {}

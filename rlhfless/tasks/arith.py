@@ -23,8 +23,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhfless.errors import ConfigError, require
-from rlhfless.records import Prompt
+from rlhfless.core.errors import ConfigError, require
+from rlhfless.core.records import Prompt
 from rlhfless.tasks.base import Score
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from rlhfless.records import Prompt
+from rlhfless.core.records import Prompt
 
 
 @dataclass(frozen=True)

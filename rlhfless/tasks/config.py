@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rlhfless.errors import require
+from rlhfless.core.errors import require
 from rlhfless.tasks.arith import ArithTask, ArithTaskConfig
 from rlhfless.tasks.base import Task
 from rlhfless.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig
-from rlhfless.tasks.jsonl import JSONLTask, JSONLTaskConfig
+from rlhfless.tasks.jsonl_task import JSONLTask, JSONLTaskConfig
 
 TASK_NAMES = ("arith", "gsm8k", "jsonl")
 

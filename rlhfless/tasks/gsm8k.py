@@ -1,7 +1,7 @@
 """GSM8K: a JSONL loader (`question`, `answer`) with a few-shot/system template, and the GSM8K task with its reward.
 
 Two users:
-- `load_prompts(GSM8KConfig)`: a realistic prefill workload (`rlhfless.bench.engine`): every prompt starts with
+- `load_prompts(GSM8KConfig)`: a realistic prefill workload (`rlhfless.bench.engine_bench`): every prompt starts with
   the same system line and worked examples, the cross-prompt prefix that deduplicated prefill computes once.
 - `GSM8KTask(GSM8KTaskConfig)`: the verifiable-reward task behind `tasks.base.Task` (`task.name: gsm8k`).
   Reward (`score`): 1 when the response's final answer (`tasks.answers.extract_final`: after the last ``####``,
@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfless.errors import DataError, require
-from rlhfless.jsonl import iter_jsonl
-from rlhfless.records import Prompt
+from rlhfless.core.errors import DataError, require
+from rlhfless.core.jsonl import iter_jsonl
+from rlhfless.core.records import Prompt
 from rlhfless.tasks.answers import answers_match, extract_final, marked_final, normalize_number
 from rlhfless.tasks.base import Score
 from rlhfless.tasks.hashsplit import check_split_fields, hash_split, normalize_question
@@ -195,3 +195,11 @@ class GSM8KTask:
 
     def score(self, response: str, answer: str, finished: bool) -> Score:
         return score(response, answer, finished, self.cfg.format_reward)
+
+
+def corpus_texts(path: str | Path) -> list[str]:
+    """The question and answer texts of a GSM8K-format JSONL, in file order (the tokenizer's training corpus)."""
+    why = missing_message(path)
+    if why:
+        raise DataError(why)
+    return [t for qa in read_jsonl(path) for t in (qa.question, qa.answer)]

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from rlhfless.errors import DataError, require
+from rlhfless.core.errors import DataError, require
 
 T = TypeVar("T")
 

@@ -1,0 +1,167 @@
+"""One PPO update of the policy and the critic from a scored rollout batch (math in `rlhfless.algo.ppo`).
+
+    values (the critic, before any update) + rewards -> per-token rewards (KL penalty when algo.kl_in is reward)
+    -> GAE advantages (whitened) and returns                                           `ppo_targets`
+    -> algo.ppo_epochs passes, each over algo.ppo_mini_batches shuffled slices of the sequences (`ppo_schedule`):
+       one actor step (clipped surrogate) per slice                                     `actor_steps`
+       one critic step (clipped value loss) per slice                                   `critic_steps`
+
+Given the targets the two updates are independent (different models, optimisers and inputs), so the inline loop
+runs them one after the other (`ppo_update`) and the runtime runs them as two functions side by side
+(`rlhfless.runtime.ppo_stages`): the same numbers either way, bit for bit at the same thread count.
+
+Deviations from verl: mini-batches are counted (`ppo_mini_batches`), not sized (verl's ppo_mini_batch_size); every
+pass reshuffles with a seed of (update, epoch); verl updates the critic over the whole batch first, then the actor,
+here the actor goes first (independent, so only the timing differs). Old log-probs are the sampling policy's:
+recomputed under no_grad when more than one optimiser step follows or the KL enters the reward; with one step and
+no KL reward they are the update's own detached forward (bitwise the same, one forward cheaper), as in
+`rlhfless.learn.learner`. Metrics are means over the update's mini-batch steps (verl's reduction);
+`timing_s/update_critic` is the sum of the critic's mini-batch steps (forward, backward, optimiser step), so inline
+the actor's share of `timing_s/update` is the rest (what `rlhfless simulate --validate` sets beside the
+simulator's `perf.PPO_MODELS` structure).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from rlhfless.core import metrics as M
+from rlhfless.algo.grpo import grpo_loss
+from rlhfless.algo.ppo import mini_batches, ppo_advantages, token_rewards, value_loss
+from rlhfless.algo.config import GRPOConfig
+from rlhfless.learn.critic import Critic, response_values
+from rlhfless.learn.learner import Learner
+from rlhfless.rollout.forward import pad_responses, response_logprobs
+
+
+@dataclass
+class PpoTargets:
+    """What both updates train towards, fixed before either steps. N = B*G rows (group-major), T = the padded
+    response length."""
+
+    rows_prompts: list[list[int]]
+    """[N] each row's prompt (mini-batches cut across groups)."""
+    mask: torch.Tensor
+    """[N, T] bool response tokens."""
+    old: torch.Tensor | None
+    """[N, T] the sampling policy's log-probs, when recomputed (several optimiser steps or the KL in the reward)."""
+    advantages: torch.Tensor
+    """[N, T] GAE advantages (whitened with algo.whiten_advantages)."""
+    returns: torch.Tensor
+    """[N, T] the critic's regression targets."""
+    metrics: dict[str, float]
+
+
+def ppo_targets(learner: Learner, prompts: list[list[int]], responses: list[list[int]], rewards: torch.Tensor,
+                values: torch.Tensor, ref_logp: torch.Tensor | None = None,
+                old: torch.Tensor | None = None) -> PpoTargets:
+    """Advantages and returns of a batch. prompts: B token lists; responses: B*G (group-major); rewards: [B*G]
+    outcome rewards; values: [B*G, T] the critic's values of the rollout (`Critic.values`); ref_logp: [B*G, T]
+    when kl_coef > 0; old: `old_logprobs` computed ahead (the runtime's actor does it during the value forward),
+    else computed here when needed. Uses the policy only for the old log-probs, before any step."""
+    cfg = learner.algo
+    rows_prompts = row_prompts(prompts, len(responses), cfg.group_size)
+    mask = pad_responses(responses)[1].bool()
+    kl_reward = cfg.kl_coef if cfg.kl_in_reward else 0.0
+    if old is None and needs_old_logprobs(cfg, len(responses)):
+        old = old_logprobs(learner, prompts, responses)
+    tok_r, metrics = token_rewards(rewards, mask, kl_reward, old, ref_logp)
+    adv, returns, adv_metrics = ppo_advantages(tok_r, values, mask, cfg.gamma, cfg.lam, cfg.whiten_advantages)
+    metrics.update(adv_metrics)
+    return PpoTargets(rows_prompts, mask, old, adv, returns, metrics)
+
+
+def needs_old_logprobs(cfg: GRPOConfig, n_rows: int) -> bool:
+    """Whether the sampling policy's log-probs must be recomputed: several optimiser steps (the ratio moves away
+    from 1 after the first) or the KL in the reward."""
+    return cfg.ppo_epochs * min(cfg.ppo_mini_batches, n_rows) > 1 or (cfg.kl_in_reward and cfg.kl_coef > 0)
+
+
+@torch.no_grad()
+def old_logprobs(learner: Learner, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
+    """[B*G, T] the sampling policy's log-probs of every response token (rows in full, no prefix reuse), in eval
+    mode as the rollout sampled them, whatever mode the model was left in (a worker's, or the inline loop's)."""
+    learner.model.eval()
+    rows = row_prompts(prompts, len(responses), learner.algo.group_size)
+    return response_logprobs(learner.model, rows, responses, 1).logp
+
+
+def row_prompts(prompts: list[list[int]], n_rows: int, group_size: int) -> list[list[int]]:
+    """[n_rows] each group-major row's prompt: PPO's mini-batches cut across groups, so rows go one by one."""
+    return [prompts[r // group_size] for r in range(n_rows)]
+
+
+def ppo_schedule(cfg: GRPOConfig, n_rows: int, seed: int, updates: int) -> list[list[int]]:
+    """The update's mini-batches in order (row indices), epochs after one another; the actor and the critic step
+    on the same ones. `updates`: updates done before this one (the policy's and the critic's counters agree)."""
+    return [rows for epoch in range(cfg.ppo_epochs)
+            for rows in mini_batches(n_rows, cfg.ppo_mini_batches, seed=f"{seed}:{updates}:{epoch}")]
+
+
+def _means(steps: dict[str, list[float]]) -> dict[str, float]:
+    return {k: sum(v) / len(v) for k, v in steps.items()}
+
+
+def actor_steps(learner: Learner, t: PpoTargets, responses: list[list[int]], ref_logp: torch.Tensor | None,
+                schedule: list[list[int]]) -> dict[str, float]:
+    """The policy's optimiser steps, one per mini-batch (each cut to its own longest response); returns the actor's
+    metrics (means over the steps) and counts the update. Raises TrainingError on a non-finite loss or gradient."""
+    cfg = learner.algo
+    lr = learner.lr_for_update()
+    steps: dict[str, list[float]] = defaultdict(list)
+    for rows in schedule:
+        sub_p, sub_r = [t.rows_prompts[r] for r in rows], [responses[r] for r in rows]
+        learner.model.train()
+        out = response_logprobs(learner.model, sub_p, sub_r, 1, with_entropy=True)
+        T = out.logp.shape[1]
+        ref = ref_logp[rows, :T] if ref_logp is not None else None
+        old = out.logp.detach() if t.old is None else t.old[rows, :T]
+        loss, metrics = grpo_loss(out.logp, old, ref, t.advantages[rows, :T], t.mask[rows, :T], cfg,
+                                  entropy=out.entropy)
+        learner.step_loss(loss)
+        metrics[M.GRAD_NORM] = learner.last_grad_norm
+        for k, v in metrics.items():
+            steps[k].append(v)
+    learner.updates += 1
+    return {**_means(steps), M.LR: lr}
+
+
+def critic_steps(critic: Critic, cfg: GRPOConfig, rows_prompts: list[list[int]], responses: list[list[int]],
+                 values: torch.Tensor, returns: torch.Tensor, schedule: list[list[int]]) -> dict[str, float]:
+    """The critic's optimiser steps on the same mini-batches; returns its metrics (means over the steps, its
+    learning rate, and `timing_s/update_critic`: the seconds of the steps) and counts the update."""
+    mask = pad_responses(responses)[1].bool()
+    steps: dict[str, list[float]] = defaultdict(list)
+    lr = critic.metrics()
+    t0 = time.perf_counter()
+    for rows in schedule:
+        sub_p, sub_r = [rows_prompts[r] for r in rows], [responses[r] for r in rows]
+        critic.model.train()
+        vpred = response_values(critic.model, sub_p, sub_r, 1)
+        T = vpred.shape[1]
+        vloss, vm = value_loss(vpred, values[rows, :T], returns[rows, :T], mask[rows, :T], cfg.value_clip,
+                               cfg.loss_agg, cfg.max_seq_len_norm)
+        vm[M.CRITIC_GRAD_NORM] = critic.step(vloss)
+        for k, v in vm.items():
+            steps[k].append(v)
+    critic.updates += 1
+    return {**_means(steps), **lr, M.timing("update_critic"): time.perf_counter() - t0}
+
+
+def ppo_update(learner: Learner, critic: Critic, prompts: list[list[int]], responses: list[list[int]],
+               rewards: torch.Tensor, values: torch.Tensor, ref_logp: torch.Tensor | None = None,
+               seed: int = 0) -> dict[str, float]:
+    """One PPO update in this process (the inline loop). Arguments as `ppo_targets`; seed: the run's seed.
+
+    Raises TrainingError on a non-finite loss or gradient (policy or critic), before that optimiser's step.
+    """
+    t = ppo_targets(learner, prompts, responses, rewards, values, ref_logp)
+    schedule = ppo_schedule(learner.algo, len(responses), seed, learner.updates)
+    metrics = dict(t.metrics)
+    metrics.update(actor_steps(learner, t, responses, ref_logp, schedule))
+    metrics.update(critic_steps(critic, learner.algo, t.rows_prompts, responses, values, t.returns, schedule))
+    return metrics
