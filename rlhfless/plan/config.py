@@ -71,7 +71,7 @@ class PlanConfig:
     warm_bill_s: float = 0.0
     """Seconds each warm decode actor is billed before the step (kept alive through the idle gap since its last
     use, or restarted that far ahead), >= 0; 0 = a warm actor costs nothing before the step (the runtime's
-    planner as before issue 19)."""
+    planner without the whole-step scorer)."""
     hybrid_warm: int = 0
     """Of the warm decode actors, how many (the busiest) are hybrid functions kept from the last step's learner
     (decode and learner are handlers of one image, `runtime.hybrid`): they hold the step's new weights, so they

@@ -1,65 +1,16 @@
 """Cost-aware actor scaling: how many decode actors to start this step, and whether to cut and migrate.
 
-Purpose: `choose(jobs, cfg, time_model, n_warm)` evaluates every candidate N in cfg.min_actors..max_actors:
-assignment (cfg.policy) -> per-actor busy seconds -> decode invocations -> predicted step time T(N) and billed
-cost C(N). Busy seconds come from the fast sweep (`rlhfless.plan.sweep`: all candidates at once from prefix sums;
-exact when no actor queues and each job has one predicted length, an estimate otherwise, flagged per
-candidate), or, with cfg.exact_sweep or cfg.simulate_migration, from simulating each candidate (with
-cut-and-migrate at tau for the latter). The chosen N's plan is always simulated exactly. Per active actor:
-    duration = cold_start_s (if it starts cold) + weight_sync_s + busy_s   (busy = fixed + prefill + decode)
-    T(N) = max duration;  C(N) = serverless cost of the invocations under cfg.billing at cfg.gpu_kind prices.
-Warm instances (n_warm, kept from the last step) go to the busiest actors (by the plan's predicted busy time),
-so cold starts avoid the critical path; a warm one is billed cfg.warm_bill_s before the step (the pre-warm rule:
-kept alive through the idle gap, or restarted ahead), and so is each of the n_warm a candidate leaves unused.
-n_warm=None: every candidate's actors warm (a pool pre-warmed to the candidate's size, none unused).
-Hybrid functions (cfg.hybrid_warm of the warm pool, the busiest actors; the simulator's `Switches.hybrid`): kept
-from the last step's learner, they hold the new weights, so duration = hybrid_sync_s + busy_s, billed from the
-step's start; those a candidate leaves unused stay learner blocks (whole step), not idle decode instances.
-Outcomes (`choose(..., draws=...)`, issue 19): the predicted means make every sample of a group end together
-and give no actor a tail, so T(N) fell short of the simulated step more the more actors N had (paper-sim,
-whole step: 36 s predicted for 44 s simulated at N=12, 43.5 for 46.7 at N=3) and lambda=1 chose too many actors.
-Given draws (per-sequence lengths drawn from the predicted distribution, `rlhfless.predictor.spread`), each
-candidate's plan (placed and admitted on the predictions, as a runtime would) is played on every draw, cuts
-decided on the predictions, and T(N), C(N) are the means over the draws (expected step time and cost: lambda
-keeps its meaning). Without draws the predictions alone are played, as before (the runtime's planner).
-Choice:
-  * objective "score": argmin  lam * T(N)/min_N T  +  (1 - lam) * C(N)/min_N C   (C in dollars; a zero
-    minimum makes that ratio 1); ties -> fewer actors.
-  * "min_cost_under_deadline": cheapest N with T <= deadline_s (ties: faster, then fewer actors);
-  * "min_time_under_budget": fastest N with C <= budget_usd (ties: cheaper, then fewer actors).
-  If no candidate meets the constraint, the closest is taken (fastest / cheapest) and constraint_met=False.
-Cut-and-migrate (cfg.migrate): the chosen N's plan is simulated with cuts at cfg.tau
-(`migrate.simulate_with_migration`) and costed the same way; the plan includes the cuts only when the same rule
-prefers them to the plan without cuts (scores normalised over the table and both variants; ties: no cuts).
-Cuts cannot make a straggler finish sooner in this time model (one token per iteration wherever it runs, plus
-the KV transfer), so they pay only in cost (a cut actor stops billing) or when a queue drains: with lam = 0.5
-they are usually declined, with a cost-heavy lam or objective taken. `balancer/migrate_used` says which;
-`balancer/migrate_predicted_step_s` / `_cost_usd` log the variant with cuts either way.
+`choose(jobs, cfg, time_model, n_warm)` prices every candidate N in min_actors..max_actors (assignment, per-actor
+busy seconds from the fast sweep or a simulation, cold starts and weight syncs, billed cost under cfg.billing),
+scores each and returns a `ScalingDecision`; the chosen N's plan is always simulated exactly. The rule it keeps:
+T(N) and C(N) come from the same time model and billing rules the runtime's meter and the simulator read.
+Objectives, warm and hybrid instances, outcome draws, whole-step scoring, cut-and-migrate and the wide actor are
+described in docs/internals.md#planscalerpy.
 
-Whole step (cfg.learner.whole_step, issue 19): the decode actors wait for the prefill function's KV
-(duration = max(cold + sync, prefill_s) + busy), and T(N), C(N) add what follows decode: the learner's scoring
-and forward/backward, overlapped with the decode tail on freed devices when cfg.learner.overlap, the optimizer
-step, and the bills of the prefill function and the learner's blocks (`rlhfless.plan.overlap.whole_step_tail`;
-each group's work arrives at its predicted finish: one continuous-batching simulation per candidate, as
-exact_sweep does). lambda keeps its meaning:
-the same score over whole-step T and C.
-Per-actor TP (`choose(..., wide=WideActor)`, `rlhfless.plan.wide`): the chosen N's straggler is also costed on
-the wide engine (more devices, faster tail) and runs there only where the same rule as for cuts prefers it and the
-device budget holds it (`ScalingDecision.wide_actor`, metric `scaler/wide_actor_used`); warm, it is billed
-cfg.warm_bill_s before the step even where a hybrid function stood (the wide engine is a new function).
-Whole-step scoring is on wherever the learner's costs are known: the simulator's RLHFless always sets it (with
-draws, warm bills and its perf model's learner). PlanConfig keeps learner.whole_step=False by default, so the real
-runtime's planner scores decode alone as before: its learner costs (s_per_token, cold start) are not calibrated
-per run there, and the runtime's behaviour is unchanged by issue 19's scaler work.
-"min_cost_at_deadline": the deadline is deadline_ratio x T of the serverful plan (max_actors, round robin, all
-warm, costed by the same model), then as "min_cost_under_deadline".
-`ScalingDecision.predicted_device_s` (metric plan/predicted_device_s): the chosen row's billed device-seconds.
-
-Non-goals: only the number of decode actors is chosen; the learner's size follows from the device budget.
-
-Deviations from the paper: the paper states the score only as "normalised time vs normalised cost with weight
-lambda"; normalising by the best candidate is ours, as are the constrained objectives and the rule that keeps
-cuts only where the time model says they help (the paper always cuts at tau).
+Deviations from the paper:
+1. Time and cost are normalised by the best candidate (the paper says only "normalised, weight lambda").
+2. The constrained objectives (deadline, budget, cost at a deadline) are ours.
+3. Cuts are kept only where the same score prefers them (the paper always cuts at tau).
 """
 
 from __future__ import annotations

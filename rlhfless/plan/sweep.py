@@ -1,41 +1,13 @@
-"""Fast candidate sweep: the assignment and per-actor busy seconds of EVERY candidate N, without simulating.
+"""Fast candidate sweep: the assignment and per-actor busy seconds of every candidate N, without simulating.
 
-Purpose: the scaler weighs 64 candidate actor counts per step; simulating each (`timemodel.simulate`) costs
-milliseconds per candidate. This module predicts per-actor busy seconds from prefix sums, with work per
-candidate proportional to its number of actors, not to its number of sequences:
-  * Layout: jobs sorted by mean predicted length, longest first (the order the length-aware policies admit
-    them), each job's sequences longest first; an actor's sequences are its jobs in that order.
-  * Closed form (actor with m <= capacity sequences, all admitted at iteration 0): with its lengths in layout
-    order L_1, ..., L_m, decode_s = sum_r L_r * (f(r) - f(r - 1)), f = seconds per iteration at batch r,
-    f(0) = 0. When L_1 >= ... >= L_m this equals the continuous-batching simulation: between the (m-r)-th and
-    the (m-r+1)-th finish the batch is r. The layout is sorted inside an actor whenever predictions are one
-    length per job (the paper's per-prompt EWMA) and the policy keeps length order; `SweepResult.exact` says
-    per candidate whether that held. f is piecewise linear with integer breakpoints, so f(r) - f(r-1) is
-    constant on a few rank buckets and the sum is a few prefix-sum differences per actor.
-  * Queued actor (m > capacity C): APPROXIMATION. The queue keeps the batch full until it empties, so every
-    token except the tail's costs the full-batch share f(C)/C; the tail (the layout's last C sequences, the
-    shortest, which are the ones still decoding when the queue empties) drains as one batch:
-    decode_s ~= (W - W_tail) * f(C)/C + closed_form(tail). For per-sample lengths out of layout order the rank-1
-    term is corrected with the actor's true longest sequence (`_top_fix`).
-    Measured against the simulation (tests/test_plan_sweep.py: 3 heavy-tailed workloads of 128 groups x 8,
-    capacity 64, N = 1..24): actors that do not queue within 1% (per-sample lengths; exact for per-job
-    lengths); queued actors within 7%, except lightly queued ones (1-1.5x capacity) that it underestimates by up
-    to 14% (their queued jobs run late at a small batch); T(N) within 7%, C(N) within 3%, and the chosen N's
-    exact score within 1% of the exact optimum. Bench workload (8,192 sequences, capacity 256, N = 1..64):
-    T(N) within 1.5%, C(N) within 0.6%, same choice as simulating every candidate.
-  * Time-balanced contiguous chunks (the `contiguous` policy's rule, used by `balancer.assign` too): start from
-    equal-token-work chunks of the sorted jobs, then PASSES times: predict each chunk's busy seconds with the
-    estimator above, give each job the time share work_j * busy_chunk / work_chunk, and re-cut the sorted jobs
-    at equal cumulative predicted time (a job goes to the chunk that holds its time midpoint). A fixed point
-    of this map has equal predicted busy time per actor (up to job granularity). Equal token work alone
-    leaves the long-sequence chunks slower under a batch-size-dependent time model: few long sequences run at
-    small batches, where an iteration costs most per token.
+From prefix sums over the jobs sorted longest first, work per candidate grows with its actors, not its sequences.
+The rule it keeps: exact for actors that never queue and one predicted length per job (flagged per candidate in
+`SweepResult.exact`); queued actors are an approximation whose measured error, and the time-balanced contiguous
+chunking, are described in docs/internals.md#plansweeppy.
 
-Non-goals: no migration (the scaler's `simulate_migration` path simulates), no exact queueing (the chosen plan
-is always simulated exactly by `balancer.build_plan`).
-
-Deviations from the paper: the paper does not say how chunk boundaries are chosen nor how T(N) is computed
-for 64 candidates within its "under 30 ms"; the time-balanced rule and the estimator are ours.
+Deviations from the paper:
+1. The paper says neither how chunk boundaries are chosen nor how T(N) is computed for 64 candidates in 30 ms;
+   the time-balanced rule and the estimator are ours.
 """
 
 from __future__ import annotations

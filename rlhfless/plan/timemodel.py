@@ -1,35 +1,14 @@
 """Time model of a decode actor: a continuous-batching engine simulated event by event.
 
-Purpose: predict how long each decode actor is busy for a given assignment, from a time-per-iteration profile
-(seconds per decode iteration as a function of the running batch size, piecewise-linear between profiled points),
-plus prefill seconds per prompt token and a fixed per-actor overhead. The simulation is exact for that model:
-  * an actor has `capacity` slots (max concurrent sequences, i.e. its KV budget);
-  * jobs are admitted FIFO in plan order; a job's n_seqs sequences are admitted together ("gang" admission,
-    so the shared prefix KV is built once) as soon as n_seqs slots are free;
-  * every iteration each running sequence emits one token; a sequence of length L leaves L iterations after it
-    entered, freeing its slot; the iteration time is s_per_iter(current batch), so an actor whose batch shrinks
-    speeds up, as a real continuous-batching engine does.
-The busy decode time is sum over piecewise-constant batch segments of (segment iterations x s_per_iter(batch)),
-computed with numpy over entry/finish events of all actors at once; only actors whose sequences exceed their
-capacity need a Python heap (one push and pop per sequence) to find admission times. `simulate_fast` gives the
-same numbers faster: an actor that never queues admits everything at iteration 0, so with its lengths sorted
-ascending L_(1) <= ... <= L_(m) the batch is m - j + 1 on (L_(j-1), L_(j)] and decode = sum_j (L_(j) - L_(j-1))
-x s_per_iter(m - j + 1), one sort for all such actors. Queued actors whose jobs all have g sequences (GRPO
-groups) run in lock step on a matrix of sorted slot-free iterations, several jobs per numpy step where the FIFO
-provably takes the same slots (`_lockstep_fifo`), and their decode seconds come from the slots each job waited
-for, without sorting events (`_lockstep_decode`: while a job waits the batch is capacity minus the slots freed
-so far); other queued actors go through `simulate`. Admissions and peaks equal `simulate`'s value for value,
-decode seconds up to float rounding (tested).
+From a time-per-iteration profile (seconds per iteration vs running batch, piecewise linear), prefill seconds per
+prompt token and a fixed overhead, `simulate` gives each actor's busy seconds for an assignment: `capacity` slots,
+FIFO gang admission of a job's sequences, one token per running sequence per iteration. The rule it keeps:
+`simulate_fast` and the lock-step path give `simulate`'s admissions and peaks value for value (tested). How the
+fast paths work: docs/internals.md#plantimemodelpy. Lengths are real numbers of tokens, never rounded.
 
-Lengths are real numbers of tokens (predictions are fractional); the model does not round them.
-
-Non-goals: no per-token loops, no memory model beyond the slot count, no chunked-prefill interleaving.
-
-Deviations from the paper: the paper profiles time-per-output-token (TPOT) on its GPUs; we take any profile
-table (the engine benchmark writes one as JSON). Prefill is charged to the decode actor as seconds per prompt
-token of each job (one prefix per job), standing in for the prefill actor's work plus KV transfer. The
-`default_tiny_cpu` table is an assumed shape for the tiny CPU model (overhead-dominated at small batch,
-about linear once compute bound), to be replaced by the engine benchmark's measured JSON.
+Deviations from the paper:
+1. Any profile table is taken (the paper profiles TPOT on its GPUs); the tiny CPU default is an assumed shape.
+2. Prefill is charged to the decode actor per prompt token of each job (one prefix per job).
 """
 
 from __future__ import annotations

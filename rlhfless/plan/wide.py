@@ -10,7 +10,7 @@ only where that rule prefers it; the simulator plays the same choice.
 Non-goals: one wide actor per step at most; not combined with cut-and-migrate (a plan that keeps its cuts stays
 narrow); no re-packing of groups onto the wide actor (it takes the straggler's share as assigned).
 
-Deviations from the paper: the paper runs every actor at one TP; per-actor TP is ours (issue 20).
+Deviations from the paper: the paper runs every actor at one TP; per-actor TP is ours.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Purpose: `draw_lengths(pred, sizes, k, rng, cap)` draws k outcomes of the step: for every prompt, its group's
 n_seqs per-sample lengths from the prompt's predicted distribution of ONE sample's length. A planner that plays a
 plan with the predicted means alone sees every sample of a group end together and no actor's tail: on the
-160-GPU scenario (issue 19) it predicted a 6 s rollout at 20 actors for 32 s simulated, so it under-predicted the
+160-GPU scenario it predicted a 6 s rollout at 20 actors for 32 s simulated, so it under-predicted the
 step more the more actors it had and chose too many when asked for time. Played on these draws, the plan's
 rollout has the tail the prediction itself implies.
 

@@ -1,4 +1,4 @@
-"""PPO beside GRPO (issue 22): does RLHFless gain more on GRPO than on PPO, as the paper reports?
+"""PPO beside GRPO: does RLHFless gain more on GRPO than on PPO, as the paper reports?
 
 Simulated (both sizes): the testbed's four cases (`paper-testbed`: Qwen2.5-3B/7B x GRPO/PPO on 16 x L40S; GRPO
 128 prompts x 8 per step, PPO 512 x 1) under verl (tuned, and as the paper ran it) and RLHFless, with per-step

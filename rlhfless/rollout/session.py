@@ -1,48 +1,14 @@
 """Decode sessions: the decode contract of a serverless decode actor (resumable, splittable, migratable).
 
-Purpose. A `DecodeSession` owns the decode of some rows of one step's batch and runs it in slices:
-- `advance(max_iters)` runs up to that many decode iterations (one sampled token per live row each) and says
-  whether every row has finished; `progress()` reports where each unfinished row stands;
-- `take_unfinished()` removes the rows still decoding and returns them as `PartialRow(row_id, tokens so far)`
-  (an actor that reaches its time budget tau hands these back for migration); `finished_rows()` gives the rest.
-- `resume_prefill(model, prompts, partials)` is the migration target's prefill: each row's prompt + tokens so far
-  run through the model, so a `DecodeSession(..., prefix_tokens=...)` over the result continues every row.
-- `PrefillState.select(rows)` (in `engine`), `state_to_tensors` / `state_from_tensors` ship a slice of a prefill
-  to the decode actor that owns it, as plain tensors + string metadata (`safetensors.torch.save_file`; never
-  pickle). `engine.decode` is this session run to completion: one code path for every mode.
+A `DecodeSession` decodes some rows of a step in slices (`advance`), reports `progress`, hands its unfinished
+rows back as `PartialRow`s at tau (`take_unfinished`), and a target continues them after `resume_prefill`.
+The rule it keeps: row r at decode step t samples with u(seed, t, r) whatever batch or session it is in, so a
+split, a cut or shipped KV give the tokens of one undisturbed decode (up to float rounding at near-ties).
+The cache layout, devices and non-goals: docs/internals.md#rolloutsessionpy.
 
-Why outputs do not depend on the split. Row r at decode step t (t counts the row's prefix) samples with the
-uniform u(seed, t, r) = `_row_uniforms(seed, t, n_total)[r]`, whatever batch or session the row is in, so
-splitting a step's rows over actors, cutting a session and resuming its rows elsewhere, or shipping the prefix KV
-through files all give the tokens of one undisturbed decode (exact up to float rounding: a different batch
-layout, or re-prefilling a partial response instead of decoding it token by token, can change the last bits of a
-logit and so flip a sample at a near-tie; the tests check token identity on real runs). `n_total` (the rows of
-the step's full batch) is explicit so the draw does not depend on which subset an actor holds; rows of one
-session may be at different steps (migrated rows cut at different times), so u is drawn once per distinct step.
-
-The cache object. `PrefillState.cache` is a `transformers.DynamicCache` whose `layers[i].keys/.values` are
-[R, kv_heads, P, head_dim] tensors aligned with `attention_mask` [R, P] (left padding, plus the pad columns a
-cross-prompt prefix plan inserts). `make_stepper` accepts it for both step implementations (`FastStepper` copies
-it into its preallocated buffer; `HFStepper` decodes in it, mutating it), so a session CONSUMES its state.
-`select` and `state_from_tensors` build plain `DynamicLayer` caches (sliding-window layers are refused).
-
-Devices. The model, its KV cache, the attention mask, positions and logits live on the model's device; the
-bookkeeping (tokens so far, lengths, which rows are live) and the per-row uniforms stay on the CPU, so one
-[live rows] token vector crosses to the host per iteration and a seed draws the same uniforms on every device
-(samples can still differ across devices where kernels round logits differently; see `rollout.engine`).
-
-Non-goals: admitting rows into a running session (the batch only shrinks), paged KV, thread safety (a session
-is used by one thread; the model is only read, under no_grad), shipping a running session's decode KV.
-
-Deviations from a production engine, and their cost:
-- Migrated rows are re-prefilled (prompt + tokens so far), not moved with their decode KV: the target computes
-  ``sum(len(prompt) + len(partial))`` tokens again (counted in the state's `stats.tokens_computed`, the
-  migration cost), in exchange for shipping only token ids. On the tiny model that is one batched forward, far
-  cheaper than the decode iterations it replaces.
-- An actor that holds its own rows and receives migrated rows runs two sessions and interleaves `advance` calls
-  instead of merging them into one batch (a paged KV would): two forwards per token step, each with its own
-  fixed per-layer overhead and a read of the weights, so on a small batch the step time nearly doubles; merging
-  would need a cache that admits rows of a different prompt width.
+Deviations from a production engine:
+1. Migrated rows are re-prefilled (prompt + tokens so far), not moved with their decode KV (counted as cost).
+2. Own and adopted rows run as two interleaved sessions, not one merged batch (a paged KV would merge them).
 """
 
 from __future__ import annotations

