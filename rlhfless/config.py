@@ -158,6 +158,21 @@ class RunConfig:
     plan: PlanConfig = field(default_factory=PlanConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
+    def _check_algo_variant(self) -> None:
+        """The named advantage estimator and policy loss are registered, and the estimator fits the algorithm
+        (one that needs a critic only with algo.name=ppo, and the reverse)."""
+        from rlhfless.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+        a = self.algo
+        require(a.estimator in ADVANTAGE_ESTIMATORS, "algo.adv_estimator",
+                f"unknown estimator {a.adv_estimator!r}; registered: {sorted(ADVANTAGE_ESTIMATORS)}")
+        needs = ADVANTAGE_ESTIMATORS[a.estimator].needs_critic
+        require(needs == (a.name == "ppo"), "algo.adv_estimator",
+                f"{a.estimator} {'needs a' if needs else 'has no'} critic, so it runs with algo.name="
+                f"{'ppo' if needs else 'grpo'} (got algo.name={a.name})")
+        require(a.policy_loss in POLICY_LOSSES, "algo.policy_loss",
+                f"unknown policy loss {a.policy_loss!r}; registered: {sorted(POLICY_LOSSES)}")
+
     def check_machine(self) -> None:
         """Reject, before any work, a setting this machine cannot run: the runtime's units and devices, and the
         inline loop's device (one line naming the field; every entry point and `--dry-run` call this)."""
@@ -173,6 +188,7 @@ class RunConfig:
                     f"units (got {units}); use runtime.mode=serverful or inline on one unit")
 
     def __post_init__(self) -> None:
+        self._check_algo_variant()
         if self.runtime.mode in ("serverless", "compare"):
             require(self.train.plan, "train.plan", f"runtime.mode={self.runtime.mode} executes the planner's "
                     "decision, so the planner must run: set train.plan=true")

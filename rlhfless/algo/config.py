@@ -32,6 +32,15 @@ class GRPOConfig:
     group_size: int | None = None
     """G: responses sampled per prompt; None = 8 for grpo, 1 for ppo. GRPO normalises within each group of G
     (>= 2); PPO takes any G >= 1 (its advantages come from the critic, not the group)."""
+    adv_estimator: str = "auto"
+    """Advantage estimator by its registered name (`rlhfless.algo.registry`): grpo (group-normalised outcome
+    rewards), rloo (leave-one-out baseline), gae (PPO's, from the critic); auto = grpo for name grpo, gae for ppo.
+    An estimator without a critic needs name grpo; gae needs name ppo."""
+    policy_loss: str = "clip"
+    """Policy loss by its registered name: clip (PPO's clipped surrogate, clip_eps_low/high) or dual_clip (also
+    bounds the loss of negative-advantage tokens at clip_ratio_c * |A|, as verl's vanilla loss does)."""
+    clip_ratio_c: float = 3.0
+    """dual_clip only: the lower bound on the ratio's effect for A < 0 (> 1; verl's default 3.0)."""
     scale_adv_by_std: bool = True
     """Divide group-centred rewards by the group std (original GRPO); False is Dr.GRPO's unscaled variant."""
     adv_eps: float = 1e-6
@@ -69,8 +78,16 @@ class GRPOConfig:
     ppo_mini_batches: int = 1
     """PPO: optimiser steps per pass, over disjoint shuffled slices of the batch's sequences (>= 1)."""
 
+    @property
+    def estimator(self) -> str:
+        """The advantage estimator's registered name (`adv_estimator` with auto resolved)."""
+        if self.adv_estimator != "auto":
+            return self.adv_estimator
+        return "gae" if self.name == "ppo" else "grpo"
+
     def __post_init__(self) -> None:
         require(self.name in ALGOS, "algo.name", f"must be one of {list(ALGOS)} (got {self.name!r})")
+        require(self.clip_ratio_c > 1, "algo.clip_ratio_c", f"must be > 1 (got {self.clip_ratio_c})")
         if self.group_size is None:
             self.group_size = DEFAULT_GROUP_SIZE[self.name]
         low = 2 if self.name == "grpo" else 1

@@ -15,7 +15,8 @@ Deviations from the paper (which runs standard GRPO/PPO from verl and publishes 
   both, and Dr.GRPO's constant-length normalisation, are available.
 - KL(pi || ref) uses the k3 estimator exp(ref - logp) - (ref - logp) - 1 added to the loss (not to the
   reward), unclamped (verl clamps it to [-10, 10]; we keep the exact value so it can be tested exactly).
-- Clipping is asymmetric-capable (clip_eps_low, clip_eps_high), default 0.2/0.2; no dual-clip.
+- Clipping is asymmetric-capable (clip_eps_low, clip_eps_high), default 0.2/0.2; dual-clip is the registered
+  policy loss `dual_clip` (off by default).
 - In the per-sequence modes a sequence with no valid tokens is left out of the sequence count, so masking a
   row out is identical to dropping it from the batch.
 
@@ -32,8 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rlhfless.core import metrics as M
 from rlhfless.algo.config import LOSS_AGG_MODES, GRPOConfig
+from rlhfless.algo.registry import policy_loss, register_advantage, register_policy_loss
+from rlhfless.core import metrics as M
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,27 @@ def group_advantages(
         M.ADV_ABS_MEAN: adv.abs().mean().item(),
     }
     return GroupAdvantages(adv, zero_var, group_size), metrics
+
+
+@register_advantage("grpo")
+def grpo_advantages(rewards: Tensor, group_size: int, cfg: GRPOConfig) -> tuple[GroupAdvantages, dict[str, float]]:
+    """The registered `grpo` estimator: `group_advantages` with the config's std scaling and eps (Dr.GRPO's
+    unscaled variant is `algo.scale_adv_by_std=false`)."""
+    return group_advantages(rewards, group_size, cfg.scale_adv_by_std, cfg.adv_eps)
+
+
+@register_advantage("rloo")
+def rloo_advantages(rewards: Tensor, group_size: int, cfg: GRPOConfig) -> tuple[GroupAdvantages, dict[str, float]]:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024; verl's `rloo`): each response's reward minus the mean of
+    the other G - 1 rewards of its group, r_i - (sum_j r_j - r_i) / (G - 1) = G / (G - 1) * (r_i - mean).
+
+    Args: rewards [B * G] or [B, G], group_size G >= 2; cfg unused (no std scaling: the baseline is unbiased).
+    Returns: as `group_advantages` (zero-variance groups get exactly 0 and are flagged).
+    """
+    groups, metrics = group_advantages(rewards, group_size, scale_by_std=False)
+    adv = groups.advantages * (group_size / (group_size - 1))
+    metrics[M.ADV_ABS_MEAN] = adv.abs().mean().item()
+    return GroupAdvantages(adv, groups.zero_variance, group_size), metrics
 
 
 def apply_group_skip(mask: Tensor, groups: GroupAdvantages, cfg: GRPOConfig) -> Tensor:
@@ -163,6 +186,32 @@ def clipped_surrogate(
     return loss, metrics
 
 
+@register_policy_loss("clip")
+def clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+              cfg: GRPOConfig) -> tuple[Tensor, dict[str, float]]:
+    """The registered `clip` loss: `clipped_surrogate` with the config's clip range."""
+    return clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_eps_low, cfg.clip_eps_high)
+
+
+@register_policy_loss("dual_clip")
+def dual_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                   cfg: GRPOConfig) -> tuple[Tensor, dict[str, float]]:
+    """Dual-clip PPO (Ye et al. 2020, as in verl's vanilla loss): the clipped surrogate, and for tokens with
+    A < 0 the loss capped at -A * clip_ratio_c, so a very large ratio on a bad token cannot dominate the batch.
+
+    loss = clip(...) if A >= 0 else min(clip(...), -A * c). Shapes as `clipped_surrogate`; metrics add
+    actor/pg_clipfrac_lower (fraction of valid tokens where the cap is active).
+    """
+    loss, metrics = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_eps_low, cfg.clip_eps_high)
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    adv = adv.expand_as(loss)
+    cap = -adv * cfg.clip_ratio_c
+    capped = torch.where((adv < 0) & mask, torch.minimum(loss, cap), loss)
+    with torch.no_grad():
+        metrics[M.CLIP_FRAC_LOWER] = _masked_mean(((adv < 0) & (cap < loss)).to(logp.dtype), mask).item()
+    return capped, metrics
+
+
 def loss_denominator(mask: Tensor, mode: str) -> float:
     """The normaliser `aggregate` divides by for `mask` [N, T] (bool): valid tokens (token_mean) or sequences
     with at least one valid token (per-sequence modes), at least 1. Pass the FULL batch's value as `denom`."""
@@ -217,8 +266,8 @@ def grpo_loss(
     entropy: Tensor | None = None,
     denom: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO loss: clipped surrogate + kl_loss_coef * k3 KL(pi || ref), aggregated by `cfg.loss_agg` (also PPO's
-    actor loss, with per-token advantages).
+    """GRPO loss: the registered policy loss `cfg.policy_loss` (the clipped surrogate by default) + kl_loss_coef *
+    k3 KL(pi || ref), aggregated by `cfg.loss_agg` (also PPO's actor loss, with per-token advantages).
 
     Args:
         logp, old_logp: [N, T] current and sampling-policy log-probs of the response tokens.
@@ -234,7 +283,7 @@ def grpo_loss(
     """
     if cfg.kl_loss_coef > 0 and ref_logp is None:
         raise ValueError(f"kl_coef={cfg.kl_coef} > 0 needs ref_logp")
-    pg_tok, metrics = clipped_surrogate(logp, old_logp, advantages, mask, cfg.clip_eps_low, cfg.clip_eps_high)
+    pg_tok, metrics = policy_loss(cfg.policy_loss)(logp, old_logp, advantages, mask, cfg)
     loss_tok = pg_tok
     if ref_logp is not None:
         zero = torch.zeros_like(logp)

@@ -25,6 +25,7 @@ from torch import Tensor
 from rlhfless.core import metrics as M
 from rlhfless.algo.gae import gae_advantages
 from rlhfless.algo.grpo import aggregate
+from rlhfless.algo.registry import register_advantage
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     m = mask.to(x.dtype)
@@ -71,6 +72,12 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
         return centred
     var = (centred ** 2).sum() / (n - 1)
     return centred * torch.rsqrt(var + eps)
+
+
+@register_advantage("gae", needs_critic=True)
+def gae_estimator(rewards: Tensor, values: Tensor, mask: Tensor, cfg) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """The registered `gae` estimator: `ppo_advantages` with the config's gamma, lambda and whitening."""
+    return ppo_advantages(rewards, values, mask, cfg.gamma, cfg.lam, cfg.whiten_advantages)
 
 
 def ppo_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float,

@@ -19,6 +19,7 @@ KL = "actor/kl"
 ENTROPY = "actor/entropy"
 GRAD_NORM = "actor/grad_norm"
 CLIP_FRAC = "actor/clip_frac"
+CLIP_FRAC_LOWER = "actor/pg_clipfrac_lower"  # dual_clip: share of valid tokens whose negative-advantage loss is capped
 LR = "actor/lr"
 GROUPS_SKIPPED = "actor/groups_skipped_frac"
 THROUGHPUT = "perf/throughput"

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlhfless.core import metrics as M
-from rlhfless.algo import group_advantages, grpo_loss
+from rlhfless.algo import advantage_estimator, grpo_loss
 from rlhfless.learn.dataparallel import Shard
 from rlhfless.learn.learner import batch_denominator
 from rlhfless.rollout.forward import response_logprobs
@@ -125,7 +125,7 @@ class AccumulatedUpdate:
         algo = self.learner.algo
         kept = []
         for b in batches:
-            adv, _ = group_advantages(b.rewards, self.G, algo.scale_adv_by_std, algo.adv_eps)
+            adv, _ = advantage_estimator(algo.estimator).fn(b.rewards, self.G, algo)
             if not (algo.skip_zero_variance_groups and bool(adv.zero_variance.all())):
                 kept.append((b, adv.advantages))
         if not kept:
@@ -188,7 +188,7 @@ class AccumulatedUpdate:
             missing = sorted(g for k, c in enumerate(self.chunks) if k >= self._next for g in c)
             raise ValueError(f"finish before every group arrived (missing {missing[:8]})")
         learner, algo, G = self.learner, self.learner.algo, self.G
-        adv, metrics = group_advantages(rewards, G, algo.scale_adv_by_std, algo.adv_eps)
+        adv, metrics = advantage_estimator(algo.estimator).fn(rewards, G, algo)
         keep = [g for g in range(len(lengths) // G) if not (algo.skip_zero_variance_groups and adv.zero_variance[g])]
         if not keep:
             lr = learner._lr()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from rlhfless.core import metrics as M
-from rlhfless.algo import GRPOConfig, group_advantages, grpo_loss
+from rlhfless.algo import GRPOConfig, advantage_estimator, grpo_loss
 from rlhfless.learn.config import OptimConfig
 from rlhfless.learn.dataparallel import Shard, reduce_step, split_groups
 from rlhfless.core.errors import DataError, TrainingError
@@ -58,7 +58,7 @@ class Learner:
         Raises TrainingError on a non-finite loss or gradient, before the optimiser step (on every rank alike).
         """
         G = self.algo.group_size
-        adv, metrics = group_advantages(rewards, G, self.algo.scale_adv_by_std, self.algo.adv_eps)
+        adv, metrics = advantage_estimator(self.algo.estimator).fn(rewards, G, self.algo)
         keep_groups = (~adv.zero_variance).nonzero().squeeze(-1).tolist()
         if self.algo.skip_zero_variance_groups:
             if not keep_groups:

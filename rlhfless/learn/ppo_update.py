@@ -31,7 +31,8 @@ import torch
 
 from rlhfless.core import metrics as M
 from rlhfless.algo.grpo import grpo_loss
-from rlhfless.algo.ppo import mini_batches, ppo_advantages, token_rewards, value_loss
+from rlhfless.algo.ppo import mini_batches, token_rewards, value_loss
+from rlhfless.algo.registry import advantage_estimator
 from rlhfless.algo.config import GRPOConfig
 from rlhfless.learn.critic import Critic, response_values
 from rlhfless.learn.learner import Learner
@@ -70,7 +71,7 @@ def ppo_targets(learner: Learner, prompts: list[list[int]], responses: list[list
     if old is None and needs_old_logprobs(cfg, len(responses)):
         old = old_logprobs(learner, prompts, responses)
     tok_r, metrics = token_rewards(rewards, mask, kl_reward, old, ref_logp)
-    adv, returns, adv_metrics = ppo_advantages(tok_r, values, mask, cfg.gamma, cfg.lam, cfg.whiten_advantages)
+    adv, returns, adv_metrics = advantage_estimator(cfg.estimator).fn(tok_r, values, mask, cfg)
     metrics.update(adv_metrics)
     return PpoTargets(rows_prompts, mask, old, adv, returns, metrics)
 
