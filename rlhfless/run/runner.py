@@ -463,18 +463,14 @@ def ensure_policy(cfg: RunConfig, progress: bool = True) -> None:
     if cfg.policy.build == "none" or (path / "config.json").is_file():
         return
     from rlhfless.model.hf import TinyHFConfig, ensure_tiny_hf
-    from rlhfless.tasks.config import make_task
-    from rlhfless.tasks.gsm8k import corpus_texts
+    from rlhfless.tasks.config import tokenizer_corpus
 
-    if cfg.task.name == "gsm8k":  # questions and worked answers: the vocabulary of what the model reads and writes
-        label = cfg.task.gsm8k.path
-        texts = lambda: corpus_texts(label)  # noqa: E731
-    else:
-        label = None
-        texts = lambda: [f"{p.text} {p.answer}" for p in make_task(cfg.task).splits()[0]]  # noqa: E731
+    label = cfg.task.gsm8k.path if cfg.task.name == "gsm8k" else None
     print(f"rlhfless: building the policy {path} (policy.build={cfg.policy.build})", file=sys.stderr)
     after = (lambda folder: _warm_start(cfg, folder, progress)) if cfg.policy.build_sft_steps else None
-    ensure_tiny_hf(path, texts, TinyHFConfig(seed=cfg.train.seed), label=label, after=after)
+    # the corpus is read only when the folder must be built
+    ensure_tiny_hf(path, lambda: tokenizer_corpus(cfg.task), TinyHFConfig(seed=cfg.train.seed), label=label,
+                   after=after)
 
 
 def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:

@@ -12,7 +12,7 @@ from typing import Literal
 from rlhfless.core.errors import require
 from rlhfless.tasks.arith import ArithTask, ArithTaskConfig
 from rlhfless.tasks.base import Task
-from rlhfless.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig
+from rlhfless.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig, corpus_texts
 from rlhfless.tasks.jsonl_task import JSONLTask, JSONLTaskConfig
 
 TASK_NAMES = ("arith", "gsm8k", "jsonl")
@@ -45,3 +45,11 @@ def make_task(cfg: TaskConfig) -> Task:
     if cfg.name == "jsonl":
         return JSONLTask(cfg.jsonl)
     raise AssertionError(cfg.name)  # unreachable: TaskConfig rejects unknown names
+
+
+def tokenizer_corpus(cfg: TaskConfig) -> list[str]:
+    """The texts a tokenizer for this task is trained on: GSM8K's questions and worked answers (the file's
+    vocabulary), else each train prompt with its answer."""
+    if cfg.name == "gsm8k":
+        return corpus_texts(cfg.gsm8k.path)
+    return [f"{p.text} {p.answer}" for p in make_task(cfg).splits()[0]]
