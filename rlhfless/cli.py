@@ -1,7 +1,7 @@
 """`rlhfless` command-line entry point.
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
-`train`, `pretrain`, `build-hf-model`, `predictor train|eval|convert|compare`,
+`train`, `pretrain`, `config show|reference`, `build-hf-model`, `predictor train|eval|convert|compare`,
 `data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `plan what-if`, `repro`, `profile`, and
 `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen
 inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
@@ -24,6 +24,7 @@ from rlhfless.errors import UserError, short_message
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
     "rlhfless.train_cli",
+    "rlhfless.config_cli",
     "rlhfless.model.cli",
     "rlhfless.plan.cli",
     "rlhfless.bench.engine_cli",
