@@ -24,6 +24,20 @@ class TrainingError(UserError):
     """Training cannot continue (for example a NaN loss); the message says what was kept."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM stopped the command. The CLI raises it from its signal handler; the code that
+    knows where the work stood re-raises it with `where` (what was cut short and how to continue). The exit
+    status is the shell's convention, 128 + the signal: 130 for SIGINT, 143 for SIGTERM."""
+
+    def __init__(self, signum: int = 2, where: str = ""):
+        super().__init__(where)
+        self.signum, self.where = signum, where
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
 def one_line(exc: BaseException, limit: int | None = None) -> str:
     """An exception's message on one line (third-party messages span lines), cut to `limit` characters."""
     text = " ".join(str(exc).split())

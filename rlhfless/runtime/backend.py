@@ -19,7 +19,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from rlhfless.runtime import wire
-from rlhfless.runtime.worker import LEFT, PRELOAD, main, now
+from rlhfless.runtime.worker import LEFT, PRELOAD, local_main, now
+
+
+STOP_GRACE_S = 3.0
+"""How long `stop_all` waits for workers to act on SIGTERM before it kills them."""
 
 
 @dataclass
@@ -123,7 +127,8 @@ class LocalBackend:
         ours, theirs = self.ctx.Pipe(duplex=True)
         payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores)})
         t = now()
-        proc = self.ctx.Process(target=main, args=(theirs, payload), daemon=True, name=f"rlhfless-{worker}")
+        proc = self.ctx.Process(target=local_main, args=(theirs, payload, os.getpid()), daemon=True,
+                                name=f"rlhfless-{worker}")
         with _without_main():
             proc.start()
         theirs.close()
@@ -173,6 +178,21 @@ class LocalBackend:
         if h.process.is_alive():
             self.kill(h)
         h.conn.close()
+
+    def stop_all(self, handles: list[Handle], grace_s: float = STOP_GRACE_S) -> None:
+        """Stop these workers together: SIGTERM each (a worker's default action: it exits at once, without a
+        traceback), wait up to `grace_s` for all of them, then SIGKILL any left (one blocked in C code, e.g. a
+        gloo rendezvous, may not act on SIGTERM until it returns)."""
+        for h in handles:
+            try:
+                os.kill(h.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        left = [h for h in handles if h.process.is_alive()]
+        if left:
+            wait([h.process.sentinel for h in left], grace_s)
+        for h in handles:
+            self.kill(h)  # reaps it; SIGKILL only reaches one still alive
 
     def close(self) -> None:
         """Nothing to stop: the fork server ends with the driver."""
