@@ -23,7 +23,7 @@ import signal
 import sys
 from contextlib import contextmanager
 
-from rlhfless.errors import Interrupted, UserError, short_message
+from rlhfless.errors import Interrupted, UserError, interrupt, short_message
 
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
@@ -135,7 +135,7 @@ def signals_interrupt():
             return
         if not fired:
             fired.append(signum)
-            raise Interrupted(signum)
+            interrupt(signum)
 
     try:
         old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -7,6 +7,8 @@ ordinary exceptions so they keep their traceback.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """An error the user can fix; the message says what is wrong and what is allowed."""
@@ -36,6 +38,31 @@ class Interrupted(KeyboardInterrupt):
     @property
     def exit_status(self) -> int:
         return 128 + self.signum
+
+
+_HELD = {"depth": 0, "signum": None}
+
+
+def interrupt(signum: int) -> None:
+    """Raise `Interrupted` (the CLI's signal handler calls this), or, inside `interrupts_held`, when it ends."""
+    if _HELD["depth"]:
+        _HELD["signum"] = _HELD["signum"] or signum
+        return
+    raise Interrupted(signum)
+
+
+@contextmanager
+def interrupts_held():
+    """Hold an interrupt that arrives inside until the block ends: for a step that must not be cut in the middle
+    (handing a new worker's file descriptors to the fork server: cut there, the server prints a traceback)."""
+    _HELD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HELD["depth"] -= 1
+        signum, _HELD["signum"] = (_HELD["signum"], None) if not _HELD["depth"] else (None, _HELD["signum"])
+        if signum is not None:
+            raise Interrupted(signum)
 
 
 def one_line(exc: BaseException, limit: int | None = None) -> str:

@@ -146,7 +146,9 @@ def _digests(out: Path) -> list[str]:
 
 @pytest.mark.parametrize("mode, signum, to_group", [
     ("serverless", signal.SIGTERM, False),  # `kill PID`
-    ("serverful", signal.SIGINT, True),     # Ctrl-C in a terminal: the whole foreground process group
+    # Ctrl-C in a terminal: the whole foreground process group. `slow` (`make test-slow`): each case is two real
+    # runs and a resume, 2.5-3.5 min on 2 loaded cores; the serverless case stays in the default suite
+    pytest.param("serverful", signal.SIGINT, True, marks=pytest.mark.slow),
 ])
 def test_an_interrupted_run_stops_cleanly_and_resumes_to_the_same_samples(sft_checkpoint, tmp_path, mode, signum,
                                                                           to_group):

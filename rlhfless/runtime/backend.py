@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from rlhfless.errors import interrupts_held
 from rlhfless.runtime import wire
 from rlhfless.runtime.worker import LEFT, PRELOAD, local_main, now
 
@@ -116,7 +117,7 @@ class LocalBackend:
             return 0.0
         t0 = now()
         p = self.ctx.Process(target=os.getpid)
-        with _without_main():
+        with _without_main(), interrupts_held():
             p.start()
         p.join()
         self.platform_start_s = now() - t0
@@ -129,7 +130,7 @@ class LocalBackend:
         t = now()
         proc = self.ctx.Process(target=local_main, args=(theirs, payload, os.getpid()), daemon=True,
                                 name=f"rlhfless-{worker}")
-        with _without_main():
+        with _without_main(), interrupts_held():  # an interrupt waits until the fork server has the worker
             proc.start()
         theirs.close()
         return Handle(worker, proc, ours, tuple(cores), tuple(kinds), t)
