@@ -361,6 +361,9 @@ def _loop(run: Run, progress: bool) -> None:
                     _checkpoint(run)
     except TrainingError as exc:
         raise _stopped(run, exc) from None
+    except KeyboardInterrupt:
+        bar.close()  # the interrupt's line goes below the bar, not onto it
+        raise
 
 
 def _interrupted(run: Run, exc: KeyboardInterrupt) -> Interrupted:
