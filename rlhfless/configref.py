@@ -249,8 +249,8 @@ def reference_markdown() -> str:
         "",
         f"Every key of a run config ({count} fields in {len(secs)} sections), as YAML (`train:` then `steps: 50`) "
         "or a dotted override (`train.steps=50`). **Allowed** lists the choices of the type and the checks the "
-        "config makes when it is built (`-`: only the type) (a value outside them fails in one line naming the key); a check that "
-        "depends on the machine (cores, GPUs) runs at start-up and is not listed. "
+        "config makes when it is built (`-`: only the type's), and a value outside them fails in one line naming "
+        "the key; a check that depends on the machine (cores, GPUs) runs at start-up and is not listed. "
         "`rlhfless config show KEY` prints one section or key from the terminal. "
         "How configs and overrides work: [configuration](configuration.md).",
         "",
