@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make demo   - the quickstart GRPO run on its embedded defaults (creates/reuses .venv)
 #   make test   - the default test suite (creates/reuses .venv)
+#   make config-reference - regenerate docs/config-reference.md from the config dataclasses
 #   make test-ray - the `ray` tests (Ray backend, two loopback nodes), in a loopback-only network namespace
 #   make test-vllm - the `vllm` tests (optional vLLM rollout engine), in their own venv (.venv-vllm)
 #   make test-oldest-torch - import + quickstart steps on the lowest torch pyproject.toml allows (.venv-oldest-torch)
@@ -20,7 +21,7 @@ OUT ?= runs/quickstart
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: gpu-check demo test test-slow test-ray test-vllm test-oldest-torch env-vllm env pretrain bench notebooks repro repro-quick lab clean-runs
+.PHONY: config-reference gpu-check demo test test-slow test-ray test-vllm test-oldest-torch env-vllm env pretrain bench notebooks repro repro-quick lab clean-runs
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +31,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 env: $(STAMP)
+
+# docs/config-reference.md from the config dataclasses (tests/test_config_reference.py fails when it is stale)
+config-reference: $(STAMP)
+	$(BIN)/rlhfless config reference --write
 
 demo: $(STAMP)
 	WANDB_MODE=offline $(BIN)/rlhfless train --config experiments/configs/quickstart.yaml --out $(OUT) $(ARGS)

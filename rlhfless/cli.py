@@ -1,14 +1,15 @@
 """`rlhfless` command-line entry point.
 
 Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
-`train`, `pretrain`, `build-hf-model`, `predictor train|eval|convert|compare`,
+`train`, `pretrain`, `config show|reference`, `build-hf-model`, `predictor train|eval|convert|compare`,
 `data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `plan what-if`, `repro`, `profile`, and
 `bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen
 inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
 metadata.
 
 User errors (`rlhfless.core.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
-characters) and exit with status 2, without a traceback. `KEY=VALUE` overrides may stand anywhere among the
+characters) and exit with status 2, without a traceback. SIGINT and SIGTERM stop the command cleanly (its workers
+first), print one line, and exit with 130 and 143. `KEY=VALUE` overrides may stand anywhere among the
 options (`train --config C train.steps=2 --out D train.eval_prompts=0`). Output paths (`--json`, `--out`) are
 checked here before any work (`rlhfless.core.outpaths`); `train` and `pretrain` check their own `--out`.
 """
@@ -17,13 +18,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
+from contextlib import contextmanager
 
-from rlhfless.core.errors import UserError, short_message
+from rlhfless.core.errors import Interrupted, UserError, interrupt, short_message
 
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
     "rlhfless.run.train_cli",
+    "rlhfless.run.config_cli",
     "rlhfless.run.model_cli",
     "rlhfless.plan.cli",
     "rlhfless.bench.engine_cli",
@@ -116,18 +121,50 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_output_dir(str(out), "--out")
 
 
+@contextmanager
+def signals_interrupt():
+    """While the command runs, SIGINT and SIGTERM raise `Interrupted` in this process (SIGTERM would otherwise end
+    it at once, leaving its workers to find a closed pipe), so the command's `finally` blocks stop what it started.
+    A second signal during that shutdown is ignored: it is bounded (a few seconds). A process forked from this one
+    (a simulator pool's) keeps the default: it dies quietly when its parent stops it."""
+    pid, fired = os.getpid(), []
+
+    def handler(signum, frame):
+        if os.getpid() != pid:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        if not fired:
+            fired.append(signum)
+            interrupt(signum)
+
+    try:
+        old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # main() called off the main thread: signals stay as they are
+        old = {}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, argv)
     try:
-        check_outputs(args)
-        result = args.func(args)
+        with signals_interrupt():
+            check_outputs(args)
+            result = args.func(args)
     except UserError as exc:
         print(short_message(f"rlhfless: error: {exc}"), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("rlhfless: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)
+        why = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C (SIGINT)"
+        print(short_message(f"rlhfless: interrupted by {why}" + (f": {stop.where}" if stop.where else "")),
+              file=sys.stderr)
+        return stop.exit_status
     return int(result or 0)
 
 

@@ -46,3 +46,38 @@ def test_short_cases_stay_in_this_process(cfg, monkeypatch):
     monkeypatch.setattr(mp, "get_context", refuse)
     assert cfg.steps < scenario.PARALLEL_MIN_STEPS
     run_case(cfg)
+
+
+class _Record:
+    """A `scenario.Progress` that keeps what it was told."""
+
+    def __init__(self):
+        self.cases, self.finished = [], []
+
+    def case(self, name, policies):
+        self.cases.append((name, list(policies)))
+
+    def played(self, policy):
+        self.finished.append(policy)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_progress_hears_each_policy_once_and_changes_nothing(cfg, jobs):
+    rec = _Record()
+    watched = run_case(cfg, jobs=jobs, progress=rec)
+    assert rec.cases == [(cfg.name, list(watched["policies"]))]
+    assert sorted(rec.finished) == sorted(watched["policies"])  # forked: in the order they finish
+    assert _canon(watched) == _canon(run_case(cfg, jobs=jobs))
+
+
+def test_simulate_shows_a_bar_on_stderr_unless_told_not_to(capsys):
+    from rlhfless.cli import main
+
+    args = ["simulate", "--scenario", "quick", "--steps", "4"]
+    assert main(args) == 0
+    shown = capsys.readouterr()
+    assert "simulate:" in shown.err and "policy" in shown.err and "simulate:" not in shown.out
+    assert main([*args, "--no-progress"]) == 0
+    hidden = capsys.readouterr()
+    assert hidden.err == "" and [ln for ln in hidden.out.splitlines() if "sim_wall_s" not in ln] == \
+        [ln for ln in shown.out.splitlines() if "sim_wall_s" not in ln]

@@ -7,6 +7,8 @@ ordinary exceptions so they keep their traceback.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """An error the user can fix; the message says what is wrong and what is allowed."""
@@ -22,6 +24,45 @@ class DataError(UserError):
 
 class TrainingError(UserError):
     """Training cannot continue (for example a NaN loss); the message says what was kept."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM stopped the command. The CLI raises it from its signal handler; the code that
+    knows where the work stood re-raises it with `where` (what was cut short and how to continue). The exit
+    status is the shell's convention, 128 + the signal: 130 for SIGINT, 143 for SIGTERM."""
+
+    def __init__(self, signum: int = 2, where: str = ""):
+        super().__init__(where)
+        self.signum, self.where = signum, where
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+_HELD = {"depth": 0, "signum": None}
+
+
+def interrupt(signum: int) -> None:
+    """Raise `Interrupted` (the CLI's signal handler calls this), or, inside `interrupts_held`, when it ends."""
+    if _HELD["depth"]:
+        _HELD["signum"] = _HELD["signum"] or signum
+        return
+    raise Interrupted(signum)
+
+
+@contextmanager
+def interrupts_held():
+    """Hold an interrupt that arrives inside until the block ends: for a step that must not be cut in the middle
+    (handing a new worker's file descriptors to the fork server: cut there, the server prints a traceback)."""
+    _HELD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HELD["depth"] -= 1
+        signum, _HELD["signum"] = (_HELD["signum"], None) if not _HELD["depth"] else (None, _HELD["signum"])
+        if signum is not None:
+            raise Interrupted(signum)
 
 
 def one_line(exc: BaseException, limit: int | None = None) -> str:

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from rlhfless.repro.plots import save, theme
 from rlhfless.repro.records import PaperRow, StudyResult
-from rlhfless.runtime.config import available_cores
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {"ppo": REPO / "experiments" / "configs" / "quickstart_ppo.yaml",
@@ -270,6 +269,8 @@ def ppo_vs_grpo(ctx) -> StudyResult:
     cases = sim_cases(steps)
     runs = {a: real_run(ctx, a, sizes[a]) for a in ("ppo", "grpo")}
     split = {a: step_split(runs[a] / "metrics.jsonl", sizes[a]["prompts"] * sizes[a]["G"]) for a in runs}
+    from rlhfless.runtime.config import available_cores  # here: it imports torch, and `--help` must not
+
     gains = None
     if available_cores() >= 2:
         modes = {a: {m: real_run(ctx, a, sizes[a], m) for m in MODES} for a in ("ppo", "grpo")}

@@ -16,6 +16,7 @@ import hashlib
 import json
 import random
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ import yaml
 
 from rlhfless.core import metrics as M
 from rlhfless.config import RunConfig
-from rlhfless.core.errors import ConfigError, DataError, TrainingError
+from rlhfless.core.errors import ConfigError, DataError, Interrupted, TrainingError
 from rlhfless.step.heldout import EvalResult, evaluate
 from rlhfless.core.jsonl import write_json
 from rlhfless.learn.learner import Learner
@@ -315,6 +316,9 @@ def _steps(run: Run, progress: bool) -> None:
                                    env=run.stages.env, progress=progress, critic=run.stages.critic)
     try:
         _loop(run, progress)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (cli.signals_interrupt): stop the workers at once
+        run.stages.interrupt()
+        raise _interrupted(run, exc) from None
     finally:
         run.stages.close()  # the runtime releases every worker, then brings run.learner up to date
     run.runtime_summary = run.stages.summary()
@@ -357,6 +361,25 @@ def _loop(run: Run, progress: bool) -> None:
                     _checkpoint(run)
     except TrainingError as exc:
         raise _stopped(run, exc) from None
+    except KeyboardInterrupt:
+        bar.close()  # the interrupt's line goes below the bar, not onto it
+        raise
+
+
+def _interrupted(run: Run, exc: KeyboardInterrupt) -> Interrupted:
+    """The interrupt, saying which step it cut short and how the run continues."""
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    run.traces.close()
+    try:
+        done = read_state(find_checkpoint(run.out)).step
+    except DataError:
+        done = None
+    where = f"step {run.state.step + 1} of {run.cfg.train.steps} was cut short"
+    if done is None:
+        return Interrupted(signum, f"{where}, before the first checkpoint (train.checkpoint_every); nothing to "
+                                   f"resume: start over with a new --out (or remove {run.out})")
+    return Interrupted(signum, f"{where}; continue from the checkpoint of step {done} with the same command "
+                               "and --resume")
 
 
 def _stopped(run: Run, exc: TrainingError) -> TrainingError:

@@ -26,7 +26,8 @@ def register(sub, bench) -> None:
             "runtime.mode=serverless runs every stage as a function on worker processes (billed per lifetime: "
             "OUT/invocations.jsonl, OUT/workers.jsonl, Gantt charts); runtime.mode=serverful is the verl-like control; "
             "runtime.mode=compare runs serverful, serverful + overlap and serverless on one seed and writes "
-            "OUT/comparison.json."
+            "OUT/comparison.json. Every config key with its type, default and allowed values: "
+            "docs/config-reference.md, or `rlhfless config show KEY`."
         ),
         epilog="example: rlhfless train --config experiments/configs/quickstart.yaml train.steps=50 --out runs/demo",
     )

@@ -18,8 +18,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from rlhfless.core.errors import interrupts_held
 from rlhfless.runtime import wire
-from rlhfless.runtime.worker import LEFT, PRELOAD, main, now
+from rlhfless.runtime.worker import LEFT, PRELOAD, local_main, now
+
+
+STOP_GRACE_S = 3.0
+"""How long `stop_all` waits for workers to act on SIGTERM before it kills them."""
 
 
 @dataclass
@@ -112,7 +117,7 @@ class LocalBackend:
             return 0.0
         t0 = now()
         p = self.ctx.Process(target=os.getpid)
-        with _without_main():
+        with _without_main(), interrupts_held():
             p.start()
         p.join()
         self.platform_start_s = now() - t0
@@ -123,8 +128,9 @@ class LocalBackend:
         ours, theirs = self.ctx.Pipe(duplex=True)
         payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores)})
         t = now()
-        proc = self.ctx.Process(target=main, args=(theirs, payload), daemon=True, name=f"rlhfless-{worker}")
-        with _without_main():
+        proc = self.ctx.Process(target=local_main, args=(theirs, payload, os.getpid()), daemon=True,
+                                name=f"rlhfless-{worker}")
+        with _without_main(), interrupts_held():  # an interrupt waits until the fork server has the worker
             proc.start()
         theirs.close()
         return Handle(worker, proc, ours, tuple(cores), tuple(kinds), t)
@@ -173,6 +179,21 @@ class LocalBackend:
         if h.process.is_alive():
             self.kill(h)
         h.conn.close()
+
+    def stop_all(self, handles: list[Handle], grace_s: float = STOP_GRACE_S) -> None:
+        """Stop these workers together: SIGTERM each (a worker's default action: it exits at once, without a
+        traceback), wait up to `grace_s` for all of them, then SIGKILL any left (one blocked in C code, e.g. a
+        gloo rendezvous, may not act on SIGTERM until it returns)."""
+        for h in handles:
+            try:
+                os.kill(h.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        left = [h for h in handles if h.process.is_alive()]
+        if left:
+            wait([h.process.sentinel for h in left], grace_s)
+        for h in handles:
+            self.kill(h)  # reaps it; SIGKILL only reaches one still alive
 
     def close(self) -> None:
         """Nothing to stop: the fork server ends with the driver."""

@@ -460,6 +460,12 @@ class Runtime:
             for rec in self.pool.records.values():
                 f.write(json.dumps(rec.to_json()) + "\n")
 
+    def interrupt(self) -> None:
+        """The run was interrupted (SIGINT/SIGTERM): stop every worker at once, busy ones included (a graceful
+        release waits for each busy one in turn), then write the records as `release` does."""
+        self.pool.stop_all()
+        self.release()
+
     def cleanup(self) -> None:
         self.pool.release_all()
         self.backend.close()

@@ -65,8 +65,20 @@ class RuntimeStages(Stages):
     def off_clock(self):
         return self.runtime.off_clock()
 
+    def interrupt(self) -> None:
+        """Stop every worker now (each gets SIGTERM, then SIGKILL after a grace) and remove the scratch files; the
+        driver's learner stays at its last sync (the run resumes from its checkpoint), so `close` has nothing
+        left to do."""
+        self.interrupted = True
+        try:
+            self.runtime.interrupt()
+        finally:
+            self.runtime.cleanup()
+
     def close(self) -> None:
         """Release every worker first (billing stops), then load the last state into the driver's learner."""
+        if getattr(self, "interrupted", False):
+            return
         try:
             self.runtime.release()
             self.sync_learner()

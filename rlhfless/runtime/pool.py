@@ -165,6 +165,15 @@ class Pool:
     def held_units(self) -> int:
         return sum(len(h.cores) for h in self.handles.values())
 
+    def stop_all(self) -> None:
+        """Stop every live worker together (`backend.stop_all`: SIGTERM, a short grace, SIGKILL), recorded as
+        released: the driver is shutting down on an interrupt, and a busy worker would read `shutdown` only once
+        its invocation ends."""
+        hs = list(self.handles.values())
+        self.backend.stop_all(hs)
+        for h in hs:
+            self._gone(h, killed=False)
+
     def release_all(self) -> None:
         for h in list(self.handles.values()):
             self.release(h)

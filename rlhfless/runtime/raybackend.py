@@ -405,6 +405,12 @@ class RayBackend:
                 pass
         self.kill(h)
 
+    def stop_all(self, handles: list[RayHandle]) -> None:
+        """Stop these workers together on an interrupt: end their actors (`kill`; a forked worker follows its
+        actor within GUARD_S), without the graceful `shutdown` a busy worker would read only after its work."""
+        for h in handles:
+            self.kill(h)
+
     def exit_status(self, h: RayHandle) -> int | None:
         """Unknown here (the worker's process lives inside its actor); what it sent last is read (dropped), so a
         rank that said `worker.LEFT` is known by `h.left`, and every other ended worker counts as a death."""

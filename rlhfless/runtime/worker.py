@@ -24,6 +24,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 from rlhfless.runtime import wire
@@ -92,8 +94,48 @@ def leave_broken_group(conn, step: int, exc: Exception) -> None:
     raise SystemExit(GROUP_BROKEN_EXIT) from None
 
 
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal the kernel sends this process when the thread that forked it exits (Linux)."""
+
+
+def die_with_parent(driver_pid: int) -> None:
+    """A local worker dies with its parent, even one blocked where it reads no pipe (decoding, or a gloo
+    rendezvous whose peer will never come: once 60-80 s): SIGKILL from the kernel (`PR_SET_PDEATHSIG`) when the
+    process that forked it exits. That parent is the fork server, which exits as soon as the driver is gone (EOF
+    on its pipe to the driver), or with start_method=spawn the driver's thread that started the worker (the main
+    thread: the runtime starts workers nowhere else). A driver already gone before the signal was armed is caught
+    by the check after it. Elsewhere than Linux the worker relies on the pipe's EOF."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    try:
+        os.kill(driver_pid, 0)
+    except ProcessLookupError:
+        os._exit(0)
+
+
+def local_main(conn, setup_json: str, driver_pid: int) -> None:
+    """Entry point of a `LocalBackend` worker: `main`, ended by the kernel if its driver goes."""
+    die_with_parent(driver_pid)
+    main(conn, setup_json)
+
+
 def main(conn, setup_json: str) -> None:
-    """Process entry point: bind its units, load, say ready, serve until `shutdown` (or the pipe closes)."""
+    """Process entry point: bind its units, load, say ready, serve until `shutdown` (or the pipe closes).
+
+    Signals: SIGINT is ignored (a terminal's Ctrl-C reaches the whole process group; the driver decides, and
+    stops its workers itself); SIGTERM keeps its default action, so the driver's stop (`backend.stop_all`) ends
+    a worker at once without a traceback. A pipe that breaks under a request (the driver died mid-invocation)
+    ends the worker quietly too: nobody is left to read a reply or a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve(conn, setup_json)
+    except (ConnectionError, EOFError):
+        return
+
+
+def _serve(conn, setup_json: str) -> None:
     setup = json.loads(setup_json)
     setup["torch_device"] = bind_device(setup)
     import torch

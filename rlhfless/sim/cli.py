@@ -64,6 +64,32 @@ def ppo_line(p: dict) -> str:
             f"{r(p['values_over_reference'])}; update / its actor part {r(p['update_over_actor_update'])}")
 
 
+class _Bar:
+    """`scenario.Progress` as one tqdm bar on stderr over every (case, policy) pair; its total grows as each case
+    names its policies (known once its clusters are built). Made at the first case, so a refused config or case
+    prints its one line alone."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.bar, self.name = enabled, None, ""
+
+    def case(self, name: str, policies: list[str]) -> None:
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=0, desc="simulate", unit="policy", disable=not self.enabled, leave=False)
+        self.name = name
+        self.bar.total += len(policies)
+        self.bar.set_postfix_str(f"{name}: {len(policies)} policies", refresh=True)
+
+    def played(self, policy: str) -> None:
+        self.bar.set_postfix_str(f"{self.name}: {policy} done", refresh=False)
+        self.bar.update()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from rlhfless.core.jsonl import write_json
 
@@ -90,7 +116,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         if not args.scenario:
             raise ConfigError(f"scenario: give --scenario NAME ({', '.join(SCENARIO_HELP)}) or --validate RUN_DIR")
-        report = run_scenario(args.scenario, args.steps, args.overrides, keep_timelines=bool(args.out))
+        bar = _Bar(enabled=not args.no_progress)
+        try:
+            report = run_scenario(args.scenario, args.steps, args.overrides, keep_timelines=bool(args.out),
+                                  progress=bar)
+        finally:
+            bar.close()  # before any line is printed, an error's included
         for case in report["cases"]:
             _print_case(case)
         if args.out:
@@ -185,6 +216,8 @@ def register(sub: argparse._SubParsersAction, bench: argparse._SubParsersAction)
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT")
     p.add_argument("--print-json", action="store_true", help="print the JSON report (without --json)")
     p.add_argument("--out", metavar="DIR", help="also write Gantt charts and stage breakdowns (PNG) to DIR")
+    p.add_argument("--no-progress", action="store_true",
+                   help="hide the progress bar (stderr: one step per case and policy simulated)")
     p.add_argument("--validate", metavar="RUN_DIR", help="simulate a recorded run and compare with its metrics")
     p.add_argument("--calibrate-from", metavar="RUN_DIR",
                    help="with --validate: calibrate on this other run (default: the first half of RUN_DIR)")

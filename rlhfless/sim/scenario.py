@@ -32,9 +32,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -370,6 +372,15 @@ def clusters(cfg: SimConfig, work: list[StepWork]) -> tuple[Cluster, Cluster, Cl
 
 PARALLEL_MIN_STEPS = 10
 """Cases of fewer steps play their policies in this process (a fork costs more than such a case)."""
+class Progress(Protocol):
+    """What a caller of `run_case` may watch: a case's policies before they play, then each one as it finishes.
+    Nothing it does reaches the report (the CLI draws a bar from it)."""
+
+    def case(self, name: str, policies: list[str]) -> None: ...
+
+    def played(self, policy: str) -> None: ...
+
+
 _FORKED: tuple = ()
 """(policies, work, keep_timelines) for the forked children of `play_policies` (inherited, not pickled)."""
 
@@ -382,36 +393,48 @@ def _play_forked(i: int) -> tuple[dict, Timeline | None, list[dict]]:
     return summary, tl if keep else None, rows
 
 
-def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False,
-                  jobs: int | None = None) -> list[tuple[dict, Timeline | None, list[dict]]]:
+def _play_forked_at(i: int) -> tuple[int, tuple[dict, Timeline | None, list[dict]]]:
+    return i, _play_forked(i)
+
+
+def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False, jobs: int | None = None,
+                  on_done: Callable[[str], None] | None = None) -> list[tuple[dict, Timeline | None, list[dict]]]:
     """`simulate_policy` of each policy, in order: in `jobs` forked processes (None: one per core of this
     process, for cases of PARALLEL_MIN_STEPS steps or more). The policies share no state (each has its own
     predictor, warm pool and event loop; clusters are read only), so the results are the sequential ones bit
-    for bit (tests/test_sim_parallel.py). The RLHFless policies, which run the planner every step, go first."""
+    for bit (tests/test_sim_parallel.py). The RLHFless policies, which run the planner every step, go first.
+    `on_done(policy name)` is called as each policy finishes (in the order they finish: progress only)."""
+    done = on_done or (lambda name: None)
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if len(work) >= PARALLEL_MIN_STEPS else 1
     jobs = min(jobs, len(pols))
     if jobs <= 1:
-        return [simulate_policy(p, work, p.c) for p in pols]
+        out = []
+        for p in pols:
+            out.append(simulate_policy(p, work, p.c))
+            done(p.name)
+        return out
     global _FORKED
     _FORKED = (pols, work, keep_timelines)
     order = sorted(range(len(pols)), key=lambda i: not isinstance(pols[i], RLHFless))
+    out = [None] * len(pols)
     try:
         with mp.get_context("fork").Pool(jobs) as pool:
-            played = pool.map(_play_forked, order, chunksize=1)
+            # each result lands in its policy's slot, so the finishing order changes nothing but the progress
+            for i, r in pool.imap_unordered(_play_forked_at, order, chunksize=1):
+                out[i] = r
+                done(pols[i].name)
     finally:
         _FORKED = ()
-    out: list = [None] * len(pols)
-    for i, r in zip(order, played):
-        out[i] = r
     return out
 
 
 def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...] = (),
-             jobs: int | None = None) -> dict:
+             jobs: int | None = None, progress: Progress | None = None) -> dict:
     """Every policy over the case's steps (`only`: just these, which must include verl, verl-paper and rlhfless;
     without the oracle there is no gap to it); returns the case's report (and timelines/rows when asked).
-    `jobs`: processes that play the policies (`play_policies`; None: one per core for long enough cases)."""
+    `jobs`: processes that play the policies (`play_policies`; None: one per core for long enough cases).
+    `progress`: told when the case's policies start and as each finishes (`Progress`)."""
     work, note = workload(cfg)
     cb, cs, cp = clusters(cfg, work)
     out = {"name": cfg.name, "baseline": cfg.baseline, "tp": cb.perf.tp, "replicas": cb.replicas,
@@ -422,7 +445,11 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     cw = wide_cluster(cfg, cs, work)
     out["rlhfless_wide_tp"] = cw.perf.tp if cw is not None else 0
     pols = [pol for pol in policies(cfg, cb, cs, cp, cw) if not only or pol.name in only]
-    for pol, (summary, tl, rows) in zip(pols, play_policies(pols, work, keep_timelines, jobs)):
+    on_done = None
+    if progress is not None:
+        progress.case(cfg.name, [p.name for p in pols])
+        on_done = progress.played
+    for pol, (summary, tl, rows) in zip(pols, play_policies(pols, work, keep_timelines, jobs, on_done)):
         out["policies"][pol.name] = summary
         extra[pol.name] = (tl, rows)
     p = out["policies"]
@@ -453,11 +480,11 @@ def case_configs(name: str, steps: int | None, overrides: list[str]) -> list[Sim
 
 
 def run_scenario(name: str, steps: int | None = None, overrides: list[str] | None = None,
-                 keep_timelines: bool = False) -> dict:
+                 keep_timelines: bool = False, progress: Progress | None = None) -> dict:
     """The CLI's report: every case, and at the top level the case with the largest speedup (the paper reports
-    "up to"), plus sim_wall_s (seconds this simulation took here)."""
+    "up to"), plus sim_wall_s (seconds this simulation took here). `progress`: see `run_case`."""
     t0 = time.perf_counter()
-    cases = [run_case(c, keep_timelines) for c in case_configs(name, steps, overrides or [])]
+    cases = [run_case(c, keep_timelines, progress=progress) for c in case_configs(name, steps, overrides or [])]
     head = max(cases, key=lambda c: c["speedup"])
     keys = ("baseline", "baselines", "policies", "speedup", "cost_reduction", "cost_reduction_usd",
             "gap_to_oracle_time", "gap_to_oracle_cost")

@@ -97,6 +97,10 @@ class Stages:
         it to neither mode (inline bills nothing)."""
         yield
 
+    def interrupt(self) -> None:
+        """SIGINT or SIGTERM cut the step short: stop what runs elsewhere at once (inline: nothing does; `close`
+        follows either way)."""
+
     def close(self) -> None:
         """Release whatever the stages hold (inline: the vLLM engine when one was started)."""
         if self.vllm is not None:
