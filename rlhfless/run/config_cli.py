@@ -12,7 +12,6 @@ import argparse
 import difflib
 import sys
 import textwrap
-from pathlib import Path
 
 from rlhfless.core.errors import ConfigError, quote
 from rlhfless.core.outpaths import REPO_ROOT as REPO
