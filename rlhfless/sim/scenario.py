@@ -382,12 +382,22 @@ def _play_forked(i: int) -> tuple[dict, Timeline | None, list[dict]]:
     return summary, tl if keep else None, rows
 
 
+def _play_cost(pol) -> int:
+    """Rank of a policy's simulation time: RLHFless with draws plays every candidate of every step on each
+    drawn outcome (the slowest, e.g. 12-15 s of 24 paper-sim steps on a loaded core), the oracle (true lengths,
+    no draws) once (10 s), the baselines no planner (0.1-3 s)."""
+    if not isinstance(pol, RLHFless):
+        return 0
+    return 2 if pol.sw.draws and not pol.sw.oracle else 1
+
+
 def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False,
                   jobs: int | None = None) -> list[tuple[dict, Timeline | None, list[dict]]]:
     """`simulate_policy` of each policy, in order: in `jobs` forked processes (None: one per core of this
     process, for cases of PARALLEL_MIN_STEPS steps or more). The policies share no state (each has its own
     predictor, warm pool and event loop; clusters are read only), so the results are the sequential ones bit
-    for bit (tests/test_sim_parallel.py). The RLHFless policies, which run the planner every step, go first."""
+    for bit (tests/test_sim_parallel.py). Longest first (`_play_cost`), so the last one a process picks up is
+    short and the processes end together."""
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if len(work) >= PARALLEL_MIN_STEPS else 1
     jobs = min(jobs, len(pols))
@@ -395,7 +405,7 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
         return [simulate_policy(p, work, p.c) for p in pols]
     global _FORKED
     _FORKED = (pols, work, keep_timelines)
-    order = sorted(range(len(pols)), key=lambda i: not isinstance(pols[i], RLHFless))
+    order = sorted(range(len(pols)), key=lambda i: -_play_cost(pols[i]))
     try:
         with mp.get_context("fork").Pool(jobs) as pool:
             played = pool.map(_play_forked, order, chunksize=1)
