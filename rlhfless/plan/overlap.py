@@ -145,12 +145,18 @@ class _Arrivals:
         return _Arrivals(arr[live], suffix[live], total, float(arr[-1]))
 
 
-def _drain(w: _Arrivals, ready_s: np.ndarray, devices: np.ndarray) -> tuple[float, np.ndarray]:
+def _drain(w: _Arrivals, ready_s: np.ndarray, devices: np.ndarray,
+           presorted: bool = False) -> tuple[float, np.ndarray]:
+    """`learner_drain` of sorted arrivals; `presorted`: ready_s is already ascending (the stable sort is then
+    the identity and is skipped)."""
     ready = np.asarray(ready_s, float)
     if len(w.arr) == 0 or w.total <= 0:
         return w.last, np.zeros(len(ready), dtype=bool)
-    bo = np.argsort(ready, kind="stable")
-    r, d = ready[bo], np.asarray(devices, float)[bo]
+    if presorted:
+        r, d = ready, np.asarray(devices, float)
+    else:
+        bo = np.argsort(ready, kind="stable")
+        r, d = ready[bo], np.asarray(devices, float)[bo]
     if len(r) == 0 or float(d.sum()) <= 0:
         raise DataError(f"learner_drain: {w.total:.3g} device-seconds of work left and no device to run it")
     rate, offset = np.cumsum(d), np.cumsum(d * r)  # after the m-th block: C(t) = t * rate[m] - offset[m]
@@ -187,7 +193,8 @@ def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: flo
     while lo < hi:
         k = (lo + hi) // 2
         keep = order[:k]
-        if float(np.sum(b.devices[keep])) > 0 and _drain(w, b.ready_s[keep], b.devices[keep])[0] <= limit:
+        if float(np.sum(b.devices[keep])) > 0 and \
+                _drain(w, b.ready_s[keep], b.devices[keep], presorted=True)[0] <= limit:  # keep: by ready
             hi = k
         else:
             lo = k + 1
