@@ -150,3 +150,53 @@ def test_docs_table_of_overheads_is_the_code_table():
             section, name = o.key.split(".")
             assert getattr(getattr(cfg, section), name) == o.value
         assert o.source
+
+
+def test_decode_iteration_is_within_15_percent_of_the_cited_vllm_measurements():
+    """perf.ITERATION_MEASUREMENTS (vLLM, Llama-3-8B on one H100 and Llama-3-70B at TP 8; batch 1, 2 and 7):
+    refitting the per-iteration overhead and the all-reduce latency gives the shipped defaults, and the model
+    with them is within 15% of every cited row; the old assumed constants (3 ms, 10 us) are not."""
+    from rlhfless.sim.calibrate import fit_decode_overheads
+    from rlhfless.sim.perf import ITERATION_MEASUREMENTS
+
+    over, lat, fit = fit_decode_overheads()
+    eff = FITTED["H100"]
+    assert over == pytest.approx(eff.iter_overhead_s, rel=0.01) and lat == pytest.approx(eff.allreduce_latency_s,
+                                                                                        rel=0.01)
+    for dev, name, tp, batch, ctx, measured in ITERATION_MEASUREMENTS:
+        pm = PerfModel(hw.device(dev), hw.model(name), tp, FITTED[dev])
+        assert float(pm.decode_iter_s(batch, ctx)) == pytest.approx(measured, rel=0.15), (name, tp, batch)
+    assert fit["max_abs_rel_err"] <= 0.15
+    old = replace(eff, iter_overhead_s=3e-3, allreduce_latency_s=10e-6)
+    worst = max(abs(float(PerfModel(hw.device(d), hw.model(n), t, old).decode_iter_s(b, c)) / m - 1)
+                for d, n, t, b, c, m in ITERATION_MEASUREMENTS)
+    assert worst > 0.15
+
+
+def test_vidur_allreduce_profile_gives_the_nccl_latency_the_fit_is_compared_with():
+    """Vidur's H100 DGX all-reduce (8 GPUs, messages up to 2 MB): 20-40 us per NCCL all-reduce, about 3x the
+    latency fitted to vLLM's whole iterations (its own one-shot kernel in the CUDA graph; perf module note)."""
+    from conftest import require_shared_file
+    from rlhfless.sim.calibrate import fit_allreduce_latency, read_allreduce
+
+    require_shared_file(VIDUR / "network/h100_dgx/all_reduce.csv")
+    lat, m = fit_allreduce_latency(read_allreduce(VIDUR, "h100_dgx"), hw.device("H100"), 8, max_bytes=2e6)
+    assert 20e-6 <= lat <= 40e-6 and m["rows"] > 100
+    assert lat > 2 * FITTED["H100"].allreduce_latency_s
+
+
+def test_a_measured_tpot_profile_replaces_the_fitted_overhead():
+    """`calibrate.efficiency_from_profile`: rows in `rlhfless profile`'s format (batch_size, context, s_per_iter,
+    n), measured by a GPU whose engine costs 2.5 ms per iteration more than the roofline, give back that
+    overhead, and the perf model built from it reproduces the rows."""
+    from rlhfless.sim.calibrate import efficiency_from_profile
+
+    pm = PerfModel(hw.device("H100"), hw.model("qwen2.5-7b"), 1, FITTED["H100"])
+    truth = replace(pm, eff=replace(pm.eff, iter_overhead_s=2.5e-3))
+    rows = [{"batch_size": b, "context": c, "s_per_iter": float(truth.decode_iter_s(b, c)), "n": 20}
+            for b, c in ((1, 200), (8, 300), (64, 400), (256, 600))]
+    eff = efficiency_from_profile(rows, pm)
+    assert eff.iter_overhead_s == pytest.approx(2.5e-3, rel=1e-6) and "TPOT profile" in eff.source
+    fitted = replace(pm, eff=eff)
+    for r in rows:
+        assert float(fitted.decode_iter_s(r["batch_size"], r["context"])) == pytest.approx(r["s_per_iter"])

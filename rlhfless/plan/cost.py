@@ -165,10 +165,17 @@ def cost_invocation(inv: Invocation, device: DevicePrice, rules: BillingRules) -
 
 def cost_step(invocations: Iterable[Invocation], device: DevicePrice,
               rules: BillingRules) -> tuple[CostSummary, dict[str, float]]:
-    """Serverless cost of one step: the sum over its invocations. Returns (summary, metrics)."""
-    total = CostSummary(0.0, 0.0)
+    """Serverless cost of one step: the sum over its invocations. Returns (summary, metrics).
+
+    The sum of `cost_invocation`s in the same order (the same floats), without a summary per invocation: the
+    scaler costs every candidate of every draw of every step with it."""
+    gpu_s, usd, kinds = 0.0, 0.0, {}
     for inv in invocations:
-        total = total + cost_invocation(inv, device, rules)
+        billed = billed_seconds(inv, rules)
+        g = billed * inv.gpus
+        gpu_s, usd = gpu_s + g, usd + g * device.serverless_usd_per_s
+        kinds[inv.kind] = kinds.get(inv.kind, 0.0) + billed
+    total = CostSummary(gpu_s, usd, kinds)
     return total, total.metrics()
 
 

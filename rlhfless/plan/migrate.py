@@ -56,18 +56,22 @@ def _check_tau(tau: float) -> None:
 
 
 def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[MigrationPlan, dict[str, float]]:
-    """Decide which unfinished sequences move where (rule in the module header). Pure; returns (plan, metrics)."""
+    """Decide which unfinished sequences move where (rule in the module header). Pure; returns (plan, metrics).
+
+    It reads of each actor only actor_id, finished, free_slots, n_unfinished, finished_fraction, max_remaining
+    (destinations) and unfinished (sources it cuts), so the simulation passes views that build a sequence list
+    only for a source it cuts (`_Live`); the runtime passes `ActorProgress`."""
     _check_tau(tau)
     free = {p.actor_id: p.free_slots for p in progress
-            if p.unfinished and p.finished_fraction < tau and p.free_slots > 0}
-    sources = sorted((p for p in progress if p.unfinished and p.finished_fraction >= tau),
-                     key=lambda p: (len(p.unfinished), p.actor_id))
+            if p.n_unfinished and p.finished_fraction < tau and p.free_slots > 0}
+    sources = sorted((p for p in progress if p.n_unfinished and p.finished_fraction >= tau),
+                     key=lambda p: (p.n_unfinished, p.actor_id))
     moves: list[Migration] = []
     released: list[int] = []
     tokens = 0.0
-    avail = {p.actor_id: max(s.predicted_remaining for s in p.unfinished) for p in progress if p.actor_id in free}
+    avail = {p.actor_id: p.max_remaining for p in progress if p.actor_id in free}
     for src in sources:
-        if len(src.unfinished) > sum(free.values()):
+        if src.n_unfinished > sum(free.values()):
             continue
         for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
             dst = min(free, key=lambda a: (avail[a], -free[a], a))
@@ -84,14 +88,21 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
 
 
 class _Seqs:
-    """Per-sequence facts of a simulation, indexed by an integer sid."""
+    """Per-sequence facts of a simulation, indexed by an integer sid; a sequence's id (`<group>/<k>`, as in the
+    moves) is built only when it moves (`name`)."""
 
     def __init__(self) -> None:
-        self.ids: list[str] = []
+        self.group: list[str] = []  # per job: its group id
+        self.first: list[int] = []  # per job: its first sid
+        self.job: list[int] = []  # per sid: its job
         self.true: list[float] = []
         self.pred: list[float] = []
         self.plen: list[int] = []
         self.start_it: list[float] = []  # actor iteration counter value at which the seq had 0 tokens
+
+    def name(self, sid: int) -> str:
+        j = self.job[sid]
+        return f"{self.group[j]}/{sid - self.first[j]}"
 
 
 class _Actor:
@@ -129,18 +140,41 @@ class _Actor:
             return np.inf
         return self.t + max(self.heap[0][0] - self.it, 0.0) * f[len(self.heap)]
 
-    def progress(self, capacity: int, seqs: _Seqs) -> ActorProgress:
-        # the simulator's innermost loop (every sequence of every candidate actor at every cut check): locals
-        # and a conditional instead of attribute lookups and max(), same values
-        it, start, pred, ids, plen = self.it, seqs.start_it, seqs.pred, seqs.ids, seqs.plen
-        out = []
-        for _, sid in self.heap:
-            gen = it - start[sid]
-            rem = pred[sid] - gen
-            out.append(SeqProgress(ids[sid], int(gen), rem if rem > 1.0 else 1.0, plen[sid]))
-        for job in self.queue:
-            out.extend(SeqProgress(ids[s], 0, pred[s], plen[s]) for s in job)
-        return ActorProgress(self.aid, self.finished, tuple(out), capacity - len(self.heap))
+
+class _Live:
+    """What `plan_migrations` reads of one simulated actor (`ActorProgress`'s fields and properties), each built
+    when first read: at a cut check most actors are neither a source that is cut (the only ones whose
+    sequences are listed) nor a destination (the only ones whose longest remaining is needed), and listing
+    every sequence of every actor was the simulator's innermost loop. Same values as listing them all."""
+
+    def __init__(self, act: _Actor, capacity: int, seqs: _Seqs) -> None:
+        self.actor_id, self.finished, self.free_slots = act.aid, act.finished, capacity - len(act.heap)
+        self.n_unfinished = len(act.heap) + sum(len(job) for job in act.queue)
+        total = self.finished + self.n_unfinished
+        self.finished_fraction = self.finished / total if total else 1.0
+        self._act, self._seqs = act, seqs
+
+    def _running(self) -> tuple[list[int], list[float], list[float]]:
+        """(sids, generated, predicted remaining >= 1) of the running sequences, in heap order."""
+        it, start, pred = self._act.it, self._seqs.start_it, self._seqs.pred
+        sids = [sid for _, sid in self._act.heap]
+        gen = [it - start[sid] for sid in sids]
+        rem = [pred[sid] - g for sid, g in zip(sids, gen)]
+        return sids, gen, [r if r > 1.0 else 1.0 for r in rem]
+
+    @property
+    def max_remaining(self) -> float:
+        _, _, rem = self._running()
+        pred = self._seqs.pred
+        return max(rem + [pred[s] for job in self._act.queue for s in job])
+
+    @property
+    def unfinished(self) -> tuple[SeqProgress, ...]:
+        seqs = self._seqs
+        sids, gen, rem = self._running()
+        out = [SeqProgress(seqs.name(s), int(g), r, seqs.plen[s]) for s, g, r in zip(sids, gen, rem)]
+        out.extend(SeqProgress(seqs.name(s), 0, seqs.pred[s], seqs.plen[s]) for job in self._act.queue for s in job)
+        return tuple(out)
 
 
 def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[list[_Actor], _Seqs]:
@@ -151,8 +185,10 @@ def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[li
         for j in jobs:
             pred = j.lengths()
             true = truth[j.group_id].lengths() if truth else pred
-            first = len(seqs.ids)
-            seqs.ids.extend(f"{j.group_id}/{k}" for k in range(j.n_seqs))
+            first = len(seqs.true)
+            seqs.job.extend([len(seqs.group)] * j.n_seqs)
+            seqs.group.append(j.group_id)
+            seqs.first.append(first)
             seqs.true.extend(true)
             seqs.pred.extend(pred)
             seqs.plen.extend([j.prompt_len] * j.n_seqs)
@@ -168,7 +204,7 @@ def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seq
            f: list[float]) -> None:
     """Move sequences (running or queued); each destination stalls for the KV transfer."""
     sources = {actors[m.src] for m in mp.moves}
-    sid_of = {seqs.ids[s]: s for act in sources for s in [x for _, x in act.heap] + [x for j in act.queue for x in j]}
+    sid_of = {seqs.name(s): s for act in sources for s in [x for _, x in act.heap] + [x for j in act.queue for x in j]}
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     moved = set()
     for m in mp.moves:
@@ -225,7 +261,7 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
             # the decision reads only sources (at or above tau) and destinations (free slots): actors that are
             # neither (below tau and full, e.g. still queueing) need no per-sequence progress
             cand = [b for b in live if b.finished / b.total >= tau or len(b.heap) < plan.capacity]
-            mp, _ = plan_migrations([b.progress(plan.capacity, seqs) for b in cand], tau)
+            mp, _ = plan_migrations([_Live(b, plan.capacity, seqs) for b in cand], tau)
             if mp.moves:
                 _apply(mp, actors, t, time_model, seqs, f)
                 moves.extend(mp.moves)

@@ -89,14 +89,46 @@ def learner_drain(arrive_s: np.ndarray, work_ds: np.ndarray, ready_s: np.ndarray
     work_end_s; with no work at all, the last arrival and no block). Raises DataError when work is left and no
     block is.
     """
-    arr, work = np.asarray(arrive_s, float), np.asarray(work_ds, float)
+    return _drain(_Arrivals.of(arrive_s, work_ds), ready_s, devices)
+
+
+@dataclass(frozen=True)
+class _Arrivals:
+    """The work side of `learner_drain`, sorted once for the many block sets `size_blocks` tries: arrivals
+    (G,) ascending, the work arriving at or after each (suffix sums), the total and the last arrival."""
+
+    arr: np.ndarray
+    suffix: np.ndarray
+    total: float
+    last: float
+
+    @staticmethod
+    def of(arrive_s: np.ndarray, work_ds: np.ndarray) -> _Arrivals:
+        arr, work = np.asarray(arrive_s, float), np.asarray(work_ds, float)
+        total = float(work.sum())
+        if len(arr) == 0 or total <= 0:
+            return _Arrivals(arr, work, total, float(arr.max()) if len(arr) else 0.0)
+        ao = np.argsort(arr, kind="stable")
+        arr, work = arr[ao], work[ao]
+        suffix = np.cumsum(work[::-1])[::-1]
+        live = suffix > 0
+        return _Arrivals(arr[live], suffix[live], total, float(arr[-1]))
+
+
+def _drain(w: _Arrivals, ready_s: np.ndarray, devices: np.ndarray,
+           presorted: bool = False) -> tuple[float, np.ndarray]:
+    """`learner_drain` of sorted arrivals; `presorted`: ready_s is already ascending (the stable sort is then
+    the identity and is skipped)."""
     ready = np.asarray(ready_s, float)
-    if len(arr) == 0 or float(work.sum()) <= 0:
-        return (float(arr.max()) if len(arr) else 0.0), np.zeros(len(ready), dtype=bool)
-    bo = np.argsort(ready, kind="stable")
-    r, d = ready[bo], np.asarray(devices, float)[bo]
+    if len(w.arr) == 0 or w.total <= 0:
+        return w.last, np.zeros(len(ready), dtype=bool)
+    if presorted:
+        r, d = ready, np.asarray(devices, float)
+    else:
+        bo = np.argsort(ready, kind="stable")
+        r, d = ready[bo], np.asarray(devices, float)[bo]
     if len(r) == 0 or float(d.sum()) <= 0:
-        raise DataError(f"learner_drain: {work.sum():.3g} device-seconds of work left and no device to run it")
+        raise DataError(f"learner_drain: {w.total:.3g} device-seconds of work left and no device to run it")
     rate, offset = np.cumsum(d), np.cumsum(d * r)  # after the m-th block: C(t) = t * rate[m] - offset[m]
     at_ready = r * rate - offset  # C at each block's ready time (non-decreasing)
 
@@ -113,11 +145,7 @@ def learner_drain(arrive_s: np.ndarray, work_ds: np.ndarray, ready_s: np.ndarray
                 return (y + offset[m]) / rate[m]
             m = np.where(bad, m + 1, m)
 
-    ao = np.argsort(arr, kind="stable")
-    arr, work = arr[ao], work[ao]
-    suffix = np.cumsum(work[::-1])[::-1]
-    live = suffix > 0
-    end = max(float(np.max(inverse(cap(arr[live]) + suffix[live]))), float(arr[-1]))  # every group is in
+    end = max(float(np.max(inverse(cap(w.arr) + w.suffix))), w.last)  # every group is in
     return end, ready < end - 1e-12
 
 
@@ -128,14 +156,15 @@ def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: flo
     order = np.argsort(b.ready_s, kind="stable")
     if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
         return b
-    end_all, _ = learner_drain(arrive_s, work_ds, b.ready_s, b.devices)
+    w = _Arrivals.of(arrive_s, work_ds)  # the work side is the same for every count tried
+    end_all, _ = _drain(w, b.ready_s, b.devices)
     limit = end_all * (1.0 + slack) + 1e-12
     lo, hi = 1, len(order)
     while lo < hi:
         k = (lo + hi) // 2
         keep = order[:k]
         if float(np.sum(b.devices[keep])) > 0 and \
-                learner_drain(arrive_s, work_ds, b.ready_s[keep], b.devices[keep])[0] <= limit:
+                _drain(w, b.ready_s[keep], b.devices[keep], presorted=True)[0] <= limit:  # keep: by ready
             hi = k
         else:
             lo = k + 1

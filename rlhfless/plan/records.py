@@ -42,6 +42,10 @@ class PlanJob:
             raise DataError(
                 f"PlanJob {self.group_id!r}: predicted_len has {len(lens)} entries but n_seqs is {self.n_seqs}"
             )
+        # the usual case in one pass (the planner builds a job per group per drawn outcome): plain floats, finite
+        # (NaN fails both comparisons) and >= 0; anything else is checked one by one below for the message
+        if all(type(x) is float and 0.0 <= x < math.inf for x in lens):
+            return
         for x in lens:
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
                 raise DataError(
@@ -51,7 +55,7 @@ class PlanJob:
     def lengths(self) -> tuple[float, ...]:
         """Per-sequence predicted lengths in tokens, always n_seqs entries."""
         if isinstance(self.predicted_len, tuple):
-            return tuple(float(x) for x in self.predicted_len)
+            return tuple(map(float, self.predicted_len))
         return (float(self.predicted_len),) * self.n_seqs
 
     @property
@@ -127,6 +131,15 @@ class ActorProgress:
     def finished_fraction(self) -> float:
         total = self.finished + len(self.unfinished)
         return self.finished / total if total else 1.0
+
+    @property
+    def n_unfinished(self) -> int:
+        return len(self.unfinished)
+
+    @property
+    def max_remaining(self) -> float:
+        """The longest predicted remaining of its unfinished sequences (when it is free again, as predicted)."""
+        return max(s.predicted_remaining for s in self.unfinished)
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
         return _costed(plan, busy, len(cuts.moves) if cuts is not None else 0, cfg, n_warm, tm, on)
     rows = []
     # the placement: each actor's groups in admission order (the same order split differently plays differently)
-    placed = (tuple(tuple(j.group_id for j in js) for js in plan.actor_jobs), plan.capacity)
+    placed = (tuple(tuple([j.group_id for j in js]) for js in plan.actor_jobs), plan.capacity)
     for d in draws:
         key = (id(d), placed) if memo is not None else None
         if key is not None and key in memo:
@@ -198,11 +198,12 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
 
 
 def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
-              draws: Sequence[Sequence[PlanJob]] = ()) -> tuple[ScalingCandidate, MigrationResult]:
+              draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingCandidate,
+                                                                                          MigrationResult]:
     """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations; over `draws` when given)
-    and the cuts simulated on the predictions (what a runtime decides with)."""
+    and the cuts simulated on the predictions (what a runtime decides with); `memo` as in `_row`."""
     res, _ = simulate_with_migration(plan, tm, cfg.tau)
-    return _row(plan, cfg, tm, n_warm, draws, cuts=res), res
+    return _row(plan, cfg, tm, n_warm, draws, cuts=res, memo=memo), res
 
 
 def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
@@ -351,25 +352,26 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
     plan = plan_of(best.n_actors)
     cut, migration = None, None
     if cfg.migrate:
-        cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm, draws)
+        cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm, draws, memo)
     wide_actor, wide_row = -1, None
     if wide is not None and migration is None:
-        cands, best, wide_actor, wide_row = _decide_wide(cands, best, plan, cfg, tm, n_warm, wide, draws)
+        cands, best, wide_actor, wide_row = _decide_wide(cands, best, plan, cfg, tm, n_warm, wide, draws, memo)
     decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, best.feasible, migration, cut,
                                wide_actor, wide_row)
     return decision, decision_metrics(decision)
 
 
 def _decide_wide(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
-                 tm: TimeModel, n_warm: int | None, wide: WideActor, draws: Sequence[Sequence[PlanJob]] = ()):
+                 tm: TimeModel, n_warm: int | None, wide: WideActor, draws: Sequence[Sequence[PlanJob]] = (),
+                 memo: dict | None = None):
     """Run the straggler on the wide engine only where the objective prefers it (the rule of `_decide_cuts`)
     and the device budget holds it. Returns (table, chosen row, wide actor or -1, the wide row or None)."""
     a = straggler(plan, plan.busy_s)
     held = sum(cfg.gpus_per_actor for jobs in plan.actor_jobs if jobs)
     if a < 0 or held - cfg.gpus_per_actor + wide.gpus > _budget(cfg) + 1e-9:
         return cands, best, -1, None
-    wide_row = _row(plan, cfg, tm, n_warm, draws, wide=wide)
-    plain_row = _row(plan, cfg, tm, n_warm, draws)
+    wide_row = _row(plan, cfg, tm, n_warm, draws, wide=wide, memo=memo)
+    plain_row = _row(plan, cfg, tm, n_warm, draws, memo=memo)
     others = [c for c in cands if c.n_actors != best.n_actors]
     *_, plain, widened = _scored(others + [plain_row, wide_row], cfg)
     if _pick([plain, widened], cfg)[0] is not widened:  # ties keep every actor narrow
@@ -379,15 +381,16 @@ def _decide_wide(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
 
 
 def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: AssignmentPlan, cfg: PlanConfig,
-                 tm: TimeModel, n_warm: int | None, draws: Sequence[Sequence[PlanJob]] = ()):
+                 tm: TimeModel, n_warm: int | None, draws: Sequence[Sequence[PlanJob]] = (),
+                 memo: dict | None = None):
     """Keep cuts at tau in the chosen plan only where the objective prefers them (module header).
 
     Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None). The table changes only
     when the decision differs from how it was scored (without cuts, or with them under simulate_migration):
     then the chosen row is replaced and the table re-scored.
     """
-    cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm, draws)
-    plain_row = _row(plan, cfg, tm, n_warm, draws)
+    cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm, draws, memo)
+    plain_row = _row(plan, cfg, tm, n_warm, draws, memo=memo)
     others = [c for c in cands if c.n_actors != best.n_actors]
     *_, plain, cut = _scored(others + [plain_row, cut_row], cfg)
     keep = _pick([plain, cut], cfg)[0] is cut  # ties keep the plan without cuts

@@ -154,3 +154,87 @@ def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
         a, b = float(y.mean()), 0.0
     pred = a + b * x
     return float(a), float(b), float(np.median(np.abs(pred / np.maximum(y, 1e-12) - 1)))
+
+
+# ---- collectives and the per-iteration overhead -------------------------------------------------------
+def read_allreduce(root: str | Path, cluster: str = "h100_dgx") -> list[dict]:
+    """Vidur's measured all-reduce times (`network/<cluster>/all_reduce.csv`): workers, message bytes (fp16
+    elements x 2), median seconds, within one node. Missing file: DataError naming it."""
+    import pandas as pd
+
+    path = Path(root) / "network" / cluster / "all_reduce.csv"
+    if not path.is_file():
+        raise DataError(f"{path}: no Vidur all-reduce profile")
+    d = pd.read_csv(path)
+    d = d[d.num_workers == d.devices_per_node]
+    return [{"workers": int(w), "bytes": 2.0 * float(s), "s": float(t) * 1e-3}
+            for w, s, t in zip(d.num_workers, d["size"], d["time_stats.all_reduce.median"])]
+
+
+def fit_allreduce_latency(rows: list[dict], dev: DeviceSpec, workers: int,
+                          max_bytes: float = 32e6) -> tuple[float, dict[str, float]]:
+    """The latency term of `PerfModel._allreduce_s` (seconds per all-reduce) on `workers` devices: the median of
+    measured time minus the model's bandwidth term 2 (w-1)/w x bytes / link_bw, over messages up to `max_bytes`
+    (a decode all-reduce is batch x hidden x 2 bytes: 16 KB-16 MB for a 70B model at batch 1-1,024). The median,
+    not a least-squares intercept: small messages scatter 2x between repetitions (Vidur's min vs median)."""
+    sel = [r for r in rows if r["workers"] == workers and r["bytes"] <= max_bytes]
+    if not sel:
+        raise DataError(f"all-reduce profile: no rows for {workers} workers up to {max_bytes:.3g} bytes")
+    bw = np.array([2.0 * (workers - 1) / workers * r["bytes"] / dev.link_bw for r in sel])
+    lat = np.array([r["s"] for r in sel]) - bw
+    return float(np.median(lat)), {"rows": float(len(sel)), "p10_s": float(np.quantile(lat, 0.1)),
+                                   "p90_s": float(np.quantile(lat, 0.9))}
+
+
+def fit_iter_overhead(rows: list[dict], pm: PerfModel) -> tuple[float, dict[str, float]]:
+    """The per-iteration engine overhead that makes `pm.decode_iter_s` match measured iterations: rows of a
+    TPOT profile (`batch_size`, `context`, `s_per_iter`, optional `n`: the format `rlhfless profile` and
+    `rollout.tpot` write, or the cited whole-iteration measurements of `perf.ITERATION_MEASUREMENTS`); the
+    n-weighted mean of (measured - modelled without overhead), clipped at 0. Returns (seconds, metrics: the
+    relative error of each row after the fit, worst and median)."""
+    if not rows:
+        raise DataError("fit_iter_overhead: no measured iterations")
+    bare = replace(pm, eff=replace(pm.eff, iter_overhead_s=0.0))
+    model = np.array([float(bare.decode_iter_s(r["batch_size"], float(r.get("context") or 0))) for r in rows])
+    meas = np.array([r["s_per_iter"] for r in rows], float)
+    w = np.array([r.get("n", 1) for r in rows], float)
+    over = max(float(np.sum(w * (meas - model)) / np.sum(w)), 0.0)
+    err = (model + over) / meas - 1.0
+    return over, {"max_abs_rel_err": float(np.abs(err).max()), "median_abs_rel_err": float(np.median(np.abs(err)))}
+
+
+def efficiency_from_profile(rows: list[dict], pm: PerfModel) -> Efficiency:
+    """`pm`'s efficiency with the per-iteration overhead fitted to a GPU's measured TPOT profile (`rlhfless
+    profile` on that GPU): how a measurement replaces the cited fit (docs/overheads.md). The matmul efficiencies
+    (Vidur's fit) and the all-reduce latency stay: one model at one TP cannot separate them from the overhead."""
+    over, m = fit_iter_overhead(rows, pm)
+    return replace(pm.eff, iter_overhead_s=over,
+                   source=f"{pm.eff.source}; iter_overhead_s fitted to a TPOT profile "
+                          f"(median error {m['median_abs_rel_err']:.1%})")
+
+
+def fit_decode_overheads(rows=None) -> tuple[float, float, dict[str, float]]:
+    """(iter_overhead_s, allreduce_latency_s) fitted to whole-iteration measurements (default: the cited
+    `perf.ITERATION_MEASUREMENTS`): the overhead to the TP 1 rows (`fit_iter_overhead`), then the all-reduce
+    latency to the TP > 1 rows as their mean gap over 2 x layers all-reduces. Metrics: each row's relative error
+    after the fit (`err/<model>/tp<tp>/b<batch>`) and the worst."""
+    from rlhfless.sim.hardware import device, model
+    from rlhfless.sim.perf import FITTED, ITERATION_MEASUREMENTS
+
+    rows = ITERATION_MEASUREMENTS if rows is None else rows
+
+    def pm_of(r, over, lat):
+        eff = replace(FITTED[r[0]], iter_overhead_s=over, allreduce_latency_s=lat)
+        return PerfModel(device(r[0]), model(r[1]), r[2], eff)
+
+    def as_tpot(rs):
+        return [{"batch_size": r[3], "context": r[4], "s_per_iter": r[5]} for r in rs]
+
+    one = [r for r in rows if r[2] == 1]
+    over, _ = fit_iter_overhead(as_tpot(one), pm_of(one[0], 0.0, 0.0))
+    gaps = [(r[5] - float(pm_of(r, over, 0.0).decode_iter_s(r[3], r[4]))) / (2 * model(r[1]).layers)
+            for r in rows if r[2] > 1]
+    lat = max(float(np.mean(gaps)), 0.0) if gaps else 0.0
+    err = {f"err/{r[1]}/tp{r[2]}/b{r[3]}": float(pm_of(r, over, lat).decode_iter_s(r[3], r[4])) / r[5] - 1.0
+           for r in rows}
+    return over, lat, {**err, "max_abs_rel_err": max(abs(v) for v in err.values())}

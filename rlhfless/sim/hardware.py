@@ -58,7 +58,8 @@ DEVICES: dict[str, DeviceSpec] = {
     # one 400 Gb/s ConnectX-7 NIC per GPU (8 x 50 GB/s per node).
     "H100": DeviceSpec("H100", 989e12, 3.35e12, 80 * GB, 900e9 / 2, 400e9, 8, "H100",
                        "NVIDIA H100 SXM5 datasheet; DGX H100 user guide (8 x 400 Gb/s NICs)", 400e9 / 8),
-    # NVIDIA H200 SXM datasheet: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e, 141 GB, NVLink 900 GB/s; NIC as H100.
+    # NVIDIA H200 SXM datasheet: 1,979 TFLOP/s BF16 with sparsity = 989 dense, 4.8 TB/s HBM3e, 141 GB, NVLink
+    # 900 GB/s; NIC as H100.
     "H200": DeviceSpec("H200", 989e12, 4.8e12, 141 * GB, 900e9 / 2, 400e9, 8, "H200",
                        "NVIDIA H200 SXM datasheet; NIC assumed as DGX H100", 400e9 / 8),
     # NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s BF16, 2.039 TB/s HBM2e, NVLink 600 GB/s; DGX A100: 200 Gb/s
@@ -136,6 +137,11 @@ MODELS: dict[str, ModelShape] = {
     "qwen2.5-32b": _shape("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, False, f"Qwen/Qwen2.5-32B {_HF}"),
     # Llama-2-70b: the 70B shape Vidur profiles (the paper's 70B model is not named in our sources)
     "llama-70b": _shape("llama-70b", 80, 8192, 64, 8, 28672, 32000, False, f"meta-llama/Llama-2-70b-hf {_HF}"),
+    # Llama 3: the models of the cited vLLM whole-iteration measurements (`perf.ITERATION_MEASUREMENTS`)
+    "llama-3-8b": _shape("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, False,
+                         f"meta-llama/Meta-Llama-3-8B-Instruct {_HF}"),
+    "llama-3-70b": _shape("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, False,
+                          f"meta-llama/Meta-Llama-3-70B-Instruct {_HF}"),
     "llama-2-7b": _shape("llama-2-7b", 32, 4096, 32, 32, 11008, 32000, False, f"meta-llama/Llama-2-7b-hf {_HF}"),
     "qwen-72b": _shape("qwen-72b", 80, 8192, 64, 64, 24576, 151936, False, f"Qwen/Qwen-72B {_HF}"),
 }

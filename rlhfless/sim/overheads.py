@@ -31,6 +31,8 @@ class Overhead:
     what: str
 
 
+OPTIM_BYTES_PER_PARAM = 12
+"""Optimizer-state bytes per parameter of mixed-precision Adam (ZeRO's K; source in OVERHEADS)."""
 _VERL_YAML = ("verl/trainer/config/ppo_trainer.yaml (v0.3-v0.4: rollout.tensor_model_parallel_size 2, "
               "gpu_memory_utilization 0.5, enforce_eager True, free_cache_engine True, train_batch_size 1024, "
               "ppo_mini_batch_size 256)")
@@ -69,6 +71,17 @@ OVERHEADS: dict[str, Overhead] = {o.key or o.what: o for o in (
              "(PyTorch blog 'Accelerating PyTorch with CUDA Graphs'); an iteration takes max(GPU time, launch "
              "time); NeMo-RL PR #498 measured ~3% generation throughput from CUDA graphs on Llama-8B",
              "paper verl: eager decode (enforce_eager True)"),
+    Overhead("hybrid_comm_init_s", 2.0, "s per join",
+             "NCCL issue #534 (github.com/NVIDIA/nccl/issues/534): 8 communicators of 8 ranks created in 16.3 s "
+             "(2.0 s each; V100, InfiniBand); NCCL issue #587 measured 4.5 s for the first all-reduce of a new "
+             "8-GPU group (topology detection), so 2.0 s is the lower of the two",
+             "hybrid functions: the learner's data-parallel communicator rebuilt when a released decode function "
+             "joins it (0 = not charged)"),
+    Overhead(None, OPTIM_BYTES_PER_PARAM, "bytes per parameter",
+             "ZeRO (Rajbhandari et al., SC'20), Section 3.1: mixed-precision Adam keeps K = 12 bytes per parameter "
+             "(fp32 master weights, momentum, variance)",
+             "hybrid functions: optimizer state a joining block receives (its share over every device's NIC; "
+             "switch `hybrid_optimizer_move`)"),
     Overhead("billing.granularity_s", PAPER_PLATFORM.granularity_s, "s",
              "the paper's platform text ('rounded up to 1 s'; PAPER.md)", "billing granularity"),
     Overhead("billing.keep_alive_s", PAPER_PLATFORM.keep_alive_s, "s",

@@ -34,7 +34,7 @@ import numpy as np
 from rlhfless.core.errors import ConfigError, require
 from rlhfless.plan.timemodel import TimeModel
 from rlhfless.sim.hardware import DeviceSpec, ModelShape
-from rlhfless.sim.overheads import DEFAULT
+from rlhfless.sim.overheads import DEFAULT, OPTIM_BYTES_PER_PARAM
 
 PPO_MODELS = 2
 """Models PPO's learner runs per model GRPO's runs (assumed: the critic is the policy's size, as verl's default
@@ -57,8 +57,8 @@ class Efficiency:
     compute_eff: float
     mem_eff: float
     op_overhead_s: float
-    iter_overhead_s: float = 0.003  # assumed: vLLM 0.8 per-step scheduler + sampler cost with CUDA graphs
-    allreduce_latency_s: float = 10e-6  # assumed: NCCL small-message latency on NVLink
+    iter_overhead_s: float = 1.24e-3  # fitted: ITERATION_MEASUREMENTS (vLLM, Llama-3-8B, 1 x H100), below
+    allreduce_latency_s: float = 8.6e-6  # fitted: ITERATION_MEASUREMENTS (vLLM, Llama-3-70B, TP 8 on H100)
     train_mfu: float = 0.35  # assumed: FSDP bf16 training of dense LLMs is reported at 30-45% MFU
     fwd_mfu: float = 0.45  # assumed: forward-only scoring, no backward, large batches
     train_fixed_s: float = 1.0  # assumed: optimizer step + gradient reduce-scatter per update
@@ -75,6 +75,26 @@ class Efficiency:
         require(self.max_num_seqs >= 1, "efficiency.max_num_seqs", f"must be >= 1 (got {self.max_num_seqs})")
 
 
+ITERATION_MEASUREMENTS = (
+    # (device, model, tp, batch, mean context tokens, measured seconds per decode iteration); one source for all:
+    # LambdaLabsML/vllm-benchmark, results/prompt_10/<1|8>xH100-80GB-SXM/Meta-Llama-3-{8B,70B}-Instruct_tp{1,8}_
+    # len2048.json (vLLM 0.6, bf16, CUDA graphs, 10 ShareGPT prompts at once, 10-step multi-step scheduling: each
+    # `itls` entry is 10 iterations). Read off each request's `itls` where `batch` requests were still running:
+    # batch 1 = the 741-token request alone at its end (its last 30 entries for 8B, 12 for 70B), batch 2 = it
+    # and the 624-token request (70B), batch 7 = the entries after the first, before the 35-token request ended.
+    ("H100", "llama-3-8b", 1, 1, 615.0, 7.05e-3),
+    ("H100", "llama-3-8b", 1, 7, 106.0, 7.35e-3),
+    ("H100", "llama-3-70b", 8, 1, 709.0, 11.23e-3),
+    ("H100", "llama-3-70b", 8, 2, 455.0, 11.32e-3),
+    ("H100", "llama-3-70b", 8, 7, 110.0, 11.95e-3),
+)
+"""Published whole-iteration times of vLLM at small batch (source above). `calibrate.fit_decode_overheads` fits
+the per-iteration overhead to the TP 1 rows (no all-reduce there), then the all-reduce latency to the TP 8 rows;
+tests/test_sim_perf.py refits both and checks every row within 15%. Vidur's NCCL all-reduce profile
+(../shared/data/vidur-profiles/network/h100_dgx, 8 GPUs, messages up to 2 MB: median 26 us,
+`calibrate.fit_allreduce_latency`) is 3x the fitted 8.6 us: vLLM reduces small decode messages with its own
+one-shot kernel inside the CUDA graph, not NCCL, so the NCCL profile bounds eager engines, not this one."""
+
 # Fitted by `rlhfless.sim.calibrate.fit_vidur` on ../shared/data/vidur-profiles (Vidur commit 7d47513, MIT): the
 # four matmuls of every layer, every model, TP 1/2/4/8, num_tokens 1..4096 of that GPU; median |relative error|
 # and p90 of the fit are in the comment (tests/test_sim_perf.py refits and checks the tolerance).
@@ -83,7 +103,9 @@ FITTED = {
     "A100-80G": Efficiency(0.701, 0.793, 1.15e-5, source="fit_vidur a100: median 5.2%, p90 14.0% over 3,132 rows"),
     "A40": Efficiency(0.724, 0.716, 1.52e-5, source="fit_vidur a40: median 5.9%, p90 16.8% over 2,088 rows"),
 }
-FITTED["H200"] = replace(FITTED["H100"], source="H100's fit (same SM; assumed)")
+# the H200's own peak and bandwidth are its DeviceSpec (NVIDIA H200 SXM datasheet); only the fractions of them are
+# the H100's (same Hopper SM, no H200 profile in Vidur's data: assumed)
+FITTED["H200"] = replace(FITTED["H100"], source="H100's fitted fractions of the H200 datasheet peaks (assumed)")
 FITTED["L40S"] = replace(FITTED["A40"], source="A40's fit applied to L40S peaks (nearest profiled relative; assumed)")
 # This machine's core running the tiny fp32 model. Decode: calibrate.fit_cpu_decode on
 # data/profiles/tpot_tiny_cpu.json gives 2.63 GB/s effective (0.263 of the nominal 10 GB/s) and 0.94 ms per
@@ -214,6 +236,13 @@ class PerfModel:
         if colocated:
             return model_bytes / self.device.link_bw if self.reshard_full else per_dev
         return model_bytes / ((self.device.nic_bw or self.device.net_bw) * self.net_eff) + per_dev
+
+    def optimizer_move_s(self, learner_devices: float) -> float:
+        """A block joining a learner sharded over `learner_devices` receives its share of the optimizer state
+        (`OPTIM_BYTES_PER_PARAM` per parameter, ZeRO's K) from the others, each of its devices through its own
+        NIC at net_eff: 12 P x (d / N) bytes over d NICs = 12 P / (N x NIC x net_eff)."""
+        nic = (self.device.nic_bw or self.device.net_bw / self.device.devices_per_node) * self.net_eff
+        return OPTIM_BYTES_PER_PARAM * self.model.params / (max(learner_devices, 1.0) * nic)
 
     def cold_start_s(self, engine: bool = True) -> float:
         """A fresh serverless function: container start (+ inference-engine init for prefill/decode actors) +

@@ -114,6 +114,9 @@ class Cluster:
     """Seconds per step each rollout replica spends rebuilding the KV cache it freed."""
     max_response: float | None = None
     """The engine's response cap in tokens (a setting the planner knows; caps its drawn outcomes); None = none."""
+    hybrid_join_s: float = 0.0
+    """Seconds a released hybrid decode function needs beyond the in-place reshard before it is a learner block
+    (communicator rebuild, optimizer-state share, reference model: `scenario.hybrid_join_s`)."""
 
     @property
     def replicas(self) -> int:
@@ -288,6 +291,12 @@ class RLHFless:
         shard over the node link; `PerfModel.weight_sync_s(colocated=True)`, sources in docs/overheads.md)."""
         return self.c.perf.weight_sync_s(colocated=True)
 
+    def _hybrid_join_s(self) -> float:
+        """A released decode function going on as a learner block: the in-place reshard plus joining the
+        data-parallel learner (`Cluster.hybrid_join_s`). Charged to every released one, also to those that were
+        learner blocks last step and may still hold the reference model (an upper bound for those)."""
+        return self._hybrid_sync_s() + self.c.hybrid_join_s
+
     def _prewarm(self, cold_s: float, gap: float) -> float:
         """Seconds billed to have a function warm when needed (pre-warm rule from invocation history): kept
         alive through the expected idle gap when that is shorter than a cold start, else restarted cold_s ahead."""
@@ -324,7 +333,7 @@ class RLHFless:
         learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
                            sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
                            size_slack=self._size_slack(),
-                           release_cold_s=self._hybrid_sync_s() if sw.hybrid else None,
+                           release_cold_s=self._hybrid_join_s() if sw.hybrid else None,
                            warm_spare=max(hyb - len(actors), 0))
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
@@ -395,7 +404,7 @@ class RLHFless:
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
                             prefill_devices=prefill.devices if prefill else 0.0, size_slack=self._size_slack(),
-                            release_cold_s=self._hybrid_sync_s() if sw.hybrid else None)
+                            release_cold_s=self._hybrid_join_s() if sw.hybrid else None)
 
     def _size_slack(self) -> float | None:
         return SIZE_SLACK if self.sw.overlap and self.sw.size_learner else None

@@ -47,7 +47,7 @@ from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.events import EventLoop, Timeline
 from rlhfless.sim.overheads import DEFAULT, PAPER_VERL_MEM_FRAC, PAPER_VERL_MINIBATCHES, PAPER_VERL_TP
-from rlhfless.sim.perf import FITTED, PerfModel, smallest_tp
+from rlhfless.sim.perf import FITTED, PPO_MODELS, PerfModel, smallest_tp
 from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
 from rlhfless.sim.step import play_step
 from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, replay_trace, synthetic
@@ -126,6 +126,15 @@ class SimConfig:
     """Paper verl: seconds per step to rebuild the KV cache it frees after each rollout."""
     eager_layer_s: float = DEFAULT["eager_layer_s"]
     """Paper verl: CPU launch seconds per layer per decode iteration (eager mode)."""
+    hybrid_comm_init_s: float = DEFAULT["hybrid_comm_init_s"]
+    """Hybrid functions: seconds to rebuild the learner's data-parallel communicator when a released decode
+    function joins it (0 = not charged)."""
+    hybrid_optimizer_move: bool = True
+    """Hybrid functions: a joining block first receives its share of the optimizer state (`PerfModel.
+    optimizer_move_s`; False = not charged)."""
+    hybrid_ref_load: bool = True
+    """Hybrid functions: a joining block first loads the reference model (a decode function holds only the
+    policy): the one-NIC weight broadcast of a model of the policy's size (False = not charged)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -146,12 +155,14 @@ class SimConfig:
         require(0 < self.tau <= 1, "tau", f"must lie in (0, 1] (got {self.tau})")
         require(self.template_tokens >= 0, "template_tokens", f"must be >= 0 (got {self.template_tokens})")
         require(self.rlhfless_tp >= 0, "rlhfless_tp", f"must be >= 0 (got {self.rlhfless_tp})")
-        for f in ("container_start_s", "engine_init_s", "kv_rebuild_s", "eager_layer_s"):
+        for f in ("container_start_s", "engine_init_s", "kv_rebuild_s", "eager_layer_s", "hybrid_comm_init_s"):
             require(getattr(self, f) >= 0, f, f"must be >= 0 s (got {getattr(self, f)})")
         require(self.storage_gbps > 0, "storage_gbps", f"must be > 0 (got {self.storage_gbps})")
         require(0 < self.net_eff <= 1, "net_eff", f"must lie in (0, 1] (got {self.net_eff})")
         require(self.baseline in BASELINES, "baseline", f"must be one of {list(BASELINES)} (got {self.baseline!r})")
         require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
+        for f in ("hybrid_optimizer_move", "hybrid_ref_load"):
+            require(isinstance(getattr(self, f), bool), f, f"must be true or false (got {getattr(self, f)!r})")
 
 
 _TESTBED = dict(device="L40S", n_devices=16, workload="gsm8k", steps=24)
@@ -219,7 +230,18 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
         return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, "paper",
                        old_logprob=True, minibatches=PAPER_VERL_MINIBATCHES, kv_rebuild_s=cfg.kv_rebuild_s,
                        max_response=cap)
-    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, max_response=cap)
+    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, max_response=cap,
+                   hybrid_join_s=hybrid_join_s(cfg, pm))
+
+
+def hybrid_join_s(cfg: SimConfig, pm: PerfModel) -> float:
+    """What a released decode function pays, besides the in-place reshard, before it works as a learner block
+    (each part a switch; sources in docs/overheads.md): the data-parallel communicator rebuilt, its share of the
+    optimizer state received, the reference model loaded. PPO: the critic's optimizer state and weights too
+    (`PPO_MODELS` of each)."""
+    n = PPO_MODELS if cfg.algo == "ppo" else 1
+    return (cfg.hybrid_comm_init_s + (n * pm.optimizer_move_s(cfg.n_devices) if cfg.hybrid_optimizer_move else 0.0)
+            + (n * pm.weight_sync_s(colocated=False) if cfg.hybrid_ref_load else 0.0))
 
 
 def workload(cfg: SimConfig) -> tuple[list[StepWork], str]:
@@ -393,6 +415,15 @@ def _play_forked(i: int) -> tuple[dict, Timeline | None, list[dict]]:
     return summary, tl if keep else None, rows
 
 
+def _play_cost(pol) -> int:
+    """Rank of a policy's simulation time: RLHFless with draws plays every candidate of every step on each
+    drawn outcome (the slowest, e.g. 12-15 s of 24 paper-sim steps on a loaded core), the oracle (true lengths,
+    no draws) once (10 s), the baselines no planner (0.1-3 s)."""
+    if not isinstance(pol, RLHFless):
+        return 0
+    return 2 if pol.sw.draws and not pol.sw.oracle else 1
+
+
 def _play_forked_at(i: int) -> tuple[int, tuple[dict, Timeline | None, list[dict]]]:
     return i, _play_forked(i)
 
@@ -402,7 +433,8 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
     """`simulate_policy` of each policy, in order: in `jobs` forked processes (None: one per core of this
     process, for cases of PARALLEL_MIN_STEPS steps or more). The policies share no state (each has its own
     predictor, warm pool and event loop; clusters are read only), so the results are the sequential ones bit
-    for bit (tests/test_sim_parallel.py). The RLHFless policies, which run the planner every step, go first.
+    for bit (tests/test_sim_parallel.py). Longest first (`_play_cost`), so the last one a process picks up is
+    short and the processes end together.
     `on_done(policy name)` is called as each policy finishes (in the order they finish: progress only)."""
     done = on_done or (lambda name: None)
     if jobs is None:
@@ -416,7 +448,7 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
         return out
     global _FORKED
     _FORKED = (pols, work, keep_timelines)
-    order = sorted(range(len(pols)), key=lambda i: not isinstance(pols[i], RLHFless))
+    order = sorted(range(len(pols)), key=lambda i: -_play_cost(pols[i]))
     out = [None] * len(pols)
     try:
         with mp.get_context("fork").Pool(jobs) as pool:
