@@ -33,7 +33,11 @@ def _print_case(case: dict) -> None:
         mark = " (headline)" if name == case["baseline"] else ""
         print(f"  rlhfless vs verl {name}{mark}: speedup {b['speedup']:.3f}x, cost reduction "
               f"{b['cost_reduction']:.1%} (device-s; {b['cost_reduction_usd']:.1%} in $)")
-    print(f"  gap to oracle: time {case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}; "
+    for name, b in case.get("paper_range", {}).items():
+        print(f"  rlhfless vs paper verl {name} (tp={b['tp']}): speedup {b['speedup']:.3f}x, cost reduction "
+              f"{b['cost_reduction']:.1%}")
+    print(f"  design {case['design']}, learner {case['learner']} (both systems); "
+          f"gap to oracle: time {case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}; "
           f"paper verl: tp={case['paper_tp']}, capacity {case['paper_capacity']}")
 
 

@@ -164,7 +164,8 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
     tracked; conservative)."""
     pm, tail = c.perf, max(busy, default=0.0)
     actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
-    spt = pm.learner_s_per_token(c.algo, c.old_logprob) * work_scale
+    stream, after = learner_split(c)
+    spt = stream * work_scale
     acts, done, work = [], [], []
     for g in step.groups:
         a = actor_of[g.prompt_id]
@@ -174,7 +175,17 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
         work.append(g.tokens * spt)
     return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
                        prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack, release_cold_s,
-                       warm_spare)
+                       warm_spare, step.tokens * after * work_scale)
+
+
+def learner_split(c: Cluster) -> tuple[float, float]:
+    """(device-seconds per token that stream as groups finish, those that wait for the rollout's end). One
+    optimizer step: everything streams (gradients accumulate). verl's mini-batches (learner parity): the
+    reference and old-log-prob forwards stream (both use the policy the rollout ran), the training waits: each
+    mini-batch trains on the policy the one before left, and verl shuffles the batch into them."""
+    total = c.perf.learner_s_per_token(c.algo, c.old_logprob)
+    after = c.perf.train_s_per_token(c.algo) if c.minibatches > 1 else 0.0
+    return total - after, after
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
@@ -203,10 +214,10 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
 class Verl:
     """The serverful colocated baseline (module header)."""
 
-    def __init__(self, c: Cluster, overlap: bool = False):
+    def __init__(self, c: Cluster, overlap: bool = False, name: str = ""):
         """overlap: score and train finished groups on finished replicas' devices (`verl-overlap`)."""
         self.c, self.overlap = c, overlap
-        self.name = "verl-overlap" if overlap else ("verl-paper" if c.setting == "paper" else "verl")
+        self.name = name or ("verl-overlap" if overlap else ("verl-paper" if c.setting == "paper" else "verl"))
 
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
         c, pm = self.c, self.c.perf
@@ -246,7 +257,7 @@ class RLHFuse(Verl):
         ref = pm.forward_s(step.tokens, 1)  # the reference forward's device-seconds (PPO's value forward stays)
         fused = min(freed, 0.5 * ref)  # half the reference forward needs the tail's samples
         metrics["rlhfuse/fused_s"] = fused / c.n_devices
-        total = step.tokens * pm.learner_s_per_token(c.algo)
+        total = step.tokens * pm.learner_s_per_token(c.algo, c.old_logprob)
         learner = _learner(c, step, plan.actor_jobs, {g.prompt_id: 0.0 for g in step.groups}, res.busy_s, False,
                            0.0, True, work_scale=1.0 - fused / total)
         return StepPlan(True, c.n_devices, actors, None, learner), metrics
@@ -387,8 +398,9 @@ class RLHFless:
         template the engines cache)."""
         c, pm, sw = self.c, self.c.perf, self.sw
         mean_prompt = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
-        return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices),
-                            s_per_token=pm.learner_s_per_token(c.algo), update_fixed_s=pm.update_fixed_s(c.algo),
+        stream, after = learner_split(c)
+        return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices), s_per_token=stream,
+                            after_s_per_token=after, update_fixed_s=pm.update_fixed_s(c.algo, c.minibatches),
                             cold_start_s=pm.learner_join_s(),
                             prewarm=sw.prewarm,
                             prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]) if sw.prewarm else None,

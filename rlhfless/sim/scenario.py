@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -44,7 +45,14 @@ from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
 from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.events import EventLoop, Timeline
-from rlhfless.sim.overheads import DEFAULT, PAPER_VERL_MEM_FRAC, PAPER_VERL_MINIBATCHES, PAPER_VERL_TP
+from rlhfless.sim.overheads import (
+    DEFAULT,
+    LARGE_MODEL_PARAMS,
+    PAPER_VERL_MEM_FRAC,
+    PAPER_VERL_MINIBATCHES,
+    PAPER_VERL_TP,
+    PAPER_VERL_TP_LARGE,
+)
 from rlhfless.sim.perf import FITTED, PerfModel, smallest_tp
 from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
 from rlhfless.sim.step import play_step
@@ -54,18 +62,46 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that m
 ALGOS = ("grpo", "ppo")
 BASELINES = ("tuned", "paper")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
-_OFF = dict(overlap=False, size_learner=False, wide=False, hybrid=False)
-ABLATION = (("serverless-verl", Switches(False, False, False, False, False, **_OFF)),
-            ("+dedup", Switches(dedup=True, assign=False, migrate=False, scale=False, prewarm=False, **_OFF)),
-            ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, **_OFF)),
-            ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, **_OFF)),
-            ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, **_OFF)),
-            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, **_OFF)),
-            ("+overlap", Switches(size_learner=False, wide=False, hybrid=False)),
-            ("+hybrid", Switches(size_learner=False, wide=False)),
-            ("+sized learner", Switches(wide=False)))
-"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +wide actor (per-actor TP),
-is `rlhfless`."""
+LADDER_ORDER = ("dedup", "assign", "scale", "migrate", "prewarm", "overlap", "hybrid", "size_learner", "wide",
+                "draws")
+RUNG_NAME = {"size_learner": "+sized learner", "wide": "+wide actor"}
+ABLATION = tuple([("serverless-verl", Switches(**dict.fromkeys(LADDER_ORDER, False)))] + [
+    (RUNG_NAME.get(m, f"+{m}"), Switches(**{k: k in LADDER_ORDER[:i + 1] for k in LADDER_ORDER}))
+    for i, m in enumerate(LADDER_ORDER)])
+"""The ladder from serverless verl (functions, no mechanism) to the extended design, one switch per rung, every
+rung on the case's engine and learner; +prewarm is the paper's design, +draws the extended one."""
+
+
+MECHANISMS = ("dedup", "assign", "migrate", "scale", "prewarm", "overlap", "hybrid", "size_learner", "wide", "draws")
+"""RLHFless's switches that are config keys (`Switches`); the first five are the paper's."""
+PAPER_MECHANISMS = MECHANISMS[:5]
+DESIGNS = {"paper": frozenset(PAPER_MECHANISMS), "extended": frozenset(MECHANISMS)}
+"""design=paper: the paper's system (separate decode and learner functions, sequential stages, the scaler on the
+predicted means); design=extended: ours besides (overlap, hybrid functions, the sized learner, the wide actor, the
+scaler averaging over drawn lengths)."""
+
+
+@dataclass(frozen=True)
+class PaperVerl:
+    """verl 0.3.x as the paper ran it (`baseline=paper`); every setting's source in `rlhfless.sim.overheads`."""
+
+    tp: int = 0
+    """Rollout TP; 0 = verl's example for the model's size: 2 below 30B parameters (the yaml), 8 from it on (its
+    70B practice), each raised to the smallest power of two that fits at mem_frac."""
+    cuda_graphs: bool = True
+    """Decode with CUDA graphs, as verl's vLLM 0.8 guidance sets it (false: eager, `eager_layer_s`)."""
+    kv: Literal["sleep", "rebuild", "keep"] = "sleep"
+    """Between rollouts: sleep = vLLM sleep level 1 (verl 0.3 with vLLM >= 0.7: weights out to the host and back,
+    `host_gbps`); rebuild = free_cache_engine's rebuild (`kv_rebuild_s`); keep = the cache stays."""
+    reshard: Literal["full", "shard"] = "full"
+    """FSDP -> vLLM resharding: full = the whole model through each device's link (verl PR #116's measurement);
+    shard = each device's TP shard only."""
+    mem_frac: float = PAPER_VERL_MEM_FRAC
+    """vLLM gpu_memory_utilization."""
+
+    def __post_init__(self) -> None:
+        require(self.tp >= 0, "paper_verl.tp", f"must be >= 0 (0 = verl's example for the size) (got {self.tp})")
+        require(0 < self.mem_frac <= 1, "paper_verl.mem_frac", f"must lie in (0, 1] (got {self.mem_frac})")
 
 
 @dataclass(frozen=True)
@@ -100,17 +136,40 @@ class SimConfig:
     """Shared prompt prefix (system prompt + instructions) every prompt starts with; assumed."""
     lengths: LengthDist = field(default_factory=LengthDist)
     lam: float = 0.5
+    """The scaler's weight of time against cost (objective=score)."""
+    objective: Literal["score", "min_cost_at_deadline"] = "score"
+    """The scaler's objective: score (lam) or the cheapest N whose step is at most deadline_ratio x serverful."""
+    deadline_ratio: float = 1.0
     tau: float = 0.7
+    design: Literal["paper", "extended"] = "paper"
+    """RLHFless's mechanisms: paper (dedup, assign, migrate, scale, prewarm) or extended (all of `MECHANISMS`);
+    each mechanism's key below overrides the design's choice."""
+    dedup: bool | None = None
+    """None = the design's (likewise assign ... draws)."""
+    assign: bool | None = None
+    migrate: bool | None = None
+    scale: bool | None = None
+    prewarm: bool | None = None
+    overlap: bool | None = None
+    hybrid: bool | None = None
+    size_learner: bool | None = None
+    wide: bool | None = None
+    draws: bool | None = None
+    learner: Literal["parity", "single_step"] = "parity"
+    """Every system's update: parity = verl's (old log-probs recomputed, PAPER_VERL_MINIBATCHES mini-batch
+    steps), the paper's comparison; single_step = ours (one optimizer step, no recompute), an algorithmic change
+    applied to every system alike so that it is never counted as RLHFless's gain (reported apart)."""
+    paper_verl: PaperVerl = field(default_factory=PaperVerl)
     rlhfless_tp: int = 0
     """TP degree of RLHFless actors; 0 = the same as the baseline's (one engine configuration for both)."""
     prefill_actors: int = 1
     """Replicas the dedup prefill function spreads over (the paper draws one)."""
     ablation: bool = False
     """Also run the ablation ladder (verl-equivalent serverless, +dedup, +assign, +migrate, +scale)."""
-    baseline: str = "tuned"
-    """The verl the headline `speedup` / `cost_reduction` compare with: tuned (the fastest TP, 0.9 of memory,
-    CUDA graphs, one optimizer step, shard-only resharding) or paper (verl 0.3.x as its example scripts run it;
-    `rlhfless.sim.overheads`). Both are always simulated and reported under `baselines`."""
+    baseline: str = "paper"
+    """The verl the headline `speedup` / `cost_reduction` compare with: paper (verl 0.3.x as the paper ran it,
+    `paper_verl`; `rlhfless.sim.overheads`) or tuned (the fastest TP, 0.9 of memory, CUDA graphs, the KV cache
+    kept, shard-only resharding). Both run `learner`; both are always simulated and reported under `baselines`."""
     billing: BillingRules = field(default_factory=BillingRules)
     container_start_s: float = DEFAULT["container_start_s"]
     """Serverless container start, s (every overhead's source: rlhfless.sim.overheads, docs/overheads.md)."""
@@ -123,7 +182,9 @@ class SimConfig:
     kv_rebuild_s: float = DEFAULT["kv_rebuild_s"]
     """Paper verl: seconds per step to rebuild the KV cache it frees after each rollout."""
     eager_layer_s: float = DEFAULT["eager_layer_s"]
-    """Paper verl: CPU launch seconds per layer per decode iteration (eager mode)."""
+    """Paper verl without CUDA graphs: CPU launch seconds per layer per decode iteration."""
+    host_gbps: float = DEFAULT["host_gbps"]
+    """Paper verl, kv=sleep: GB/s per device moving its weights to the host and back around a rollout."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -147,9 +208,17 @@ class SimConfig:
         for f in ("container_start_s", "engine_init_s", "kv_rebuild_s", "eager_layer_s"):
             require(getattr(self, f) >= 0, f, f"must be >= 0 s (got {getattr(self, f)})")
         require(self.storage_gbps > 0, "storage_gbps", f"must be > 0 (got {self.storage_gbps})")
+        require(self.host_gbps > 0, "host_gbps", f"must be > 0 (got {self.host_gbps})")
+        require(self.deadline_ratio > 0, "deadline_ratio", f"must be > 0 (got {self.deadline_ratio})")
         require(0 < self.net_eff <= 1, "net_eff", f"must lie in (0, 1] (got {self.net_eff})")
         require(self.baseline in BASELINES, "baseline", f"must be one of {list(BASELINES)} (got {self.baseline!r})")
         require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
+
+    def switches(self, oracle: bool = False) -> Switches:
+        """RLHFless's switches: the design's, each mechanism key that is set overriding it."""
+        on = DESIGNS[self.design]
+        return Switches(oracle=oracle, **{m: (m in on) if getattr(self, m) is None else getattr(self, m)
+                                          for m in MECHANISMS})
 
 
 _TESTBED = dict(device="L40S", n_devices=16, workload="gsm8k", steps=24)
@@ -190,15 +259,16 @@ def wide_cluster(cfg: SimConfig, cs: Cluster, work: list[StepWork]) -> Cluster |
 
 def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = False,
                   whole_nodes: bool = True) -> Cluster:
-    """The shared perf model, time model and KV capacity for a TP degree (context from the workload); `paper`:
-    verl 0.3.x's engine and update settings (`rlhfless.sim.overheads`: memory share, eager decode, KV cache
-    rebuilt every step, whole-model resharding, old-log-prob recomputation, 4 mini-batch updates)."""
+    """The shared perf model, time model and KV capacity for a TP degree (context from the workload), with the
+    case's learner (`SimConfig.learner`); `paper`: the engine settings of verl as the paper ran it
+    (`SimConfig.paper_verl`: memory share, CUDA graphs, the KV cache between rollouts, the resharding path)."""
     dev, shape = hw.device(cfg.device), hw.model(cfg.model)
-    eff = FITTED[dev.name]
+    eff, pv = FITTED[dev.name], cfg.paper_verl
     if paper:
-        eff = replace(eff, kv_mem_frac=PAPER_VERL_MEM_FRAC)
+        eff = replace(eff, kv_mem_frac=pv.mem_frac)
+    eager = cfg.eager_layer_s if paper and not pv.cuda_graphs else 0.0
     pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9,
-                   cfg.net_eff, cfg.eager_layer_s if paper else 0.0, reshard_full=paper)
+                   cfg.net_eff, eager, reshard_full=paper and pv.reshard == "full")
     require(not whole_nodes or cfg.n_devices % tp == 0, "n_devices",
             f"must be a multiple of tp={tp} (got {cfg.n_devices})")
     lens = np.array([x for s in work[:4] for g in s.groups for x in g.lengths], float)
@@ -213,11 +283,20 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
     tm = pm.time_model(capacity, plen + float(lens.mean()) / 2)
     # the response cap the planner knows (the engine's max tokens); a replayed trace's is not recorded
     cap = float(cfg.lengths.max_response) if cfg.workload != "trace" else None
-    if paper:
-        return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, "paper",
-                       old_logprob=True, minibatches=PAPER_VERL_MINIBATCHES, kv_rebuild_s=cfg.kv_rebuild_s,
-                       max_response=cap)
-    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, max_response=cap)
+    parity = cfg.learner == "parity"
+    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing,
+                   "paper" if paper else "tuned", old_logprob=parity,
+                   minibatches=PAPER_VERL_MINIBATCHES if parity else 1,
+                   kv_rebuild_s=kv_release_s(cfg, pm) if paper else 0.0, max_response=cap)
+
+
+def kv_release_s(cfg: SimConfig, pm: PerfModel) -> float:
+    """Seconds per step a paper-verl replica spends on the KV cache it frees between rollouts (`PaperVerl.kv`):
+    sleep level 1 moves the device's weights to the host and back; rebuild re-allocates the cache."""
+    kv = cfg.paper_verl.kv
+    if kv == "sleep":
+        return 2.0 * pm.weight_bytes_per_device() / (cfg.host_gbps * 1e9)
+    return cfg.kv_rebuild_s if kv == "rebuild" else 0.0
 
 
 def workload(cfg: SimConfig) -> tuple[list[StepWork], str]:
@@ -265,13 +344,16 @@ def _path(p: str):
 def policies(cfg: SimConfig, cb: Cluster, cs: Cluster, cp: Cluster, cw: Cluster | None = None) -> list:
     """The policies of a case: the serverful ones on the verl-tuned cluster `cb` (verl-paper on `cp`), the
     serverless ones on `cs` (the straggler may run on `cw`, the wide engine)."""
+    def ours(sw: Switches, lam: float, name: str) -> RLHFless:
+        return RLHFless(cs, sw, lam, cfg.tau, cfg.prefill_actors, name=name, objective=cfg.objective,
+                        deadline_ratio=cfg.deadline_ratio, wide=cw)
+
     out = [Verl(cb), Verl(cp), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau),
-           RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors, wide=cw),
-           RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle", wide=cw),
+           ours(cfg.switches(), cfg.lam, "rlhfless"), ours(cfg.switches(oracle=True), cfg.lam, "oracle"),
            # the same system asked for time only: how fast RLHFless can go on this cluster
-           RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1", wide=cw)]
+           ours(cfg.switches(), 1.0, "rlhfless-lam1")]
     if cfg.ablation:
-        out += [RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name=n, wide=cw) for n, sw in ABLATION]
+        out += [ours(sw, cfg.lam, n) for n, sw in ABLATION]
     return out
 
 
@@ -341,17 +423,52 @@ def _tuned_tp(cfg: SimConfig, work: list[StepWork]) -> int:
     return best[1]
 
 
-def _paper_tp(cfg: SimConfig, work: list[StepWork]) -> Cluster:
-    """verl 0.3.x's rollout TP 2, or the smallest power of two above it that holds the model and a group's KV
-    at its memory share (a 70B model needs 4 on an 80 GB device)."""
-    dev, tp = hw.device(cfg.device), PAPER_VERL_TP
+def paper_tp(cfg: SimConfig) -> int:
+    """The paper verl's rollout TP before fitting: `paper_verl.tp`, else verl's example for the model's size."""
+    if cfg.paper_verl.tp:
+        return cfg.paper_verl.tp
+    big = cfg.model != "tiny" and hw.model(cfg.model).params >= LARGE_MODEL_PARAMS
+    return PAPER_VERL_TP_LARGE if big else PAPER_VERL_TP
+
+
+def _paper_tp(cfg: SimConfig, work: list[StepWork], tp: int | None = None) -> Cluster:
+    """verl as the paper ran it at `tp` (default `paper_tp`), or the smallest power of two above it that holds
+    the model and a group's KV at its memory share (a 70B model needs 4 on an 80 GB device)."""
+    dev, tp = hw.device(cfg.device), tp or paper_tp(cfg)
     while tp <= min(dev.devices_per_node, cfg.n_devices):
         try:
             return build_cluster(cfg, tp, work, paper=True)
         except ConfigError:
             tp *= 2
     raise ConfigError(f"model: {cfg.model} does not fit {cfg.n_devices} x {cfg.device} at verl's memory share "
-                      f"{PAPER_VERL_MEM_FRAC} at any TP")
+                      f"{cfg.paper_verl.mem_frac} at any TP from {tp}")
+
+
+def paper_range(cfg: SimConfig, work: list[StepWork]) -> dict[str, Cluster]:
+    """The paper verl's range (issue 31): at TP 2 (the yaml; raised until it fits), TP 8 (verl's 70B practice)
+    and the fastest TP at its settings (each feasible TP tried on the first two steps); keys tp2, tp8, fastest."""
+    dev = hw.device(cfg.device)
+    out = {"tp2": _paper_tp(cfg, work, PAPER_VERL_TP)}
+    if PAPER_VERL_TP_LARGE <= min(dev.devices_per_node, cfg.n_devices):
+        try:
+            out["tp8"] = build_cluster(cfg, PAPER_VERL_TP_LARGE, work, paper=True)
+        except ConfigError:
+            pass
+    best, tp = None, 1
+    while tp <= min(dev.devices_per_node, cfg.n_devices):
+        if (cfg.model == "tiny" or hw.model(cfg.model).heads % tp == 0) and cfg.n_devices % tp == 0:
+            try:
+                c = build_cluster(cfg, tp, work, paper=True)
+            except ConfigError:
+                tp *= 2
+                continue
+            s, _, _ = simulate_policy(Verl(c), work[:2], c)
+            if best is None or s["step_time_s"] < best[0]:
+                best = (s["step_time_s"], c)
+        tp *= 2
+    if best is not None:
+        out["fastest"] = best[1]
+    return out
 
 
 def vs(base: dict, ours: dict) -> dict:
@@ -418,10 +535,13 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
            "capacity": cb.capacity, "paper_tp": cp.perf.tp, "paper_capacity": cp.capacity,
            "rlhfless_tp": cs.perf.tp, "rlhfless_capacity": cs.capacity,
            "steps": len(work), "seqs_per_step": work[0].n_seqs, "workload_note": note, "policies": {}}
+    out.update(design=cfg.design, learner=cfg.learner, switches={m: getattr(cfg.switches(), m) for m in MECHANISMS})
     extra = {}
     cw = wide_cluster(cfg, cs, work)
     out["rlhfless_wide_tp"] = cw.perf.tp if cw is not None else 0
+    rng = paper_range(cfg, work) if not only or "verl-paper-range" in only else {}
     pols = [pol for pol in policies(cfg, cb, cs, cp, cw) if not only or pol.name in only]
+    pols += [Verl(c, name=f"verl-paper-{k}") for k, c in rng.items()]
     for pol, (summary, tl, rows) in zip(pols, play_policies(pols, work, keep_timelines, jobs)):
         out["policies"][pol.name] = summary
         extra[pol.name] = (tl, rows)
@@ -429,6 +549,8 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     ours = p["rlhfless"]
     out["baselines"] = {"tuned": vs(p["verl"], ours), "paper": vs(p["verl-paper"], ours)}
     out.update(out["baselines"][cfg.baseline])
+    # the paper verl's range (`paper_range`); `verl-paper` is the one at `paper_tp` (the headline's)
+    out["paper_range"] = {k: {"tp": c.perf.tp, **vs(p[f"verl-paper-{k}"], ours)} for k, c in rng.items()}
     if "oracle" in p:
         out.update(gap_to_oracle_time=ours["step_time_s"] / p["oracle"]["step_time_s"] - 1.0,
                    gap_to_oracle_cost=ours["cost_device_s"] / p["oracle"]["cost_device_s"] - 1.0)
