@@ -40,10 +40,10 @@ def _bars(cases: list[dict], policies, path, title: str):
     return save(fig, path, tight=False)
 
 
-def _what_if(scenario: str, steps: int | None, case_index: int, extra: list[str]) -> dict:
+def _what_if(ctx, scenario: str, steps: int | None, case_index: int, extra: list[str]) -> dict:
     from rlhfless.sim.scenario import case_configs, run_case
 
-    return run_case(case_configs(scenario, steps, extra)[case_index])
+    return run_case(case_configs(scenario, steps, [*ctx.sim, *extra])[case_index])
 
 
 def step_plans(cases: list[dict], path):
@@ -88,7 +88,7 @@ def headline(ctx) -> StudyResult:
     from rlhfless.sim.scenario import run_scenario
 
     steps = 6 if ctx.quick else None
-    rep = run_scenario("paper-testbed", steps, keep_timelines=True)
+    rep = run_scenario("paper-testbed", steps, list(ctx.sim), keep_timelines=True)
     res = StudyResult("headline", "Testbed: RLHFless vs verl vs RLHFuse vs oracle (simulated 16 x L40S)",
                       {"scenario": "paper-testbed", "steps": steps or "scenario default (24 GRPO, 12 PPO)"})
     cases = rep["cases"]
@@ -96,7 +96,7 @@ def headline(ctx) -> StudyResult:
     res.figures.append(_bars(cases, BARS, ctx.out / "headline" / "testbed.png", "paper-testbed (simulated)"))
     best, best_t = _best(cases, "paper", "speedup"), _best(cases, "tuned", "speedup")
     best_cost, best_cost_t = _best(cases, "paper", "cost_reduction"), _best(cases, "tuned", "cost_reduction")
-    free = _what_if("paper-testbed", steps, 0, FREE_OVERHEADS)
+    free = _what_if(ctx, "paper-testbed", steps, 0, FREE_OVERHEADS)
     grpo = [c for c in cases if "grpo" in c["name"]]
     ppo = [c for c in cases if "ppo" in c["name"]]
     mean = lambda cs, k: sum(c[k] for c in cs) / len(cs)  # noqa: E731
@@ -139,13 +139,13 @@ def large_scale(ctx) -> StudyResult:
     from rlhfless.sim.scenario import run_scenario
 
     steps = 4 if ctx.quick else 24
-    rep = run_scenario("paper-sim", steps)
+    rep = run_scenario("paper-sim", steps, list(ctx.sim))
     case = rep["cases"][0]
     res = StudyResult("large-scale", "Large scale: Llama-70B GRPO on 20 x 8 H100 (simulated)",
                       {"scenario": "paper-sim", "steps": steps})
     res.figures.append(_bars([case], BARS + ("rlhfless-lam1",), ctx.out / "large-scale" / "paper_sim.png",
                              "paper-sim: 160 x H100, Llama-70B (simulated)"))
-    free = _what_if("paper-sim", steps, 0, FREE_OVERHEADS)
+    free = _what_if(ctx, "paper-sim", steps, 0, FREE_OVERHEADS)
     lam1 = case["policies"]["rlhfless-lam1"]
     verl, paper = case["policies"]["verl"], case["policies"]["verl-paper"]
     bp, bt = case["baselines"]["paper"], case["baselines"]["tuned"]
@@ -249,7 +249,7 @@ def ablation(ctx) -> StudyResult:
                       "(simulated)", {"cases": [list(c) for c in WATERFALL_CASES], "steps": steps, "ablation": True})
     cases = {}
     for scen, idx in WATERFALL_CASES:
-        case = run_case(case_configs(scen, steps[scen], ["ablation=true"])[idx])
+        case = run_case(case_configs(scen, steps[scen], [*ctx.sim, "ablation=true"])[idx])
         cases[case["name"]] = case
     ladders = {n: ablation_steps(c) for n, c in cases.items()}
     res.figures.append(_waterfall_figure(ladders, ctx.out / "ablation" / "ladder.png"))
@@ -295,7 +295,7 @@ def sensitivity(ctx) -> StudyResult:
     taus = [0.3, 0.5, 0.7, 1.0] if ctx.quick else [0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]
     lams = [0.0, 0.5, 1.0] if ctx.quick else [0.0, 0.2, 0.4, 0.5, 0.6, 0.8, 1.0]
     ns = [1, 4, 8, 16] if ctx.quick else [1, 2, 3, 4, 6, 8, 10, 12, 14, 16]
-    cfg = case_configs("paper-testbed", steps, [])[0]
+    cfg = case_configs("paper-testbed", steps, list(ctx.sim))[0]
     work, _ = workload(cfg)
     c = build_cluster(cfg, 1, work)  # 16 single-GPU replicas: room to sweep N = 1..16
     base, _, _ = simulate_policy(Verl(c), work, c)
@@ -351,14 +351,14 @@ def sensitivity(ctx) -> StudyResult:
 def pareto_points(cfg, lams, ratios) -> tuple[list[dict], dict]:
     """RLHFless at each lambda (score objective) and deadline ratio (min_cost_at_deadline) on one case, each
     against both baselines; returns (points, the baselines' summaries)."""
-    from rlhfless.sim.policies import RLHFless, Switches, Verl
+    from rlhfless.sim.policies import RLHFless, Verl
     from rlhfless.sim.scenario import clusters, simulate_policy, vs, workload
 
     work, _ = workload(cfg)
     cb, cs, cp = clusters(cfg, work)
     base = {"tuned": simulate_policy(Verl(cb), work, cb)[0], "paper": simulate_policy(Verl(cp), work, cp)[0]}
-    runs = [("lambda", lam, RLHFless(cs, Switches(), lam, cfg.tau, cfg.prefill_actors)) for lam in lams]
-    runs += [("deadline", r, RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors,
+    runs = [("lambda", lam, RLHFless(cs, cfg.switches(), lam, cfg.tau, cfg.prefill_actors)) for lam in lams]
+    runs += [("deadline", r, RLHFless(cs, cfg.switches(), cfg.lam, cfg.tau, cfg.prefill_actors,
                                       objective="min_cost_at_deadline", deadline_ratio=r)) for r in ratios]
     points = []
     for objective, value, pol in runs:
@@ -393,7 +393,7 @@ def pareto(ctx) -> StudyResult:
     fig, axes = plt.subplots(1, len(WATERFALL_CASES), figsize=(13, 5), squeeze=False)
     numbers = {}
     for ax, (scen, idx), paper in zip(axes[0], WATERFALL_CASES, PAPER.values()):
-        cfg = case_configs(scen, steps[scen], [])[idx]
+        cfg = case_configs(scen, steps[scen], list(ctx.sim))[idx]
         points, _ = pareto_points(cfg, lams, ratios)
         df = pd.DataFrame(points)
         colors = dict(zip(("paper", "tuned"), sns.color_palette()[:2]))
@@ -451,11 +451,11 @@ def overhead_sensitivity(ctx) -> StudyResult:
                       {"cases": [list(c) for c in WATERFALL_CASES], "steps": steps, "constants": list(keys)})
     rows = []
     for scen, idx in WATERFALL_CASES:
-        base = run_case(case_configs(scen, steps[scen], [])[idx], only=only)
+        base = run_case(case_configs(scen, steps[scen], list(ctx.sim))[idx], only=only)
         for key in keys:
             for f in (0.5, 2.0):
                 value = min(OVERHEADS[key].value * f, 1.0) if key == "net_eff" else OVERHEADS[key].value * f
-                case = run_case(case_configs(scen, steps[scen], [f"{key}={value}"])[idx], only=only)
+                case = run_case(case_configs(scen, steps[scen], [*ctx.sim, f"{key}={value}"])[idx], only=only)
                 for b in ("paper", "tuned"):
                     rows.append({"case": base["name"], "constant": key, "factor": f, "value": value, "baseline": b,
                                  **case["baselines"][b], "base_speedup": base["baselines"][b]["speedup"],

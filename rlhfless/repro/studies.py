@@ -25,6 +25,9 @@ class ReproContext:
     seed: int = 0
     tracking: str = "offline"
     """W&B mode of every run the repro makes: offline (default), online, or disabled."""
+    sim: tuple[str, ...] = ()
+    """key=value overrides of every simulated case (`SimConfig`: design, mechanisms, learner, the baseline's
+    settings, ...), applied before each study's own (a swept key stays the study's)."""
 
     def __post_init__(self) -> None:
         require(self.tracking in ("offline", "online", "disabled"), "tracking",
