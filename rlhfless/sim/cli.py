@@ -36,6 +36,10 @@ def _print_case(case: dict) -> None:
     for name, b in case.get("paper_range", {}).items():
         print(f"  rlhfless vs paper verl {name} (tp={b['tp']}): speedup {b['speedup']:.3f}x, cost reduction "
               f"{b['cost_reduction']:.1%}")
+    if "shapley" in case:
+        from rlhfless.sim.shapley import prose
+
+        print(f"  {prose(case['shapley'], 'rlhfless vs verl ' + case['baseline'])}")
     print(f"  design {case['design']}, learner {case['learner']} (both systems); "
           f"gap to oracle: time {case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}; "
           f"paper verl: tp={case['paper_tp']}, capacity {case['paper_capacity']}")

@@ -160,6 +160,9 @@ class SimConfig:
     steps), the paper's comparison; single_step = ours (one optimizer step, no recompute), an algorithmic change
     applied to every system alike so that it is never counted as RLHFless's gain (reported apart)."""
     paper_verl: PaperVerl = field(default_factory=PaperVerl)
+    shapley: bool = False
+    """Also report the Shapley account of RLHFless against the headline verl (`rlhfless.sim.shapley`: every
+    coalition of the factors it differs in, simulated once: 4 systems for design=paper, 32 for extended)."""
     rlhfless_tp: int = 0
     """TP degree of RLHFless actors; 0 = the same as the baseline's (one engine configuration for both)."""
     prefill_actors: int = 1
@@ -549,6 +552,10 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     ours = p["rlhfless"]
     out["baselines"] = {"tuned": vs(p["verl"], ours), "paper": vs(p["verl-paper"], ours)}
     out.update(out["baselines"][cfg.baseline])
+    if cfg.shapley:
+        from rlhfless.sim.shapley import attribution
+
+        out["shapley"] = attribution(cfg)
     # the paper verl's range (`paper_range`); `verl-paper` is the one at `paper_tp` (the headline's)
     out["paper_range"] = {k: {"tp": c.perf.tp, **vs(p[f"verl-paper-{k}"], ours)} for k, c in rng.items()}
     if "oracle" in p:
