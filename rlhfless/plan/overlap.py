@@ -104,8 +104,8 @@ class LearnerCosts:
                 f"must be >= 0 or None (got {self.size_slack})")
         require(self.prewarm_bill_s is None or self.prewarm_bill_s >= 0, "plan.learner.prewarm_bill_s",
                 f"must be >= 0 or None (got {self.prewarm_bill_s})")
-        for f in ("devices", "s_per_token", "after_s_per_token", "update_fixed_s", "cold_start_s", "prompt_tokens", "prefill_s",
-                  "prefill_devices"):
+        for f in ("devices", "s_per_token", "after_s_per_token", "update_fixed_s", "cold_start_s", "prompt_tokens",
+                  "prefill_s", "prefill_devices"):
             v = getattr(self, f)
             require(v >= 0, f"plan.learner.{f}", f"must be >= 0 (got {v})")
 
