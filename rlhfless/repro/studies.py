@@ -51,6 +51,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("pareto", sim.pareto, "sim", "speedup vs cost reduction over lambda and the deadline objective"),
     Study("overheads", sim.overhead_sensitivity, "sim", "each overhead constant halved and doubled"),
     Study("sensitivity", sim.sensitivity, "sim", "tau, lambda, and the actor-count sweet spot T(N), C(N)"),
+    Study("tail-shape", sim.tail_shape, "sim", "the paper's design vs the paper's verl over the response tail"),
     Study("ppo-vs-grpo", algo_study.ppo_vs_grpo, "sim+real", "RLHFless's gain on PPO vs GRPO (testbed, "
                                                              "what-ifs) and the stages it cannot shorten, measured"),
     Study("prefill", real.prefill_study, "real", "dedup prefill saving vs theory over G and shared-prefix length"),
