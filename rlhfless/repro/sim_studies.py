@@ -508,8 +508,8 @@ def _pareto_row(name: str, points: list[dict], paper: tuple[float, float]) -> Pa
                     "(its lambda is not stated)", nearest("tuned"))
 
 
-SWEPT = ("container_start_s", "engine_init_s", "storage_gbps", "net_eff", "kv_rebuild_s", "eager_layer_s",
-         "billing.granularity_s", "billing.keep_alive_s")
+SWEPT = ("container_start_s", "engine_init_s", "storage_gbps", "net_eff", "host_gbps", "billing.granularity_s",
+         "billing.keep_alive_s")
 """The overhead constants the sensitivity figure halves and doubles (rlhfless.sim.overheads)."""
 
 

@@ -74,12 +74,12 @@ OVERHEADS: dict[str, Overhead] = {o.key or o.what: o for o in (
              "assumed (no public measurement found): verl's free_cache_engine frees vLLM's KV cache after each "
              "rollout and re-allocates and re-initialises it before the next; it also forces eager mode "
              "(verl issue #995: 'disable CUDA graph (enforce_eager = False) if free cache engine')",
-             "paper verl: KV cache freed and rebuilt each step"),
+             "paper verl, kv=rebuild: KV cache freed and rebuilt each step (verl before vLLM sleep mode)"),
     Overhead("eager_layer_s", 60e-6, "s per layer per decode iteration",
              "assumed: ~12 kernel launches per transformer layer at ~5 us of CPU launch each without CUDA graphs "
              "(PyTorch blog 'Accelerating PyTorch with CUDA Graphs'); an iteration takes max(GPU time, launch "
              "time); NeMo-RL PR #498 measured ~3% generation throughput from CUDA graphs on Llama-8B",
-             "paper verl: eager decode (enforce_eager True)"),
+             "paper verl, cuda_graphs=false: eager decode (enforce_eager True)"),
     Overhead("billing.granularity_s", PAPER_PLATFORM.granularity_s, "s",
              "the paper's platform text ('rounded up to 1 s'; PAPER.md)", "billing granularity"),
     Overhead("billing.keep_alive_s", PAPER_PLATFORM.keep_alive_s, "s",

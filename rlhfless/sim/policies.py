@@ -7,10 +7,13 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     per engine, the shared template once per engine); weights resharded in place over the node link; no cold
     starts. Tuned as its users would: the TP degree with the fastest step is taken (`Scenario`), the KV budget
     is vLLM's default 0.9 of memory, max_num_seqs verl's default.
-  * `verl-paper`: verl on a `Cluster` with verl 0.3.x's settings as the paper ran it (`setting="paper"`, built by
-    `scenario.build_cluster(paper=True)`; every setting's source in `rlhfless.sim.overheads`): its replicas add
-    the KV-cache rebuild to their weight sync (whole-model resharding), decode eagerly, hold 0.6 of memory; its
-    learner recomputes the old log-probs and takes 4 optimizer steps.
+  * `verl-paper`: verl on a `Cluster` with verl 0.3.x's engine settings as the paper ran it (`setting="paper"`,
+    built by `scenario.build_cluster(paper=True)` from `scenario.PaperVerl`; sources in `rlhfless.sim.overheads`):
+    its replicas add the KV cache's release (sleep mode's weight round trip, or the older rebuild) to their
+    weight sync (whole-model resharding), hold 0.6 of memory, and decode with CUDA graphs or eagerly.
+  * the learner is the cluster's (`Cluster.old_logprob`, `minibatches`), the same for every policy of a case
+    (`SimConfig.learner`): verl's by default (old log-probs recomputed, 4 optimizer steps; under overlap only the
+    forwards stream, `learner_split`), or one optimizer step.
   * `rlhfuse`: serverful like verl, plus global migration of stragglers: the round-robin plan run with
     cut-and-migrate at tau, decided on progress alone (every sequence predicted at the previous step's mean
     length: RLHFuse has no length predictor), and inter-stage fusion: devices released by the cut start the

@@ -5,12 +5,14 @@ Purpose: `SimConfig` (one case: device, count, model, TP, algorithm, workload, p
 plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON report of the CLI.
 
 Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
-`Timeline` per policy. Policies: verl (tuned), verl-paper (verl 0.3.x as the paper ran it: rollout TP 2 or the
-smallest that fits, 0.6 of memory, eager decode, KV cache rebuilt every step, whole-model resharding, old-log-prob
-recomputation, 4 mini-batch updates; every setting's source in `rlhfless.sim.overheads`), rlhfuse, rlhfless (lam
+`Timeline` per policy. Policies: verl (tuned), verl-paper (verl 0.3.x as the paper ran it, `PaperVerl`: verl's
+example TP for the size, 0.6 of memory, CUDA graphs, vLLM sleep mode between rollouts, whole-model resharding;
+every setting's source in `rlhfless.sim.overheads`) and the same at TP 2, TP 8 and its fastest TP
+(`verl-paper-tp2|tp8|fastest`: `paper_range`), rlhfuse, rlhfless (the configured `design` and mechanism keys, lam
 as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
 cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm,
-+overlap, +hybrid, +sized learner (then +wide actor = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
++overlap, +hybrid, +sized learner, +wide actor, +draws (`ABLATION`); verl-overlap is verl with the same overlap
+(`policies`), so overlap's gain shows for both. Every policy runs the case's `learner` (verl's by default).
 Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
 one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
 learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
@@ -168,7 +170,7 @@ class SimConfig:
     prefill_actors: int = 1
     """Replicas the dedup prefill function spreads over (the paper draws one)."""
     ablation: bool = False
-    """Also run the ablation ladder (verl-equivalent serverless, +dedup, +assign, +migrate, +scale)."""
+    """Also run the ablation ladder (`ABLATION`: serverless verl, then one mechanism per rung)."""
     baseline: str = "paper"
     """The verl the headline `speedup` / `cost_reduction` compare with: paper (verl 0.3.x as the paper ran it,
     `paper_verl`; `rlhfless.sim.overheads`) or tuned (the fastest TP, 0.9 of memory, CUDA graphs, the KV cache
