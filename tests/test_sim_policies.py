@@ -186,6 +186,12 @@ def test_paper_verl_settings_each_cost_time():
     p2 = build_cluster(old, 2, work, paper=True)
     assert p2.kv_rebuild_s == cfg.kv_rebuild_s and p2.perf.eager_layer_s == cfg.eager_layer_s
     assert p2.perf.weight_sync_s(colocated=True) == pytest.approx(tuned.perf.weight_sync_s(colocated=True))
+    # the fitted efficiency constants are keys too (the overhead sensitivity sweeps them)
+    slow = build_cluster(case_configs("quick", 2, ["eff.iter_overhead_s=0.01", "eff.train_mfu=0.2"])[0], 2, work)
+    assert slow.perf.eff.iter_overhead_s == 0.01 and slow.perf.eff.train_mfu == 0.2
+    assert slow.perf.decode_iter_s(1, 100) > tuned.perf.decode_iter_s(1, 100)
+    with pytest.raises(Exception, match="^eff.train_mfu:"):
+        case_configs("quick", 2, ["eff.train_mfu=2"])
     with pytest.raises(Exception, match="^baseline:"):
         SimConfig(baseline="verl")
 

@@ -513,26 +513,38 @@ def _pareto_row(name: str, points: list[dict], paper: tuple[float, float]) -> Pa
 SWEPT = ("container_start_s", "engine_init_s", "storage_gbps", "net_eff", "host_gbps", "billing.granularity_s",
          "billing.keep_alive_s")
 """The overhead constants the sensitivity figure halves and doubles (rlhfless.sim.overheads)."""
+EFF_SWEPT = ("eff.iter_overhead_s", "eff.train_fixed_s", "eff.train_mfu", "eff.fwd_mfu")
+"""The fitted or assumed performance constants it halves and doubles too (`perf.Efficiency` of the case's device;
+fractions capped at 1), the full size only."""
+
+
+def _sourced(key: str, device: str) -> float:
+    """A swept constant's value as shipped: `OVERHEADS`, or the device's `perf.FITTED` efficiency."""
+    from rlhfless.sim.overheads import OVERHEADS
+    from rlhfless.sim.perf import FITTED
+
+    return getattr(FITTED[device], key[4:]) if key.startswith("eff.") else OVERHEADS[key].value
 
 
 def overhead_sensitivity(ctx) -> StudyResult:
     """Headline speedup and cost reduction with each overhead constant halved and doubled."""
     import pandas as pd
 
-    from rlhfless.sim.overheads import OVERHEADS
     from rlhfless.sim.scenario import case_configs, run_case
 
     steps = {"paper-testbed": 3 if ctx.quick else 24, "paper-sim": 2 if ctx.quick else 12}
-    keys = SWEPT[:3] if ctx.quick else SWEPT
+    keys = SWEPT[:3] if ctx.quick else SWEPT + EFF_SWEPT
     only = ("verl", "verl-paper", "rlhfless")
     res = StudyResult("overheads", "Sensitivity: each overhead constant halved and doubled (simulated)",
                       {"cases": [list(c) for c in WATERFALL_CASES], "steps": steps, "constants": list(keys)})
     rows = []
     for scen, idx in WATERFALL_CASES:
-        base = run_case(case_configs(scen, steps[scen], list(ctx.sim))[idx], only=only)
+        cfg = case_configs(scen, steps[scen], list(ctx.sim))[idx]
+        base = run_case(cfg, only=only)
         for key in keys:
             for f in (0.5, 2.0):
-                value = min(OVERHEADS[key].value * f, 1.0) if key == "net_eff" else OVERHEADS[key].value * f
+                value = _sourced(key, cfg.device) * f
+                value = min(value, 1.0) if key in ("net_eff", "eff.train_mfu", "eff.fwd_mfu") else value
                 case = run_case(case_configs(scen, steps[scen], [*ctx.sim, f"{key}={value}"])[idx], only=only)
                 for b in ("paper", "tuned"):
                     rows.append({"case": base["name"], "constant": key, "factor": f, "value": value, "baseline": b,

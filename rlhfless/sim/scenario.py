@@ -107,6 +107,30 @@ class PaperVerl:
 
 
 @dataclass(frozen=True)
+class EffOverrides:
+    """Replacements of the device's fitted `perf.Efficiency` constants for every cluster of a case (None = the
+    fit's; `rlhfless repro overheads` halves and doubles them)."""
+
+    iter_overhead_s: float | None = None
+    allreduce_latency_s: float | None = None
+    train_fixed_s: float | None = None
+    train_mfu: float | None = None
+    fwd_mfu: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("iter_overhead_s", "allreduce_latency_s", "train_fixed_s"):
+            v = getattr(self, f)
+            require(v is None or v >= 0, f"eff.{f}", f"must be >= 0 s (got {v})")
+        for f in ("train_mfu", "fwd_mfu"):
+            v = getattr(self, f)
+            require(v is None or 0 < v <= 1, f"eff.{f}", f"must lie in (0, 1] (got {v})")
+
+    def apply(self, eff):
+        """`eff` with every set field replaced."""
+        return replace(eff, **{k: v for k, v in vars(self).items() if v is not None})
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """One simulated case (overridable as key=value on the CLI)."""
 
@@ -162,6 +186,8 @@ class SimConfig:
     steps), the paper's comparison; single_step = ours (one optimizer step, no recompute), an algorithmic change
     applied to every system alike so that it is never counted as RLHFless's gain (reported apart)."""
     paper_verl: PaperVerl = field(default_factory=PaperVerl)
+    eff: EffOverrides = field(default_factory=EffOverrides)
+    """Per-case replacements of the fitted efficiency constants (`eff.iter_overhead_s=0.001`, ...)."""
     shapley: bool = False
     """Also report the Shapley account of RLHFless against the headline verl (`rlhfless.sim.shapley`: every
     coalition of the factors it differs in, simulated once: 4 systems for design=paper, 32 for extended)."""
@@ -268,7 +294,7 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
     case's learner (`SimConfig.learner`); `paper`: the engine settings of verl as the paper ran it
     (`SimConfig.paper_verl`: memory share, CUDA graphs, the KV cache between rollouts, the resharding path)."""
     dev, shape = hw.device(cfg.device), hw.model(cfg.model)
-    eff, pv = FITTED[dev.name], cfg.paper_verl
+    eff, pv = cfg.eff.apply(FITTED[dev.name]), cfg.paper_verl
     if paper:
         eff = replace(eff, kv_mem_frac=pv.mem_frac)
     eager = cfg.eager_layer_s if paper and not pv.cuda_graphs else 0.0
