@@ -58,6 +58,9 @@ class LearnerCosts:
     """With overlap: start only the learner blocks the backlog needs, the fewest (earliest ready first) whose work
     ends within this fraction of the work end with every block (`size_blocks`); None = every free device is a
     block (the runtime's learner has a fixed rank count and does not size itself)."""
+    after_s_per_token: float = 0.0
+    """Device-seconds per token that can start only after the rollout (verl's mini-batch updates under learner
+    parity: only the forwards stream), on top of `s_per_token` (>= 0)."""
     release_cold_s: float | None = None
     """Seconds a learner block needs on the devices a decode actor released; None = cold_start_s (a new learner
     function). A hybrid function (`runtime.hybrid`) goes on as the learner rank itself: only the in-place reshard
@@ -71,8 +74,8 @@ class LearnerCosts:
                 f"must be >= 0 or None (got {self.size_slack})")
         require(self.prewarm_bill_s is None or self.prewarm_bill_s >= 0, "plan.learner.prewarm_bill_s",
                 f"must be >= 0 or None (got {self.prewarm_bill_s})")
-        for f in ("devices", "s_per_token", "update_fixed_s", "cold_start_s", "prompt_tokens", "prefill_s",
-                  "prefill_devices"):
+        for f in ("devices", "s_per_token", "after_s_per_token", "update_fixed_s", "cold_start_s", "prompt_tokens",
+                  "prefill_s", "prefill_devices"):
             v = getattr(self, f)
             require(v >= 0, f"plan.learner.{f}", f"must be >= 0 (got {v})")
 
@@ -241,14 +244,16 @@ def job_learner_tokens(sizes: np.ndarray, prompt_len: np.ndarray, work: np.ndarr
 
 def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.ndarray,
                     devices_per_actor: float | np.ndarray, budget: float, lc: LearnerCosts,
-                    block_devices: float | None = None, warm_spare: int = 0) -> tuple[float, list[Invocation]]:
+                    block_devices: float | None = None, warm_spare: int = 0,
+                    after_ds: float = 0.0) -> tuple[float, list[Invocation]]:
     """The scaler's whole step after decode: (step seconds, the learner's and prefill's invocations to bill).
 
     release_s: (A,) each active decode actor's release (seconds from the step's start); devices_per_actor: the
     devices each holds (a scalar, or (A,) when one runs wider); arrive_s, work_ds: (G,) when each group's learner
     work arrives (its predicted finish) and its device-seconds; block_devices: devices per spare learner block
     (default: devices_per_actor, a scalar); warm_spare: spare blocks that are hybrid functions kept warm from the
-    last step's learner (`learner_blocks`).
+    last step's learner (`learner_blocks`); after_ds: device-seconds that arrive at the rollout's end
+    (`LearnerCosts.after_s_per_token`).
     """
     rel = np.asarray(release_s, float)
     rollout_end = float(rel.max()) if len(rel) else lc.prefill_s
@@ -267,12 +272,16 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         b = learner_blocks(rels, devs, spare, block, first, lc.cold_start_s, lc.prewarm, rcolds, warm_spare)
         b = prewarm_billed(b, len(rels), lc.prewarm, lc.prewarm_bill_s)
         arrive = np.asarray(arrive_s, float)
+        if after_ds > 0:  # the post-rollout work joins before the blocks are sized for it, as the simulator's
+            arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
         if lc.size_slack is not None:
             b = size_blocks(arrive, work_ds, b, lc.size_slack)
     else:
         b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
         b = prewarm_billed(b, 0, lc.prewarm, lc.prewarm_bill_s)
         arrive = np.full(len(work_ds), rollout_end)
+        if after_ds > 0:
+            arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
     work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + lc.update_fixed_s
     return end, invs + learner_invocations(b, joined, end)

@@ -98,9 +98,10 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
         gpus[a] = w.gpus
     own = np.where(own <= busy[labels] + 1e-9, own, busy.max(initial=0.0))
     fin = own + head[labels]
-    work = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc) * lc.s_per_token
+    tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
     warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)
-    return whole_step_tail(dur[dur > 0], fin, work, gpus[dur > 0], _budget(cfg), lc, cfg.gpus_per_actor, warm_spare)
+    return whole_step_tail(dur[dur > 0], fin, tokens * lc.s_per_token, gpus[dur > 0], _budget(cfg), lc,
+                           cfg.gpus_per_actor, warm_spare, float(tokens.sum()) * lc.after_s_per_token)
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,

@@ -39,13 +39,14 @@ steps per epoch (PPO 2,048 prompts / 512 = 4; GRPO 1,024 / 128 = 8)."""
 
 
 # ------------------------------------------------------------------------------------------------ simulated
-def sim_cases(steps: int | None) -> list[dict]:
+def sim_cases(steps: int | None, sim: tuple[str, ...] = ()) -> list[dict]:
     """The testbed's cases and the what-ifs, each {name, algo, G, what_if, baselines, policies}."""
     from rlhfless.sim.scenario import case_configs, run_case
 
-    base = case_configs("paper-testbed", steps, [])
+    base = case_configs("paper-testbed", steps, list(sim))
     configs = [(cfg, what_if) for i, c in enumerate(base)  # each case, then its what-if beside it
-               for cfg, what_if in ((c, False), (case_configs("paper-testbed", steps, WHAT_IFS[c.algo])[i], True))]
+               for cfg, what_if in ((c, False), (case_configs("paper-testbed", steps, [*sim, *WHAT_IFS[c.algo]])[i],
+                                                                  True))]
     out = []
     for cfg, what_if in configs:
         case = run_case(cfg, only=POLICIES)
@@ -266,7 +267,7 @@ def ppo_vs_grpo(ctx) -> StudyResult:
                       "it cannot shorten (measured here)",
                       {"scenario": "paper-testbed", "steps": steps or "scenario default (24 GRPO, 12 PPO)",
                        "what_ifs": WHAT_IFS, "real_sizes": sizes, "seed": ctx.seed, "threads": 1})
-    cases = sim_cases(steps)
+    cases = sim_cases(steps, ctx.sim)
     runs = {a: real_run(ctx, a, sizes[a]) for a in ("ppo", "grpo")}
     split = {a: step_split(runs[a] / "metrics.jsonl", sizes[a]["prompts"] * sizes[a]["G"]) for a in runs}
     from rlhfless.runtime.config import available_cores  # here: it imports torch, and `--help` must not

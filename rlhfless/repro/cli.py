@@ -40,6 +40,9 @@ def register(sub, bench) -> None:
     p.add_argument("--tracking", default="offline", choices=("offline", "online", "disabled"),
                    help="W&B mode of the runs the repro makes (default offline: files under DIR, `wandb sync` "
                         "later)")
+    p.add_argument("--set", dest="sim", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting of every simulated case (as `simulate` takes), e.g. --set "
+                        "design=extended --set learner=single_step; repeatable")
     p.add_argument("--list", action="store_true", help="list the studies and exit")
     p.set_defaults(func=cmd_repro)
 
@@ -64,11 +67,15 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ConfigError("out: give --out DIR (the folder for figures, report.md and results.json)")
     names = chosen(args.studies)
-    results, failed = run(names, args.out, args.quick, args.seed, args.tracking)
+    if args.sim:  # a bad key stops here, in one line, before any study runs
+        from rlhfless.sim.scenario import case_configs
+
+        case_configs("quick", 1, args.sim)
+    results, failed = run(names, args.out, args.quick, args.seed, args.tracking, tuple(args.sim))
     return 1 if failed else 0
 
 
-def run(names: list[str], out: Path, quick: bool, seed: int, tracking: str):
+def run(names: list[str], out: Path, quick: bool, seed: int, tracking: str, sim: tuple[str, ...] = ()):
     """Run `names` into `out`; returns (results, names that failed). Writes report.md and results.json."""
     from tqdm import tqdm
 
@@ -77,7 +84,7 @@ def run(names: list[str], out: Path, quick: bool, seed: int, tracking: str):
     from rlhfless.repro.report import track, write_report, write_results
     from rlhfless.repro.studies import STUDIES, ReproContext
 
-    ctx = ReproContext(out.resolve(), quick, seed, tracking)
+    ctx = ReproContext(out.resolve(), quick, seed, tracking, sim)
     ctx.out.mkdir(parents=True, exist_ok=True)
     results, failed = [], []
     bar = tqdm(names, desc="repro", unit="study", file=sys.stderr)

@@ -25,6 +25,9 @@ class ReproContext:
     seed: int = 0
     tracking: str = "offline"
     """W&B mode of every run the repro makes: offline (default), online, or disabled."""
+    sim: tuple[str, ...] = ()
+    """key=value overrides of every simulated case (`SimConfig`: design, mechanisms, learner, the baseline's
+    settings, ...), applied before each study's own (a swept key stays the study's)."""
 
     def __post_init__(self) -> None:
         require(self.tracking in ("offline", "online", "disabled"), "tracking",
@@ -48,6 +51,7 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("pareto", sim.pareto, "sim", "speedup vs cost reduction over lambda and the deadline objective"),
     Study("overheads", sim.overhead_sensitivity, "sim", "each overhead constant halved and doubled"),
     Study("sensitivity", sim.sensitivity, "sim", "tau, lambda, and the actor-count sweet spot T(N), C(N)"),
+    Study("tail-shape", sim.tail_shape, "sim", "the paper's design vs the paper's verl over the response tail"),
     Study("ppo-vs-grpo", algo_study.ppo_vs_grpo, "sim+real", "RLHFless's gain on PPO vs GRPO (testbed, "
                                                              "what-ifs) and the stages it cannot shorten, measured"),
     Study("prefill", real.prefill_study, "real", "dedup prefill saving vs theory over G and shared-prefix length"),

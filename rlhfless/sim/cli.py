@@ -33,7 +33,15 @@ def _print_case(case: dict) -> None:
         mark = " (headline)" if name == case["baseline"] else ""
         print(f"  rlhfless vs verl {name}{mark}: speedup {b['speedup']:.3f}x, cost reduction "
               f"{b['cost_reduction']:.1%} (device-s; {b['cost_reduction_usd']:.1%} in $)")
-    print(f"  gap to oracle: time {case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}; "
+    for name, b in case.get("paper_range", {}).items():
+        print(f"  rlhfless vs paper verl {name} (tp={b['tp']}): speedup {b['speedup']:.3f}x, cost reduction "
+              f"{b['cost_reduction']:.1%}")
+    if "shapley" in case:
+        from rlhfless.sim.shapley import prose
+
+        print(f"  {prose(case['shapley'], 'rlhfless vs verl ' + case['baseline'])}")
+    print(f"  design {case['design']}, learner {case['learner']} (both systems); "
+          f"gap to oracle: time {case['gap_to_oracle_time']:+.1%}, cost {case['gap_to_oracle_cost']:+.1%}; "
           f"paper verl: tp={case['paper_tp']}, capacity {case['paper_capacity']}")
 
 
@@ -153,7 +161,7 @@ def cmd_what_if(args: argparse.Namespace) -> int:
     from rlhfless.sim.whatif import render, what_if
 
     report = what_if(args.model, args.devices, args.prices, args.deadline_ratio, args.budget_usd, args.trace,
-                     args.steps, args.prompts_per_step, args.group_size, args.seed)
+                     args.steps, args.prompts_per_step, args.group_size, args.seed, args.overrides)
     print(render(report))
     print(f"wall_s {report['wall_s']:.2f}")
     if args.json:
@@ -172,6 +180,9 @@ def _register_plan(sub: argparse._SubParsersAction) -> None:
                     "point under the constraint: the cheapest whose step is at most R x the serverful step "
                     "(--deadline-ratio R, default 1), or the fastest within --budget-usd per step. Bands: 10th-90th "
                     "percentile over the simulated steps.")
+    w.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="override a simulator setting (SimConfig, as simulate takes), e.g. design=extended "
+                        "learner=single_step hybrid=false paper_verl.tp=8")
     w.add_argument("--model", required=True, help="model shape, e.g. llama-70b, qwen2.5-7b (rlhfless.sim.hardware)")
     w.add_argument("--devices", required=True, metavar="KIND:COUNT", help="e.g. H100:160, L40S:16")
     w.add_argument("--prices", metavar="FILE", help="YAML/JSON {KIND: {serverless_usd_per_s, ondemand_usd_per_h}} "

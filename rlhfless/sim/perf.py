@@ -222,6 +222,11 @@ class PerfModel:
         train = 6.0 * self.model.params / (self.device.peak_flops * self.eff.train_mfu)
         return (n + int(old_logprob)) * fwd + n * train
 
+    def train_s_per_token(self, algo: str) -> float:
+        """The training part of `learner_s_per_token`: the policy's (PPO: and the critic's) forward/backward."""
+        return (PPO_MODELS if algo == "ppo" else 1) * 6.0 * self.model.params / (self.device.peak_flops *
+                                                                                 self.eff.train_mfu)
+
     def update_fixed_s(self, algo: str, minibatches: int = 1) -> float:
         """The optimizer step(s) of one step: policy (PPO: and critic), once per mini-batch."""
         return self.eff.train_fixed_s * (PPO_MODELS if algo == "ppo" else 1) * minibatches

@@ -7,10 +7,13 @@ via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
     per engine, the shared template once per engine); weights resharded in place over the node link; no cold
     starts. Tuned as its users would: the TP degree with the fastest step is taken (`Scenario`), the KV budget
     is vLLM's default 0.9 of memory, max_num_seqs verl's default.
-  * `verl-paper`: verl on a `Cluster` with verl 0.3.x's settings as the paper ran it (`setting="paper"`, built by
-    `scenario.build_cluster(paper=True)`; every setting's source in `rlhfless.sim.overheads`): its replicas add
-    the KV-cache rebuild to their weight sync (whole-model resharding), decode eagerly, hold 0.6 of memory; its
-    learner recomputes the old log-probs and takes 4 optimizer steps.
+  * `verl-paper`: verl on a `Cluster` with verl 0.3.x's engine settings as the paper ran it (`setting="paper"`,
+    built by `scenario.build_cluster(paper=True)` from `scenario.PaperVerl`; sources in `rlhfless.sim.overheads`):
+    its replicas add the KV cache's release (sleep mode's weight round trip, or the older rebuild) to their
+    weight sync (whole-model resharding), hold 0.6 of memory, and decode with CUDA graphs or eagerly.
+  * the learner is the cluster's (`Cluster.old_logprob`, `minibatches`), the same for every policy of a case
+    (`SimConfig.learner`): verl's by default (old log-probs recomputed, 4 optimizer steps; under overlap only the
+    forwards stream, `learner_split`), or one optimizer step.
   * `rlhfuse`: serverful like verl, plus global migration of stragglers: the round-robin plan run with
     cut-and-migrate at tau, decided on progress alone (every sequence predicted at the previous step's mean
     length: RLHFuse has no length predictor), and inter-stage fusion: devices released by the cut start the
@@ -167,7 +170,8 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
     tracked; conservative)."""
     pm, tail = c.perf, max(busy, default=0.0)
     actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
-    spt = pm.learner_s_per_token(c.algo, c.old_logprob) * work_scale
+    stream, after = learner_split(c)
+    spt = stream * work_scale
     acts, done, work = [], [], []
     for g in step.groups:
         a = actor_of[g.prompt_id]
@@ -177,7 +181,17 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
         work.append(g.tokens * spt)
     return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
                        prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack, release_cold_s,
-                       warm_spare)
+                       warm_spare, step.tokens * after * work_scale)
+
+
+def learner_split(c: Cluster) -> tuple[float, float]:
+    """(device-seconds per token that stream as groups finish, those that wait for the rollout's end). One
+    optimizer step: everything streams (gradients accumulate). verl's mini-batches (learner parity): the
+    reference and old-log-prob forwards stream (both use the policy the rollout ran), the training waits: each
+    mini-batch trains on the policy the one before left, and verl shuffles the batch into them."""
+    total = c.perf.learner_s_per_token(c.algo, c.old_logprob)
+    after = c.perf.train_s_per_token(c.algo) if c.minibatches > 1 else 0.0
+    return total - after, after
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
@@ -206,10 +220,10 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
 class Verl:
     """The serverful colocated baseline (module header)."""
 
-    def __init__(self, c: Cluster, overlap: bool = False):
+    def __init__(self, c: Cluster, overlap: bool = False, name: str = ""):
         """overlap: score and train finished groups on finished replicas' devices (`verl-overlap`)."""
         self.c, self.overlap = c, overlap
-        self.name = "verl-overlap" if overlap else ("verl-paper" if c.setting == "paper" else "verl")
+        self.name = name or ("verl-overlap" if overlap else ("verl-paper" if c.setting == "paper" else "verl"))
 
     def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
         c, pm = self.c, self.c.perf
@@ -249,7 +263,7 @@ class RLHFuse(Verl):
         ref = pm.forward_s(step.tokens, 1)  # the reference forward's device-seconds (PPO's value forward stays)
         fused = min(freed, 0.5 * ref)  # half the reference forward needs the tail's samples
         metrics["rlhfuse/fused_s"] = fused / c.n_devices
-        total = step.tokens * pm.learner_s_per_token(c.algo)
+        total = step.tokens * pm.learner_s_per_token(c.algo, c.old_logprob)
         learner = _learner(c, step, plan.actor_jobs, {g.prompt_id: 0.0 for g in step.groups}, res.busy_s, False,
                            0.0, True, work_scale=1.0 - fused / total)
         return StepPlan(True, c.n_devices, actors, None, learner), metrics
@@ -396,8 +410,9 @@ class RLHFless:
         template the engines cache)."""
         c, pm, sw = self.c, self.c.perf, self.sw
         mean_prompt = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
-        return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices),
-                            s_per_token=pm.learner_s_per_token(c.algo), update_fixed_s=pm.update_fixed_s(c.algo),
+        stream, after = learner_split(c)
+        return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices), s_per_token=stream,
+                            after_s_per_token=after, update_fixed_s=pm.update_fixed_s(c.algo, c.minibatches),
                             cold_start_s=pm.learner_join_s(),
                             prewarm=sw.prewarm,
                             prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]) if sw.prewarm else None,

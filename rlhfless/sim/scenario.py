@@ -5,12 +5,14 @@ Purpose: `SimConfig` (one case: device, count, model, TP, algorithm, workload, p
 plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON report of the CLI.
 
 Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
-`Timeline` per policy. Policies: verl (tuned), verl-paper (verl 0.3.x as the paper ran it: rollout TP 2 or the
-smallest that fits, 0.6 of memory, eager decode, KV cache rebuilt every step, whole-model resharding, old-log-prob
-recomputation, 4 mini-batch updates; every setting's source in `rlhfless.sim.overheads`), rlhfuse, rlhfless (lam
+`Timeline` per policy. Policies: verl (tuned), verl-paper (verl 0.3.x as the paper ran it, `PaperVerl`: verl's
+example TP for the size, 0.6 of memory, CUDA graphs, vLLM sleep mode between rollouts, whole-model resharding;
+every setting's source in `rlhfless.sim.overheads`) and the same at TP 2, TP 8 and its fastest TP
+(`verl-paper-tp2|tp8|fastest`: `paper_range`), rlhfuse, rlhfless (the configured `design` and mechanism keys, lam
 as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
 cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm,
-+overlap, +hybrid, +sized learner (then +wide actor = rlhfless); verl-overlap is verl with the same overlap (`policies`), so overlap's gain shows for both.
++overlap, +hybrid, +sized learner, +wide actor, +draws (`ABLATION`); verl-overlap is verl with the same overlap
+(`policies`), so overlap's gain shows for both. Every policy runs the case's `learner` (verl's by default).
 Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
 one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
 learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
@@ -32,11 +34,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from itertools import combinations
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -46,9 +49,17 @@ from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
 from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.events import EventLoop, Timeline
-from rlhfless.sim.overheads import DEFAULT, PAPER_VERL_MEM_FRAC, PAPER_VERL_MINIBATCHES, PAPER_VERL_TP
+from rlhfless.sim.overheads import (
+    DEFAULT,
+    LARGE_MODEL_PARAMS,
+    PAPER_VERL_MEM_FRAC,
+    PAPER_VERL_MINIBATCHES,
+    PAPER_VERL_TP,
+    PAPER_VERL_TP_LARGE,
+)
 from rlhfless.sim.perf import FITTED, PPO_MODELS, PerfModel, smallest_tp
 from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
+from rlhfless.sim.shapley import EXTRAS, SUB_PLAYERS, target_players, terms
 from rlhfless.sim.step import play_step
 from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, replay_trace, synthetic
 
@@ -56,18 +67,70 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # not rlhfless.config's: that m
 ALGOS = ("grpo", "ppo")
 BASELINES = ("tuned", "paper")
 WORKLOADS = ("synthetic", "gsm8k", "trace")
-_OFF = dict(overlap=False, size_learner=False, wide=False, hybrid=False)
-ABLATION = (("serverless-verl", Switches(False, False, False, False, False, **_OFF)),
-            ("+dedup", Switches(dedup=True, assign=False, migrate=False, scale=False, prewarm=False, **_OFF)),
-            ("+assign", Switches(dedup=True, assign=True, migrate=False, scale=False, prewarm=False, **_OFF)),
-            ("+scale", Switches(dedup=True, assign=True, migrate=False, scale=True, prewarm=False, **_OFF)),
-            ("+migrate", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=False, **_OFF)),
-            ("+prewarm", Switches(dedup=True, assign=True, migrate=True, scale=True, prewarm=True, **_OFF)),
-            ("+overlap", Switches(size_learner=False, wide=False, hybrid=False)),
-            ("+hybrid", Switches(size_learner=False, wide=False)),
-            ("+sized learner", Switches(wide=False)))
-"""The ladder from serverless verl to RLHFless, one switch per rung; its last rung, +wide actor (per-actor TP),
-is `rlhfless`."""
+LADDER_ORDER = ("dedup", "assign", "scale", "migrate", "prewarm", "overlap", "hybrid", "size_learner", "wide",
+                "draws")
+RUNG_NAME = {"size_learner": "+sized learner", "wide": "+wide actor"}
+ABLATION = tuple([("serverless-verl", Switches(**dict.fromkeys(LADDER_ORDER, False)))] + [
+    (RUNG_NAME.get(m, f"+{m}"), Switches(**{k: k in LADDER_ORDER[:i + 1] for k in LADDER_ORDER}))
+    for i, m in enumerate(LADDER_ORDER)])
+"""The ladder from serverless verl (functions, no mechanism) to the extended design, one switch per rung, every
+rung on the case's engine and learner; +prewarm is the paper's design, +draws the extended one."""
+
+
+MECHANISMS = ("dedup", "assign", "migrate", "scale", "prewarm", "overlap", "hybrid", "size_learner", "wide", "draws")
+"""RLHFless's switches that are config keys (`Switches`); the first five are the paper's."""
+PAPER_MECHANISMS = MECHANISMS[:5]
+DESIGNS = {"paper": frozenset(PAPER_MECHANISMS), "extended": frozenset(MECHANISMS)}
+"""design=paper: the paper's system (separate decode and learner functions, sequential stages, the scaler on the
+predicted means); design=extended: ours besides (overlap, hybrid functions, the sized learner, the wide actor, the
+scaler averaging over drawn lengths)."""
+
+
+@dataclass(frozen=True)
+class PaperVerl:
+    """verl 0.3.x as the paper ran it (`baseline=paper`); every setting's source in `rlhfless.sim.overheads`."""
+
+    tp: int = 0
+    """Rollout TP; 0 = verl's example for the model's size: 2 below 30B parameters (the yaml), 8 from it on (its
+    70B practice), each raised to the smallest power of two that fits at mem_frac."""
+    cuda_graphs: bool = True
+    """Decode with CUDA graphs, as verl's vLLM 0.8 guidance sets it (false: eager, `eager_layer_s`)."""
+    kv: Literal["sleep", "rebuild", "keep"] = "sleep"
+    """Between rollouts: sleep = vLLM sleep level 1 (verl 0.3 with vLLM >= 0.7: weights out to the host and back,
+    `host_gbps`); rebuild = free_cache_engine's rebuild (`kv_rebuild_s`); keep = the cache stays."""
+    reshard: Literal["full", "shard"] = "full"
+    """FSDP -> vLLM resharding: full = the whole model through each device's link (verl PR #116's measurement);
+    shard = each device's TP shard only."""
+    mem_frac: float = PAPER_VERL_MEM_FRAC
+    """vLLM gpu_memory_utilization."""
+
+    def __post_init__(self) -> None:
+        require(self.tp >= 0, "paper_verl.tp", f"must be >= 0 (0 = verl's example for the size) (got {self.tp})")
+        require(0 < self.mem_frac <= 1, "paper_verl.mem_frac", f"must lie in (0, 1] (got {self.mem_frac})")
+
+
+@dataclass(frozen=True)
+class EffOverrides:
+    """Replacements of the device's fitted `perf.Efficiency` constants for every cluster of a case (None = the
+    fit's; `rlhfless repro overheads` halves and doubles them)."""
+
+    iter_overhead_s: float | None = None
+    allreduce_latency_s: float | None = None
+    train_fixed_s: float | None = None
+    train_mfu: float | None = None
+    fwd_mfu: float | None = None
+
+    def __post_init__(self) -> None:
+        for f in ("iter_overhead_s", "allreduce_latency_s", "train_fixed_s"):
+            v = getattr(self, f)
+            require(v is None or v >= 0, f"eff.{f}", f"must be >= 0 s (got {v})")
+        for f in ("train_mfu", "fwd_mfu"):
+            v = getattr(self, f)
+            require(v is None or 0 < v <= 1, f"eff.{f}", f"must lie in (0, 1] (got {v})")
+
+    def apply(self, eff):
+        """`eff` with every set field replaced."""
+        return replace(eff, **{k: v for k, v in vars(self).items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -102,17 +165,45 @@ class SimConfig:
     """Shared prompt prefix (system prompt + instructions) every prompt starts with; assumed."""
     lengths: LengthDist = field(default_factory=LengthDist)
     lam: float = 0.5
+    """The scaler's weight of time against cost (objective=score)."""
+    objective: Literal["score", "min_cost_at_deadline"] = "score"
+    """The scaler's objective: score (lam) or the cheapest N whose step is at most deadline_ratio x serverful."""
+    deadline_ratio: float = 1.0
     tau: float = 0.7
+    design: Literal["paper", "extended"] = "paper"
+    """RLHFless's mechanisms: paper (dedup, assign, migrate, scale, prewarm) or extended (all of `MECHANISMS`);
+    each mechanism's key below overrides the design's choice."""
+    dedup: bool | None = None
+    """None = the design's (likewise assign ... draws)."""
+    assign: bool | None = None
+    migrate: bool | None = None
+    scale: bool | None = None
+    prewarm: bool | None = None
+    overlap: bool | None = None
+    hybrid: bool | None = None
+    size_learner: bool | None = None
+    wide: bool | None = None
+    draws: bool | None = None
+    learner: Literal["parity", "single_step"] = "parity"
+    """Every system's update: parity = verl's (old log-probs recomputed, PAPER_VERL_MINIBATCHES mini-batch
+    steps), the paper's comparison; single_step = ours (one optimizer step, no recompute), an algorithmic change
+    applied to every system alike so that it is never counted as RLHFless's gain (reported apart)."""
+    paper_verl: PaperVerl = field(default_factory=PaperVerl)
+    eff: EffOverrides = field(default_factory=EffOverrides)
+    """Per-case replacements of the fitted efficiency constants (`eff.iter_overhead_s=0.001`, ...)."""
+    shapley: bool = False
+    """Also report the Shapley account of RLHFless against the headline verl (`rlhfless.sim.shapley`: every
+    coalition of the factors it differs in, simulated once: 4 systems for design=paper, 32 for extended)."""
     rlhfless_tp: int = 0
     """TP degree of RLHFless actors; 0 = the same as the baseline's (one engine configuration for both)."""
     prefill_actors: int = 1
     """Replicas the dedup prefill function spreads over (the paper draws one)."""
     ablation: bool = False
-    """Also run the ablation ladder (verl-equivalent serverless, +dedup, +assign, +migrate, +scale)."""
-    baseline: str = "tuned"
-    """The verl the headline `speedup` / `cost_reduction` compare with: tuned (the fastest TP, 0.9 of memory,
-    CUDA graphs, one optimizer step, shard-only resharding) or paper (verl 0.3.x as its example scripts run it;
-    `rlhfless.sim.overheads`). Both are always simulated and reported under `baselines`."""
+    """Also run the ablation ladder (`ABLATION`: serverless verl, then one mechanism per rung)."""
+    baseline: str = "paper"
+    """The verl the headline `speedup` / `cost_reduction` compare with: paper (verl 0.3.x as the paper ran it,
+    `paper_verl`; `rlhfless.sim.overheads`) or tuned (the fastest TP, 0.9 of memory, CUDA graphs, the KV cache
+    kept, shard-only resharding). Both run `learner`; both are always simulated and reported under `baselines`."""
     billing: BillingRules = field(default_factory=BillingRules)
     container_start_s: float = DEFAULT["container_start_s"]
     """Serverless container start, s (every overhead's source: rlhfless.sim.overheads, docs/overheads.md)."""
@@ -135,6 +226,8 @@ class SimConfig:
     hybrid_ref_load: bool = True
     """Hybrid functions: a joining block first loads the reference model (a decode function holds only the
     policy): the one-NIC weight broadcast of a model of the policy's size (False = not charged)."""
+    host_gbps: float = DEFAULT["host_gbps"]
+    """Paper verl, kv=sleep: GB/s per device moving its weights to the host and back around a rollout."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -158,11 +251,19 @@ class SimConfig:
         for f in ("container_start_s", "engine_init_s", "kv_rebuild_s", "eager_layer_s", "hybrid_comm_init_s"):
             require(getattr(self, f) >= 0, f, f"must be >= 0 s (got {getattr(self, f)})")
         require(self.storage_gbps > 0, "storage_gbps", f"must be > 0 (got {self.storage_gbps})")
+        require(self.host_gbps > 0, "host_gbps", f"must be > 0 (got {self.host_gbps})")
+        require(self.deadline_ratio > 0, "deadline_ratio", f"must be > 0 (got {self.deadline_ratio})")
         require(0 < self.net_eff <= 1, "net_eff", f"must lie in (0, 1] (got {self.net_eff})")
         require(self.baseline in BASELINES, "baseline", f"must be one of {list(BASELINES)} (got {self.baseline!r})")
         require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
         for f in ("hybrid_optimizer_move", "hybrid_ref_load"):
             require(isinstance(getattr(self, f), bool), f, f"must be true or false (got {getattr(self, f)!r})")
+
+    def switches(self, oracle: bool = False) -> Switches:
+        """RLHFless's switches: the design's, each mechanism key that is set overriding it."""
+        on = DESIGNS[self.design]
+        return Switches(oracle=oracle, **{m: (m in on) if getattr(self, m) is None else getattr(self, m)
+                                          for m in MECHANISMS})
 
 
 _TESTBED = dict(device="L40S", n_devices=16, workload="gsm8k", steps=24)
@@ -203,15 +304,16 @@ def wide_cluster(cfg: SimConfig, cs: Cluster, work: list[StepWork]) -> Cluster |
 
 def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = False,
                   whole_nodes: bool = True) -> Cluster:
-    """The shared perf model, time model and KV capacity for a TP degree (context from the workload); `paper`:
-    verl 0.3.x's engine and update settings (`rlhfless.sim.overheads`: memory share, eager decode, KV cache
-    rebuilt every step, whole-model resharding, old-log-prob recomputation, 4 mini-batch updates)."""
+    """The shared perf model, time model and KV capacity for a TP degree (context from the workload), with the
+    case's learner (`SimConfig.learner`); `paper`: the engine settings of verl as the paper ran it
+    (`SimConfig.paper_verl`: memory share, CUDA graphs, the KV cache between rollouts, the resharding path)."""
     dev, shape = hw.device(cfg.device), hw.model(cfg.model)
-    eff = FITTED[dev.name]
+    eff, pv = cfg.eff.apply(FITTED[dev.name]), cfg.paper_verl
     if paper:
-        eff = replace(eff, kv_mem_frac=PAPER_VERL_MEM_FRAC)
+        eff = replace(eff, kv_mem_frac=pv.mem_frac)
+    eager = cfg.eager_layer_s if paper and not pv.cuda_graphs else 0.0
     pm = PerfModel(dev, shape, tp, eff, cfg.container_start_s, cfg.engine_init_s, cfg.storage_gbps * 1e9,
-                   cfg.net_eff, cfg.eager_layer_s if paper else 0.0, reshard_full=paper)
+                   cfg.net_eff, eager, reshard_full=paper and pv.reshard == "full")
     require(not whole_nodes or cfg.n_devices % tp == 0, "n_devices",
             f"must be a multiple of tp={tp} (got {cfg.n_devices})")
     lens = np.array([x for s in work[:4] for g in s.groups for x in g.lengths], float)
@@ -226,12 +328,21 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
     tm = pm.time_model(capacity, plen + float(lens.mean()) / 2)
     # the response cap the planner knows (the engine's max tokens); a replayed trace's is not recorded
     cap = float(cfg.lengths.max_response) if cfg.workload != "trace" else None
-    if paper:
-        return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, "paper",
-                       old_logprob=True, minibatches=PAPER_VERL_MINIBATCHES, kv_rebuild_s=cfg.kv_rebuild_s,
-                       max_response=cap)
-    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing, max_response=cap,
-                   hybrid_join_s=hybrid_join_s(cfg, pm))
+    parity = cfg.learner == "parity"
+    return Cluster(pm, cfg.n_devices, tm, capacity, cfg.algo, cfg.template_tokens, cfg.billing,
+                   "paper" if paper else "tuned", old_logprob=parity,
+                   minibatches=PAPER_VERL_MINIBATCHES if parity else 1,
+                   kv_rebuild_s=kv_release_s(cfg, pm) if paper else 0.0, max_response=cap,
+                   hybrid_join_s=0.0 if paper else hybrid_join_s(cfg, pm))
+
+
+def kv_release_s(cfg: SimConfig, pm: PerfModel) -> float:
+    """Seconds per step a paper-verl replica spends on the KV cache it frees between rollouts (`PaperVerl.kv`):
+    sleep level 1 moves the device's weights to the host and back; rebuild re-allocates the cache."""
+    kv = cfg.paper_verl.kv
+    if kv == "sleep":
+        return 2.0 * pm.weight_bytes_per_device() / (cfg.host_gbps * 1e9)
+    return cfg.kv_rebuild_s if kv == "rebuild" else 0.0
 
 
 def hybrid_join_s(cfg: SimConfig, pm: PerfModel) -> float:
@@ -289,13 +400,16 @@ def _path(p: str):
 def policies(cfg: SimConfig, cb: Cluster, cs: Cluster, cp: Cluster, cw: Cluster | None = None) -> list:
     """The policies of a case: the serverful ones on the verl-tuned cluster `cb` (verl-paper on `cp`), the
     serverless ones on `cs` (the straggler may run on `cw`, the wide engine)."""
+    def ours(sw: Switches, lam: float, name: str) -> RLHFless:
+        return RLHFless(cs, sw, lam, cfg.tau, cfg.prefill_actors, name=name, objective=cfg.objective,
+                        deadline_ratio=cfg.deadline_ratio, wide=cw)
+
     out = [Verl(cb), Verl(cp), Verl(cb, overlap=True), RLHFuse(cb, cfg.tau),
-           RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors, wide=cw),
-           RLHFless(cs, Switches(oracle=True), cfg.lam, cfg.tau, cfg.prefill_actors, name="oracle", wide=cw),
+           ours(cfg.switches(), cfg.lam, "rlhfless"), ours(cfg.switches(oracle=True), cfg.lam, "oracle"),
            # the same system asked for time only: how fast RLHFless can go on this cluster
-           RLHFless(cs, Switches(), 1.0, cfg.tau, cfg.prefill_actors, name="rlhfless-lam1", wide=cw)]
+           ours(cfg.switches(), 1.0, "rlhfless-lam1")]
     if cfg.ablation:
-        out += [RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name=n, wide=cw) for n, sw in ABLATION]
+        out += [ours(sw, cfg.lam, n) for n, sw in ABLATION]
     return out
 
 
@@ -365,17 +479,52 @@ def _tuned_tp(cfg: SimConfig, work: list[StepWork]) -> int:
     return best[1]
 
 
-def _paper_tp(cfg: SimConfig, work: list[StepWork]) -> Cluster:
-    """verl 0.3.x's rollout TP 2, or the smallest power of two above it that holds the model and a group's KV
-    at its memory share (a 70B model needs 4 on an 80 GB device)."""
-    dev, tp = hw.device(cfg.device), PAPER_VERL_TP
+def paper_tp(cfg: SimConfig) -> int:
+    """The paper verl's rollout TP before fitting: `paper_verl.tp`, else verl's example for the model's size."""
+    if cfg.paper_verl.tp:
+        return cfg.paper_verl.tp
+    big = cfg.model != "tiny" and hw.model(cfg.model).params >= LARGE_MODEL_PARAMS
+    return PAPER_VERL_TP_LARGE if big else PAPER_VERL_TP
+
+
+def _paper_tp(cfg: SimConfig, work: list[StepWork], tp: int | None = None) -> Cluster:
+    """verl as the paper ran it at `tp` (default `paper_tp`), or the smallest power of two above it that holds
+    the model and a group's KV at its memory share (a 70B model needs 4 on an 80 GB device)."""
+    dev, tp = hw.device(cfg.device), tp or paper_tp(cfg)
     while tp <= min(dev.devices_per_node, cfg.n_devices):
         try:
             return build_cluster(cfg, tp, work, paper=True)
         except ConfigError:
             tp *= 2
     raise ConfigError(f"model: {cfg.model} does not fit {cfg.n_devices} x {cfg.device} at verl's memory share "
-                      f"{PAPER_VERL_MEM_FRAC} at any TP")
+                      f"{cfg.paper_verl.mem_frac} at any TP from {tp}")
+
+
+def paper_range(cfg: SimConfig, work: list[StepWork]) -> dict[str, Cluster]:
+    """The paper verl's range (issue 31): at TP 2 (the yaml; raised until it fits), TP 8 (verl's 70B practice)
+    and the fastest TP at its settings (each feasible TP tried on the first two steps); keys tp2, tp8, fastest."""
+    dev = hw.device(cfg.device)
+    out = {"tp2": _paper_tp(cfg, work, PAPER_VERL_TP)}
+    if PAPER_VERL_TP_LARGE <= min(dev.devices_per_node, cfg.n_devices):
+        try:
+            out["tp8"] = build_cluster(cfg, PAPER_VERL_TP_LARGE, work, paper=True)
+        except ConfigError:
+            pass
+    best, tp = None, 1
+    while tp <= min(dev.devices_per_node, cfg.n_devices):
+        if (cfg.model == "tiny" or hw.model(cfg.model).heads % tp == 0) and cfg.n_devices % tp == 0:
+            try:
+                c = build_cluster(cfg, tp, work, paper=True)
+            except ConfigError:
+                tp *= 2
+                continue
+            s, _, _ = simulate_policy(Verl(c), work[:2], c)
+            if best is None or s["step_time_s"] < best[0]:
+                best = (s["step_time_s"], c)
+        tp *= 2
+    if best is not None:
+        out["fastest"] = best[1]
+    return out
 
 
 def vs(base: dict, ours: dict) -> dict:
@@ -473,10 +622,13 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
            "capacity": cb.capacity, "paper_tp": cp.perf.tp, "paper_capacity": cp.capacity,
            "rlhfless_tp": cs.perf.tp, "rlhfless_capacity": cs.capacity,
            "steps": len(work), "seqs_per_step": work[0].n_seqs, "workload_note": note, "policies": {}}
+    out.update(design=cfg.design, learner=cfg.learner, switches={m: getattr(cfg.switches(), m) for m in MECHANISMS})
     extra = {}
     cw = wide_cluster(cfg, cs, work)
     out["rlhfless_wide_tp"] = cw.perf.tp if cw is not None else 0
+    rng = paper_range(cfg, work) if not only or "verl-paper-range" in only else {}
     pols = [pol for pol in policies(cfg, cb, cs, cp, cw) if not only or pol.name in only]
+    pols += [Verl(c, name=f"verl-paper-{k}") for k, c in rng.items()]
     on_done = None
     if progress is not None:
         progress.case(cfg.name, [p.name for p in pols])
@@ -488,6 +640,10 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     ours = p["rlhfless"]
     out["baselines"] = {"tuned": vs(p["verl"], ours), "paper": vs(p["verl-paper"], ours)}
     out.update(out["baselines"][cfg.baseline])
+    if cfg.shapley:
+        out["shapley"] = attribution(cfg)
+    # the paper verl's range (`paper_range`); `verl-paper` is the one at `paper_tp` (the headline's)
+    out["paper_range"] = {k: {"tp": c.perf.tp, **vs(p[f"verl-paper-{k}"], ours)} for k, c in rng.items()}
     if "oracle" in p:
         out.update(gap_to_oracle_time=ours["step_time_s"] / p["oracle"]["step_time_s"] - 1.0,
                    gap_to_oracle_cost=ours["cost_device_s"] / p["oracle"]["cost_device_s"] - 1.0)
@@ -522,3 +678,70 @@ def run_scenario(name: str, steps: int | None = None, overrides: list[str] | Non
             "gap_to_oracle_time", "gap_to_oracle_cost")
     return {"scenario": name, "headline_case": head["name"], **{k: head[k] for k in keys}, "cases": cases,
             "sim_wall_s": time.perf_counter() - t0}
+
+
+# -- Shapley games (the account's math is `rlhfless.sim.shapley`; the games play this module's cases) ------------
+def _systems(players: Sequence[str], build) -> dict[frozenset, object]:
+    """One policy per coalition (its cluster in `policy.c`): `build(coalition) -> policy`."""
+    return {frozenset(c): build(frozenset(c)) for k in range(len(players) + 1) for c in combinations(players, k)}
+
+
+def _play(pols: dict[frozenset, object], work) -> dict[frozenset, dict]:
+    """Every coalition's system over the case's steps, in forked processes (`play_policies`)."""
+    keys = list(pols)
+    played = play_policies([pols[k] for k in keys], work)
+    return {k: summary for k, (summary, _, _) in zip(keys, played)}
+
+
+def attribution(cfg, players: Sequence[str] | None = None) -> dict:
+    """The Shapley account of the case's RLHFless against its verl (module header); `players` default
+    `target_players(cfg)`. Every coalition plays the same steps; clusters are built once per engine and learner."""
+
+    players = list(players if players is not None else target_players(cfg))
+    work, _ = workload(cfg)
+    learners = {False: replace(cfg, learner="parity" if "learner" in players else cfg.learner)}
+    if "learner" in players:
+        learners[True] = replace(cfg, learner="single_step")
+    made = {k: clusters(c, work) for k, c in learners.items()}  # (tuned, rlhfless, paper) per learner
+    sw0 = cfg.switches()
+    paper_mechs = {m: getattr(sw0, m) for m in ("dedup", "assign", "migrate", "scale", "prewarm")}
+    tuned_default = "baseline settings" not in players and cfg.baseline == "tuned"
+
+    def build(s: frozenset):
+        c_cfg, (cb, cs, cp) = learners["learner" in s], made["learner" in s]
+        tuned = "baseline settings" in s or tuned_default
+        if "paper design" not in s:
+            return Verl(cb if tuned else cp, overlap="overlap" in s, name="coalition")
+        c = cs if tuned else cp
+        ext = "extras" in s if "extras" in players else False
+        sw = replace(sw0, **paper_mechs, overlap="overlap" in s, hybrid="hybrid" in s,
+                     **dict.fromkeys(EXTRAS, ext))
+        cw = wide_cluster(c_cfg, c, work) if sw.wide else None
+        return RLHFless(c, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name="coalition", objective=cfg.objective,
+                        deadline_ratio=cfg.deadline_ratio, wide=cw)
+
+    return terms(_play(_systems(players, build), work), players)
+
+
+def mechanisms(cfg) -> dict:
+    """The paper design's split over its mechanisms (module header): a game on the tuned engine and the case's
+    learner, from tuned verl to the paper design."""
+
+    work, _ = workload(cfg)
+    cb, cs, _ = clusters(cfg, work)
+    off = dict.fromkeys(("overlap", "hybrid", *EXTRAS), False)
+
+    def build(s: frozenset):
+        if "serverless functions" not in s:
+            return Verl(cb, name="coalition")
+        sw = Switches(**{m: m in s for m in SUB_PLAYERS[1:]}, **off)
+        return RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name="coalition", objective=cfg.objective,
+                        deadline_ratio=cfg.deadline_ratio)
+
+    # without functions every coalition is tuned verl: play it once, not 2^5 times
+    keyed = {frozenset(c): None for k in range(len(SUB_PLAYERS) + 1) for c in combinations(SUB_PLAYERS, k)}
+    live = {s: build(s) for s in keyed if "serverless functions" in s}
+    live[frozenset()] = build(frozenset())
+    played = _play(live, work)
+    summaries = {s: played[s] if s in played else played[frozenset()] for s in keyed}
+    return terms(summaries, SUB_PLAYERS)

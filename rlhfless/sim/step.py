@@ -103,6 +103,9 @@ class LearnerPlan:
     warm_spare: int = 0
     """Spare blocks that are hybrid functions kept warm from the last step's learner beyond this step's decode
     need: learner blocks ready at the first arrival (`learner_blocks`)."""
+    after_ds: float = 0.0
+    """Learner device-seconds that can start only when the rollout has ended: verl's mini-batch updates under
+    learner parity (mini-batch k trains on the policy mini-batch k-1 left; only the forwards stream)."""
 
 
 @dataclass(frozen=True)
@@ -145,8 +148,9 @@ def learner_schedule(plan: StepPlan, prefill_end: float) -> tuple[float, Blocks,
     start = {a.instance: _decode_start(a) for a in plan.actors}
     release = np.array([start[a.instance] + a.decode_s for a in plan.actors])
     rollout_end = float(release.max()) if len(release) else prefill_end
-    arrive = np.array([start[a] + d for a, d in zip(lp.group_actor, lp.group_done_s)])
-    work = np.array(lp.group_work_ds)
+    arrive = np.array([start[a] + d for a, d in zip(lp.group_actor, lp.group_done_s)] +
+                      ([rollout_end] if lp.after_ds > 0 else []))
+    work = np.array(list(lp.group_work_ds) + ([lp.after_ds] if lp.after_ds > 0 else []))
     if not lp.overlap:
         arrive = np.full(len(work), rollout_end)
         b = sequential_blocks(rollout_end + (0.0 if lp.prewarm else lp.cold_s), lp.devices, lp.cold_s)
@@ -186,7 +190,8 @@ def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepPlan, step: in
         res.rollout_end_s = lp.now
         tl.stage(step, "rollout", t0, lp.now)
         work_end, blocks, joined = learner_schedule(plan, prefill_end - t0)
-        res.learner_work_ds, res.blocks_joined = float(sum(plan.learner.group_work_ds)), int(joined.sum())
+        res.learner_work_ds = float(sum(plan.learner.group_work_ds)) + plan.learner.after_ds
+        res.blocks_joined = int(joined.sum())
         lp.at(t0 + work_end, PRIO_START, lambda lp2: _update(lp2, blocks, joined))
 
     def release(a: ActorRun, end: float):

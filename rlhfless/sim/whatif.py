@@ -130,10 +130,12 @@ def best_point(points: list[dict], serverful_step_s: float, deadline_ratio: floa
 
 def what_if(model: str, devices: str, prices: str | None = None, deadline_ratio: float | None = None,
             budget_usd: float | None = None, trace: str | None = None, steps: int = 6,
-            prompts_per_step: int = 512, group_size: int = 8, seed: int = 0) -> dict:
-    """Serverful and serverless on the user's devices, and the recommendation (module header)."""
-    from rlhfless.core.configbase import from_dict
-    from rlhfless.sim.policies import RLHFless, Switches, Verl
+            prompts_per_step: int = 512, group_size: int = 8, seed: int = 0,
+            overrides: list[str] | None = None) -> dict:
+    """Serverful and serverless on the user's devices, and the recommendation (module header). overrides:
+    `SimConfig` key=value (design, each mechanism, learner, the baseline's settings, ...), as `simulate` takes."""
+    from rlhfless.core.configbase import apply_overrides, from_dict
+    from rlhfless.sim.policies import RLHFless, Verl
     from rlhfless.sim.scenario import SimConfig, clusters, simulate_policy, workload
 
     t0 = time.perf_counter()
@@ -153,17 +155,18 @@ def what_if(model: str, devices: str, prices: str | None = None, deadline_ratio:
         if not Path(trace).is_file():
             raise DataError(f"--trace: file not found: {trace}")
         data.update(workload="trace", trace=str(trace))
-    cfg = from_dict(SimConfig, data)
+    cfg = from_dict(SimConfig, apply_overrides(data, overrides or [], example="design=extended"))
     with prices_in_effect(table):
         work, note = workload(cfg)
         cb, cs, _ = clusters(cfg, work)
         _, _, rows = simulate_policy(Verl(cb), work, cb)
         serverful = _point("serverful", rows, tp=cb.perf.tp)
-        runs = [(dict(objective="score", lam=lam), RLHFless(cs, Switches(), lam, cfg.tau, cfg.prefill_actors))
+        sw = cfg.switches()
+        runs = [(dict(objective="score", lam=lam), RLHFless(cs, sw, lam, cfg.tau, cfg.prefill_actors))
                 for lam in LAMS]
         if deadline_ratio is not None:
             runs.append((dict(objective="min_cost_at_deadline", deadline_ratio=deadline_ratio, lam=cfg.lam),
-                         RLHFless(cs, Switches(), cfg.lam, cfg.tau, cfg.prefill_actors,
+                         RLHFless(cs, sw, cfg.lam, cfg.tau, cfg.prefill_actors,
                                   objective="min_cost_at_deadline", deadline_ratio=deadline_ratio)))
         serverless = [_point("serverless", simulate_policy(pol, work, cs)[2], tau=cfg.tau, tp=cs.perf.tp, **how)
                       for how, pol in runs]
