@@ -63,11 +63,22 @@ RUNTIME_SHIP_SAVED_TOKENS = "runtime/ship_saved_tokens"
 RUNTIME_PLANNER_COLD_START_S = "runtime/planner_cold_start_s"  # the measured value the planner now uses
 RUNTIME_PLANNER_WEIGHT_SYNC_S = "runtime/planner_weight_sync_s"
 RUNTIME_TIME_MODEL_SCALE = "runtime/time_model_scale"  # measured / predicted decode busy time (smoothed)
-RUNTIME_GROUPS_STREAMED = "runtime/groups_streamed"  # groups the learner got before the rollout ended (overlap)
+RUNTIME_LEARNER_EARLY = "runtime/learner_compute_before_rollout_end"  # share of the learner's group compute seconds
+# finished before the last decode function of the step ended (what overlap hid under the rollout)
 RUNTIME_VALUES_STREAMED = "runtime/values_chunks_streamed"  # PPO: value chunks sent while some group still decoded
 RUNTIME_LEARNER_TAIL_S = "runtime/learner_tail_s"  # from the rollout's end to the optimiser step's end
 RUNTIME_LEARNER_BUFFERED = "runtime/learner_buffered_peak"  # most gradients a rank held waiting for a lower chunk
 RUNTIME_UNITS_PEAK = "runtime/units_peak"  # most device units held at once in the step (<= runtime.units)
+RUNTIME_RELEASED_MID_STEP = "runtime/released_mid_step"  # functions released at their keep-alive's lapse mid-step
+RUNTIME_RELEASED_EXPIRED = "runtime/released_expired"  # functions released at their keep-alive's lapse, any time
+RUNTIME_ZERO_HELD = "runtime/zero_held_intervals"  # intervals in the step with no function held at all
+RUNTIME_ZERO_HELD_S = "runtime/zero_held_s"  # their seconds
+
+
+def function_usage(role: str, what: str) -> str:
+    """`function/<role>/<what>_s`: held device-seconds of one role in one step spent `what` (busy: computing;
+    idle: held but idle, waiting or kept alive; cold: starting) (`runtime.meter.usage_window`)."""
+    return f"function/{role}/{what}_s"
 
 
 def function_billed(kind: str) -> str:
