@@ -146,6 +146,9 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         "steps_compared": min(n for _, _, n in same),
         "weights_identical": None not in digests.values() and len(set(digests.values())) == 1,
         "final_state_identical": states_match(states),
+        # the same runs billed per lifetime (commercial platforms) and per invocation (the paper's proxy)
+        "cost_ratio_by_billing": {k: rs[TREATED]["cost_device_s_by_billing"][k] / v
+                                  for k, v in rs[BASE]["cost_device_s_by_billing"].items()},
         "final_state_files": sorted(states[BASE]),
         # does the serverless arm scale to zero? (released at a keep-alive's lapse mid-step; nothing held at all)
         "released_mid_step": rs[TREATED].get("released_mid_step"),

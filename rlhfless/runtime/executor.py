@@ -30,6 +30,7 @@ import torch
 
 from rlhfless import metrics as M
 from rlhfless.config import RunConfig
+from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
@@ -481,6 +482,16 @@ class Runtime:
             **self._release_summary(recs, wall),
         }
 
+    def bills_by_rules(self) -> dict[str, float]:
+        """The run's billed device-seconds under each rule set, from the same records: what this run would cost
+        billed per invocation (the paper's proxy) and per lifetime, at its own granularity (the serverful pool
+        is a VM: lifetime either way)."""
+        t, recs = now(), list(self.pool.records.values())
+        g = self.rt.billing_granularity_s
+        return {name: bill_run(recs, self.invocations, self.rel(t), self.price, self.serverful,
+                               BillingRules.metered(g, self.keep_alive_s, name), self.paused).device_s
+                for name in BILLED}
+
     def _release_summary(self, recs: list, wall: float) -> dict:
         """What scaled to zero over the run: releases at a keep-alive's lapse (all, and mid-step), the intervals
         with nothing held (from the first worker's start to the end), and held device-seconds by role spent busy,
@@ -493,7 +504,7 @@ class Runtime:
         return {"released_expired": int(self.totals.get(M.RUNTIME_RELEASED_EXPIRED, 0)),
                 "released_mid_step": int(self.totals.get(M.RUNTIME_RELEASED_MID_STEP, 0)),
                 "zero_held_intervals": len(zeros), "zero_held_s": sum(b - a for a, b in zeros),
-                "device_s_by_role": usage}
+                "device_s_by_role": usage, "cost_device_s_by_billing": self.bills_by_rules()}
 
     def _write_invocations(self) -> None:
         path = self.out / "invocations.jsonl"
