@@ -389,6 +389,10 @@ def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains
     assert c["final_state_identical"] and c["final_state_files"] == ["model.safetensors", "optimizer.safetensors"]
     assert len({json.dumps(c[a]["final_state_sha256"], sort_keys=True) for a in c["arms"]}) == 1
     assert c["released_mid_step"] >= 0 and c["zero_held_intervals"] >= 0
+    # the same records billed per invocation (the paper's proxy) bill no idle: never more than the lifetimes
+    bills = c["serverless"]["cost_device_s_by_billing"]
+    assert set(c["cost_ratio_by_billing"]) == {"invocations", "lifetime"} and bills["invocations"] <= bills["lifetime"]
+    assert bills["lifetime"] == pytest.approx(c["serverless"]["cost_device_s"])
     assert c["overlap_only"]["step_time_ratio"] > 0
     sl, sf = c["serverless"]["core_s_per_step"], c["serverful"]["core_s_per_step"]
     # serverless starts functions every step (its decode functions); the control's pool started once

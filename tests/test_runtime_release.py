@@ -4,13 +4,15 @@ held, and the comparison's check of the whole final state."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlhfless.errors import ConfigError
 from rlhfless.plan import billing as B
 from rlhfless.plan.cost import billed_seconds, price
 from rlhfless.plan.records import Invocation
-from rlhfless.runtime.compare import states_match
+from rlhfless.runtime.compare import safetensors_digest, states_match
 from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_window
 from rlhfless.runtime.records import InvocationRecord, WorkerRecord, zero_held
@@ -92,3 +94,26 @@ def test_the_final_state_matches_only_when_every_file_does():
     assert not states_match({"serverful": a, "serverless": {**a, "optimizer.safetensors": "z"}})
     assert not states_match({"serverful": a, "serverless": {"model.safetensors": "x"}})
     assert not states_match({"serverful": {}, "serverless": {}})
+
+
+def _safetensors(path, header: dict, data: bytes) -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+def test_a_state_file_is_compared_by_content_not_by_the_order_of_its_metadata(tmp_path):
+    """Two identical critic states were written with their metadata maps in different orders (a per-process
+    order): the same content digest. One ulp in one tensor: a different one."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensor = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+    data = torch.tensor([1.0, 2.0]).numpy().tobytes()
+    _safetensors(tmp_path / "a", {"__metadata__": {"updates": "10", "version": "1"}, **tensor}, data)
+    _safetensors(tmp_path / "b", {**tensor, "__metadata__": {"version": "1", "updates": "10"}}, data)
+    assert (tmp_path / "a").read_bytes() != (tmp_path / "b").read_bytes()
+    assert safetensors_digest(tmp_path / "a") == safetensors_digest(tmp_path / "b")
+    assert torch.equal(load_file(tmp_path / "a")["w"], torch.tensor([1.0, 2.0]))  # a real safetensors file
+    ulp = torch.tensor([1.0, torch.nextafter(torch.tensor(2.0), torch.tensor(3.0)).item()]).numpy().tobytes()
+    _safetensors(tmp_path / "c", {"__metadata__": {"updates": "10", "version": "1"}, **tensor}, ulp)
+    assert safetensors_digest(tmp_path / "c") != safetensors_digest(tmp_path / "a")

@@ -11,7 +11,8 @@ PPO (algo.name=ppo) runs the first and the last: nothing of its update streams, 
 comparison.json: step_time_ratio, cost_ratio, usd_ratio (serverless / serverful: mean step wall time, billed
 device-seconds, dollars), samples_identical, weights_identical and final_state_identical over every arm that ran
 (per-step response digests; the final checkpoint's weight file; the whole learned state of the last checkpoint:
-policy, optimizer and PPO's critic, each file byte for byte, per-arm digests in `final_state_sha256`: a one-ulp
+policy, optimizer and PPO's critic, each file's tensors byte for byte and its metadata as a mapping, per-arm
+digests in `final_state_sha256`: a one-ulp
 drift in the optimizer's moments shows there before it reaches the weights); how the serverless arm scaled:
 `released_mid_step` (functions released at their keep-alive's lapse while a step ran), `released_expired` (at any
 time) and `zero_held_intervals` (intervals with nothing held); each arm's `device_s_by_role` splits its held
@@ -80,10 +81,22 @@ STATE_FILES = ("model.safetensors", "optimizer.safetensors", "critic.safetensors
 the critic (weights, AdamW state, counters). Every one must be bitwise equal across arms."""
 
 
+def safetensors_digest(path: Path) -> str:
+    """SHA-256 of a safetensors file's content: its header as a sorted mapping, then every tensor byte. The header's
+    metadata map is written in a per-process order (two identical critic states differed only there), so the raw
+    bytes are no content check; the tensor bytes and each tensor's dtype, shape and offsets are."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    h = hashlib.sha256(json.dumps(json.loads(raw[8:8 + n]), sort_keys=True).encode())
+    h.update(raw[8 + n:])
+    return h.hexdigest()
+
+
 def state_digests(run_dir: Path) -> dict[str, str]:
-    """SHA-256 of each learned-state file of the run's last checkpoint (those it has; {} if none)."""
+    """Content digest (`safetensors_digest`) of each learned-state file of the run's last checkpoint (those it
+    has; {} if none)."""
     ckpt = run_dir / "checkpoints" / "last"
-    return {f: hashlib.sha256((ckpt / f).read_bytes()).hexdigest() for f in STATE_FILES if (ckpt / f).is_file()}
+    return {f: safetensors_digest(ckpt / f) for f in STATE_FILES if (ckpt / f).is_file()}
 
 
 def states_match(digests: dict[str, dict[str, str]]) -> bool:

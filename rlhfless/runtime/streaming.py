@@ -179,11 +179,12 @@ class LearnerStream:
                 return self.pump(start_all)
 
     def _start(self, r: _Rank, prewarmed: bool) -> bool:
-        """A worker for rank r: a warm idle function of the learner's image (kept alive: no cold start), else a
+        """A worker for rank r: a warm idle hybrid function (kept alive: no cold start), else a
         new one onto a free unit. Invoked from its start: nothing may evict it (`preempt` may); until its groups
         come it is held but idle (the meter counts only its compute intervals as busy)."""
         rt = self.rt
-        warm = [h for h in rt.pool.warm_idle(rt.image("learner")) if getattr(h, "home", True)]
+        # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
+        warm = [h for h in rt.pool.warm_idle(rt.image("learner")) if getattr(h, "home", True)] if rt.hybrid else []
         h = warm[0] if warm and not prewarmed else rt.start_learner(prewarmed)
         if h is None:
             return False
