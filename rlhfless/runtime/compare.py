@@ -131,8 +131,9 @@ def core_seconds_per_step(run_dir: Path, runtime: dict) -> dict:
     steps = max(1, runtime["steps"])
     cold = sum(w["cold_start_s"] * w["units"] for w in workers if w["ready_s"] is not None) / steps
     busy: dict[str, float] = {}
-    for i in invocations:
-        busy[i["kind"]] = busy.get(i["kind"], 0.0) + (i["finished_s"] - i["started_s"]) * i["units"] / steps
+    for i in invocations:  # a learner rank's compute intervals (`busy`): waiting for groups is held idle
+        spans = i.get("busy") or [(i["started_s"], i["finished_s"])]
+        busy[i["kind"]] = busy.get(i["kind"], 0.0) + sum(b - a for a, b in spans) * i["units"] / steps
     billed = runtime["cost_device_s"] / steps
     return {"billed": billed, "cold_start": cold, "busy": busy,
             "held_idle": billed - cold - sum(busy.values())}

@@ -15,7 +15,8 @@ data-parallel group forms at the optimiser step (`learn_end`), so a rank can sta
 step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
 sent restarts every rank (the gloo group cannot be repaired), from the same state version.
 Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
-compute time arrives summed in `learned`; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
+compute time arrives in `learned`, summed and as intervals: the meter counts only those as busy, a rank waiting
+for groups is held idle; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
 the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
 state version). The serverful control's ranks are its pool workers, which read learner messages only after their
 own decode (the worker defers them).
