@@ -82,6 +82,7 @@ class Runtime:
         """Idle seconds before a serverless function is released (runtime.keep_alive_s or the billing preset's)."""
         self.pool = Pool(self.backend, setup, self.t0, self.units, None if self.serverful else self.keep_alive_s)
         self.stage_t0: float | None = None  # this step's rollout start: releases after it are mid-step
+        self._expired_seen = 0  # releases at a lapse already counted in a step's metrics
         self.invocations: list[InvocationRecord] = []
         self._written = 0
         self.history = History()
@@ -394,10 +395,12 @@ class Runtime:
         return m
 
     def release_counts(self, rows: list[dict], a: float, b: float) -> dict[str, float]:
-        """Functions released at their keep-alive's lapse in [a, b) (mid-step: after this step's rollout began and
-        before its update ended), and the intervals in [a, b) with nothing held at all (before the run's first
-        worker started is not one)."""
-        lapses = [t for t, _ in self.pool.expired if a <= t < b]
+        """Functions released at their keep-alive's lapse since the last step's end (mid-step: the lapse after this
+        step's rollout began and before its update ended; one noticed late is counted when noticed, at its lapse
+        instant), and the intervals in [a, b) with nothing held at all (before the run's first worker started is
+        not one)."""
+        lapses = [t for t, _ in self.pool.expired[self._expired_seen:]]
+        self._expired_seen = len(self.pool.expired)
         s0 = self.rel(self.stage_t0) if self.stage_t0 is not None else b
         s1 = self.rel(self.last_learn_end) if self.last_learn_end is not None and \
             self.rel(self.last_learn_end) >= s0 else b
