@@ -250,3 +250,22 @@ def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
     update._on(critic, {**reply, "op": "critic_learned"})
     assert update.returns_ready and list(update.replies) == ["critic"] and records == ["critic"]
     assert list(update.sent) == ["learner"]
+
+
+def test_functions_idle_past_their_keep_alive_are_released_and_the_whole_state_still_matches(tmp_path):
+    """A short keep-alive: PPO's actor and critic functions idle from their update to the next step's value stage,
+    far past 0.05 s, so they are released at the lapse (issue 30: before, the check ran only at a step's start and
+    the critic idled 3.1 s past a 2 s keep-alive unreleased). The comparison still finds every arm's samples and
+    whole final state (policy, optimizer, critic: tensors byte for byte) identical."""
+    c = json.loads((_run(tmp_path, "cmp", ["runtime.mode=compare", "runtime.keep_alive_s=0.05"])
+                    / "comparison.json").read_text())
+    assert c["samples_identical"] and c["weights_identical"] and c["final_state_identical"]
+    assert c["final_state_files"] == ["critic.safetensors", "model.safetensors", "optimizer.safetensors"]
+    assert c["released_expired"] >= 1 and 0 <= c["released_mid_step"] <= c["released_expired"]
+    sl = c["serverless"]
+    assert sl["released_expired"] == c["released_expired"] and sl["workers_started"] > 2
+    # the released functions' held time ended at their lapse: billed per lifetime, the serverless run bills its
+    # idle too, per invocation none of it
+    bills = sl["cost_device_s_by_billing"]
+    assert bills["invocations"] < bills["lifetime"] == pytest.approx(sl["cost_device_s"])
+    assert set(sl["device_s_by_role"]) >= {"decode", "learner", "critic"}

@@ -157,7 +157,7 @@ def test_serverless_decode_functions_run_vllm(run):
     assert sum(i["extra"]["rows"] for i in decodes) == 2 * 6 * 4
     # runtime.overlap (on for serverless, kl 0): finished groups reached the learner while vLLM still decoded
     metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    assert sum(r["runtime/groups_streamed"] for r in metrics) > 0
+    assert sum(r["runtime/learner_compute_before_rollout_end"] for r in metrics) > 0
 
 
 def test_step_2_samples_come_from_the_learners_weights_after_step_1(run, engine, sft_checkpoint):

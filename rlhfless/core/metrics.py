@@ -68,11 +68,22 @@ RUNTIME_DECODE_BUSY_S = "runtime/decode_busy_s"  # this step's decode invocation
 # what the planner's base time model predicts for the same placement with the true lengths; their ratio feeds the
 # time model scale above (EWMA), so the calibration can be replayed from the log alone
 RUNTIME_DECODE_BUSY_MODEL_S = "runtime/decode_busy_model_s"
-RUNTIME_GROUPS_STREAMED = "runtime/groups_streamed"  # groups the learner got before the rollout ended (overlap)
+RUNTIME_LEARNER_EARLY = "runtime/learner_compute_before_rollout_end"  # share of the learner's group compute seconds
+# finished before the last decode function of the step ended (what overlap hid under the rollout)
 RUNTIME_VALUES_STREAMED = "runtime/values_chunks_streamed"  # PPO: value chunks sent while some group still decoded
 RUNTIME_LEARNER_TAIL_S = "runtime/learner_tail_s"  # from the rollout's end to the optimiser step's end
 RUNTIME_LEARNER_BUFFERED = "runtime/learner_buffered_peak"  # most gradients a rank held waiting for a lower chunk
 RUNTIME_UNITS_PEAK = "runtime/units_peak"  # most device units held at once in the step (<= runtime.units)
+RUNTIME_RELEASED_MID_STEP = "runtime/released_mid_step"  # functions released at their keep-alive's lapse mid-step
+RUNTIME_RELEASED_EXPIRED = "runtime/released_expired"  # functions released at their keep-alive's lapse, any time
+RUNTIME_ZERO_HELD = "runtime/zero_held_intervals"  # intervals in the step with no function held at all
+RUNTIME_ZERO_HELD_S = "runtime/zero_held_s"  # their seconds
+
+
+def function_usage(role: str, what: str) -> str:
+    """`function/<role>/<what>_s`: held device-seconds of one role in one step spent `what` (busy: computing;
+    idle: held but idle, waiting or kept alive; cold: starting) (`runtime.meter.usage_window`)."""
+    return f"function/{role}/{what}_s"
 
 
 def function_billed(kind: str) -> str:

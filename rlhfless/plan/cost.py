@@ -8,11 +8,12 @@ Prices are per device (one GPU, or one CPU core for local runs).
 
 Non-goals: no spot/preemptible pricing, no storage or network egress, no per-region prices.
 
-One set of billing rules: `BillingRules` is the only definition of granularity, minimum, keep-alive and whether
-cold starts are billed. The planner's cost model (`cost_step` via `billed_seconds`), the simulator and the
+One set of billing rules: `BillingRules` (`rlhfless.plan.billing`, re-exported here) is the only definition of
+granularity, minimum, keep-alive, whether cold starts are billed and what is billed (invocations or lifetimes;
+named rule sets and platform presets there). The planner's cost model (`cost_step` via `billed_seconds`), the simulator and the
 runtime's meter (`rlhfless.runtime.meter`, through `BillingRules.bill_held` and `BillingRules.metered`) all
 read it, so predicted and billed device-seconds of a step are comparable. The planner prices an invocation as
-`duration + keep_alive_s` (the idle it expects after the work); the meter bills a worker's measured lifetime,
+`duration + idle_billed_s` (the keep-alive it expects after the work under lifetime billing); the meter bills a worker's measured lifetime,
 whose idle tail is the keep-alive that really happened; both round and floor through `bill_held`.
 
 Deviations from the paper: the paper's platform bills "worker start to stop including a few seconds of idle,
@@ -25,7 +26,6 @@ serverful H200 costing raises a ConfigError. The "cpu-core" unit is ours (see `C
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,6 +33,7 @@ import numpy as np
 
 from rlhfless.core import metrics as M
 from rlhfless.core.errors import ConfigError, require
+from rlhfless.plan.billing import PAPER_PLATFORM, BillingRules  # noqa: F401  (the one definition; re-exported)
 from rlhfless.plan.records import Invocation
 
 PRICE_DATE = "late 2026 public list prices as recorded in PAPER.md"
@@ -82,45 +83,6 @@ def price(kind: str) -> DevicePrice:
 
 
 @dataclass(frozen=True)
-class BillingRules:
-    """How a serverless platform turns an invocation's duration into billed seconds.
-
-    granularity_s: billed time is rounded up to a multiple of this (> 0 s; 1 s on the paper's platform).
-    minimum_s: minimum billed seconds per invocation (>= 0).
-    bill_cold_start: whether the cold-start seconds at the beginning of an invocation are billed.
-    keep_alive_s: idle seconds billed after the function finishes before the worker stops (>= 0).
-    """
-
-    granularity_s: float = 1.0
-    minimum_s: float = 0.0
-    bill_cold_start: bool = True
-    keep_alive_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        require(self.granularity_s > 0, "plan.billing.granularity_s", f"must be > 0 s (got {self.granularity_s})")
-        require(self.minimum_s >= 0, "plan.billing.minimum_s", f"must be >= 0 s (got {self.minimum_s})")
-        require(self.keep_alive_s >= 0, "plan.billing.keep_alive_s", f"must be >= 0 s (got {self.keep_alive_s})")
-
-    @classmethod
-    def metered(cls, granularity_s: float, keep_alive_s: float) -> BillingRules:
-        """The rules a runtime bills with: its `runtime.billing_granularity_s` and `runtime.keep_alive_s` (an idle
-        worker stays warm, billed, that long), no minimum, cold start billed (a worker is billed from request)."""
-        return cls(granularity_s=granularity_s, minimum_s=0.0, bill_cold_start=True, keep_alive_s=keep_alive_s)
-
-    def bill_held(self, held_s: float, cold_start_s: float = 0.0) -> float:
-        """Billed seconds (per device) of a span held `held_s` seconds, idle tail included, of which
-        `cold_start_s` were a cold start: rounded up to the granularity, at least the minimum, never negative."""
-        raw = held_s - (0.0 if self.bill_cold_start else cold_start_s)
-        # 1e-9 keeps an exact multiple (e.g. 3.0000000001 from float sums) from rounding up a whole unit
-        units = math.ceil(raw / self.granularity_s - 1e-9) if raw > 0 else 0
-        return max(self.minimum_s, units * self.granularity_s)
-
-
-PAPER_PLATFORM = BillingRules()
-"""The paper's platform as we read it: 1 s granularity, 2 s of billed keep-alive, cold start billed."""
-
-
-@dataclass(frozen=True)
 class CostSummary:
     """GPU-seconds (billed seconds x devices) and dollars, with billed seconds summed per function kind."""
 
@@ -141,15 +103,16 @@ class CostSummary:
 
 
 def billed_seconds(inv: Invocation, rules: BillingRules) -> float:
-    """Billed seconds of one invocation (per device): its duration plus the keep-alive idle that follows it,
-    through `BillingRules.bill_held` (rounded up, at least the minimum; never negative)."""
-    return rules.bill_held(inv.duration_s + rules.keep_alive_s, inv.cold_start_s if inv.cold else 0.0)
+    """Billed seconds of one invocation (per device): its duration plus the idle billed after it (the keep-alive
+    under lifetime billing, none under per-invocation billing: `BillingRules.idle_billed_s`), through
+    `BillingRules.bill_held` (rounded up, at least the minimum; never negative)."""
+    return rules.bill_held(inv.duration_s + rules.idle_billed_s, inv.cold_start_s if inv.cold else 0.0)
 
 
 def billed_seconds_array(duration_s: np.ndarray, cold: np.ndarray, cold_start_s: np.ndarray | float,
                          rules: BillingRules) -> np.ndarray:
     """`billed_seconds` of many invocations at once; duration_s, cold (bool), cold_start_s broadcast together."""
-    raw = np.asarray(duration_s, dtype=np.float64) + rules.keep_alive_s
+    raw = np.asarray(duration_s, dtype=np.float64) + rules.idle_billed_s
     if not rules.bill_cold_start:
         raw = raw - np.where(cold, cold_start_s, 0.0)
     units = np.where(raw > 0, np.ceil(raw / rules.granularity_s - 1e-9), 0.0)

@@ -99,6 +99,10 @@ def _print_comparison(c: dict) -> None:
         print(f"{name:24s}" + "".join(f"{c[a][key]:18.3f}" for a in arms), file=sys.stderr)
     print(f"serverless / serverful: step time {c['step_time_ratio']:.3f}x, device-seconds {c['cost_ratio']:.3f}x",
           file=sys.stderr)
+    by = c.get("cost_ratio_by_billing") or {}
+    print(f"serverless released {c.get('released_mid_step')} functions mid-step ({c.get('released_expired')} at a "
+          f"keep-alive's lapse in all), held nothing in {c.get('zero_held_intervals')} intervals; device-seconds "
+          f"billed per invocation (the paper's proxy) {by.get('invocations', float('nan')):.3f}x", file=sys.stderr)
     o = c["overlap_only"]
     if o is not None:  # PPO has no overlap arm
         print(f"serverful-overlap / serverful: step time {o['step_time_ratio']:.3f}x, device-seconds "
@@ -108,7 +112,8 @@ def _print_comparison(c: dict) -> None:
     print(f"serverless - serverful, core-seconds per step: {g['billed']:+.3f} = cold starts {g['cold_start']:+.3f}, "
           f"{busy}, held idle {g['held_idle']:+.3f}", file=sys.stderr)
     print(f"samples identical in every step: {c['samples_identical']}; final weights identical: "
-          f"{c['weights_identical']}; gantt: {', '.join(c['gantt'])}", file=sys.stderr)
+          f"{c['weights_identical']}; final state (policy, optimizer, critic) identical: "
+          f"{c.get('final_state_identical')}; gantt: {', '.join(c['gantt'])}", file=sys.stderr)
     shares = {a: c[a]["machine"]["other_cpu_fraction"] for a in arms}
     if None not in shares.values():
         share = ", ".join(f"{a} {v:.0%}" for a, v in shares.items())

@@ -9,8 +9,14 @@ PPO (algo.name=ppo) runs the first and the last: nothing of its update streams, 
 `overlap_only` is null. Then OUT/comparison.json and side-by-side Gantt charts (OUT/gantt/step-<k>.png).
 
 comparison.json: step_time_ratio, cost_ratio, usd_ratio (serverless / serverful: mean step wall time, billed
-device-seconds, dollars), samples_identical and weights_identical over every arm that ran (per-step response
-digests; the final checkpoint's weight file, byte for byte), `overlap_only` (serverful-overlap / serverful), and per
+device-seconds, dollars), samples_identical, weights_identical and final_state_identical over every arm that ran
+(per-step response digests; the final checkpoint's weight file; the whole learned state of the last checkpoint:
+policy, optimizer and PPO's critic, each file's tensors byte for byte and its metadata as a mapping, per-arm
+digests in `final_state_sha256`: a one-ulp
+drift in the optimizer's moments shows there before it reaches the weights); how the serverless arm scaled:
+`released_mid_step` (functions released at their keep-alive's lapse while a step ran), `released_expired` (at any
+time) and `zero_held_intervals` (intervals with nothing held); each arm's `device_s_by_role` splits its held
+device-seconds into busy, held-idle and cold-start per role; `overlap_only` (serverful-overlap / serverful), and per
 arm step_time_s, cost_device_s, cost_usd, eval accuracy, what explains the numbers (cold starts, idle fraction,
 billed seconds per function kind, decode actors, migrations) and `planner`: the planner's predicted
 device-seconds per step beside the billed ones of what it priced (the decode functions; the whole step with
@@ -70,6 +76,35 @@ def arm_config(cfg, arm: str):
     return replace(cfg, runtime=replace(cfg.runtime, mode="serverless"))
 
 
+STATE_FILES = ("model.safetensors", "optimizer.safetensors", "critic.safetensors")
+"""The learned state a run ends with (`runstate`, OUT/checkpoints/last): the policy, AdamW's tensors and, for PPO,
+the critic (weights, AdamW state, counters). Every one must be bitwise equal across arms."""
+
+
+def safetensors_digest(path: Path) -> str:
+    """SHA-256 of a safetensors file's content: its header as a sorted mapping, then every tensor byte. The header's
+    metadata map is written in a per-process order (two identical critic states differed only there), so the raw
+    bytes are no content check; the tensor bytes and each tensor's dtype, shape and offsets are."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    h = hashlib.sha256(json.dumps(json.loads(raw[8:8 + n]), sort_keys=True).encode())
+    h.update(raw[8 + n:])
+    return h.hexdigest()
+
+
+def state_digests(run_dir: Path) -> dict[str, str]:
+    """Content digest (`safetensors_digest`) of each learned-state file of the run's last checkpoint (those it
+    has; {} if none)."""
+    ckpt = run_dir / "checkpoints" / "last"
+    return {f: safetensors_digest(ckpt / f) for f in STATE_FILES if (ckpt / f).is_file()}
+
+
+def states_match(digests: dict[str, dict[str, str]]) -> bool:
+    """Whether every arm ended with the same learned state: the same files, each byte for byte (pure)."""
+    ds = list(digests.values())
+    return bool(ds) and all(ds[0] and d == ds[0] for d in ds)
+
+
 def weights_digest(run_dir: Path) -> str | None:
     """SHA-256 of the final checkpoint's weight file (None if the run wrote none)."""
     p = run_dir / "checkpoints" / "final" / "model.safetensors"
@@ -116,8 +151,9 @@ def core_seconds_per_step(run_dir: Path, runtime: dict) -> dict:
     steps = max(1, runtime["steps"])
     cold = sum(w["cold_start_s"] * w["units"] for w in workers if w["ready_s"] is not None) / steps
     busy: dict[str, float] = {}
-    for i in invocations:
-        busy[i["kind"]] = busy.get(i["kind"], 0.0) + (i["finished_s"] - i["started_s"]) * i["units"] / steps
+    for i in invocations:  # a learner rank's compute intervals (`busy`): waiting for groups is held idle
+        spans = i.get("busy") or [(i["started_s"], i["finished_s"])]
+        busy[i["kind"]] = busy.get(i["kind"], 0.0) + sum(b - a for a, b in spans) * i["units"] / steps
     billed = runtime["cost_device_s"] / steps
     return {"billed": billed, "cold_start": cold, "busy": busy,
             "held_idle": billed - cold - sum(busy.values())}
@@ -134,6 +170,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         machine[arm] = window.close()
     ran = list(summaries)
     digests = {arm: weights_digest(out / arm) for arm in ran}
+    states = {arm: state_digests(out / arm) for arm in ran}
     same = [samples_match(out / BASE, out / arm) for arm in ran if arm != BASE]
     rs = {arm: summaries[arm]["runtime"] for arm in ran}
     result = {
@@ -142,11 +179,21 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         "first_divergent_step": min((d for _, d, _ in same if d is not None), default=None),
         "steps_compared": min(n for _, _, n in same),
         "weights_identical": None not in digests.values() and len(set(digests.values())) == 1,
+        "final_state_identical": states_match(states),
+        # the same runs billed per lifetime (commercial platforms) and per invocation (the paper's proxy)
+        "cost_ratio_by_billing": {k: rs[TREATED]["cost_device_s_by_billing"][k] / v
+                                  for k, v in rs[BASE]["cost_device_s_by_billing"].items()},
+        "final_state_files": sorted(states[BASE]),
+        # does the serverless arm scale to zero? (released at a keep-alive's lapse mid-step; nothing held at all)
+        "released_mid_step": rs[TREATED].get("released_mid_step"),
+        "released_expired": rs[TREATED].get("released_expired"),
+        "zero_held_intervals": rs[TREATED].get("zero_held_intervals"),
         "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
         "arms": ran, "seed": cfg.train.seed, "steps": cfg.train.steps,
         **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
                  "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],
+                 "final_state_sha256": states[arm],
                  "planner": run_planner_accuracy(out / arm, cfg.plan.learner.whole_step),
                  "core_s_per_step": core_seconds_per_step(out / arm, rs[arm]),
                  "machine": machine[arm]} for arm in ran},

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from rlhfless.core.devices import check_device
 from rlhfless.core.errors import require
+from rlhfless.plan.billing import PRESETS, RULE_SETS, BillingRules, rule_set
 
 MODES = ("inline", "serverless", "serverful", "compare")
 BACKENDS = ("local", "ray")
@@ -125,6 +126,12 @@ class RuntimeConfig:
     billing_granularity_s: float = 0.001
     """Billed worker time is rounded up to this (1 ms, as per-millisecond serverless billing); GPU platforms
     that round to 1 s set 1.0."""
+    billing: str = "lifetime"
+    """What a serverless run is billed for (`rlhfless.plan.billing`): lifetime = each worker from start to release,
+    idle included (commercial platforms); invocations = GPU-seconds summed over invocations (the paper's cost
+    proxy); runpod | modal = that platform's preset (lifetime, 1 s, its documented idle timeout, which is then
+    the keep-alive: leave runtime.keep_alive_s and runtime.billing_granularity_s unset or equal to it). The
+    serverful control is always billed its pool's lifetime (a VM)."""
     gantt_every: int = 50
     """Draw the per-function timeline of step 1 and every N steps (0 = step 1 only)."""
 
@@ -167,7 +174,26 @@ class RuntimeConfig:
         require(self.max_attempts >= 1, "runtime.max_attempts", f"must be >= 1 (got {self.max_attempts})")
         require(self.billing_granularity_s > 0, "runtime.billing_granularity_s",
                 f"must be > 0 s (got {self.billing_granularity_s})")
+        require(self.billing in RULE_SETS, "runtime.billing",
+                f"must be one of {list(RULE_SETS)} (got {self.billing!r})")
+        if self.billing in PRESETS:
+            p = PRESETS[self.billing]
+            require(self.keep_alive_s in (0.0, p.keep_alive_s), "runtime.keep_alive_s",
+                    f"runtime.billing={self.billing} fixes the idle timeout at {p.keep_alive_s} s (got {self.keep_alive_s})")
+            require(self.billing_granularity_s in (0.001, p.granularity_s), "runtime.billing_granularity_s",
+                    f"runtime.billing={self.billing} fixes it at {p.granularity_s} s (got {self.billing_granularity_s})")
         require(self.gantt_every >= 0, "runtime.gantt_every", f"must be >= 0 (got {self.gantt_every})")
+
+    def billing_rules(self) -> BillingRules:
+        """The rules this run bills with (`runtime.billing`); the serverful control bills its pool's lifetime."""
+        if self.mode == "serverful":
+            return BillingRules.metered(self.billing_granularity_s, self.keep_alive_s, "lifetime")
+        return rule_set(self.billing, self.billing_granularity_s, self.keep_alive_s)
+
+    def idle_timeout_s(self) -> float:
+        """Seconds an idle serverless function stays warm before it is released: runtime.keep_alive_s, or the
+        idle timeout of the platform preset named by runtime.billing."""
+        return self.billing_rules().keep_alive_s
 
     @property
     def executes(self) -> bool:

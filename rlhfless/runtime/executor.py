@@ -30,13 +30,15 @@ import torch
 
 from rlhfless.core import metrics as M
 from rlhfless.config import RunConfig
+from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
-from rlhfless.runtime.meter import bill_run, bill_window, billing_rules
+from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
 from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
-from rlhfless.runtime.records import CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role
+from rlhfless.runtime.records import (CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role,
+                                      zero_held)
 RUNTIME_HOOKS: list = []
 """Callables given each new Runtime once it is up (the fault bench attaches its chaos thread here)."""
 
@@ -85,7 +87,12 @@ class Runtime:
 
             save_critic_state(critic, self.critic_path(self.version))
         self.t0 = now()
-        self.pool = Pool(self.backend, setup, self.t0, self.units)
+        self.rules = billing_rules(self.rt)
+        self.keep_alive_s = self.rt.idle_timeout_s()
+        """Idle seconds before a serverless function is released (runtime.keep_alive_s or the billing preset's)."""
+        self.pool = Pool(self.backend, setup, self.t0, self.units, None if self.serverful else self.keep_alive_s)
+        self.stage_t0: float | None = None  # this step's rollout start: releases after it are mid-step
+        self._expired_seen = 0  # releases at a lapse already counted in a step's metrics
         self.invocations: list[InvocationRecord] = []
         self._written = 0
         self.history = History()
@@ -149,17 +156,30 @@ class Runtime:
     def rel(self, t: float) -> float:
         return t - self.t0
 
+    def poll(self, handles: list, timeout: float | None):
+        """`backend.poll`, its timeout capped at the next keep-alive lapse, then the lapsed idle workers released:
+        keep-alive is an event inside every stage's wait, mid-step included (`Pool.expire`)."""
+        lapse = self.pool.next_lapse()
+        if lapse is not None:
+            wait = max(0.0, lapse - now())
+            timeout = wait if timeout is None else min(timeout, wait)
+        out = self.backend.poll(handles, timeout)
+        self.pool.expire()
+        return out
+
     def count(self, key: str, n: float = 1.0) -> None:
         self.counters[key] = self.counters.get(key, 0.0) + n
 
     def record(self, step: int, kind: str, h, requested: float, started: float, finished: float, cold: bool,
                attempt: int = 1, ok: bool = True, groups: list[int] | None = None, engine: str = "",
-               **extra) -> None:
+               busy: list | None = None, **extra) -> None:
+        """One invocation; `busy`: its compute intervals (monotonic clock) when it did not compute throughout."""
         started = max(started, requested)
+        spans = [[self.rel(a), self.rel(b)] for a, b in busy or [] if b > a]
         self.invocations.append(InvocationRecord(step, kind, h.worker, float(len(h.cores)), self.rel(requested),
                                                  self.rel(started), self.rel(max(finished, started)), cold,
                                                  attempt, ok, {k: float(v) for k, v in extra.items()},
-                                                 sorted(groups or []), engine))
+                                                 sorted(groups or []), engine, spans))
 
     def first_use(self, h) -> bool:
         """True the first time a worker is invoked (its invocation carries the cold start)."""
@@ -235,8 +255,11 @@ class Runtime:
         return HYBRID if self.hybrid else (kind,)
 
     def start_learner(self, prewarmed: bool):
-        """One learner rank onto a free unit, or None when every unit is held (it waits for one)."""
+        """One learner rank onto a free unit (not pre-warmed: work waits for it, so idle workers kept alive are
+        released to make room), or None when every unit is busy (it waits for one)."""
         cores = self.claim(must=False)
+        if cores is None and not prewarmed and self.pool.make_room(1):  # work waits: idle capacity yields to it
+            cores = self.claim(must=False)
         if cores is None:
             return None
         return self.pool.start(self.image("learner"), cores, {**self.state_setup(), "role": "learner"}, prewarmed)
@@ -273,8 +296,8 @@ class Runtime:
         steps, such as logging, is billed to the next step, so per-step bills add up to the run's)."""
         self.step_t0 = self.step_t1 if self.step_t1 is not None else now()
         self.counters = {}
-        if not self.serverful:
-            self.pool.expire(self.rt.keep_alive_s)
+        self.stage_t0 = None
+        self.pool.expire()
         if self.last_learn_end is not None:
             self.history.between_s.append(self.step_t0 - self.last_learn_end)
 
@@ -311,6 +334,8 @@ class Runtime:
         from rlhfless.runtime.stages import DecodeStage
         from rlhfless.runtime.streaming import LearnerStream
 
+        self.stage_t0 = now()
+        self.pool.expire()
         prompts = [g.token_ids for g in groups]
         self.stream = PpoStream(self, step, prompts) if self.ppo else \
             LearnerStream(self, step, prompts, seed, self.overlaps())
@@ -346,10 +371,10 @@ class Runtime:
         if not self.serverful:
             for h in stream.handles():
                 self.pool.idle(h)
-            if self.rt.keep_alive_s == 0:
+            if self.keep_alive_s == 0:
                 for h in stream.handles():
                     self.pool.release(h)
-            if self.rt.keep_alive_s == 0 or self.hybrid or self.ppo:
+            if self.keep_alive_s == 0 or self.hybrid or self.ppo:
                 # hybrid: the ranks left their group and stay warm as the next step's decode functions
                 self.learners = []
         self.last_learn_end = now()
@@ -360,18 +385,40 @@ class Runtime:
         t1 = self.step_t1 = now()
         # every invocation so far, not only this step's: a hybrid function idle at the step's start is billed to
         # the role of its previous step's work (`meter.role_split`); busy time is clipped to the window
-        bill = bill_window(list(self.pool.records.values()), self.invocations, self.rel(self.step_t0),
-                           self.rel(t1), self.rel(t1), self.price, self.serverful, self.paused)
+        recs = list(self.pool.records.values())
+        a, b = self.rel(self.step_t0), self.rel(t1)
+        bill = bill_window(recs, self.invocations, a, b, b, self.price, self.serverful, self.paused, self.rules)
         m = bill.metrics()
         m.update(self.counters)
-        m[M.RUNTIME_UNITS_PEAK] = peak_units([r.to_json() for r in self.pool.records.values()],
-                                             self.rel(self.step_t0), self.rel(t1))
+        m.update(usage_metrics(usage_window(recs, self.invocations, a, b, b, self.paused)))
+        rows = [r.to_json() for r in recs]
+        m[M.RUNTIME_UNITS_PEAK] = peak_units(rows, a, b)
+        released = self.release_counts(rows, a, b)
+        m.update(released)
+        for k in (M.RUNTIME_RELEASED_EXPIRED, M.RUNTIME_RELEASED_MID_STEP):
+            self.totals[k] = self.totals.get(k, 0.0) + released[k]
         m.update(self._calibrate(step))
         for k, v in self.counters.items():
             self.totals[k] = self.totals.get(k, 0.0) + v
         self.steps_done += 1
         self._write_invocations()
         return m
+
+    def release_counts(self, rows: list[dict], a: float, b: float) -> dict[str, float]:
+        """Functions released at their keep-alive's lapse since the last step's end (mid-step: the lapse after this
+        step's rollout began and before its update ended; one noticed late is counted when noticed, at its lapse
+        instant), and the intervals in [a, b) with nothing held at all (before the run's first worker started is
+        not one)."""
+        lapses = [t for t, _ in self.pool.expired[self._expired_seen:]]
+        self._expired_seen = len(self.pool.expired)
+        s0 = self.rel(self.stage_t0) if self.stage_t0 is not None else b
+        s1 = self.rel(self.last_learn_end) if self.last_learn_end is not None and \
+            self.rel(self.last_learn_end) >= s0 else b
+        first = min((r["spawned_s"] for r in rows), default=b)
+        zeros = zero_held(rows, max(a, first), b)
+        return {M.RUNTIME_RELEASED_EXPIRED: float(len(lapses)),
+                M.RUNTIME_RELEASED_MID_STEP: float(sum(s0 <= t <= s1 for t in lapses)),
+                M.RUNTIME_ZERO_HELD: float(len(zeros)), M.RUNTIME_ZERO_HELD_S: sum(y - x for x, y in zeros)}
 
     def observe_time_scale(self, ratio: float) -> None:
         self.time_scale = smoothed_scale(self.time_scale, ratio)
@@ -418,7 +465,7 @@ class Runtime:
     def run_bill(self):
         t = now()
         return bill_run(list(self.pool.records.values()), self.invocations, self.rel(t), self.price,
-                        self.serverful, billing_rules(self.rt), self.paused)
+                        self.serverful, self.rules, self.paused)
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
@@ -443,7 +490,34 @@ class Runtime:
             "migrated_seqs": self.totals.get(M.RUNTIME_MIGRATED_SEQS, 0.0),
             "retries": self.totals.get(M.RUNTIME_RETRIES, 0.0),
             "weight_sync_s": self.totals.get(M.RUNTIME_WEIGHT_SYNC_S, 0.0),
+            "billing": {"rules": self.rt.billing if not self.serverful else "lifetime", "billed": self.rules.billed,
+                        "granularity_s": self.rules.granularity_s, "keep_alive_s": self.keep_alive_s},
+            **self._release_summary(recs, wall),
         }
+
+    def bills_by_rules(self) -> dict[str, float]:
+        """The run's billed device-seconds under each rule set, from the same records: what this run would cost
+        billed per invocation (the paper's proxy) and per lifetime, at its own granularity (the serverful pool
+        is a VM: lifetime either way)."""
+        t, recs = now(), list(self.pool.records.values())
+        g = self.rt.billing_granularity_s
+        return {name: bill_run(recs, self.invocations, self.rel(t), self.price, self.serverful,
+                               BillingRules.metered(g, self.keep_alive_s, name), self.paused).device_s
+                for name in BILLED}
+
+    def _release_summary(self, recs: list, wall: float) -> dict:
+        """What scaled to zero over the run: releases at a keep-alive's lapse (all, and mid-step), the intervals
+        with nothing held (from the first worker's start to the end), and held device-seconds by role spent busy,
+        held idle and cold-starting (`meter.usage_window`)."""
+        rows = [r.to_json() for r in recs]
+        end = self.rel(self.step_t1 or self.t0)
+        first = min((r["spawned_s"] for r in rows), default=end)
+        zeros = zero_held(rows, first, end)
+        usage = usage_window(recs, self.invocations, float("-inf"), end, end, self.paused)
+        return {"released_expired": int(self.totals.get(M.RUNTIME_RELEASED_EXPIRED, 0)),
+                "released_mid_step": int(self.totals.get(M.RUNTIME_RELEASED_MID_STEP, 0)),
+                "zero_held_intervals": len(zeros), "zero_held_s": sum(b - a for a, b in zeros),
+                "device_s_by_role": usage, "cost_device_s_by_billing": self.bills_by_rules()}
 
     def _write_invocations(self) -> None:
         path = self.out / "invocations.jsonl"

@@ -35,7 +35,7 @@ meaning (`role_split`). A pool worker of the serverful control is one "pool" bil
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlhfless.core import metrics as M
 from rlhfless.plan.cost import BillingRules, DevicePrice
@@ -68,12 +68,15 @@ class Bill:
 
 
 def billing_rules(rt, decode: bool = False) -> BillingRules:
-    """The billing rules of a runtime config (`runtime.billing_granularity_s`, `runtime.keep_alive_s`): what this
-    meter bills with and what the planner must price with (`plan.billing`). decode=True: the rules of a decode
-    function as the planner prices it: with the hybrid image (serverless) its time after the decode goes on as a
-    learner rank and is billed to the learner (`role_split`), so no keep-alive follows the decode."""
+    """The billing rules of a runtime config (`runtime.billing`, `runtime.billing_granularity_s`,
+    `runtime.keep_alive_s`: `RuntimeConfig.billing_rules`): what this meter bills with and what the planner must
+    price with (`plan.billing`). decode=True: the rules of a decode function as the planner prices it: with the
+    hybrid image (serverless) its time after the decode may go on as a learner rank and is then billed to the
+    learner (`role_split`), so no keep-alive is priced after the decode."""
+    base = rt.billing_rules() if hasattr(rt, "billing_rules") else \
+        BillingRules.metered(rt.billing_granularity_s, rt.keep_alive_s)
     hybrid = decode and rt.hybrid and rt.mode == "serverless"
-    return BillingRules.metered(rt.billing_granularity_s, 0.0 if hybrid else rt.keep_alive_s)
+    return replace(base, keep_alive_s=0.0) if hybrid else base
 
 
 def _rules(rules: float | BillingRules) -> BillingRules:
@@ -154,11 +157,44 @@ def _by_worker(invocations: Sequence[InvocationRecord]) -> dict[str, list[Invoca
     return out
 
 
+def _billed_as(kind: str) -> str:
+    return _BILLED_AS.get(kind, kind)
+
+
+def invocation_span(i: InvocationRecord, w: WorkerRecord | None, rules: BillingRules) -> tuple[float, float]:
+    """[start, end) of an invocation as per-invocation billing bills it: request to reply; a cold invocation from
+    its worker's start when cold starts are billed (the cold start is part of the call that caused it)."""
+    start = w.spawned_s if (i.cold and w is not None and rules.bill_cold_start) else i.requested_s
+    return min(start, i.requested_s), i.finished_s
+
+
+def _invocation_bill(workers: Sequence[WorkerRecord], invocations: Sequence[InvocationRecord], t0: float,
+                     t1: float, rules: BillingRules, paused: Paused, rounded_: bool) -> tuple[float, dict[str, float]]:
+    """Per-invocation billing (`BillingRules.billed == "invocations"`, the paper's cost proxy): every invocation's
+    span inside [t0, t1) times its units, less `paused`; `rounded_`: each whole span rounded through `bill_held`
+    (the run total), else clipped to the window (a step)."""
+    by_worker = {w.worker: w for w in workers}
+    by_kind: dict[str, float] = {}
+    total = 0.0
+    for i in invocations:
+        a, b = invocation_span(i, by_worker.get(i.worker), rules)
+        lo, hi = max(a, t0), min(b, t1)
+        if hi <= lo:
+            continue
+        held = hi - lo - overlap_s(lo, hi, paused)
+        s = (rules.bill_held(held) if rounded_ else held) * i.units
+        by_kind[_billed_as(i.kind)] = by_kind.get(_billed_as(i.kind), 0.0) + s
+        total += s
+    return total, by_kind
+
+
 def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRecord], t0: float, t1: float,
-                now: float, price: DevicePrice, serverful: bool, paused: Paused = ()) -> Bill:
+                now: float, price: DevicePrice, serverful: bool, paused: Paused = (),
+                rules: BillingRules | None = None) -> Bill:
     """Device-seconds billed inside [t0, t1): every worker's held time in the window, less any `paused` time,
-    times its units (unrounded). `invocations`: every one so far, not only the window's (a hybrid worker's
-    split by role needs its earlier ones; busy time is clipped to the window).
+    times its units (unrounded); under per-invocation rules (`rules.billed == "invocations"`) the invocations'
+    spans instead. `invocations`: every one so far, not only the window's (a hybrid worker's split by role needs
+    its earlier ones; busy time is clipped to the window).
 
     Cold starts are counted for workers that became ready inside the window.
     """
@@ -176,14 +212,17 @@ def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[Invocatio
         if w.ready_s is not None and t0 <= w.ready_s < t1:
             colds += 1
             cold_s += w.cold_start_s
-    busy = sum(max(0.0, min(i.finished_s, t1) - max(i.started_s, t0)) * i.units for i in invocations)
+    if rules is not None and rules.billed == "invocations" and not serverful:
+        total, by_kind = _invocation_bill(workers, invocations, t0, min(t1, now), rules, paused, False)
+    busy = sum(i.busy_in(t0, t1) * i.units for i in invocations)
     return Bill(total, total * _usd_per_s(price, serverful), by_kind, min(busy, total), colds, cold_s)
 
 
 def bill_run(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRecord], now: float,
              price: DevicePrice, serverful: bool, granularity_s: float | BillingRules, paused: Paused = ()) -> Bill:
-    """The whole run: each lifetime (spawn to release, measured idle included, `paused` time cut out) billed once
-    under the rules (`BillingRules.bill_held`; a float is a granularity), times its units."""
+    """The whole run under the rules (a float is a granularity): lifetime billing bills each lifetime (spawn to
+    release, measured idle included, `paused` time cut out) once through `BillingRules.bill_held`, times its
+    units; per-invocation billing (serverless only) each invocation's span (`invocation_span`) instead."""
     rules = _rules(granularity_s)
     by_kind: dict[str, float] = {}
     total = 0.0
@@ -198,7 +237,56 @@ def bill_run(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRe
         for k, s in role_split(w, by_worker.get(w.worker, ()), w.spawned_s, end, paused).items():
             by_kind[k] = by_kind.get(k, 0.0) + (billed * s / held if held > 0 else 0.0)
         total += billed
+    if rules.billed == "invocations" and not serverful:
+        total, by_kind = _invocation_bill(workers, invocations, float("-inf"), now, rules, paused, True)
     busy = sum(i.busy_s * i.units for i in invocations)
     colds = [w for w in workers if w.ready_s is not None]
     return Bill(total, total * _usd_per_s(price, serverful), by_kind, min(busy, total), len(colds),
                 sum(w.cold_start_s for w in colds))
+
+
+USAGE = ("busy", "idle", "cold")
+"""How a held device-second was spent (`usage_window`): computing, held but idle, or starting."""
+
+
+def usage_window(workers: Sequence[WorkerRecord], invocations: Iterable[InvocationRecord], t0: float, t1: float,
+                 now: float, paused: Paused = ()) -> dict[str, dict[str, float]]:
+    """Held device-seconds inside [t0, t1) by role and by how they were spent: {role: {busy, idle, cold}}.
+    cold: from a worker's start to its ready; busy: inside its invocations' compute intervals
+    (`InvocationRecord.busy_spans`: a learner rank waiting for groups is not busy); idle: the rest of its held
+    time (keep-alive, waiting for groups or peers). Roles as billed (`role_split`; a serverful pool worker is
+    "pool" throughout). Counts every held second, whatever the billing rules bill. Pure."""
+    out: dict[str, dict[str, float]] = {}
+    invocations = list(invocations)
+    by_worker = _by_worker(invocations)
+
+    def add(role_: str, what: str, s: float) -> None:
+        if s > 0:
+            d = out.setdefault(role_, dict.fromkeys(USAGE, 0.0))
+            d[what] += s
+
+    for w in workers:
+        end = min(w.released_s if w.released_s is not None else now, t1)
+        mine = by_worker.get(w.worker, ())
+        held = role_split(w, mine, t0, end, paused)
+        if not held:
+            continue
+        pool = _kind(w) == "pool"
+        ready = w.ready_s if w.ready_s is not None else end
+        cold = role_split(w, mine, t0, min(ready, end), paused) if ready > max(w.spawned_s, t0) else {}
+        busy: dict[str, float] = {}
+        for i in mine:
+            k = "pool" if pool else _billed_as(i.kind)
+            spans = [(max(a, t0), min(b, end)) for a, b in i.busy_spans()]
+            busy[k] = busy.get(k, 0.0) + sum(b - a - overlap_s(a, b, paused) for a, b in spans if b > a)
+        for k, h in held.items():
+            c, b = cold.get(k, 0.0), min(busy.get(k, 0.0), h - cold.get(k, 0.0))
+            add(k, "cold", c * w.units)
+            add(k, "busy", b * w.units)
+            add(k, "idle", max(0.0, h - c - b) * w.units)
+    return out
+
+
+def usage_metrics(usage: dict[str, dict[str, float]]) -> dict[str, float]:
+    """`function/<role>/{busy,idle,cold}_s` of a `usage_window`."""
+    return {M.function_usage(k, what): v for k, d in usage.items() for what, v in d.items()}

@@ -29,8 +29,13 @@ def claim_units(free: list[int], n: int) -> tuple[int, ...] | None:
 class Pool:
     """Workers by id, their records (times relative to the run's start `t0`), and who is idle since when."""
 
-    def __init__(self, backend: LocalBackend, setup: dict, t0: float, units: int):
+    def __init__(self, backend: LocalBackend, setup: dict, t0: float, units: int,
+                 keep_alive_s: float | None = None):
         self.backend = backend
+        self.keep_alive_s = keep_alive_s
+        """Idle seconds before an idle worker is released (`expire`); None: never (the serverful pool)."""
+        self.expired: list[tuple[float, str]] = []
+        """(run-relative instant its keep-alive lapsed, worker) of every worker `expire` released."""
         self.setup = setup
         self.t0 = t0
         self.units = units
@@ -84,6 +89,13 @@ class Pool:
         self.working.add(h.worker)
         self.idle_since.pop(h.worker, None)
 
+    def unwait(self, h: Handle) -> None:
+        """A pre-warmed worker offered no work now: its keep-alive starts (it is idle from now on)."""
+        if h.worker in self.waiting:
+            self.waiting.discard(h.worker)
+            if h.worker not in self.working:
+                self.idle_since[h.worker] = now()
+
     def idle(self, h: Handle) -> None:
         self.working.discard(h.worker)
         self.idle_since[h.worker] = now()
@@ -114,9 +126,9 @@ class Pool:
             self.backend.kill(h)  # reap it (it is already gone, or hung)
             self._gone(h, killed=not left)
 
-    def _gone(self, h: Handle, killed: bool) -> None:
+    def _gone(self, h: Handle, killed: bool, at: float | None = None) -> None:
         rec = self.records[h.worker]
-        rec.released_s, rec.killed = self.rel(now()), killed
+        rec.released_s, rec.killed = self.rel(now() if at is None else at), killed
         self.handles.pop(h.worker, None)
         self.idle_since.pop(h.worker, None)
         self.working.discard(h.worker)
@@ -127,24 +139,55 @@ class Pool:
         except OSError:
             pass
 
-    def expire(self, keep_alive_s: float) -> None:
-        """Release idle workers whose keep-alive window has passed: scale to zero."""
-        t = now()
-        for wid, since in list(self.idle_since.items()):
+    def lapses(self) -> list[tuple[float, Handle]]:
+        """(instant its keep-alive lapses, handle) of every idle worker that may be released (ready, invoked at
+        least once: a pre-warmed worker's keep-alive starts after its first invocation), soonest first."""
+        if self.keep_alive_s is None:
+            return []
+        out = []
+        for wid, since in self.idle_since.items():
             h = self.handles.get(wid)
-            if h is None or h.ready_s is None or wid in self.waiting:
-                continue
-            if t - since >= keep_alive_s:
-                self.release(h)
+            if h is not None and h.ready_s is not None and wid not in self.waiting and wid not in self.working:
+                out.append((since + self.keep_alive_s, h))
+        return sorted(out, key=lambda x: x[0])
+
+    def next_lapse(self) -> float | None:
+        """The soonest instant (clock of `now()`) an idle worker's keep-alive lapses; None if none is idle."""
+        ls = self.lapses()
+        return ls[0][0] if ls else None
+
+    def expire(self) -> list[str]:
+        """Release every idle worker whose keep-alive has lapsed: scale to zero. Keep-alive is an event: the
+        worker is recorded as released at the instant its keep-alive lapsed, as a platform releases it on its own
+        clock, even when the driver notices later (it was busy elsewhere: planning, logging); callers poll with
+        timeouts capped at `next_lapse`, so inside a stage the process ends at that instant too. Returns the ids."""
+        t, out = now(), []
+        for lapse, h in self.lapses():
+            if lapse > t:
+                break
+            self.backend.release(h)
+            self._gone(h, killed=False, at=min(t, lapse))
+            self.expired.append((self.rel(lapse), h.worker))
+            out.append(h.worker)
+        return out
+
+    def warm_idle(self, kinds: tuple[str, ...]) -> list[Handle]:
+        """Ready, idle workers of exactly these kinds that may take work now (kept alive, or pre-warmed and not
+        invoked yet), the most recently idle first (the likeliest to hold the latest weights)."""
+        hs = [h for h in self.warm(kinds) if h.ready_s is not None and h.worker in self.idle_since
+              and h.worker not in self.working]
+        return sorted(hs, key=lambda h: -self.idle_since[h.worker])
 
     def warm(self, kinds: tuple[str, ...]) -> list[Handle]:
         """Live workers of exactly these kinds (ready or still starting), idle ones first."""
+        self.expire()
         hs = [h for h in self.handles.values() if h.kinds == kinds]
         return sorted(hs, key=lambda h: (h.worker not in self.idle_since, h.worker))
 
     # -- units: a budget, never a hint -------------------------------------------------------------------------
     def free_cores(self) -> list[int]:
         """Units no live worker holds (a worker holds its units from its start to its release or death)."""
+        self.expire()
         return free_units(self.units, [h.cores for h in self.handles.values()])
 
     def claim(self, n: int = 1) -> tuple[int, ...] | None:

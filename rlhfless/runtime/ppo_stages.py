@@ -366,7 +366,7 @@ class _Update:
             for h in [h for h, _, _ in self.sent.values()] + [h for h in rt.pool.live() if h.ready_s is None]:
                 if self.s._live(h) and h not in watch:  # serverful W = 1: the actor is the critic
                     watch.append(h)
-            for h, msg in rt.backend.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
+            for h, msg in rt.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
                 self._on(h, msg)
             for role, (h, requested, _) in list(self.sent.items()):
                 if now() - requested > rt.rt.invocation_timeout_s and self.s._live(h):

@@ -108,6 +108,9 @@ class InvocationRecord:
     """Decode: the step's group indices whose fresh rows this invocation was sent (the planner's assignment)."""
     engine: str = ""
     """Decode: the rollout engine that ran it (own | vllm, as the worker reported); empty for other kinds."""
+    busy: list[list[float]] = field(default_factory=list)
+    """[start, end) intervals (run-relative) in which it computed, when not the whole [started_s, finished_s): a
+    learner rank waits for groups between them, held but idle (`runtime.meter.usage_window`)."""
 
     def __post_init__(self) -> None:
         times = (self.requested_s, self.started_s, self.finished_s)
@@ -115,9 +118,17 @@ class InvocationRecord:
             raise DataError(f"InvocationRecord {self.kind}/{self.worker}: need finite times with started_s <= "
                             f"finished_s (got {times})")
 
+    def busy_spans(self) -> list[tuple[float, float]]:
+        """Its compute intervals: `busy`, or the whole [started_s, finished_s)."""
+        return [(a, b) for a, b in self.busy] if self.busy else [(self.started_s, self.finished_s)]
+
+    def busy_in(self, t0: float, t1: float) -> float:
+        """Compute seconds inside [t0, t1)."""
+        return sum(max(0.0, min(b, t1) - max(a, t0)) for a, b in self.busy_spans())
+
     @property
     def busy_s(self) -> float:
-        return self.finished_s - self.started_s
+        return sum(b - a for a, b in self.busy_spans())
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -139,3 +150,20 @@ def peak_units(workers: list[dict], t_from: float = float("-inf"), t_to: float =
         held += du
         peak = max(peak, held)
     return peak
+
+
+def zero_held(workers: list[dict], t_from: float, t_to: float, min_s: float = 0.0) -> list[tuple[float, float]]:
+    """Intervals inside [t_from, t_to) (run-relative) in which no worker was held at all (every function
+    released: scaled to zero), longer than `min_s`; from worker rows as `peak_units` reads them. Pure."""
+    spans = sorted((max(w["spawned_s"], t_from), t_to if w.get("released_s") is None else min(w["released_s"], t_to))
+                   for w in workers)
+    out, covered = [], t_from
+    for a, b in spans:
+        if b <= a:
+            continue
+        if a - covered > min_s:
+            out.append((covered, a))
+        covered = max(covered, b)
+    if t_to - covered > min_s:
+        out.append((covered, t_to))
+    return out

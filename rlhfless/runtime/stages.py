@@ -148,9 +148,8 @@ class DecodeStage:
         warm = available[:n]
         for h in warm:  # taken: the cold starts below may evict idle workers, never these
             rt.pool.busy(h)
-        for h in available[n:]:  # beyond this step's decode need: a hybrid one is a learner rank, else scale down
-            if not (rt.hybrid and h.ready_s is not None and self.stream.take(h)):
-                rt.pool.release(h)
+        for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
+            rt.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
         cold = rt.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
@@ -196,9 +195,9 @@ class DecodeStage:
             if not rt.serverful:  # a serverful pool worker is watched as a decode actor already
                 watch.update({h.worker: h for h in self.stream.handles()
                               if h.ready_s is not None and h.worker in rt.pool.handles})
-            for h, msg in rt.backend.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
+            for h, msg in rt.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
                 a = self.actors.get(h.worker)
-                if (a is None or a.handed) and self.stream.owns(h):
+                if (a is None or self._handed(a)) and self.stream.owns(h):
                     self.stream.on_message(h, msg)
                 else:
                     self._on(h, msg)
@@ -208,6 +207,13 @@ class DecodeStage:
         if self.plan is not None and self.plan.decision.plan.makespan_s > 0:
             rt.history.rollout_vs_plan.append(rt.history.rollout_s[-1] / self.plan.decision.plan.makespan_s)
         return self._output(now() - t_start)
+
+    def _handed(self, a: _Actor) -> bool:
+        """Whether a's worker went on as a learner rank of this step (taken when it finished, or later, kept
+        warm, by a rank whose groups were waiting): from then on its messages are the stream's."""
+        if not a.handed and a.done and not self.rt.serverful and self.stream.owns(a.handle):
+            a.handed = True
+        return a.handed
 
     def _learner_prewarm(self) -> float | None:
         rt = self.rt
@@ -277,10 +283,10 @@ class DecodeStage:
         if rt.serverful:
             return
         if rt.hybrid and self.stream.take(a.handle):
-            a.handed = True  # warm, at this step's weights: it goes on as a learner rank
+            a.handed = True  # a rank has work now: warm, at this step's weights, the function goes on as it
             return
-        rt.pool.idle(a.handle)
-        if rt.rt.keep_alive_s == 0:
+        rt.pool.idle(a.handle)  # no work for it now: released at its keep-alive's lapse unless work comes first
+        if rt.keep_alive_s == 0:
             rt.pool.release(a.handle)  # scale to zero: the function releases itself when its last row ends
         self.stream.pump()  # its unit may now host a learner rank with finished groups waiting
 
@@ -311,6 +317,8 @@ class DecodeStage:
     def _hand_over(self, src: _Actor, rows: list) -> None:
         moves = src.moves
         by_dst: dict[str, list] = {}
+        for x in self.actors.values():
+            self._handed(x)
         for row, tokens in rows:
             self.prefix[row] = tokens
             src.rows.discard(row)
@@ -434,7 +442,7 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
         msg = _call(rt, step, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
                     "referenced", attempt)
         if msg is not None:
-            if not rt.serverful and rt.rt.keep_alive_s == 0:
+            if not rt.serverful and rt.keep_alive_s == 0:
                 rt.pool.release(h)
                 rt.reference_worker = None
             elif not rt.serverful:
@@ -475,7 +483,7 @@ def _await(rt, h, op: str) -> dict | None:
     t0 = now()
     while now() - t0 < rt.rt.invocation_timeout_s:
         watch = [h] + [x for x in rt.pool.live() if x.ready_s is None and x is not h]
-        for x, msg in rt.backend.poll(watch, 1.0):
+        for x, msg in rt.poll(watch, 1.0):
             if msg is None:
                 if x is h:
                     return None

@@ -15,7 +15,8 @@ data-parallel group forms at the optimiser step (`learn_end`), so a rank can sta
 step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
 sent restarts every rank (the gloo group cannot be repaired), from the same state version.
 Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
-compute time arrives summed in `learned`; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
+compute time arrives in `learned`, summed and as intervals: the meter counts only those as busy, a rank waiting
+for groups is held idle; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
 the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
 state version). The serverful control's ranks are its pool workers, which read learner messages only after their
 own decode (the worker defers them).
@@ -61,6 +62,16 @@ class _Rank:
         self.handle, self.begun, self.sent, self.requested, self.ended = None, False, set(), 0.0, False
 
 
+def early_share(group_busy: list[list[list[float]]], rollout_end: float) -> float:
+    """Share of the learner ranks' group compute seconds finished by `rollout_end` (the last decode function's
+    end): what overlap hid under the rollout. group_busy: per rank, its groups' [start, end) compute intervals
+    (any clock, the same as rollout_end's). 0 when nothing was computed. Pure."""
+    spans = [(a, b) for rank in group_busy for a, b in rank]
+    total = sum(b - a for a, b in spans)
+    early = sum(max(0.0, min(b, rollout_end) - a) for a, b in spans)
+    return early / total if total > 0 else 0.0
+
+
 class LearnerStream:
     def __init__(self, rt, step: int, prompts: list[list[int]], seed: int, overlap: bool):
         self.rt, self.step, self.prompts, self.seed, self.overlap = rt, step, prompts, seed, overlap
@@ -74,9 +85,9 @@ class LearnerStream:
         self.files: dict[int, str] = {}
         self.ref: torch.Tensor | None = None
         self.attempt = 1
-        self.streamed = 0
         self.rollout_end: float | None = None
         self.prewarm_due = False
+        self.starting_all = False  # finish: every rank starts now (all groups are in)
         self._adopt_warm()
 
     def _adopt_warm(self) -> None:
@@ -105,25 +116,31 @@ class LearnerStream:
         """All G rows of group g are scored: hand it to its rank now (overlap) or keep it for `finish`."""
         self.finished[g] = (responses, rewards)
         if self.overlap:
-            self.streamed += 1
             self.pump()
+
+    def _waiting(self, r: _Rank) -> bool:
+        """Whether rank r has finished groups not sent yet: work that can start now."""
+        return any(g in self.finished and g not in r.sent for g in r.groups)
 
     def take(self, h) -> bool:
         """Hybrid image (runtime.hybrid): a decode function whose rows are all done goes on as the rank with the
-        most finished groups waiting (ties: the lowest). It is warm; its policy is at this step's version when it
-        decoded this step or was a rank of the last (learn_begin then loads nothing; else it loads the state, as
-        any rank behind the version does). A function pre-warmed for decode and taken before any decode (beyond
-        the step's decode need) runs its first invocation here, so the rank carries its cold start. False when
-        every rank has a worker already (the caller releases it)."""
-        free = [r for r in self.ranks if r.handle is None]
+        most finished groups waiting (ties: the lowest), if any has work that can start now; else False (no
+        work now: the caller keeps it for its keep-alive or releases it). It is warm; its policy is at this step's
+        version when it decoded this step or was a rank of the last (learn_begin then loads nothing; else it
+        loads the state, as any rank behind the version does). A function pre-warmed and not invoked yet runs its
+        first invocation here, so the rank carries its cold start."""
+        free = [r for r in self.ranks if r.handle is None and (self._waiting(r) or self.starting_all)]
         if not free or not getattr(h, "home", True):  # ranks run on the learner's node (the group binds loopback)
             return False
         r = max(free, key=lambda x: sum(g in self.finished for g in x.groups))
+        self._assign(r, h)
+        self.pump()
+        return True
+
+    def _assign(self, r: _Rank, h) -> None:
         r.handle, r.requested, r.cold = h, now(), self.rt.first_use(h)
         self.rt.pool.busy(h)
         self.rt.learners.append(h)
-        self.pump()
-        return True
 
     def prewarm(self) -> None:
         """The policy's pre-warm time has come: start ranks ahead of their first group, into free units only;
@@ -163,13 +180,16 @@ class LearnerStream:
                 return self.pump(start_all)
 
     def _start(self, r: _Rank, prewarmed: bool) -> bool:
+        """A worker for rank r: a warm idle hybrid function (kept alive: no cold start), else a
+        new one onto a free unit. Invoked from its start: nothing may evict it (`preempt` may); until its groups
+        come it is held but idle (the meter counts only its compute intervals as busy)."""
         rt = self.rt
-        h = rt.start_learner(prewarmed)
+        # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
+        warm = [h for h in rt.pool.warm_idle(rt.image("learner")) if getattr(h, "home", True)] if rt.hybrid else []
+        h = warm[0] if warm and not prewarmed else rt.start_learner(prewarmed)
         if h is None:
             return False
-        r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
-        rt.pool.busy(h)  # invoked from its start: it waits for groups, and nothing may evict it (`preempt` may)
-        rt.learners.append(h)
+        self._assign(r, h)
         return True
 
     def _file(self, g: int) -> str:
@@ -266,6 +286,7 @@ class LearnerStream:
         """Send every remaining group and the optimiser step; returns rank 0's metrics once every rank is done."""
         rt = self.rt
         self.rollout_end = self.rollout_end or now()
+        self.starting_all = True
         self.ref = ref_logp
         for g in range(len(self.prompts)):
             if g not in self.finished:
@@ -281,8 +302,8 @@ class LearnerStream:
             reply = replies[r.rank]
             rt.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
                       self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"],
-                      groups=r.groups)
-        rt.count(M.RUNTIME_GROUPS_STREAMED, float(self.streamed))
+                      groups=r.groups, busy=reply["busy"])
+        rt.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
         rt.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
         rt.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
         for path in self.files.values():
@@ -337,7 +358,7 @@ class LearnerStream:
         rt, rank0 = self.rt, self.ranks[0].handle
         t0 = now()
         while True:
-            for h, msg in rt.backend.poll(self._watch(), 1.0):
+            for h, msg in rt.poll(self._watch(), 1.0):
                 if h is rank0 and msg is not None and msg["op"] == "rendezvous_open":
                     return True
                 if not self.owns(h):
@@ -360,7 +381,7 @@ class LearnerStream:
                 rt.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
             timeout = 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
-            for h, msg in rt.backend.poll(self._watch(), timeout):
+            for h, msg in rt.poll(self._watch(), timeout):
                 if not self.owns(h):
                     self._other(h, msg)
                     continue

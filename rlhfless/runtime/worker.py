@@ -334,10 +334,14 @@ class Worker:
 
         from rlhfless.learn.accumulate import AccumulatedUpdate
 
+        t0 = now()
         sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
         torch.manual_seed(msg["seed"])
         self.update = AccumulatedUpdate(self.learner, msg["chunks"], msg["with_ref"])
-        self.update_info = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0}
+        # busy: the intervals it computed in (the meter's busy time: waiting for groups between them is idle);
+        # group_busy: those of its groups alone (the share done before the rollout ended)
+        self.update_info = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
+                            "busy": [[t0, now()]] if sync_s > 0 else []}
         return None
 
     def _learn_group(self, msg: dict) -> None:
@@ -350,6 +354,8 @@ class Worker:
             ref = self.group_reference(prompts[0], responses)
         self.update.add(GroupBatch(msg["g"], prompts[0], responses, rewards, ref))
         self.update_info["compute_s"] += now() - t0
+        self.update_info["group_busy"].append([t0, now()])
+        self.update_info["busy"].append([t0, now()])
         return None
 
     def _learn_end(self, msg: dict, conn=None) -> dict:
@@ -358,6 +364,7 @@ class Worker:
 
         from rlhfless.learn.learner import save_learner_state
 
+        t_end0 = now()
         if msg.get("dist") and self.shard is None:
             announce = None
             if msg["dist"].get("announce") and conn is not None:
@@ -381,8 +388,10 @@ class Worker:
             self.shard = None
         info, peak = self.update_info, self.update.buffered_peak
         self.update, self.update_info = None, {}
-        return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": now(),
+        t_end = now()
+        return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
                 "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": peak,
+                "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"],
                 "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
     def _reference(self, msg: dict) -> dict:

@@ -63,6 +63,7 @@ from rlhfless.core.errors import DataError
 from rlhfless.core.jsonl import iter_jsonl
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.plan.balancer import job_finish_s
+from rlhfless.plan.billing import rule_set
 from rlhfless.plan.schedule import PREWARM_HISTORY, microbatches
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
@@ -176,7 +177,10 @@ def read_arm(path: str | Path, name: str | None = None) -> Arm:
     if mode == "serverful":  # the pool's W workers, one unit each
         units = int(rt.get("serverful_workers") or 0) or units
     # a config written before the hybrid image existed has no `hybrid` key: separate images, as it ran
-    hybrid, keep = mode == "serverless" and bool(rt.get("hybrid", False)), float(rt.get("keep_alive_s") or 0.0)
+    # the keep-alive the runtime ran with: runtime.keep_alive_s, or the idle timeout of its billing preset
+    keep = rule_set(rt.get("billing", "lifetime"), float(rt.get("billing_granularity_s") or 0.001),
+                    float(rt.get("keep_alive_s") or 0.0)).keep_alive_s
+    hybrid = mode == "serverless" and bool(rt.get("hybrid", False))
     if mode == "serverless" and not hybrid and keep > 0:
         raise DataError(f"validate: {p}: the arm model does not play separate images kept alive "
                         "(runtime.hybrid=false with runtime.keep_alive_s > 0; module header)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlhfless.plan.cost import PAPER_PLATFORM
+from rlhfless.plan.billing import PAPER_PLATFORM
 
 
 @dataclass(frozen=True)
