@@ -64,9 +64,12 @@ class Runtime:
             from rlhfless.runtime.gpus import GpuLayout, visible_gpus
 
             setup["gpu_layout"] = GpuLayout(tuple(visible_gpus()), self.rt.functions_per_gpu).to_json()
-        self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, progress)
-        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
+        if self.rt.device == "emulated":  # units are emulated GPUs: the planner prices with their model
+            self.time_profile, self.profile_measured_s = self._use_emulated(setup), 0.0
+        else:
+            self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, progress)
+        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.version = learner.updates
         save_learner_state(learner, self.state_path(self.version))
         self.ppo = cfg.algo.name == "ppo"
@@ -98,6 +101,17 @@ class Runtime:
         for hook in RUNTIME_HOOKS:
             hook(self)
 
+    def _use_emulated(self, setup: dict) -> str:
+        """runtime.device=emulated: the length table into the scratch folder, the workers' `emulated` setup, and
+        the planner's time model = the one the emulated workers sleep by (`runtime.emulated`)."""
+        from rlhfless.runtime import emulated
+
+        setup["emulated"] = emulated.setup_for(self.cfg, self.scratch, self.cfg.train.steps)
+        tm = emulated.time_model(emulated.LengthTable.load(setup["emulated"]["table"]))
+        if self.planner is not None:
+            self.planner.use_profile(tm)
+        return tm.source
+
     def _use_measured_profile(self, setup: dict, progress: bool) -> tuple[str | None, float]:
         """Hand the planner this machine's decode-time profile for one-unit workers, from the cache or measured
         now in a worker (platform set-up before the run's clock starts: not billed); (its path, seconds measuring).
@@ -127,7 +141,7 @@ class Runtime:
         # CUDA cannot be used in a process forked from one that initialised it (this driver may have: train.device),
         # so GPU workers start as fresh interpreters and pay the imports in their cold start
         method = "spawn" if self.rt.device == "cuda" else self.rt.start_method
-        return LocalBackend(method, preload(self.cfg.rollout.engine))
+        return LocalBackend(method, preload(self.cfg.rollout.engine, self.rt.device))
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:

@@ -1,0 +1,389 @@
+"""Emulated devices (`runtime.device=emulated`): real worker processes whose compute is the simulator's modelled time.
+
+The runtime runs unchanged (planner, workers as processes, messages, cold starts, keep-alive, migration, billing,
+faults); only what a worker computes is replaced, at the narrowest seam: `worker.main` hands an emulated setup to
+`serve`, whose `EmulatedWorker` answers the same requests as `worker.Worker` with the same replies:
+  * decode / adopt: its rows' response lengths are replayed from a length table (`LengthTable`: step, group,
+    sample), their token ids are a pure function of (seed, row, position) (so a migrated row continues exactly),
+    their rewards come from the trace or a seeded coin; the invocation sleeps the modelled time of a continuous
+    batching engine: prefill (`TimeModel.prefill_s_per_token` x prompt tokens computed once per group, prompt +
+    partial response for an adopted row) then iterations of `TimeModel.iter_seconds(running rows)`, at most
+    `capacity` rows at once, in slices of `progress_every` iterations between which it reports, streams finished
+    rows and obeys cut/adopt, as the real decode does;
+  * learn_begin / learn_group / learn_end: `PerfModel.learner_s_per_token` x each group's tokens (groups whose
+    rewards are all equal are skipped when GRPO skips them), then `PerfModel.update_fixed_s` at the optimiser step;
+    rank 0 announces the rendezvous and links the state file to the next version (weights never change);
+  * reference: `PerfModel.forward_s` of the batch's tokens, zeros written as the log-probs;
+  * weight loads: `PerfModel.weight_sync_s` (serverless: over the network; the serverful pool: colocated
+    resharding after its update); cold start: `PerfModel.cold_start_s` slept before `ready`.
+Sleeping is deadline based (a worker's own overhead is absorbed, not added) and scaled by `runtime.time_scale`.
+The perf model, its time model and the KV capacity are the simulator's (`sim.scenario.build_cluster`) for
+`runtime.emulated_model` on one `runtime.emulated_gpu` (TP 1: one unit is one device).
+
+Non-goals: PPO (its value and critic functions are not emulated yet), the prefill function, vLLM.
+Deviations: the all-reduce is not emulated: a rank that ends its groups early returns at once instead of waiting
+in the all-reduce for the slowest (the driver waits for every rank, so the step's time is the same; the wait
+shows as held idle instead of busy). An emulated worker imports neither torch nor the model (a few tens of MB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.errors import ConfigError, require
+from rlhfless.runtime import wire
+from rlhfless.runtime.records import now
+
+PRELOAD = ["numpy", "rlhfless.runtime.emulated", "rlhfless.sim.perf", "rlhfless.plan.timemodel"]
+"""What the fork server imports for emulated workers: no torch, no transformers (`worker.preload`)."""
+TOKEN_BASE, TOKEN_SPAN = 97, 26
+"""Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
+
+
+# ---- the length table (driver side builds it, workers read it) -------------------------------------------
+@dataclass(frozen=True)
+class LengthTable:
+    """Replayed response lengths [step][group][sample] and rewards (same shape, or None), with the perf inputs
+    every worker and the validation share: gpu, model, capacity (KV slots of one replica) and ctx (the time
+    model's mean context)."""
+
+    lengths: list
+    rewards: list | None
+    gpu: str
+    model: str
+    capacity: int
+    ctx: float
+    source: str
+
+    def length(self, step: int, row: int, G: int, cap: int) -> int:
+        """The response length of `row` (= group * G + sample) at run step `step` (1-based), cycling the table."""
+        s = self.lengths[(step - 1) % len(self.lengths)]
+        g = s[(row // G) % len(s)]
+        return int(min(max(1, g[(row % G) % len(g)]), cap))
+
+    def reward(self, step: int, row: int, G: int, seed: int) -> float:
+        if self.rewards is not None:
+            s = self.rewards[(step - 1) % len(self.rewards)]
+            g = s[(row // G) % len(s)]
+            if g:
+                return float(g[(row % G) % len(g)])
+        return float(_mix(seed, row, 0x5EED) & 1)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__))
+
+    @classmethod
+    def load(cls, path: str | Path) -> LengthTable:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def _mix(seed: int, row: int, salt: int) -> int:
+    """A 32-bit hash of (seed, row, salt) (splitmix-like), stable across processes and Python versions."""
+    x = (seed * 0x9E3779B1 + row * 0x85EBCA77 + salt * 0xC2B2AE3D) & 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    return x
+
+
+def tokens(seed: int, row: int, start: int, stop: int) -> list[int]:
+    """Token ids of `row` at positions start..stop-1: a pure function of (seed, row, position)."""
+    off = _mix(seed, row, 1)
+    return [TOKEN_BASE + (off + 7 * t) % TOKEN_SPAN for t in range(start, stop)]
+
+
+def build_table(cfg, steps: int) -> LengthTable:
+    """The run's length table: the simulator's paper-testbed workload for the run's model, batch and group size,
+    or a trace a user brings (`runtime.length_trace` = a path); capacity and ctx as the simulator sizes them."""
+    from rlhfless.sim.scenario import SCENARIOS, SimConfig, build_cluster, workload
+
+    rt = cfg.runtime
+    base = dict(device=rt.emulated_gpu, n_devices=rt.units, model=rt.emulated_model, tp=1, algo=cfg.algo.name,
+                group_size=cfg.algo.group_size, prompts_per_step=cfg.rollout.prompts_per_step,
+                steps=max(1, min(steps, 1000)))
+    if rt.length_trace == "paper-testbed":
+        case = next((c for c in SCENARIOS["paper-testbed"] if c["model"] == rt.emulated_model), None)
+        require(case is not None, "runtime.emulated_model", "the paper-testbed workload has qwen2.5-3b and "
+                f"qwen2.5-7b (got {rt.emulated_model!r}); bring a trace with runtime.length_trace=PATH")
+        keep = {k: v for k, v in case.items() if k not in ("name", "model", "algo", "group_size", "prompts_per_step",
+                                                            "steps", "n_devices", "device")}
+        keep["n_prompts"] = max(keep.get("n_prompts", 1024), cfg.rollout.prompts_per_step)
+        sim = SimConfig(**{**keep, **base})
+    else:
+        require(Path(rt.length_trace).is_file(), "runtime.length_trace",
+                f"must be paper-testbed or an existing trace file (got {rt.length_trace!r})")
+        sim = SimConfig(**base, workload="trace", trace=rt.length_trace)
+    work, note = workload(sim)
+    cluster = build_cluster(sim, 1, work)
+    lengths = [[list(g.lengths) for g in s.groups] for s in work]
+    rewards = [[list(g.rewards) for g in s.groups] for s in work] if any(g.rewards for s in work for g in s.groups) \
+        else None
+    return LengthTable(lengths, rewards, rt.emulated_gpu, rt.emulated_model, int(cluster.capacity),
+                       float(_ctx(cluster.time_model.source)), f"{rt.length_trace}: {note}")
+
+
+def _ctx(source: str) -> float:
+    """The context the simulator's time model was built with (its source string ends in `ctx<N>`)."""
+    return float(source.rsplit("ctx", 1)[1])
+
+
+def perf_model(gpu: str, model: str):
+    """One emulated unit's `PerfModel`: the simulator's fitted efficiencies and overheads, TP 1."""
+    from rlhfless.sim import hardware as hw
+    from rlhfless.sim.perf import FITTED, PerfModel
+
+    try:
+        return PerfModel(hw.device(gpu), hw.model(model), 1, FITTED[gpu])
+    except ConfigError as exc:
+        raise ConfigError(f"runtime.emulated_model: one unit is one device: {exc}") from None
+
+
+def time_model(table: LengthTable):
+    """The decode time model every emulated worker sleeps by and the planner prices with."""
+    return perf_model(table.gpu, table.model).time_model(table.capacity, table.ctx)
+
+
+def setup_for(cfg, scratch: Path, steps: int) -> dict:
+    """The driver's part: write the length table once into the scratch folder; the worker setup's `emulated`."""
+    table = build_table(cfg, steps)
+    path = scratch / "emulated-lengths.json"
+    table.save(path)
+    a = cfg.algo
+    return {"table": str(path), "time_scale": cfg.runtime.time_scale, "algo": a.name, "G": a.group_size,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "skip_zero_variance": bool(getattr(a, "skip_zero_variance_groups", False))}
+
+
+# ---- the worker ------------------------------------------------------------------------------------------
+class Clock:
+    """Sleeps modelled seconds, scaled, against a deadline: work done in between is absorbed, not added."""
+
+    def __init__(self, scale: float):
+        self.scale, self.deadline = scale, now()
+
+    def start(self) -> None:
+        self.deadline = max(self.deadline, now())
+
+    def sleep(self, modelled_s: float) -> None:
+        self.deadline += modelled_s * self.scale
+        left = self.deadline - now()
+        if left > 0:
+            time.sleep(left)
+
+
+class _Row:
+    __slots__ = ("row", "target", "done", "answer")
+
+    def __init__(self, row: int, target: int, done: int):
+        self.row, self.target, self.done = row, target, done
+
+
+class EmulatedWorker:
+    """`worker.Worker`'s requests on an emulated device (module header)."""
+
+    def __init__(self, setup: dict):
+        e = setup["emulated"]
+        self.setup, self.kinds = setup, tuple(setup["kinds"])
+        self.table = LengthTable.load(e["table"])
+        self.perf = perf_model(self.table.gpu, self.table.model)
+        self.tm = self.perf.time_model(self.table.capacity, self.table.ctx)
+        self.G, self.algo, self.cap = e["G"], e["algo"], e["max_new_tokens"]
+        self.skip_zero = e["skip_zero_variance"]
+        self.clock = Clock(e["time_scale"])
+        self.pool_worker = bool(setup.get("dist"))  # the serverful pool: colocated, updates its replica in place
+        self.version = setup.get("version", 0)
+        self.deferred: list[dict] = []
+        self.update: dict | None = None
+        self.clock.sleep(self.perf.cold_start_s(engine=bool({"decode", "prefill"} & set(self.kinds))))
+
+    def _sync(self, msg: dict) -> float:
+        """A replica behind the step's version loads it over the network (serverless)."""
+        if not msg.get("state_path") or msg["version"] == self.version:
+            return 0.0
+        t0 = now()
+        self.clock.start()
+        self.clock.sleep(self.perf.weight_sync_s(colocated=False))
+        self.version = msg["version"]
+        return now() - t0
+
+    def handle(self, msg: dict, conn) -> dict | None:
+        op = msg["op"]
+        if op in ("decode", "adopt"):
+            return self._decode(msg, conn, self._sync(msg))
+        if op == "cut":
+            return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
+        if op == "learn_begin":
+            sync_s = self._sync(msg)
+            self.update = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0}
+            return None
+        if op == "learn_group":
+            return self._learn_group(msg)
+        if op == "learn_end":
+            return self._learn_end(msg, conn)
+        if op == "reference":
+            return self._reference(msg)
+        raise ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (PPO, prefill and profile "
+                          "functions are not built yet)")
+
+    # -- decode ---------------------------------------------------------------------------------------------
+    def _decode(self, msg: dict, conn, sync_s: float) -> dict:
+        t0 = now()
+        self.clock.start()
+        step, seed, every = msg["step"], msg["seed"], msg.get("progress_every", 8)
+        report, stream = msg.get("report", False), msg.get("stream", False)
+        rows: list[_Row] = []
+        answers: dict[int, float] = {}
+        prefill = [0, 0, 0.0]
+        adopted, cut, iterations = 0, 0, 0
+        reported: set[int] = set()
+
+        def add(items: list[dict]) -> int:
+            tok = naive = 0
+            for it in items:
+                plen = len(it["prompt"])
+                prefix = it.get("prefix")
+                if prefix is None:
+                    tok += plen  # the G rows of a group share its prompt's prefill
+                for k, r in enumerate(it["rows"]):
+                    done = len(prefix[k]) if prefix is not None else 0
+                    if prefix is not None:
+                        tok += plen + done
+                    naive += plen + done
+                    rows.append(_Row(r, self.table.length(step, r, self.G, self.cap), done))
+            s = tok * self.tm.prefill_s_per_token
+            prefill[0] += tok
+            prefill[1] += naive
+            prefill[2] += s * self.clock.scale
+            self.clock.sleep(s)
+            return sum(it.get("prefix") is not None and len(it["rows"]) for it in items)
+
+        def finished() -> list[list]:
+            out = []
+            for x in rows:
+                if x.done >= x.target and x.row not in reported:
+                    reported.add(x.row)
+                    rw = self.table.reward(step, x.row, self.G, seed)
+                    out.append([x.row, tokens(seed, x.row, 0, x.target), x.target >= self.cap, rw, rw > 0, True])
+            return out
+
+        adopted += add(msg["items"])
+        while any(x.done < x.target for x in rows):
+            iterations += self._advance(rows, every)
+            if stream:
+                out = finished()
+                if out:
+                    wire.send(conn, {"op": "rows", "step": step, "t": now(), "results": out})
+            if report:
+                live = [x for x in rows if x.done < x.target]
+                wire.send(conn, {"op": "progress", "step": step, "t": now(), "finished": len(rows) - len(live),
+                                 "unfinished": [[x.row, x.done] for x in live]})
+            while conn.poll():
+                ctl = wire.recv(conn)
+                if ctl["op"] == "cut":
+                    live = [x for x in rows if x.done < x.target]
+                    out = [[x.row, tokens(seed, x.row, 0, x.done)] for x in live]
+                    rows[:] = [x for x in rows if x.done >= x.target]
+                    cut = len(out)
+                    wire.send(conn, {"op": "cut_rows", "step": step, "rows": out, "t": now()})
+                elif ctl["op"] == "adopt":
+                    adopted += add(ctl["items"])
+                else:
+                    self.deferred.append(ctl)
+        t_decode = now()
+        return {"op": "done", "step": step, "t_start": t0, "t_decode_end": t_decode, "t_end": now(),
+                "sync_s": sync_s, "reward_s": 0.0, "results": finished(), "prefill": prefill, "adopted": adopted,
+                "cut": cut, "iterations": iterations, "engine": "emulated"}
+
+    def _advance(self, rows: list[_Row], n: int) -> int:
+        """Up to n iterations of continuous batching (the first `capacity` unfinished rows run, FIFO); sleeps
+        their modelled seconds; returns the iterations run."""
+        live = [x for x in rows if x.done < x.target]
+        left = np.array([x.target - x.done for x in live], dtype=np.int64)
+        cap = self.table.capacity
+        k = 0
+        total = 0.0
+        while k < n and left.size and (left > 0).any():
+            active = np.flatnonzero(left > 0)[:cap]
+            total += float(self.tm.iter_seconds(len(active)))
+            left[active] -= 1
+            k += 1
+        for x, rem in zip(live, left.tolist()):
+            x.done = x.target - rem
+        self.clock.sleep(total)
+        return k
+
+    # -- learner --------------------------------------------------------------------------------------------
+    def _group_tokens(self, path: str) -> tuple[int, list[float]]:
+        from safetensors.numpy import load_file
+
+        t = load_file(path)
+        resp_o, prom_o = t["resp_offsets"], t["prompt_offsets"]
+        n_resp, plen = len(resp_o) - 1, int(prom_o[-1])
+        return int(resp_o[-1]) + plen * n_resp, t["rewards"].tolist()
+
+    def _learn_group(self, msg: dict) -> None:
+        t0 = now()
+        self.clock.start()
+        tok, rewards = self._group_tokens(msg["batch"])
+        if not (self.skip_zero and len(set(rewards)) <= 1):
+            self.clock.sleep(self.perf.learner_s_per_token(self.algo) * tok)
+        self.update["compute_s"] += now() - t0
+        return None
+
+    def _learn_end(self, msg: dict, conn) -> dict:
+        dist = msg.get("dist")
+        if dist and dist.get("announce") and dist["rank"] == 0 and conn is not None:
+            wire.send(conn, {"op": "rendezvous_open", "step": msg["step"]})
+        self.clock.start()
+        opt = self.perf.update_fixed_s(self.algo)
+        if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine
+            opt += self.perf.weight_sync_s(colocated=True)
+        self.clock.sleep(opt)
+        self.version = msg["version"] + 1
+        if msg.get("state_out"):  # weights never change: the next version is the same file
+            out = Path(msg["state_out"])
+            out.unlink(missing_ok=True)
+            os.link(msg["state_path"], out)
+        info, self.update = self.update or {"t_start": now(), "sync_s": 0.0, "compute_s": 0.0}, None
+        return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": now(),
+                "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": 0, "metrics": {}}
+
+    def _reference(self, msg: dict) -> dict:
+        from safetensors.numpy import load_file, save_file
+
+        t0 = now()
+        self.clock.start()
+        t = load_file(msg["batch"])
+        resp_o, prom_o = t["resp_offsets"], t["prompt_offsets"]
+        lens = np.diff(resp_o)
+        tok = int(resp_o[-1]) + int(prom_o[-1]) * self.G
+        self.clock.sleep(self.perf.forward_s(tok, 1))
+        tmp = msg["out"] + ".tmp"
+        save_file({"ref_logp": np.zeros((len(lens), int(lens.max(initial=1))), np.float32)}, tmp)
+        os.replace(tmp, msg["out"])
+        return {"op": "referenced", "t_start": t0, "t_end": now()}
+
+    def close(self) -> None:
+        pass
+
+
+def serve(conn, setup: dict) -> None:
+    """`worker.main` for an emulated device: no pinning, no torch; the same request loop."""
+    w = EmulatedWorker(setup)
+    wire.send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
+    while True:
+        try:
+            msg = w.deferred.pop(0) if w.deferred else wire.recv(conn)
+        except (EOFError, OSError):
+            return
+        if msg["op"] == "shutdown":
+            return
+        reply = w.handle(msg, conn)
+        if reply is not None:
+            wire.send(conn, reply)
