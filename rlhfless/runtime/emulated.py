@@ -160,6 +160,30 @@ def setup_for(cfg, scratch: Path, steps: int) -> dict:
             "skip_zero_variance": bool(getattr(a, "skip_zero_variance_groups", False))}
 
 
+# ---- reporting -------------------------------------------------------------------------------------------
+def modelled_arm(arm: dict, scale: float) -> dict:
+    """One arm of comparison.json in modelled seconds: records are real seconds, so divide by the time scale.
+    Step time, billed device-seconds (by role), and the bill split into cold starts, busy by kind, held idle."""
+    c = arm["core_s_per_step"]
+    return {"step_time_s": arm["step_time_s"] / scale, "billed_device_s": c["billed"] / scale,
+            "billed_device_s_by_role": {k: v / scale / max(1, arm["steps"]) for k, v in arm["billed_s_by_kind"].items()},
+            "cold_start_device_s": c["cold_start"] / scale,
+            "busy_device_s": {k: v / scale for k, v in c["busy"].items()},
+            "held_idle_device_s": c["held_idle"] / scale, "workers_started": arm["workers_started"],
+            "cold_starts": arm["cold_starts"]}
+
+
+def modelled_report(result: dict, scale: float) -> dict:
+    """Every arm of a comparison in modelled seconds per step, and each arm's ratios over the serverful control."""
+    out = {a: modelled_arm(result[a], scale) for a in result["arms"]}
+    base = out.get("serverful")
+    if base:
+        for a, m in out.items():
+            m["step_time_ratio"] = m["step_time_s"] / base["step_time_s"]
+            m["cost_ratio"] = m["billed_device_s"] / base["billed_device_s"]
+    return {"time_scale": scale, "per_step": out}
+
+
 # ---- the worker ------------------------------------------------------------------------------------------
 class Clock:
     """Sleeps modelled seconds, scaled, against a deadline: work done in between is absorbed, not added."""

@@ -107,7 +107,10 @@ class Runtime:
         from rlhfless.runtime import emulated
 
         setup["emulated"] = emulated.setup_for(self.cfg, self.scratch, self.cfg.train.steps)
-        tm = emulated.time_model(emulated.LengthTable.load(setup["emulated"]["table"]))
+        table = emulated.LengthTable.load(setup["emulated"]["table"])
+        self.out.mkdir(parents=True, exist_ok=True)
+        table.save(self.out / "emulated-lengths.json")  # what `sim.emulated` validates the run with
+        tm = emulated.time_model(table)
         if self.planner is not None:
             self.planner.use_profile(tm)
         return tm.source

@@ -1,0 +1,174 @@
+"""The simulator's prediction of a run on emulated devices (`runtime.device=emulated`), step by step and per role.
+
+Purpose: `validate_emulated(run_dir)` checks that the runtime on emulated devices and the simulator's performance
+model agree: each step's period and billed device-seconds per role (decode, learner), in modelled seconds, played
+from the run's recorded decisions with the simulator's durations, beside what the runtime measured and billed.
+  * Decisions are read from the record, never the durations: each decode function's groups and whether it
+    started cold; each learner rank's groups, whether it started cold and when it was requested (pre-warm,
+    hybrid take); the run's mode, overlap, keep-alive. Lengths and prompt lengths come from the run's trace.
+  * Durations are the simulator's (`sim.perf.PerfModel`, its time model and KV capacity from the run's
+    `emulated-lengths.json`): a cold start `cold_start_s`; a decode function's groups through the planner's
+    continuous-batching time model (`plan.balancer.job_finish_s`: prefill, then iterations; a group streams when
+    its last sequence ends); a weight load `weight_sync_s` for a warm replica behind the version; a learner group
+    `learner_s_per_token` x its tokens (skipped when all its rewards are equal and GRPO skips it), in arrival order
+    (overlap) or after the rollout; the optimiser step `update_fixed_s` (+ colocated resharding in the pool).
+  * Billing by the meter's rule: the serverful pool = W x period; a serverless worker from its request to its last
+    invocation's end (held to the step's end when kept alive: runtime.keep_alive_s > 0), by role.
+Measured: `timing_s/step`, `cost/device_seconds` and `function/<kind>/billed_s` of metrics.jsonl divided by the
+run's `runtime.time_scale`. The difference is reported term by term: what the model leaves out is the control
+plane's real seconds (planning, messages, process starts, the driver's bookkeeping), which the scale magnifies.
+
+Non-goals: migrations (a step with migrated rows is played without them), retries, PPO.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.errors import DataError
+from rlhfless.plan import PlanJob, assign
+from rlhfless.plan.balancer import job_finish_s
+from rlhfless.sim.armmodel import _jsonl
+from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
+
+KINDS = ("decode", "learner")
+
+
+def _perf(run: Path):
+    from rlhfless.runtime.emulated import LengthTable, perf_model
+
+    p = run / "emulated-lengths.json"
+    if not p.is_file():
+        raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
+    t = LengthTable.load(p)
+    pm = perf_model(t.gpu, t.model)
+    return pm, pm.time_model(t.capacity, t.ctx), t.capacity
+
+
+def _decode(tm, cap: int, work: StepWork, groups: list[int]) -> tuple[float, dict[int, float]]:
+    """(busy seconds, finish time of each group) of one decode function's groups: the planner's time model."""
+    jobs = [PlanJob(str(g), len(work.groups[g].lengths), tuple(float(x) for x in work.groups[g].lengths),
+                    work.groups[g].prompt_len) for g in groups]
+    if not jobs:
+        return 0.0, {}
+    c = max(cap, max(j.n_seqs for j in jobs))
+    plan = assign(jobs, 1, c, tm, "contiguous")[0]
+    return float(plan.makespan_s), {int(k): v for k, v in job_finish_s(plan, jobs, tm).items()}
+
+
+def _kept(g: GroupWork, skip: bool) -> bool:
+    return not skip or not g.rewards or len(set(g.rewards)) > 1
+
+
+def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float) -> dict:
+    """One step played (module header); every time in modelled seconds from the step's first decode request."""
+    pm, tm, cap, rt = run["pm"], run["tm"], run["cap"], run["rt"]
+    rel = lambda t: (t - t0) / scale  # noqa: E731 (a record's real time -> modelled seconds into the step)
+    serverful = rt.get("mode") == "serverful"
+    dec = [i for i in invs if i["kind"] == "decode"]
+    lrn = [i for i in invs if i["kind"] == "learner"]
+    finish: dict[int, float] = {}
+    ends, spans = {}, {}
+    for i in dec:
+        start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
+        if not i["cold"] and not serverful and i["extra"].get("sync_s", 0) > 0:
+            start += pm.weight_sync_s(colocated=False)
+        busy, fin = _decode(tm, cap, work, i["groups"])
+        finish.update({g: start + t for g, t in fin.items()})
+        ends[i["worker"]] = start + busy
+        spans[i["worker"]] = [rel(i["requested_s"]), start + busy, "decode"]
+    rollout = max(ends.values())
+    overlap = bool(rt.get("overlap")) if rt.get("overlap") is not None else not serverful
+    skip = run["skip_zero"]
+    rank_end = []
+    for i in lrn:
+        ready = rel(i["requested_s"]) + (pm.cold_start_s(engine=bool(run["hybrid"])) if i["cold"] else 0.0)
+        t = max(ready, ends.get(i["worker"], 0.0))  # a hybrid rank starts when its own decode ends
+        for g in sorted(i["groups"], key=lambda g: finish.get(g, rollout)):
+            arrive = finish.get(g, rollout) if overlap else rollout
+            gw = work.groups[g]
+            t = max(t, arrive) + (pm.learner_s_per_token("grpo") * gw.tokens if _kept(gw, skip) else 0.0)
+        rank_end.append(t)
+        first = spans.get(i["worker"], [rel(i["requested_s"]), 0.0, "learner"])[0]
+        spans[i["worker"]] = [first, t, "learner" if i["worker"] not in ends else "hybrid"]
+    opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
+    learn_end = max(rank_end, default=rollout) + opt
+    billed = {k: 0.0 for k in KINDS}
+    if serverful:
+        w = len({i["worker"] for i in invs})
+        return {"period": learn_end, "billed": w * learn_end, "rollout": rollout, "learn_end": learn_end,
+                "by_role": None}
+    kept = float(rt.get("keep_alive_s") or 0.0) > 0
+    for worker, (a, b, role) in spans.items():
+        b = learn_end if role != "decode" else b  # a rank is held through the optimiser step
+        end = learn_end if kept else b
+        if role == "hybrid":
+            billed["decode"] += ends[worker] - a
+            billed["learner"] += end - ends[worker]
+        else:
+            billed[role] += end - a
+    return {"period": learn_end, "billed": sum(billed.values()), "rollout": rollout, "learn_end": learn_end,
+            "by_role": billed}
+
+
+def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
+    """Predicted beside measured per step (module header); step 1 is skipped by default (the platform's first
+    cold starts and the fork server's warm-up)."""
+    from rlhfless.configbase import load_yaml
+
+    p = Path(run_dir)
+    cfg = load_yaml(p / "config.yaml")
+    rt = cfg.get("runtime") or {}
+    if rt.get("device") != "emulated":
+        raise DataError(f"validate: {p} is not a runtime.device=emulated run")
+    scale = float(rt.get("time_scale", 1.0))
+    pm, tm, cap = _perf(p)
+    run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
+           "skip_zero": bool((cfg.get("algo") or {}).get("skip_zero_variance_groups", False))}
+    trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
+                 None)
+    if trace is None:
+        raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}")
+    work = {s.step: s for s in replay_trace(trace)}
+    metrics = {r["step"]: r for r in _jsonl(p / "metrics.jsonl") if "timing_s/step" in r}
+    by_step: dict[int, list[dict]] = {}
+    for i in _jsonl(p / "invocations.jsonl"):
+        if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in KINDS:
+            by_step.setdefault(i["step"], []).append(i)
+    rows = []
+    for s in sorted(metrics):
+        if (skip_first and s == 1) or s not in work or not any(i["kind"] == "decode" for i in by_step.get(s, [])):
+            continue
+        invs = by_step[s]
+        t0 = min(i["requested_s"] for i in invs if i["kind"] == "decode")
+        pred = predict_step(run, work[s], invs, scale, t0)
+        m = metrics[s]
+        meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
+                "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in KINDS}}
+        rows.append({"step": s, "predicted": pred, "measured": meas})
+    if not rows:
+        raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
+    return summarize(rows, scale, rt.get("mode", "serverless"))
+
+
+def _err(sim: float, meas: float) -> dict:
+    return {"simulated": sim, "measured": meas, "rel_error": abs(sim / meas - 1.0) if meas else float("nan")}
+
+
+def summarize(rows: list[dict], scale: float, mode: str) -> dict:
+    """Means over the validated steps, with the unexplained remainder named: the control plane's real seconds
+    (measured - simulated period), in real milliseconds per step, which the scale magnifies."""
+    mean = lambda f: float(np.mean([f(r) for r in rows]))  # noqa: E731
+    out = {"mode": mode, "time_scale": scale, "steps": [r["step"] for r in rows],
+           "step_time_s": _err(mean(lambda r: r["predicted"]["period"]), mean(lambda r: r["measured"]["period"])),
+           "cost_device_s": _err(mean(lambda r: r["predicted"]["billed"]), mean(lambda r: r["measured"]["billed"]))}
+    if mode != "serverful":
+        out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"][k]),
+                                  mean(lambda r: r["measured"]["by_role"][k])) for k in KINDS}
+    gap = out["step_time_s"]["measured"] - out["step_time_s"]["simulated"]
+    out["control_plane_real_ms_per_step"] = gap * scale * 1000.0
+    out["rollout_s_simulated"] = mean(lambda r: r["predicted"]["rollout"])
+    out["learn_end_s_simulated"] = mean(lambda r: r["predicted"]["learn_end"])
+    return out
