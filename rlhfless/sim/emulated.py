@@ -133,6 +133,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}")
     work = {s.step: s for s in replay_trace(trace)}
     metrics = {r["step"]: r for r in _jsonl(p / "metrics.jsonl") if "timing_s/step" in r}
+    workers = _jsonl(p / "workers.jsonl")
     by_step: dict[int, list[dict]] = {}
     for i in _jsonl(p / "invocations.jsonl"):
         if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in KINDS:
@@ -147,10 +148,27 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         m = metrics[s]
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in KINDS}}
-        rows.append({"step": s, "predicted": pred, "measured": meas})
+        rows.append({"step": s, "predicted": pred, "measured": meas,
+                     "terms": _terms(workers, invs, pm, scale, t0, t0 + m["timing_s/step"], run["hybrid"])})
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
     return summarize(rows, scale, rt.get("mode", "serverless"))
+
+
+def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, hybrid) -> dict:
+    """The control plane's share of the bill in one step, in modelled seconds: cold starts beyond the modelled
+    ones (fork, imports, the ready message: real seconds / scale) of the workers spawned on demand in the step (a
+    pre-warmed one's extra start is absorbed in its wait for work, billed either way), and the
+    release lag (a worker's last invocation's end to its release: the shutdown message and the process's exit)
+    of the workers released in it. Both are real seconds the model has no term for."""
+    last: dict[str, float] = {}
+    for i in invs:
+        last[i["worker"]] = max(last.get(i["worker"], 0.0), i["finished_s"])
+    cold = sum(w["cold_start_s"] / scale - pm.cold_start_s(engine="decode" in w["kinds"]) for w in workers
+               if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
+    lag = sum((w["released_s"] - last[w["worker"]]) / scale for w in workers
+              if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
+    return {"cold_start_overhead_s": cold, "release_lag_s": lag}
 
 
 def _err(sim: float, meas: float) -> dict:
@@ -167,6 +185,9 @@ def summarize(rows: list[dict], scale: float, mode: str) -> dict:
     if mode != "serverful":
         out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"][k]),
                                   mean(lambda r: r["measured"]["by_role"][k])) for k in KINDS}
+    out["cost_terms_device_s"] = {k: mean(lambda r: r["terms"][k]) for k in ("cold_start_overhead_s", "release_lag_s")}
+    out["cost_terms_device_s"]["unexplained"] = (out["cost_device_s"]["measured"] - out["cost_device_s"]["simulated"]
+                                                 - sum(out["cost_terms_device_s"].values()))
     gap = out["step_time_s"]["measured"] - out["step_time_s"]["simulated"]
     out["control_plane_real_ms_per_step"] = gap * scale * 1000.0
     out["rollout_s_simulated"] = mean(lambda r: r["predicted"]["rollout"])
