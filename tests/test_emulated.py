@@ -134,8 +134,12 @@ def test_emulated_compare_runs_four_arms_on_identical_samples(compared):
     assert r["arms"] == ["serverful", "serverful-overlap", "serverless", "serverless-paper"]
     assert r["samples_identical"] and r["weights_identical"]
     m = r["modelled"]["per_step"]
-    for arm in r["arms"]:  # modelled seconds = real / time_scale
-        assert m[arm]["step_time_s"] == pytest.approx(r[arm]["step_time_s"] / 0.05)
+    for arm in r["arms"]:  # modelled seconds = real / time_scale, steps 2.. (step 1 starts the platform)
+        steps = [x for x in _rows(compared / arm / "metrics.jsonl") if x.get("step", 0) > 1 and "timing_s/step" in x]
+        assert m[arm]["steps_averaged"] == [2, 3]
+        assert m[arm]["step_time_s"] == pytest.approx(sum(x["timing_s/step"] for x in steps) / len(steps) / 0.05)
+        split = m[arm]["cold_start_device_s"] + sum(m[arm]["busy_device_s"].values()) + m[arm]["held_idle_device_s"]
+        assert split == pytest.approx(m[arm]["billed_device_s"])
     # units are the emulated device count, not this machine's 2 cores
     peaks = [x["runtime/units_peak"] for x in _rows(compared / "serverless" / "metrics.jsonl")
              if "runtime/units_peak" in x]

@@ -153,7 +153,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     if cfg.runtime.device == "emulated":  # the same numbers in modelled seconds (runtime.time_scale undone)
         from rlhfless.runtime.emulated import modelled_report
 
-        result["modelled"] = modelled_report(result, cfg.runtime.time_scale)
+        result["modelled"] = modelled_report(out, ran, cfg.runtime.time_scale)
     write_json(result, out / "comparison.json")
     return result
 

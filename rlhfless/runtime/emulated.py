@@ -161,27 +161,66 @@ def setup_for(cfg, scratch: Path, steps: int) -> dict:
 
 
 # ---- reporting -------------------------------------------------------------------------------------------
-def modelled_arm(arm: dict, scale: float) -> dict:
-    """One arm of comparison.json in modelled seconds: records are real seconds, so divide by the time scale.
-    Step time, billed device-seconds (by role), and the bill split into cold starts, busy by kind, held idle."""
-    c = arm["core_s_per_step"]
-    return {"step_time_s": arm["step_time_s"] / scale, "billed_device_s": c["billed"] / scale,
-            "billed_device_s_by_role": {k: v / scale / max(1, arm["steps"]) for k, v in arm["billed_s_by_kind"].items()},
-            "cold_start_device_s": c["cold_start"] / scale,
-            "busy_device_s": {k: v / scale for k, v in c["busy"].items()},
-            "held_idle_device_s": c["held_idle"] / scale, "workers_started": arm["workers_started"],
-            "cold_starts": arm["cold_starts"]}
+def step_split(run_dir: Path) -> dict[int, dict]:
+    """Per step, from an arm's records (real seconds): its wall time, its bill (all, by role), and the bill split
+    into cold starts (workers spawned in the step's window), busy time by invocation kind (clipped to the window)
+    and held idle (the rest: warm, waiting for work or for release)."""
+    from rlhfless.jsonl import iter_jsonl
+
+    rows = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl")]
+    workers = [w for _, w in iter_jsonl(run_dir / "workers.jsonl")]
+    invs = [i for _, i in iter_jsonl(run_dir / "invocations.jsonl")]
+    out = {}
+    for m in rows:
+        if "timing_s/step" not in m or "runtime/window_s" not in m:
+            continue
+        a, b = m["runtime/window_start_s"], m["runtime/window_start_s"] + m["runtime/window_s"]
+        busy: dict[str, float] = {}
+        for i in invs:
+            t = max(0.0, min(b, i["finished_s"]) - max(a, i["started_s"])) * i["units"]
+            if t > 0:
+                busy[i["kind"]] = busy.get(i["kind"], 0.0) + t
+        cold = sum(w["cold_start_s"] * w["units"] for w in workers
+                   if w.get("ready_s") is not None and a <= w["spawned_s"] < b)
+        billed = m["cost/device_seconds"]
+        roles = {k.split("/")[1]: v for k, v in m.items() if k.startswith("function/") and k.endswith("/billed_s")}
+        out[m["step"]] = {"step_time_s": m["timing_s/step"], "billed_device_s": billed, "by_role": roles,
+                          "cold_start_device_s": cold, "busy_device_s": busy,
+                          "held_idle_device_s": billed - cold - sum(busy.values())}
+    return out
 
 
-def modelled_report(result: dict, scale: float) -> dict:
-    """Every arm of a comparison in modelled seconds per step, and each arm's ratios over the serverful control."""
-    out = {a: modelled_arm(result[a], scale) for a in result["arms"]}
-    base = out.get("serverful")
+def modelled_arm(run_dir: Path, scale: float) -> dict:
+    """One arm per step in modelled seconds (real / time_scale): the mean over steps 2.. (step 1 starts every
+    worker of the platform cold; it is kept apart as `first_step`)."""
+    steps = step_split(run_dir)
+    later = [v for k, v in steps.items() if k > 1] or list(steps.values())
+
+    def mean(f) -> float:
+        return float(np.mean([f(v) for v in later])) / scale
+
+    kinds = sorted({k for v in later for k in v["busy_device_s"]})
+    roles = sorted({k for v in later for k in v["by_role"]})
+    first = steps.get(1)
+    return {"steps_averaged": [k for k in steps if k > 1] or list(steps),
+            "step_time_s": mean(lambda v: v["step_time_s"]), "billed_device_s": mean(lambda v: v["billed_device_s"]),
+            "billed_device_s_by_role": {r: mean(lambda v: v["by_role"].get(r, 0.0)) for r in roles},
+            "cold_start_device_s": mean(lambda v: v["cold_start_device_s"]),
+            "busy_device_s": {k: mean(lambda v: v["busy_device_s"].get(k, 0.0)) for k in kinds},
+            "held_idle_device_s": mean(lambda v: v["held_idle_device_s"]),
+            "first_step": None if first is None else {"step_time_s": first["step_time_s"] / scale,
+                                                      "billed_device_s": first["billed_device_s"] / scale}}
+
+
+def modelled_report(out: Path, arms: list[str], scale: float) -> dict:
+    """Every arm of a comparison in modelled seconds per step, and its ratios over the serverful control."""
+    per = {a: modelled_arm(out / a, scale) for a in arms}
+    base = per.get("serverful")
     if base:
-        for a, m in out.items():
+        for m in per.values():
             m["step_time_ratio"] = m["step_time_s"] / base["step_time_s"]
             m["cost_ratio"] = m["billed_device_s"] / base["billed_device_s"]
-    return {"time_scale": scale, "per_step": out}
+    return {"time_scale": scale, "per_step": per}
 
 
 # ---- the worker ------------------------------------------------------------------------------------------

@@ -371,6 +371,7 @@ class Runtime:
                            self.rel(t1), self.rel(t1), self.price, self.serverful, self.paused)
         m = bill.metrics()
         m.update(self.counters)
+        m[M.RUNTIME_WINDOW_START_S], m[M.RUNTIME_WINDOW_S] = self.rel(self.step_t0), t1 - self.step_t0
         m[M.RUNTIME_UNITS_PEAK] = peak_units([r.to_json() for r in self.pool.records.values()],
                                              self.rel(self.step_t0), self.rel(t1))
         m.update(self._calibrate(step))

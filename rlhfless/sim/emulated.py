@@ -148,19 +148,25 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         m = metrics[s]
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in KINDS}}
-        rows.append({"step": s, "predicted": pred, "measured": meas,
-                     "terms": _terms(workers, invs, pm, scale, t0, t0 + m["timing_s/step"], run["hybrid"])})
+        ws = m.get("runtime/window_start_s", t0)
+        gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
+        terms = _terms(workers, invs, pm, scale, ws, ws + m.get("runtime/window_s", m["timing_s/step"]), gap)
+        if rt.get("mode") == "serverful":  # the pool holds every unit through the control plane's seconds
+            terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
+        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms})
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
     return summarize(rows, scale, rt.get("mode", "serverless"))
 
 
-def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, hybrid) -> dict:
-    """The control plane's share of the bill in one step, in modelled seconds: cold starts beyond the modelled
-    ones (fork, imports, the ready message: real seconds / scale) of the workers spawned on demand in the step (a
-    pre-warmed one's extra start is absorbed in its wait for work, billed either way), and the
-    release lag (a worker's last invocation's end to its release: the shutdown message and the process's exit)
-    of the workers released in it. Both are real seconds the model has no term for."""
+def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float) -> dict:
+    """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
+    * between_steps_s: the driver's work between the previous step and this one (logging, traces: the first `gap`
+      seconds of the window), billed to every worker held then;
+    * cold_start_overhead_s: cold starts beyond the modelled ones (fork, imports, the ready message) of the
+      workers spawned on demand in the window (a pre-warmed one's extra start is absorbed in its wait for work);
+    * release_lag_s: from a worker's last invocation's end to its release (the shutdown message, the exit), for
+      the workers released in the window. All are real seconds the model has no term for."""
     last: dict[str, float] = {}
     for i in invs:
         last[i["worker"]] = max(last.get(i["worker"], 0.0), i["finished_s"])
@@ -168,7 +174,9 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
                if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
     lag = sum((w["released_s"] - last[w["worker"]]) / scale for w in workers
               if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
-    return {"cold_start_overhead_s": cold, "release_lag_s": lag}
+    held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
+               for w in workers) / scale
+    return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag}
 
 
 def _err(sim: float, meas: float) -> dict:
@@ -185,7 +193,8 @@ def summarize(rows: list[dict], scale: float, mode: str) -> dict:
     if mode != "serverful":
         out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"][k]),
                                   mean(lambda r: r["measured"]["by_role"][k])) for k in KINDS}
-    out["cost_terms_device_s"] = {k: mean(lambda r: r["terms"][k]) for k in ("cold_start_overhead_s", "release_lag_s")}
+    names = sorted({k for r in rows for k in r["terms"]})
+    out["cost_terms_device_s"] = {k: mean(lambda r: r["terms"].get(k, 0.0)) for k in names}
     out["cost_terms_device_s"]["unexplained"] = (out["cost_device_s"]["measured"] - out["cost_device_s"]["simulated"]
                                                  - sum(out["cost_terms_device_s"].values()))
     gap = out["step_time_s"]["measured"] - out["step_time_s"]["simulated"]
