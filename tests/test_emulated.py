@@ -186,3 +186,23 @@ def test_simulator_predicts_each_emulated_arm(compared, arm):
     assert st["rel_error"] < 0.10 or v["control_plane_real_ms_per_step"] < 500
     terms = v["cost_terms_device_s"]
     assert cost["rel_error"] < 0.10 or abs(terms["unexplained"]) < 0.10 * cost["measured"]
+
+
+def test_faults_on_emulated_devices_recover_to_the_same_samples(compared, tmp_path):
+    """SIGKILL an emulated decode function just sent its rows (step 2) and a learner rank just sent the optimiser
+    step (step 3): the runtime's recovery re-runs them, and the samples equal the undisturbed serverless arm's."""
+    from rlhfless.runner import train
+    from rlhfless.runtime import executor
+    from rlhfless.runtime.compare import samples_match
+    from rlhfless.runtime.faults import KillOn, KillRule
+
+    chaos = KillOn(KillRule("sent", "decode", 2), KillRule("sent", "learn_end", 3))
+    executor.RUNTIME_HOOKS.append(chaos.attach)
+    try:
+        cfg = load_run_config("experiments/configs/quickstart.yaml", SMALL + ["runtime.mode=serverless"])
+        summary = train(cfg, tmp_path / "killed", progress=False)
+    finally:
+        executor.RUNTIME_HOOKS.remove(chaos.attach)
+    assert len(chaos.fired) == 2 and summary["runtime"]["retries"] >= 2
+    same, first, n = samples_match(compared / "serverless", tmp_path / "killed")
+    assert same and n == 3, first
