@@ -151,7 +151,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         ws = m.get("runtime/window_start_s", t0)
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
         terms = _terms(workers, invs, pm, scale, ws, ws + m.get("runtime/window_s", m["timing_s/step"]), gap)
-        if rt.get("mode") == "serverful":  # the pool holds every unit through the control plane's seconds
+        if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
         rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms})
     if not rows:
@@ -202,3 +202,35 @@ def summarize(rows: list[dict], scale: float, mode: str) -> dict:
     out["rollout_s_simulated"] = mean(lambda r: r["predicted"]["rollout"])
     out["learn_end_s_simulated"] = mean(lambda r: r["predicted"]["learn_end"])
     return out
+
+
+def emulated_dirs(run_dir: str | Path) -> dict[str, Path]:
+    """The emulated runs in `run_dir`: itself, or the arms of a comparison; {} when none is emulated."""
+    from rlhfless.configbase import load_yaml
+
+    p = Path(run_dir)
+    cands = {p.name: p} if (p / "config.yaml").is_file() else {d.name: d for d in sorted(p.iterdir())
+                                                                 if (d / "config.yaml").is_file()} if p.is_dir() else {}
+    return {n: d for n, d in cands.items() if ((load_yaml(d / "config.yaml").get("runtime") or {}).get("device")
+                                              == "emulated")}
+
+
+def validate_dir(run_dir: str | Path) -> dict:
+    """`rlhfless simulate --validate` on emulated runs: every run validated, and the largest errors over them."""
+    arms = {n: {"arm": n, **validate_emulated(d)} for n, d in emulated_dirs(run_dir).items()}
+    if not arms:
+        raise DataError(f"validate: {run_dir}: no runtime.device=emulated run")
+    return {"run_dir": str(run_dir), "modes": {}, "emulated": arms, "errors_from": "emulated",
+            "step_time_error": max(a["step_time_s"]["rel_error"] for a in arms.values()),
+            "cost_error": max(a["cost_device_s"]["rel_error"] for a in arms.values())}
+
+
+def arm_line(a: dict) -> str:
+    """One emulated run's validation in a line (modelled seconds per step)."""
+    def r(x: dict) -> str:
+        return f"{x['simulated']:.1f}/{x['measured']:.1f}"
+
+    t = ", ".join(f"{k} {v:.1f}" for k, v in a["cost_terms_device_s"].items())
+    return (f"emulated {a['arm']}: step {r(a['step_time_s'])} s ({a['step_time_s']['rel_error']:.1%}), billed "
+            f"{r(a['cost_device_s'])} device-s ({a['cost_device_s']['rel_error']:.1%}); terms: {t}; control plane "
+            f"{a['control_plane_real_ms_per_step']:.0f} real ms/step (simulated/measured, modelled s per step)")
