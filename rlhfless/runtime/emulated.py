@@ -227,8 +227,8 @@ def modelled_report(out: Path, arms: list[str], scale: float) -> dict:
 class Clock:
     """Sleeps modelled seconds, scaled, against a deadline: work done in between is absorbed, not added."""
 
-    def __init__(self, scale: float):
-        self.scale, self.deadline = scale, now()
+    def __init__(self, scale: float, t0: float | None = None):
+        self.scale, self.deadline = scale, now() if t0 is None else t0
 
     def start(self) -> None:
         self.deadline = max(self.deadline, now())
@@ -258,7 +258,8 @@ class EmulatedWorker:
         self.tm = self.perf.time_model(self.table.capacity, self.table.ctx)
         self.G, self.algo, self.cap = e["G"], e["algo"], e["max_new_tokens"]
         self.skip_zero = e["skip_zero_variance"]
-        self.clock = Clock(e["time_scale"])
+        # the modelled cold start (container, engine, weights) runs from the request: the fork is part of it
+        self.clock = Clock(e["time_scale"], setup.get("spawned_t"))
         self.pool_worker = bool(setup.get("dist"))  # the serverful pool: colocated, updates its replica in place
         self.version = setup.get("version", 0)
         self.deferred: list[dict] = []
