@@ -206,3 +206,18 @@ def test_faults_on_emulated_devices_recover_to_the_same_samples(compared, tmp_pa
     assert len(chaos.fired) == 2 and summary["runtime"]["retries"] >= 2
     same, first, n = samples_match(compared / "serverless", tmp_path / "killed")
     assert same and n == 3, first
+
+
+def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
+    """Cut-and-migrate at a low tau between two emulated decode functions: rows really move (progress, cut,
+    adopt over the real messages) and continue the same tokens, so the samples equal the undisturbed arm's."""
+    from rlhfless.runner import train
+    from rlhfless.runtime.compare import samples_match
+
+    over = ["runtime.mode=serverless", "plan.scale=false", "plan.max_actors=2", "plan.migrate=true",
+            "runtime.migrate=always", "plan.tau=0.3", "runtime.progress_every=8"]
+    summary = train(load_run_config("experiments/configs/quickstart.yaml", SMALL + over), tmp_path / "mig",
+                    progress=False)
+    assert summary["runtime"]["migrated_seqs"] > 0
+    same, first, n = samples_match(compared / "serverless", tmp_path / "mig")
+    assert same and n == 3, first

@@ -13,7 +13,8 @@ from the run's recorded decisions with the simulator's durations, beside what th
     `learner_s_per_token` x its tokens (skipped when all its rewards are equal and GRPO skips it), in arrival order
     (overlap) or after the rollout; the optimiser step `update_fixed_s` (+ colocated resharding in the pool).
   * Billing by the meter's rule: the serverful pool = W x period; a serverless worker from its request to its last
-    invocation's end (held to the step's end when kept alive: runtime.keep_alive_s > 0), by role.
+    invocation's end, held to the step's end when kept alive (runtime.keep_alive_s > 0) unless the record shows it
+    released within the step (evicted for a unit, or its keep-alive lapsed), by role.
 Measured: `timing_s/step`, `cost/device_seconds` and `function/<kind>/billed_s` of metrics.jsonl divided by the
 run's `runtime.time_scale`. The difference is reported term by term: what the model leaves out is the control
 plane's real seconds (planning, messages, process starts, the driver's bookkeeping), which the scale magnifies.
@@ -62,8 +63,13 @@ def _kept(g: GroupWork, skip: bool) -> bool:
     return not skip or not g.rewards or len(set(g.rewards)) > 1
 
 
-def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float) -> dict:
-    """One step played (module header); every time in modelled seconds from the step's first decode request."""
+def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
+                 released: frozenset = frozenset()) -> dict:
+    """One step played (module header); every time in modelled seconds from the step's first decode request.
+    `released`: the workers the runtime released within the step (a decision, read from the record): each is
+    billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
+    (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
+    alive."""
     pm, tm, cap, rt = run["pm"], run["tm"], run["cap"], run["rt"]
     rel = lambda t: (t - t0) / scale  # noqa: E731 (a record's real time -> modelled seconds into the step)
     serverful = rt.get("mode") == "serverful"
@@ -100,10 +106,11 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
         w = len({i["worker"] for i in invs})
         return {"period": learn_end, "billed": w * learn_end, "rollout": rollout, "learn_end": learn_end,
                 "by_role": None}
-    kept = float(rt.get("keep_alive_s") or 0.0) > 0
+    keep = float(rt.get("keep_alive_s") or 0.0) / scale  # the platform's idle timeout, modelled seconds
+    kept = keep > 0
     for worker, (a, b, role) in spans.items():
         b = learn_end if role != "decode" else b  # a rank is held through the optimiser step
-        end = learn_end if kept else b
+        end = b + keep if worker in released else learn_end if kept else b
         if role == "hybrid":
             billed["decode"] += ends[worker] - a
             billed["learner"] += end - ends[worker]
@@ -144,13 +151,15 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
             continue
         invs = by_step[s]
         t0 = min(i["requested_s"] for i in invs if i["kind"] == "decode")
-        pred = predict_step(run, work[s], invs, scale, t0)
         m = metrics[s]
+        ws = m.get("runtime/window_start_s", t0)
+        end = ws + m.get("runtime/window_s", m["timing_s/step"])
+        gone = frozenset(w["worker"] for w in workers if w.get("released_s") is not None and w["released_s"] < end)
+        pred = predict_step(run, work[s], invs, scale, t0, gone)
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in KINDS}}
-        ws = m.get("runtime/window_start_s", t0)
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
-        terms = _terms(workers, invs, pm, scale, ws, ws + m.get("runtime/window_s", m["timing_s/step"]), gap)
+        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0))
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
         rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms})
@@ -159,20 +168,24 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     return summarize(rows, scale, rt.get("mode", "serverless"))
 
 
-def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float) -> dict:
+def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
+           keep_alive_s: float = 0.0) -> dict:
     """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
     * between_steps_s: the driver's work between the previous step and this one (logging, traces: the first `gap`
       seconds of the window), billed to every worker held then;
     * cold_start_overhead_s: cold starts beyond the modelled ones (fork, imports, the ready message) of the
       workers spawned on demand in the window (a pre-warmed one's extra start is absorbed in its wait for work);
-    * release_lag_s: from a worker's last invocation's end to its release (the shutdown message, the exit), for
-      the workers released in the window. All are real seconds the model has no term for."""
+    * release_lag_s: from a worker's last invocation's end to its release, beyond the keep-alive, for the workers
+      released in the window: the shutdown message and the exit, and a keep-alive the runtime checks later than
+      it lapses (negative: a worker evicted for a unit before its keep-alive lapsed).
+    All but the last are real seconds the model has no term for; the last is also where the runtime's release
+    rule departs from a platform's."""
     last: dict[str, float] = {}
     for i in invs:
         last[i["worker"]] = max(last.get(i["worker"], 0.0), i["finished_s"])
     cold = sum(w["cold_start_s"] / scale - pm.cold_start_s(engine="decode" in w["kinds"]) for w in workers
                if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
-    lag = sum((w["released_s"] - last[w["worker"]]) / scale for w in workers
+    lag = sum((w["released_s"] - last[w["worker"]] - keep_alive_s) / scale for w in workers
               if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
     held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
                for w in workers) / scale
