@@ -221,3 +221,24 @@ def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
     assert summary["runtime"]["migrated_seqs"] > 0
     same, first, n = samples_match(compared / "serverless", tmp_path / "mig")
     assert same and n == 3, first
+
+
+def test_a_trace_the_user_brings_is_replayed(tmp_path):
+    """runtime.length_trace=PATH: the table holds that trace's lengths and rewards, step by step and group by group
+    (the simulator's replay_trace), and the capacity and context the simulator sizes from it."""
+    from rlhfless.runtime.emulated import build_table
+    from rlhfless.sim.workload import replay_trace
+
+    trace = "data/traces/quickstart.jsonl.gz"
+    cfg = load_run_config("experiments/configs/quickstart.yaml",
+                          [x for x in SMALL if not x.startswith("algo.group_size")] + [f"runtime.length_trace={trace}"])
+    table = build_table(cfg, steps=3)
+    work = replay_trace(trace, 3)
+    assert table.lengths == [[list(g.lengths) for g in s.groups] for s in work]
+    assert table.rewards == [[list(g.rewards) for g in s.groups] for s in work]
+    assert table.capacity >= 1 and table.ctx > 0 and trace in table.source
+    G = len(work[0].groups[0].lengths)
+    assert table.length(2, G + 1, G, 10_000) == work[1].groups[1].lengths[1]
+    with pytest.raises(ConfigError, match="runtime.length_trace"):
+        build_table(load_run_config("experiments/configs/quickstart.yaml",
+                                    SMALL + [f"runtime.length_trace={tmp_path / 'none.jsonl'}"]), steps=3)
