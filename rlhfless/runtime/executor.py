@@ -111,8 +111,11 @@ class Runtime:
         self.out.mkdir(parents=True, exist_ok=True)
         table.save(self.out / "emulated-lengths.json")  # what `sim.emulated` validates the run with
         tm = emulated.time_model(table)
-        if self.planner is not None:
+        if self.planner is not None:  # the emulated replica's time model and KV slots, as the simulator sizes them
+            from dataclasses import replace
+
             self.planner.use_profile(tm)
+            self.planner.cfg = replace(self.planner.cfg, capacity=table.capacity)
         return tm.source
 
     def _use_measured_profile(self, setup: dict, progress: bool) -> tuple[str | None, float]:
