@@ -247,6 +247,54 @@ class _Row:
         self.row, self.target, self.done = row, target, done
 
 
+class _Job:
+    """One emulated decode invocation's rows (the emulated `runtime.decoding._Job`)."""
+
+    def __init__(self, w: EmulatedWorker, step: int, seed: int):
+        self.w, self.step, self.seed = w, step, seed
+        self.rows: list[_Row] = []
+        self.reported: set[int] = set()
+        self.prefill = [0, 0, 0.0]  # prompt tokens computed, naive tokens, seconds (real)
+        self.adopted = self.n_cut = self.iterations = 0
+
+    def add(self, items: list[dict]) -> None:
+        """Rows in: a fresh group's G rows share one prefill of its prompt; a migrated row re-prefills its prompt
+        and partial response. Sleeps the prefill's modelled seconds."""
+        w, tok, naive = self.w, 0, 0
+        for it in items:
+            plen, prefix = len(it["prompt"]), it.get("prefix")
+            tok += plen if prefix is None else sum(plen + len(x) for x in prefix)
+            for k, r in enumerate(it["rows"]):
+                done = len(prefix[k]) if prefix is not None else 0
+                naive += plen + done
+                self.rows.append(_Row(r, w.table.length(self.step, r, w.G, w.cap), done))
+            self.adopted += len(it["rows"]) if prefix is not None else 0
+        s = tok * w.tm.prefill_s_per_token
+        self.prefill = [self.prefill[0] + tok, self.prefill[1] + naive, self.prefill[2] + s * w.clock.scale]
+        w.clock.sleep(s)
+
+    def live(self) -> list[_Row]:
+        return [x for x in self.rows if x.done < x.target]
+
+    def finished(self) -> list[list]:
+        """Finished rows not reported yet, as the real decode's results: [row, tokens, truncated, reward, correct,
+        well_formed]."""
+        w, out = self.w, []
+        for x in self.rows:
+            if x.done >= x.target and x.row not in self.reported:
+                self.reported.add(x.row)
+                rw = w.table.reward(self.step, x.row, w.G, self.seed)
+                out.append([x.row, tokens(self.seed, x.row, 0, x.target), x.target >= w.cap, rw, rw > 0, True])
+        return out
+
+    def cut(self) -> list[list]:
+        """Hand over every unfinished row with its tokens so far; the invocation then ends."""
+        out = [[x.row, tokens(self.seed, x.row, 0, x.done)] for x in self.live()]
+        self.rows = [x for x in self.rows if x.done >= x.target]
+        self.n_cut = len(out)
+        return out
+
+
 class EmulatedWorker:
     """`worker.Worker`'s requests on an emulated device (module header)."""
 
@@ -297,72 +345,34 @@ class EmulatedWorker:
 
     # -- decode ---------------------------------------------------------------------------------------------
     def _decode(self, msg: dict, conn, sync_s: float) -> dict:
+        """The decode contract of `runtime.decoding.run_decode`, on modelled time (module header)."""
         t0 = now()
         self.clock.start()
-        step, seed, every = msg["step"], msg["seed"], msg.get("progress_every", 8)
-        report, stream = msg.get("report", False), msg.get("stream", False)
-        rows: list[_Row] = []
-        answers: dict[int, float] = {}
-        prefill = [0, 0, 0.0]
-        adopted, cut, iterations = 0, 0, 0
-        reported: set[int] = set()
-
-        def add(items: list[dict]) -> int:
-            tok = naive = 0
-            for it in items:
-                plen = len(it["prompt"])
-                prefix = it.get("prefix")
-                if prefix is None:
-                    tok += plen  # the G rows of a group share its prompt's prefill
-                for k, r in enumerate(it["rows"]):
-                    done = len(prefix[k]) if prefix is not None else 0
-                    if prefix is not None:
-                        tok += plen + done
-                    naive += plen + done
-                    rows.append(_Row(r, self.table.length(step, r, self.G, self.cap), done))
-            s = tok * self.tm.prefill_s_per_token
-            prefill[0] += tok
-            prefill[1] += naive
-            prefill[2] += s * self.clock.scale
-            self.clock.sleep(s)
-            return sum(it.get("prefix") is not None and len(it["rows"]) for it in items)
-
-        def finished() -> list[list]:
-            out = []
-            for x in rows:
-                if x.done >= x.target and x.row not in reported:
-                    reported.add(x.row)
-                    rw = self.table.reward(step, x.row, self.G, seed)
-                    out.append([x.row, tokens(seed, x.row, 0, x.target), x.target >= self.cap, rw, rw > 0, True])
-            return out
-
-        adopted += add(msg["items"])
-        while any(x.done < x.target for x in rows):
-            iterations += self._advance(rows, every)
-            if stream:
-                out = finished()
+        job = _Job(self, msg["step"], msg["seed"])
+        job.add(msg["items"])
+        step = msg["step"]
+        while job.live():
+            job.iterations += self._advance(job.rows, msg.get("progress_every", 8))
+            if msg.get("stream", False):  # finished rows go out at once, as the real decode streams them
+                out = job.finished()
                 if out:
                     wire.send(conn, {"op": "rows", "step": step, "t": now(), "results": out})
-            if report:
-                live = [x for x in rows if x.done < x.target]
-                wire.send(conn, {"op": "progress", "step": step, "t": now(), "finished": len(rows) - len(live),
+            if msg.get("report", False):
+                live = job.live()
+                wire.send(conn, {"op": "progress", "step": step, "t": now(), "finished": len(job.rows) - len(live),
                                  "unfinished": [[x.row, x.done] for x in live]})
             while conn.poll():
                 ctl = wire.recv(conn)
                 if ctl["op"] == "cut":
-                    live = [x for x in rows if x.done < x.target]
-                    out = [[x.row, tokens(seed, x.row, 0, x.done)] for x in live]
-                    rows[:] = [x for x in rows if x.done >= x.target]
-                    cut = len(out)
-                    wire.send(conn, {"op": "cut_rows", "step": step, "rows": out, "t": now()})
+                    wire.send(conn, {"op": "cut_rows", "step": step, "rows": job.cut(), "t": now()})
                 elif ctl["op"] == "adopt":
-                    adopted += add(ctl["items"])
-                else:
+                    job.add(ctl["items"])
+                else:  # not for this decode (a learner's group, shutdown): served after it, in order
                     self.deferred.append(ctl)
         t_decode = now()
         return {"op": "done", "step": step, "t_start": t0, "t_decode_end": t_decode, "t_end": now(),
-                "sync_s": sync_s, "reward_s": 0.0, "results": finished(), "prefill": prefill, "adopted": adopted,
-                "cut": cut, "iterations": iterations, "engine": "emulated"}
+                "sync_s": sync_s, "reward_s": 0.0, "results": job.finished(), "prefill": job.prefill,
+                "adopted": job.adopted, "cut": job.n_cut, "iterations": job.iterations, "engine": "emulated"}
 
     def _advance(self, rows: list[_Row], n: int) -> int:
         """Up to n iterations of continuous batching (the first `capacity` unfinished rows run, FIFO); sleeps

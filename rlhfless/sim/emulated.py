@@ -63,6 +63,57 @@ def _kept(g: GroupWork, skip: bool) -> bool:
     return not skip or not g.rewards or len(set(g.rewards)) > 1
 
 
+def _play_decode(run: dict, work: StepWork, dec: list[dict], rel, serverful: bool) -> tuple[dict, dict, dict]:
+    """The step's decode functions: (finish time of each group, each function's end, each worker's span)."""
+    pm = run["pm"]
+    finish: dict[int, float] = {}
+    ends, spans = {}, {}
+    for i in dec:
+        start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
+        if not i["cold"] and not serverful and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind
+            start += pm.weight_sync_s(colocated=False)
+        busy, fin = _decode(run["tm"], run["cap"], work, i["groups"])
+        finish.update({g: start + t for g, t in fin.items()})
+        ends[i["worker"]] = start + busy
+        spans[i["worker"]] = [rel(i["requested_s"]), start + busy, "decode"]
+    return finish, ends, spans
+
+
+def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict, ends: dict, spans: dict,
+                  overlap: bool) -> list[float]:
+    """Each rank's compute end: its groups in arrival order (overlap) or after the rollout, from its ready time
+    (a hybrid rank: its own decode's end). Adds the ranks to `spans`."""
+    pm, rollout = run["pm"], max(ends.values())
+    out = []
+    for i in lrn:
+        ready = rel(i["requested_s"]) + (pm.cold_start_s(engine=bool(run["hybrid"])) if i["cold"] else 0.0)
+        t = max(ready, ends.get(i["worker"], 0.0))
+        for g in sorted(i["groups"], key=lambda g: finish.get(g, rollout)):
+            gw = work.groups[g]
+            work_s = pm.learner_s_per_token("grpo") * gw.tokens if _kept(gw, run["skip_zero"]) else 0.0
+            t = max(t, finish.get(g, rollout) if overlap else rollout) + work_s
+        out.append(t)
+        first = spans.get(i["worker"], [rel(i["requested_s"]), 0.0, "learner"])[0]
+        spans[i["worker"]] = [first, t, "learner" if i["worker"] not in ends else "hybrid"]
+    return out
+
+
+def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset) -> dict[str, float]:
+    """Serverless device-seconds by role (module header): each worker from its request to its last invocation's
+    end (a rank's: the optimiser step's), plus the keep-alive when released in the step, to the step's end when
+    kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
+    billed = {k: 0.0 for k in KINDS}
+    for worker, (a, b, role) in spans.items():
+        b = learn_end if role != "decode" else b
+        end = b + keep if worker in released else learn_end if keep > 0 else b
+        if role == "hybrid":
+            billed["decode"] += ends[worker] - a
+            billed["learner"] += end - ends[worker]
+        else:
+            billed[role] += end - a
+    return billed
+
+
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
                  released: frozenset = frozenset()) -> dict:
     """One step played (module header); every time in modelled seconds from the step's first decode request.
@@ -70,54 +121,21 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
     (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
     alive."""
-    pm, tm, cap, rt = run["pm"], run["tm"], run["cap"], run["rt"]
+    pm, rt = run["pm"], run["rt"]
     rel = lambda t: (t - t0) / scale  # noqa: E731 (a record's real time -> modelled seconds into the step)
     serverful = rt.get("mode") == "serverful"
-    dec = [i for i in invs if i["kind"] == "decode"]
-    lrn = [i for i in invs if i["kind"] == "learner"]
-    finish: dict[int, float] = {}
-    ends, spans = {}, {}
-    for i in dec:
-        start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
-        if not i["cold"] and not serverful and i["extra"].get("sync_s", 0) > 0:
-            start += pm.weight_sync_s(colocated=False)
-        busy, fin = _decode(tm, cap, work, i["groups"])
-        finish.update({g: start + t for g, t in fin.items()})
-        ends[i["worker"]] = start + busy
-        spans[i["worker"]] = [rel(i["requested_s"]), start + busy, "decode"]
+    finish, ends, spans = _play_decode(run, work, [i for i in invs if i["kind"] == "decode"], rel, serverful)
     rollout = max(ends.values())
     overlap = bool(rt.get("overlap")) if rt.get("overlap") is not None else not serverful
-    skip = run["skip_zero"]
-    rank_end = []
-    for i in lrn:
-        ready = rel(i["requested_s"]) + (pm.cold_start_s(engine=bool(run["hybrid"])) if i["cold"] else 0.0)
-        t = max(ready, ends.get(i["worker"], 0.0))  # a hybrid rank starts when its own decode ends
-        for g in sorted(i["groups"], key=lambda g: finish.get(g, rollout)):
-            arrive = finish.get(g, rollout) if overlap else rollout
-            gw = work.groups[g]
-            t = max(t, arrive) + (pm.learner_s_per_token("grpo") * gw.tokens if _kept(gw, skip) else 0.0)
-        rank_end.append(t)
-        first = spans.get(i["worker"], [rel(i["requested_s"]), 0.0, "learner"])[0]
-        spans[i["worker"]] = [first, t, "learner" if i["worker"] not in ends else "hybrid"]
+    rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
+                             overlap)
     opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
     learn_end = max(rank_end, default=rollout) + opt
-    billed = {k: 0.0 for k in KINDS}
-    if serverful:
-        w = len({i["worker"] for i in invs})
-        return {"period": learn_end, "billed": w * learn_end, "rollout": rollout, "learn_end": learn_end,
-                "by_role": None}
-    keep = float(rt.get("keep_alive_s") or 0.0) / scale  # the platform's idle timeout, modelled seconds
-    kept = keep > 0
-    for worker, (a, b, role) in spans.items():
-        b = learn_end if role != "decode" else b  # a rank is held through the optimiser step
-        end = b + keep if worker in released else learn_end if kept else b
-        if role == "hybrid":
-            billed["decode"] += ends[worker] - a
-            billed["learner"] += end - ends[worker]
-        else:
-            billed[role] += end - a
-    return {"period": learn_end, "billed": sum(billed.values()), "rollout": rollout, "learn_end": learn_end,
-            "by_role": billed}
+    out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
+    if serverful:  # the pool: W x the period
+        return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
+    billed = _bill(spans, ends, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale, released)
+    return {**out, "billed": sum(billed.values()), "by_role": billed}
 
 
 def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
