@@ -128,7 +128,8 @@ class RuntimeConfig:
     hybrid: bool | None = None
     """Serverless: decode and learner are handlers of one function image (null = true unless runtime.design=paper;
     resolved to true or false when the config is built), so a decode function whose rows are done continues as a
-    learner rank of the same step (warm: no cold start, the policy already in memory), and a learner kept warm (keep_alive_s) decodes the next step with the weights it just computed (no weight load).
+    learner rank of the same step (warm: no cold start, the policy already in memory), and a learner kept warm
+    (keep_alive_s) decodes the next step with the weights it just computed (no weight load).
     false = separate images: every rank is a new function that loads the learner state (the paper's figure)."""
     learner_microbatch_groups: int = 1
     """Groups per learner micro-batch (fixed by group index: chunk k = groups k*m .. k*m+m-1). Larger chunks run
