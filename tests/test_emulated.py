@@ -140,6 +140,12 @@ def test_emulated_compare_runs_four_arms_on_identical_samples(compared):
         assert m[arm]["step_time_s"] == pytest.approx(sum(x["timing_s/step"] for x in steps) / len(steps) / 0.05)
         split = m[arm]["cold_start_device_s"] + sum(m[arm]["busy_device_s"].values()) + m[arm]["held_idle_device_s"]
         assert split == pytest.approx(m[arm]["billed_device_s"])
+        roles = m[arm]["per_role"]  # each role's bill split the same way, and the roles add up to the bill
+        assert sum(r["billed"] for r in roles.values()) == pytest.approx(m[arm]["billed_device_s"], rel=1e-3)
+        assert sum(r["cold"] for r in roles.values()) == pytest.approx(m[arm]["cold_start_device_s"])
+        for r in roles.values():
+            assert r["cold"] + r["busy"] + r["held_idle"] == pytest.approx(r["billed"])
+        assert set(roles) == ({"pool"} if arm.startswith("serverful") else {"decode", "learner"})
     # units are the emulated device count, not this machine's 2 cores
     peaks = [x["runtime/units_peak"] for x in _rows(compared / "serverless" / "metrics.jsonl")
              if "runtime/units_peak" in x]

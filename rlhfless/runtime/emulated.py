@@ -180,13 +180,36 @@ def step_split(run_dir: Path) -> dict[int, dict]:
             t = max(0.0, min(b, i["finished_s"]) - max(a, i["started_s"])) * i["units"]
             if t > 0:
                 busy[i["kind"]] = busy.get(i["kind"], 0.0) + t
-        cold = sum(w["cold_start_s"] * w["units"] for w in workers
-                   if w.get("ready_s") is not None and a <= w["spawned_s"] < b)
+        started = [w for w in workers if w.get("ready_s") is not None and a <= w["spawned_s"] < b]
+        cold = sum(w["cold_start_s"] * w["units"] for w in started)
         billed = m["cost/device_seconds"]
         roles = {k.split("/")[1]: v for k, v in m.items() if k.startswith("function/") and k.endswith("/billed_s")}
         out[m["step"]] = {"step_time_s": m["timing_s/step"], "billed_device_s": billed, "by_role": roles,
                           "cold_start_device_s": cold, "busy_device_s": busy,
-                          "held_idle_device_s": billed - cold - sum(busy.values())}
+                          "held_idle_device_s": billed - cold - sum(busy.values()),
+                          "roles": _role_split(roles, busy, started, invs)}
+    return out
+
+
+def _role_split(billed: dict[str, float], busy: dict[str, float], started: list[dict], invs: list[dict]) -> dict:
+    """The bill of each role (the meter's `function/<role>/billed_s`) split into cold starts, busy and held idle:
+    a worker's cold start is the role of its first invocation (a hybrid function started for decode is decode's,
+    as the meter bills it); reward runs on the decode function. The serverful pool is one role."""
+    first: dict[str, tuple[float, str]] = {}
+    for i in invs:
+        if i["worker"] not in first or i["started_s"] < first[i["worker"]][0]:
+            first[i["worker"]] = (i["started_s"], i["kind"])
+
+    def kinds(role: str) -> tuple[str, ...]:
+        return tuple(busy) if role == "pool" else (role, "reward") if role == "decode" else (role,)
+
+    out = {}
+    for role, bill in billed.items():
+        cold = sum(w["cold_start_s"] * w["units"] for w in started
+                   if role == "pool" or first.get(w["worker"], (0, "decode"))[1] in kinds(role))
+        out[role] = {"billed": bill, "cold": cold, "busy": sum(v for k, v in busy.items() if k in kinds(role))}
+    for r in out.values():
+        r["held_idle"] = r["billed"] - r["cold"] - r["busy"]
     return out
 
 
@@ -208,6 +231,9 @@ def modelled_arm(run_dir: Path, scale: float) -> dict:
             "cold_start_device_s": mean(lambda v: v["cold_start_device_s"]),
             "busy_device_s": {k: mean(lambda v: v["busy_device_s"].get(k, 0.0)) for k in kinds},
             "held_idle_device_s": mean(lambda v: v["held_idle_device_s"]),
+            "per_role": {r: {k: mean(lambda v: v["roles"].get(r, {}).get(k, 0.0)) for k in
+                             ("billed", "cold", "busy", "held_idle")} for r in sorted({r for v in later
+                                                                                      for r in v["roles"]})},
             "first_step": None if first is None else {"step_time_s": first["step_time_s"] / scale,
                                                       "billed_device_s": first["billed_device_s"] / scale}}
 
