@@ -213,6 +213,12 @@ CASES += [
     C("override-learner-units", [*DRY, "runtime.units=1", "runtime.learner_units=2"], "runtime.learner_units"),
     C("override-mode", [*DRY, "runtime.mode=lambda"], "runtime.mode"),
     C("override-hybrid", [*DRY, "runtime.hybrid=sometimes"], "runtime.hybrid"),
+    # issue 30: the serverless design as one switch, emulated devices
+    C("override-design", [*DRY, "runtime.design=ours"], "runtime.design"),
+    C("override-design-contradiction", [*DRY, "runtime.mode=serverless", "runtime.design=paper",
+                                        "runtime.hybrid=true"], "runtime.hybrid"),
+    C("override-time-scale", [*DRY, "runtime.time_scale=0"], "runtime.time_scale"),
+    C("override-emulated-units", [*DRY, "runtime.device=emulated"], "runtime.units"),
     # the scaler's warm bills and hybrid functions (issue 19; the simulator sets them per step)
     C("override-warm-bill", [*DRY, "plan.warm_bill_s=-1"], "plan.warm_bill_s"),
     C("override-warm-bill-inf", [*DRY, "plan.warm_bill_s=.inf"], "plan.warm_bill_s"),

@@ -109,7 +109,7 @@ MAY_IMPORT = {
     # their *.config modules only, and the algo package (importing it registers the variants a config may name)
     "config": ("core", "algo", "tasks", "plan", "predictor", "learn", "runtime"),
     "step": BELOW_STEP,
-    "runtime": BELOW_STEP + ("step",),
+    "runtime": BELOW_STEP + ("step", "sim"),  # sim: emulated devices run on the simulator's performance model
     "run": BELOW_STEP + ("step", "runtime"),
     "bench": BELOW_STEP + ("step", "runtime", "run", "sim"),
     "repro": BELOW_STEP + ("step", "runtime", "run", "sim", "bench"),

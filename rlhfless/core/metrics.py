@@ -74,6 +74,8 @@ RUNTIME_VALUES_STREAMED = "runtime/values_chunks_streamed"  # PPO: value chunks 
 RUNTIME_LEARNER_TAIL_S = "runtime/learner_tail_s"  # from the rollout's end to the optimiser step's end
 RUNTIME_LEARNER_BUFFERED = "runtime/learner_buffered_peak"  # most gradients a rank held waiting for a lower chunk
 RUNTIME_UNITS_PEAK = "runtime/units_peak"  # most device units held at once in the step (<= runtime.units)
+RUNTIME_WINDOW_START_S = "runtime/window_start_s"  # the step's billing window, run-relative (records' clock)
+RUNTIME_WINDOW_S = "runtime/window_s"  # its length: the step's bill covers it (driver work between steps included)
 RUNTIME_RELEASED_MID_STEP = "runtime/released_mid_step"  # functions released at their keep-alive's lapse mid-step
 RUNTIME_RELEASED_EXPIRED = "runtime/released_expired"  # functions released at their keep-alive's lapse, any time
 RUNTIME_ZERO_HELD = "runtime/zero_held_intervals"  # intervals in the step with no function held at all

@@ -38,10 +38,16 @@ class BillingRules:
     """How a serverless platform turns function time into billed seconds (module header)."""
 
     granularity_s: float = 1.0
+    """Each billed span is rounded up to a multiple of this (> 0 s; 1 s on Runpod and Modal)."""
     minimum_s: float = 0.0
+    """Least billed per span (>= 0 s)."""
     bill_cold_start: bool = True
+    """Whether the seconds from request to ready are billed (a worker is billed from its request)."""
     keep_alive_s: float = 2.0
+    """Seconds an idle function stays warm, and billed under lifetime billing, before it is released (>= 0)."""
     billed: str = "lifetime"
+    """lifetime: a worker's whole held time (commercial platforms); invocations: the sum over its invocations
+    (the paper's GPU-second proxy)."""
 
     def __post_init__(self) -> None:
         require(self.granularity_s > 0, "plan.billing.granularity_s", f"must be > 0 s (got {self.granularity_s})")

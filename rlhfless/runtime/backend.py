@@ -126,8 +126,9 @@ class LocalBackend:
     def start(self, worker: str, kinds: tuple[str, ...], cores: tuple[int, ...], setup: dict) -> Handle:
         """Start a worker (returns at once; `await_ready` or `poll` sees its `ready`)."""
         ours, theirs = self.ctx.Pipe(duplex=True)
-        payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores)})
         t = now()
+        # spawned_t: an emulated device's cold start runs from the request (`runtime.emulated.Clock`)
+        payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores), "spawned_t": t})
         proc = self.ctx.Process(target=local_main, args=(theirs, payload, os.getpid()), daemon=True,
                                 name=f"rlhfless-{worker}")
         with _without_main(), interrupts_held():  # an interrupt waits until the fork server has the worker

@@ -62,13 +62,23 @@ def gantt_steps(steps: int, every: int) -> list[int]:
     return sorted({1, *(range(every, steps + 1, every) if every else ())} & set(range(1, steps + 1)))
 
 
+PAPER_ARM = "serverless-paper"
+"""With emulated devices (`runtime.device=emulated`) a fourth arm: serverless as the paper designed it
+(`runtime.design=paper`), beside `serverless` as configured (design extended: ours)."""
+
+
 def arms(cfg) -> tuple[str, ...]:
-    """The arms of a comparison: PPO has no overlap arm (nothing of its update can stream, `ppo_stages`)."""
-    return tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo")
+    """The arms of a comparison: PPO has no overlap arm (nothing of its update can stream, `ppo_stages`); emulated
+    devices add the paper's design (`PAPER_ARM`)."""
+    out = tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo")
+    return out + (PAPER_ARM,) if cfg.runtime.device == "emulated" else out
 
 
 def arm_config(cfg, arm: str):
     """The run config of one arm (module header)."""
+    if arm == PAPER_ARM:
+        return replace(cfg, runtime=replace(cfg.runtime, mode="serverless", design="paper", overlap=None,
+                                            hybrid=None))
     if arm == "serverful":
         return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=False))
     if arm == "serverful-overlap":
@@ -207,6 +217,10 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         if p is not None:
             charts.append(str(p))
     result["gantt"] = charts
+    if cfg.runtime.device == "emulated":  # the same numbers in modelled seconds (runtime.time_scale undone)
+        from rlhfless.runtime.emulated import modelled_report
+
+        result["modelled"] = modelled_report(out, ran, cfg.runtime.time_scale)
     write_json(result, out / "comparison.json")
     return result
 

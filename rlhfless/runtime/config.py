@@ -13,7 +13,9 @@ Modes:
                 OUT/comparison.json (rlhfless.runtime.compare).
 
 A device unit is one CPU core (runtime.device=cpu: the worker pins itself to it and runs one torch thread) or, with
-runtime.device=cuda, one GPU (1/k of one with runtime.functions_per_gpu=k), handed out by `runtime.gpus`.
+runtime.device=cuda, one GPU (1/k of one with runtime.functions_per_gpu=k), handed out by `runtime.gpus`; with
+runtime.device=emulated, one emulated GPU of `runtime.emulated_gpu` (`runtime.emulated`: real worker processes
+whose compute is the simulator's modelled time, scaled by `runtime.time_scale`; docs/emulated.md).
 Backends: `local` runs workers as OS processes on this machine; `ray` runs each worker as a Ray actor on a Ray
 cluster (`rlhfless.runtime.raybackend`: placement across nodes, one unit = `num_cpus=1` of Ray's accounting).
 """
@@ -30,7 +32,10 @@ from rlhfless.plan.billing import PRESETS, RULE_SETS, BillingRules, rule_set
 MODES = ("inline", "serverless", "serverful", "compare")
 BACKENDS = ("local", "ray")
 START_METHODS = ("forkserver", "spawn")
-DEVICES = ("cpu", "cuda")
+DEVICES = ("cpu", "cuda", "emulated")
+DESIGNS = ("custom", "paper", "extended")
+EMULATED_GPUS = ("L40S", "A100-80G", "H100", "H200")
+"""Device kinds an emulated unit may be (`rlhfless.sim.hardware.DEVICES`, GPUs only)."""
 SHIP_KV = ("auto", "always", "never")
 MIGRATE = ("plan", "always", "never")
 
@@ -58,7 +63,24 @@ class RuntimeConfig:
     """With backend=ray: "" starts a single-node Ray cluster for this run (stopped at its end); "auto" joins the
     cluster this machine already belongs to (`ray start` was run here); "host:port" joins that cluster's head."""
     device: str = "cpu"
-    """What a unit is: cpu (one core) or cuda (one GPU per function, from a free list: `runtime.gpus`)."""
+    """What a unit is: cpu (one core), cuda (one GPU per function, from a free list: `runtime.gpus`) or emulated
+    (one emulated GPU: the worker sleeps the performance model's time and replays lengths; `runtime.emulated`)."""
+    emulated_gpu: str = "L40S"
+    """With device=emulated: the device kind each unit emulates (`rlhfless.sim.hardware.DEVICES`)."""
+    emulated_model: str = "qwen2.5-7b"
+    """With device=emulated: the model whose compute is modelled (`rlhfless.sim.hardware.MODELS`); the run's own
+    policy checkpoint only supplies the tokenizer and prompts, and no worker loads it."""
+    time_scale: float = 1.0
+    """With device=emulated: real seconds slept per modelled second, in (0, 1]; 0.1 runs ten times faster. Records
+    stay in real seconds; `runtime.emulated.modelled_report` divides by it (docs/emulated.md: what it distorts)."""
+    length_trace: str = "paper-testbed"
+    """With device=emulated: the response lengths replayed, by (step, group, sample): paper-testbed (the
+    simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""
+    design: str = "custom"
+    """The serverless arm's design: paper (the paper's RLHFless: separate functions per stage, synchronous
+    stages: runtime.hybrid=false, runtime.overlap=false), extended (ours: overlap + hybrid functions), custom
+    (runtime.overlap and runtime.hybrid as given). A contradicting explicit switch is refused; the serverful
+    control ignores it."""
     functions_per_gpu: int = 1
     """With device=cuda: functions sharing one GPU (k > 1 is for one-GPU development boxes; each function may then
     use 1/k of the GPU's memory). 1 = never two functions on one GPU."""
@@ -104,10 +126,11 @@ class RuntimeConfig:
     step once every group is in (bitwise the same update either way: rlhfless.learn.accumulate). true | false | null
     (auto: true for serverless, false for the serverful control as verl does not overlap). PPO streams only its
     value forward, in chunks (critic.values_chunk > 0; without a chunk size nothing streams)."""
-    hybrid: bool = True
-    """Serverless: decode and learner are handlers of one function image, so a decode function whose rows are
-    done continues as a learner rank of the same step (warm: no cold start, the policy already in memory), and a
-    learner kept warm (keep_alive_s) decodes the next step with the weights it just computed (no weight load).
+    hybrid: bool | None = None
+    """Serverless: decode and learner are handlers of one function image (null = true unless runtime.design=paper;
+    resolved to true or false when the config is built), so a decode function whose rows are done continues as a
+    learner rank of the same step (warm: no cold start, the policy already in memory), and a learner kept warm
+    (keep_alive_s) decodes the next step with the weights it just computed (no weight load).
     false = separate images: every rank is a new function that loads the learner state (the paper's figure)."""
     learner_microbatch_groups: int = 1
     """Groups per learner micro-batch (fixed by group index: chunk k = groups k*m .. k*m+m-1). Larger chunks run
@@ -166,7 +189,10 @@ class RuntimeConfig:
         require(self.progress_every >= 1, "runtime.progress_every", f"must be >= 1 (got {self.progress_every})")
         require(self.overlap in (None, True, False), "runtime.overlap",
                 f"must be true, false or null (auto) (got {self.overlap!r})")
-        require(isinstance(self.hybrid, bool), "runtime.hybrid", f"must be true or false (got {self.hybrid!r})")
+        require(self.hybrid in (None, True, False), "runtime.hybrid",
+                f"must be true, false or null (got {self.hybrid!r})")
+        self._resolve_design()
+        self._check_emulated()
         require(isinstance(self.learner_microbatch_groups, int) and self.learner_microbatch_groups >= 1,
                 "runtime.learner_microbatch_groups", f"must be an integer >= 1 (got {self.learner_microbatch_groups!r})")
         require(self.invocation_timeout_s > 0, "runtime.invocation_timeout_s",
@@ -195,13 +221,53 @@ class RuntimeConfig:
         idle timeout of the platform preset named by runtime.billing."""
         return self.billing_rules().keep_alive_s
 
+    def _resolve_design(self) -> None:
+        """runtime.design as a preset over runtime.overlap and runtime.hybrid (frozen: set once, here)."""
+        require(self.design in DESIGNS, "runtime.design", f"must be one of {list(DESIGNS)} (got {self.design!r})")
+        serverless = self.mode in ("serverless", "compare")
+        if self.design == "paper" and serverless:
+            require(self.overlap is not True, "runtime.overlap", "must be false or null with runtime.design=paper "
+                    "(the paper's stages run in sequence: nothing streams into the learner)")
+            require(self.hybrid is not True, "runtime.hybrid", "must be false or null with runtime.design=paper "
+                    "(the paper runs separate functions per stage)")
+            object.__setattr__(self, "overlap", False)
+        if self.design == "extended" and serverless:
+            require(self.overlap is not False, "runtime.overlap", "must be true or null with "
+                    "runtime.design=extended (ours streams finished groups into the learner)")
+            require(self.hybrid is not False, "runtime.hybrid", "must be true or null with runtime.design=extended "
+                    "(ours runs decode and learner as one function image)")
+        if self.hybrid is None:
+            object.__setattr__(self, "hybrid", self.design != "paper")
+
+    def _check_emulated(self) -> None:
+        require(0 < self.time_scale <= 1, "runtime.time_scale", f"must lie in (0, 1] (got {self.time_scale})")
+        require(isinstance(self.length_trace, str) and bool(self.length_trace), "runtime.length_trace",
+                f"must be paper-testbed or a trace path (got {self.length_trace!r})")
+        require(self.emulated_gpu in EMULATED_GPUS, "runtime.emulated_gpu",
+                f"must be one of {list(EMULATED_GPUS)} (got {self.emulated_gpu!r})")
+        if self.device != "emulated":
+            return
+        from rlhfless.sim.hardware import MODELS
+
+        require(self.emulated_model in MODELS, "runtime.emulated_model",
+                f"must be one of {list(MODELS)} (got {self.emulated_model!r})")
+        require(self.units >= 1, "runtime.units", "must be set to the emulated device count with "
+                f"runtime.device=emulated (got {self.units})")
+        require(self.backend == "local", "runtime.backend", "emulated devices run on the local backend "
+                f"(got {self.backend!r})")
+        require(self.ship_prefix_kv == "never", "runtime.ship_prefix_kv", "must be never with "
+                "runtime.device=emulated (an emulated prefill function is not built)")
+
     @property
     def executes(self) -> bool:
         """True when stages run on worker processes (every mode but inline)."""
         return self.mode != "inline"
 
     def machine_units(self) -> int:
-        """Units this machine offers: cores in the affinity mask, or visible GPUs x functions_per_gpu."""
+        """Units this machine offers: cores in the affinity mask, visible GPUs x functions_per_gpu, or the emulated
+        device count (runtime.units)."""
+        if self.device == "emulated":
+            return self.units
         if self.device == "cuda":
             from rlhfless.runtime.gpus import visible_gpus
 

@@ -76,9 +76,12 @@ class Runtime:
             from rlhfless.runtime.gpus import GpuLayout, visible_gpus
 
             setup["gpu_layout"] = GpuLayout(tuple(visible_gpus()), self.rt.functions_per_gpu).to_json()
-        self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, progress)
-        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
+        if self.rt.device == "emulated":  # units are emulated GPUs: the planner prices with their model
+            self.time_profile, self.profile_measured_s = self._use_emulated(setup), 0.0
+        else:
+            self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, progress)
+        self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.version = learner.updates
         save_learner_state(learner, self.state_path(self.version))
         self.ppo = cfg.algo.name == "ppo"
@@ -115,6 +118,23 @@ class Runtime:
         for hook in RUNTIME_HOOKS:
             hook(self)
 
+    def _use_emulated(self, setup: dict) -> str:
+        """runtime.device=emulated: the length table into the scratch folder, the workers' `emulated` setup, and
+        the planner's time model = the one the emulated workers sleep by (`runtime.emulated`)."""
+        from rlhfless.runtime import emulated
+
+        setup["emulated"] = emulated.setup_for(self.cfg, self.scratch, self.cfg.train.steps)
+        table = emulated.LengthTable.load(setup["emulated"]["table"])
+        self.out.mkdir(parents=True, exist_ok=True)
+        table.save(self.out / "emulated-lengths.json")  # what `sim.emulated` validates the run with
+        tm = emulated.time_model(table)
+        if self.planner is not None:  # the emulated replica's time model and KV slots, as the simulator sizes them
+            from dataclasses import replace
+
+            self.planner.use_profile(tm)
+            self.planner.cfg = replace(self.planner.cfg, capacity=table.capacity)
+        return tm.source
+
     def _use_measured_profile(self, setup: dict, progress: bool) -> tuple[str | None, float]:
         """Hand the planner this machine's decode-time profile for one-unit workers, from the cache or measured
         now in a worker (platform set-up before the run's clock starts: not billed); (its path, seconds measuring).
@@ -144,7 +164,7 @@ class Runtime:
         # CUDA cannot be used in a process forked from one that initialised it (this driver may have: train.device),
         # so GPU workers start as fresh interpreters and pay the imports in their cold start
         method = "spawn" if self.rt.device == "cuda" else self.rt.start_method
-        return LocalBackend(method, preload(self.cfg.rollout.engine))
+        return LocalBackend(method, preload(self.cfg.rollout.engine, self.rt.device))
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:
@@ -390,6 +410,7 @@ class Runtime:
         bill = bill_window(recs, self.invocations, a, b, b, self.price, self.serverful, self.paused, self.rules)
         m = bill.metrics()
         m.update(self.counters)
+        m[M.RUNTIME_WINDOW_START_S], m[M.RUNTIME_WINDOW_S] = self.rel(self.step_t0), t1 - self.step_t0
         m.update(usage_metrics(usage_window(recs, self.invocations, a, b, b, self.paused)))
         rows = [r.to_json() for r in recs]
         m[M.RUNTIME_UNITS_PEAK] = peak_units(rows, a, b)

@@ -12,11 +12,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING
 
 from rlhfless.core.errors import DataError
+
+if TYPE_CHECKING:  # torch is imported where tensors are: an emulated worker (`runtime.emulated`) never loads it
+    import torch
 
 
 def send(conn, msg: dict) -> None:
@@ -43,6 +44,8 @@ def remove_scratch(path: Path) -> None:
 
 def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict[str, str] | None = None) -> None:
     """Atomically write `tensors` (contiguous copies) with string metadata."""
+    from safetensors.torch import save_file
+
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata=meta or {})
@@ -50,11 +53,15 @@ def write_tensors(path: str | Path, tensors: dict[str, torch.Tensor], meta: dict
 
 
 def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
     return load_file(str(path))
 
 
 def pack_lists(lists: list[list[int]]) -> dict[str, torch.Tensor]:
     """Ragged token lists as (flat int64 values, int64 offsets of length n + 1)."""
+    import torch
+
     lengths = torch.tensor([len(x) for x in lists], dtype=torch.long)
     offsets = torch.zeros(len(lists) + 1, dtype=torch.long)
     offsets[1:] = lengths.cumsum(0)

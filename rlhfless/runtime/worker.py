@@ -43,8 +43,12 @@ VLLM_KV_GIB = 0.25
 a few MiB; vLLM reserves what it is given, once per worker."""
 
 
-def preload(engine: str) -> list[str]:
-    """Modules the fork server imports once for a run with this rollout engine."""
+def preload(engine: str, device: str = "cpu") -> list[str]:
+    """Modules the fork server imports once for a run with this rollout engine (emulated devices: no torch)."""
+    if device == "emulated":
+        from rlhfless.runtime.emulated import PRELOAD as EMULATED
+
+        return EMULATED
     return PRELOAD + (VLLM_PRELOAD if engine == "vllm" else [])
 
 
@@ -137,6 +141,10 @@ def main(conn, setup_json: str) -> None:
 
 def _serve(conn, setup_json: str) -> None:
     setup = json.loads(setup_json)
+    if "emulated" in setup:  # runtime.device=emulated: the same loop, modelled compute, no torch
+        from rlhfless.runtime.emulated import serve
+
+        return serve(conn, setup)
     setup["torch_device"] = bind_device(setup)
     import torch
 

@@ -118,6 +118,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 print(f"{name}: {ppo_line(m['ppo'])}")
         for a in report.get("arms", {}).values():
             print(f"arm {a['arm']}: not played: {a['skipped']}" if "skipped" in a else arm_line(a))
+        if "emulated" in report:
+            from rlhfless.sim.emulated import arm_line as emulated_line
+
+            for a in report["emulated"].values():
+                print(emulated_line(a))
         print(f"step_time_error {report['step_time_error']:.1%}, cost_error {report['cost_error']:.1%}")
     else:
         from rlhfless.sim.scenario import run_scenario

@@ -1,0 +1,401 @@
+"""Emulated devices (`runtime.device=emulated`): real worker processes whose compute is the simulator's modelled time.
+
+The runtime runs unchanged (planner, workers as processes, messages, cold starts, keep-alive, migration, billing,
+faults); only what a worker computes is replaced, at the narrowest seam: `worker.main` hands an emulated setup to
+`serve`, whose `EmulatedWorker` answers the same requests as `worker.Worker` with the same replies:
+  * decode / adopt: its rows' response lengths are replayed from a length table (`LengthTable`: step, group,
+    sample), their token ids are a pure function of (seed, row, position) (so a migrated row continues exactly),
+    their rewards come from the trace or a seeded coin; the invocation sleeps the modelled time of a continuous
+    batching engine: prefill (`TimeModel.prefill_s_per_token` x prompt tokens computed once per group, prompt +
+    partial response for an adopted row) then iterations of `TimeModel.iter_seconds(running rows)`, at most
+    `capacity` rows at once, in slices of `progress_every` iterations between which it reports, streams finished
+    rows and obeys cut/adopt, as the real decode does;
+  * learn_begin / learn_group / learn_end: `PerfModel.learner_s_per_token` x each group's tokens (groups whose
+    rewards are all equal are skipped when GRPO skips them), then `PerfModel.update_fixed_s` at the optimiser step;
+    rank 0 announces the rendezvous and links the state file to the next version (weights never change);
+  * reference: `PerfModel.forward_s` of the batch's tokens, zeros written as the log-probs;
+  * weight loads: `PerfModel.weight_sync_s` (serverless: over the network; the serverful pool: colocated
+    resharding after its update); cold start: `PerfModel.cold_start_s` slept before `ready`.
+Sleeping is deadline based (a worker's own overhead is absorbed, not added) and scaled by `runtime.time_scale`.
+The perf model, its time model and the KV capacity are the simulator's (`sim.scenario.build_cluster`) for
+`runtime.emulated_model` on one `runtime.emulated_gpu` (TP 1: one unit is one device).
+
+Non-goals: PPO (its value and critic functions are not emulated yet), the prefill function, vLLM.
+Deviations: the all-reduce is not emulated: a rank that ends its groups early returns at once instead of waiting
+in the all-reduce for the slowest (the driver waits for every rank, so the step's time is the same; the wait
+shows as held idle instead of busy). An emulated worker imports neither torch nor the model (a few tens of MB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.core.errors import ConfigError, require
+from rlhfless.runtime import wire
+from rlhfless.runtime.records import now
+from rlhfless.sim.emulation import LengthTable, _mix, build_table, perf_model, time_model
+
+PRELOAD = ["numpy", "rlhfless.runtime.emulated", "rlhfless.sim.perf", "rlhfless.plan.timemodel"]
+"""What the fork server imports for emulated workers: no torch, no transformers (`worker.preload`)."""
+TOKEN_BASE, TOKEN_SPAN = 97, 26
+"""Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
+
+
+def tokens(seed: int, row: int, start: int, stop: int) -> list[int]:
+    """Token ids of `row` at positions start..stop-1: a pure function of (seed, row, position)."""
+    off = _mix(seed, row, 1)
+    return [TOKEN_BASE + (off + 7 * t) % TOKEN_SPAN for t in range(start, stop)]
+
+
+def setup_for(cfg, scratch: Path, steps: int) -> dict:
+    """The driver's part: write the length table once into the scratch folder; the worker setup's `emulated`."""
+    table = build_table(cfg, steps)
+    path = scratch / "emulated-lengths.json"
+    table.save(path)
+    a = cfg.algo
+    return {"table": str(path), "time_scale": cfg.runtime.time_scale, "algo": a.name, "G": a.group_size,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+            "skip_zero_variance": bool(getattr(a, "skip_zero_variance_groups", False))}
+
+
+# ---- reporting -------------------------------------------------------------------------------------------
+def step_split(run_dir: Path) -> dict[int, dict]:
+    """Per step, from an arm's records (real seconds): its wall time, its bill (all, by role), and the bill split
+    into cold starts (workers spawned in the step's window), busy time by invocation kind (clipped to the window)
+    and held idle (the rest: warm, waiting for work or for release)."""
+    from rlhfless.core.jsonl import iter_jsonl
+
+    rows = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl")]
+    workers = [w for _, w in iter_jsonl(run_dir / "workers.jsonl")]
+    invs = [i for _, i in iter_jsonl(run_dir / "invocations.jsonl")]
+    out = {}
+    for m in rows:
+        if "timing_s/step" not in m or "runtime/window_s" not in m:
+            continue
+        a, b = m["runtime/window_start_s"], m["runtime/window_start_s"] + m["runtime/window_s"]
+        busy: dict[str, float] = {}
+        for i in invs:
+            t = max(0.0, min(b, i["finished_s"]) - max(a, i["started_s"])) * i["units"]
+            if t > 0:
+                busy[i["kind"]] = busy.get(i["kind"], 0.0) + t
+        started = [w for w in workers if w.get("ready_s") is not None and a <= w["spawned_s"] < b]
+        cold = sum(w["cold_start_s"] * w["units"] for w in started)
+        billed = m["cost/device_seconds"]
+        roles = {k.split("/")[1]: v for k, v in m.items() if k.startswith("function/") and k.endswith("/billed_s")}
+        out[m["step"]] = {"step_time_s": m["timing_s/step"], "billed_device_s": billed, "by_role": roles,
+                          "cold_start_device_s": cold, "busy_device_s": busy,
+                          "held_idle_device_s": billed - cold - sum(busy.values()),
+                          "roles": _role_split(roles, busy, started, invs)}
+    return out
+
+
+def _role_split(billed: dict[str, float], busy: dict[str, float], started: list[dict], invs: list[dict]) -> dict:
+    """The bill of each role (the meter's `function/<role>/billed_s`) split into cold starts, busy and held idle:
+    a worker's cold start is the role of its first invocation (a hybrid function started for decode is decode's,
+    as the meter bills it); reward runs on the decode function. The serverful pool is one role."""
+    first: dict[str, tuple[float, str]] = {}
+    for i in invs:
+        if i["worker"] not in first or i["started_s"] < first[i["worker"]][0]:
+            first[i["worker"]] = (i["started_s"], i["kind"])
+
+    def kinds(role: str) -> tuple[str, ...]:
+        return tuple(busy) if role == "pool" else (role, "reward") if role == "decode" else (role,)
+
+    out = {}
+    for role, bill in billed.items():
+        cold = sum(w["cold_start_s"] * w["units"] for w in started
+                   if role == "pool" or first.get(w["worker"], (0, "decode"))[1] in kinds(role))
+        out[role] = {"billed": bill, "cold": cold, "busy": sum(v for k, v in busy.items() if k in kinds(role))}
+    for r in out.values():
+        r["held_idle"] = r["billed"] - r["cold"] - r["busy"]
+    return out
+
+
+def modelled_arm(run_dir: Path, scale: float) -> dict:
+    """One arm per step in modelled seconds (real / time_scale): the mean over steps 2.. (step 1 starts every
+    worker of the platform cold; it is kept apart as `first_step`)."""
+    steps = step_split(run_dir)
+    later = [v for k, v in steps.items() if k > 1] or list(steps.values())
+
+    def mean(f) -> float:
+        return float(np.mean([f(v) for v in later])) / scale
+
+    kinds = sorted({k for v in later for k in v["busy_device_s"]})
+    roles = sorted({k for v in later for k in v["by_role"]})
+    first = steps.get(1)
+    return {"steps_averaged": [k for k in steps if k > 1] or list(steps),
+            "step_time_s": mean(lambda v: v["step_time_s"]), "billed_device_s": mean(lambda v: v["billed_device_s"]),
+            "billed_device_s_by_role": {r: mean(lambda v: v["by_role"].get(r, 0.0)) for r in roles},
+            "cold_start_device_s": mean(lambda v: v["cold_start_device_s"]),
+            "busy_device_s": {k: mean(lambda v: v["busy_device_s"].get(k, 0.0)) for k in kinds},
+            "held_idle_device_s": mean(lambda v: v["held_idle_device_s"]),
+            "per_role": {r: {k: mean(lambda v: v["roles"].get(r, {}).get(k, 0.0)) for k in
+                             ("billed", "cold", "busy", "held_idle")} for r in sorted({r for v in later
+                                                                                      for r in v["roles"]})},
+            "first_step": None if first is None else {"step_time_s": first["step_time_s"] / scale,
+                                                      "billed_device_s": first["billed_device_s"] / scale}}
+
+
+def modelled_report(out: Path, arms: list[str], scale: float) -> dict:
+    """Every arm of a comparison in modelled seconds per step, and its ratios over the serverful control."""
+    per = {a: modelled_arm(out / a, scale) for a in arms}
+    base = per.get("serverful")
+    if base:
+        for m in per.values():
+            m["step_time_ratio"] = m["step_time_s"] / base["step_time_s"]
+            m["cost_ratio"] = m["billed_device_s"] / base["billed_device_s"]
+    return {"time_scale": scale, "per_step": per}
+
+
+# ---- the worker ------------------------------------------------------------------------------------------
+class Clock:
+    """Sleeps modelled seconds, scaled, against a deadline: work done in between is absorbed, not added."""
+
+    def __init__(self, scale: float, t0: float | None = None):
+        self.scale, self.deadline = scale, now() if t0 is None else t0
+
+    def start(self) -> None:
+        self.deadline = max(self.deadline, now())
+
+    def sleep(self, modelled_s: float) -> None:
+        self.deadline += modelled_s * self.scale
+        left = self.deadline - now()
+        if left > 0:
+            time.sleep(left)
+
+
+class _Row:
+    __slots__ = ("row", "target", "done", "answer")
+
+    def __init__(self, row: int, target: int, done: int):
+        self.row, self.target, self.done = row, target, done
+
+
+class _Job:
+    """One emulated decode invocation's rows (the emulated `runtime.decoding._Job`)."""
+
+    def __init__(self, w: EmulatedWorker, step: int, seed: int):
+        self.w, self.step, self.seed = w, step, seed
+        self.rows: list[_Row] = []
+        self.reported: set[int] = set()
+        self.prefill = [0, 0, 0.0]  # prompt tokens computed, naive tokens, seconds (real)
+        self.adopted = self.n_cut = self.iterations = 0
+
+    def add(self, items: list[dict]) -> None:
+        """Rows in: a fresh group's G rows share one prefill of its prompt; a migrated row re-prefills its prompt
+        and partial response. Sleeps the prefill's modelled seconds."""
+        w, tok, naive = self.w, 0, 0
+        for it in items:
+            plen, prefix = len(it["prompt"]), it.get("prefix")
+            tok += plen if prefix is None else sum(plen + len(x) for x in prefix)
+            for k, r in enumerate(it["rows"]):
+                done = len(prefix[k]) if prefix is not None else 0
+                naive += plen + done
+                self.rows.append(_Row(r, w.table.length(self.step, r, w.G, w.cap), done))
+            self.adopted += len(it["rows"]) if prefix is not None else 0
+        s = tok * w.tm.prefill_s_per_token
+        self.prefill = [self.prefill[0] + tok, self.prefill[1] + naive, self.prefill[2] + s * w.clock.scale]
+        w.clock.sleep(s)
+
+    def live(self) -> list[_Row]:
+        return [x for x in self.rows if x.done < x.target]
+
+    def finished(self) -> list[list]:
+        """Finished rows not reported yet, as the real decode's results: [row, tokens, truncated, reward, correct,
+        well_formed]."""
+        w, out = self.w, []
+        for x in self.rows:
+            if x.done >= x.target and x.row not in self.reported:
+                self.reported.add(x.row)
+                rw = w.table.reward(self.step, x.row, w.G, self.seed)
+                out.append([x.row, tokens(self.seed, x.row, 0, x.target), x.target >= w.cap, rw, rw > 0, True])
+        return out
+
+    def cut(self) -> list[list]:
+        """Hand over every unfinished row with its tokens so far; the invocation then ends."""
+        out = [[x.row, tokens(self.seed, x.row, 0, x.done)] for x in self.live()]
+        self.rows = [x for x in self.rows if x.done >= x.target]
+        self.n_cut = len(out)
+        return out
+
+
+class EmulatedWorker:
+    """`worker.Worker`'s requests on an emulated device (module header)."""
+
+    def __init__(self, setup: dict):
+        e = setup["emulated"]
+        self.setup, self.kinds = setup, tuple(setup["kinds"])
+        self.table = LengthTable.load(e["table"])
+        self.perf = perf_model(self.table.gpu, self.table.model)
+        self.tm = self.perf.time_model(self.table.capacity, self.table.ctx)
+        self.G, self.algo, self.cap = e["G"], e["algo"], e["max_new_tokens"]
+        self.skip_zero = e["skip_zero_variance"]
+        # the modelled cold start (container, engine, weights) runs from the request: the fork is part of it
+        self.clock = Clock(e["time_scale"], setup.get("spawned_t"))
+        self.pool_worker = bool(setup.get("dist"))  # the serverful pool: colocated, updates its replica in place
+        self.version = setup.get("version", 0)
+        self.deferred: list[dict] = []
+        self.update: dict | None = None
+        self.clock.sleep(self.perf.cold_start_s(engine=bool({"decode", "prefill"} & set(self.kinds))))
+
+    def _sync(self, msg: dict) -> float:
+        """A replica behind the step's version loads it over the network (serverless)."""
+        if not msg.get("state_path") or msg["version"] == self.version:
+            return 0.0
+        t0 = now()
+        self.clock.start()
+        self.clock.sleep(self.perf.weight_sync_s(colocated=False))
+        self.version = msg["version"]
+        return now() - t0
+
+    def handle(self, msg: dict, conn) -> dict | None:
+        op = msg["op"]
+        if op in ("decode", "adopt"):
+            return self._decode(msg, conn, self._sync(msg))
+        if op == "cut":
+            return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
+        if op == "learn_begin":
+            t0 = now()
+            sync_s = self._sync(msg)
+            # busy / group_busy: the intervals it computed in, as the real rank reports them (`worker._learn_begin`)
+            self.update = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
+                           "busy": [[t0, now()]] if sync_s > 0 else []}
+            return None
+        if op == "learn_group":
+            return self._learn_group(msg)
+        if op == "learn_end":
+            return self._learn_end(msg, conn)
+        if op == "reference":
+            return self._reference(msg)
+        raise ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (PPO, prefill and profile "
+                          "functions are not built yet)")
+
+    # -- decode ---------------------------------------------------------------------------------------------
+    def _decode(self, msg: dict, conn, sync_s: float) -> dict:
+        """The decode contract of `runtime.decoding.run_decode`, on modelled time (module header)."""
+        t0 = now()
+        self.clock.start()
+        job = _Job(self, msg["step"], msg["seed"])
+        job.add(msg["items"])
+        step = msg["step"]
+        while job.live():
+            job.iterations += self._advance(job.rows, msg.get("progress_every", 8))
+            if msg.get("stream", False):  # finished rows go out at once, as the real decode streams them
+                out = job.finished()
+                if out:
+                    wire.send(conn, {"op": "rows", "step": step, "t": now(), "results": out})
+            if msg.get("report", False):
+                live = job.live()
+                wire.send(conn, {"op": "progress", "step": step, "t": now(), "finished": len(job.rows) - len(live),
+                                 "unfinished": [[x.row, x.done] for x in live]})
+            while conn.poll():
+                ctl = wire.recv(conn)
+                if ctl["op"] == "cut":
+                    wire.send(conn, {"op": "cut_rows", "step": step, "rows": job.cut(), "t": now()})
+                elif ctl["op"] == "adopt":
+                    job.add(ctl["items"])
+                else:  # not for this decode (a learner's group, shutdown): served after it, in order
+                    self.deferred.append(ctl)
+        t_decode = now()
+        return {"op": "done", "step": step, "t_start": t0, "t_decode_end": t_decode, "t_end": now(),
+                "sync_s": sync_s, "reward_s": 0.0, "results": job.finished(), "prefill": job.prefill,
+                "adopted": job.adopted, "cut": job.n_cut, "iterations": job.iterations, "engine": "emulated"}
+
+    def _advance(self, rows: list[_Row], n: int) -> int:
+        """Up to n iterations of continuous batching (the first `capacity` unfinished rows run, FIFO); sleeps
+        their modelled seconds; returns the iterations run."""
+        live = [x for x in rows if x.done < x.target]
+        left = np.array([x.target - x.done for x in live], dtype=np.int64)
+        cap = self.table.capacity
+        k = 0
+        total = 0.0
+        while k < n and left.size and (left > 0).any():
+            active = np.flatnonzero(left > 0)[:cap]
+            total += float(self.tm.iter_seconds(len(active)))
+            left[active] -= 1
+            k += 1
+        for x, rem in zip(live, left.tolist()):
+            x.done = x.target - rem
+        self.clock.sleep(total)
+        return k
+
+    # -- learner --------------------------------------------------------------------------------------------
+    def _group_tokens(self, path: str) -> tuple[int, list[float]]:
+        from safetensors.numpy import load_file
+
+        t = load_file(path)
+        resp_o, prom_o = t["resp_offsets"], t["prompt_offsets"]
+        n_resp, plen = len(resp_o) - 1, int(prom_o[-1])
+        return int(resp_o[-1]) + plen * n_resp, t["rewards"].tolist()
+
+    def _learn_group(self, msg: dict) -> None:
+        t0 = now()
+        self.clock.start()
+        tok, rewards = self._group_tokens(msg["batch"])
+        if not (self.skip_zero and len(set(rewards)) <= 1):
+            self.clock.sleep(self.perf.learner_s_per_token(self.algo) * tok)
+        self.update["compute_s"] += now() - t0
+        self.update["group_busy"].append([t0, now()])
+        self.update["busy"].append([t0, now()])
+        return None
+
+    def _learn_end(self, msg: dict, conn) -> dict:
+        t_end0 = now()
+        dist = msg.get("dist")
+        if dist and dist.get("announce") and dist["rank"] == 0 and conn is not None:
+            wire.send(conn, {"op": "rendezvous_open", "step": msg["step"]})
+        self.clock.start()
+        opt = self.perf.update_fixed_s(self.algo)
+        if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine
+            opt += self.perf.weight_sync_s(colocated=True)
+        self.clock.sleep(opt)
+        self.version = msg["version"] + 1
+        if msg.get("state_out"):  # weights never change: the next version is the same file
+            out = Path(msg["state_out"])
+            out.unlink(missing_ok=True)
+            os.link(msg["state_path"], out)
+        info = self.update or {"t_start": t_end0, "sync_s": 0.0, "compute_s": 0.0, "group_busy": [], "busy": []}
+        self.update, t_end = None, now()
+        return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
+                "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": 0, "metrics": {},
+                "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"]}
+
+    def _reference(self, msg: dict) -> dict:
+        from safetensors.numpy import load_file, save_file
+
+        t0 = now()
+        self.clock.start()
+        t = load_file(msg["batch"])
+        resp_o, prom_o = t["resp_offsets"], t["prompt_offsets"]
+        lens = np.diff(resp_o)
+        tok = int(resp_o[-1]) + int(prom_o[-1]) * self.G
+        self.clock.sleep(self.perf.forward_s(tok, 1))
+        tmp = msg["out"] + ".tmp"
+        save_file({"ref_logp": np.zeros((len(lens), int(lens.max(initial=1))), np.float32)}, tmp)
+        os.replace(tmp, msg["out"])
+        return {"op": "referenced", "t_start": t0, "t_end": now()}
+
+    def close(self) -> None:
+        pass
+
+
+def serve(conn, setup: dict) -> None:
+    """`worker.main` for an emulated device: no pinning, no torch; the same request loop."""
+    w = EmulatedWorker(setup)
+    wire.send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
+    while True:
+        try:
+            msg = w.deferred.pop(0) if w.deferred else wire.recv(conn)
+        except (EOFError, OSError):
+            return
+        if msg["op"] == "shutdown":
+            return
+        reply = w.handle(msg, conn)
+        if reply is not None:
+            wire.send(conn, reply)

@@ -1,0 +1,267 @@
+"""The simulator's prediction of a run on emulated devices (`runtime.device=emulated`), step by step and per role.
+
+Purpose: `validate_emulated(run_dir)` checks that the runtime on emulated devices and the simulator's performance
+model agree: each step's period and billed device-seconds per role (decode, learner), in modelled seconds, played
+from the run's recorded decisions with the simulator's durations, beside what the runtime measured and billed.
+  * Decisions are read from the record, never the durations: each decode function's groups and whether it
+    started cold; each learner rank's groups, whether it started cold and when it was requested (pre-warm,
+    hybrid take); the run's mode, overlap, keep-alive. Lengths and prompt lengths come from the run's trace.
+  * Durations are the simulator's (`sim.perf.PerfModel`, its time model and KV capacity from the run's
+    `emulated-lengths.json`): a cold start `cold_start_s`; a decode function's groups through the planner's
+    continuous-batching time model (`plan.balancer.job_finish_s`: prefill, then iterations; a group streams when
+    its last sequence ends); a weight load `weight_sync_s` for a warm replica behind the version; a learner group
+    `learner_s_per_token` x its tokens (skipped when all its rewards are equal and GRPO skips it), in arrival order
+    (overlap) or after the rollout; the optimiser step `update_fixed_s` (+ colocated resharding in the pool).
+  * Billing by the meter's rule: the serverful pool = W x period; a serverless worker from its request to its last
+    invocation's end, held to the step's end when kept alive (runtime.keep_alive_s > 0) unless the record shows it
+    released within the step (evicted for a unit, or its keep-alive lapsed), by role.
+Measured: `timing_s/step`, `cost/device_seconds` and `function/<kind>/billed_s` of metrics.jsonl divided by the
+run's `runtime.time_scale`. The difference is reported term by term: what the model leaves out is the control
+plane's real seconds (planning, messages, process starts, the driver's bookkeeping), which the scale magnifies.
+
+Non-goals: migrations (a step with migrated rows is played without them), retries, PPO.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from rlhfless.core.errors import DataError
+from rlhfless.plan import PlanJob, assign
+from rlhfless.plan.balancer import job_finish_s
+from rlhfless.sim.armmodel import _jsonl
+from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
+
+KINDS = ("decode", "learner")
+
+
+def _perf(run: Path):
+    from rlhfless.sim.emulation import LengthTable, perf_model
+
+    p = run / "emulated-lengths.json"
+    if not p.is_file():
+        raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
+    t = LengthTable.load(p)
+    pm = perf_model(t.gpu, t.model)
+    return pm, pm.time_model(t.capacity, t.ctx), t.capacity
+
+
+def _decode(tm, cap: int, work: StepWork, groups: list[int]) -> tuple[float, dict[int, float]]:
+    """(busy seconds, finish time of each group) of one decode function's groups: the planner's time model."""
+    jobs = [PlanJob(str(g), len(work.groups[g].lengths), tuple(float(x) for x in work.groups[g].lengths),
+                    work.groups[g].prompt_len) for g in groups]
+    if not jobs:
+        return 0.0, {}
+    c = max(cap, max(j.n_seqs for j in jobs))
+    plan = assign(jobs, 1, c, tm, "contiguous")[0]
+    return float(plan.makespan_s), {int(k): v for k, v in job_finish_s(plan, jobs, tm).items()}
+
+
+def _kept(g: GroupWork, skip: bool) -> bool:
+    return not skip or not g.rewards or len(set(g.rewards)) > 1
+
+
+def _play_decode(run: dict, work: StepWork, dec: list[dict], rel, serverful: bool) -> tuple[dict, dict, dict]:
+    """The step's decode functions: (finish time of each group, each function's end, each worker's span)."""
+    pm = run["pm"]
+    finish: dict[int, float] = {}
+    ends, spans = {}, {}
+    for i in dec:
+        start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
+        if not i["cold"] and not serverful and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind
+            start += pm.weight_sync_s(colocated=False)
+        busy, fin = _decode(run["tm"], run["cap"], work, i["groups"])
+        finish.update({g: start + t for g, t in fin.items()})
+        ends[i["worker"]] = start + busy
+        spans[i["worker"]] = [rel(i["requested_s"]), start + busy, "decode"]
+    return finish, ends, spans
+
+
+def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict, ends: dict, spans: dict,
+                  overlap: bool) -> list[float]:
+    """Each rank's compute end: its groups in arrival order (overlap) or after the rollout, from its ready time
+    (a hybrid rank: its own decode's end). Adds the ranks to `spans`."""
+    pm, rollout = run["pm"], max(ends.values())
+    out = []
+    for i in lrn:
+        ready = rel(i["requested_s"]) + (pm.cold_start_s(engine=bool(run["hybrid"])) if i["cold"] else 0.0)
+        t = max(ready, ends.get(i["worker"], 0.0))
+        for g in sorted(i["groups"], key=lambda g: finish.get(g, rollout)):
+            gw = work.groups[g]
+            work_s = pm.learner_s_per_token("grpo") * gw.tokens if _kept(gw, run["skip_zero"]) else 0.0
+            t = max(t, finish.get(g, rollout) if overlap else rollout) + work_s
+        out.append(t)
+        first = spans.get(i["worker"], [rel(i["requested_s"]), 0.0, "learner"])[0]
+        spans[i["worker"]] = [first, t, "learner" if i["worker"] not in ends else "hybrid"]
+    return out
+
+
+def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset) -> dict[str, float]:
+    """Serverless device-seconds by role (module header): each worker from its request to its last invocation's
+    end (a rank's: the optimiser step's), plus the keep-alive when released in the step, to the step's end when
+    kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
+    billed = {k: 0.0 for k in KINDS}
+    for worker, (a, b, role) in spans.items():
+        b = learn_end if role != "decode" else b
+        end = b + keep if worker in released else learn_end if keep > 0 else b
+        if role == "hybrid":
+            billed["decode"] += ends[worker] - a
+            billed["learner"] += end - ends[worker]
+        else:
+            billed[role] += end - a
+    return billed
+
+
+def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
+                 released: frozenset = frozenset()) -> dict:
+    """One step played (module header); every time in modelled seconds from the step's first decode request.
+    `released`: the workers the runtime released within the step (a decision, read from the record): each is
+    billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
+    (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
+    alive."""
+    pm, rt = run["pm"], run["rt"]
+    rel = lambda t: (t - t0) / scale  # noqa: E731 (a record's real time -> modelled seconds into the step)
+    serverful = rt.get("mode") == "serverful"
+    finish, ends, spans = _play_decode(run, work, [i for i in invs if i["kind"] == "decode"], rel, serverful)
+    rollout = max(ends.values())
+    overlap = bool(rt.get("overlap")) if rt.get("overlap") is not None else not serverful
+    rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
+                             overlap)
+    opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
+    learn_end = max(rank_end, default=rollout) + opt
+    out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
+    if serverful:  # the pool: W x the period
+        return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
+    billed = _bill(spans, ends, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale, released)
+    return {**out, "billed": sum(billed.values()), "by_role": billed}
+
+
+def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
+    """Predicted beside measured per step (module header); step 1 is skipped by default (the platform's first
+    cold starts and the fork server's warm-up)."""
+    from rlhfless.core.configbase import load_yaml
+
+    p = Path(run_dir)
+    cfg = load_yaml(p / "config.yaml")
+    rt = cfg.get("runtime") or {}
+    if rt.get("device") != "emulated":
+        raise DataError(f"validate: {p} is not a runtime.device=emulated run")
+    scale = float(rt.get("time_scale", 1.0))
+    pm, tm, cap = _perf(p)
+    run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
+           "skip_zero": bool((cfg.get("algo") or {}).get("skip_zero_variance_groups", False))}
+    trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
+                 None)
+    if trace is None:
+        raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}")
+    work = {s.step: s for s in replay_trace(trace)}
+    metrics = {r["step"]: r for r in _jsonl(p / "metrics.jsonl") if "timing_s/step" in r}
+    workers = _jsonl(p / "workers.jsonl")
+    by_step: dict[int, list[dict]] = {}
+    for i in _jsonl(p / "invocations.jsonl"):
+        if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in KINDS:
+            by_step.setdefault(i["step"], []).append(i)
+    rows = []
+    for s in sorted(metrics):
+        if (skip_first and s == 1) or s not in work or not any(i["kind"] == "decode" for i in by_step.get(s, [])):
+            continue
+        invs = by_step[s]
+        t0 = min(i["requested_s"] for i in invs if i["kind"] == "decode")
+        m = metrics[s]
+        ws = m.get("runtime/window_start_s", t0)
+        end = ws + m.get("runtime/window_s", m["timing_s/step"])
+        gone = frozenset(w["worker"] for w in workers if w.get("released_s") is not None and w["released_s"] < end)
+        pred = predict_step(run, work[s], invs, scale, t0, gone)
+        meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
+                "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in KINDS}}
+        gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
+        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0))
+        if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
+            terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
+        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms})
+    if not rows:
+        raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
+    return summarize(rows, scale, rt.get("mode", "serverless"))
+
+
+def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
+           keep_alive_s: float = 0.0) -> dict:
+    """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
+    * between_steps_s: the driver's work between the previous step and this one (logging, traces: the first `gap`
+      seconds of the window), billed to every worker held then;
+    * cold_start_overhead_s: cold starts beyond the modelled ones (fork, imports, the ready message) of the
+      workers spawned on demand in the window (a pre-warmed one's extra start is absorbed in its wait for work);
+    * release_lag_s: from a worker's last invocation's end to its release, beyond the keep-alive, for the workers
+      released in the window: the shutdown message and the exit, and a keep-alive the runtime checks later than
+      it lapses (negative: a worker evicted for a unit before its keep-alive lapsed).
+    All but the last are real seconds the model has no term for; the last is also where the runtime's release
+    rule departs from a platform's."""
+    last: dict[str, float] = {}
+    for i in invs:
+        last[i["worker"]] = max(last.get(i["worker"], 0.0), i["finished_s"])
+    cold = sum(w["cold_start_s"] / scale - pm.cold_start_s(engine="decode" in w["kinds"]) for w in workers
+               if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
+    lag = sum((w["released_s"] - last[w["worker"]] - keep_alive_s) / scale for w in workers
+              if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
+    held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
+               for w in workers) / scale
+    return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag}
+
+
+def _err(sim: float, meas: float) -> dict:
+    return {"simulated": sim, "measured": meas, "rel_error": abs(sim / meas - 1.0) if meas else float("nan")}
+
+
+def summarize(rows: list[dict], scale: float, mode: str) -> dict:
+    """Means over the validated steps, with the unexplained remainder named: the control plane's real seconds
+    (measured - simulated period), in real milliseconds per step, which the scale magnifies."""
+    mean = lambda f: float(np.mean([f(r) for r in rows]))  # noqa: E731
+    out = {"mode": mode, "time_scale": scale, "steps": [r["step"] for r in rows],
+           "step_time_s": _err(mean(lambda r: r["predicted"]["period"]), mean(lambda r: r["measured"]["period"])),
+           "cost_device_s": _err(mean(lambda r: r["predicted"]["billed"]), mean(lambda r: r["measured"]["billed"]))}
+    if mode != "serverful":
+        out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"][k]),
+                                  mean(lambda r: r["measured"]["by_role"][k])) for k in KINDS}
+    names = sorted({k for r in rows for k in r["terms"]})
+    out["cost_terms_device_s"] = {k: mean(lambda r: r["terms"].get(k, 0.0)) for k in names}
+    out["cost_terms_device_s"]["unexplained"] = (out["cost_device_s"]["measured"] - out["cost_device_s"]["simulated"]
+                                                 - sum(out["cost_terms_device_s"].values()))
+    gap = out["step_time_s"]["measured"] - out["step_time_s"]["simulated"]
+    out["control_plane_real_ms_per_step"] = gap * scale * 1000.0
+    out["rollout_s_simulated"] = mean(lambda r: r["predicted"]["rollout"])
+    out["learn_end_s_simulated"] = mean(lambda r: r["predicted"]["learn_end"])
+    return out
+
+
+def emulated_dirs(run_dir: str | Path) -> dict[str, Path]:
+    """The emulated runs in `run_dir`: itself, or the arms of a comparison; {} when none is emulated."""
+    from rlhfless.core.configbase import load_yaml
+
+    p = Path(run_dir)
+    cands = {p.name: p} if (p / "config.yaml").is_file() else {d.name: d for d in sorted(p.iterdir())
+                                                                 if (d / "config.yaml").is_file()} if p.is_dir() else {}
+    return {n: d for n, d in cands.items() if ((load_yaml(d / "config.yaml").get("runtime") or {}).get("device")
+                                              == "emulated")}
+
+
+def validate_dir(run_dir: str | Path) -> dict:
+    """`rlhfless simulate --validate` on emulated runs: every run validated, and the largest errors over them."""
+    arms = {n: {"arm": n, **validate_emulated(d)} for n, d in emulated_dirs(run_dir).items()}
+    if not arms:
+        raise DataError(f"validate: {run_dir}: no runtime.device=emulated run")
+    return {"run_dir": str(run_dir), "modes": {}, "emulated": arms, "errors_from": "emulated",
+            "step_time_error": max(a["step_time_s"]["rel_error"] for a in arms.values()),
+            "cost_error": max(a["cost_device_s"]["rel_error"] for a in arms.values())}
+
+
+def arm_line(a: dict) -> str:
+    """One emulated run's validation in a line (modelled seconds per step)."""
+    def r(x: dict) -> str:
+        return f"{x['simulated']:.1f}/{x['measured']:.1f}"
+
+    t = ", ".join(f"{k} {v:.1f}" for k, v in a["cost_terms_device_s"].items())
+    return (f"emulated {a['arm']}: step {r(a['step_time_s'])} s ({a['step_time_s']['rel_error']:.1%}), billed "
+            f"{r(a['cost_device_s'])} device-s ({a['cost_device_s']['rel_error']:.1%}); terms: {t}; control plane "
+            f"{a['control_plane_real_ms_per_step']:.0f} real ms/step (simulated/measured, modelled s per step)")

@@ -1,0 +1,251 @@
+"""Emulated devices (`runtime.device=emulated`), `runtime.design`, and the simulator's prediction of emulated runs.
+
+The end-to-end part runs a real comparison (four arms, 4 emulated L40S for Qwen2.5-3B, 3 steps, time scale 0.05: about
+a minute here): real worker processes, the real planner and meter; only compute is modelled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlhfless.config import load_run_config
+from rlhfless.core.errors import ConfigError
+from rlhfless.runtime.config import RuntimeConfig
+from rlhfless.runtime.emulated import tokens
+from rlhfless.sim.emulation import LengthTable, perf_model
+
+SMALL = ["runtime.device=emulated", "runtime.units=4", "runtime.emulated_model=qwen2.5-3b", "runtime.time_scale=0.05",
+         "plan.max_actors=4", "train.steps=3", "rollout.prompts_per_step=8", "algo.group_size=4",
+         "rollout.max_new_tokens=2048", "train.eval_prompts=0", "train.checkpoint_every=0", "tracking.mode=disabled",
+         "runtime.gantt_every=0", "plan.gpu_kind=L40S", "plan.capacity=1024", "runtime.progress_every=64",
+         "runtime.migrate=never", "runtime.mode=compare", "runtime.design=extended"]
+
+
+# ---- runtime.design ------------------------------------------------------------------------------------------
+def test_design_paper_is_a_preset_over_overlap_and_hybrid():
+    rt = RuntimeConfig(mode="serverless", design="paper")
+    assert (rt.overlap, rt.hybrid) == (False, False)
+    rt = RuntimeConfig(mode="serverless", design="extended")
+    assert rt.hybrid is True and rt.overlap is None  # auto: on for serverless
+    assert RuntimeConfig(mode="serverless").hybrid is True  # custom: today's default
+    # the serverful control ignores the serverless design (compare's verl + overlap arm)
+    assert RuntimeConfig(mode="serverful", design="paper", overlap=True).overlap is True
+
+
+@pytest.mark.parametrize("kw, field", [(dict(design="paper", hybrid=True), "runtime.hybrid"),
+                                       (dict(design="paper", overlap=True), "runtime.overlap"),
+                                       (dict(design="extended", overlap=False), "runtime.overlap"),
+                                       (dict(design="extended", hybrid=False), "runtime.hybrid"),
+                                       (dict(design="ours"), "runtime.design")])
+def test_design_refuses_a_contradicting_switch_in_one_line(kw, field):
+    with pytest.raises(ConfigError) as e:
+        RuntimeConfig(mode="serverless", **kw)
+    assert field in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("over, field", [(["runtime.units=0"], "runtime.units"),
+                                         (["runtime.time_scale=0"], "runtime.time_scale"),
+                                         (["runtime.time_scale=2"], "runtime.time_scale"),
+                                         (["runtime.emulated_gpu=TPU"], "runtime.emulated_gpu"),
+                                         (["runtime.emulated_model=gpt5"], "runtime.emulated_model"),
+                                         (["algo.name=ppo", "algo.group_size=1"], "algo.name")])
+def test_emulated_settings_are_checked(over, field):
+    with pytest.raises(ConfigError) as e:
+        load_run_config("experiments/configs/quickstart.yaml", SMALL + over)
+    assert field in str(e.value)
+
+
+def test_emulated_configs_load():
+    for name in ("emulated_testbed_7b_grpo", "emulated_testbed_3b_grpo"):
+        cfg = load_run_config(f"experiments/configs/{name}.yaml", [])
+        assert cfg.runtime.device == "emulated" and cfg.runtime.units == 16
+        cfg.check_machine()  # 16 units on a 2-core machine: emulated units are not cores
+
+
+# ---- the emulated worker -------------------------------------------------------------------------------------
+def test_tokens_are_a_pure_function_of_seed_row_and_position():
+    whole = tokens(7, 3, 0, 50)
+    assert tokens(7, 3, 0, 20) + tokens(7, 3, 20, 50) == whole  # a migrated row continues exactly
+    assert whole != tokens(7, 4, 0, 50) and whole != tokens(8, 3, 0, 50)
+
+
+def _table(tmp: Path) -> Path:
+    t = LengthTable([[[30, 300, 5, 1200], [64, 64, 64, 64]]], None, "L40S", "qwen2.5-3b", 512, 400.0, "test")
+    path = tmp / "lengths.json"
+    t.save(path)
+    return path
+
+
+def test_emulated_worker_is_light_and_replays_lengths(tmp_path):
+    """A real worker process (spawned: a fresh interpreter) imports no torch, stays small, and decodes the table's
+    lengths in no less than the modelled time, scaled."""
+    from rlhfless.runtime import wire
+    from rlhfless.runtime.backend import LocalBackend
+
+    scale = 0.02
+    setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": scale, "algo": "grpo", "G": 4,
+                          "max_new_tokens": 1024, "skip_zero_variance": False}, "version": 0}
+    be = LocalBackend("spawn")
+    h = be.start("w0", ("decode", "learner"), (0,), setup)
+    try:
+        [(_, ready)] = be.poll([h], 60.0)
+        assert ready["op"] == "ready"
+        maps = Path(f"/proc/{h.pid}/maps").read_text()
+        assert "libtorch" not in maps and "transformers" not in maps
+        rss_kb = int(next(x for x in Path(f"/proc/{h.pid}/status").read_text().splitlines()
+                          if x.startswith("VmRSS")).split()[1])
+        assert rss_kb < 150_000, rss_kb  # 16-32 of them fit in this machine's memory
+        items = [{"g": g, "prompt": [1] * 20, "answer": "", "rows": [g * 4 + s for s in range(4)], "prefix": None}
+                 for g in range(2)]
+        wire.send(h.conn, {"op": "decode", "step": 1, "seed": 5, "n_total": 8, "items": items, "progress_every": 64})
+        msgs = []
+        while not msgs or msgs[-1]["op"] != "done":
+            msgs += [m for _, m in be.poll([h], 60.0)]
+        done = msgs[-1]
+        lengths = {r[0]: len(r[1]) for r in done["results"]}
+        assert lengths == {0: 30, 1: 300, 2: 5, 3: 1024, 4: 64, 5: 64, 6: 64, 7: 64}  # capped at max_new_tokens
+        assert {r[0]: r[2] for r in done["results"]}[3] is True  # truncated at the cap
+        pm = perf_model("L40S", "qwen2.5-3b")
+        tm = pm.time_model(512, 400.0)
+        floor = float(tm.iter_seconds(1)) * 1024 * scale  # at least the longest row's iterations at batch 1
+        assert done["t_end"] - done["t_start"] >= floor
+    finally:
+        be.release(h)
+
+
+# ---- a small comparison end to end, and the simulator's prediction of it --------------------------------------
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    from rlhfless.run.runner import train
+
+    out = tmp_path_factory.mktemp("emulated") / "cmp"
+    train(load_run_config("experiments/configs/quickstart.yaml", SMALL), out, progress=False)
+    return out
+
+
+def _rows(p: Path) -> list[dict]:
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+
+def test_emulated_compare_runs_four_arms_on_identical_samples(compared):
+    r = json.loads((compared / "comparison.json").read_text())
+    assert r["arms"] == ["serverful", "serverful-overlap", "serverless", "serverless-paper"]
+    assert r["samples_identical"] and r["weights_identical"]
+    m = r["modelled"]["per_step"]
+    for arm in r["arms"]:  # modelled seconds = real / time_scale, steps 2.. (step 1 starts the platform)
+        steps = [x for x in _rows(compared / arm / "metrics.jsonl") if x.get("step", 0) > 1 and "timing_s/step" in x]
+        assert m[arm]["steps_averaged"] == [2, 3]
+        assert m[arm]["step_time_s"] == pytest.approx(sum(x["timing_s/step"] for x in steps) / len(steps) / 0.05)
+        split = m[arm]["cold_start_device_s"] + sum(m[arm]["busy_device_s"].values()) + m[arm]["held_idle_device_s"]
+        assert split == pytest.approx(m[arm]["billed_device_s"])
+        roles = m[arm]["per_role"]  # each role's bill split the same way, and the roles add up to the bill
+        assert sum(r["billed"] for r in roles.values()) == pytest.approx(m[arm]["billed_device_s"], rel=1e-3)
+        assert sum(r["cold"] for r in roles.values()) == pytest.approx(m[arm]["cold_start_device_s"])
+        for r in roles.values():
+            assert r["cold"] + r["busy"] + r["held_idle"] == pytest.approx(r["billed"])
+        assert set(roles) == ({"pool"} if arm.startswith("serverful") else {"decode", "learner"})
+    # units are the emulated device count, not this machine's 2 cores
+    peaks = [x["runtime/units_peak"] for x in _rows(compared / "serverless" / "metrics.jsonl")
+             if "runtime/units_peak" in x]
+    assert max(peaks) > 2 and max(peaks) <= 4
+
+
+def test_design_paper_arm_runs_separate_functions_and_streams_nothing(compared):
+    paper = _rows(compared / "serverless-paper" / "workers.jsonl")
+    assert all(len(w["kinds"]) == 1 for w in paper)  # no hybrid image
+    ours = _rows(compared / "serverless" / "workers.jsonl")
+    assert any(set(w["kinds"]) == {"decode", "learner"} for w in ours)
+    for arm, streamed in (("serverless-paper", 0.0), ("serverless", None)):
+        got = [x.get("runtime/learner_compute_before_rollout_end") for x in _rows(compared / arm / "metrics.jsonl")
+               if "timing_s/step" in x]
+        if streamed is not None:
+            assert all(g in (None, 0.0) for g in got)
+        else:
+            assert all(g and g > 0 for g in got)
+
+
+def test_response_lengths_are_replayed_from_the_table(compared):
+    table = LengthTable.load(compared / "serverless" / "emulated-lengths.json")
+    rows = _rows(compared / "serverless" / "traces" / "rollouts.jsonl")
+    assert rows
+    G = 4
+    by_step: dict[int, list[int]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r["response_len"])
+    for step, lens in by_step.items():
+        want = [table.length(step, row, G, 2048) for row in range(len(lens))]
+        assert lens == want
+
+
+@pytest.mark.parametrize("arm", ["serverful", "serverful-overlap", "serverless", "serverless-paper"])
+def test_simulator_predicts_each_emulated_arm(compared, arm):
+    """Step time and billed device-seconds within 10%, or the difference explained term by term: what the model
+    leaves out is the control plane's real seconds (cold-start overhead beyond the model's, release lag, the
+    driver's milliseconds per step), which the time scale magnifies 20x here."""
+    from rlhfless.sim.emulated import validate_emulated
+
+    v = validate_emulated(compared / arm)
+    st, cost = v["step_time_s"], v["cost_device_s"]
+    assert st["simulated"] <= st["measured"] * 1.02  # the model omits only the control plane: it never runs slower
+    assert st["rel_error"] < 0.10 or v["control_plane_real_ms_per_step"] < 500
+    terms = v["cost_terms_device_s"]
+    assert cost["rel_error"] < 0.10 or abs(terms["unexplained"]) < 0.10 * cost["measured"]
+
+
+def test_faults_on_emulated_devices_recover_to_the_same_samples(compared, tmp_path):
+    """SIGKILL an emulated decode function just sent its rows (step 2) and a learner rank just sent the optimiser
+    step (step 3): the runtime's recovery re-runs them, and the samples equal the undisturbed serverless arm's."""
+    from rlhfless.run.runner import train
+    from rlhfless.runtime import executor
+    from rlhfless.runtime.compare import samples_match
+    from rlhfless.runtime.faults import KillOn, KillRule
+
+    chaos = KillOn(KillRule("sent", "decode", 2), KillRule("sent", "learn_end", 3))
+    executor.RUNTIME_HOOKS.append(chaos.attach)
+    try:
+        cfg = load_run_config("experiments/configs/quickstart.yaml", SMALL + ["runtime.mode=serverless"])
+        summary = train(cfg, tmp_path / "killed", progress=False)
+    finally:
+        executor.RUNTIME_HOOKS.remove(chaos.attach)
+    assert len(chaos.fired) == 2 and summary["runtime"]["retries"] >= 2
+    same, first, n = samples_match(compared / "serverless", tmp_path / "killed")
+    assert same and n == 3, first
+
+
+def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
+    """Cut-and-migrate at a low tau between two emulated decode functions: rows really move (progress, cut,
+    adopt over the real messages) and continue the same tokens, so the samples equal the undisturbed arm's."""
+    from rlhfless.run.runner import train
+    from rlhfless.runtime.compare import samples_match
+
+    over = ["runtime.mode=serverless", "plan.scale=false", "plan.max_actors=2", "plan.migrate=true",
+            "runtime.migrate=always", "plan.tau=0.3", "runtime.progress_every=8"]
+    summary = train(load_run_config("experiments/configs/quickstart.yaml", SMALL + over), tmp_path / "mig",
+                    progress=False)
+    assert summary["runtime"]["migrated_seqs"] > 0
+    same, first, n = samples_match(compared / "serverless", tmp_path / "mig")
+    assert same and n == 3, first
+
+
+def test_a_trace_the_user_brings_is_replayed(tmp_path):
+    """runtime.length_trace=PATH: the table holds that trace's lengths and rewards, step by step and group by group
+    (the simulator's replay_trace), and the capacity and context the simulator sizes from it."""
+    from rlhfless.sim.emulation import build_table
+    from rlhfless.sim.workload import replay_trace
+
+    trace = "data/traces/quickstart.jsonl.gz"
+    cfg = load_run_config("experiments/configs/quickstart.yaml",
+                          [x for x in SMALL if not x.startswith("algo.group_size")] + [f"runtime.length_trace={trace}"])
+    table = build_table(cfg, steps=3)
+    work = replay_trace(trace, 3)
+    assert table.lengths == [[list(g.lengths) for g in s.groups] for s in work]
+    assert table.rewards == [[list(g.rewards) for g in s.groups] for s in work]
+    assert table.capacity >= 1 and table.ctx > 0 and trace in table.source
+    G = len(work[0].groups[0].lengths)
+    assert table.length(2, G + 1, G, 10_000) == work[1].groups[1].lengths[1]
+    with pytest.raises(ConfigError, match="runtime.length_trace"):
+        build_table(load_run_config("experiments/configs/quickstart.yaml",
+                                    SMALL + [f"runtime.length_trace={tmp_path / 'none.jsonl'}"]), steps=3)
