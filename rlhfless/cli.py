@@ -7,7 +7,8 @@ Each area registers its own subcommands (`register(sub, bench)`) so this file st
 inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
 metadata.
 
-User errors (`rlhfless.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
+User errors (`rlhfless.errors.UserError`), OS errors (a full disk, a read-only folder, a symlink loop:
+`errors.os_error_message`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
 characters) and exit with status 2, without a traceback. `KEY=VALUE` overrides may stand anywhere among the
 options (`train --config C train.steps=2 --out D train.eval_prompts=0`). Output paths (`--json`, `--out`) are
 checked here before any work (`rlhfless.outpaths`); `train` and `pretrain` check their own `--out`.
@@ -19,7 +20,7 @@ import argparse
 import importlib
 import sys
 
-from rlhfless.errors import UserError, short_message
+from rlhfless.errors import UserError, os_error_message, short_message
 
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
     except UserError as exc:
         print(short_message(f"rlhfless: error: {exc}"), file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk, not the program: a full disk, a read-only mount, a symlink loop
+        print(short_message(f"rlhfless: error: {os_error_message(exc)}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("rlhfless: interrupted", file=sys.stderr)

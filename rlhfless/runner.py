@@ -29,7 +29,7 @@ from rlhfless import metrics as M
 from rlhfless.config import RunConfig
 from rlhfless.errors import ConfigError, DataError, TrainingError
 from rlhfless.evaluate import EvalResult, evaluate
-from rlhfless.jsonl import write_json
+from rlhfless.jsonl import write_atomic, write_json
 from rlhfless.learner import Learner
 from rlhfless.loop import Stages, StepReport, run_step
 from rlhfless.model.factory import load_policy, save_checkpoint
@@ -167,17 +167,22 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     resume: continue the run in `out_dir` from its last checkpoint; the result equals an uninterrupted run's.
     allow_config_change: resume even if the config differs in keys that change results (listed in a warning).
     """
-    cfg.check_machine()
-    if cfg.runtime.mode == "compare":
-        from rlhfless.runtime.compare import compare
+    from rlhfless.outpaths import claim_run_dir
 
-        return compare(cfg, Path(out_dir), train, progress)
-    torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.train.seed)
-    run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
-    run.progress = progress
-    _steps(run, progress)
-    return _finish(run)
+    cfg.check_machine()
+    # the folder is this run's alone from here on (an earlier, finished run there is moved aside; a live one
+    # refuses this call); a run that fails before writing anything leaves no folder behind
+    with claim_run_dir(str(out_dir), resume, earlier_run_ok=True):
+        if cfg.runtime.mode == "compare":
+            from rlhfless.runtime.compare import compare
+
+            return compare(cfg, Path(out_dir), train, progress)
+        torch.set_num_threads(cfg.train.threads)
+        torch.manual_seed(cfg.train.seed)
+        run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
+        run.progress = progress
+        _steps(run, progress)
+        return _finish(run)
 
 
 def _plan_config(cfg: RunConfig):
@@ -228,8 +233,8 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     ensure_policy(cfg, progress)
     policy = load_policy(cfg.policy.resolved())
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
-    out = _fresh_run_dir(out_dir)  # only once every check has passed: a bad config leaves nothing behind
-    (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    out = out_dir  # claimed by `train`: it holds nothing but the claim's lock file
+    write_atomic(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg))
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
     stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size,
@@ -272,7 +277,7 @@ def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
     for done in (out / "summary.json", out / "checkpoints" / "final"):  # a finished run being extended
         if done.exists():
             done.rename(kept / done.name)
-    (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_atomic(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg), resume_id=state.wandb_id)
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
     torch.set_rng_state(rng)  # last: loading weights above may draw from the global generator
@@ -398,8 +403,15 @@ def _finish(run: Run) -> dict:
     run.traces.close()
     if not (cfg.train.checkpoint_every and cfg.train.steps % cfg.train.checkpoint_every == 0):
         _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
-    save_checkpoint(run.learner.model, out / "checkpoints" / "final", {"step": cfg.train.steps},
-                    tokenizer=run.stages.env.tok)
+    final_dir, tmp = out / "checkpoints" / "final", out / "checkpoints" / "final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:  # written beside, then renamed: a full disk never leaves a half-written `final`
+        save_checkpoint(run.learner.model, tmp, {"step": cfg.train.steps}, tokenizer=run.stages.env.tok)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(final_dir, ignore_errors=True)
+    tmp.rename(final_dir)
     final = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env, run.progress)
     if final:
         run.tracker.log(_eval_metrics(final), step=cfg.train.steps)
@@ -486,25 +498,6 @@ def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:
     model.save_pretrained(folder, safe_serialization=True)
     print(f"rlhfless: warm start: {done}", file=sys.stderr)
     return {"warm_start": done}
-
-
-def _fresh_run_dir(out: Path) -> Path:
-    """Create `out`: a new path or an empty folder (`outpaths.check_run_dir`, which the CLI applies before any
-    work). An earlier run there is moved aside to `out.<timestamp>` (library callers such as compare, bench
-    faults and repro re-run into their own sub-folders); anything else is refused, never moved or mixed into."""
-    from rlhfless.outpaths import check_run_dir
-
-    check_run_dir(str(out), resume=False, earlier_run_ok=True)
-    if out.is_dir() and any(out.iterdir()):
-        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        n = 1
-        while aside.exists():  # two runs within one second
-            n += 1
-            aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-        out.rename(aside)
-        print(f"rlhfless: {out} held an earlier run; moved it to {aside}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def _eval_metrics(res: dict[str, EvalResult]) -> dict[str, float]:

@@ -79,15 +79,20 @@ def _train(args: argparse.Namespace) -> int:
         check_run_dir(args.out, args.resume)  # before loading anything: a refused folder is never touched
     overrides = list(args.overrides) + ([f"tracking.mode={args.wandb}"] if args.wandb else [])
     cfg = load_run_config(args.config, overrides)
+    from rlhfless.tracking import check_reachable
+
+    check_reachable(cfg.tracking)  # bounded, before any work: W&B's own start would hang ~100 s offline
     if args.resume and cfg.runtime.mode == "compare":
         raise ConfigError("--resume: runtime.mode=compare runs two fresh runs; resume OUT/serverful or "
                           "OUT/serverless with its own config instead")
     if args.dry_run:
         return _dry_run(cfg, args.out, args.resume, args.allow_config_change, not args.no_progress)
+    from rlhfless.outpaths import claim_run_dir
     from rlhfless.runner import train
 
-    summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
-                    allow_config_change=args.allow_config_change)
+    with claim_run_dir(args.out, args.resume):  # the check again, under the folder's lock: no two runs mix
+        summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
+                        allow_config_change=args.allow_config_change)
     if cfg.runtime.mode == "compare":
         _print_comparison(summary)
     else:
