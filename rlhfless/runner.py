@@ -27,7 +27,7 @@ import yaml
 
 from rlhfless import metrics as M
 from rlhfless.config import RunConfig
-from rlhfless.errors import ConfigError, DataError, TrainingError
+from rlhfless.errors import ConfigError, DataError, TrainingError, quote
 from rlhfless.evaluate import EvalResult, evaluate
 from rlhfless.jsonl import write_atomic, write_json
 from rlhfless.learner import Learner
@@ -91,22 +91,23 @@ def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int,
 
 def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv,
              progress: bool = False) -> dict[str, EvalResult]:
-    """Held-out accuracy, sampled (and greedy when `train.eval_greedy`); a bar over prompts when `progress`."""
+    """Held-out accuracy, sampled (and greedy when `train.eval_greedy`); a bar over the prompts of each pass when
+    `progress` (two passes over 500 prompts count to 500 twice, not to 1,000 "prompts")."""
     from rlhfless.progress import count_bar
 
     if not prompts:
         return {}
     r = cfg.rollout
-    sampled = env.sampling(r.max_new_tokens, r.temperature, r.top_p)
-    advance, close = count_bar(len(prompts) * (1 + cfg.train.eval_greedy), "held-out eval", progress, "prompt")
-    try:
-        res = {"sampled": evaluate(model, prompts, eval_samples(cfg), sampled, env, seed=EVAL_SEED,
-                                   progress=advance)}
-        if cfg.train.eval_greedy:
-            res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED,
-                                     progress=advance)
-    finally:
-        close()
+    passes = {"sampled": (eval_samples(cfg), env.sampling(r.max_new_tokens, r.temperature, r.top_p))}
+    if cfg.train.eval_greedy:
+        passes["greedy"] = (1, env.sampling(r.max_new_tokens, 0.0))
+    res = {}
+    for kind, (samples, sampling) in passes.items():
+        advance, close = count_bar(len(prompts), f"held-out eval, {kind}", progress, "prompt")
+        try:
+            res[kind] = evaluate(model, prompts, samples, sampling, env, seed=EVAL_SEED, progress=advance)
+        finally:
+            close()
     return res
 
 
@@ -217,9 +218,17 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
         planner.predictor = load_predictor(ckpt / "predictor")
     env = make_env(cfg)
     train_prompts, eval_prompts = env.task.splits()
-    eval_prompts = eval_prompts[: cfg.train.eval_prompts]
+    eval_prompts = held_out(eval_prompts, cfg.train.eval_prompts, cfg.task.name)
     check_fits_context(train_prompts + eval_prompts, cfg, context_of(policy, env), env)
     return learner, planner, Stages(cfg, learner, reference, planner, env, critic), train_prompts, eval_prompts
+
+
+def held_out(split: list[Prompt], n: int | None, task: str) -> list[Prompt]:
+    """The first `n` prompts of the held-out `split` (all when None); more than it holds is refused, not cut."""
+    if n is not None and n > len(split):
+        raise ConfigError(f"train.eval_prompts: the {task} task's held-out split has {len(split)} prompts (got "
+                          f"{quote(n)}); set at most {len(split)}, null for all of them, or 0 to skip the evaluation")
+    return split if n is None else split[:n]
 
 
 def placed(cfg: RunConfig, model):
@@ -478,6 +487,11 @@ def ensure_policy(cfg: RunConfig, progress: bool = True) -> None:
     from rlhfless.tasks.config import make_task
 
     if cfg.task.name == "gsm8k":  # questions and worked answers: the vocabulary of what the model reads and writes
+        from rlhfless.tasks.gsm8k import missing_message
+
+        why = missing_message(cfg.task.gsm8k.path)
+        if why:  # before announcing a build that cannot start
+            raise DataError(why)
         corpus: str | list[str] = cfg.task.gsm8k.path
     else:
         corpus = [f"{p.text} {p.answer}" for p in make_task(cfg.task).splits()[0]]

@@ -144,21 +144,20 @@ def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, prog
 
     # cheap checks first (the machine, the predictor and time profile, the run folder), then the checkpoint's seconds
     names = ["machine", "planner"] + (["run folder"] if resume and out else []) + ["checkpoint", "task, learner"]
-    step = phases(names, "dry-run checks", progress)
-    step("machine")
-    cfg.check_machine()
-    step("planner")
-    if cfg.train.plan:
-        Planner(cfg.predictor, cfg.plan)
-    if resume and out:
-        step("run folder")
-        check_resume(cfg, Path(out), allow_config_change)
-    step("checkpoint")
-    ensure_policy(cfg, progress)
-    policy = load_policy(cfg.policy.resolved())
-    step("task, learner")
-    _, _, _, train_prompts, eval_prompts = _build(cfg, policy, None)
-    step.close()
+    with phases(names, "dry-run checks", progress) as step:
+        step("machine")
+        cfg.check_machine()
+        step("planner")
+        if cfg.train.plan:
+            Planner(cfg.predictor, cfg.plan)
+        if resume and out:
+            step("run folder")
+            check_resume(cfg, Path(out), allow_config_change)
+        step("checkpoint")
+        ensure_policy(cfg, progress)
+        policy = load_policy(cfg.policy.resolved())
+        step("task, learner")
+        _, _, _, train_prompts, eval_prompts = _build(cfg, policy, None)
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
     print(f"rlhfless: config OK ({len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)
