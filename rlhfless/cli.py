@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         print(short_message(f"rlhfless: error: {exc}"), file=sys.stderr)
         return 2
     except OSError as exc:  # the disk, not the program: a full disk, a read-only mount, a symlink loop
+        if exc.errno is None:  # raised by code, not reported by the OS (a bare TimeoutError): a program error
+            raise
         print(short_message(f"rlhfless: error: {os_error_message(exc)}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -228,8 +228,11 @@ class RunConfig:
         plan.max_actors above the units of a serverless or compare run is capped at the units, with one line
         saying so (the scaler could never start more decode functions than there are units; a config sized for
         a larger machine then still runs here as written)."""
-        self._cap_actors()
-        self.runtime.check_machine(self.plan.max_actors, compare_dp=self.algo.name == "grpo")
+        units = self.runtime.resolved_units() if self.runtime.mode in ("serverless", "compare") else None
+        cap = units if units is not None and self.plan.max_actors > units else None
+        self.runtime.check_machine(self.plan.max_actors if cap is None else cap, compare_dp=self.algo.name == "grpo")
+        if cap is not None:  # after the runtime's own checks: a machine it refuses is named first
+            self._cap_actors(cap)
         check_device(self.train.device, "train.device")
         # train.device=auto passes __post_init__'s check and may only resolve to a GPU here
         require(self.algo.name != "ppo" or resolve_device(self.train.device).type == "cpu", "train.device",
@@ -240,12 +243,7 @@ class RunConfig:
             require(units >= 2, "runtime.units", f"PPO's actor and critic functions run side by side: at least 2 "
                     f"units (got {units}); use runtime.mode=serverful or inline on one unit")
 
-    def _cap_actors(self) -> None:
-        if self.runtime.mode not in ("serverless", "compare"):
-            return
-        units = self.runtime.resolved_units()
-        if self.plan.max_actors <= units:
-            return
+    def _cap_actors(self, units: int) -> None:
         require(self.plan.min_actors <= units, "plan.min_actors", f"serverless decode functions need one unit each: "
                 f"at most runtime.units={units} (got {self.plan.min_actors}); lower it or raise runtime.units")
         print(f"rlhfless: plan.max_actors={self.plan.max_actors} capped at runtime.units={units} (one unit per "

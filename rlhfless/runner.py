@@ -8,6 +8,7 @@ Output folder layout (`--out DIR`):
     tables/*.jsonl       decision tables (completions, predicted vs actual lengths)
     checkpoints/last     the policy after the last good checkpoint; checkpoints/final at the end
     wandb/               the offline W&B run (`wandb sync DIR/wandb/offline-run-*`)
+    .rlhfless-run.lock   while the run is live: its claim on the folder (`outpaths.claim_run_dir`), deleted at the end
 """
 
 from __future__ import annotations

@@ -128,9 +128,10 @@ def _print_comparison(c: dict) -> None:
 def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:
     """Every check `train` makes before its first step, in the same functions, without writing anything.
 
-    The machine (`RunConfig.check_machine`: units, devices), the planner (predictor, time profile), with --out --resume the run's
-    checkpoint and config, the checkpoint (built first when `policy.build` says so, as a run would), the task's
-    splits, the context fit, the learner and the reference. A progress bar names the check running.
+    The machine (`RunConfig.check_machine`: units, devices), the planner (predictor, time profile), with --out
+    --resume the run's checkpoint (its weights, critic and predictor too) and config, the checkpoint (built first
+    when `policy.build` says so, as a run would), the task's splits, the context fit, the learner and the
+    reference. A progress bar names the check running.
     """
     from dataclasses import asdict
     from pathlib import Path
@@ -150,14 +151,15 @@ def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, prog
         step("planner")
         if cfg.train.plan:
             Planner(cfg.predictor, cfg.plan)
+        ckpt = None
         if resume and out:
             step("run folder")
-            check_resume(cfg, Path(out), allow_config_change)
+            ckpt, _ = check_resume(cfg, Path(out), allow_config_change)
         step("checkpoint")
         ensure_policy(cfg, progress)
-        policy = load_policy(cfg.policy.resolved())
+        policy = load_policy(ckpt or cfg.policy.resolved())  # a resumed run starts from its own last checkpoint
         step("task, learner")
-        _, _, _, train_prompts, eval_prompts = _build(cfg, policy, None)
+        _, _, _, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
     print(f"rlhfless: config OK ({len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)
