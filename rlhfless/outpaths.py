@@ -101,6 +101,7 @@ def check_output_dir(path: str, flag: str = "--out") -> Path:
                           "data; name a new folder, e.g. runs/demo")
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{flag} {quote(path)}: is a file, not a folder; name a new folder")
+    _refuse_live_run(p, path, flag)  # no command writes into the folder of a live run
     return p
 
 
@@ -125,7 +126,6 @@ def check_run_dir(path: str, resume: bool, earlier_run_ok: bool = False) -> Path
     earlier_run_ok: accept a folder holding an earlier run (library callers that re-run into their own
     sub-folders, such as compare, bench faults and repro, move it aside; the CLI never passes it)."""
     p = check_output_dir(path)
-    _refuse_live_run(p, path)
     if _inside_data(p):
         raise ConfigError(f"--out {quote(path)}: is inside {DATA_DIR}, which holds the shipped checkpoint, "
                           "profiles and traces; write runs elsewhere, e.g. --out runs/demo")
@@ -225,15 +225,13 @@ def claim_run_dir(path: str, resume: bool, earlier_run_ok: bool = False) -> RunC
             (_move_aside(p) / LOCK_NAME).unlink()  # our lock file moved with the folder
             claim.release()
             return claim_run_dir(path, resume, earlier_run_ok)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
     except BaseException:
         claim.release()
         raise
     return claim
 
 
-def _refuse_live_run(p: Path, path: str) -> None:
+def _refuse_live_run(p: Path, path: str, flag: str = "--out") -> None:
     """Refuse a folder whose lock another live process holds (probed with a shared lock, released at once)."""
     import fcntl
 
@@ -246,14 +244,14 @@ def _refuse_live_run(p: Path, path: str) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise _busy(fd, path) from None
+        raise _busy(fd, path, flag) from None
     finally:
         os.close(fd)  # also drops the probe's lock
 
 
-def _busy(fd: int, path: str) -> ConfigError:
+def _busy(fd: int, path: str, flag: str = "--out") -> ConfigError:
     pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-    return ConfigError(f"--out {quote(path, 160)}: another run (pid {pid}) is writing to this folder; wait for it to "
+    return ConfigError(f"{flag} {quote(path, 160)}: another run (pid {pid}) is writing to this folder; wait for it to "
                        "end, or name another folder")
 
 
@@ -302,6 +300,8 @@ def _lock(p: Path, path: str) -> int:
         except FileNotFoundError:
             same = False
         if same:
+            os.ftruncate(fd, 0)  # a lock file left by a killed run still holds its pid
+            os.write(fd, f"{os.getpid()}\n".encode())  # at once: a run refused next names this one
             return fd
         os.close(fd)  # the run that held it released it (and deleted the file) between our open and lock
 

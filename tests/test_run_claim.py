@@ -71,7 +71,8 @@ def test_a_folder_a_live_run_holds_is_refused_naming_its_pid_and_left_alone(tmp_
         (out / "config.yaml").write_text("train: {seed: 7}\n")  # what the live run has written so far
         before = {p.name: p.read_bytes() for p in out.iterdir()}
         for argv in (["train", "--no-progress", "--out", str(out), *TINY],
-                     ["train", "--no-progress", "--resume", "--out", str(out), *TINY]):
+                     ["train", "--no-progress", "--resume", "--out", str(out), *TINY],
+                     ["simulate", "--scenario", "quick", "--out", str(out)]):  # no other command writes there
             assert main(argv) == 2
             err = capsys.readouterr().err.strip()
             assert err.count("\n") == 0 and f"another run (pid {holder.pid})" in err and str(out) in err
