@@ -69,7 +69,8 @@ def register(sub, bench) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from rlhfless.config import load_run_config
-    from rlhfless.outpaths import check_run_dir
+    from rlhfless.outpaths import check_run_dir, claim_run_dir
+    from rlhfless.tracking import check_reachable
 
     if args.allow_config_change and not args.resume:
         raise ConfigError("--allow-config-change only applies with --resume")
@@ -79,15 +80,12 @@ def _train(args: argparse.Namespace) -> int:
         check_run_dir(args.out, args.resume)  # before loading anything: a refused folder is never touched
     overrides = list(args.overrides) + ([f"tracking.mode={args.wandb}"] if args.wandb else [])
     cfg = load_run_config(args.config, overrides)
-    from rlhfless.tracking import check_reachable
-
     check_reachable(cfg.tracking)  # bounded, before any work: W&B's own start would hang ~100 s offline
     if args.resume and cfg.runtime.mode == "compare":
         raise ConfigError("--resume: runtime.mode=compare runs two fresh runs; resume OUT/serverful or "
                           "OUT/serverless with its own config instead")
     if args.dry_run:
         return _dry_run(cfg, args.out, args.resume, args.allow_config_change, not args.no_progress)
-    from rlhfless.outpaths import claim_run_dir
     from rlhfless.runner import train
 
     with claim_run_dir(args.out, args.resume):  # the check again, under the folder's lock: no two runs mix
