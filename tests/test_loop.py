@@ -168,3 +168,19 @@ def test_warmup_advances_on_a_batch_without_reward_variance(tiny_checkpoint):
     varied = learner.update([[1, 5, 6]], [[7, 2], [8, 2]], torch.tensor([1.0, 0.0]))
     assert varied["actor/lr"] == pytest.approx(0.5e-3)  # the skipped batch counted as a warm-up step
     assert learner.updates == 2
+
+
+def test_the_held_out_bar_counts_prompts_once_per_pass(tiny_checkpoint, capsys):
+    """500 prompts evaluated sampled and greedy show two bars to 500, not one bar to 1,000 "prompts"."""
+    from rlhfless.model.factory import load_policy
+    from rlhfless.runner import run_eval
+    from rlhfless.textenv import make_env
+
+    cfg = load_run_config(None, SMALL + [f"policy.checkpoint={tiny_checkpoint}"])
+    env = make_env(cfg)
+    prompts = env.task.splits()[1][:3]
+    res = run_eval(load_policy(tiny_checkpoint), prompts, cfg, env, progress=True)
+    err = capsys.readouterr().err
+    assert set(res) == {"sampled", "greedy"} and all(r.num_prompts == 3 for r in res.values())
+    assert "held-out eval, sampled" in err and "held-out eval, greedy" in err
+    assert err.count("0/3 [") == 2 and "/6" not in err  # each bar starts at 0 of the 3 prompts
