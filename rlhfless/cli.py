@@ -7,9 +7,10 @@ Each area registers its own subcommands (`register(sub, bench)`) so this file st
 inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
 metadata.
 
-User errors (`rlhfless.core.errors.UserError`) and usage errors print one line (at most `errors.MESSAGE_LIMIT`
-characters) and exit with status 2, without a traceback. SIGINT and SIGTERM stop the command cleanly (its workers
-first), print one line, and exit with 130 and 143. `KEY=VALUE` overrides may stand anywhere among the
+User errors (`rlhfless.core.errors.UserError`), OS errors (a full disk, a read-only folder, a symlink loop:
+`errors.os_error_message`) and usage errors print one line (at most `errors.MESSAGE_LIMIT` characters) and exit
+with status 2, without a traceback. SIGINT and SIGTERM stop the command cleanly (its workers first), print one
+line, and exit with 130 and 143. `KEY=VALUE` overrides may stand anywhere among the
 options (`train --config C train.steps=2 --out D train.eval_prompts=0`). Output paths (`--json`, `--out`) are
 checked here before any work (`rlhfless.core.outpaths`); `train` and `pretrain` check their own `--out`.
 """
@@ -23,7 +24,7 @@ import signal
 import sys
 from contextlib import contextmanager
 
-from rlhfless.core.errors import Interrupted, UserError, interrupt, short_message
+from rlhfless.core.errors import Interrupted, UserError, interrupt, os_error_message, short_message
 
 # Modules that contribute subcommands: each defines register(subparsers, bench_subparsers).
 _MODULES = (
@@ -158,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
             result = args.func(args)
     except UserError as exc:
         print(short_message(f"rlhfless: error: {exc}"), file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk, not the program: a full disk, a read-only mount, a symlink loop
+        if exc.errno is None:  # raised by code, not reported by the OS (a bare TimeoutError): a program error
+            raise
+        print(short_message(f"rlhfless: error: {os_error_message(exc)}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)

@@ -8,7 +8,8 @@ place: the dataclass field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -100,8 +101,9 @@ class TrainConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights, KV cache and activations: float32 or bfloat16 (sampling, log-probs and the loss stay float32;
     checkpoints are written as float32 either way)."""
-    eval_prompts: int = 1000
-    """Held-out prompts for the initial and final evaluation (0 = skip)."""
+    eval_prompts: int | None = None
+    """Held-out prompts for the initial and final evaluation: the first N of the task's held-out split (0 = skip;
+    None = the whole split; more than the split holds is refused, never cut silently)."""
     eval_samples: int | None = None
     """Sampled responses per held-out prompt for eval/accuracy (>= 1); None = algo.group_size. Set it when
     comparing runs of different G (PPO's G = 1 makes a noisy estimate)."""
@@ -121,7 +123,10 @@ class TrainConfig:
         require(self.threads >= 1, "train.threads", f"must be >= 1 (got {self.threads})")
         problem = syntax_problem(self.device)
         require(problem is None, "train.device", problem or "")
-        require(self.eval_prompts >= 0, "train.eval_prompts", f"must be >= 0 (got {self.eval_prompts})")
+        require(self.eval_prompts is None or self.eval_prompts >= 0, "train.eval_prompts",
+                f"must be >= 0 or null (got {self.eval_prompts})")
+        # seeds feed random.Random strings and torch.manual_seed, which refuses negatives only deep in a run
+        require(self.seed >= 0, "train.seed", f"must be >= 0 (got {self.seed})")
         require(self.eval_samples is None or self.eval_samples >= 1, "train.eval_samples",
                 f"must be >= 1 or null (got {self.eval_samples})")
         for name in ("eval_every", "table_every", "checkpoint_every"):
@@ -175,8 +180,16 @@ class RunConfig:
 
     def check_machine(self) -> None:
         """Reject, before any work, a setting this machine cannot run: the runtime's units and devices, and the
-        inline loop's device (one line naming the field; every entry point and `--dry-run` call this)."""
-        self.runtime.check_machine(self.plan.max_actors, compare_dp=self.algo.name == "grpo")
+        inline loop's device (one line naming the field; every entry point and `--dry-run` call this).
+
+        plan.max_actors above the units of a serverless or compare run is capped at the units, with one line
+        saying so (the scaler could never start more decode functions than there are units; a config sized for
+        a larger machine then still runs here as written)."""
+        units = self.runtime.resolved_units() if self.runtime.mode in ("serverless", "compare") else None
+        cap = units if units is not None and self.plan.max_actors > units else None
+        self.runtime.check_machine(self.plan.max_actors if cap is None else cap, compare_dp=self.algo.name == "grpo")
+        if cap is not None:  # after the runtime's own checks: a machine it refuses is named first
+            self._cap_actors(cap)
         check_device(self.train.device, "train.device")
         # train.device=auto passes __post_init__'s check and may only resolve to a GPU here
         require(self.algo.name != "ppo" or resolve_device(self.train.device).type == "cpu", "train.device",
@@ -186,6 +199,13 @@ class RunConfig:
             units = self.runtime.resolved_units()
             require(units >= 2, "runtime.units", f"PPO's actor and critic functions run side by side: at least 2 "
                     f"units (got {units}); use runtime.mode=serverful or inline on one unit")
+
+    def _cap_actors(self, units: int) -> None:
+        require(self.plan.min_actors <= units, "plan.min_actors", f"serverless decode functions need one unit each: "
+                f"at most runtime.units={units} (got {self.plan.min_actors}); lower it or raise runtime.units")
+        print(f"rlhfless: plan.max_actors={self.plan.max_actors} capped at runtime.units={units} (one unit per "
+              "serverless decode function)", file=sys.stderr)
+        self.plan = replace(self.plan, max_actors=units)
 
     def __post_init__(self) -> None:
         self._check_algo_variant()

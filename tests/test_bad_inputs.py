@@ -75,6 +75,10 @@ CONFIG_FILES = {
     "defaults_list.yaml": "defaults: [a, b]\n",
     "dup_anchor_key.yaml": "? [1, 2]\n: x\n",
     "cross_field.yaml": "plan:\n  capacity: 1\n",
+    # a key twice: YAML's last-one-wins would drop the first silently (issue 32)
+    "dup_key.yaml": "train:\n  steps: 3\n  steps: 4\n",
+    "dup_section.yaml": "train:\n  steps: 3\noptim:\n  lr: 1.0e-4\ntrain:\n  seed: 2\n",
+    "dup_flow.yaml": "optim: {lr: 1.0e-4, lr: 2.0e-4}\n",
 }
 BINARY_FILES = {
     "latin1.yaml": "train:\n  name: caf\xe9\n".encode("latin-1"),
@@ -172,6 +176,33 @@ def _make(d: Path) -> None:
     (d / "run_hugeint" / "checkpoints" / "last").mkdir(parents=True)
     (d / "run_hugeint" / "config.yaml").write_text((run / "config.yaml").read_text())
     (d / "run_hugeint" / "checkpoints" / "last" / "state.json").write_text('{"step": ' + HUGE + "}")
+    _make_nan_weights(d, run)
+    os.symlink(d / "loop", d / "loop")  # a symlink loop
+
+
+def _make_nan_weights(d: Path, run: Path) -> None:
+    """A checkpoint whose weights are all NaN, one with a single infinity, and a run whose last checkpoint holds
+    the NaN weights (state and config otherwise fine): each must be refused where it is loaded, naming the tensor
+    and the file."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    sft = REPO / "data" / "checkpoints" / "sft"
+    for name, damage in {"ckpt_nan": "nan", "ckpt_inf": "inf"}.items():
+        shutil.copytree(sft, d / name)
+        weights = load_file(sft / "model.safetensors")
+        if damage == "nan":
+            weights = {k: v * float("nan") for k, v in weights.items()}
+        else:
+            weights[sorted(weights)[-1]].view(-1)[0] = float("inf")
+        save_file(weights, str(d / name / "model.safetensors"), metadata={"format": "pt"})
+    last = d / "run_nan" / "checkpoints" / "last"
+    shutil.copytree(d / "ckpt_nan", last)
+    (d / "run_nan" / "config.yaml").write_text((run / "config.yaml").read_text())
+    (last / "state.json").write_text(json.dumps({"format": "rlhfless-run-checkpoint", "version": 1, "step": 0,
+                                                 "learner_updates": 0, "last_grad_norm": None, "stream_epoch": 0,
+                                                 "stream_pos": 0, "rewards": []}))
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +210,14 @@ def corpus_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("bad")
     _make(d)
     import transformers  # noqa: F401  (imported once here, so no case pays the import against its 10 s)
+    from transformers import Qwen2ForCausalLM  # noqa: F401  (its modelling modules: seconds more on a busy machine)
 
     return d
 
 
 # --- the cases -------------------------------------------------------------------------------------------
 DRY = ["train", "--dry-run", "--no-progress", "--config", str(QUICKSTART)]
-INT_FIELDS = ["rollout.prompts_per_step", "rollout.max_new_tokens", "algo.group_size", "train.steps",
+INT_FIELDS = ["rollout.prompts_per_step", "rollout.max_new_tokens", "algo.group_size", "train.steps", "train.seed",
               "train.threads", "train.eval_prompts", "train.checkpoint_every", "optim.warmup_steps",
               "plan.max_actors", "plan.capacity", "runtime.units", "plan.min_actors"]
 INT_BAD = {"huge": HUGE, "int64": BIG, "neg": "-1", "word": "many", "frac": "1.5", "bool": "true", "list": "[1, 2]"}
@@ -441,6 +473,53 @@ CASES += [
 ]
 
 
+# issue 32: refused instead of clamped, non-finite weights, OS errors, output paths, progress bars, W&B
+NOPROG = ["train", "--dry-run", "--config", str(QUICKSTART)]  # the progress bars on: they end before the error
+CASES += [
+    C("eval-prompts-beyond-split", [*DRY, "train.eval_prompts=1000000000000"], "train.eval_prompts"),
+    C("eval-prompts-split-plus-one", [*DRY, "train.eval_prompts=1001"], "held-out split has 1000"),
+    C("config-dup-key-lines", [*DRY[:3], "--config", "{d}/dup_key.yaml"], "'steps' at lines 2 and 3"),
+    C("config-dup-section-lines", [*DRY[:3], "--config", "{d}/dup_section.yaml"], "'train' at lines 1 and 5"),
+    C("config-dup-flow", [*DRY[:3], "--config", "{d}/dup_flow.yaml"], "duplicate key 'lr'"),
+    C("override-dup-key", [*DRY, "train={steps: 3, steps: 4}"], "duplicate key 'steps'"),
+    C("checkpoint-nan", [*DRY, "policy.checkpoint={d}/ckpt_nan"], "ckpt_nan/model.safetensors: tensor"),
+    C("checkpoint-inf", [*DRY, "policy.checkpoint={d}/ckpt_inf"], "ckpt_inf/model.safetensors: tensor"),
+    C("checkpoint-nan-run", ["train", "--no-progress", "--out", "{d}/nanrun", "policy.checkpoint={d}/ckpt_nan",
+                             "train.steps=1"], "NaN or infinite"),
+    C("resume-dry-nan-weights", [*DRY, "--resume", "--out", "{d}/run_nan"], "run_nan/checkpoints/last/model"),
+    C("out-symlink-loop", ["train", "--out", "{d}/loop", "train.steps=1"], "symlink loop"),
+    C("out-under-symlink-loop", ["train", "--out", "{d}/loop/run", "train.steps=1"], "symlink loop"),
+    C("json-symlink-loop", ["bench", "planner", "--json", "{d}/loop/x.json"], "symlink loop"),
+    C("json-dev-full", ["bench", "planner", "--json", "/dev/full", "--groups", "2", "--repeats", "1",
+                        "--n-actors", "2", "--candidates", "2"], "'/dev/full': no space left"),
+    C("json-nonexistent-parent", ["bench", "planner", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    C("json-nonexistent-parent-simulate", ["simulate", "--scenario", "quick", "--json", "/nonexistent/d/x.json"],
+      "/nonexistent/d"),
+    C("data-out-nonexistent-parent", ["data", "synthetic-trace", "--out", "/nonexistent/dir/s.jsonl"],
+      "does not exist"),
+    C("wandb-online-unreachable", ["train", "--out", "{d}/wb", "--wandb", "online", "--no-progress",
+                                   "train.steps=1"], "--wandb offline"),
+    C("wandb-online-override", ["train", "--out", "{d}/wb2", "--no-progress", "tracking.mode=online",
+                                "train.steps=1"], "--wandb offline"),
+    C("wandb-online-dry", [*DRY, "--wandb", "online"], "cannot reach W&B"),
+    C("out-stopped-before-checkpoint", ["train", "--out", "{d}/run_nockpt", "train.steps=1"], "rm -r"),
+    C("resume-stopped-before-checkpoint", ["train", "--resume", "--no-progress", "--out", "{d}/run_nockpt",
+                                           "--config", str(QUICKSTART)], "to start over"),
+    # with the progress bars on (not --no-progress)
+    C("progress-dry-checkpoint", [*NOPROG, "policy.checkpoint={d}/ckpt_empty"], "ckpt_empty"),
+    C("progress-dry-nan", [*NOPROG, "policy.checkpoint={d}/ckpt_nan"], "ckpt_nan"),
+    C("progress-dry-profile", [*NOPROG, "plan.time_profile={d}/profile_bad.json"], "profile_bad.json"),
+    C("progress-dry-resume", [*NOPROG, "--resume", "--out", "{d}/run_fmt"], "run_fmt"),
+    C("progress-dry-context", [*NOPROG, "rollout.max_new_tokens=100000"], "rollout.max_new_tokens"),
+    C("progress-predictor-train", ["predictor", "train", "--data", "{d}/notjson.jsonl", "--model", "ewma",
+                                   "--out", "{d}/pt-progress"], "notjson.jsonl"),
+    C("progress-predictor-eval", ["predictor", "eval", "--model", "{d}/pred_garbage", "--data", "{d}/empty.jsonl"],
+      "pred_garbage"),
+    C("progress-predictor-compare", ["predictor", "compare", "--data", "{d}/notjson.jsonl", "--json",
+                                     "{d}/c.json"], "notjson.jsonl"),
+]
+
+
 def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
             for root in roots for p in root.rglob("*") if p.is_file()}
@@ -508,13 +587,21 @@ def test_the_corpus_is_large():
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_exits_2_with_one_line_naming_it(case, corpus_dir, capsys, monkeypatch):
     monkeypatch.chdir(REPO)  # repo-relative defaults (the shipped checkpoint, configs) resolve as for a user
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # W&B's reach check never leaves this machine
     argv = [a.replace("{d}", str(corpus_dir)) for a in case.argv]
     before = _snapshot(corpus_dir, REPO / "data", REPO / "experiments")
+    paths = _paths(corpus_dir)
     rc, err = _run(argv, capsys)
     _check(rc, err, case.expect.replace("{d}", str(corpus_dir)))
     after = _snapshot(corpus_dir, REPO / "data", REPO / "experiments")
     assert {k: v for k, v in after.items() if k in before} == before, "an existing file changed"
-    assert not (REPO / "data" / "runs-new").exists()
+    assert not (REPO / "data" / "runs-new").exists() and not Path("/nonexistent").exists()
+    if argv[:1] == ["train"]:  # a refused run leaves no folder or file behind
+        assert _paths(corpus_dir) == paths, sorted(_paths(corpus_dir) - paths)
+
+
+def _paths(root: Path) -> set[str]:
+    return {str(p) for p in root.rglob("*")}
 
 
 # --- a few through a real process: the entry point, signals and encodings as a user's shell sees them --------
@@ -560,3 +647,74 @@ def test_out_accepts_a_new_path_an_empty_folder_and_a_run_to_resume(corpus_dir, 
     assert check_new_checkpoint(str(tmp_path / "empty")) == tmp_path / "empty"
     assert not (tmp_path / "new").exists()  # a check creates nothing
 
+
+
+# --- OS errors on real file systems: a read-only mount, a full disk (issue 32) ---------------------------------
+def _can_mount() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+MOUNTS = pytest.mark.skipif(not _can_mount(), reason="needs `unshare -m` (root or CAP_SYS_ADMIN) to mount a "
+                                                     "read-only or a small file system")
+TINY_RUN = ["task.arith.num_train=48", "rollout.prompts_per_step=4", "algo.group_size=4", "rollout.max_new_tokens=32",
+            "train.steps=3", "train.eval_prompts=4", "train.threads=1", "tracking.mode=disabled",
+            "predictor.name=ewma", "train.checkpoint_every=1", "--no-progress"]
+
+
+def _on_tmpfs(tmp_path: Path, options: str, script: str, timeout: float) -> subprocess.CompletedProcess:
+    """`script` (sh; $M is the mount, $CLI the rlhfless command) with a fresh tmpfs mounted at tmp_path/m with
+    `options`, in a private mount namespace: nothing outside this process tree sees the mount."""
+    m = tmp_path / "m"
+    m.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "M": str(m),
+           "CLI": f"{sys.executable} -m rlhfless.cli"}
+    return subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o {options} tmpfs "$M" && {script}'],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@MOUNTS
+@pytest.mark.parametrize("argv", [["train", "--out", "$M/run", "train.steps=1"],
+                                  ["bench", "planner", "--json", "$M/x.json", "--groups", "2", "--repeats", "1"],
+                                  ["data", "synthetic-trace", "--out", "$M/s.jsonl"]], ids=["out", "json", "data"])
+def test_a_read_only_file_system_is_one_line(tmp_path, argv):
+    proc = _on_tmpfs(tmp_path, "ro", "$CLI " + " ".join(f'"{a}"' for a in argv), LIMIT_S * 3)
+    _check(proc.returncode, proc.stderr, "read-only file system")
+
+
+@MOUNTS
+def test_a_full_disk_while_checkpointing_is_one_line_keeps_the_last_checkpoint_and_resumes(tmp_path):
+    """3 MB hold the run and its first checkpoint (2.1 MB of weights), not a second one written beside it: the
+    second checkpoint fails, `last` stays whole, and after the disk grows `--resume` finishes the run."""
+    args = " ".join(TINY_RUN)
+    keep = tmp_path / "kept"
+    script = (f'$CLI train --out "$M/run" {args} 2> "$M/../err"; echo $? > "$M/../rc"; cp -r "$M/run" "{keep}"; '
+              f'mount -o remount,size=64m "$M" && $CLI train --resume --out "$M/run" {args} && '
+              f'cp "$M/run/summary.json" "{tmp_path}/summary.json"')
+    proc = _on_tmpfs(tmp_path, "size=3m", script, 600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    err = (tmp_path / "err").read_text()
+    _check(int((tmp_path / "rc").read_text()), err, "no space left on the device (ENOSPC)")
+    assert "--resume" in err
+    ckpts = sorted(p.name for p in (keep / "checkpoints").iterdir())
+    assert ckpts == ["last"]  # no half-written last.tmp or final left where a reader might take it
+    state = json.loads((keep / "checkpoints" / "last" / "state.json").read_text())
+    assert state["step"] == 1
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 3
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through folder permissions")
+def test_a_folder_this_user_cannot_write_is_one_line(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        for argv in (["train", "--out", str(locked / "run"), "train.steps=1"],
+                     ["bench", "planner", "--json", str(locked / "x.json")]):
+            rc, err = _run(argv, capsys)
+            _check(rc, err, "permission denied")
+        assert not any(locked.iterdir())
+    finally:
+        locked.chmod(0o755)

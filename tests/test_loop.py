@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from rlhfless.cli import main
 from rlhfless.config import load_run_config
-from rlhfless.core.errors import TrainingError
+from rlhfless.core.errors import DataError, TrainingError
 from rlhfless.run.runner import train
 from rlhfless.core.traces import read_trace
 
@@ -69,7 +69,7 @@ def test_same_seed_gives_the_same_run(tiny_checkpoint, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_nan_loss_stops_with_a_clear_message(tiny_checkpoint, tmp_path):
+def _damaged(tiny_checkpoint: Path, tmp_path: Path) -> tuple[Path, str]:
     bad = tmp_path / "bad"
     bad.mkdir()
     for f in tiny_checkpoint.iterdir():
@@ -78,8 +78,32 @@ def test_nan_loss_stops_with_a_clear_message(tiny_checkpoint, tmp_path):
     name = next(k for k in weights if "mlp" in k)
     weights[name][0, 0] = float("nan")
     save_file(weights, bad / "model.safetensors", metadata={"format": "pt"})
+    return bad, name
+
+
+def test_nan_loss_stops_with_a_clear_message(tiny_checkpoint, tmp_path, monkeypatch):
+    """A NaN weight that reaches the learner (loading refuses one in a file, so it is set after the load)."""
+    import rlhfless.run.runner as runner
+
+    load = runner.load_policy
+
+    def with_nan(path):
+        model = load(path)
+        with torch.no_grad():
+            next(p for n, p in model.named_parameters() if "mlp" in n)[0, 0] = float("nan")
+        return model
+
+    monkeypatch.setattr(runner, "load_policy", with_nan)
     with pytest.raises(TrainingError, match="non-finite.*Last good checkpoint"):
-        _run(tmp_path, bad, "nan", ["algo.skip_zero_variance_groups=false", "train.eval_prompts=0"])
+        _run(tmp_path, tiny_checkpoint, "nan", ["algo.skip_zero_variance_groups=false", "train.eval_prompts=0"])
+
+
+def test_a_checkpoint_holding_nan_weights_is_refused_at_load_naming_the_tensor_and_file(tiny_checkpoint,
+                                                                                        tmp_path):
+    bad, name = _damaged(tiny_checkpoint, tmp_path)
+    with pytest.raises(DataError, match=f"model.safetensors: tensor '{name}' holds NaN"):
+        _run(tmp_path, bad, "nan", ["train.eval_prompts=0"])
+    assert not (tmp_path / "nan").exists()  # refused before the run wrote anything
 
 
 def test_an_earlier_run_in_the_same_folder_is_moved_aside_by_the_library_and_refused_by_the_cli(
@@ -144,3 +168,19 @@ def test_warmup_advances_on_a_batch_without_reward_variance(tiny_checkpoint):
     varied = learner.update([[1, 5, 6]], [[7, 2], [8, 2]], torch.tensor([1.0, 0.0]))
     assert varied["actor/lr"] == pytest.approx(0.5e-3)  # the skipped batch counted as a warm-up step
     assert learner.updates == 2
+
+
+def test_the_held_out_bar_counts_prompts_once_per_pass(tiny_checkpoint, capsys):
+    """500 prompts evaluated sampled and greedy show two bars to 500, not one bar to 1,000 "prompts"."""
+    from rlhfless.model.factory import load_policy
+    from rlhfless.run.runner import run_eval
+    from rlhfless.step.textenv import make_env
+
+    cfg = load_run_config(None, SMALL + [f"policy.checkpoint={tiny_checkpoint}"])
+    env = make_env(cfg)
+    prompts = env.task.splits()[1][:3]
+    res = run_eval(load_policy(tiny_checkpoint), prompts, cfg, env, progress=True)
+    err = capsys.readouterr().err
+    assert set(res) == {"sampled", "greedy"} and all(r.num_prompts == 3 for r in res.values())
+    assert "held-out eval, sampled" in err and "held-out eval, greedy" in err
+    assert err.count("0/3 [") == 2 and "/6" not in err  # each bar starts at 0 of the 3 prompts

@@ -33,7 +33,8 @@ def test_serverless_needs_the_planner():
 
 @pytest.mark.parametrize("overrides, field", [
     ([f"runtime.units={available_cores() + 1}"], "runtime.units"),
-    (["runtime.mode=serverless", f"plan.max_actors={available_cores() + 1}"], "plan.max_actors"),
+    (["runtime.mode=serverless", f"plan.min_actors={available_cores() + 1}",
+      f"plan.max_actors={available_cores() + 1}"], "plan.min_actors"),
     ([f"runtime.serverful_workers={available_cores() + 1}", "runtime.mode=serverful"], "runtime.serverful_workers"),
     ([f"runtime.learner_units={available_cores() + 1}", "runtime.mode=serverless"], "runtime.learner_units"),
 ])
@@ -43,6 +44,19 @@ def test_what_this_machine_cannot_run_fails_before_any_work(tmp_path, overrides,
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         train(cfg, out, progress=False)
     assert not out.exists()  # nothing was started or written
+
+
+def test_max_actors_above_the_units_is_capped_at_them_with_one_line(capsys):
+    units = available_cores()
+    for mode in ("serverless", "compare"):
+        cfg = load_run_config(QS, [f"runtime.mode={mode}", f"runtime.units={units}", f"plan.max_actors={units + 6}"])
+        cfg.check_machine()
+        assert cfg.plan.max_actors == units
+        assert capsys.readouterr().err.strip() == (f"rlhfless: plan.max_actors={units + 6} capped at runtime.units="
+                                                   f"{units} (one unit per serverless decode function)")
+    inline = load_run_config(QS, [f"plan.max_actors={units + 6}"])
+    inline.check_machine()  # inline and serverful runs start no decode functions: nothing to cap
+    assert inline.plan.max_actors == units + 6 and capsys.readouterr().err == ""
 
 
 def test_compare_needs_the_same_data_parallel_degree_in_both_modes():

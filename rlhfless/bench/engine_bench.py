@@ -265,7 +265,7 @@ def bench_prefill(cfg: PrefillBenchConfig) -> dict:
     if gsm is None:
         from rlhfless.tasks.gsm8k import missing_message
 
-        workloads["gsm8k"] = {"skipped": missing_message(cfg.gsm8k_path)}
+        workloads["gsm8k"] = {"skipped": missing_message(cfg.gsm8k_path, "--gsm8k")}
     else:
         need = max(map(len, gsm)) + cfg.forward_tokens + cfg.decode_tokens + 1
         big, big_label = fresh_model(1 << (need - 1).bit_length())
@@ -405,7 +405,7 @@ def _gsm8k_workload(cfg: EngineBenchConfig, bar) -> dict:
     if prompts is None:
         from rlhfless.tasks.gsm8k import missing_message
 
-        return {"skipped": missing_message(cfg.gsm8k_path)}
+        return {"skipped": missing_message(cfg.gsm8k_path, "--gsm8k")}
     need = max(map(len, prompts)) + cfg.gsm8k_max_new_tokens
     model, label = fresh_model(1 << (need - 1).bit_length())
     part = {"model": label, "prompts": len(prompts), "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),

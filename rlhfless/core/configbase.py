@@ -271,6 +271,21 @@ class _BoundedLoader(yaml.SafeLoader):
             raise ConfigError(f"its aliases expand to more than {MAX_EXPANDED_NODES:,} values (an alias bomb?)")
         return node
 
+    def construct_mapping(self, node, deep=False):
+        """A key twice in one mapping is refused naming both lines (YAML's last-one-wins would drop the first
+        silently); keys that `<<` merges in may repeat, that is what merging is for."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[tuple[str, str], int] = {}
+            for key, _ in node.value:
+                if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                    continue
+                line = key.start_mark.line + 1
+                if (key.tag, key.value) in seen:
+                    raise ConfigError(f"duplicate key {quote(key.value)} at lines {seen[key.tag, key.value]} and "
+                                      f"{line}; the second would silently replace the first: keep one")
+                seen[key.tag, key.value] = line
+        return super().construct_mapping(node, deep)
+
     def construct_yaml_int(self, node):
         digits = sum(ch.isdigit() for ch in str(node.value))
         if digits > MAX_INT_DIGITS:

@@ -71,6 +71,35 @@ def one_line(exc: BaseException, limit: int | None = None) -> str:
     return text if limit is None else text[:limit]
 
 
+# errno -> (what failed, what to do): the OS errors a user can meet and fix (a full disk, a read-only mount)
+_OS_ADVICE = {
+    "EROFS": ("is on a read-only file system", "name a path you can write, e.g. under runs/ or /tmp"),
+    "EACCES": ("permission denied", "name a path this user can write, or fix its permissions"),
+    "EPERM": ("operation not permitted", "name a path this user can write, or fix its permissions"),
+    "ENOSPC": ("no space left on the device", "free space or name another folder, then run again (a training "
+               "run continues from its last complete checkpoint with --resume)"),
+    "EDQUOT": ("disk quota exceeded", "free space or name another folder, then run again (a training run "
+               "continues from its last complete checkpoint with --resume)"),
+    "ELOOP": ("a symlink loop (a link on the path points back to itself)", "fix or remove the link"),
+    "ENAMETOOLONG": ("the name is too long for the file system", "name a shorter path"),
+    "ENOENT": ("no such file or folder", "check the path"),
+    "ENOTDIR": ("a part of the path is a file, not a folder", "check the path"),
+    "EISDIR": ("is a folder, not a file", "name a file"),
+    "EMFILE": ("too many open files", "raise the limit (ulimit -n) and run again"),
+}
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for an OS error the user can act on: the path, what failed and what to do."""
+    import errno
+
+    name = errno.errorcode.get(exc.errno or -1, "")
+    what, todo = _OS_ADVICE.get(name, (" ".join((exc.strerror or str(exc)).split()), "check the path and the disk"))
+    path = exc.filename if exc.filename is not None else exc.filename2
+    where = f"{quote(str(path), 160)}: " if path is not None else ""
+    return f"{where}{what} ({name or type(exc).__name__}); {todo}"
+
+
 def require(cond: bool, field: str, message: str) -> None:
     """Raise `ConfigError` naming `field` unless `cond` holds.
 

@@ -87,8 +87,38 @@ def read_json_file(path: str | Path, hint: str = ""):
 
 
 def write_json(obj, path: str | Path, indent: int = 1) -> Path:
-    """Write one JSON report (parents created); NaN becomes null, other non-JSON values (paths) strings."""
+    """Write one JSON report (parents created, atomically: `write_atomic`); NaN becomes null, other non-JSON
+    values (paths) strings."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(json_safe(obj), indent=indent, allow_nan=False, default=str) + "\n")
+    return write_atomic(p, json.dumps(json_safe(obj), indent=indent, allow_nan=False, default=str) + "\n")
+
+
+def write_atomic(path: str | Path, text: str) -> Path:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`: a reader sees the old file or
+    the whole new one, never half of it (a full disk fails before the rename). A path that exists and is not a
+    regular file (/dev/stdout, a pipe) is written directly: it cannot be replaced, nor must it be."""
+    import os
+    import tempfile
+
+    p = Path(path)
+    try:
+        if p.exists() and not p.is_file():
+            p.write_text(text, encoding="utf-8")
+            return p
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+            os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o644)  # mkstemp makes it 0600
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        if exc.filename is None:  # a failed write names no file: the CLI's one line must (errors.os_error_message)
+            exc.filename = str(p)
+        raise
     return p
+

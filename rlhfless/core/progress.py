@@ -1,7 +1,8 @@
 """Progress for phases that take seconds but have no natural loop (loading, checking, fitting).
 
-`phases(["read", "fit"], "predictor train", enabled)` returns a callable: each call names the phase starting now
-and advances the bar past the one before. A bar appears on stderr only when `enabled` (commands pass
+`with phases(["read", "fit"], "predictor train", enabled) as step:` gives a callable: each call names the phase
+starting now and advances the bar past the one before; leaving the block ends the bar, also on an error (the bar
+is cleared before the error's line prints). A bar appears on stderr only when `enabled` (commands pass
 `not args.no_progress`), so scripted runs stay quiet. Nothing here touches a numeric path.
 """
 
@@ -30,6 +31,17 @@ class Phases:
         if self.started:
             self.bar.update()
         self.bar.close()
+
+    def __enter__(self) -> "Phases":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Finish the bar; on an error clear it without advancing, so the CLI's error line starts a line of its
+        own (it once printed as `dry-run checks: 75%|...|rlhfless: error: ...`)."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.bar.close()
 
 
 def phases(names: list[str], desc: str, enabled: bool) -> Phases:

@@ -195,6 +195,9 @@ def load_critic_state(critic: Critic, path: Path) -> None:
         groups = json.loads(meta["optimizer_groups"])
     except (KeyError, ValueError) as exc:
         raise DataError(f"{path}: corrupt critic state metadata ({exc})") from None
+    from rlhfless.model.factory import check_finite
+
+    check_finite(weights.items(), path)
     critic.model.load_state_dict(weights)
     set_optimizer_tensors(critic.opt, {k[len("optim/"):]: v for k, v in flat.items() if k.startswith("optim/")},
                           groups, path)

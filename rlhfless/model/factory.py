@@ -18,6 +18,7 @@ what ``config.json`` implies or whose dtype is not F32; an unknown tokenizer fil
 from __future__ import annotations
 
 import json
+import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -103,6 +104,23 @@ def _no_hf_bars():
             hf_logging.enable_progress_bar()
 
 
+@contextmanager
+def os_errors(path: Path):
+    """safetensors reports a full disk or a read-only folder as its own `SafetensorError` ("... (os error 28)"):
+    raise it as the `OSError` it is, naming `path`, so the CLI prints it in one line (`errors.os_error_message`)."""
+    import re
+
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as exc:
+        code = re.search(r"os error (\d+)", str(exc))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from None
+
+
 def save_checkpoint(model, directory: str | Path, meta: dict | None = None, tokenizer=None) -> Path:
     """Write weights (safetensors), HF config, tokenizer and a small metadata JSON.
 
@@ -112,8 +130,8 @@ def save_checkpoint(model, directory: str | Path, meta: dict | None = None, toke
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    with _no_hf_bars(), as_cpu_float32(model):  # a GPU or bfloat16 policy still writes the float32 format
-        model.save_pretrained(out, safe_serialization=True)
+    with _no_hf_bars(), as_cpu_float32(model), os_errors(out / "model.safetensors"):
+        model.save_pretrained(out, safe_serialization=True)  # a GPU or bfloat16 policy still writes float32
     (tokenizer or ByteTokenizer()).save(out)
     (out / META_FILE).write_text(json.dumps(meta or {}, indent=1, default=str))
     return out
@@ -153,10 +171,25 @@ def load_policy(directory: str | Path):
             "files (`rlhfless build-hf-model --out DIR` makes a small one)"
         )
     if is_byte_tokenizer(path):
-        return load_checkpoint(path)
-    from rlhfless.model.hf import load_hf_model
+        model = load_checkpoint(path)
+    else:
+        from rlhfless.model.hf import load_hf_model
 
-    return load_hf_model(path)
+        model = load_hf_model(path)
+    check_finite(model.named_parameters(), path / "model.safetensors")
+    return model
+
+
+def check_finite(named_tensors, source: Path) -> None:
+    """Refuse weights holding a NaN or an infinity, naming the first such tensor and the file (a run started from
+    them would fail at its first update and blame the learning rate)."""
+    import torch
+
+    with torch.no_grad():
+        for name, t in named_tensors:
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise DataError(f"{source}: tensor '{name}' holds NaN or infinite values; these weights cannot be "
+                                "trained from: start from an earlier checkpoint")
 
 
 def read_hf_config(directory: str | Path):

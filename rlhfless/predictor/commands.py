@@ -47,16 +47,15 @@ def train_predictor(data: str | Path, cfg: PredictorConfig, out: str | Path, *, 
     """Fit `cfg`'s predictor on `data` (train split, or every row with `use_all`) and save it to `out`."""
     from rlhfless.core.progress import phases
 
-    step = phases(["read", "fit", "save"], "predictor train", progress)
-    step("read")
-    rows = read_lengths(data)
-    s = split.apply(rows)
-    predictor = build_predictor(cfg)
-    step("fit")
-    predictor.fit(rows if use_all else s.train)
-    step("save")
-    predictor.save(out)
-    step.close()
+    with phases(["read", "fit", "save"], "predictor train", progress) as step:
+        step("read")
+        rows = read_lengths(data)
+        s = split.apply(rows)
+        predictor = build_predictor(cfg)
+        step("fit")
+        predictor.fit(rows if use_all else s.train)
+        step("save")
+        predictor.save(out)
     meta = {"data": str(Path(data).resolve()), "rows": len(rows), "use_all": use_all, "split_kind": s.kind,
             "test_epoch": s.test_epoch, "test_frac": split.test_frac, "seed": split.seed}
     write_json(meta, Path(out) / TRAINING_FILE)
@@ -82,18 +81,17 @@ def eval_predictor(model_dir: str | Path, data: str | Path, *, n_actors: int = 4
     """Metrics of a saved predictor on the held-out part of `data` (the split recorded at training)."""
     from rlhfless.core.progress import phases
 
-    step = phases(["load", "evaluate"], "predictor eval", progress)
-    step("load")
-    predictor = load_predictor(model_dir, trust_pickle=trust_pickle)
-    meta = read_training_meta(model_dir)
-    spec = SplitSpec(meta.get("test_epoch"), meta.get("test_frac", 0.2), meta.get("seed", 0))
-    s = spec.apply(read_lengths(data))
-    if meta.get("use_all") and meta.get("data") == str(Path(data).resolve()):
-        print(f"warning: {model_dir} was trained on all rows of {data}; its test rows are not held out",
-              file=sys.stderr)
-    step("evaluate")
-    metrics = evaluate(predictor, s.test, n_actors=n_actors)
-    step.close()
+    with phases(["load", "evaluate"], "predictor eval", progress) as step:
+        step("load")
+        predictor = load_predictor(model_dir, trust_pickle=trust_pickle)
+        meta = read_training_meta(model_dir)
+        spec = SplitSpec(meta.get("test_epoch"), meta.get("test_frac", 0.2), meta.get("seed", 0))
+        s = spec.apply(read_lengths(data))
+        if meta.get("use_all") and meta.get("data") == str(Path(data).resolve()):
+            print(f"warning: {model_dir} was trained on all rows of {data}; its test rows are not held out",
+                  file=sys.stderr)
+        step("evaluate")
+        metrics = evaluate(predictor, s.test, n_actors=n_actors)
     return {"predictor": predictor.name, "split": s.kind, "test_epoch": s.test_epoch, **metrics}
 
 
@@ -141,20 +139,19 @@ def compare_predictors(rows: list[LengthRow], *, names=PREDICTOR_NAMES, base: Pr
     s = split.apply(rows)
     obs = [o for batch in s.test for o in batch]
     metrics, frames, refinement = {}, [], {}
-    step = phases(list(names), "predictor compare", progress)
-    for name in names:
-        step(name)
-        predictor = build_predictor(replace(base, name=name))
-        predictor.fit(s.train)
-        metrics[name] = evaluate(predictor, s.test, n_actors=n_actors)
-        pred = predictor.predict([o.prompt_id for o in obs], [o.prompt for o in obs])
-        frames.append(pd.DataFrame({"predictor": name, "prompt_id": [o.prompt_id for o in obs],
-                                    "predicted": pred.mean, "actual": [o.mean for o in obs]}))
-        if name == "sibling":
-            g = max(len(o.lengths) for o in obs)
-            reveal = sorted({k for k in (g // 4, g // 2, 3 * g // 4) if 0 < k < g})
-            refinement = evaluate_refinement(predictor, s.test, reveal)
-    step.close()
+    with phases(list(names), "predictor compare", progress) as step:
+        for name in names:
+            step(name)
+            predictor = build_predictor(replace(base, name=name))
+            predictor.fit(s.train)
+            metrics[name] = evaluate(predictor, s.test, n_actors=n_actors)
+            pred = predictor.predict([o.prompt_id for o in obs], [o.prompt for o in obs])
+            frames.append(pd.DataFrame({"predictor": name, "prompt_id": [o.prompt_id for o in obs],
+                                        "predicted": pred.mean, "actual": [o.mean for o in obs]}))
+            if name == "sibling":
+                g = max(len(o.lengths) for o in obs)
+                reveal = sorted({k for k in (g // 4, g // 2, 3 * g // 4) if 0 < k < g})
+                refinement = evaluate_refinement(predictor, s.test, reveal)
     return Comparison(metrics, refinement, pd.concat(frames, ignore_index=True), s)
 
 

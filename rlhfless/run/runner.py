@@ -8,6 +8,7 @@ Output folder layout (`--out DIR`):
     tables/*.jsonl       decision tables (completions, predicted vs actual lengths)
     checkpoints/last     the policy after the last good checkpoint; checkpoints/final at the end
     wandb/               the offline W&B run (`wandb sync DIR/wandb/offline-run-*`)
+    .rlhfless-run.lock   while the run is live: its claim on the folder (`outpaths.claim_run_dir`), deleted at the end
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ import yaml
 
 from rlhfless.core import metrics as M
 from rlhfless.config import RunConfig
-from rlhfless.core.errors import ConfigError, DataError, Interrupted, TrainingError
+from rlhfless.core.errors import ConfigError, DataError, Interrupted, TrainingError, quote
 from rlhfless.step.heldout import EvalResult, evaluate
-from rlhfless.core.jsonl import write_json
+from rlhfless.core.jsonl import write_atomic, write_json
 from rlhfless.learn.learner import Learner
 from rlhfless.step.loop import Stages, StepReport, run_step
 from rlhfless.model.factory import load_policy, save_checkpoint
@@ -92,22 +93,23 @@ def prompt_stream(train: list[Prompt], batch: int, seed: int, group_size: int,
 
 def run_eval(model, prompts: list[Prompt], cfg: RunConfig, env: TextEnv,
              progress: bool = False) -> dict[str, EvalResult]:
-    """Held-out accuracy, sampled (and greedy when `train.eval_greedy`); a bar over prompts when `progress`."""
+    """Held-out accuracy, sampled (and greedy when `train.eval_greedy`); a bar over the prompts of each pass when
+    `progress` (two passes over 500 prompts count to 500 twice, not to 1,000 "prompts")."""
     from rlhfless.core.progress import count_bar
 
     if not prompts:
         return {}
     r = cfg.rollout
-    sampled = env.sampling(r.max_new_tokens, r.temperature, r.top_p)
-    advance, close = count_bar(len(prompts) * (1 + cfg.train.eval_greedy), "held-out eval", progress, "prompt")
-    try:
-        res = {"sampled": evaluate(model, prompts, eval_samples(cfg), sampled, env, seed=EVAL_SEED,
-                                   progress=advance)}
-        if cfg.train.eval_greedy:
-            res["greedy"] = evaluate(model, prompts, 1, env.sampling(r.max_new_tokens, 0.0), env, seed=EVAL_SEED,
-                                     progress=advance)
-    finally:
-        close()
+    passes = {"sampled": (eval_samples(cfg), env.sampling(r.max_new_tokens, r.temperature, r.top_p))}
+    if cfg.train.eval_greedy:
+        passes["greedy"] = (1, env.sampling(r.max_new_tokens, 0.0))
+    res = {}
+    for kind, (samples, sampling) in passes.items():
+        advance, close = count_bar(len(prompts), f"held-out eval, {kind}", progress, "prompt")
+        try:
+            res[kind] = evaluate(model, prompts, samples, sampling, env, seed=EVAL_SEED, progress=advance)
+        finally:
+            close()
     return res
 
 
@@ -168,17 +170,22 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     resume: continue the run in `out_dir` from its last checkpoint; the result equals an uninterrupted run's.
     allow_config_change: resume even if the config differs in keys that change results (listed in a warning).
     """
-    cfg.check_machine()
-    if cfg.runtime.mode == "compare":
-        from rlhfless.runtime.compare import compare
+    from rlhfless.core.outpaths import claim_run_dir
 
-        return compare(cfg, Path(out_dir), train, progress)
-    torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.train.seed)
-    run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
-    run.progress = progress
-    _steps(run, progress)
-    return _finish(run)
+    cfg.check_machine()
+    # the folder is this run's alone from here on (an earlier, finished run there is moved aside; a live one
+    # refuses this call); a run that fails before writing anything leaves no folder behind
+    with claim_run_dir(str(out_dir), resume, earlier_run_ok=True):
+        if cfg.runtime.mode == "compare":
+            from rlhfless.runtime.compare import compare
+
+            return compare(cfg, Path(out_dir), train, progress)
+        torch.set_num_threads(cfg.train.threads)
+        torch.manual_seed(cfg.train.seed)
+        run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
+        run.progress = progress
+        _steps(run, progress)
+        return _finish(run)
 
 
 def _plan_config(cfg: RunConfig):
@@ -213,10 +220,18 @@ def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner 
         planner.predictor = load_predictor(ckpt / "predictor")
     env = make_env(cfg)
     train_prompts, eval_prompts = env.task.splits()
-    eval_prompts = eval_prompts[: cfg.train.eval_prompts]
+    eval_prompts = held_out(eval_prompts, cfg.train.eval_prompts, cfg.task.name)
     if cfg.runtime.device != "emulated":  # emulated workers model another model's context; the checkpoint's is moot
         check_fits_context(train_prompts + eval_prompts, cfg, context_of(policy, env), env)
     return learner, planner, Stages(cfg, learner, reference, planner, env, critic), train_prompts, eval_prompts
+
+
+def held_out(split: list[Prompt], n: int | None, task: str) -> list[Prompt]:
+    """The first `n` prompts of the held-out `split` (all when None); more than it holds is refused, not cut."""
+    if n is not None and n > len(split):
+        raise ConfigError(f"train.eval_prompts: the {task} task's held-out split has {len(split)} prompts (got "
+                          f"{quote(n)}); set at most {len(split)}, null for all of them, or 0 to skip the evaluation")
+    return split if n is None else split[:n]
 
 
 def placed(cfg: RunConfig, model):
@@ -230,8 +245,8 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     ensure_policy(cfg, progress)
     policy = load_policy(cfg.policy.resolved())
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
-    out = _fresh_run_dir(out_dir)  # only once every check has passed: a bad config leaves nothing behind
-    (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    out = out_dir  # claimed by `train`: it holds nothing but the claim's lock file
+    write_atomic(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg))
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
     stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size,
@@ -274,7 +289,7 @@ def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
     for done in (out / "summary.json", out / "checkpoints" / "final"):  # a finished run being extended
         if done.exists():
             done.rename(kept / done.name)
-    (out / "config.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_atomic(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg), resume_id=state.wandb_id)
     traces = TraceWriter(out / "traces" / "rollouts.jsonl")
     torch.set_rng_state(rng)  # last: loading weights above may draw from the global generator
@@ -422,8 +437,15 @@ def _finish(run: Run) -> dict:
     run.traces.close()
     if not (cfg.train.checkpoint_every and cfg.train.steps % cfg.train.checkpoint_every == 0):
         _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
-    save_checkpoint(run.learner.model, out / "checkpoints" / "final", {"step": cfg.train.steps},
-                    tokenizer=run.stages.env.tok)
+    final_dir, tmp = out / "checkpoints" / "final", out / "checkpoints" / "final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:  # written beside, then renamed: a full disk never leaves a half-written `final`
+        save_checkpoint(run.learner.model, tmp, {"step": cfg.train.steps}, tokenizer=run.stages.env.tok)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(final_dir, ignore_errors=True)
+    tmp.rename(final_dir)
     final = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env, run.progress)
     if final:
         run.tracker.log(_eval_metrics(final), step=cfg.train.steps)
@@ -487,8 +509,11 @@ def ensure_policy(cfg: RunConfig, progress: bool = True) -> None:
     if cfg.policy.build == "none" or (path / "config.json").is_file():
         return
     from rlhfless.model.hf import TinyHFConfig, ensure_tiny_hf
-    from rlhfless.tasks.config import tokenizer_corpus
+    from rlhfless.tasks.config import corpus_problem, tokenizer_corpus
 
+    why = corpus_problem(cfg.task)
+    if why:  # before announcing a build that cannot start
+        raise DataError(why)
     label = cfg.task.gsm8k.path if cfg.task.name == "gsm8k" else None
     print(f"rlhfless: building the policy {path} (policy.build={cfg.policy.build})", file=sys.stderr)
     after = (lambda folder: _warm_start(cfg, folder, progress)) if cfg.policy.build_sft_steps else None
@@ -509,25 +534,6 @@ def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:
     model.save_pretrained(folder, safe_serialization=True)
     print(f"rlhfless: warm start: {done}", file=sys.stderr)
     return {"warm_start": done}
-
-
-def _fresh_run_dir(out: Path) -> Path:
-    """Create `out`: a new path or an empty folder (`outpaths.check_run_dir`, which the CLI applies before any
-    work). An earlier run there is moved aside to `out.<timestamp>` (library callers such as compare, bench
-    faults and repro re-run into their own sub-folders); anything else is refused, never moved or mixed into."""
-    from rlhfless.core.outpaths import check_run_dir
-
-    check_run_dir(str(out), resume=False, earlier_run_ok=True)
-    if out.is_dir() and any(out.iterdir()):
-        aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}")
-        n = 1
-        while aside.exists():  # two runs within one second
-            n += 1
-            aside = out.with_name(f"{out.name}.{time.strftime('%Y%m%d-%H%M%S')}-{n}")
-        out.rename(aside)
-        print(f"rlhfless: {out} held an earlier run; moved it to {aside}", file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def _eval_metrics(res: dict[str, EvalResult]) -> dict[str, float]:

@@ -85,21 +85,27 @@ def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor
     (default: the byte tokenizer); `critic`: PPO's `rlhfless.learn.critic.Critic`."""
     from safetensors.torch import save_file
 
-    from rlhfless.model.factory import save_checkpoint
+    from rlhfless.model.factory import os_errors, save_checkpoint
 
     tmp, last, prev = ckpt_root / "last.tmp", ckpt_root / "last", ckpt_root / "last.prev"
     shutil.rmtree(tmp, ignore_errors=True)
-    save_checkpoint(policy, tmp, {"kind": "grpo", "step": state.step}, tokenizer=tokenizer)
-    tensors, state.optimizer_groups = optimizer_tensors(opt)
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-    if predictor is not None:
-        predictor.save(tmp / "predictor")
-    if critic is not None:
-        from rlhfless.learn.critic import STATE_FILE as CRITIC_FILE, save_critic_state
+    try:  # a full disk stops here: `last` stays whole, and the partial copy is removed to give the space back
+        save_checkpoint(policy, tmp, {"kind": "grpo", "step": state.step}, tokenizer=tokenizer)
+        tensors, state.optimizer_groups = optimizer_tensors(opt)
+        with os_errors(tmp / "optimizer.safetensors"):
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+            save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        if predictor is not None:
+            predictor.save(tmp / "predictor")
+        if critic is not None:
+            from rlhfless.learn.critic import STATE_FILE as CRITIC_FILE, save_critic_state
 
-        save_critic_state(critic, tmp / CRITIC_FILE)
-    (tmp / STATE_FILE).write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, **asdict(state)}))
+            with os_errors(tmp / CRITIC_FILE):
+                save_critic_state(critic, tmp / CRITIC_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, **asdict(state)}))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if last.exists():
         shutil.rmtree(prev, ignore_errors=True)
         last.rename(prev)
@@ -131,8 +137,10 @@ def find_checkpoint(out: Path) -> Path:
         d = out / "checkpoints" / name
         if (d / STATE_FILE).is_file():
             return d
-    raise DataError(f"{out}: no run checkpoint to resume (expected {out / 'checkpoints' / 'last' / STATE_FILE}); "
-                    "run without --resume to start, or set train.checkpoint_every > 0")
+    from rlhfless.core.outpaths import START_OVER
+
+    raise DataError(f"{out}: no run checkpoint to resume (the run stopped before its first one, "
+                    f"train.checkpoint_every); {START_OVER.format(out=out)}")
 
 
 def read_state(ckpt: Path) -> RunState:

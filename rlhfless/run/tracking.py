@@ -37,6 +37,48 @@ def json_line(obj: dict) -> str:
     return json.dumps(json_safe(obj), allow_nan=False, default=_default) + "\n"
 
 
+WANDB_HOST = "https://api.wandb.ai"
+"""W&B's service (wandb's own default for WANDB_BASE_URL)."""
+REACH_TIMEOUT_S = 3.0
+"""How long `check_reachable` waits for a TCP connection (a reachable service answers in well under a second)."""
+
+
+def check_reachable(cfg: TrackingConfig, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """With mode=online, refuse in one line, before any work, when W&B's service cannot be reached: one TCP
+    connection to its host (WANDB_BASE_URL, else api.wandb.ai), name lookup included, bounded by `timeout_s`.
+    wandb's own start waits about 100 s without a network and then fails with a traceback."""
+    if cfg.mode != "online":
+        return
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from rlhfless.core.errors import ConfigError
+
+    url = os.environ.get("WANDB_BASE_URL") or WANDB_HOST
+    parts = urlsplit(url if "//" in url else f"https://{url}")
+    try:
+        port = parts.port or (80 if parts.scheme == "http" else 443)
+    except ValueError:
+        raise ConfigError(f"--wandb online: WANDB_BASE_URL={url!r} is not a URL") from None
+    problem: list[str] = ["no answer"]
+
+    def connect() -> None:  # in a thread: the name lookup has no timeout of its own
+        try:
+            socket.create_connection((parts.hostname or "", port), timeout=timeout_s).close()
+            problem.clear()
+        except (OSError, UnicodeError) as exc:
+            problem[0] = " ".join(str(exc).split()) or type(exc).__name__
+
+    t = threading.Thread(target=connect, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if problem:
+        raise ConfigError(f"--wandb online: cannot reach W&B at {parts.hostname}:{port} within {timeout_s:g} s "
+                          f"({problem[0][:80]}); run with --wandb offline and upload later with wandb sync "
+                          "OUT/wandb/offline-run-*")
+
+
 class Tracker:
     """Log scalars per step and decision tables; mirror everything to local JSONL files."""
 

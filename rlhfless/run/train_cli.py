@@ -66,7 +66,8 @@ def register(sub, bench) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from rlhfless.config import load_run_config
-    from rlhfless.core.outpaths import check_run_dir
+    from rlhfless.core.outpaths import check_run_dir, claim_run_dir
+    from rlhfless.run.tracking import check_reachable
 
     if args.allow_config_change and not args.resume:
         raise ConfigError("--allow-config-change only applies with --resume")
@@ -76,6 +77,7 @@ def _train(args: argparse.Namespace) -> int:
         check_run_dir(args.out, args.resume)  # before loading anything: a refused folder is never touched
     overrides = list(args.overrides) + ([f"tracking.mode={args.wandb}"] if args.wandb else [])
     cfg = load_run_config(args.config, overrides)
+    check_reachable(cfg.tracking)  # bounded, before any work: W&B's own start would hang ~100 s offline
     if args.resume and cfg.runtime.mode == "compare":
         raise ConfigError("--resume: runtime.mode=compare runs two fresh runs; resume OUT/serverful or "
                           "OUT/serverless with its own config instead")
@@ -83,8 +85,9 @@ def _train(args: argparse.Namespace) -> int:
         return _dry_run(cfg, args.out, args.resume, args.allow_config_change, not args.no_progress)
     from rlhfless.run.runner import train
 
-    summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
-                    allow_config_change=args.allow_config_change)
+    with claim_run_dir(args.out, args.resume):  # the check again, under the folder's lock: no two runs mix
+        summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
+                        allow_config_change=args.allow_config_change)
     if cfg.runtime.mode == "compare":
         _print_comparison(summary)
     else:
@@ -125,9 +128,10 @@ def _print_comparison(c: dict) -> None:
 def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:
     """Every check `train` makes before its first step, in the same functions, without writing anything.
 
-    The machine (`RunConfig.check_machine`: units, devices), the planner (predictor, time profile), with --out --resume the run's
-    checkpoint and config, the checkpoint (built first when `policy.build` says so, as a run would), the task's
-    splits, the context fit, the learner and the reference. A progress bar names the check running.
+    The machine (`RunConfig.check_machine`: units, devices), the planner (predictor, time profile), with --out
+    --resume the run's checkpoint (its weights, critic and predictor too) and config, the checkpoint (built first
+    when `policy.build` says so, as a run would), the task's splits, the context fit, the learner and the
+    reference. A progress bar names the check running.
     """
     from dataclasses import asdict
     from pathlib import Path
@@ -141,21 +145,21 @@ def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, prog
 
     # cheap checks first (the machine, the predictor and time profile, the run folder), then the checkpoint's seconds
     names = ["machine", "planner"] + (["run folder"] if resume and out else []) + ["checkpoint", "task, learner"]
-    step = phases(names, "dry-run checks", progress)
-    step("machine")
-    cfg.check_machine()
-    step("planner")
-    if cfg.train.plan:
-        Planner(cfg.predictor, cfg.plan)
-    if resume and out:
-        step("run folder")
-        check_resume(cfg, Path(out), allow_config_change)
-    step("checkpoint")
-    ensure_policy(cfg, progress)
-    policy = load_policy(cfg.policy.resolved())
-    step("task, learner")
-    _, _, _, train_prompts, eval_prompts = _build(cfg, policy, None)
-    step.close()
+    with phases(names, "dry-run checks", progress) as step:
+        step("machine")
+        cfg.check_machine()
+        step("planner")
+        if cfg.train.plan:
+            Planner(cfg.predictor, cfg.plan)
+        ckpt = None
+        if resume and out:
+            step("run folder")
+            ckpt, _ = check_resume(cfg, Path(out), allow_config_change)
+        step("checkpoint")
+        ensure_policy(cfg, progress)
+        policy = load_policy(ckpt or cfg.policy.resolved())  # a resumed run starts from its own last checkpoint
+        step("task, learner")
+        _, _, _, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
     print(f"rlhfless: config OK ({len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)

@@ -12,7 +12,7 @@ from typing import Literal
 from rlhfless.core.errors import require
 from rlhfless.tasks.arith import ArithTask, ArithTaskConfig
 from rlhfless.tasks.base import Task
-from rlhfless.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig, corpus_texts
+from rlhfless.tasks.gsm8k import GSM8KTask, GSM8KTaskConfig, corpus_texts, missing_message
 from rlhfless.tasks.jsonl_task import JSONLTask, JSONLTaskConfig
 
 TASK_NAMES = ("arith", "gsm8k", "jsonl")
@@ -53,3 +53,8 @@ def tokenizer_corpus(cfg: TaskConfig) -> list[str]:
     if cfg.name == "gsm8k":
         return corpus_texts(cfg.gsm8k.path)
     return [f"{p.text} {p.answer}" for p in make_task(cfg).splits()[0]]
+
+
+def corpus_problem(cfg: TaskConfig) -> str | None:
+    """Why the tokenizer corpus cannot be read (GSM8K's file missing, with where to get it), or None."""
+    return missing_message(cfg.gsm8k.path) if cfg.name == "gsm8k" else None

@@ -67,13 +67,18 @@ class QA:
         return self.answer.rpartition("####")[2].strip()
 
 
-def missing_message(path: str | Path) -> str | None:
-    """None when the GSM8K file exists, else one line saying exactly why it is missing and where it lives."""
+SOURCE = "github.com/openai/grade-school-math (grade_school_math/data/, MIT)"
+"""Where the GSM8K file comes from (the dataset's own repository)."""
+
+
+def missing_message(path: str | Path, key: str = "task.gsm8k.path") -> str | None:
+    """None when the GSM8K file exists, else one line saying why it is missing, where to get it and which setting
+    (`key`: the override or flag that names the file) points at it."""
     p = Path(path)
     if p.is_file():
         return None
-    return (f"GSM8K file not found at {p.resolve()}: it is not part of the repository but lives in {SHARED_HOME} "
-            f"beside it (a plain clone has no ../shared; CI provides it)")
+    return (f"GSM8K file not found at {p.resolve()}: not shipped with the repository; get train.jsonl from {SOURCE}, "
+            f"then pass {key}=FILE or put it in {SHARED_HOME}")
 
 
 def read_jsonl(path: str | Path) -> list[QA]:
@@ -179,6 +184,9 @@ class GSM8KTask:
 
     def _make_splits(self) -> tuple[list[Prompt], list[Prompt]]:
         cfg = self.cfg
+        why = missing_message(cfg.path)
+        if why:
+            raise DataError(why)
         rows = read_jsonl(cfg.path)
         shots = rows[: cfg.n_shots]
         # a later row repeating a worked example's question would leak its answer into the prompt: drop it too
