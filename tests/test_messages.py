@@ -81,6 +81,8 @@ def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 HELP_CHECKS = {  # "command option": how to apply the example its help gives
     "train overrides": lambda ex: load_run_config(REPO / "experiments/configs/quickstart.yaml", ex.split()),
     "simulate overrides": lambda ex: case_configs("quick", None, ex.split()),
+    "plan what-if overrides": lambda ex: case_configs("quick", None, ex.split()),  # the simulator's keys
+    "repro --set": lambda ex: case_configs("quick", None, [a for a in ex.split(";")[0].split() if a != "--set"]),
     "bench faults overrides": lambda ex: load_run_config(REPO / "experiments/configs/faults.yaml", ex.split()),
     "pretrain overrides": lambda ex: from_dict(PretrainConfig, apply_overrides({}, ex.split())),
     "bench plan-trace --trace": lambda ex: (REPO / ex).is_file() or pytest.fail(f"{ex} does not exist"),

@@ -45,8 +45,8 @@ FIGURES = {
     "05_planner_scaler": {"policies", "sweet_spot", "tau"},
     "06_serverless_runtime": {"gantt", "billed_by_kind", "step_time"},
     # the full size adds timeline_gantt and sim_vs_real_stages (two training runs: `make repro-quick` in CI)
-    "07_repro": {"headline_testbed", "large_scale_paper_sim", "ablation_ladder", "sensitivity_tau_lambda_n",
-                 "prefill_saving", "predictor_ewma"},
+    "07_repro": {"headline_testbed", "large_scale_paper_sim", "ablation_ladder", "ablation_shapley",
+                 "sensitivity_tau_lambda_n", "prefill_saving", "predictor_ewma"},
     "08_what_if": {"recommended_mode", "step_and_cost"},
 }
 

@@ -101,6 +101,21 @@ def _closed(h: Handle, most: int = 1000) -> bool:
     return False
 
 
+def _use_forkserver_preload(modules: list[str]) -> None:
+    """Make the process's fork server import `modules`. It is one per process and takes its preload list only
+    when it starts, so a server already running with another list (an emulated run's, which holds no torch,
+    before a real one in the same process, or the reverse) is stopped first and the next start boots the right
+    one; otherwise every worker would import what its server lacks at each cold start (seconds of torch import).
+    Called between runs only: the old server's workers were released with their run (they die with it)."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None and getattr(server, "_preload_modules", None) != \
+            list(modules) and hasattr(server, "_stop"):
+        server._stop()
+    mp.set_forkserver_preload(list(modules))
+
+
 class LocalBackend:
     def __init__(self, start_method: str = "forkserver", preload: list[str] | None = None):
         """preload: the modules the fork server imports once (default `worker.PRELOAD`; `worker.preload(engine)`
@@ -109,7 +124,7 @@ class LocalBackend:
         self.ctx = mp.get_context(start_method)
         self.platform_start_s = 0.0
         if start_method == "forkserver":
-            self.ctx.set_forkserver_preload(PRELOAD if preload is None else preload)
+            _use_forkserver_preload(PRELOAD if preload is None else preload)
 
     def boot(self) -> float:
         """Start the fork server now (imports happen once, off the step loop); returns the seconds it took."""
