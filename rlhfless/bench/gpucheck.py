@@ -57,6 +57,7 @@ def profiles(device: str, models: list[str], small: bool) -> dict:
 
 def inline_grpo(device: str, steps: int, small: bool) -> dict:
     from rlhfless.core import metrics as M
+    from rlhfless.core.rundir import RunDir
     from rlhfless.config import load_run_config
     from rlhfless.run.runner import train
 
@@ -69,7 +70,7 @@ def inline_grpo(device: str, steps: int, small: bool) -> dict:
         t0 = time.perf_counter()
         summary = train(cfg, Path(tmp) / "run", progress=False)
         wall = time.perf_counter() - t0
-        lines = [json.loads(x) for x in (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()]
+        lines = RunDir(Path(tmp) / "run").read_metrics()
     step, tok = M.timing("step"), M.TOKENS
     per_step = [{"step": i + 1, "step_s": x[step], "rollout_s": x[M.timing("rollout")],
                  "update_s": x[M.timing("update")], "tokens": x[tok], "tokens_per_s": x[tok] / x[step],

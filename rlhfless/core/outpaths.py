@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from rlhfless.core.errors import ConfigError, quote
+from rlhfless.core.rundir import COMPARISON, CONFIG, RunDir
 
 LOCK_NAME = ".rlhfless-run.lock"
 """The lock file in a claimed run folder (`claim_run_dir`)."""
@@ -118,7 +119,7 @@ def _has_files(p: Path) -> bool:
 
 def is_run_dir(p: Path) -> bool:
     """A folder `rlhfless train` wrote (one run, or a compare run's two)."""
-    return any((p / name).is_file() for name in ("config.yaml", "comparison.json", "serverful/config.yaml"))
+    return any((p / name).is_file() for name in (CONFIG, COMPARISON, f"serverful/{CONFIG}"))
 
 
 def _inside_data(p: Path) -> bool:
@@ -162,7 +163,7 @@ START_OVER = ("to start over, name a new folder (--out runs/other; make demo OUT
 def _has_checkpoint(p: Path) -> bool:
     """A run folder with a run checkpoint `--resume` can start from (`runstate.find_checkpoint`), or a compare
     run (which is never resumed as one)."""
-    if (p / "comparison.json").is_file() or (p / "serverful" / "config.yaml").is_file():
+    if RunDir(p).comparison.is_file() or RunDir(p).arm("serverful").config.is_file():
         return True
     return any((p / "checkpoints" / name / "state.json").is_file() for name in ("last", "last.prev"))
 

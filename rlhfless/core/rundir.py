@@ -77,6 +77,11 @@ class RunDir:
         return self.root / CHECKPOINTS / "final" / "model.safetensors"
 
     @property
+    def trace(self) -> Path:
+        """Where the run writes its rollout trace (`rollouts` finds it, compressed or not)."""
+        return self.traces / ROLLOUTS
+
+    @property
     def rollouts(self) -> Path | None:
         """The rollout trace, plain or gzip-compressed (a trace copied elsewhere may have been compressed)."""
         return next((t for t in (self.traces / ROLLOUTS, self.traces / (ROLLOUTS + ".gz")) if t.is_file()), None)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlhfless.core.rundir import CONFIG, METRICS, SUMMARY, RunDir
 from rlhfless.repro.plots import save, theme
 from rlhfless.repro.records import PaperRow, StudyResult
 
@@ -134,7 +135,7 @@ def real_run(ctx, algo: str, size: dict, mode: str = "inline") -> Path:
 
     name = algo if mode == "inline" else f"{algo}-{mode}"
     out = ctx.out / "ppo-vs-grpo" / "runs" / f"{name}-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
-    if (out / "summary.json").is_file():
+    if RunDir(out).summary.is_file():
         return out
     overrides = [f"train.steps={size['steps']}", f"rollout.prompts_per_step={size['prompts']}",
                  f"algo.group_size={size['G']}", "train.eval_prompts=0", "train.table_every=0",
@@ -151,7 +152,7 @@ def runtime_gain(serverful: Path, serverless: Path) -> dict:
 
     from rlhfless.runtime.compare import samples_match
 
-    a, b = (json.loads((p / "summary.json").read_text())["runtime"] for p in (serverful, serverless))
+    a, b = (json.loads(RunDir(p).summary.read_text())["runtime"] for p in (serverful, serverless))
     same, _, n = samples_match(serverful, serverless)
     return {"step_time_ratio": b["step_time_s"] / a["step_time_s"],
             "cost_ratio": b["cost_device_s"] / a["cost_device_s"], "samples_identical": same, "steps": n,
@@ -175,13 +176,9 @@ def step_split(metrics_path: Path, seqs_per_step: int) -> dict:
     """Totals over a run's steps: seconds in the rollout and after it (values, reference, update, ...), generated
     sequences and tokens, and the mean fraction of groups the update skipped, read from metrics.jsonl (its rows
     with timing_s/step)."""
-    from rlhfless.core.jsonl import iter_jsonl
-
     tot = {"steps": 0, "step_s": 0.0, "rollout_s": 0.0, "values_s": 0.0, "update_s": 0.0, "sequences": 0,
            "tokens": 0.0, "groups_skipped": 0.0}
-    for _, row in iter_jsonl(metrics_path, "metrics"):
-        if "timing_s/step" not in row:
-            continue
+    for row in RunDir(metrics_path.parent).read_step_metrics().values():
         tot["steps"] += 1
         tot["step_s"] += row["timing_s/step"]
         tot["rollout_s"] += row["timing_s/rollout"]
@@ -269,20 +266,20 @@ def ppo_vs_grpo(ctx) -> StudyResult:
                        "what_ifs": WHAT_IFS, "real_sizes": sizes, "seed": ctx.seed, "threads": 1})
     cases = sim_cases(steps, ctx.sim)
     runs = {a: real_run(ctx, a, sizes[a]) for a in ("ppo", "grpo")}
-    split = {a: step_split(runs[a] / "metrics.jsonl", sizes[a]["prompts"] * sizes[a]["G"]) for a in runs}
+    split = {a: step_split(RunDir(runs[a]).metrics, sizes[a]["prompts"] * sizes[a]["G"]) for a in runs}
     from rlhfless.runtime.config import available_cores  # here: it imports torch, and `--help` must not
 
     gains = None
     if available_cores() >= 2:
         modes = {a: {m: real_run(ctx, a, sizes[a], m) for m in MODES} for a in ("ppo", "grpo")}
         gains = {a: runtime_gain(modes[a]["serverful"], modes[a]["serverless"]) for a in modes}
-        res.artifacts += [modes[a][m] / "summary.json" for a in modes for m in MODES]
+        res.artifacts += [RunDir(modes[a][m]).summary for a in modes for m in MODES]
     else:
         res.notes.append("the runtime half was left out: it needs 2 cores (runtime.units), this process has fewer")
     res.figures.append(_figure(cases, split, gains, ctx.out / "ppo-vs-grpo" / "ppo_vs_grpo.png"))
     res.rows += [sim_row(cases), real_row(split)] + ([runtime_row(gains)] if gains else [])
     res.artifacts += [write_json(cases, ctx.out / "ppo-vs-grpo" / "cases.json")]
-    res.artifacts += [runs[a] / f for a in runs for f in ("metrics.jsonl", "summary.json", "config.yaml")]
+    res.artifacts += [runs[a] / f for a in runs for f in (METRICS, SUMMARY, CONFIG)]
     res.notes.append("the stage-split runs are inline, one thread each; the runtime runs use one core per "
                      "function; all on cores that may be shared: ratios are side by side, absolute seconds are not "
                      "clean")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlhfless.repro.plots import save, theme
 from rlhfless.repro.records import PaperRow, StudyResult
+from rlhfless.core.rundir import INVOCATIONS, METRICS, TABLES, TRACES, WORKERS, RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "data" / "traces" / "quickstart.jsonl.gz"
@@ -218,7 +219,7 @@ def compare_run(ctx) -> tuple[Path, dict]:
                  "tracking.group=real-runs"]
     cfg = load_run_config(str(COMPARE_CONFIG), overrides)
     out = ctx.out / "real-runs" / f"compare-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}-{config_key(cfg)}"
-    done = out / "comparison.json"
+    done = RunDir(out).comparison
     if done.is_file():
         return out, json.loads(done.read_text())
     return out, train(cfg, out, progress=False)  # runtime.mode=compare: both runs and comparison.json
@@ -237,9 +238,8 @@ def timeline_study(ctx) -> StudyResult:
     res = StudyResult("timeline", "One step's per-function timeline, serverful beside serverless (real run)",
                       {"config": str(COMPARE_CONFIG.relative_to(REPO)), "steps": cmp["steps"], "seed": cmp["seed"],
                        "step_shown": step},
-                      artifacts=[out / "comparison.json"] + [out / m / f for m in ("serverful", "serverless")
-                                                             for f in ("traces", "invocations.jsonl", "workers.jsonl",
-                                                                       "metrics.jsonl", "tables")])
+                      artifacts=[RunDir(out).comparison] + [out / m / f for m in ("serverful", "serverless")
+                                                             for f in (TRACES, INVOCATIONS, WORKERS, METRICS, TABLES)])
     fig = plot_steps({m: out / m for m in ("serverful", "serverless")}, step, ctx.out / "timeline" / "gantt.png")
     if fig is not None:
         res.figures.append(fig)

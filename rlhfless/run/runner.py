@@ -53,6 +53,7 @@ from rlhfless.run.runstate import (
 from rlhfless.step.textenv import TextEnv, make_env
 from rlhfless.core.traces import TraceWriter
 from rlhfless.run.tracking import Tracker
+from rlhfless.core.rundir import RunDir
 
 EVAL_SEED = 10_007  # the same sampling streams before and after training: a paired comparison
 
@@ -150,8 +151,8 @@ class Run:
 def output_files(out: Path) -> list[Path]:
     """The files steps append to: rewound to their checkpoint sizes on resume."""
     tables = sorted((out / "tables").glob("*.jsonl")) if (out / "tables").is_dir() else []
-    return [out / "metrics.jsonl", out / "traces" / "rollouts.jsonl", out / "traces" / "samples_digest.jsonl",
-            *tables, out / "invocations.jsonl"]
+    return [RunDir(out).metrics, RunDir(out).trace, RunDir(out).digests,
+            *tables, RunDir(out).invocations]
 
 
 def write_digest(out: Path, step: int, report: StepReport) -> None:
@@ -159,7 +160,7 @@ def write_digest(out: Path, step: int, report: StepReport) -> None:
     h = hashlib.sha256()
     for s in report.samples:
         h.update(bytes(str(list(s.response_ids)), "ascii") + b"\n")
-    with (out / "traces" / "samples_digest.jsonl").open("a") as f:
+    with RunDir(out).digests.open("a") as f:
         f.write(json.dumps({"step": step, "sha256": h.hexdigest()}) + "\n")
 
 
@@ -246,9 +247,9 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     policy = load_policy(cfg.policy.resolved())
     learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
     out = out_dir  # claimed by `train`: it holds nothing but the claim's lock file
-    write_atomic(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_atomic(RunDir(out).config, yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg))
-    traces = TraceWriter(out / "traces" / "rollouts.jsonl")
+    traces = TraceWriter(RunDir(out).trace)
     stream = PromptStream(train_prompts, cfg.rollout.prompts_per_step, cfg.train.seed, cfg.algo.group_size,
                           stages.env)
     state = RunState(0, 0, None, 0, 0, [], wandb_id=tracker.run_id)
@@ -285,13 +286,13 @@ def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
     rewind_outputs(out, state.file_sizes, state.step, output_files(out))
     kept = out / "resumed" / f"step-{state.step}"
     kept.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(out / "config.yaml", kept / "config.yaml")  # the config the run had before this resume
-    for done in (out / "summary.json", out / "checkpoints" / "final"):  # a finished run being extended
+    shutil.copy2(RunDir(out).config, RunDir(kept).config)  # the config the run had before this resume
+    for done in (RunDir(out).summary, out / "checkpoints" / "final"):  # a finished run being extended
         if done.exists():
             done.rename(kept / done.name)
-    write_atomic(out / "config.yaml", yaml.safe_dump(asdict(cfg), sort_keys=False))
+    write_atomic(RunDir(out).config, yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg), resume_id=state.wandb_id)
-    traces = TraceWriter(out / "traces" / "rollouts.jsonl")
+    traces = TraceWriter(RunDir(out).trace)
     torch.set_rng_state(rng)  # last: loading weights above may draw from the global generator
     print(f"rlhfless: resuming {out} after step {state.step} (checkpoint {ckpt})", file=sys.stderr)
     return Run(cfg, out, learner, planner, stages, eval_prompts, stream, tracker, traces, state, initial,
@@ -309,7 +310,7 @@ def _initial_eval(state: RunState, ckpt: Path) -> dict[str, EvalResult]:
 def _check_resume_config(cfg: RunConfig, out: Path, allow: bool) -> None:
     from rlhfless.core.configbase import load_yaml
 
-    path = out / "config.yaml"
+    path = RunDir(out).config
     try:
         saved = load_yaml(path)  # bounded loader: size, depth and aliases (a run folder may come from elsewhere)
     except ConfigError as exc:
@@ -455,7 +456,7 @@ def _finish(run: Run) -> dict:
         summary["runtime"] = run.runtime_summary
     run.tracker.summary(summary)
     run.tracker.finish()
-    write_json(summary, out / "summary.json")
+    write_json(summary, RunDir(out).summary)
     return summary
 
 
@@ -566,7 +567,7 @@ def _summary(cfg: RunConfig, initial: dict, final: dict, rewards: list[float], w
         "reward_mean_first": sum(rewards[:k]) / k,
         "reward_mean_last": sum(rewards[-k:]) / k,
         "wall_s": round(wall_s, 1),
-        "trace_path": str(out / "traces" / "rollouts.jsonl"),
+        "trace_path": str(RunDir(out).trace),
         "wandb_dir": tracker.wandb_dir,
         "seed": cfg.train.seed,
     }

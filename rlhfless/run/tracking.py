@@ -25,6 +25,7 @@ from typing import Any
 from rlhfless.config import TrackingConfig
 from rlhfless.core.errors import DataError
 from rlhfless.core.jsonl import json_safe
+from rlhfless.core.rundir import RunDir
 
 
 def _default(v: Any) -> Any:
@@ -88,7 +89,7 @@ class Tracker:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics = (self.run_dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self._metrics = RunDir(self.run_dir).metrics.open("a", encoding="utf-8")
         self._run = None
         if cfg.mode != "disabled":
             os.environ.setdefault("WANDB_SILENT", "true")

@@ -35,7 +35,8 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from rlhfless.core.jsonl import iter_jsonl, write_json
+from rlhfless.core.jsonl import write_json
+from rlhfless.core.rundir import RunDir
 from rlhfless.runtime.contention import CpuWindow
 from rlhfless.runtime.gantt import plot_steps, read_records
 
@@ -44,10 +45,7 @@ BASE, TREATED = "serverful", "serverless"
 
 
 def read_digests(run_dir: Path) -> dict[int, str]:
-    p = run_dir / "traces" / "samples_digest.jsonl"
-    if not p.is_file():
-        return {}
-    return {r["step"]: r["sha256"] for r in (json.loads(x) for x in p.read_text().splitlines() if x.strip())}
+    return RunDir(run_dir).read_digests()
 
 
 def samples_match(a: Path, b: Path) -> tuple[bool, int | None, int]:
@@ -151,7 +149,7 @@ def planner_accuracy(rows: list[dict], whole_step: bool, skip: int = CALIBRATION
 
 
 def run_planner_accuracy(run_dir: Path, whole_step: bool, skip: int = CALIBRATION_STEPS) -> dict:
-    return planner_accuracy([r for _, r in iter_jsonl(run_dir / "metrics.jsonl", "metrics")], whole_step, skip)
+    return planner_accuracy(RunDir(run_dir).read_metrics(), whole_step, skip)
 
 
 def core_seconds_per_step(run_dir: Path, runtime: dict) -> dict:
@@ -221,7 +219,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         from rlhfless.runtime.emulated import modelled_report
 
         result["modelled"] = modelled_report(out, ran, cfg.runtime.time_scale)
-    write_json(result, out / "comparison.json")
+    write_json(result, RunDir(out).comparison)
     return result
 
 

@@ -69,11 +69,10 @@ def step_split(run_dir: Path) -> dict[int, dict]:
     """Per step, from an arm's records (real seconds): its wall time, its bill (all, by role), and the bill split
     into cold starts (workers spawned in the step's window), busy time by invocation kind (clipped to the window)
     and held idle (the rest: warm, waiting for work or for release)."""
-    from rlhfless.core.jsonl import iter_jsonl
+    from rlhfless.core.rundir import RunDir
 
-    rows = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl")]
-    workers = [w for _, w in iter_jsonl(run_dir / "workers.jsonl")]
-    invs = [i for _, i in iter_jsonl(run_dir / "invocations.jsonl")]
+    run = RunDir(run_dir)
+    rows, workers, invs = run.read_metrics(), run.read_workers(), run.read_invocations()
     out = {}
     for m in rows:
         if "timing_s/step" not in m or "runtime/window_s" not in m:

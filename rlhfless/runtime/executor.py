@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from rlhfless.core import metrics as M
 from rlhfless.config import RunConfig
+from rlhfless.core import metrics as M
+from rlhfless.core.rundir import RunDir
 from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
@@ -39,6 +40,8 @@ from rlhfless.runtime.policy import History, prewarm_decode
 from rlhfless.runtime.pool import Pool
 from rlhfless.runtime.records import (CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role,
                                       zero_held)
+
+
 RUNTIME_HOOKS: list = []
 """Callables given each new Runtime once it is up (the fault bench attaches its chaos thread here)."""
 
@@ -541,7 +544,7 @@ class Runtime:
                 "device_s_by_role": usage, "cost_device_s_by_billing": self.bills_by_rules()}
 
     def _write_invocations(self) -> None:
-        path = self.out / "invocations.jsonl"
+        path = RunDir(self.out).invocations
         with path.open("a") as f:
             for inv in self.invocations[self._written:]:
                 f.write(json.dumps(inv.to_json()) + "\n")
@@ -551,7 +554,7 @@ class Runtime:
         """Release every worker (billing ends) and write the records; the scratch files stay for sync_learner."""
         self.pool.release_all()
         self._write_invocations()
-        with (self.out / "workers.jsonl").open("w") as f:
+        with RunDir(self.out).workers.open("w") as f:
             for rec in self.pool.records.values():
                 f.write(json.dumps(rec.to_json()) + "\n")
 

@@ -18,7 +18,6 @@ from the same random streams. The report:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -30,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlhfless.core.errors import TrainingError
+from rlhfless.core.rundir import RunDir
 from rlhfless.runtime import executor
 
 
@@ -197,13 +197,9 @@ def fault_report(pairs: list[dict], kills: int) -> dict:
 
 def _lost_device_s(run_dir: Path) -> float:
     """Device-seconds of a run's failed invocations (request to death): the work the kills threw away."""
-    p = run_dir / "invocations.jsonl"
-    if not p.is_file():
-        return 0.0
-    rows = (json.loads(x) for x in p.read_text().splitlines() if x.strip())
+    rows = RunDir(run_dir).read_invocations()
     return sum((r["finished_s"] - r["requested_s"]) * r["units"] for r in rows if not r["ok"])
 
 
 def _steps_done(run_dir: Path) -> int:
-    p = run_dir / "traces" / "samples_digest.jsonl"
-    return sum(1 for _ in p.open()) if p.is_file() else 0
+    return len(RunDir(run_dir).read_digests())

@@ -7,19 +7,18 @@ above serverless in a comparison), on the same time axis, so idle billed time is
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from rlhfless.core.rundir import RunDir
 
 KIND_COLOURS = {"decode": "#4C72B0", "reward": "#DD8452", "reference": "#55A868", "learner": "#C44E52",
                 "prefill": "#8172B3", "values": "#937860", "critic": "#DA8BC3"}
 
 
 def read_records(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    """(workers, invocations) of a run; empty lists when the run did not use the runtime."""
-    def rows(name: str) -> list[dict]:
-        p = run_dir / name
-        return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.is_file() else []
-    return rows("workers.jsonl"), rows("invocations.jsonl")
+    """(workers, invocations) of a runtime run folder ([] for a file the run did not write)."""
+    run = RunDir(run_dir)
+    return run.read_workers(), run.read_invocations()
 
 
 def step_window(invocations: list[dict], step: int) -> tuple[float, float] | None:

@@ -60,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from rlhfless.core.errors import DataError
-from rlhfless.core.jsonl import iter_jsonl
+from rlhfless.core.rundir import CONFIG, INVOCATIONS, METRICS, WORKERS, RunDir
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.billing import rule_set
@@ -151,27 +151,23 @@ class Split:
 
 
 # ---- reading ---------------------------------------------------------------------------------------------
-def _jsonl(path: Path) -> list[dict]:
-    """The records of a run file, [] when the run has none (the project's reader: errors name file and line)."""
-    return [r for _, r in iter_jsonl(path)] if path.is_file() else []
-
-
 def read_arm(path: str | Path, name: str | None = None) -> Arm:
     """One arm's run dir. Missing records are a DataError naming the file; so is a run with a function the
     model does not play (module header)."""
     from rlhfless.core.configbase import load_yaml
 
     p = Path(path)
-    for f in ("config.yaml", "metrics.jsonl", "invocations.jsonl", "workers.jsonl"):  # workers.jsonl: at the end
+    for f in (CONFIG, METRICS, INVOCATIONS, WORKERS):  # workers.jsonl: written at the end
         if not (p / f).is_file():
             raise DataError(f"validate: {p / f} not found (an arm of a `runtime.mode=compare` run writes it)")
-    cfg = load_yaml(p / "config.yaml")
+    cfg = load_yaml(RunDir(p).config)
     rt, plan, algo = cfg.get("runtime") or {}, cfg.get("plan") or {}, cfg.get("algo") or {}
     mode = rt.get("mode", "serverless")
     overlap = (mode != "serverful") if rt.get("overlap") is None else bool(rt["overlap"])
     if rt.get("ship_prefix_kv", "never") != "never" or (float(algo.get("kl_coef") or 0) > 0 and not overlap):
         raise DataError(f"validate: {p}: the arm model has no prefill or reference function (module header)")
-    workers = {w["worker"]: w for w in _jsonl(p / "workers.jsonl")}
+    run = RunDir(p)
+    workers = {w["worker"]: w for w in run.read_workers()}
     units = int(rt.get("units") or 0) or len({c for w in workers.values() for c in (w.get("cores") or [])}) or 1
     learners = int(rt.get("learner_units") or 0) or units
     if mode == "serverful":  # the pool's W workers, one unit each
@@ -192,15 +188,15 @@ def read_arm(path: str | Path, name: str | None = None) -> Arm:
 
 def _read_steps(p: Path, workers: dict[str, dict]) -> tuple[StepRec, ...]:
     """Every step with metrics, a trace and a decode invocation; first attempts of successful invocations."""
-    metrics = {r["step"]: r for r in _jsonl(p / "metrics.jsonl") if "timing_s/step" in r}
-    trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
-                 None)
+    run = RunDir(p)
+    metrics = run.read_step_metrics()
+    trace = run.rollouts
     if trace is None:
         raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}[.gz]")
     work = {s.step: s for s in replay_trace(trace)}
     by_step: dict[int, dict[str, list[Inv]]] = {}
     first_step: dict[str, int] = {}
-    for i in _jsonl(p / "invocations.jsonl"):
+    for i in run.read_invocations():
         if i.get("ok", True) and i.get("attempt", 1) == 1:
             by_step.setdefault(i["step"], {}).setdefault(i["kind"], []).append(_inv(i))
             first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
@@ -466,7 +462,7 @@ ARMS = ("serverful", "serverful-overlap", "serverless")
 def arm_dirs(run_dir: str | Path) -> dict[str, Path]:
     """The arms of a comparison dir that carry runtime records (empty for any other dir)."""
     p = Path(run_dir)
-    return {a: p / a for a in ARMS if (p / a / "workers.jsonl").is_file() and (p / a / "invocations.jsonl").is_file()}
+    return {a: p / a for a in ARMS if RunDir(p / a).workers.is_file() and RunDir(p / a).invocations.is_file()}
 
 
 def split_steps(steps: list[StepRec]) -> tuple[list[StepRec], list[StepRec]]:

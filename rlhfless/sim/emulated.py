@@ -31,7 +31,7 @@ import numpy as np
 from rlhfless.core.errors import DataError
 from rlhfless.plan import PlanJob, assign
 from rlhfless.plan.balancer import job_finish_s
-from rlhfless.sim.armmodel import _jsonl
+from rlhfless.core.rundir import RunDir
 from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
 
 KINDS = ("decode", "learner")
@@ -144,7 +144,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     from rlhfless.core.configbase import load_yaml
 
     p = Path(run_dir)
-    cfg = load_yaml(p / "config.yaml")
+    cfg = load_yaml(RunDir(p).config)
     rt = cfg.get("runtime") or {}
     if rt.get("device") != "emulated":
         raise DataError(f"validate: {p} is not a runtime.device=emulated run")
@@ -152,15 +152,15 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     pm, tm, cap = _perf(p)
     run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
            "skip_zero": bool((cfg.get("algo") or {}).get("skip_zero_variance_groups", False))}
-    trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
-                 None)
+    rd = RunDir(p)
+    trace = rd.rollouts
     if trace is None:
-        raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}")
+        raise DataError(f"validate: no trace at {rd.trace}")
     work = {s.step: s for s in replay_trace(trace)}
-    metrics = {r["step"]: r for r in _jsonl(p / "metrics.jsonl") if "timing_s/step" in r}
-    workers = _jsonl(p / "workers.jsonl")
+    metrics = rd.read_step_metrics()
+    workers = rd.read_workers()
     by_step: dict[int, list[dict]] = {}
-    for i in _jsonl(p / "invocations.jsonl"):
+    for i in rd.read_invocations():
         if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in KINDS:
             by_step.setdefault(i["step"], []).append(i)
     rows = []
@@ -240,9 +240,9 @@ def emulated_dirs(run_dir: str | Path) -> dict[str, Path]:
     from rlhfless.core.configbase import load_yaml
 
     p = Path(run_dir)
-    cands = {p.name: p} if (p / "config.yaml").is_file() else {d.name: d for d in sorted(p.iterdir())
-                                                                 if (d / "config.yaml").is_file()} if p.is_dir() else {}
-    return {n: d for n, d in cands.items() if ((load_yaml(d / "config.yaml").get("runtime") or {}).get("device")
+    cands = {p.name: p} if RunDir(p).config.is_file() else {d.name: d for d in sorted(p.iterdir())
+                                                                 if RunDir(d).config.is_file()} if p.is_dir() else {}
+    return {n: d for n, d in cands.items() if ((load_yamlRunDir(d).config.get("runtime") or {}).get("device")
                                               == "emulated")}
 
 

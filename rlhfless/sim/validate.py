@@ -42,13 +42,13 @@ Deviations from the paper: none (the paper validates Vidur against its GPUs; thi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from rlhfless.core.errors import DataError
+from rlhfless.core.rundir import RunDir
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.sim.calibrate import cpu_decode_model, fit_linear
 from rlhfless.sim.hardware import tiny_model
@@ -73,34 +73,20 @@ class RunData:
     algo: str = "grpo"
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                raise DataError(f"{path}:{i}: not a JSON object") from None
-    return out
-
-
 def load_run(path: str | Path) -> RunData:
     """Read a run dir; a missing config, metrics or trace is a DataError naming the file."""
     from rlhfless.core.configbase import load_yaml
 
     p = Path(path)
-    cfg_path = p / "config.yaml"
+    cfg_path = RunDir(p).config
     if not cfg_path.is_file():
         raise DataError(f"validate: {cfg_path} not found (expected the --out folder of a `rlhfless train --out DIR` run)")
     config = load_yaml(cfg_path)  # bounded: a run folder from elsewhere is untrusted input
-    rows = _jsonl(p / "metrics.jsonl")
-    metrics = {r["step"]: r for r in rows if "timing_s/step" in r}
+    run = RunDir(p)
+    metrics = run.read_step_metrics()
     if not metrics:
         raise DataError(f"validate: {p / 'metrics.jsonl'} has no step with timing_s/step")
-    trace = next((t for t in (p / "traces" / "rollouts.jsonl", p / "traces" / "rollouts.jsonl.gz") if t.is_file()),
-                 None)
+    trace = run.rollouts
     if trace is None:
         raise DataError(f"validate: no trace at {p / 'traces' / 'rollouts.jsonl'}[.gz]")
     work = [s for s in replay_trace(trace) if s.step in metrics]
@@ -109,8 +95,7 @@ def load_run(path: str | Path) -> RunData:
     if algo == "ppo" and not any("timing_s/values" in r for r in metrics.values()):
         raise DataError(f"validate: {p / 'metrics.jsonl'}: algo.name is ppo but no step has timing_s/values (the "
                         "critic's forward, timed by rlhfless.step.loop)")
-    return RunData(p, mode, config, metrics, work, _jsonl(p / "invocations.jsonl"), _jsonl(p / "workers.jsonl"),
-                   algo)
+    return RunData(p, mode, config, metrics, work, run.read_invocations(), run.read_workers(), algo)
 
 
 def run_algo(config: dict, cfg_path: Path, mode: str) -> str:
@@ -144,7 +129,7 @@ def load_runs(path: str | Path) -> dict[str, RunData]:
     if not p.is_dir():
         raise DataError(f"validate: run dir not found: {p}")
     subs = [p / m for m in ("serverless", "serverful", "serverful-overlap", "inline")
-            if (p / m / "config.yaml").is_file()]
+            if RunDir(p / m).config.is_file()]
     runs = [load_run(s) for s in subs] if subs else [load_run(p)]
     return {r.mode if len(runs) == 1 else r.path.name: r for r in runs}  # serverful-overlap: by its folder
 
