@@ -242,7 +242,7 @@ def emulated_dirs(run_dir: str | Path) -> dict[str, Path]:
     p = Path(run_dir)
     cands = {p.name: p} if RunDir(p).config.is_file() else {d.name: d for d in sorted(p.iterdir())
                                                                  if RunDir(d).config.is_file()} if p.is_dir() else {}
-    return {n: d for n, d in cands.items() if ((load_yamlRunDir(d).config.get("runtime") or {}).get("device")
+    return {n: d for n, d in cands.items() if ((load_yaml(RunDir(d).config).get("runtime") or {}).get("device")
                                               == "emulated")}
 
 
