@@ -386,15 +386,4 @@ class EmulatedWorker:
 
 def serve(conn, setup: dict) -> None:
     """`worker.main` for an emulated device: no pinning, no torch; the same request loop."""
-    w = EmulatedWorker(setup)
-    wire.send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
-    while True:
-        try:
-            msg = w.deferred.pop(0) if w.deferred else wire.recv(conn)
-        except (EOFError, OSError):
-            return
-        if msg["op"] == "shutdown":
-            return
-        reply = w.handle(msg, conn)
-        if reply is not None:
-            wire.send(conn, reply)
+    wire.serve(EmulatedWorker(setup), conn)

@@ -89,3 +89,23 @@ def read_batch(path: Path) -> tuple[list[list[int]], list[list[int]], torch.Tens
     t = read_tensors(path)
     return (unpack_lists(t["prompt_values"], t["prompt_offsets"]), unpack_lists(t["resp_values"], t["resp_offsets"]),
             t["rewards"], t.get("ref_logp"))
+
+
+def serve(worker, conn) -> None:
+    """A worker's request loop (real and emulated alike): say ready, then answer requests until `shutdown` or the
+    driver's pipe closes. Requests a decode read while it polled its control messages (`worker.deferred`) come
+    first, in arrival order; `worker.handle(msg, conn)` returns the reply or None; `worker.close()` on shutdown."""
+    from rlhfless.runtime.records import now
+
+    send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
+    while True:
+        try:
+            msg = worker.deferred.pop(0) if worker.deferred else recv(conn)
+        except (EOFError, OSError):
+            return
+        if msg["op"] == "shutdown":
+            worker.close()
+            return
+        reply = worker.handle(msg, conn)
+        if reply is not None:
+            send(conn, reply)

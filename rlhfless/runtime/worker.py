@@ -156,20 +156,7 @@ def _serve(conn, setup_json: str) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per cold start would drown the driver's output
-    worker = Worker(setup)
-    wire.send(conn, {"op": "ready", "t": now(), "pid": os.getpid()})
-    while True:
-        try:
-            # requests that arrived while a decode read its control messages come first, in arrival order
-            msg = worker.deferred.pop(0) if worker.deferred else wire.recv(conn)
-        except (EOFError, OSError):
-            return
-        if msg["op"] == "shutdown":
-            worker.close()
-            return
-        reply = worker.handle(msg, conn)
-        if reply is not None:
-            wire.send(conn, reply)
+    wire.serve(Worker(setup), conn)
 
 
 class Worker:
