@@ -1,29 +1,15 @@
-"""GRPO (and PPO-style clipped) policy-gradient math as pure tensor functions.
+"""GRPO (and PPO-style clipped) policy-gradient math as pure tensor functions, each returning (result, metrics).
 
-Purpose: group-normalised advantages, the k3 KL estimator, the clipped surrogate, loss aggregation and the
-combined GRPO loss, each returning `(result, metrics)` with metric names from `rlhfless.core.metrics`.
-Non-goals: no model code, no optimiser, no batching or micro-batching; the learner calls these functions.
-Shapes: N = sequences in the batch (N = B * G for B prompts and G responses each), T = padded response
-length, V = vocabulary. `mask[N, T]` is True on response tokens that are trained on.
+Group-normalised advantages, the k3 KL estimator, the clipped surrogate, loss aggregation and the combined GRPO
+loss; no model code, optimiser or batching. Shapes: N = B * G sequences, T = padded response length, V =
+vocabulary; `mask[N, T]` is True on trained response tokens. The rule it keeps: given the full batch's normaliser
+`denom`, a shard's loss (and gradient) is exactly its share of the full-batch one, so shards sum to the whole.
 
-Deviations from the paper (which runs standard GRPO/PPO from verl and publishes no loss details); choices:
-- Group std is the unbiased estimator (`torch.std`, divisor G - 1), as in verl's GRPO advantage; eps is
-  added to the std (not under the square root).
-- Groups whose G rewards are exactly equal get advantage exactly 0 and are flagged (`zero_variance`) so the
-  caller can drop them (DAPO-style filtering, without resampling replacements).
-- Default aggregation is token_mean (verl/DAPO token-level mean), not the original GRPO per-sequence mean;
-  both, and Dr.GRPO's constant-length normalisation, are available.
-- KL(pi || ref) uses the k3 estimator exp(ref - logp) - (ref - logp) - 1 added to the loss (not to the
-  reward), unclamped (verl clamps it to [-10, 10]; we keep the exact value so it can be tested exactly).
-- Clipping is asymmetric-capable (clip_eps_low, clip_eps_high), default 0.2/0.2; dual-clip is the registered
-  policy loss `dual_clip` (off by default).
-- In the per-sequence modes a sequence with no valid tokens is left out of the sequence count, so masking a
-  row out is identical to dropping it from the batch.
-
-Data parallelism: `aggregate` and `grpo_loss` take an optional global normaliser `denom` (the FULL batch's valid
-token count for token_mean, its count of sequences with a valid token for the per-sequence modes; see
-`loss_denominator`). With it, the loss of a shard of rows is exactly that shard's share of the full-batch loss,
-so shard losses -- and shard gradients -- sum to the full-batch ones (up to float rounding).
+Deviations from the paper (it runs verl's GRPO/PPO and publishes no loss details):
+1. Group std is unbiased (divisor G - 1, as verl), eps added to the std. 2. Equal-reward groups get advantage 0
+   and are flagged `zero_variance` (DAPO-style drop, no resampling). 3. Default aggregation is token_mean (also
+   GRPO's per-sequence mean and Dr.GRPO's). 4. The k3 KL is in the loss, unclamped (verl clamps to [-10, 10]).
+5. Clipping may be asymmetric; dual-clip is a registered loss. 6. Per-sequence modes skip rows with no token.
 """
 
 from __future__ import annotations
@@ -80,6 +66,7 @@ def group_advantages(
     r = rewards.reshape(-1, group_size)
     centred = r - r.mean(dim=1, keepdim=True)
     if scale_by_std:
+        # unbiased std (divisor G - 1), as verl's GRPO advantage; eps added to the std, not under the root
         centred = centred / (r.std(dim=1, keepdim=True) + eps)
     # exact equality, not std < eps: a tiny but real reward difference is still a signal
     zero_var = r.amax(dim=1) == r.amin(dim=1)
@@ -136,7 +123,7 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
         [N, T] non-negative estimates, 0 exactly where logp == ref_logp; unbiased for KL(pi || ref).
     """
     d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
+    return torch.exp(d) - d - 1.0  # unclamped (verl clamps to [-10, 10]) so it can be tested exactly
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -246,6 +233,7 @@ def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, max_len_norm: int | Non
     if mode == "token_mean":
         return masked.sum() / (m.sum().clamp(min=1.0) if denom is None else denom)
     tokens_per_seq = m.sum(dim=1)
+    # a row with no valid token is not counted, so masking a row out equals dropping it from the batch
     n_seq = (tokens_per_seq > 0).to(loss_tok.dtype).sum().clamp(min=1.0) if denom is None else denom
     if mode == "seq_mean_token_mean":
         return (masked.sum(dim=1) / tokens_per_seq.clamp(min=1.0)).sum() / n_seq

@@ -1,18 +1,15 @@
 """PPO math as pure tensor functions: per-token rewards, whitened GAE advantages, the clipped value loss,
 explained variance and the mini-batch order. The actor loss is `grpo.grpo_loss` with per-token advantages.
 
-Shapes: N = sequences in the batch (B prompts x G responses, G >= 1), T = padded response length; `mask[N, T]`
-is True on response tokens (a prefix of each row: right padding). `values[N, T]` holds V(s_t), the critic's value
-of the state before response token t (the prompt plus tokens < t), the position verl reads values from.
+Shapes: N = sequences (B prompts x G responses, G >= 1), T = padded response length; `mask[N, T]` is True on
+response tokens (right padding). The rule it keeps: `values[N, T]` is V(s_t), the critic's value of the state
+before response token t (prompt plus tokens < t), the position verl reads values from.
 
-Deviations from verl (each a choice, stated once):
-- The KL reward penalty is verl's default `kl` estimator, kl_coef * (logp - ref_logp) per token, with a fixed
-  coefficient (verl's adaptive KL controller is not implemented).
-- Whitening uses the unbiased masked variance and rsqrt(var + 1e-8), shifting the mean back in, as verl's
-  `masked_whiten`; a batch with one valid token is only centred (its variance is undefined).
-- The value loss is 0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2), aggregated like the actor's loss
-  (`cfg.loss_agg`), as verl's `compute_value_loss`; `critic/vf_clipfrac` counts tokens where the clipped branch is
-  strictly larger (so it has no gradient).
+Deviations from verl:
+1. The KL reward penalty is verl's `kl` estimator with a fixed coefficient (no adaptive KL controller).
+2. Whitening: unbiased masked variance, rsqrt(var + 1e-8), mean shifted back; one valid token is only centred.
+3. The value loss is 0.5 * max of the clipped and unclipped squared errors, aggregated like the actor's loss;
+   `critic/vf_clipfrac` counts tokens where the clipped branch is strictly larger (so it has no gradient).
 """
 
 from __future__ import annotations
@@ -70,7 +67,7 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     centred = (x - mean) * m
     if n < 2:
         return centred
-    var = (centred ** 2).sum() / (n - 1)
+    var = (centred ** 2).sum() / (n - 1)  # unbiased, as verl's masked_whiten
     return centred * torch.rsqrt(var + eps)
 
 
