@@ -1,28 +1,15 @@
 """`rlhfless profile`: measured times of one model shape on one device, as a time profile the planner and the
 simulator read, with the simulator's own prediction beside every measured figure.
 
-What is measured (random weights of a public shape, built locally; nothing is downloaded):
-- decode: seconds of one decode iteration of this project's engine step (`rollout.stepper.make_stepper`, the
-  step `rollout.session` runs) for every batch size x context length in the grid: the KV cache is filled with
-  random keys and values of that context (the time does not depend on their values), then `iters` iterations are
-  timed after `warmup` untimed ones, each ended by a device synchronise; the median is kept;
-- prefill: seconds of `rollout.state.prefill` (dedup off: every row computed) of `tokens` prompt tokens in rows of
-  `prefill_row` tokens, median of `repeats`;
-- cold start: a fresh interpreter that imports torch and transformers, builds the model and loads its weights
-  from a safetensors file onto the device (process start + imports + weight load, as a spawned worker pays);
-- transfer: host -> device and device -> host copies of the model's weights (GB/s; CUDA only).
+Measures (random weights of a public shape, built locally, nothing downloaded) decode iterations of this
+project's engine step over batch x context, prefill seconds per token, the cold start of a fresh interpreter and
+host/device weight copies; `save` writes the planner's `rows`, `prefill_s_per_token`, and a `profile` with every
+measurement, the machine, and the roofline's prediction and measured / predicted ratio per point. The rule it
+keeps: decode and prefill figures are medians of timed runs after untimed warmup, each ended by a device sync.
+What each part times and the file's layout: docs/internals.md#benchdevice_profilepy.
 
-The file (`save`): ``{"rows": [...], "prefill_s_per_token": s, "profile": {...}}``. `rows` are the planner's
-rows (`plan.timemodel.TimeModel.from_json`, `plan.time_profile=FILE`; several contexts per batch size, the
-planner takes the nearest or the mean) and what `sim.calibrate.read_tpot` reads; `prefill_s_per_token` is the
-largest prefill's seconds per token; `profile` holds every measurement, the machine, and `simulator`: the
-roofline's prediction for each decode and prefill point (`sim.perf.PerfModel` of the device kind matched from the
-GPU's name, fitted efficiencies; the CPU is modelled as one `cpu-core`, so compare with threads=1) and the
-measured / predicted ratio.
-
-Deviations: the decode grid times a batch that does not shrink (the engine's batch shrinks as rows finish; the
-planner interpolates between batch sizes). Cold start excludes an inference-engine init (this engine has none;
-the simulator's `engine_init_s` is vLLM's) and reports the simulator's figure without it.
+Deviations: 1. The decode grid times a batch that does not shrink (the planner interpolates between batch sizes).
+2. Cold start excludes an inference-engine init (the simulator's `engine_init_s` is vLLM's; reported without it).
 """
 
 from __future__ import annotations
@@ -154,13 +141,14 @@ def decode_rows(model, cfg: ProfileConfig, progress=None) -> list[dict]:
     for c in cfg.contexts:
         for b in cfg.batch_sizes:
             shape = (b, mc.num_key_value_heads, c, head_dim)
+            # random keys and values: an iteration's time does not depend on them, only on the context
             cache = dynamic_cache([(torch.randn(shape, device=dev, dtype=dt), torch.randn(shape, device=dev, dtype=dt))
                                    for _ in range(mc.num_hidden_layers)])
             stepper = make_stepper(model, cache, torch.ones(b, c, dtype=torch.long, device=dev),
                                    cfg.warmup + cfg.iters + 1)
             del cache
             tok = torch.randint(0, mc.vocab_size, (b,), device=dev)
-            live = torch.ones(b, dtype=torch.bool, device=dev)
+            live = torch.ones(b, dtype=torch.bool, device=dev)  # no row finishes: the planner interpolates batches
             pos = torch.full((b,), c, dtype=torch.long, device=dev)
 
             def one():

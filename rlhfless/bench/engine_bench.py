@@ -1,23 +1,14 @@
 """Side-by-side benchmarks of deduplicated prefill and of the decode engine (behind `rlhfless bench prefill|engine`).
 
-Every alternative runs in the same process on the same batch, interleaved repeat by repeat (so machine load
-drifts hit all of them alike), and medians are reported. Wall times are measured, never asserted in tests.
-- prefill: naive (every row) vs group dedup (each prompt once) vs prefix dedup (shared template once too), on
-  arithmetic prompts behind a template and, where the file exists, GSM8K few-shot prompts; plus the learner's
-  forward+backward with and without prompt reuse (`response_logprobs(reuse_prefix=...)`).
-- engine: this engine vs HF `model.generate` (and, with `engines` including vllm, the optional vLLM engine of
-  `rollout.vllm_engine`) on a long-tailed length mix (the task's heavy-tailed prompts, the shipped SFT checkpoint
-  sampled at temperature 1), greedy and sampled; the TPOT profile is saved as JSON.
-  Arms that say where the speedup comes from: `hf_generate` (static batch, every row prefills its prompt),
-  `hf_generate_dedup` (HF generate given the same deduplicated prefill as the engine: each prompt once, its KV
-  repeated G times with `DynamicCache.batch_repeat_interleave`, so only decoding differs), `engine_hf_step`
-  (this engine's loop, which drops finished rows, with the HF forward as its decode step), `engine`.
-vLLM arm: started once before timing (`vllm.start_s`), one untimed call per mode first (its first calls at a new
-batch shape warm up compiled kernels), same torch thread count as the others; it samples its own random streams,
-so its sampled lengths differ from ours (each engine's tokens/s counts its own tokens).
+prefill: naive vs group dedup vs prefix dedup, plus the learner's forward+backward with and without prompt reuse;
+engine: this engine vs HF `generate` (and optionally vLLM) on a long-tailed length mix, greedy and sampled, with
+arms that say where the speedup comes from; the TPOT profile is saved as JSON. The rule it keeps: every
+alternative runs in one process on the same batch, interleaved repeat by repeat, and medians are reported; wall
+times are measured, never asserted in tests. The arms and the vLLM arm: docs/internals.md#benchengine_benchpy.
+
 Deviation: the GSM8K workload uses a freshly initialised model of the tiny architecture with a longer context
-(few-shot GSM8K prompts are ~1000 byte tokens, beyond the shipped checkpoint's 512); prefill time does not
-depend on the weights, and token identity is checked on that model's greedy outputs.
+(few-shot prompts are ~1000 byte tokens, beyond the shipped checkpoint's 512); prefill time does not depend on
+the weights, and token identity is checked on that model's greedy outputs.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The GPU check (`scripts/gpu_check.sh OUT`, `make gpu-check`): one JSON of what this toolkit measures on one GPU
 beside what its simulator assumes.
 
-Parts, in order (each timed; a part that fails is recorded with its one-line error and the rest still run):
-1. `profiles`: `rlhfless profile` of the Qwen2.5-0.5B and 1.5B shapes on the GPU (decode iteration over batch x
-   context, prefill over tokens, cold start, weight copies), each with the simulator's predicted decode-iteration
-   and prefill seconds and measured / predicted per point (`bench.profile.simulator_beside`);
-2. `inline_grpo`: `steps` inline GRPO steps of the tiny task (the quickstart config) with train.device on the GPU:
-   step time and generated tokens/s per step, from the run's metrics.jsonl;
-3. `compare`: `runtime.mode=compare` (serverful, serverful + overlap, serverless; 2 steps, a small batch) with
-   runtime.device=cuda and functions_per_gpu=4 on GPU 0: identical samples and weights across the arms, step
-   time and billed device-seconds (a unit is a quarter GPU here, so GPU-seconds are device-seconds / 4);
-4. `gpu_tests`: the `gpu`-marked tests (greedy reproducible on the device and close to the CPU, sampling streams,
-   the loop in float32 and bfloat16), when pytest is importable.
-Needs only torch with CUDA, transformers and the project's light dependencies; no network, no vLLM. Without
-CUDA it exits 2 with one line. `--device cpu --models tiny --steps 2` runs the same code on a CPU (the test).
-The runtime on GPUs (part 3) is built but was never run on a GPU before this check existed: its part may record
-an error where the others succeed. Not in it: NCCL weight transfer (not built).
+Parts, in order: 1. `profiles` (`rlhfless profile` of the Qwen2.5-0.5B and 1.5B shapes, measured / predicted);
+2. `inline_grpo` (inline GRPO steps of the quickstart on the GPU); 3. `compare` (`runtime.mode=compare` on GPU 0);
+4. `gpu_tests` (the `gpu`-marked tests). The rule it keeps: each part is timed, and a part that fails is recorded
+with its one-line error while the rest still run. Without CUDA it exits 2 with one line; `--device cpu --models
+tiny --steps 2` runs the same code on a CPU (the test). Needs no network and no vLLM; no NCCL weight transfer.
+What each part measures: docs/internals.md#benchgpucheckpy.
 """
 
 from __future__ import annotations
