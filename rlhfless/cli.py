@@ -1,18 +1,10 @@
-"""`rlhfless` command-line entry point.
+"""`rlhfless` command-line entry point: a thin dispatcher over the subcommands each area registers
+(`register(sub, bench)`); heavy imports happen inside the command functions, so `rlhfless --help` is instant.
 
-Each area registers its own subcommands (`register(sub, bench)`) so this file stays a thin dispatcher:
-`train`, `pretrain`, `config show|reference`, `build-hf-model`, `predictor train|eval|convert|compare`,
-`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `plan what-if`, `repro`, `profile`, and
-`bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports (torch, transformers, scikit-learn) happen
-inside the command functions, so `rlhfless --help` is instant; `rlhfless --version` reads the installed package's
-metadata.
-
-User errors (`rlhfless.core.errors.UserError`), OS errors (a full disk, a read-only folder, a symlink loop:
-`errors.os_error_message`) and usage errors print one line (at most `errors.MESSAGE_LIMIT` characters) and exit
-with status 2, without a traceback. SIGINT and SIGTERM stop the command cleanly (its workers first), print one
-line, and exit with 130 and 143. `KEY=VALUE` overrides may stand anywhere among the
-options (`train --config C train.steps=2 --out D train.eval_prompts=0`). Output paths (`--json`, `--out`) are
-checked here before any work (`rlhfless.core.outpaths`); `train` and `pretrain` check their own `--out`.
+The rule it keeps: a user error, an OS error or a usage error prints one line (at most `errors.MESSAGE_LIMIT`
+characters) and exits 2 without a traceback; SIGINT and SIGTERM stop the command cleanly (its workers first) and
+exit 130 and 143. `KEY=VALUE` overrides may stand anywhere among the options, and output paths (`--json`,
+`--out`) are checked here before any work (`rlhfless.core.outpaths`). The command list: docs/internals.md#clipy.
 """
 
 from __future__ import annotations
