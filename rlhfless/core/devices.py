@@ -1,18 +1,13 @@
 """Where a run's tensors live: the device and dtype settings, their checks, and placing a model.
 
-Settings (strings in the config, resolved here):
-- device: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu``, ``cuda`` (= cuda:0) or ``cuda:k``;
-- dtype: ``float32`` or ``bfloat16`` (the weights, the KV cache and the activations; sampling, log-probs and the
-  loss are computed in float32/float64 whatever the model's dtype, see `rollout.state.sample_tokens` and
-  `rollout.forward`).
-
-`check_device(spec, field)` is the machine check every entry point runs before any work (also `--dry-run`): a
-CUDA setting on a machine where torch sees no CUDA device is one `ConfigError` naming the field. `syntax_problem`
-is the part that needs no machine (config `__post_init__`).
-
-The CPU path is the reference: `place(model, cpu, float32)` returns the model untouched, and every `.to(device)`
-that the engine, the learner and the forward passes add is a no-op on a CPU tensor, so a CPU run is bitwise the
-run it was before devices existed (checked on the quickstart; docs/gpu.md).
+device: ``auto`` (cuda:0 when CUDA is visible, else cpu), ``cpu``, ``cuda`` (= cuda:0) or ``cuda:k``; dtype:
+``float32`` or ``bfloat16`` (weights, KV cache, activations; sampling, log-probs and the loss stay in float32 or
+float64 whatever the model's dtype: `rollout.state.sample_tokens`, `rollout.forward`). `check_device(spec,
+field)` is the machine check every entry point runs before any work, also `--dry-run` (a CUDA setting without a
+CUDA device is one `ConfigError` naming the field); `syntax_problem` is the part that needs no machine.
+The rule it keeps: the CPU path is the reference: `place(model, cpu, float32)` returns the model untouched and
+every added `.to(device)` is a no-op on a CPU tensor, so a CPU run is bitwise the run it was before devices
+existed (checked on the quickstart; docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Where commands may write: checks on `--out` and `--json` made before any work, so no command can replace,
 move or mix into something it does not own.
 
-Rules (each refusal is a one-line `ConfigError` naming the flag and what to do instead):
-- every output: not an empty string; no part of its parent path is a file;
-- an output file (`--json`, a data file's `--out`): not an existing folder;
-- an output folder: not the current folder, the repository, a folder above it, or the repository's `data/`
-  (the shipped checkpoint, profiles and traces); not an existing file;
-- a run folder (`train --out`): a new path or an empty folder; an existing run only with `--resume`; nothing
-  under `data/` (`runner.train` called as a library, by compare, bench faults and repro, moves an earlier run in
-  its own sub-folder aside instead, so those commands can run again);
-- a checkpoint folder (`pretrain --out`): a new path or an empty folder; a checkpoint is never overwritten;
-- every output: its nearest existing folder can be written (not read-only, not denied), and no symlink loop lies
-  on its path;
-- `--json` and a data file's `--out`: their folder exists, or lies under the current folder (`runs/bench/x.json`
-  creates `runs/bench`; `/nonexistent/dir/x.json` is refused rather than creating folders elsewhere).
-
-A run folder is claimed (`claim_run_dir`) before a run writes anything: the claim creates the folder and takes an
-exclusive `flock` on `OUT/.rlhfless-run.lock`, which holds the run's pid, and repeats the checks above under the
-lock, so two runs started at the same moment cannot both pass them. A second run into a claimed folder is
-refused naming the first run's pid; the OS drops the lock when its process dies (even by `kill -9`), so a lock
-file left by a dead run never blocks. Releasing the claim deletes the lock file, and the folder too when nothing
-else was written into it (a refused run leaves nothing behind).
+Each refusal is a one-line `ConfigError` naming the flag and what to do instead: an output folder is never the
+current folder, the repository, a folder above it or its `data/`; a run or checkpoint folder is new or empty (an
+existing run only with `--resume`); an output file is not a folder, and its folder exists or lies under the
+current folder. The rule it keeps: a run folder is claimed (`claim_run_dir`) before a run writes anything, with
+an exclusive `flock` on `OUT/.rlhfless-run.lock` under which the checks repeat, so two runs started at once
+cannot both pass; the OS drops the lock when its process dies, so a dead run's lock never blocks.
+Every rule, and what releasing a claim deletes: docs/internals.md#coreoutpathspy.
 Non-goals: locks across machines sharing a network file system (flock there is only as good as the server's).
 """
 
