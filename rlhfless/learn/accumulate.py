@@ -1,27 +1,15 @@
 """One optimiser step accumulated micro-batch by micro-batch, in any arrival order, bitwise independent of it.
 
-Purpose: the runtime's learner (`runtime.mode` serverless / serverful) trains each finished GRPO group while the
-rest of the step still decodes (`runtime.overlap`), and must end with exactly the weights it would have reached had
-every group arrived at once. A group's advantages need only its own G rewards, so its loss terms are known as soon
-as it finishes; what is not known yet is the batch's loss normaliser (valid tokens or sequences of every kept
-group). So each micro-batch's gradient is taken of its UNNORMALISED loss (`denom=1`), and the sum is divided by the
-full batch's normaliser once every group is in (`finish`), then all-reduced, clipped and stepped as in
-`Learner.update(shard=)`.
+The runtime's learner trains each finished GRPO group while the rest of the step still decodes: each
+micro-batch's gradient is taken of its UNNORMALISED loss (`denom=1`), and the sum is divided by the full batch's
+normaliser once every group is in (`finish`), then all-reduced, clipped and stepped as `Learner.update(shard=)`.
+The rule it keeps: micro-batches are fixed by group index and added in index order (an early one is buffered), so
+streamed, all-at-once, serverless and serverful updates give bitwise equal weights. The memory this costs, and
+`exact=False`: docs/internals.md#learnaccumulatepy.
 
-Exactness (why the order of arrival cannot show): the micro-batches are fixed by group index (`plan.schedule.microbatches`:
-chunks of `m` consecutive groups, contiguous runs of chunks per rank), each micro-batch's gradient is computed from
-zero on its own, and gradients are added in micro-batch index order (a chunk that arrives early is buffered until
-every lower one is folded in). Float addition is then done in one fixed order whatever the finishing order, so a
-streamed update and the same update fed all at once (`runtime.overlap=false`) give bitwise equal weights, and so do
-the serverless and serverful modes (same ranks, same all-reduce).
-Cost: memory for the buffered gradients, one flat parameter-sized vector per chunk that arrived ahead of a lower
-one (worst case every chunk of the rank but one: for the 0.5M-parameter tiny policy 2 MB each). A large model
-would trade exactness for memory with `exact=False` (accumulate in arrival order into one buffer: the same update
-up to float rounding), or bound the reorder window.
-Deviation from `Learner.update`: the division by the normaliser happens after the backward (on the summed
-gradient) rather than inside the loss, and the forward runs per micro-batch rather than on the rank's whole chunk,
-so results equal the batched update up to float rounding, not bitwise; the inline loop keeps the batched update.
-Non-goals: several inner epochs (a second epoch needs the updated weights: refused by the runtime config).
+Deviation from `Learner.update`: the normaliser divides the summed gradient after the backward, and the forward
+runs per micro-batch, so results equal the batched update up to float rounding (the inline loop keeps the batched
+one). Non-goals: several inner epochs (a second epoch needs the updated weights: refused by the runtime config).
 """
 
 from __future__ import annotations
@@ -141,7 +129,7 @@ class AccumulatedUpdate:
         dev = out.logp.device  # advantages and shipped reference log-probs arrive on the CPU
         ref = ref.to(dev) if ref is not None else None
         loss, m = grpo_loss(out.logp, out.logp.detach(), ref, torch.cat([a for _, a in kept]).to(dev), mask, algo,
-                            entropy=out.entropy, denom=1.0)
+                            entropy=out.entropy, denom=1.0)  # the batch's normaliser is known only at `finish`
         for p in self.params:
             p.grad = None
         loss.backward()
@@ -160,7 +148,7 @@ class AccumulatedUpdate:
         """Add computed gradients into the sum: in chunk order (exact), or as they come (not exact)."""
         if self.exact:
             order = []
-            while self._next in self._done:
+            while self._next in self._done:  # only the run from the lowest chunk: one addition order, any arrival
                 order.append(self._next)
                 self._next += 1
         else:

@@ -1,18 +1,14 @@
 """Data-parallel pieces of the learner: which rank trains which groups, and one flat all-reduce per optimiser step.
 
-Purpose: let W worker processes run one GRPO update with the same math as the single-process `Learner.update`
-(the paper's learner is FSDP over several devices; here each rank holds a full replica, like DDP):
-- every rank computes advantages and the zero-variance filter on the FULL batch (cheap and deterministic, so all
-  ranks agree without communicating), then trains only its contiguous chunk of the kept groups (`split_groups`);
-- losses use the full batch's normaliser (`algo.grpo.loss_denominator`), so rank losses and gradients SUM to the
-  full-batch ones;
-- gradients, the loss and the per-rank metric rows travel in ONE flat buffer (the parameters' dtype),
-  all-reduced with SUM before clipping (`reduce_step`); every rank then clips and steps its own AdamW on
-  identical inputs, so the replicas stay bitwise equal without broadcasting weights.
-Non-goals: sharded parameters or optimiser state (FSDP/ZeRO), gradient bucketing overlapped with the backward,
-micro-batching. The transport is whatever `Shard.all_reduce` is (`rlhfless.runtime.dist` builds a gloo one).
-Deviation: results equal the single-process update up to float rounding (sums happen in another order), not
-bitwise; replicas are bitwise equal to each other.
+W worker processes run one GRPO update with the same math as `Learner.update` (each rank a full replica, like
+DDP; the paper's learner is FSDP): every rank computes advantages and the zero-variance filter on the FULL batch
+(cheap and deterministic, so no communication), trains its contiguous chunk of the kept groups (`split_groups`)
+and uses the full batch's normaliser (`algo.grpo.loss_denominator`), so rank gradients SUM to the full batch's.
+The rule it keeps: gradients, the loss and metric rows travel in ONE flat buffer all-reduced with SUM before
+clipping (`reduce_step`), and every rank steps its own AdamW on identical inputs, so the replicas stay bitwise
+equal without broadcasting weights. Transport: `Shard.all_reduce` (`rlhfless.runtime.dist` builds a gloo one).
+Non-goals: sharded parameters or optimiser state (FSDP/ZeRO), bucketed overlap with the backward, micro-batching.
+Deviation: results equal the single-process update up to float rounding (other summation order), not bitwise.
 """
 
 from __future__ import annotations

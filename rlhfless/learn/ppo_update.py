@@ -1,24 +1,13 @@
 """One PPO update of the policy and the critic from a scored rollout batch (math in `rlhfless.algo.ppo`).
 
-    values (the critic, before any update) + rewards -> per-token rewards (KL penalty when algo.kl_in is reward)
-    -> GAE advantages (whitened) and returns                                           `ppo_targets`
-    -> algo.ppo_epochs passes, each over algo.ppo_mini_batches shuffled slices of the sequences (`ppo_schedule`):
-       one actor step (clipped surrogate) per slice                                     `actor_steps`
-       one critic step (clipped value loss) per slice                                   `critic_steps`
+`ppo_targets` (critic values, per-token rewards, whitened GAE advantages and returns), then `algo.ppo_epochs`
+passes over `algo.ppo_mini_batches` shuffled slices, one actor step (`actor_steps`) and one critic step
+(`critic_steps`) per slice. The rule it keeps: given the targets the two updates are independent, so the inline
+loop runs them in turn (`ppo_update`) and the runtime side by side (`runtime.ppo_stages`), bit for bit the same
+at the same thread count. Old log-probs and the timing metrics: docs/internals.md#learnppo_updatepy.
 
-Given the targets the two updates are independent (different models, optimisers and inputs), so the inline loop
-runs them one after the other (`ppo_update`) and the runtime runs them as two functions side by side
-(`rlhfless.runtime.ppo_stages`): the same numbers either way, bit for bit at the same thread count.
-
-Deviations from verl: mini-batches are counted (`ppo_mini_batches`), not sized (verl's ppo_mini_batch_size); every
-pass reshuffles with a seed of (update, epoch); verl updates the critic over the whole batch first, then the actor,
-here the actor goes first (independent, so only the timing differs). Old log-probs are the sampling policy's:
-recomputed under no_grad when more than one optimiser step follows or the KL enters the reward; with one step and
-no KL reward they are the update's own detached forward (bitwise the same, one forward cheaper), as in
-`rlhfless.learn.learner`. Metrics are means over the update's mini-batch steps (verl's reduction);
-`timing_s/update_critic` is the sum of the critic's mini-batch steps (forward, backward, optimiser step), so inline
-the actor's share of `timing_s/update` is the rest (what `rlhfless simulate --validate` sets beside the
-simulator's `perf.PPO_MODELS` structure).
+Deviations from verl: 1. Mini-batches are counted (`ppo_mini_batches`), not sized. 2. Every pass reshuffles with
+a seed of (update, epoch). 3. The actor is updated before the critic (verl: critic first; only timing differs).
 """
 
 from __future__ import annotations
@@ -99,6 +88,7 @@ def row_prompts(prompts: list[list[int]], n_rows: int, group_size: int) -> list[
 def ppo_schedule(cfg: GRPOConfig, n_rows: int, seed: int, updates: int) -> list[list[int]]:
     """The update's mini-batches in order (row indices), epochs after one another; the actor and the critic step
     on the same ones. `updates`: updates done before this one (the policy's and the critic's counters agree)."""
+    # a fresh shuffle every pass, seeded by (update, epoch): the same order inline and in the runtime
     return [rows for epoch in range(cfg.ppo_epochs)
             for rows in mini_batches(n_rows, cfg.ppo_mini_batches, seed=f"{seed}:{updates}:{epoch}")]
 
