@@ -1,18 +1,12 @@
 """Tiny Qwen2-style causal LM built from a config, saved and loaded with safetensors (never pickle).
 
-The defaults are the size measured to learn the arithmetic task on a 2-core CPU in minutes
-(shared/notes/task-calibration.md): hidden 128, 2 layers, 4 heads, 2 KV heads, 0.53M parameters, tied embeddings.
-Tied `lm_head` is kept correct by `save_pretrained`/`from_pretrained` (the weight is stored once and re-tied on
-load); `load_checkpoint` checks that the tie survived.
-
-A checkpoint folder (`save_checkpoint`): ``config.json`` (Hugging Face Qwen2 config), ``model.safetensors``
-(float32 weights, ``lm_head`` omitted as it is tied), ``tokenizer.json`` (the byte tokenizer), ``rlhfless.json``
-(metadata). `load_policy` takes either such a folder or any local Hugging Face causal-LM folder
-(`rlhfless.model.hf`). Checkpoints are shared, so `load_checkpoint` checks everything before transformers sees it and
-refuses, with one line naming the file: a missing file; a ``config.json`` that is not JSON, not a qwen2 causal
-LM, untied, not float32, out of `ModelConfig`'s ranges or with another vocabulary than the tokenizer's; an
-unreadable or truncated ``model.safetensors``; a missing or unexpected tensor, or one whose shape differs from
-what ``config.json`` implies or whose dtype is not F32; an unknown tokenizer file.
+The defaults are the size measured to learn the arithmetic task on a 2-core CPU in minutes (hidden 128, 2
+layers, 4 heads, 2 KV heads, 0.53M parameters, tied embeddings). A checkpoint folder (`save_checkpoint`) holds
+``config.json``, ``model.safetensors`` (float32, ``lm_head`` omitted as it is tied), ``tokenizer.json`` and
+``rlhfless.json``; `load_policy` takes such a folder or any local Hugging Face causal-LM folder (`model.hf`).
+The rule it keeps: checkpoints are shared, so `load_checkpoint` checks every file before transformers sees it,
+refuses with one line naming the file, and checks that the weight tie survived the load.
+What it refuses: docs/internals.md#modelfactorypy.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Any local Hugging Face causal-LM folder as the policy, and a builder that makes a small one offline.
 
-- `HFTokenizer`: the `TextTokenizer` of a Hugging Face folder (AutoTokenizer, local files only). With a chat
-  template in use a task prompt becomes one user turn plus the assistant generation prompt; without one it is the
-  plain text (after the tokenizer's BOS, when it has one). Stop ids: the eos token, the chat template's
-  end-of-turn token (found by rendering a two-turn conversation), and the ids in ``generation_config.json``.
-- `load_hf_model`: checks a folder before transformers sees it (config.json, a causal-LM architecture, safetensors
-  weights, a tokenizer that fits the embeddings) and refuses with one line naming the file; then loads it.
-- `build_tiny_hf` / `ensure_tiny_hf`: a byte-level BPE tokenizer trained on a corpus (`tokenizers`) and a randomly
-  initialised Qwen2 model, saved with ``save_pretrained`` exactly as a downloaded checkpoint is laid out, so the
-  general path is exercised without the hub. `corpus_texts` reads a GSM8K-format file so the vocabulary fits it.
+`HFTokenizer` (the folder's tokenizer: a chat template makes a task prompt one user turn; stop ids from the eos,
+the end-of-turn token and ``generation_config.json``), `load_hf_model` (checks the folder, then loads it) and
+`build_tiny_hf` / `ensure_tiny_hf` (a BPE tokenizer and a random Qwen2 laid out as a downloaded checkpoint, so
+the general path runs without the hub). The rule it keeps: a folder is checked before transformers sees it, and
+a refusal is one line naming the file. Details: docs/internals.md#modelhfpy.
 
-Deviations: weights are always loaded as float32 whatever ``config.json``'s dtype says (the engines and the learner
-run fp32 on CPU; a bf16 checkpoint is upcast, so it takes twice its file size in memory). Only safetensors weights
-are read (``pytorch_model.bin`` is pickle; the project never unpickles). The tiny builder's special tokens are
-``<|endoftext|>``=0 (pad), ``<|im_end|>``=1 (eos and end of turn), ``<|im_start|>``=2: the stop id is deliberately
-not the byte tokenizer's EOS 2 (and 2 is a token a chat model emits), so code that still stopped at EOS 2 instead of
-the tokenizer's `stop_ids` would behave visibly wrong on this model. Its BPE uses Qwen2's pre-tokenizer and is saved
-as a `Qwen2Tokenizer` (a `PreTrainedTokenizerFast`), not a plain ByteLevel one: transformers 5 reloads any qwen2
-folder as `Qwen2Tokenizer` with that pipeline (`train_tokenizer` says more). Load-time refusals beyond a plain
-``from_pretrained``: tensors it would initialise randomly (missing or mis-shaped) are errors, not warnings.
-Non-goals: downloading, quantised or multimodal folders, custom-code (trust_remote_code) models.
+Deviations: 1. Weights always load as float32 (a bf16 checkpoint is upcast: twice its file size in memory).
+2. Only safetensors weights are read (never pickle). 3. The tiny builder's stop id is ``<|im_end|>``=1, not the
+byte tokenizer's EOS 2, so code that stopped at EOS 2 would go visibly wrong. 4. Its BPE is saved as a
+`Qwen2Tokenizer` (transformers 5 reloads qwen2 folders as one). 5. Tensors `from_pretrained` would initialise
+randomly are errors. Non-goals: downloading, quantised or multimodal folders, trust_remote_code models.
 """
 
 from __future__ import annotations
@@ -203,7 +194,9 @@ def load_hf_model(directory: str | Path):
     path = Path(directory)
     check_hf_folder(path)
     weights = next(path / w for w in WEIGHT_FILES if (path / w).is_file())
-    try:  # mismatched sizes are reported below with their names, not as transformers' "see the report above"
+    # float32 whatever config.json says (the engines and the learner run fp32; a bf16 checkpoint is upcast);
+    # mismatched sizes are reported below with their names, not as transformers' "see the report above"
+    try:
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True,
                                                            output_loading_info=True, ignore_mismatched_sizes=True)
     except Exception as exc:  # noqa: BLE001  (a truncated file, a bad header: one line, not a traceback)
