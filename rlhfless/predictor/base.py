@@ -1,22 +1,14 @@
 """The predictor Protocol, the `Prediction` record, and the on-disk model format shared by all predictors.
 
-A predictor maps prompts to an expected response length (tokens, per sample) and, where the model can,
-quantiles of a single sample's length. It is `fit` on length rows, `predict`s a step's prompts, and is
-`update`d with the observed lengths after each step (the loop calls this; `fit` is a replay of updates for
-the online predictors).
+A predictor maps prompts to an expected response length (tokens, per sample) and, where it can, quantiles of one
+sample's length; it is `fit` on length rows, `predict`s a step's prompts and is `update`d with the observed
+lengths after each step. Model folders hold ``predictor.json`` (header, config, online state as JSON), plus
+``model.npz`` for the learned predictor and ``base/`` for the sibling one; `save` then `load_predictor` resumes
+exactly. The rule it keeps: nothing is unpickled unless the caller passes ``trust_pickle=True`` (format-1
+learned models only), and a bad file is one `DataError` naming it.
+Format versions and refusals: docs/internals.md#predictorbasepy.
 
-Model directories hold ``predictor.json``: a header (format, format version, rlhfless version, predictor name),
-the config, and the online state as plain JSON; the learned predictor keeps its arrays (trees, training examples,
-history) in ``model.npz`` (see `rlhfless.predictor.learned`), and the sibling one its base predictor in ``base/``.
-`save` then `load_predictor` resumes exactly where the predictor was. Nothing is ever unpickled unless the caller
-passes ``trust_pickle=True`` (format version 1 learned models only).
-
-Format versions: 2 (written now); 1 (read: the same JSON, but a learned predictor kept its history in the JSON
-state and its models and examples in a pickle, ``model.pkl``). `read_model` refuses, with a `DataError` naming the file: a missing file, invalid JSON, another
-format, an unknown version, and a header/config/state of the wrong JSON type. Each predictor's `load_state`
-refuses missing or wrongly typed state (`load_predictor` turns that into one line naming the file).
-
-Deviation from the paper: the paper predicts one number per prompt; we also expose per-sample quantiles so a
+Deviation from the paper: 1. The paper predicts one number per prompt; we also expose per-sample quantiles so a
 planner can reason about the tail. Non-goal: a predictor never sees a step's own lengths before `update`.
 """
 

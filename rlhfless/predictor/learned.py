@@ -1,27 +1,15 @@
 """Learned predictor: gradient boosting (scikit-learn) on prompt-text and length-history features.
 
-Features per prompt: hashed character 2-4-grams of the text (`learned_hash_features` of them), the prompt's
-byte length, word count and count of numbers, and the history of its own past lengths (number of past steps,
-last group mean, mean, EWMA with `alpha`, std of past sample lengths; -1 without history: a sentinel rather
-than NaN because an all-NaN column, as in text-only data, breaks scikit-learn's binning). Training examples
-are built causally: a step's features come only from earlier steps, exactly what the loop sees online. The
-point model predicts the group mean (squared error); one quantile model per level predicts single-sample
-quantiles (`loss="quantile"`). scikit-learn fits on `learned_n_threads` OpenMP threads (1 by default); each
-fitted model is then exported to a `rlhfless.predictor.trees.Forest` (plain arrays), which predicts exactly as
-the estimator did, in numpy: saved files hold no code, and load under any scikit-learn version.
+Features per prompt: hashed character 2-4-grams of the text, its byte length, word and number counts, and the
+history of its own past lengths. A point model predicts the group mean, one quantile model per level predicts
+single-sample quantiles; each fitted model is exported to a `predictor.trees.Forest` (plain arrays) that
+predicts exactly as the estimator did, in numpy. The rule it keeps: training examples are built causally (a
+step's features come only from earlier steps, what the loop sees online), and saved files hold no code
+(``model.npz`` loads with ``allow_pickle=False``). The features and the saved format, array by array:
+docs/internals.md#predictorlearnedpy.
 
-Saved models (format 2): ``predictor.json`` holds the config and a small JSON state (last fitted epoch, global
-mean, whether models exist, the model file's name, which must be ``model.npz``); ``model.npz``, loaded with
-``allow_pickle=False``, holds every array:
-    quantiles (Q,) float64                  the config's quantile levels, in order (must equal the config's)
-    point.*, quantile<i>.* for i < Q        one `Forest` each (`rlhfless.predictor.trees`); absent if unfitted
-    examples.*, history.*                   training examples and per-prompt history (`rlhfless.predictor.npzio`)
-Loading refuses, with a `DataError` naming the file, anything those modules refuse, a missing or extra array,
-and other quantile levels. Format-1 models (``model.pkl``, a pickle) load only with ``trust_pickle`` (see
-`rlhfless.predictor.legacy`).
-
-Deviation from the paper: the paper uses only the per-prompt EWMA; this predictor is an addition, and is
-the one that can predict prompts never seen before. Non-goals: neural text encoders, per-token models.
+Deviation from the paper: 1. The paper uses only the per-prompt EWMA; this predictor is an addition, and the one
+that can predict prompts never seen before. Non-goals: neural text encoders, per-token models.
 """
 
 from __future__ import annotations
@@ -68,7 +56,7 @@ _HIST_KEYS = set(_HIST)
 def history_features(h: dict | None) -> list[float]:
     """[count, last, mean, ewma, std] of a prompt's past lengths (tokens); -1 where undefined."""
     if not h or h["count"] == 0:
-        return [0.0] + [-1.0] * 4
+        return [0.0] + [-1.0] * 4  # -1, not NaN: an all-NaN column breaks scikit-learn's binning
     mean_sample = h["total"] / h["n"]
     var = max(0.0, h["total_sq"] / h["n"] - mean_sample**2)
     return [float(h["count"]), h["last"], h["sum"] / h["count"], h["ewma"], math.sqrt(var)]

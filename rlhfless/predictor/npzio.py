@@ -1,18 +1,12 @@
 """Plain-array codecs for the learned predictor's ``model.npz``: strings, training examples, per-prompt history.
 
-Everything is a numeric array (no object arrays), so the file loads with ``np.load(..., allow_pickle=False)``
-and nothing in it can run. Layout (E examples, P prompts in a table, H prompts with history):
-    <table>.bytes (B,) uint8, <table>.start (P+1,) int64     UTF-8 strings, string i = bytes[start[i]:start[i+1]]
-    examples.prompts.*                                       the examples' prompt texts (a table)
-    examples.prompt_index (E,) int64                         each example's prompt in that table
-    examples.history (E, 5) float64                          its history features (finite)
-    examples.lengths (L,) int64, examples.length_start (E+1,) int64   its G >= 1 lengths (>= 0 tokens)
-    history.ids.*                                            prompt ids with history (a table, H strings)
-    history.values (H, 7) float64                            their count, last, sum, ewma, n, total, total_sq
-Refused with a `DataError` naming the file: a file that is not an .npz of plain arrays (a pickle, an object
-array, a truncated zip), a wrong dtype or number of dimensions, offsets that do not run from 0 to the end of
-their array, an index out of range, a negative length, a non-finite number, and text that is not UTF-8.
-Non-goals: compression choices (callers use `np.savez_compressed`). Deviation from the paper: none.
+The rule it keeps: everything is a numeric array (no object arrays), so the file loads with
+``np.load(..., allow_pickle=False)`` and nothing in it can run. Strings are tables of UTF-8 bytes plus offsets
+(``<table>.bytes``, ``<table>.start``); examples and history are arrays of fixed dtypes. Refused with a
+`DataError` naming the file: anything but an .npz of plain arrays, a wrong dtype or dimension count, offsets
+that do not run from 0 to the end, an index out of range, a negative length, a non-finite number, non-UTF-8 text.
+The array layout: docs/internals.md#predictornpziopy. Non-goals: compression choices (callers use
+`np.savez_compressed`). Deviation from the paper: none.
 """
 
 from __future__ import annotations

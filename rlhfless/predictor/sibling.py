@@ -1,19 +1,15 @@
 """Sibling refinement: within a step, sharpen a group's estimate from the samples of that group already done.
 
-GRPO decodes a prompt's G samples side by side, so when k of them have finished the other G-k are known to
-be longer than the current decode position `a`, and the finished lengths say something about the group's
-typical length (same-prompt siblings have similar lengths; cf. Seer). The model, per group:
+When k of a prompt's G samples have finished, the other G-k are known to be longer than the decode position
+`a`, and the finished lengths say something about the group's typical length (cf. Seer). Per group: one
+sample's length is lognormal around the group mean m, the prior on m is lognormal around the base predictor's
+estimate, and the evidence is Type-II censored (k exact lengths, G-k lengths > a); the estimate is
+``E[X | X > a]`` averaged over m's posterior on a log grid. The rule it keeps: only what a running decode knows
+is used (offline evaluation reveals the k shortest of G, `evaluate_refinement`). The model's formulas and where
+its spreads are learned: docs/internals.md#predictorsiblingpy.
 
-* one sample's length is lognormal, ``log X ~ N(log m - s^2/2, s^2)`` (group mean m; s learned from the
-  pooled within-group spread of log lengths seen in `update`);
-* the prior on m is lognormal around the base predictor's estimate with log-sd tau (learned from the base
-  predictor's past errors, separately for prompts seen before and unseen ones);
-* the evidence is Type-II censored: k exact lengths and G-k lengths > a.
-The posterior over m is computed on a log grid, and the estimate is ``E[X | X > a]`` averaged over it.
-
-Deviation from the paper: the paper has no within-step refinement; this is an addition for the balancer's
+Deviation from the paper: 1. The paper has no within-step refinement; this is an addition for the balancer's
 cut-and-migrate decision. Non-goals: token-level hazard models; it assumes equal decode speed within a group.
-Offline evaluation reveals the k shortest of G samples (the ones that finish first), see `evaluate_refinement`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """Outcomes of a step's lengths drawn from a prediction: what a planner averages its step time and cost over.
 
-Purpose: `draw_lengths(pred, sizes, k, rng, cap)` draws k outcomes of the step: for every prompt, its group's
-n_seqs per-sample lengths from the prompt's predicted distribution of ONE sample's length. A planner that plays a
-plan with the predicted means alone sees every sample of a group end together and no actor's tail: on the
-160-GPU scenario it predicted a 6 s rollout at 20 actors for 32 s simulated, so it under-predicted the
-step more the more actors it had and chose too many when asked for time. Played on these draws, the plan's
-rollout has the tail the prediction itself implies.
+`draw_lengths(pred, sizes, k, rng, cap)` draws k outcomes of the step: each group's per-sample lengths from the
+prompt's predicted distribution of ONE sample's length (a lognormal fitted to the prediction's quantile levels;
+the means when it has fewer than two levels), floored at 1 token and capped at `cap`. Played on these draws, a
+plan's rollout has the tail the prediction implies (with the means alone a group's samples end together and no
+actor has a tail). The rule it keeps: each draw is a Latin hypercube over the step's S sequences, so every 1/S
+stratum is used once and the longest sample always comes from the top one. What the means alone mispredicted,
+and the model: docs/internals.md#predictorspreadpy.
 
-Model: log-length is linear in the standard normal quantile z (a lognormal, the shape of the EWMA predictor's
-moment-matched quantiles, `baselines.lognormal_quantiles`), fitted by least squares per prompt to the
-prediction's own quantile levels (any predictor with at least two levels: EWMA, learned). Each draw is a Latin
-hypercube over the step's S sequences: sequence i gets the level (pi(i) + U_i) / S for a random permutation pi,
-so every 1/S stratum of levels is used once per draw (the step's longest sample is always drawn from the top
-stratum: fewer draws give a stable tail). Lengths are floored at 1 token and capped at `cap` (the engine's
-response limit, a setting the planner knows). Without quantiles (fewer than two levels) a draw is the means.
-
-Non-goals: no correlation between samples or prompts beyond the shared prediction; the draws' mean is the fitted
-distribution's, not forced to equal `pred.mean`.
-
-Deviation from the paper: the paper's predictor gives one number per prompt and its planner uses it for every
-sample; drawing outcomes from the predicted distribution is ours.
+Deviation from the paper: 1. Its planner uses the one predicted number for every sample; drawing outcomes from
+the predicted distribution is ours. Non-goals: correlation between samples beyond the shared prediction.
 """
 
 from __future__ import annotations
@@ -62,6 +52,7 @@ def draw_lengths(pred: Prediction, sizes: Sequence[int], k: int, rng: np.random.
             seq = np.repeat(np.asarray(pred.mean, float), n)
         else:
             s = int(n.sum())
+            # Latin hypercube: every 1/S stratum of levels once per draw, so the top one gives the longest sample
             u = (rng.permutation(s) + rng.random(s)) / s
             icpt, slope = np.repeat(fit[0], n), np.repeat(fit[1], n)
             seq = np.exp(icpt + slope * norm.ppf(np.clip(u, 1e-12, 1 - 1e-12)))

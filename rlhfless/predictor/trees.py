@@ -1,24 +1,13 @@
 """Fitted gradient-boosted trees as plain numeric arrays: export from scikit-learn, predict in numpy, check on load.
 
-Why: a learned predictor is a file people share, and unpickling a scikit-learn model runs whatever code the
-file holds. A `Forest` is only numbers, so it saves to ``.npz`` without object arrays, loads with
-``allow_pickle=False``, and predicts without scikit-learn, identically (bit for bit) to the estimator it came
-from: same node tests (``x <= threshold``; NaN follows ``missing_left``), same float64 sums in the same order
-(baseline, then tree 0, tree 1, ...), identity link (the squared-error and quantile losses).
-
-Arrays of one forest (N nodes over T trees; children indices are global, and always greater than their parent's
-index inside the parent's tree, so every walk ends):
-    baseline ()  float64    raw prediction before the first tree
-    tree_start (T+1,) int64 node range of each tree, from 0 to N; a tree's root is its first node
-    feature (N,) int64      feature tested at a split node (0 at leaves), in [0, n_features)
-    threshold (N,) float64  split threshold (not NaN)
-    left, right (N,) int64  children of a split node (0 at leaves)
-    missing_left (N,) bool  where a NaN feature value goes
-    is_leaf (N,) bool
-    value (N,) float64      leaf value (finite)
-`Forest.from_arrays` refuses any other key, dtype or shape, any out-of-range index or a non-finite value, with
-a `DataError` naming the file. Non-goals: categorical splits and multi-output models (refused at export).
-Deviation from the paper: none (the paper has no learned predictor).
+Why: a learned predictor is a file people share, and unpickling a scikit-learn model runs whatever code the file
+holds. A `Forest` is only numbers: it saves to ``.npz`` without object arrays, loads with ``allow_pickle=False``
+and predicts without scikit-learn. The rule it keeps: predictions equal the estimator's bit for bit (same node
+tests, ``x <= threshold`` with NaN following ``missing_left``; the same float64 sums in the same order; identity
+link). `Forest.from_arrays` refuses any other key, dtype or shape, an out-of-range index (children always come
+after their parent, so every walk ends) or a non-finite value, with a `DataError` naming the file.
+The arrays: docs/internals.md#predictortreespy. Non-goals: categorical splits and multi-output models (refused
+at export). Deviation from the paper: none (the paper has no learned predictor).
 """
 
 from __future__ import annotations
