@@ -1,23 +1,15 @@
 """PPO beside GRPO: does RLHFless gain more on GRPO than on PPO, as the paper reports?
 
-Simulated (both sizes): the testbed's four cases (`paper-testbed`: Qwen2.5-3B/7B x GRPO/PPO on 16 x L40S; GRPO
-128 prompts x 8 per step, PPO 512 x 1) under verl (tuned, and as the paper ran it) and RLHFless, with per-step
-time and billed device-seconds split by stage. Two what-ifs per model split the paper's explanation ("GRPO draws
-more samples per prompt") from the algorithm's own stages: PPO drawing 8 samples per prompt (64 prompts x 8, as
-many sequences as the PPO case) and GRPO drawing one (1,024 prompts x 1, as many as the GRPO case). Each keeps
-its base case's steps per epoch, so the length predictor sees prompts again as often.
+Simulated: the testbed's four cases (Qwen2.5-3B/7B x GRPO/PPO on 16 x L40S) under verl (tuned, and as the
+paper ran it) and RLHFless, time and billed device-seconds by stage, plus two what-ifs per model (PPO drawing 8
+samples per prompt, GRPO drawing one) that split "GRPO draws more samples" from the algorithm's own stages.
+Measured on this machine: the quickstart's PPO and GRPO inline at the same number of sequences (rollout vs the
+rest of each step), then both in the serverless runtime against the serverful control. The rule it keeps: the
+arms compared hold the sequences per step (or the seed and prompts) equal. The runtime half needs 2 cores (left
+out, saying so, with fewer). Each case's sizes and conditions: docs/internals.md#reproalgo_studypy.
 
-Measured (both sizes, on this machine): the quickstart's PPO and GRPO, inline, at the same number of generated
-sequences (PPO: more steps of more prompts at G = 1), each step's seconds split into the rollout and the rest
-(values, reference, update): the part of a step that the rollout optimizations (dedup prefill, assignment,
-migration, actor scaling) cannot shorten. Then the same two workloads in the runtime: the serverless runtime
-against the serverful control (verl-like: a pool held for the run), each algorithm on the same seed and prompts
-in both modes, under the platform conditions of `experiments/configs/serverless_vs_serverful*.yaml` (2 decode
-functions, 2 s keep-alive, the cheapest plan no slower than the pool): RLHFless's gain on real PPO and GRPO runs
-on this machine. It needs 2 cores; with fewer the runtime half is left out, saying so.
-
-Deviations from the paper: the simulator's assumptions (`rlhfless.sim.scenario`: batch and group sizes; PPO's
-critic has the policy's size); the measured runs use the tiny byte-level model on CPU cores, inline.
+Deviations from the paper: 1. The simulator's assumptions (`rlhfless.sim.scenario`: batch and group sizes; PPO's
+critic has the policy's size). 2. The measured runs use the tiny byte-level model on CPU cores, inline.
 """
 
 from __future__ import annotations
