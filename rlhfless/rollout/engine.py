@@ -1,32 +1,15 @@
 """Rollout engine: deduplicated prefill, then batched KV-cache decoding that drops finished rows.
 
-Two separate calls, so a later stage can run them in different serverless functions and ship the KV between them:
-- `prefill(model, prompts, group_size, dedup=...)` -> `PrefillState` (KV cache, masks, positions, next-token
-  logits, and the `PrefillPlan` of what was shared: see `rollout.prefix` for the rule and its cost model)
-- `decode(model, state, params, seed)` -> `RolloutOutput` (responses, per-iteration time profile): a
-  `rollout.session.DecodeSession` run to completion. The session is the decode actor's interface (run in slices,
-  hand unfinished rows over for migration, resume them elsewhere); `PrefillState.select` and
-  `session.state_to_tensors` / `state_from_tensors` ship a slice of the prefill KV to another process.
+Two calls, so a later stage can run them in different serverless functions and ship the KV between them:
+`prefill(model, prompts, group_size, dedup=...)` -> `PrefillState` (KV cache, masks, positions, next-token
+logits, the `PrefillPlan` of what was shared: `rollout.prefix`), and `decode(model, state, params, seed)` ->
+`RolloutOutput`, a `rollout.session.DecodeSession` run to completion. The rule it keeps, and why sampling is
+written by hand: every step draws one uniform per ORIGINAL row from a CPU generator seeded by (seed, step), so
+outputs do not depend on compaction, dedup, the split between actors or the device (up to float rounding at
+near-ties). Devices, HF `generate` and speed: docs/internals.md#rolloutenginepy.
 
-Why the sampling is written by hand: every step draws one uniform number for every ORIGINAL row from a
-generator seeded by (seed, step), and a row uses its own number whatever the batch looks like. So outputs do not
-depend on compaction, on prefill dedup or on how rows are split between decode actors: the same seed gives the
-same tokens (`rollout.session` states the contract), which is what makes the dedup/no-dedup and migration
-ablations exact comparisons. (Exact up to float rounding: a different batch layout can change the last bits of a
-logit, which could flip a sampled token only at a near-tie; the tests check token identity on real runs.)
-Devices (`train.device`, `rlhfless.core.devices`): the model, KV cache, masks and logits live on the model's device,
-but the per-row uniforms are always drawn from a CPU generator (float64) and moved to the logits, so a seed gives
-the same uniforms on CPU and GPU. Where samples can still differ across devices: the kernels (matmul and
-attention reductions, bfloat16 rounding) give logits that differ in their last bits, which flips a sampled or
-greedy token at a near-tie, and from there the row's continuation differs. On one device greedy and sampled
-outputs are reproducible run to run (the same kernels in the same order; tests marked `gpu` check it).
-HF `generate` draws from torch's global stream, so its samples differ from ours for the same seed; tests compare
-the two distributions instead.
-
-Speed: tokens are written into a preallocated [R, max_new] tensor, the KV lives in a preallocated buffer
-(`rollout.stepper.FastStepper`), and finished rows are dropped once enough have finished to pay for the copy.
 Deviation from a production engine (vLLM): no paged KV and no continuous admission of new prompts; the batch
-only shrinks. That is the behaviour of one synchronous rollout stage, which is what the paper's decode actors run.
+only shrinks, the behaviour of one synchronous rollout stage, which is what the paper's decode actors run.
 """
 
 from __future__ import annotations

@@ -1,28 +1,14 @@
 """Deduplicated prefill: which prompt prefixes to compute once, and running the plan on a Hugging Face model.
 
-Two kinds of sharing, both exact (the KV of a token depends only on the tokens before it):
-- within a GRPO group: the G samples of a prompt share the whole prompt, so each prompt runs once and its KV is
-  repeated G times (`batch_repeat_interleave`);
-- across prompts: prompts that start with the same tokens (a system prompt, a few-shot template) share that
-  prefix's KV. Sorting the prompts by token ids puts every set of prompts sharing a prefix next to each other
-  (the leaves of one trie node), so a sorted-prefix scan finds every candidate.
-
-The rule (the paper's is not public). Costs are in "prompt-token computations" (one token through the model):
-- a segment S of the sorted unique prompts with shared length L (the longest common prefix of S, capped at the
-  shortest member's length - 1 so every prompt keeps one suffix token to produce its first-token logits) gains
-  ``(|S| - 1) * L - copy_cost * |S| * L - group_overhead``: the prefix is computed once instead of |S| times,
-  its KV is copied to every member (`copy_cost` = copying one token's KV for one row, relative to computing
-  it), and the group adds a row to the prefix pass (`group_overhead`). Segments with no positive gain are not
-  shared. A dynamic programme over the sorted order picks the segmentation with the largest total gain.
-- Batched passes cost their PADDED cells (rows x width), not their real tokens, and a second pass has a fixed
-  cost. So the chosen plan runs only if ``pass_overhead + C*Lp + B*Ls + copy_cost*B*Lp < B*P`` (C prefix rows
-  of width Lp, B suffix rows of width Ls, vs one pass of B rows of width P); else one pass over whole prompts.
-  The defaults were measured on the tiny CPU model (see `PrefixCost`; `rlhfless bench prefill` shows the effect).
-Attention cost (quadratic in length) is left out of the model: at these prompt lengths the linear layers dominate.
-
-Layout after a cross-prompt prefill, per row: ``[pad | prefix | pad | suffix]`` with attention mask 0 on pads and
-position ids that continue from each row's own prefix length, so the model sees exactly the unpadded prompt.
-Non-goals: nested sharing (a prefix inside a shared prefix's suffix is computed per prompt), sharing across steps.
+Two kinds of sharing, both exact (a token's KV depends only on the tokens before it): a GRPO group's G samples
+share the whole prompt (run once, KV repeated G times), and prompts that start with the same tokens share that
+prefix (sorted by token ids, prompts sharing a prefix lie together, so a sorted-prefix scan finds them).
+The rule it keeps (the paper's is not public): share only where a cost model in prompt-token computations,
+padded cells counted, says it gains: a dynamic programme picks the segmentation of the sorted prompts with the
+largest gain, and the plan runs only if its passes cost less than one pass over whole prompts. After it each
+row is ``[pad | prefix | pad | suffix]`` with positions that continue the row's own prefix, so the model sees
+exactly the unpadded prompt. The cost formulas: docs/internals.md#rolloutprefixpy.
+Non-goals: nested sharing, sharing across steps; attention's quadratic cost (the linear layers dominate here).
 """
 
 from __future__ import annotations
@@ -139,12 +125,13 @@ def choose_segments(sorted_prompts: list[list[int]], cost: PrefixCost) -> list[t
     back: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # (segment start, shared length) ending at j
     for j in range(1, n + 1):
         best[j], back[j] = best[j - 1], (j - 1, 0)
-        length = len(sorted_prompts[j - 1]) - 1
+        length = len(sorted_prompts[j - 1]) - 1  # each prompt keeps one own token for its first-token logits
         for i in range(j - 2, -1, -1):
             length = min(length, lcp[i], len(sorted_prompts[i]) - 1)
             if length <= 0:
                 break
             size = j - i
+            # the prefix once instead of `size` times, minus copying its KV to each member and the group's pass row
             gain = (size - 1) * length - cost.copy_cost * size * length - cost.group_overhead
             if gain > 0 and best[i] + gain > best[j]:
                 best[j], back[j] = best[i] + gain, (i, length)
@@ -174,6 +161,7 @@ def _padded_cost_ok(prompts: list[list[int]], groups: list[PrefixGroup], cost: P
     prefix_of = {m: g.length for g in groups for m in g.members}
     b, lp = len(prompts), max(g.length for g in groups)
     ls = max(len(p) - prefix_of.get(i, 0) for i, p in enumerate(prompts))
+    # batched passes cost their padded cells (rows x width), and a second pass a fixed overhead
     two_pass = cost.pass_overhead + len(groups) * lp + b * ls + cost.copy_cost * b * lp
     return two_pass < b * max(len(p) for p in prompts)
 
@@ -258,6 +246,7 @@ def _run_two_pass(model, prompts: list[list[int]], plan: PrefillPlan, cache) -> 
     # Prompts without a shared prefix borrow group 0's rows with an all-zero mask: they attend to none of it.
     cache.batch_select_indices(owner.clamp(min=0))
     head_mask = p_mask[owner.clamp(min=0)] * (owner >= 0).long().unsqueeze(-1)
+    # positions continue from each row's own prefix length, so the model sees exactly the unpadded prompt
     s_pos = (shared.unsqueeze(-1) + s_mask.cumsum(-1) - 1).clamp(min=0)
     mask = torch.cat([head_mask, s_mask], dim=1)
     logits = _forward(model, s_ids, mask, s_pos, cache)

@@ -1,19 +1,12 @@
 """Time-per-output-token profile: seconds per decode iteration vs batch size, from the engine's IterationRecords.
 
-Format (what `rlhfless.plan.timemodel.TimeModel.from_rows` reads): a JSON list of rows
-``{"batch_size": int, "context": int, "s_per_iter": float, "n": int}``, one per batch-size bucket (powers of
-two: 1, 2-3, 4-7, ...): batch_size is the median batch size in the bucket, context the mean number of keys
-attended, s_per_iter the median seconds of one iteration, n the iterations aggregated.
-`load_profile` refuses, with one line naming the file: a missing file, invalid JSON, and any row that
-`rlhfless.plan.timemodel.check_profile_rows` refuses (missing keys, wrong types, times that are not > 0).
-`measure_profile` measures rows on the spot, in the calling process's torch threads (the runtime runs it inside
-a worker, pinned, with the workers' own thread count: `rlhfless.runtime.profile`): real rollouts of the given
-prompts (deduplicated prefill, then the batch decays as rows finish, compactions included) bucketed as above, so
-every batch size from the full batch down to 1 is timed at the contexts a real decode reaches. A fixed batch that
-never shrinks misses the compactions and the tail's contexts: on this machine such a profile priced the runtime's
-decode functions about 5x low, one rollout's about 2.7x (the rest is co-running contention, which the runtime's
-per-step scale absorbs), on 12-step serverless runs of the quickstart's workload; a single rollout passes the
-large batches in a few iterations, so several are pooled.
+Rows (what `plan.timemodel.TimeModel.from_rows` reads): ``{"batch_size", "context", "s_per_iter", "n"}``, one
+per power-of-two batch-size bucket (median batch size, mean keys attended, median seconds, iterations).
+`load_profile` refuses a missing file, invalid JSON or a bad row with one line naming the file.
+The rule it keeps: `measure_profile` times real rollouts (deduplicated prefill, then a batch that decays as rows
+finish, compactions included), several pooled, in the caller's torch threads, so every batch size is timed at
+the contexts a real decode reaches (a fixed batch that never shrinks priced the runtime's decode several times
+low). The format and that measurement: docs/internals.md#rollouttpotpy.
 Non-goals: fitting a model to the rows (the planner does that).
 """
 
