@@ -1,19 +1,12 @@
 """Run checkpoints: everything a GRPO run needs to continue bit for bit after a crash, in safe formats only.
 
-`OUT/checkpoints/last/` holds
-    model.safetensors, config.json, tokenizer.json, rlhfless.json   the policy (`model.factory.save_checkpoint`)
-    optimizer.safetensors   AdamW's per-parameter tensors, keys ``<param index>/<name>``
-    rng.safetensors         torch's global CPU generator state (uint8)
-    predictor/              the length predictor in its own JSON format (when the planner runs)
-    critic.safetensors      PPO's critic: weights, AdamW state, counters (`rlhfless.learn.critic.save_critic_state`)
-    state.json              the `RunState` below: step, learner counters, prompt-stream position, the rewards and
-                            the initial evaluation so far, byte sizes of every output file, W&B run id
-No pickle anywhere: JSON, safetensors and the predictor's JSON are all a user may download and load safely.
-
-Writing is crash-safe: the new checkpoint is written to `last.tmp`, then `last` becomes `last.prev` and `last.tmp`
-becomes `last` (two renames); at any moment of a `kill -9` a complete `last` or `last.prev` exists, and
-`find_checkpoint` takes the newest complete one. Resuming truncates the output files to the sizes recorded at
-the checkpoint, after copying what is cut to `OUT/resumed/step-<k>/` (nothing written is lost).
+`OUT/checkpoints/last/` holds the policy, AdamW's tensors, torch's CPU generator state, the length predictor,
+PPO's critic and ``state.json`` (the `RunState`: step, counters, prompt-stream position, rewards so far, byte
+sizes of every output file, W&B run id): JSON and safetensors only, never pickle. The rule it keeps: writing is
+crash-safe: `last.tmp` is written, then two renames make it `last` (the old one `last.prev`), so at any moment
+of a `kill -9` a complete checkpoint exists and `find_checkpoint` takes the newest. Resuming truncates the
+outputs to the recorded sizes, after copying what is cut to `OUT/resumed/step-<k>/`.
+File by file: docs/internals.md#runrunstatepy.
 Non-goals: multi-device optimizer sharding; resuming a run across different torch versions bit for bit.
 """
 
@@ -108,7 +101,7 @@ def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor
         raise
     if last.exists():
         shutil.rmtree(prev, ignore_errors=True)
-        last.rename(prev)
+        last.rename(prev)  # two renames: at every moment a complete `last` or `last.prev` exists
     tmp.rename(last)
     shutil.rmtree(prev, ignore_errors=True)
     return last
