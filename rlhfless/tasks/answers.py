@@ -1,20 +1,12 @@
 """Final answers of math word problems: where a response states its answer, and when two answers are equal.
 
-Pure functions shared by the GSM8K and JSONL tasks (no I/O, no config):
-
-- `extract_final(response)`: the first non-empty line after the LAST ``####`` when the response has one (the
-  GSM8K reference format), else the last number in the last non-empty line (so a chat model's
-  "The answer is 18." is read too).
-- `normalize_number(s)`: the one number in `s` in a canonical exact form, or None. ``$``, thousands commas, a
-  leading ``+``, a trailing ``.``, ``%`` and words around the number ("18 dollars", "x = 18") are ignored; a string
-  with no number or with two or more ("5 or 6", "48/2 = 24") gives None, so a response cannot hedge.
-  Canonical form: the exact rational value, written as an integer (``-3``), a terminating decimal without trailing
-  zeros (``0.5``, ``1234``), else a reduced fraction (``1/3``). Fractions are therefore NOT kept as written:
-  ``3/4`` becomes ``0.75`` and ``6/8`` the same, and ``2/6`` becomes ``1/3``.
-- `answers_match(pred, gold)`: both normalise and are equal (numerically equal decimals match: ``2.50`` = ``2.5``).
-
-Only ASCII digits count as digits. Not handled (None or a different number): scientific notation, European
-decimal commas, mixed numbers ("2 1/2"), spelled-out numbers ("eighteen").
+Pure functions shared by the GSM8K and JSONL tasks (no I/O, no config): `extract_final(response)` (after the
+LAST ``####``, else the last number of the last non-empty line), `normalize_number(s)` (the one number in `s`
+as an exact rational in canonical form: ``-3``, ``0.5``, ``1/3``; so ``3/4`` becomes ``0.75``) and
+`answers_match(pred, gold)` (both normalise and are equal). The rule it keeps: a string with no number or with
+two or more gives None, so a response cannot hedge. Only ASCII digits count; not handled: scientific notation,
+decimal commas, mixed numbers, spelled-out numbers. What is ignored around a number:
+docs/internals.md#tasksanswerspy.
 """
 
 from __future__ import annotations

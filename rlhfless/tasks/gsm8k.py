@@ -1,18 +1,14 @@
 """GSM8K: a JSONL loader (`question`, `answer`) with a few-shot/system template, and the GSM8K task with its reward.
 
-Two users:
-- `load_prompts(GSM8KConfig)`: a realistic prefill workload (`rlhfless.bench.engine_bench`): every prompt starts with
-  the same system line and worked examples, the cross-prompt prefix that deduplicated prefill computes once.
-- `GSM8KTask(GSM8KTaskConfig)`: the verifiable-reward task behind `tasks.base.Task` (`task.name: gsm8k`).
-  Reward (`score`): 1 when the response's final answer (`tasks.answers.extract_final`: after the last ``####``,
-  else the last number of the last line) equals the reference numerically; else `format_reward` when the response
-  is well formed (finished, with ``#### <number>``); else 0. A truncated response gets 0.
+`load_prompts(GSM8KConfig)` is a realistic prefill workload (one system line and worked examples shared by every
+prompt); `GSM8KTask(GSM8KTaskConfig)` is the verifiable-reward task (`task.name: gsm8k`): reward 1 when the
+response's final answer (`tasks.answers.extract_final`) equals the reference numerically, else `format_reward`
+when it is well formed (finished, with ``#### <number>``), else 0; a truncated response gets 0. The rule it
+keeps: the first `n_shots` rows are the worked examples, never prompts, and the data file (shared/data/gsm8k,
+MIT) is read in place, never copied. The reference answer's form: docs/internals.md#tasksgsm8kpy.
 
-The reference answer is the text after the last ``####`` of `answer` (stripped, as written: ``1,200`` stays so,
-the reward normalises both sides). The first `n_shots` rows of the file are the worked examples and are never
-prompts. The data file (shared/data/gsm8k/train.jsonl, MIT) is read in place, never copied.
-Deviation from the usual GSM8K evaluation, which scores the official test split: only train.jsonl is available,
-so the held-out split is carved out of it (`tasks.hashsplit`: by a hash of the question, disjoint by construction).
+Deviation from the usual GSM8K evaluation (the official test split): only train.jsonl is available, so the
+held-out split is carved out of it by a hash of the question (`tasks.hashsplit`, disjoint by construction).
 Non-goals: tokenization, chat templates (the policy's tokenizer applies those).
 """
 
