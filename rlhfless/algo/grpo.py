@@ -1,9 +1,9 @@
 """GRPO (and PPO-style clipped) policy-gradient math as pure tensor functions, each returning (result, metrics).
 
-Group-normalised advantages, the k3 KL estimator, the clipped surrogate, loss aggregation and the combined GRPO
-loss; no model code, optimiser or batching. Shapes: N = B * G sequences, T = padded response length, V =
-vocabulary; `mask[N, T]` is True on trained response tokens. The rule it keeps: given the full batch's normaliser
-`denom`, a shard's loss (and gradient) is exactly its share of the full-batch one, so shards sum to the whole.
+Advantages, the k3 KL, the clipped surrogate, loss aggregation and the GRPO loss; no model, optimiser or batching.
+Shapes: N = B * G sequences, T = padded response length; `mask[N, T]` is True on trained response tokens. The
+rule it keeps: given the full batch's normaliser `denom`, a shard's loss (and gradient) is exactly its share of
+the full-batch one, so shards sum to the whole. Details: docs/internals.md#algogrpopy.
 
 Deviations from the paper (it runs verl's GRPO/PPO and publishes no loss details):
 1. Group std is unbiased (divisor G - 1, as verl), eps added to the std. 2. Equal-reward groups get advantage 0

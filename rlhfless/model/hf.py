@@ -4,13 +4,12 @@
 the end-of-turn token and ``generation_config.json``), `load_hf_model` (checks the folder, then loads it) and
 `build_tiny_hf` / `ensure_tiny_hf` (a BPE tokenizer and a random Qwen2 laid out as a downloaded checkpoint, so
 the general path runs without the hub). The rule it keeps: a folder is checked before transformers sees it, and
-a refusal is one line naming the file. Details: docs/internals.md#modelhfpy.
+a refusal is one line naming the file. Details and non-goals: docs/internals.md#modelhfpy.
 
 Deviations: 1. Weights always load as float32 (a bf16 checkpoint is upcast: twice its file size in memory).
 2. Only safetensors weights are read (never pickle). 3. The tiny builder's stop id is ``<|im_end|>``=1, not the
 byte tokenizer's EOS 2, so code that stopped at EOS 2 would go visibly wrong. 4. Its BPE is saved as a
-`Qwen2Tokenizer` (transformers 5 reloads qwen2 folders as one). 5. Tensors `from_pretrained` would initialise
-randomly are errors. Non-goals: downloading, quantised or multimodal folders, trust_remote_code models.
+`Qwen2Tokenizer` (transformers 5 reloads qwen2 folders so). 5. Tensors it would initialise randomly are errors.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def _best(cases: list[dict], baseline: str, key: str) -> dict:
 
 
 def _within(ours: float, paper: float) -> str:
-    """How far a number is from the paper's, relative, and whether it is within the 15% the issue aims at."""
+    """How far a number is from the paper's, relative, and whether it is within 15% of it (the reproduction's target)."""
     rel = ours / paper - 1.0
     return f"{rel:+.0%} of the paper's ({'within' if abs(rel) <= 0.15 else 'outside'} 15%)"
 

@@ -5,8 +5,8 @@ per power-of-two batch-size bucket (median batch size, mean keys attended, media
 `load_profile` refuses a missing file, invalid JSON or a bad row with one line naming the file.
 The rule it keeps: `measure_profile` times real rollouts (deduplicated prefill, then a batch that decays as rows
 finish, compactions included), several pooled, in the caller's torch threads, so every batch size is timed at
-the contexts a real decode reaches (a fixed batch that never shrinks priced the runtime's decode several times
-low). The format and that measurement: docs/internals.md#rollouttpotpy.
+the contexts a real decode reaches (a fixed batch that never shrinks misses the compactions and the tail's
+contexts). The format, and what a fixed batch mispriced: docs/internals.md#rollouttpotpy.
 Non-goals: fitting a model to the rows (the planner does that).
 """
 
