@@ -187,7 +187,7 @@ def check_finite(named_tensors, source: Path) -> None:
 
 
 def read_hf_config(directory: str | Path):
-    """The checked Qwen2Config of a checkpoint's ``config.json`` (see the module header for what is refused)."""
+    """The checked Qwen2Config of a checkpoint's ``config.json`` (what is refused: docs/internals.md#modelfactorypy)."""
     from transformers import Qwen2Config
 
     p = Path(directory) / "config.json"

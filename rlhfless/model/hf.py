@@ -86,7 +86,7 @@ def _generation_eos(path: Path) -> list[int]:
 
 
 class HFTokenizer:
-    """`TextTokenizer` of a local Hugging Face folder (see the module header)."""
+    """`TextTokenizer` of a local Hugging Face folder (prompt and stop ids: docs/internals.md#modelhfpy)."""
 
     name = "hf"
 
@@ -186,7 +186,7 @@ def check_hf_folder(directory: str | Path):
 
 
 def load_hf_model(directory: str | Path):
-    """A local Hugging Face causal LM in float32 and eval mode (see the module header for what is refused)."""
+    """A local Hugging Face causal LM in float32 and eval mode (what is refused: docs/internals.md#modelhfpy)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -214,7 +214,8 @@ def load_hf_model(directory: str | Path):
 
 
 # --- a tiny local folder, laid out like a downloaded checkpoint ------------------------------------------------
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")  # ids 0, 1, 2 (see the module header)
+# ids 0 (pad), 1 (eos and end of turn), 2: the stop id is not the byte tokenizer's EOS 2, so code stopping at 2 shows
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
     "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"

@@ -81,7 +81,8 @@ def _canonical(x: Fraction) -> str:
 
 
 def normalize_number(s: str) -> str | None:
-    """The single number in `s` in canonical form (see the module docstring), or None when `s` has none or several."""
+    """The single number in `s` in canonical form, or None when `s` has none or several (what is ignored around a
+    number: docs/internals.md#tasksanswerspy)."""
     found = _numbers(s)
     if len(found) != 1:
         return None
