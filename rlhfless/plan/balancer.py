@@ -1,24 +1,15 @@
 """Length-aware prompt assignment: jobs with predicted lengths -> N decode actors, with predicted busy time.
 
-Purpose: the balancer decision of one step. `assign(jobs, n_actors, capacity, time_model, policy)` returns
-`(AssignmentPlan, metrics)`; each policy is also callable on its own with the signature
-`policy(jobs, n_actors, capacity, time_model)`. The labels come from `rlhfless.plan.partition` (rules stated
-there) and, for `contiguous`, from the time-balanced chunk rule of `rlhfless.plan.sweep`; the busy seconds come
-from the continuous-batching simulation in `rlhfless.plan.timemodel` (`simulate_fast`: exact, closed form for
-actors that never queue).
-Admission order inside an actor: arrival order for round_robin (as verl), longest predicted length first for
-the length-aware policies (long sequences start early, so the tail is shorter).
+`assign(jobs, n_actors, capacity, time_model, policy)` returns `(AssignmentPlan, metrics)` for one step; each
+policy (round_robin, contiguous, lpt, karmarkar_karp) is also callable alone. Labels come from `plan.partition`
+(contiguous: refined to equal busy time by `plan.sweep`), busy seconds from `plan.timemodel.simulate_fast`.
+The rule it keeps: a job keeps a group's n_seqs sequences together (shared prefix) on one actor.
+`hindsight_assign` is the same policy fed the true lengths: a reference for what prediction error costs, NOT a
+bound (that is `plan.bounds.makespan_lower_bound`). Admission order: docs/internals.md#planbalancerpy.
 
-A job keeps a group's n_seqs sequences together (shared prefix); per-sequence jobs (n_seqs=1) work too.
-`hindsight_assign` is this same policy fed the true lengths: a reference for how much prediction error costs,
-NOT a bound (another policy, or the same one with other lengths, can beat it); the true bound on the makespan of
-any plan is `rlhfless.plan.bounds.makespan_lower_bound`.
-
-Non-goals: no migration here (see `rlhfless.plan.migrate`), no choice of N (see `rlhfless.plan.scaler`).
-
-Deviations from the paper: beyond the paper's contiguous chunks we ship round-robin (baseline), LPT and
-Karmarkar-Karp for comparison; contiguous boundaries equalise predicted busy TIME (rule in `sweep`; the paper
-does not state its rule).
+Deviations from the paper:
+1. Round-robin (baseline), LPT and Karmarkar-Karp ship beside the paper's contiguous chunks, for comparison.
+2. Contiguous boundaries equalise predicted busy TIME (rule in `sweep`; the paper does not state its rule).
 """
 
 from __future__ import annotations
@@ -130,6 +121,7 @@ def _labels(policy: str, ja: JobArrays, n: int, capacity: int, tm: TimeModel) ->
     if policy == "round_robin":  # verl admits in arrival order
         return labels, np.arange(len(ja.work))
     rank = np.empty(len(ja.work), dtype=np.int64)
+    # length-aware policies admit the longest predicted first: long sequences start early, the tail is shorter
     rank[np.argsort(-ja.mean_len, kind="stable")] = np.arange(len(ja.work))
     return labels, rank
 

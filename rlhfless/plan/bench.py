@@ -1,26 +1,14 @@
 """Planner benchmark: the full planning decision for 8,192 sequences over 64 candidate actor counts.
 
-Purpose: `run_planner_bench(...)` builds a heavy-tailed workload (default 1,024 groups x 8 samples = 8,192
-sequences; group means log-normal, samples log-normal around their group's mean, 1..max_len tokens) and
-measures, side by side in one process:
-  * plan_ms_p50 / plan_ms_p90: ONE full planning decision without cut-and-migrate (`plan.migrate=false`),
-    `choose(jobs, cfg, time_model)` with candidates N = 1..n_candidates (default 64), from the list of PlanJob
-    records to the ScalingDecision: job arrays, the fast sweep (assignment + predicted busy seconds of every
-    candidate), T(N) and C(N) of every candidate, the choice, and the chosen N's plan simulated exactly
-    (default policy contiguous, capacity 256, lambda 0.5);
-  * plan_cpu_ms_p50 / p90: the same in CPU seconds of this process (on a shared machine wall time also
-    counts waiting for a core);
-  * plan_migrate_ms_p50 (and _cpu_): the same decision with `plan.migrate=true` (the default): the chosen
-    plan is also simulated with cuts at tau, event by event, and costed; migrate_used says whether the
-    decision kept the cuts;
-  * assign_ms_p50 / p90 (and assign_cpu_ms_p50): ONE `assign(jobs, n_actors, capacity, time_model, policy)` at
-    n_actors (default 16), records in -> exactly simulated plan out; policy_ms_p50: the same per policy;
-  * exact_sweep_ms: one `choose` with `exact_sweep=True` (every candidate simulated; the reference), and
-    sweep_vs_exact: whether both pick the same N and the largest relative error of the sweep's T(N), C(N);
-  * migrate_sim_ms: one `simulate_with_migration` of the assign plan at tau (evaluation tool, not per step).
-Non-goals: no assertion on wall time (tests never assert it); no multi-process timing.
-Deviations from the paper: the paper reports "scheduling overhead under 30 ms" without saying what it covers;
-plan_ms covers the whole per-step decision above.
+`run_planner_bench(...)` builds a heavy-tailed workload (default 1,024 groups x 8 samples, log-normal lengths)
+and times, in one process, one full `choose` over N = 1..64 (plan_ms, with and without cut-and-migrate), one
+`assign` per policy, the exact sweep (and whether it picks the fast sweep's N) and one `simulate_with_migration`,
+in wall and CPU milliseconds. The rule it keeps: it reports times and never asserts on them. What each key
+covers: docs/internals.md#planbenchpy.
+
+Deviations from the paper:
+1. The paper reports "scheduling overhead under 30 ms" without saying what it covers; plan_ms covers the whole
+   per-step decision (sweep, T(N) and C(N) of every candidate, the choice, the chosen plan simulated exactly).
 """
 
 from __future__ import annotations
@@ -90,7 +78,7 @@ def _sweep_vs_exact(jobs: list[PlanJob], cfg: PlanConfig, tm, fast) -> tuple[dic
 def run_planner_bench(n_groups: int = 1024, group_size: int = 8, n_actors: int = 16, n_candidates: int = 64,
                       policy: str = "contiguous", capacity: int = 256, repeats: int = 21, seed: int = 0,
                       compare_exact: bool = True) -> dict:
-    """Measure planning times (see the module header for what each key covers)."""
+    """Measure planning times (what each key covers: docs/internals.md#planbenchpy)."""
     jobs = heavy_tailed_jobs(n_groups, group_size, seed)
     cfg = PlanConfig(policy=policy, capacity=capacity, min_actors=1, max_actors=n_candidates, migrate=False)
     tm = cfg.time_model()

@@ -1,26 +1,13 @@
 """Billing rules: the one definition of what a platform bills, read by the runtime's meter, the planner's cost
-model (`rlhfless.plan.cost`) and the simulator (`rlhfless.sim`).
+model (`plan.cost`) and the simulator (`sim`).
 
-A rule set (`BillingRules`) is a typed record:
-  granularity_s    billed time is rounded up to a multiple of this;
-  minimum_s        minimum billed seconds per billed span;
-  bill_cold_start  whether a cold start is billed;
-  keep_alive_s     the idle timeout: an idle function stays warm this long, then it is released;
-  billed           what is billed:
-                   "invocations": GPU-seconds summed over function invocations (each from its request to its reply;
-                   a cold invocation from its worker's start). The paper's cost proxy: idle between invocations,
-                   keep-alive included, is not billed;
-                   "lifetime": a worker's whole lifetime, start to release, idle timeout included, rounded up
-                   once per worker. What commercial serverless GPU platforms bill (presets below).
-
-Named rule sets (`runtime.billing`, `RULE_SETS`): `invocations` and `lifetime` take the runtime's own granularity
-and keep-alive (`runtime.billing_granularity_s`, `runtime.keep_alive_s`); the platform presets fix both:
-  runpod  lifetime, 1 s, idle timeout 5 s. Runpod docs, "Pricing" (Serverless): "billed from when a worker starts
-          until it fully stops, rounded up to the nearest second"; the idle timeout is "the time a worker remains
-          active (running) after completing a request ... (default: 5 seconds)".
-  modal   lifetime, 1 s, idle timeout 60 s. Modal bills per second of container lifetime (as the issue states; the
-          pricing page itself was not in the searchable docs); Modal docs, "Cold start performance": "By default,
-          Modal containers spin down after 60 seconds of inactivity" (container_idle_timeout, now scaledown_window).
+A `BillingRules` record holds the granularity (billed time is rounded up to a multiple of it), the minimum per
+billed span, whether a cold start is billed, the keep-alive (idle timeout) and what is billed: "invocations"
+(GPU-seconds summed over invocations, the paper's cost proxy: idle is not billed) or "lifetime" (a worker from
+start to release, idle timeout included: what commercial serverless GPU platforms bill). The rule it keeps:
+nothing else turns held time into billed seconds, so predicted and metered device-seconds compare. The named
+rule sets (`runtime.billing`) and the cited sources of the runpod and modal presets:
+docs/internals.md#planbillingpy.
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ BILLED = ("invocations", "lifetime")
 
 @dataclass(frozen=True)
 class BillingRules:
-    """How a serverless platform turns function time into billed seconds (module header)."""
+    """How a serverless platform turns function time into billed seconds; each field says its part."""
 
     granularity_s: float = 1.0
     """Each billed span is rounded up to a multiple of this (> 0 s; 1 s on Runpod and Modal)."""
@@ -93,7 +80,7 @@ RULE_SETS = BILLED + tuple(PRESETS)
 
 def rule_set(name: str, granularity_s: float, keep_alive_s: float) -> BillingRules:
     """The rules named `name`: invocations|lifetime with the given granularity and keep-alive; a platform preset
-    with its own (module header)."""
+    with its own (sources: docs/internals.md#planbillingpy)."""
     if name in PRESETS:
         return PRESETS[name]
     if name not in BILLED:

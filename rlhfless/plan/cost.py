@@ -1,27 +1,16 @@
-"""Cost model: a price catalog, billing rules, and the cost of invocations, steps and runs.
+"""Cost model: a price catalog and the cost of invocations, steps and runs, in GPU-seconds and dollars.
 
-Purpose: turn timelines into GPU-seconds and dollars, the paper's cost metric, for both modes:
-  * serverless: every function invocation is billed on its own (`cost_invocation`, `cost_step`, `cost_run`):
-    billed = max(minimum_s, ceil_to_granularity(duration - unbilled cold start + keep_alive_s)) x devices;
-  * serverful: a pool of devices held for the whole wall time (`cost_serverful`): devices x wall x hourly price.
-Prices are per device (one GPU, or one CPU core for local runs).
+Serverless: each invocation is billed on its own (`cost_invocation`, `cost_step`, `cost_run`); serverful: devices
+x wall time x hourly price (`cost_serverful`). Prices are per device (one GPU, or one CPU core locally). The rule
+it keeps: billing comes only from `plan.billing` (re-exported here), which the simulator and the runtime's meter
+read too, so a step's predicted and billed device-seconds compare. The billed-seconds formula and how planner
+and meter apply it: docs/internals.md#plancostpy.
 
-Non-goals: no spot/preemptible pricing, no storage or network egress, no per-region prices.
-
-One set of billing rules: `BillingRules` (`rlhfless.plan.billing`, re-exported here) is the only definition of
-granularity, minimum, keep-alive, whether cold starts are billed and what is billed (invocations or lifetimes;
-named rule sets and platform presets there). The planner's cost model (`cost_step` via `billed_seconds`), the simulator and the
-runtime's meter (`rlhfless.runtime.meter`, through `BillingRules.bill_held` and `BillingRules.metered`) all
-read it, so predicted and billed device-seconds of a step are comparable. The planner prices an invocation as
-`duration + idle_billed_s` (the keep-alive it expects after the work under lifetime billing); the meter bills a worker's measured lifetime,
-whose idle tail is the keep-alive that really happened; both round and floor through `bill_held`.
-
-Deviations from the paper: the paper's platform bills "worker start to stop including a few seconds of idle,
-rounded up to 1 s"; we make each part a rule (`BillingRules`) and default to granularity 1 s, no minimum,
-cold start billed, 2 s of billed idle keep-alive ("a few seconds" is not stated more exactly) (`PAPER_PLATFORM`);
-a runtime builds its own with `BillingRules.metered(runtime.billing_granularity_s, runtime.keep_alive_s)`. The catalog's
-on-demand prices are the paper's 8-GPU VM prices divided by 8; H200 has no recorded on-demand price, so
-serverful H200 costing raises a ConfigError. The "cpu-core" unit is ours (see `CPU_GB_PER_CORE`).
+Deviations from the paper:
+1. Its platform bills "worker start to stop including a few seconds of idle, rounded up to 1 s"; each part is a
+   rule here, by default (`PAPER_PLATFORM`) 1 s, no minimum, cold start billed, 2 s of billed keep-alive.
+2. On-demand prices are the paper's 8-GPU VM prices / 8; H200 has none, so serverful H200 costing refuses.
+3. The "cpu-core" unit is ours (`CPU_GB_PER_CORE`).
 """
 
 from __future__ import annotations
@@ -115,7 +104,7 @@ def billed_seconds_array(duration_s: np.ndarray, cold: np.ndarray, cold_start_s:
     raw = np.asarray(duration_s, dtype=np.float64) + rules.idle_billed_s
     if not rules.bill_cold_start:
         raw = raw - np.where(cold, cold_start_s, 0.0)
-    units = np.where(raw > 0, np.ceil(raw / rules.granularity_s - 1e-9), 0.0)
+    units = np.where(raw > 0, np.ceil(raw / rules.granularity_s - 1e-9), 0.0)  # 1e-9: as `bill_held`
     return np.maximum(rules.minimum_s, units * rules.granularity_s)
 
 

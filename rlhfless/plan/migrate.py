@@ -1,31 +1,16 @@
 """Cut-and-migrate: move an actor's stragglers elsewhere once most of its sequences are done.
 
-Purpose:
-  * `plan_migrations(progress, tau)`: the pure decision, used alike by the runtime and the simulator. Rule:
-    an actor whose finished fraction is >= tau and that still has unfinished sequences is a *source*; an actor
-    below tau with free slots is a *destination*. Sources are taken fewest-unfinished first; a source is cut
-    only if ALL its unfinished sequences fit in the destinations' free slots (a partial cut would not let it
-    release, so it would save nothing); its sequences go, longest predicted remaining first, each to the
-    destination predicted to be free EARLIEST (its longest predicted remaining sequence, raised to the
-    remaining of every sequence placed on it; ties: more free slots, then lowest actor id). So stragglers
-    spread over the actors that would otherwise go idle instead of piling onto the one with the most free
-    slots, which under length-aware assignment is the actor of the long sequences: the critical path. A cut
-    source releases itself at once. Actors that finished everything have released and are never
-    destinations, so nothing ping-pongs.
-  * `simulate_with_migration(plan, time_model, tau, true_jobs)`: an event simulation of all actors of a plan
-    on one decode clock, calling `plan_migrations` whenever an actor at or above tau completes sequences, so
-    the scaler and the simulator can quantify migration. A migrated sequence continues on its destination
-    after a stall of kv_transfer_s_per_token x (prompt + generated tokens) on that destination.
+`plan_migrations(progress, tau)` is the pure decision the runtime and the simulator share;
+`simulate_with_migration(plan, time_model, tau, true_jobs)` plays a plan with it on one decode clock, so the
+scaler and the simulator can quantify migration. The rule it keeps: an actor with a finished fraction >= tau is
+cut only if ALL its unfinished sequences fit in the free slots of actors below tau, and then releases at once;
+they go longest remaining first, each to the destination predicted free earliest; finished actors are never
+destinations, so nothing ping-pongs. The rule in full and the KV stall: docs/internals.md#planmigratepy.
 
-Non-goals: no placement/locality model, no partial cuts, no migration of finished KV for reuse.
-
-Deviations from the paper: the paper cuts at tau (about 0.7) and moves stragglers to actors with free slots; the
-atomic-source rule, the destination choice and the KV-stall model are ours (the paper's are not published).
-An earlier destination rule (most free slots) made the time model's makespan WORSE on the quickstart trace
-(contiguous, 4 actors: 6.07 -> 7.07 s) because the stragglers piled onto the long-sequence actors. Cuts are
-still not free (KV transfer; a destination's batch grows), so the scaler keeps them in a plan only where the
-time model says they help the objective (`rlhfless.plan.scaler`).
-Prefill and fixed overhead are added to each actor's busy time after the decode simulation (as in the plan).
+Deviations from the paper:
+1. The paper cuts at tau (about 0.7) and moves stragglers to actors with free slots; the atomic-source rule, the
+   earliest-free destination and the KV-stall model are ours (the paper's are not published).
+2. Cuts are kept in a plan only where the time model says they help the objective (`plan.scaler`).
 """
 
 from __future__ import annotations
@@ -71,9 +56,11 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
     tokens = 0.0
     avail = {p.actor_id: p.max_remaining for p in progress if p.actor_id in free}
     for src in sources:
+        # all or nothing: a partial cut would not let the source release, so it would save nothing
         if src.n_unfinished > sum(free.values()):
             continue
         for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
+            # earliest free, not most free slots: that piled stragglers onto the long-sequence actors
             dst = min(free, key=lambda a: (avail[a], -free[a], a))
             avail[dst] = max(avail[dst], seq.predicted_remaining)
             free[dst] -= 1
@@ -216,7 +203,7 @@ def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seq
         seqs.start_it[sid] = dst.it - gen
         heapq.heappush(dst.heap, (dst.it + rem, sid))
         dst.total += 1
-        dst.t += tm.kv_transfer_s_per_token * (seqs.plen[sid] + gen)
+        dst.t += tm.kv_transfer_s_per_token * (seqs.plen[sid] + gen)  # the destination stalls for the KV
         moved.add(sid)
     for act in sources:
         act.heap = [x for x in act.heap if x[1] not in moved]
@@ -276,6 +263,7 @@ def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: li
             released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
     busy = []
     for act, jobs in zip(actors, plan.actor_jobs):
+        # prefill and fixed overhead are added after the decode simulation, as in the plan
         prefill = sum(j.prompt_len for j in jobs) * tm.prefill_s_per_token
         busy.append(tm.actor_fixed_s + prefill + (act.end or 0.0) if jobs else 0.0)
     makespan = max(busy) if busy else 0.0

@@ -1,26 +1,15 @@
-"""Number-partitioning rules behind the assignment policies: arrays in, actor labels out.
+"""Number-partitioning rules behind the assignment policies: per-job work in, actor labels out.
 
-Purpose: pure functions that map per-job work (predicted tokens) to an actor index in [0, n). The balancer
-wraps them with validation, the time model and typed plans.
-  * round_robin: job i -> actor i mod n, in arrival order (verl-like: equal counts, blind to length).
-  * contiguous_labels (the starting point of the paper's contiguous policy): jobs sorted by predicted
-    per-sequence length, longest first, then cut into n contiguous chunks of about EQUAL TOKEN WORK. Rule: a job
-    goes to chunk floor(n * m / W), where m is the cumulative work up to the job's midpoint in the sorted order
-    and W the total work. A job heavier than W/n fills a chunk alone, so an actor can stay empty; it is then not
-    started. The `contiguous` POLICY refines these cuts to equal predicted busy TIME (`rlhfless.plan.sweep`,
-    which needs the time model): equal work balances time poorly when the iteration cost depends on the batch.
-  * lpt: longest-processing-time greedy: jobs by work descending, each to the currently least-loaded actor
-    (a heap for one n; `lpt_labels_many` runs every candidate n at once in numpy for the scaler's sweep).
-  * karmarkar_karp: the multiway largest-differencing method: every job starts as an n-tuple of bin sums;
-    the two tuples with the largest (max - min) spread are merged, largest bin with smallest bin, until one
-    tuple remains. Bins are kept sparse (only non-empty ones), so early merges are plain unions.
-Work is measured in tokens (n_seqs x predicted length); the time model then turns an assignment into seconds.
+Pure functions the balancer wraps with validation, the time model and typed plans: round_robin (i mod n,
+verl-like), contiguous_labels (jobs sorted longest first, cut into n chunks of about equal token work), lpt
+(longest-processing-time greedy; `lpt_labels_many` runs every candidate n at once) and karmarkar_karp (multiway
+largest differencing). The rule it keeps: work is tokens (n_seqs x predicted length), with no capacity and no
+time model here. Each rule in full: docs/internals.md#planpartitionpy.
 
-Non-goals: no capacity awareness here (the engine queues what exceeds its slots), no time-model calls.
-
-Deviations from the paper: the paper does not say how chunk boundaries are chosen; equal token work (and its
-time-balanced refinement in `sweep`) is ours.
-LPT and KK are comparison baselines (KK is what verl uses for TRAINING micro-batches, not rollout).
+Deviations from the paper:
+1. The paper does not say how chunk boundaries are chosen; equal token work (refined to equal busy time by
+   `plan.sweep`) is ours.
+2. LPT and KK are comparison baselines (KK is what verl uses for TRAINING micro-batches, not rollout).
 """
 
 from __future__ import annotations
@@ -50,6 +39,7 @@ def contiguous_labels(mean_len: np.ndarray, work: np.ndarray, n: int) -> tuple[n
     if total <= 0:  # nothing to balance: fall back to equal counts
         labels[order] = (np.arange(len(work)) * n) // max(len(work), 1)
         return labels, order
+    # chunk floor(n m / W) at each job's midpoint m: a job heavier than W/n fills a chunk alone (maybe one empty)
     mid = np.cumsum(w) - 0.5 * w
     labels[order] = np.minimum((mid * n / total).astype(np.int64), n - 1)
     return labels, order
@@ -90,7 +80,7 @@ def lpt_labels_many(work: np.ndarray, ns: Sequence[int]) -> np.ndarray:
 def _kk_merge(a: list, b: list, n: int) -> list:
     """Merge two sparse n-bin partitions (lists of (sum, node) sorted by sum desc): big bin with small bin."""
     la, lb = len(a), len(b)
-    if la + lb <= n:
+    if la + lb <= n:  # bins are sparse (non-empty only), so early merges are plain unions
         out = a + b
     else:
         out = []

@@ -8,7 +8,8 @@ pairs; the prompt groups of a step become jobs (one per prompt, n_seqs = its sam
 The fixed-N baselines keep their N actors warm after the first step; the scaler's warm pool is its previous
 choice (functions pre-warmed from invocation history). Everything is predicted by the time model.
 
-Non-goals: no plotting (the notebooks plot from this JSON), no prediction error (the predictor issue does that).
+Non-goals: no plotting (the notebooks plot from this JSON), no prediction error (`rlhfless.predictor.evaluate`
+does that).
 
 Deviations from the paper: none beyond the planner's own (see its modules).
 """
