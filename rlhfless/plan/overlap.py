@@ -86,7 +86,7 @@ def learner_drain(arrive_s: np.ndarray, work_ds: np.ndarray, ready_s: np.ndarray
 
     arrive_s, work_ds: (G,) when each group's work arrives and its device-seconds; ready_s, devices: (B,) when
     each block of devices can work and how many devices it has. Work is processed at a rate equal to the devices
-    of the blocks ready so far (module header): a work-conserving fluid queue with capacity curve
+    of the blocks ready so far (docs/internals.md#planoverlappy): a work-conserving fluid queue with capacity curve
     C(t) = sum_j devices_j * max(0, t - ready_j), so the work ends at max_i C^-1(C(arrive_i) + work arriving at or
     after arrive_i), and never before the last arrival. Returns (work_end_s, joined (B,) bool: ready before
     work_end_s; with no work at all, the last arrival and no block). Raises DataError when work is left and no
@@ -187,7 +187,7 @@ class Blocks:
 def learner_blocks(release_s: np.ndarray, release_devices: np.ndarray | float, spare_devices: float,
                    block_devices: float, first_arrival_s: float, cold_s: float, prewarm: bool,
                    release_cold_s: np.ndarray | float | None = None, warm_spare: int = 0) -> Blocks:
-    """The learner's blocks (module header): the devices of each released function (release_s, release_devices:
+    """The learner's blocks: the devices of each released function (release_s, release_devices:
     (A,) seconds from the step's start and devices; a decode actor or the prefill function) after its
     release_cold_s ((A,) or a scalar; None = cold_s: a new learner function; a hybrid decode function goes on as
     a rank after the in-place reshard only), and the spare devices in blocks of block_devices, pre-warmed to be
@@ -196,7 +196,7 @@ def learner_blocks(release_s: np.ndarray, release_devices: np.ndarray | float, s
     this step's decode need: they hold the weights, so they are ready at the first arrival even when it comes
     before a cold start could end, and bill from the step's start or a cold start ahead of it, whichever is
     later (the pre-warm rule: kept alive from the step's start when that bills less than releasing it there and
-    starting a learner function again in time)."""
+    starting a learner function again in time). The assumptions behind them: docs/internals.md#planoverlappy."""
     rel = np.asarray(release_s, float)
     rel_dev = np.broadcast_to(np.asarray(release_devices, float), rel.shape)
     rel_cold = np.broadcast_to(np.asarray(cold_s if release_cold_s is None else release_cold_s, float), rel.shape)

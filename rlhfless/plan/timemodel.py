@@ -23,7 +23,7 @@ import numpy as np
 
 from rlhfless.core.errors import ConfigError, DataError, require
 
-# Assumed profile of the tiny CPU model (batch size -> seconds per decode iteration); see the module header.
+# Assumed profile of the tiny CPU model (batch size -> seconds per decode iteration); docs/internals.md#plantimemodelpy.
 _TINY_CPU_TABLE = ((1, 0.010), (2, 0.011), (4, 0.012), (8, 0.015), (16, 0.021), (32, 0.033),
                    (64, 0.058), (128, 0.110), (256, 0.215))
 
@@ -85,7 +85,7 @@ class TimeModel:
 
     @classmethod
     def default_tiny_cpu(cls) -> TimeModel:
-        """The shipped assumed profile of the tiny CPU model (see the module header)."""
+        """The shipped assumed profile of the tiny CPU model (its shape: docs/internals.md#plantimemodelpy)."""
         b, s = zip(*_TINY_CPU_TABLE)
         return cls(batch_sizes=b, s_per_iter=s, source="default_tiny_cpu")
 
@@ -356,7 +356,8 @@ def simulate(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray, 
 
 def simulate_fast(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray, job_actor: np.ndarray,
                   n_actors: int, capacity: int, tm: TimeModel) -> SimResult:
-    """`simulate` (same arguments and result), in closed form for every actor that never queues (module header)."""
+    """`simulate` (same arguments and result), in closed form for every actor that never queues (how:
+    docs/internals.md#plantimemodelpy)."""
     counts = np.bincount(seq_actor, minlength=n_actors)
     queued = counts > capacity
     decode = np.zeros(n_actors)
