@@ -552,7 +552,9 @@ def overhead_sensitivity(ctx) -> StudyResult:
                                  **case["baselines"][b], "base_speedup": base["baselines"][b]["speedup"],
                                  "base_cost_reduction": base["baselines"][b]["cost_reduction"],
                                  "actors": case["policies"]["rlhfless"]["n_actors"],
-                                 "base_actors": base["policies"]["rlhfless"]["n_actors"]})
+                                 "base_actors": base["policies"]["rlhfless"]["n_actors"],
+                                 **{f"{k}{pol.replace('-', '_')}_device_s": c["policies"][pol]["cost_device_s"]
+                                    for k, c in (("", case), ("base_", base)) for pol in ("rlhfless", "verl-paper")}})
     df = pd.DataFrame(rows)
     res.figures.append(_tornado(df, ctx.out / "overheads" / "sensitivity.png"))
     res.rows.append(_non_monotone_row(df))
@@ -583,13 +585,21 @@ def _non_monotone_row(df):
         base = lo.base_cost_reduction
         if (lo.cost_reduction - base) * (hi.cost_reduction - base) > 0:
             moved = abs(lo.actors - lo.base_actors) > 0.05 or abs(hi.actors - hi.base_actors) > 0.05
-            found.append(f"{name} {key}: cost cut {lo.cost_reduction:.1%} / {base:.1%} / {hi.cost_reduction:.1%}, "
-                         f"RLHFless's mean decode actors {lo.actors:.1f} / {lo.base_actors:.1f} / {hi.actors:.1f}"
-                         + ("" if moved else " (unchanged: not the scaler's N)"))
+            own = [_three(lo, hi, f"{pol}_device_s") for pol in ("rlhfless", "verl_paper")]
+            found.append(f"{name} {key}: cost cut {lo.cost_reduction:.1%} / {base:.1%} / {hi.cost_reduction:.1%}; "
+                         f"device-s RLHFless {own[0]}, paper verl {own[1]}; decode actors {lo.actors:.1f} / "
+                         f"{lo.base_actors:.1f} / {hi.actors:.1f}" + ("" if moved else " (the scaler's N unchanged)"))
     return PaperRow("non-monotone cost responses (halved / shipped / doubled)", "-",
                     "; ".join(found) if found else "none: every constant moves the cost cut one way", "simulated",
-                    "the scaler's N is discrete and priced with the constant: where the actors move with it, a "
-                    "cheaper start buys speed with more actors and a larger bill (docs/reproduction.md)")
+                    "where each system's cost moves one way, the cut is a ratio of their difference to a total both "
+                    "share; where the actors move, the scaler's discrete N bought speed with a larger bill "
+                    "(docs/reproduction.md)")
+
+
+def _three(lo, hi, col: str) -> str:
+    """`col` at half / shipped / double and whether it moves one way over the three."""
+    a, b, c = lo[col], lo[f"base_{col}"], hi[col]
+    return f"{a:,.0f} / {b:,.0f} / {c:,.0f} ({'one way' if (a - b) * (b - c) >= 0 else 'not one way'})"
 
 
 def _tornado(df, path):
