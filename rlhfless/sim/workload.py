@@ -6,13 +6,15 @@ the paper's replayed baseline does:
   * `synthetic(cfg)`: the multi-epoch generator of `rlhfless.predictor.synthetic` (per-prompt lognormal base,
     epoch jitter, within-group noise, truncation at the response cap), with prompt lengths drawn from GSM8K
     questions when `gsm8k` is given (`gsm8k_prompt_tokens`), else lognormal;
-  * `LengthDist`: the response-length distributions of the paper's settings as parameters with stated defaults.
+  * `LengthDist`: the response-length distributions of the paper's settings as parameters with stated defaults,
+    or (`fit_to`) a capped lognormal fitted to a published training log's cap share and mean (`PUBLISHED_LENGTHS`).
 
 Non-goals: no text, no rewards beyond what a replayed trace carries (GRPO's zero-variance skip needs them).
 
 Deviations from the paper: the paper's response lengths come from its own GSM8K / GPQA / LiveCodeBench runs,
-which are not public; the defaults below are assumptions (stated per field), and the tokenisation of GSM8K prompts
-is approximated as characters / 4 (a common rule of thumb for English BPE vocabularies; assumed).
+which are not public; the defaults below are assumptions (stated per field; `fit_to` replays the one published log
+found instead), and the tokenisation of GSM8K prompts is approximated as characters / 4 (a common rule of thumb
+for English BPE vocabularies; assumed).
 """
 
 from __future__ import annotations
