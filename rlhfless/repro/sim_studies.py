@@ -670,18 +670,17 @@ def tail_shape(ctx) -> StudyResult:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     for ax, (y, label, paper) in zip(axes, (("speedup", "speedup vs paper verl", PAPER["160-GPU"][0]),
                                             ("cost_reduction", "cost reduction vs paper verl", PAPER["160-GPU"][1]))):
-        sns.lineplot(data=sweep, x="responses_at_cap", y=y, marker="o", ax=ax, label="assumed workload, spread swept")
-        for _, r in sweep.iterrows():  # the cap bounds the longest response: the tail ratio saturates, hits grow
-            ax.annotate(f"sigma {r.prompt_sigma:g}\ntail {r.tail_ratio:.1f}", (r.responses_at_cap, r[y]),
+        sns.lineplot(data=sweep, x="tail_ratio", y=y, marker="o", ax=ax, label="assumed workload, spread swept")
+        for _, r in df.iterrows():  # the cap bounds the longest response: the tail ratio saturates, hits grow
+            ax.annotate(f"sigma {r.prompt_sigma:.2g}\ncap hit {r.responses_at_cap:.1%}", (r.tail_ratio, r[y]),
                         fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.scatter(pub.responses_at_cap, pub[y], marker="*", s=180, color="crimson", zorder=5,
+        ax.scatter(pub.tail_ratio, pub[y], marker="*", s=180, color="crimson", zorder=5,
                    label=f"published log ({PUBLISHED_POINT}, cap {int(pub.cap.iloc[0])})")
         ax.axhline(paper, color="black", ls="--", lw=0.8, label="the paper")
-        ax.set(xlabel="share of responses at the cap (cap-hit rate)", ylabel=label)
-        ax.xaxis.set_major_formatter(plt.matplotlib.ticker.PercentFormatter(1.0))
+        ax.set(xlabel="tail ratio: longest / median response per step (mean over steps)", ylabel=label)
         ax.legend(fontsize=7)
     fig.suptitle("paper design vs paper verl over the response tail\n(labels: per-prompt spread of log length; "
-                 "tail = longest / median response per step)", fontsize=10)
+                 "share of responses at the cap)", fontsize=10)
     res.figures.append(save(fig, ctx.out / "tail-shape" / "tail_shape.png"))
     best, p = sweep.loc[sweep.speedup.idxmax()], pub.iloc[0]
     res.rows.append(PaperRow(
