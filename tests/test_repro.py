@@ -152,3 +152,29 @@ def test_the_comparison_run_is_reused_only_for_the_same_config():
     a = load_run_config(str(COMPARE_CONFIG), ["train.steps=6"])
     assert config_key(a) == config_key(load_run_config(str(COMPARE_CONFIG), ["train.steps=6"]))
     assert config_key(a) != config_key(load_run_config(str(COMPARE_CONFIG), ["train.steps=6", "runtime.keep_alive_s=0"]))
+
+
+def test_the_sensitivity_study_names_a_non_monotone_response_with_the_scalers_actors():
+    """Issue 31 item 10: a constant whose halving and doubling both lower the cost cut is named with RLHFless's
+    decode actors at each end (the old 70B storage_gbps response: 5.6% / 8.3% / 7.7%, actors 5.2 / 5.3 / 6.0);
+    a one-way response is not named."""
+    import pandas as pd
+
+    from rlhfless.repro.sim_studies import _non_monotone_row
+
+    def rows(key, cuts, actors):
+        return [{"case": "llama-70b/grpo", "constant": key, "factor": f, "baseline": "paper", "cost_reduction": c,
+                 "base_cost_reduction": cuts[1], "actors": a, "base_actors": actors[1],
+                 "rlhfless_device_s": r, "verl_paper_device_s": 9488, "base_rlhfless_device_s": 8700,
+                 "base_verl_paper_device_s": 9488}
+                for f, c, a, r in ((0.5, cuts[0], actors[0], 8955), (2.0, cuts[2], actors[2], 8756))]
+
+    df = pd.DataFrame(rows("storage_gbps", (0.056, 0.083, 0.077), (5.2, 5.3, 6.0))
+                      + rows("engine_init_s", (0.09, 0.083, 0.07), (5.3, 5.3, 5.3)))
+    row = _non_monotone_row(df)
+    assert "storage_gbps: cost cut 5.6% / 8.3% / 7.7%" in row.ours and "5.2 / 5.3 / 6.0" in row.ours
+    assert "device-s RLHFless 8,955 / 8,700 / 8,756 (not one way), paper verl 9,488 / 9,488 / 9,488 (one way)" \
+        in row.ours
+    assert "engine_init_s" not in row.ours and "unchanged" not in row.ours
+    one_way = _non_monotone_row(pd.DataFrame(rows("engine_init_s", (0.09, 0.083, 0.07), (5.3, 5.3, 5.3))))
+    assert one_way.ours.startswith("none")

@@ -200,3 +200,49 @@ def test_a_measured_tpot_profile_replaces_the_fitted_overhead():
     fitted = replace(pm, eff=eff)
     for r in rows:
         assert float(fitted.decode_iter_s(r["batch_size"], r["context"])) == pytest.approx(r["s_per_iter"])
+
+
+LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
+             "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+
+
+@pytest.mark.parametrize("gpu, vidur_model, shape, tp", [("h100", "Llama-2-7b-hf", "llama-2-7b", 1),
+                                                         ("h100", "Llama-2-70b-hf", "llama-70b", 8),
+                                                         ("a100", "Llama-2-7b-hf", "llama-2-7b", 1),
+                                                         ("a100", "Llama-2-70b-hf", "llama-70b", 8)])
+def test_layer_time_at_batch_64_and_2048_tokens_is_within_15_percent_of_vidurs_measured_layer(gpu, vidur_model,
+                                                                                               shape, tp):
+    """Issue 31 item 4 at batch 64 (a decode iteration's tokens) and 2,048 tokens (a prefill): Vidur's measured
+    CUDA time of every operator of one layer (norms, QKV, RoPE, output projection, gate+up, activation, down,
+    residual add; median of its repeats) against the model's layer time (its four matmuls; the elementwise
+    operators are not modelled and are what the matmul fit's slack covers). No whole-engine vLLM measurement at
+    these sizes was found clean enough to cite (docs/overheads.md lists what was tried and why not)."""
+    import csv
+
+    from conftest import require_shared_file
+
+    path = require_shared_file(VIDUR / f"compute/{gpu}/meta-llama/{vidur_model}/mlp.csv")
+    rows = list(csv.DictReader(path.open()))
+    dev = VIDUR_GPUS[gpu]
+    pm = PerfModel(hw.device(dev), hw.model(shape), tp, FITTED[dev])
+    for n in (64, 2048):
+        row = next(r for r in rows if int(r["num_tokens"]) == n and int(r["num_tensor_parallel_workers"]) == tp)
+        measured = sum(float(row[f"time_stats.{op}.median"]) for op in LAYER_OPS) * 1e-3  # ms -> s
+        assert float(pm.matmul_s(n)) == pytest.approx(measured, rel=0.15), (gpu, shape, tp, n)
+    # the matmuls alone are a large part of the layer but not all of it: the check compares like with like
+    assert float(pm.matmul_s(2048)) > 0.5 * measured
+
+
+def test_the_h100_fitted_overhead_holds_on_a100_whole_iterations_held_out_of_the_fit():
+    """perf.HELD_OUT_MEASUREMENTS (vLLM, Llama-3-8B on one A100, batch 1 and 7; not in the fit): the decode model
+    with the H100-fitted overhead is within 15% of each (the overhead is host-side, so it transfers across GPU
+    kinds; the H200 relies on that); without the overhead it is not."""
+    from rlhfless.sim.perf import HELD_OUT_MEASUREMENTS
+
+    for dev, name, tp, batch, ctx, measured in HELD_OUT_MEASUREMENTS:
+        pm = PerfModel(hw.device(dev), hw.model(name), tp, FITTED[dev])
+        assert float(pm.decode_iter_s(batch, ctx)) == pytest.approx(measured, rel=0.15), (dev, batch)
+        bare = replace(pm, eff=replace(pm.eff, iter_overhead_s=0.0))
+        assert float(bare.decode_iter_s(batch, ctx)) < 0.9 * measured
+    assert FITTED["H200"].iter_overhead_s == FITTED["H100"].iter_overhead_s
+    assert hw.device("H200").mem_bw == 4.8e12 and hw.device("H200").mem_bw > hw.device("H100").mem_bw

@@ -58,3 +58,28 @@ def test_gsm8k_prompt_lengths(gsm8k_file, tmp_path):
     bad.write_text('{"q": 1}\n')
     with pytest.raises(DataError, match="bad.jsonl:1"):
         gsm8k_prompt_tokens(bad)
+
+
+def test_published_length_evidence_is_replayed_by_the_fitted_workload():
+    """Issue 31 item 9: `lengths.fit_to` replays a cited training log's response lengths: the generator's cap
+    share and capped mean land on the log's (verl GRPO on GSM8K: 7.37% at the 1,024 cap, mean 424.5), its
+    shortest responses are of the log's order (26 tokens), and the scenarios take it as a key=value override."""
+    from rlhfless.sim.scenario import case_configs, workload
+    from rlhfless.sim.workload import PUBLISHED_LENGTHS
+
+    ev = PUBLISHED_LENGTHS["verl-gsm8k-grpo"]
+    dist = LengthDist(fit_to="verl-gsm8k-grpo")
+    assert dist.max_response == ev.cap == 1024 and dist.within_sigma == 0.35
+    lens = np.array([x for s in synthetic(dist, 4096, 512, 8, 8, seed=3) for g in s.groups for x in g.lengths])
+    assert lens.mean() == pytest.approx(ev.mean, rel=0.05)
+    assert abs(float(np.mean(lens >= ev.cap)) - ev.clip_ratio) < 0.015
+    assert lens.min() < 4 * ev.minimum
+    # the assumed default is a different workload: fewer responses reach its 2,048 cap
+    default = np.array([x for s in synthetic(LengthDist(), 4096, 512, 8, 8, seed=3) for g in s.groups
+                        for x in g.lengths])
+    assert float(np.mean(default >= 2048)) < 0.5 * ev.clip_ratio
+    for scen in ("paper-testbed", "paper-sim"):
+        cfg = case_configs(scen, 2, ["lengths.fit_to=verl-gsm8k-grpo"])[0]
+        assert cfg.lengths.max_response == 1024 and "fitted to verl-gsm8k-grpo" in workload(cfg)[1]
+    with pytest.raises(ConfigError, match="^workload.fit_to: must be '' or one of verl-gsm8k-grpo"):
+        LengthDist(fit_to="my-log")

@@ -366,6 +366,8 @@ def workload(cfg: SimConfig) -> tuple[list[StepWork], str]:
             note = "GSM8K not found (set gsm8k=PATH or RLHFLESS_GSM8K); lognormal prompts instead"
         else:
             pool, note = _gsm8k_pool(str(path), cfg.template_tokens), f"synthetic lengths, GSM8K prompts {path}"
+    if cfg.lengths.fit_to:  # the responses replay a published log's cap, mean and cap share (workload module)
+        note = note.replace("synthetic lengths", f"lengths fitted to {cfg.lengths.fit_to}")
     return synthetic(cfg.lengths, cfg.n_prompts, cfg.prompts_per_step, cfg.group_size, cfg.steps, cfg.seed,
                      prompt_tokens=pool, template_tokens=cfg.template_tokens), note
 

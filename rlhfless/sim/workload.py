@@ -6,13 +6,15 @@ the paper's replayed baseline does:
   * `synthetic(cfg)`: the multi-epoch generator of `rlhfless.predictor.synthetic` (per-prompt lognormal base,
     epoch jitter, within-group noise, truncation at the response cap), with prompt lengths drawn from GSM8K
     questions when `gsm8k` is given (`gsm8k_prompt_tokens`), else lognormal;
-  * `LengthDist`: the response-length distributions of the paper's settings as parameters with stated defaults.
+  * `LengthDist`: the response-length distributions of the paper's settings as parameters with stated defaults,
+    or (`fit_to`) a capped lognormal fitted to a published training log's cap share and mean (`PUBLISHED_LENGTHS`).
 
 Non-goals: no text, no rewards beyond what a replayed trace carries (GRPO's zero-variance skip needs them).
 
 Deviations from the paper: the paper's response lengths come from its own GSM8K / GPQA / LiveCodeBench runs,
-which are not public; the defaults below are assumptions (stated per field), and the tokenisation of GSM8K prompts
-is approximated as characters / 4 (a common rule of thumb for English BPE vocabularies; assumed).
+which are not public; the defaults below are assumptions (stated per field; `fit_to` replays the one published log
+found instead), and the tokenisation of GSM8K prompts is approximated as characters / 4 (a common rule of thumb
+for English BPE vocabularies; assumed).
 """
 
 from __future__ import annotations
@@ -59,12 +61,64 @@ class StepWork:
 
 
 @dataclass(frozen=True)
+class LengthEvidence:
+    """Response-length statistics of one published RL training log (tokens): the generation cap, the mean
+    response, the share of responses at the cap (verl's `response_length/clip_ratio`) and the shortest one."""
+
+    name: str
+    source: str
+    cap: int
+    mean: float
+    clip_ratio: float
+    minimum: float
+
+
+PUBLISHED_LENGTHS = {
+    # llm-d-incubation/py-inference-scheduler, integration/verl/README.md ("Verifying Results"): a verl 0.7.1 GRPO
+    # run on GSM8K with vLLM rollouts, step 1 of its console log: response_length/mean 424.5, max 1024 (= the
+    # cap), min 26, clip_ratio 0.0737; the slowest request took 20.6 s of generation against a mean of 8.7 s.
+    # The log does not name the policy model (the README's walkthrough scripts run Qwen2.5-32B on math).
+    "verl-gsm8k-grpo": LengthEvidence(
+        "verl-gsm8k-grpo", "llm-d-incubation/py-inference-scheduler integration/verl/README.md (verl 0.7.1, GRPO, "
+        "GSM8K, step 1)", cap=1024, mean=424.5, clip_ratio=0.0737, minimum=26.0),
+}
+"""Published response-length evidence the workload can be fitted to (`LengthDist.fit_to`). Searched for and not
+found: Qwen2.5-3B/7B GSM8K length histograms or CDFs with numbers (docs/reproduction.md lists the search)."""
+
+
+def fit_lognormal(ev: LengthEvidence, fixed_sigma: float) -> tuple[float, float]:
+    """(median, per-prompt sigma) of a capped lognormal whose cap share and capped mean match `ev`; the total
+    log-spread s solves E[min(X, cap)] = mean with ln(cap) = mu + s z, z the (1 - clip_ratio) normal quantile;
+    the per-prompt part is what s leaves over `fixed_sigma` (within-group and epoch spread, kept)."""
+    from statistics import NormalDist
+
+    nd = NormalDist()
+    z = nd.inv_cdf(1.0 - ev.clip_ratio)
+
+    def capped_mean(s: float) -> float:
+        mu = np.log(ev.cap) - s * z
+        return float(np.exp(mu + s * s / 2) * nd.cdf(z - s) + ev.cap * ev.clip_ratio)
+
+    lo, hi = 1e-3, 4.0  # the capped mean falls as s grows at a fixed cap share: bisect
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if capped_mean(mid) > ev.mean else (lo, mid)
+    s = (lo + hi) / 2
+    require(s > fixed_sigma, "workload.fit_to", f"{ev.name}: the evidence's spread {s:.2f} is below the fixed "
+            f"within-group and epoch spread {fixed_sigma:.2f}")
+    return float(ev.cap * np.exp(-s * z)), float(np.sqrt(s * s - fixed_sigma ** 2))
+
+
+@dataclass(frozen=True)
 class LengthDist:
     """Response-length distribution of a setting (the synthetic generator's parameters, tokens).
 
     Defaults (assumed; GSM8K chain-of-thought answers of Qwen2.5-3B/7B run a few hundred tokens with a long tail
     to the 2,048 cap the paper uses): median 280 tokens, per-prompt spread 0.5 and within-group spread 0.35 in log
     space, 0.15 of epoch-to-epoch jitter, the paper's caps (prompt 1,024, response 2,048 tokens).
+    fit_to: a key of `PUBLISHED_LENGTHS` replays that log instead: median, prompt_sigma and max_response become
+    the capped lognormal fitted to its cap, mean and cap share (`fit_lognormal`; within_sigma and epoch_sigma are
+    kept); "" keeps the fields as given.
     """
 
     median: float = 280.0
@@ -74,6 +128,7 @@ class LengthDist:
     drift_per_epoch: float = 0.0
     max_response: int = 2048
     max_prompt: int = 1024
+    fit_to: str = ""
 
     def __post_init__(self) -> None:
         require(self.median >= 1, "workload.median", f"must be >= 1 token (got {self.median})")
@@ -81,6 +136,14 @@ class LengthDist:
             require(getattr(self, f) >= 0, f"workload.{f}", f"must be >= 0 (got {getattr(self, f)})")
         require(self.max_response >= 1, "workload.max_response", f"must be >= 1 (got {self.max_response})")
         require(self.max_prompt >= 1, "workload.max_prompt", f"must be >= 1 (got {self.max_prompt})")
+        require(self.fit_to in ("", *PUBLISHED_LENGTHS), "workload.fit_to",
+                f"must be '' or one of {', '.join(PUBLISHED_LENGTHS)} (got {self.fit_to!r})")
+        if self.fit_to:  # frozen: the fitted fields replace the given ones once, here, so every reader agrees
+            ev = PUBLISHED_LENGTHS[self.fit_to]
+            median, sigma = fit_lognormal(ev, float(np.hypot(self.within_sigma, self.epoch_sigma)))
+            object.__setattr__(self, "median", median)
+            object.__setattr__(self, "prompt_sigma", sigma)
+            object.__setattr__(self, "max_response", ev.cap)
 
 
 def gsm8k_prompt_tokens(path: str | Path, template_tokens: int = 0, chars_per_token: float = 4.0) -> np.ndarray:
