@@ -66,9 +66,10 @@ PAPER_ARM = "serverless-paper"
 
 
 def arms(cfg) -> tuple[str, ...]:
-    """The arms of a comparison: PPO has no overlap arm (nothing of its update can stream, `ppo_stages`); emulated
-    devices add the paper's design (`PAPER_ARM`)."""
-    out = tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo")
+    """The arms of a comparison: PPO has an overlap arm only when its value forward streams in chunks
+    (critic.values_chunk > 0: nothing of its update can stream, `ppo_stages`); emulated devices add the paper's
+    design (`PAPER_ARM`)."""
+    out = tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo" or cfg.critic.values_chunk)
     return out + (PAPER_ARM,) if cfg.runtime.device == "emulated" else out
 
 

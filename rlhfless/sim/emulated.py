@@ -35,6 +35,9 @@ from rlhfless.core.rundir import RunDir
 from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
 
 KINDS = ("decode", "learner")
+PPO_KINDS = ("decode", "learner", "values", "critic")
+"""The billed roles validated: GRPO's, and PPO's (the actor is the learner; the critic image runs values then
+critic)."""
 
 
 def _perf(run: Path):
@@ -70,8 +73,8 @@ def _play_decode(run: dict, work: StepWork, dec: list[dict], rel, serverful: boo
     ends, spans = {}, {}
     for i in dec:
         start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
-        if not i["cold"] and not serverful and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind
-            start += pm.weight_sync_s(colocated=False)
+        if not i["cold"] and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind: serverless over the
+            start += pm.weight_sync_s(colocated=serverful)  # network; a PPO pool worker reshards from the actor
         busy, fin = _decode(run["tm"], run["cap"], work, i["groups"])
         finish.update({g: start + t for g, t in fin.items()})
         ends[i["worker"]] = start + busy
@@ -114,19 +117,95 @@ def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: froz
     return billed
 
 
+def _chunks(n_groups: int, G: int, chunk_seqs: int) -> list[list[int]]:
+    """The value forward's chunks (`learn.critic.value_chunks`, restated: sim/ imports no torch)."""
+    m = max(1, chunk_seqs // G) if chunk_seqs else n_groups
+    return [list(range(k, min(k + m, n_groups))) for k in range(0, n_groups, m)]
+
+
+def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, ends: dict, serverful: bool,
+              overlap: bool) -> tuple[float, dict[str, float]]:
+    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.emulation.ppo_split`):
+    the value function's chunks (sent as their groups finish with overlap, else after the rollout), the actor's old
+    log-probs ahead from the rollout's end, the actor's update once the values are in (its returns, then its
+    training and optimiser steps), the critic's once the returns are. Returns (the step's learn end, each
+    invocation's predicted end by worker and kind)."""
+    from rlhfless.sim.emulation import ppo_split
+
+    pm, rollout = run["pm"], max(ends.values())
+    fwd, train = ppo_split(pm)
+    tok = sum(g.tokens for g in work.groups)
+    update = train * run["ppo_epochs"] * tok + pm.update_fixed_s("grpo", run["ppo_steps"])
+    by = {i["kind"]: i for i in invs if i["kind"] in ("values", "learner", "critic")}
+
+    def ready(i: dict, engine: bool) -> float:
+        t = rel(i["requested_s"]) + (pm.cold_start_s(engine=engine) if i["cold"] else 0.0)
+        t = max(t, ends.get(i["worker"], 0.0))  # a hybrid take: after its own decode
+        return t + (pm.weight_sync_s(colocated=serverful) if i["extra"].get("sync_s", 0) > 0 else 0.0)
+
+    v, a, c = by["values"], by["learner"], by["critic"]
+    t = ready(v, engine=False)
+    for gs in _chunks(len(work.groups), work.groups[0].n if hasattr(work.groups[0], "n") else
+                      len(work.groups[0].lengths), run["values_chunk"]):
+        sent = max(finish.get(g, rollout) for g in gs) if overlap else rollout
+        t = max(t, sent) + fwd * sum(work.groups[g].tokens for g in gs)
+    values_end = max(t, rollout)
+    ta = max(ready(a, engine=bool(run["hybrid"])), rollout)
+    ahead = bool(a["extra"].get("old_ahead"))
+    returns = max(values_end, ta + fwd * tok) if ahead else max(values_end, ta) + fwd * tok
+    actor_end = returns + update + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
+    critic_end = max(returns, values_end, ready(c, engine=False)) + update
+    return max(actor_end, critic_end), {(v["worker"], "values"): values_end, (a["worker"], "learner"): actor_end,
+                                        (c["worker"], "critic"): critic_end}
+
+
+def _bill_segments(invs: list[dict], rel, end_of: dict, learn_end: float, keep: float, released: frozenset,
+                   start_of: dict) -> dict[str, float]:
+    """Serverless device-seconds by role, as the meter splits a multi-kind worker (`meter.role_split`): each instant
+    to the kind of its last invocation requested by then; a worker from its start (its first request, or its spawn
+    when pre-warmed in the step) to its last invocation's end, plus the keep-alive when released in the step, to the
+    step's end when kept alive."""
+    billed: dict[str, float] = {}
+    mine: dict[str, list[dict]] = {}
+    for i in invs:
+        mine.setdefault(i["worker"], []).append(i)
+    for w, xs in mine.items():
+        xs.sort(key=lambda i: i["requested_s"])
+        last = max(end_of.get((w, _role(i["kind"])), rel(i["finished_s"])) for i in xs)
+        end = last + keep if w in released else learn_end if keep > 0 else last
+        cuts = [min(start_of.get(w, rel(xs[0]["requested_s"])), rel(xs[0]["requested_s"]))] + \
+            [rel(i["requested_s"]) for i in xs[1:]] + [end]
+        for i, a, b in zip(xs, cuts, cuts[1:]):
+            billed[_role(i["kind"])] = billed.get(_role(i["kind"]), 0.0) + max(0.0, b - a)
+    return billed
+
+
+def _role(kind: str) -> str:
+    return "decode" if kind == "reward" else kind
+
+
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
-                 released: frozenset = frozenset()) -> dict:
+                 released: frozenset = frozenset(), spawned: dict | None = None) -> dict:
     """One step played (module header); every time in modelled seconds from the step's first decode request.
     `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
     (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
     alive."""
-    pm, rt = run["pm"], run["rt"]
+    pm, rt, spawned = run["pm"], run["rt"], spawned or {}
     rel = lambda t: (t - t0) / scale  # noqa: E731 (a record's real time -> modelled seconds into the step)
     serverful = rt.get("mode") == "serverful"
     finish, ends, spans = _play_decode(run, work, [i for i in invs if i["kind"] == "decode"], rel, serverful)
     rollout = max(ends.values())
     overlap = bool(rt.get("overlap")) if rt.get("overlap") is not None else not serverful
+    if run["algo"] == "ppo":
+        learn_end, end_of = _play_ppo(run, work, invs, rel, finish, ends, serverful, overlap)
+        end_of.update({(w, "decode"): e for w, e in ends.items()})
+        out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
+        if serverful:
+            return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
+        billed = _bill_segments(invs, rel, end_of, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale,
+                                released, {w: rel(t) for w, t in spawned.items()})
+        return {**out, "billed": sum(billed.values()), "by_role": billed}
     rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
                              overlap)
     opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
@@ -150,8 +229,15 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         raise DataError(f"validate: {p} is not a runtime.device=emulated run")
     scale = float(rt.get("time_scale", 1.0))
     pm, tm, cap = _perf(p)
+    algo = cfg.get("algo") or {}
     run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
-           "skip_zero": bool((cfg.get("algo") or {}).get("skip_zero_variance_groups", False))}
+           "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo")}
+    if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.emulated.ppo_steps`)
+        rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
+        run.update(ppo_epochs=int(algo.get("ppo_epochs", 1)), values_chunk=int((cfg.get("critic") or {}).get(
+            "values_chunk", 0)), ppo_steps=int(algo.get("ppo_epochs", 1)) * min(int(algo.get("ppo_mini_batches", 1)),
+                                                                                 rows))
+    kinds = PPO_KINDS if run["algo"] == "ppo" else KINDS
     rd = RunDir(p)
     trace = rd.rollouts
     if trace is None:
@@ -161,7 +247,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     workers = rd.read_workers()
     by_step: dict[int, list[dict]] = {}
     for i in rd.read_invocations():
-        if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in KINDS:
+        if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in kinds:
             by_step.setdefault(i["step"], []).append(i)
     rows = []
     for s in sorted(metrics):
@@ -173,9 +259,10 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         ws = m.get("runtime/window_start_s", t0)
         end = ws + m.get("runtime/window_s", m["timing_s/step"])
         gone = frozenset(w["worker"] for w in workers if w.get("released_s") is not None and w["released_s"] < end)
-        pred = predict_step(run, work[s], invs, scale, t0, gone)
+        pre = {w["worker"]: w["spawned_s"] for w in workers if w.get("prewarmed") and ws <= w["spawned_s"] < end}
+        pred = predict_step(run, work[s], invs, scale, t0, gone, pre)
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
-                "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in KINDS}}
+                "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
         terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0))
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
@@ -183,7 +270,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms})
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
-    return summarize(rows, scale, rt.get("mode", "serverless"))
+    return summarize(rows, scale, rt.get("mode", "serverless"), kinds)
 
 
 def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
@@ -214,7 +301,7 @@ def _err(sim: float, meas: float) -> dict:
     return {"simulated": sim, "measured": meas, "rel_error": abs(sim / meas - 1.0) if meas else float("nan")}
 
 
-def summarize(rows: list[dict], scale: float, mode: str) -> dict:
+def summarize(rows: list[dict], scale: float, mode: str, kinds: tuple[str, ...] = KINDS) -> dict:
     """Means over the validated steps, with the unexplained remainder named: the control plane's real seconds
     (measured - simulated period), in real milliseconds per step, which the scale magnifies."""
     mean = lambda f: float(np.mean([f(r) for r in rows]))  # noqa: E731
@@ -222,8 +309,8 @@ def summarize(rows: list[dict], scale: float, mode: str) -> dict:
            "step_time_s": _err(mean(lambda r: r["predicted"]["period"]), mean(lambda r: r["measured"]["period"])),
            "cost_device_s": _err(mean(lambda r: r["predicted"]["billed"]), mean(lambda r: r["measured"]["billed"]))}
     if mode != "serverful":
-        out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"][k]),
-                                  mean(lambda r: r["measured"]["by_role"][k])) for k in KINDS}
+        out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"].get(k, 0.0)),
+                                  mean(lambda r: r["measured"]["by_role"].get(k, 0.0))) for k in kinds}
     names = sorted({k for r in rows for k in r["terms"]})
     out["cost_terms_device_s"] = {k: mean(lambda r: r["terms"].get(k, 0.0)) for k in names}
     out["cost_terms_device_s"]["unexplained"] = (out["cost_device_s"]["measured"] - out["cost_device_s"]["simulated"]
