@@ -212,7 +212,8 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
-        p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png")
+        p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png",
+                       cfg.runtime.time_scale if cfg.runtime.device == "emulated" else 1.0)  # modelled seconds
         if p is not None:
             charts.append(str(p))
     result["gantt"] = charts

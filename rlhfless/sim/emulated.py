@@ -139,7 +139,9 @@ def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, en
     by = {i["kind"]: i for i in invs if i["kind"] in ("values", "learner", "critic")}
 
     def ready(i: dict, engine: bool) -> float:
-        t = rel(i["requested_s"]) + (pm.cold_start_s(engine=engine) if i["cold"] else 0.0)
+        t = rel(i["requested_s"])
+        if i["cold"]:  # its cold start ran from its spawn (earlier when pre-warmed)
+            t = max(t, rel(run["spawn"].get(i["worker"], i["requested_s"])) + pm.cold_start_s(engine=engine))
         t = max(t, ends.get(i["worker"], 0.0))  # a hybrid take: after its own decode
         return t + (pm.weight_sync_s(colocated=serverful) if i["extra"].get("sync_s", 0) > 0 else 0.0)
 
@@ -245,6 +247,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     work = {s.step: s for s in replay_trace(trace)}
     metrics = rd.read_step_metrics()
     workers = rd.read_workers()
+    run["spawn"] = {w["worker"]: w["spawned_s"] for w in workers}
     by_step: dict[int, list[dict]] = {}
     for i in rd.read_invocations():
         if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in kinds:
