@@ -267,17 +267,33 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
-        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0))
+        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0),
+                       run["algo"] == "ppo")
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
-        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms})
+        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms,
+                     "step_terms": _step_terms(invs, pred, meas, scale, t0, ws + gap, end)})
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
     return summarize(rows, scale, rt.get("mode", "serverless"), kinds)
 
 
+def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: float, start: float, end: float) -> dict:
+    """The step time's difference (measured - simulated), in modelled seconds, split by where the record puts it:
+    * before_first_request_s: from the step's start to its first decode request (planning, the rollout's setup);
+    * after_last_invocation_s: from the end of the step's last invocation to the step's end (the driver's work
+      after the update: starting the next step's pre-warmed functions, releasing, bookkeeping);
+    * in_step_s: the rest, between the first request and the last invocation's end (messages, process starts
+      beyond the modelled cold start, requests issued late), less the model's own error there.
+    All are the control plane's real seconds / scale, except the model's error inside `in_step_s`."""
+    last = max(i["finished_s"] for i in invs)
+    before, after = max(0.0, t0 - start) / scale, max(0.0, end - last) / scale
+    return {"before_first_request_s": before, "after_last_invocation_s": after,
+            "in_step_s": meas["period"] - pred["period"] - before - after}
+
+
 def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
-           keep_alive_s: float = 0.0) -> dict:
+           keep_alive_s: float = 0.0, billed_from_spawn: bool = False) -> dict:
     """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
     * between_steps_s: the driver's work between the previous step and this one (logging, traces: the first `gap`
       seconds of the window), billed to every worker held then;
@@ -286,7 +302,11 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
     * release_lag_s: from a worker's last invocation's end to its release, beyond the keep-alive, for the workers
       released in the window: the shutdown message and the exit, and a keep-alive the runtime checks later than
       it lapses (negative: a worker evicted for a unit before its keep-alive lapsed).
-    All but the last are real seconds the model has no term for; the last is also where the runtime's release
+    * held_before_request_s: from a worker's spawn in the window (after the between-steps gap) to its first
+      request: the driver starts the functions it needs one process after another and sends their requests after,
+      where a platform starts them at once (the model bills a function from its request); with
+      `billed_from_spawn` (PPO's model bills a pre-warmed worker from its spawn) only the workers not pre-warmed.
+    All but release_lag_s are real seconds the model has no term for; that one is also where the runtime's release
     rule departs from a platform's."""
     last: dict[str, float] = {}
     for i in invs:
@@ -297,7 +317,14 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
               if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
     held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
                for w in workers) / scale
-    return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag}
+    first: dict[str, float] = {}
+    for i in invs:
+        first[i["worker"]] = min(first.get(i["worker"], float("inf")), i["requested_s"])
+    before = sum(max(0.0, first[w["worker"]] - max(w["spawned_s"], a + gap)) * w["units"] for w in workers
+                 if w["worker"] in first and a <= w["spawned_s"] < b and not (billed_from_spawn and w.get("prewarmed"))
+                 ) / scale
+    return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag,
+            "held_before_request_s": before}
 
 
 def _err(sim: float, meas: float) -> dict:
@@ -318,6 +345,7 @@ def summarize(rows: list[dict], scale: float, mode: str, kinds: tuple[str, ...] 
     out["cost_terms_device_s"] = {k: mean(lambda r: r["terms"].get(k, 0.0)) for k in names}
     out["cost_terms_device_s"]["unexplained"] = (out["cost_device_s"]["measured"] - out["cost_device_s"]["simulated"]
                                                  - sum(out["cost_terms_device_s"].values()))
+    out["step_time_terms_s"] = {k: mean(lambda r: r["step_terms"][k]) for k in rows[0]["step_terms"]}
     gap = out["step_time_s"]["measured"] - out["step_time_s"]["simulated"]
     out["control_plane_real_ms_per_step"] = gap * scale * 1000.0
     out["rollout_s_simulated"] = mean(lambda r: r["predicted"]["rollout"])
@@ -352,6 +380,7 @@ def arm_line(a: dict) -> str:
         return f"{x['simulated']:.1f}/{x['measured']:.1f}"
 
     t = ", ".join(f"{k} {v:.1f}" for k, v in a["cost_terms_device_s"].items())
+    t += "; step time terms: " + ", ".join(f"{k} {v:.1f}" for k, v in a.get("step_time_terms_s", {}).items())
     return (f"emulated {a['arm']}: step {r(a['step_time_s'])} s ({a['step_time_s']['rel_error']:.1%}), billed "
             f"{r(a['cost_device_s'])} device-s ({a['cost_device_s']['rel_error']:.1%}); terms: {t}; control plane "
             f"{a['control_plane_real_ms_per_step']:.0f} real ms/step (simulated/measured, modelled s per step)")
