@@ -36,8 +36,13 @@ def _scaled(rows: list[dict], scale: float) -> list[dict]:
     return [{**r, **{k: r[k] / scale for k in keys if r.get(k) is not None}} for r in rows]
 
 
+def _lanes(workers: list[dict], t0: float, t1: float) -> list[dict]:
+    """The workers alive in [t0, t1): one lane each."""
+    return [w for w in workers if w["spawned_s"] < t1 and (w["released_s"] is None or w["released_s"] > t0)]
+
+
 def _panel(ax, workers: list[dict], invocations: list[dict], t0: float, t1: float, title: str) -> None:
-    lanes = [w for w in workers if w["spawned_s"] < t1 and (w["released_s"] is None or w["released_s"] > t0)]
+    lanes = _lanes(workers, t0, t1)
     for y, w in enumerate(lanes):
         end = w["released_s"] if w["released_s"] is not None else t1
         ax.barh(y, min(end, t1) - max(w["spawned_s"], t0), left=max(w["spawned_s"], t0) - t0, height=0.8,
@@ -74,7 +79,10 @@ def plot_steps(runs: dict[str, Path], step: int, path: Path, scale: float = 1.0)
         return None
     span = max(w[1] - w[0] for w in windows.values() if w)
     sns.set_theme(style="whitegrid")
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.2 + 1.6 * len(runs)), sharex=True, squeeze=False)
+    # each panel as tall as its lanes (a serverless arm may hold 3x the pool's workers in one step)
+    n = [max(2, len(_lanes(data[k][0], *windows[k]))) if windows[k] else 2 for k in data]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.2 + max(1.6 * len(runs), 0.16 * sum(n))), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": n})
     for ax, (label, (workers, inv)) in zip(axes[:, 0], data.items()):
         w = windows[label]
         if w is None:
