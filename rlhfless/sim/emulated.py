@@ -186,8 +186,15 @@ def _role(kind: str) -> str:
     return "decode" if kind == "reward" else kind
 
 
+def _ahead(spawned_next: dict, rel, learn_end: float) -> float:
+    """Device-seconds of the functions pre-warmed in this step for the next one (a decision, from the record:
+    spawned in the step's window, first invoked in a later step), billed from their spawn to the step's end."""
+    return sum(max(0.0, learn_end - rel(t)) * u for t, u in spawned_next.values())
+
+
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
-                 released: frozenset = frozenset(), spawned: dict | None = None) -> dict:
+                 released: frozenset = frozenset(), spawned: dict | None = None,
+                 spawned_next: dict | None = None) -> dict:
     """One step played (module header); every time in modelled seconds from the step's first decode request.
     `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
@@ -207,6 +214,7 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
             return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
         billed = _bill_segments(invs, rel, end_of, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale,
                                 released, {w: rel(t) for w, t in spawned.items()})
+        billed["decode"] = billed.get("decode", 0.0) + _ahead(spawned_next or {}, rel, learn_end)
         return {**out, "billed": sum(billed.values()), "by_role": billed}
     rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
                              overlap)
@@ -216,6 +224,7 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
     if serverful:  # the pool: W x the period
         return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
     billed = _bill(spans, ends, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale, released)
+    billed["decode"] += _ahead(spawned_next or {}, rel, learn_end)
     return {**out, "billed": sum(billed.values()), "by_role": billed}
 
 
@@ -252,8 +261,12 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     for i in rd.read_invocations():
         if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in kinds:
             by_step.setdefault(i["step"], []).append(i)
+    first_step: dict[str, int] = {}
+    for i in rd.read_invocations():
+        first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
     rows = []
     for s in sorted(metrics):
+        later = {w for w, k in first_step.items() if k > s}  # pre-warmed in step s for a later one
         if (skip_first and s == 1) or s not in work or not any(i["kind"] == "decode" for i in by_step.get(s, [])):
             continue
         invs = by_step[s]
@@ -263,7 +276,10 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         end = ws + m.get("runtime/window_s", m["timing_s/step"])
         gone = frozenset(w["worker"] for w in workers if w.get("released_s") is not None and w["released_s"] < end)
         pre = {w["worker"]: w["spawned_s"] for w in workers if w.get("prewarmed") and ws <= w["spawned_s"] < end}
-        pred = predict_step(run, work[s], invs, scale, t0, gone, pre)
+        mine = {i["worker"] for i in invs}
+        nxt = {w["worker"]: (w["spawned_s"], w["units"]) for w in workers
+               if ws <= w["spawned_s"] < end and w["worker"] not in mine and w["worker"] in later}
+        pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt)
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
