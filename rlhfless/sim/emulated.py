@@ -19,7 +19,10 @@ Measured: `timing_s/step`, `cost/device_seconds` and `function/<kind>/billed_s` 
 run's `runtime.time_scale`. The difference is reported term by term: what the model leaves out is the control
 plane's real seconds (planning, messages, process starts, the driver's bookkeeping), which the scale magnifies.
 
-Non-goals: migrations (a step with migrated rows is played without them), retries, PPO.
+PPO (`_play_ppo`): the value function's chunks (as their groups finish with overlap), the actor's old log-probs
+ahead, its update once the values are in, the critic's once the returns are, with `sim.emulation.ppo_split`'s
+durations, billed by role as `meter.role_split` splits a multi-kind worker.
+Non-goals: migrations (a step with migrated rows is played without them), retries.
 """
 
 from __future__ import annotations
