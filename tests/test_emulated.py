@@ -281,6 +281,15 @@ def test_ppo_on_emulated_devices_runs_every_arm_on_identical_samples(ppo_compare
     assert all(g in (None, 0.0) for g in streamed)  # the paper's design streams nothing into the value function
 
 
+def test_the_simulators_value_chunks_are_the_runtimes():
+    """sim/ restates `learn.critic.value_chunks` (it imports no torch): the two must cut the batch alike."""
+    from rlhfless.learn.critic import value_chunks
+    from rlhfless.sim.emulated import _chunks
+
+    for n, G, c in [(8, 1, 2), (512, 1, 64), (16, 8, 8), (7, 4, 9), (5, 2, 0)]:
+        assert _chunks(n, G, c) == value_chunks(n, G, c)
+
+
 def test_emulated_ppo_sleeps_the_simulators_ppo_learner():
     """The value function, the actor and the critic together sleep the simulator's PPO learner per token: two
     forwards and two training passes (`sim.perf.PPO_MODELS`)."""
@@ -301,6 +310,8 @@ def test_simulator_predicts_each_emulated_ppo_arm(ppo_compared, arm):
 
     v = validate_emulated(ppo_compared / arm)
     st, cost = v["step_time_s"], v["cost_device_s"]
+    # the step time's difference is split whole by where the record puts it
+    assert sum(v["step_time_terms_s"].values()) == pytest.approx(st["measured"] - st["simulated"])
     assert st["rel_error"] < 0.10 or v["control_plane_real_ms_per_step"] < 500
     terms = v["cost_terms_device_s"]
     assert cost["rel_error"] < 0.10 or abs(terms["unexplained"]) < 0.10 * cost["measured"]
