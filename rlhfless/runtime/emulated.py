@@ -14,16 +14,15 @@ faults); only what a worker computes is replaced, at the narrowest seam: `worker
     rewards are all equal are skipped when GRPO skips them), then `PerfModel.update_fixed_s` at the optimiser step;
     rank 0 announces the rendezvous and links the state file to the next version (weights never change);
   * reference: `PerfModel.forward_s` of the batch's tokens, zeros written as the log-probs;
+  * PPO (`runtime.ppo_worker`'s requests): the value function sleeps one forward of its chunk's tokens, the actor one
+    forward (its old log-probs, ahead or not) then one training pass x ppo_epochs and one optimiser step per
+    mini-batch, the critic the same training and steps (`sim.emulation.ppo_split`: the simulator's PPO learner is
+    two of each); the critic loads over the network when behind, the state files are linked to the next version.
   * weight loads: `PerfModel.weight_sync_s` (serverless: over the network; the serverful pool: colocated
     resharding after its update); cold start: `PerfModel.cold_start_s` slept before `ready`.
 Sleeping is deadline based (a worker's own overhead is absorbed, not added) and scaled by `runtime.time_scale`.
 The perf model, its time model and the KV capacity are the simulator's (`sim.scenario.build_cluster`) for
 `runtime.emulated_model` on one `runtime.emulated_gpu` (TP 1: one unit is one device).
-
-  * PPO (`runtime.ppo_worker`'s requests): the value function sleeps one forward of its chunk's tokens, the actor one
-    forward (its old log-probs, ahead or not) then one training pass x ppo_epochs and one optimiser step per
-    mini-batch, the critic the same training and steps (`sim.emulation.ppo_split`: the simulator's PPO learner is
-    two of each); the critic loads over the network when behind, the state files are linked to the next version.
 Non-goals: the prefill function, vLLM.
 Deviations: the all-reduce is not emulated: a rank that ends its groups early returns at once instead of waiting
 in the all-reduce for the slowest (the driver waits for every rank, so the step's time is the same; the wait
