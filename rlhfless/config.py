@@ -225,8 +225,6 @@ class RunConfig:
                 require(not wants_cuda(spec), name, f"PPO runs on the CPU only for now (got {name}={spec}); use "
                         f"{name}=cpu")
         if self.runtime.device == "emulated" and self.runtime.executes:
-            require(self.algo.name == "grpo", "algo.name", "runtime.device=emulated runs GRPO only for now (PPO's "
-                    f"value and critic functions are not emulated yet; got {self.algo.name!r})")
             require(self.rollout.engine == "own", "rollout.engine", "must be own with runtime.device=emulated "
                     f"(no engine runs: the compute is modelled; got {self.rollout.engine!r})")
         if self.algo.name == "ppo" and self.runtime.executes:

@@ -50,8 +50,7 @@ def test_design_refuses_a_contradicting_switch_in_one_line(kw, field):
                                          (["runtime.time_scale=0"], "runtime.time_scale"),
                                          (["runtime.time_scale=2"], "runtime.time_scale"),
                                          (["runtime.emulated_gpu=TPU"], "runtime.emulated_gpu"),
-                                         (["runtime.emulated_model=gpt5"], "runtime.emulated_model"),
-                                         (["algo.name=ppo", "algo.group_size=1"], "algo.name")])
+                                         (["runtime.emulated_model=gpt5"], "runtime.emulated_model")])
 def test_emulated_settings_are_checked(over, field):
     with pytest.raises(ConfigError) as e:
         load_run_config("experiments/configs/quickstart.yaml", SMALL + over)
@@ -59,7 +58,8 @@ def test_emulated_settings_are_checked(over, field):
 
 
 def test_emulated_configs_load():
-    for name in ("emulated_testbed_7b_grpo", "emulated_testbed_3b_grpo"):
+    for name in ("emulated_testbed_7b_grpo", "emulated_testbed_3b_grpo", "emulated_testbed_7b_ppo",
+                 "emulated_testbed_3b_ppo"):
         cfg = load_run_config(f"experiments/configs/{name}.yaml", [])
         assert cfg.runtime.device == "emulated" and cfg.runtime.units == 16
         cfg.check_machine()  # 16 units on a 2-core machine: emulated units are not cores
@@ -249,3 +249,72 @@ def test_a_trace_the_user_brings_is_replayed(tmp_path):
     with pytest.raises(ConfigError, match="runtime.length_trace"):
         build_table(load_run_config("experiments/configs/quickstart.yaml",
                                     SMALL + [f"runtime.length_trace={tmp_path / 'none.jsonl'}"]), steps=3)
+
+
+# ---- PPO: the value function, the actor and the critic on emulated devices ----------------------------------------
+PPO_SMALL = [x for x in SMALL if not x.startswith("algo.group_size")] + [
+    "algo.group_size=1", "algo.ppo_epochs=1", "algo.ppo_mini_batches=2", "critic.values_chunk=2", "train.eval_every=0"]
+
+
+@pytest.fixture(scope="module")
+def ppo_compared(tmp_path_factory):
+    from rlhfless.run.runner import train
+
+    out = tmp_path_factory.mktemp("emulated-ppo") / "cmp"
+    train(load_run_config("experiments/configs/quickstart_ppo.yaml", PPO_SMALL), out, progress=False)
+    return out
+
+
+def test_ppo_on_emulated_devices_runs_every_arm_on_identical_samples(ppo_compared):
+    """PPO's value, actor and critic functions run emulated: four arms (the serverful overlap arm streams the value
+    forward's chunks), every invocation kind recorded, the same samples and the same final state (policy, optimizer,
+    critic) in every arm, and the critic image billed as its own roles."""
+    r = json.loads((ppo_compared / "comparison.json").read_text())
+    assert r["arms"] == ["serverful", "serverful-overlap", "serverless", "serverless-paper"]
+    assert r["samples_identical"] and r["weights_identical"]
+    kinds = {x["kind"] for x in _rows(ppo_compared / "serverless" / "invocations.jsonl")}
+    assert {"decode", "values", "learner", "critic"} <= kinds
+    roles = r["modelled"]["per_step"]["serverless"]["billed_device_s_by_role"]
+    assert roles["values"] > 0 and roles["critic"] > 0 and roles["learner"] > 0
+    streamed = [x.get("runtime/values_chunks_streamed") for x in _rows(ppo_compared / "serverless-paper" /
+                                                                        "metrics.jsonl") if "timing_s/step" in x]
+    assert all(g in (None, 0.0) for g in streamed)  # the paper's design streams nothing into the value function
+
+
+def test_the_simulators_value_chunks_are_the_runtimes():
+    """sim/ restates `learn.critic.value_chunks` (it imports no torch): the two must cut the batch alike."""
+    from rlhfless.learn.critic import value_chunks
+    from rlhfless.sim.emulated import _chunks
+
+    for n, G, c in [(8, 1, 2), (512, 1, 64), (16, 8, 8), (7, 4, 9), (5, 2, 0)]:
+        assert _chunks(n, G, c) == value_chunks(n, G, c)
+
+
+def test_emulated_ppo_sleeps_the_simulators_ppo_learner():
+    """The value function, the actor and the critic together sleep the simulator's PPO learner per token: two
+    forwards and two training passes (`sim.perf.PPO_MODELS`)."""
+    from rlhfless.sim.emulation import ppo_split
+
+    pm = perf_model("L40S", "qwen2.5-7b")
+    fwd, train = ppo_split(pm)
+    assert fwd > 0 and train > fwd
+    assert 2 * fwd + 2 * train == pytest.approx(pm.learner_s_per_token("ppo"))
+
+
+@pytest.mark.parametrize("arm", ["serverful", "serverful-overlap", "serverless", "serverless-paper"])
+def test_simulator_predicts_each_emulated_ppo_arm(ppo_compared, arm):
+    """As for GRPO (`test_simulator_predicts_each_emulated_arm`): step time and billed device-seconds within 10%,
+    or the difference explained (the control plane's real seconds, magnified 20x by the time scale); the roles of
+    PPO's critic image (values, critic) are predicted too."""
+    from rlhfless.sim.emulated import validate_emulated
+
+    v = validate_emulated(ppo_compared / arm)
+    st, cost = v["step_time_s"], v["cost_device_s"]
+    # the step time's difference is split whole by where the record puts it
+    assert sum(v["step_time_terms_s"].values()) == pytest.approx(st["measured"] - st["simulated"])
+    assert st["rel_error"] < 0.10 or v["control_plane_real_ms_per_step"] < 500
+    terms = v["cost_terms_device_s"]
+    assert cost["rel_error"] < 0.10 or abs(terms["unexplained"]) < 0.10 * cost["measured"]
+    if arm.startswith("serverless"):
+        assert set(v["by_role"]) == {"decode", "learner", "values", "critic"}
+        assert v["by_role"]["critic"]["simulated"] > 0

@@ -35,6 +35,9 @@ STATED = {
                               "config_defaults": "experiments/configs/quickstart.yaml"},
     "07_repro": {"trace": "data/traces/quickstart.jsonl.gz", "checkpoint": "data/checkpoints/sft/model.safetensors"},
     "08_what_if": {},  # simulated: the workload and the price lists are made in the notebook (recorded as such)
+    "09_emulated_testbed": {"config": "experiments/configs/emulated_testbed_7b_grpo.yaml",
+                            "config_defaults": "experiments/configs/quickstart.yaml",
+                            "checkpoint": "data/checkpoints/sft/model.safetensors"},
 }
 # Figures each notebook must produce (file stems); GSM8K's only where the data is present.
 FIGURES = {
@@ -48,6 +51,7 @@ FIGURES = {
     "07_repro": {"headline_testbed", "large_scale_paper_sim", "ablation_ladder", "ablation_shapley",
                  "sensitivity_tau_lambda_n", "prefill_saving", "predictor_ewma"},
     "08_what_if": {"recommended_mode", "step_and_cost"},
+    "09_emulated_testbed": {"gantt", "bill_split"},
 }
 
 # Notebooks whose run starts runtime workers, one per core (test_runtime_e2e.py skips below 2 as well).

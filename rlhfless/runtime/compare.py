@@ -66,9 +66,10 @@ PAPER_ARM = "serverless-paper"
 
 
 def arms(cfg) -> tuple[str, ...]:
-    """The arms of a comparison: PPO has no overlap arm (nothing of its update can stream, `ppo_stages`); emulated
-    devices add the paper's design (`PAPER_ARM`)."""
-    out = tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo")
+    """The arms of a comparison: PPO has an overlap arm only when its value forward streams in chunks
+    (critic.values_chunk > 0: nothing of its update can stream, `ppo_stages`); emulated devices add the paper's
+    design (`PAPER_ARM`)."""
+    out = tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo" or cfg.critic.values_chunk)
     return out + (PAPER_ARM,) if cfg.runtime.device == "emulated" else out
 
 
@@ -211,7 +212,8 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
-        p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png")
+        p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png",
+                       cfg.runtime.time_scale if cfg.runtime.device == "emulated" else 1.0)  # modelled seconds
         if p is not None:
             charts.append(str(p))
     result["gantt"] = charts

@@ -9,8 +9,8 @@ Modes:
                 released when idle (scale to zero); only their lifetimes are billed;
   * serverful   the verl-like control: W workers started once and held for the whole run, prompts split evenly
                 by count, training data-parallel on the same workers; billed W x wall time;
-  * compare     serverful, serverful with overlap (GRPO only), then serverless, on the same seed and prompts, writing
-                OUT/comparison.json (rlhfless.runtime.compare).
+  * compare     serverful, serverful with overlap (GRPO, or PPO with critic.values_chunk > 0), then serverless, on
+                the same seed and prompts, writing OUT/comparison.json (rlhfless.runtime.compare).
 
 A device unit is one CPU core (runtime.device=cpu: the worker pins itself to it and runs one torch thread) or, with
 runtime.device=cuda, one GPU (1/k of one with runtime.functions_per_gpu=k), handed out by `runtime.gpus`; with

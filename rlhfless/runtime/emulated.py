@@ -14,13 +14,16 @@ faults); only what a worker computes is replaced, at the narrowest seam: `worker
     rewards are all equal are skipped when GRPO skips them), then `PerfModel.update_fixed_s` at the optimiser step;
     rank 0 announces the rendezvous and links the state file to the next version (weights never change);
   * reference: `PerfModel.forward_s` of the batch's tokens, zeros written as the log-probs;
+  * PPO (`runtime.ppo_worker`'s requests): the value function sleeps one forward of its chunk's tokens, the actor one
+    forward (its old log-probs, ahead or not) then one training pass x ppo_epochs and one optimiser step per
+    mini-batch, the critic the same training and steps (`sim.emulation.ppo_split`: the simulator's PPO learner is
+    two of each); the critic loads over the network when behind, the state files are linked to the next version.
   * weight loads: `PerfModel.weight_sync_s` (serverless: over the network; the serverful pool: colocated
     resharding after its update); cold start: `PerfModel.cold_start_s` slept before `ready`.
 Sleeping is deadline based (a worker's own overhead is absorbed, not added) and scaled by `runtime.time_scale`.
 The perf model, its time model and the KV capacity are the simulator's (`sim.scenario.build_cluster`) for
 `runtime.emulated_model` on one `runtime.emulated_gpu` (TP 1: one unit is one device).
-
-Non-goals: PPO (its value and critic functions are not emulated yet), the prefill function, vLLM.
+Non-goals: the prefill function, vLLM.
 Deviations: the all-reduce is not emulated: a rank that ends its groups early returns at once instead of waiting
 in the all-reduce for the slowest (the driver waits for every rank, so the step's time is the same; the wait
 shows as held idle instead of busy). An emulated worker imports neither torch nor the model (a few tens of MB).
@@ -39,8 +42,10 @@ import numpy as np
 from rlhfless.core.errors import ConfigError, require
 from rlhfless.runtime import wire
 from rlhfless.runtime.records import now
-from rlhfless.sim.emulation import LengthTable, _mix, build_table, perf_model, time_model
+from rlhfless.sim.emulation import LengthTable, _mix, build_table, perf_model, ppo_split, time_model
 
+PPO_OPS = ("values_chunk", "values_end", "ppo_old", "ppo_actor", "critic_learn")
+"""PPO's requests (`runtime.ppo_worker`), emulated below with the simulator's split of `learner_s_per_token("ppo")`."""
 PRELOAD = ["numpy", "rlhfless.runtime.emulated", "rlhfless.sim.perf", "rlhfless.plan.timemodel"]
 """What the fork server imports for emulated workers: no torch, no transformers (`worker.preload`)."""
 TOKEN_BASE, TOKEN_SPAN = 97, 26
@@ -61,7 +66,14 @@ def setup_for(cfg, scratch: Path, steps: int) -> dict:
     a = cfg.algo
     return {"table": str(path), "time_scale": cfg.runtime.time_scale, "algo": a.name, "G": a.group_size,
             "max_new_tokens": cfg.rollout.max_new_tokens,
-            "skip_zero_variance": bool(getattr(a, "skip_zero_variance_groups", False))}
+            "skip_zero_variance": bool(getattr(a, "skip_zero_variance_groups", False)),
+            **({"ppo_epochs": a.ppo_epochs, "ppo_steps": ppo_steps(cfg)} if a.name == "ppo" else {})}
+
+
+def ppo_steps(cfg) -> int:
+    """PPO's optimiser steps per update (actor and critic alike): epochs x mini-batches (`ppo_update.ppo_schedule`)."""
+    a = cfg.algo
+    return a.ppo_epochs * min(a.ppo_mini_batches, cfg.rollout.prompts_per_step * a.group_size)
 
 
 # ---- reporting -------------------------------------------------------------------------------------------
@@ -241,15 +253,24 @@ class EmulatedWorker:
         self.version = setup.get("version", 0)
         self.deferred: list[dict] = []
         self.update: dict | None = None
+        # PPO: the critic's version (the pool's holder starts at the runtime's), the value forward's chunks, the
+        # old log-probs computed ahead, the optimiser steps per update (one per mini-batch)
+        holds = "critic" in self.kinds or setup.get("holds_critic")  # loaded at its cold start, as the real one
+        self.critic_version = setup.get("critic_version", -1) if holds else -1
+        self.values_step: dict | None = None
+        self.ppo_old: dict | None = None
+        self.epochs, self.minibatches = e.get("ppo_epochs", 1), e.get("ppo_steps", 1)
+        self.fwd_tok, self.train_tok = ppo_split(self.perf)
         self.clock.sleep(self.perf.cold_start_s(engine=bool({"decode", "prefill"} & set(self.kinds))))
 
     def _sync(self, msg: dict) -> float:
-        """A replica behind the step's version loads it over the network (serverless)."""
+        """A replica behind the step's version loads it over the network (serverless), or reshards it from the
+        colocated actor (a serverful pool worker that did not run PPO's actor)."""
         if not msg.get("state_path") or msg["version"] == self.version:
             return 0.0
         t0 = now()
         self.clock.start()
-        self.clock.sleep(self.perf.weight_sync_s(colocated=False))
+        self.clock.sleep(self.perf.weight_sync_s(colocated=self.pool_worker))
         self.version = msg["version"]
         return now() - t0
 
@@ -272,7 +293,9 @@ class EmulatedWorker:
             return self._learn_end(msg, conn)
         if op == "reference":
             return self._reference(msg)
-        raise ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (PPO, prefill and profile "
+        if op in PPO_OPS:
+            return getattr(self, "_" + op)(msg, conn)
+        raise ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (prefill and profile "
                           "functions are not built yet)")
 
     # -- decode ---------------------------------------------------------------------------------------------
@@ -379,6 +402,105 @@ class EmulatedWorker:
         save_file({"ref_logp": np.zeros((len(lens), int(lens.max(initial=1))), np.float32)}, tmp)
         os.replace(tmp, msg["out"])
         return {"op": "referenced", "t_start": t0, "t_end": now()}
+
+    # -- PPO: the value function, the actor and the critic (`runtime.ppo_worker`'s contract) -------------------
+    def _batch_tokens(self, path: str) -> tuple[int, int]:
+        """(prompt + response tokens of every row, rows) of a batch file, as `_reference` counts them."""
+        from safetensors.numpy import load_file
+
+        t = load_file(path)
+        resp_o, prom_o = t["resp_offsets"], t["prompt_offsets"]
+        rows = len(resp_o) - 1
+        groups = len(prom_o) - 1
+        return int(resp_o[-1]) + int(prom_o[-1]) * (rows // max(groups, 1)), rows
+
+    def _sync_critic(self, msg: dict) -> float:
+        """A critic behind the step's version loads it over the network (serverless; the pool's holder updated
+        its own in place)."""
+        if msg["critic_version"] == self.critic_version:
+            return 0.0
+        t0 = now()
+        self.clock.start()
+        self.clock.sleep(self.perf.weight_sync_s(colocated=False))
+        self.critic_version = msg["critic_version"]
+        return now() - t0
+
+    def _link(self, src: str, dst: str) -> None:
+        """Weights never change: the next version's state file is the same file."""
+        out = Path(dst)
+        out.unlink(missing_ok=True)
+        os.link(src, out)
+
+    def _values_chunk(self, msg: dict, conn) -> None:
+        """The value forward of one chunk: `ppo_fwd_s` x its tokens (the critic's forward, as the reference's)."""
+        t0 = now()
+        st = self.values_step
+        if st is None or st["step"] != msg["step"]:
+            st = self.values_step = {"step": msg["step"], "parts": {}, "t_start": t0, "sync_s": 0.0,
+                                     "compute_s": 0.0}
+        st["sync_s"] += self._sync_critic(msg)
+        t1 = now()
+        self.clock.start()
+        tok, rows = self._batch_tokens(msg["batch"])
+        self.clock.sleep(self.fwd_tok * tok)
+        st["parts"][msg["k"]] = rows
+        st["compute_s"] += now() - t1
+        return None
+
+    def _values_end(self, msg: dict, conn) -> dict:
+        from safetensors.numpy import save_file
+
+        st = self.values_step
+        rows = sum(st["parts"].values())
+        tmp = msg["out"] + ".tmp"  # zeros: the values only feed the (emulated) actor and critic
+        save_file({"values": np.zeros((rows, self.cap), np.float32)}, tmp)
+        os.replace(tmp, msg["out"])
+        self.values_step = None
+        return {"op": "valued", "step": msg["step"], "t_start": st["t_start"], "t_end": now(),
+                "sync_s": st["sync_s"], "compute_s": st["compute_s"]}
+
+    def _ppo_old(self, msg: dict, conn) -> None:
+        """The old log-probs ahead: one actor forward over the batch."""
+        t0 = now()
+        sync_s = self._sync(msg)
+        self.clock.start()
+        self.clock.sleep(self.fwd_tok * self._batch_tokens(msg["batch"])[0])
+        self.ppo_old = {"step": msg["step"], "t_start": t0, "sync_s": sync_s}
+        return None
+
+    def _ppo_actor(self, msg: dict, conn) -> dict:
+        """The actor: its forward (unless the old log-probs came ahead), the returns announced, then
+        `ppo_train_s_per_token` x tokens and one optimiser step per mini-batch (+ the pool's resharding)."""
+        pre, self.ppo_old = self.ppo_old, None
+        pre = pre if pre is not None and pre["step"] == msg["step"] else None
+        t0 = pre["t_start"] if pre else now()
+        sync_s = (pre["sync_s"] if pre else 0.0) + self._sync(msg)
+        tok, _ = self._batch_tokens(msg["batch"])
+        self.clock.start()
+        if pre is None:
+            self.clock.sleep(self.fwd_tok * tok)
+        Path(msg["returns_out"]).write_bytes(b"")  # the critic reads nothing from it
+        wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
+        opt = self.train_tok * self.epochs * tok + self.perf.update_fixed_s("grpo", self.minibatches)
+        if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine
+            opt += self.perf.weight_sync_s(colocated=True)
+        self.clock.sleep(opt)
+        self._link(msg["state_path"], msg["state_out"])
+        self.version = msg["version"] + 1
+        return {"op": "ppo_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
+                "old_ahead": pre is not None, "metrics": {}}
+
+    def _critic_learn(self, msg: dict, conn) -> dict:
+        """The critic: `ppo_train_s_per_token` x tokens and one optimiser step per mini-batch."""
+        t0 = now()
+        sync_s = self._sync_critic(msg)
+        self.clock.start()
+        tok, _ = self._batch_tokens(msg["batch"])
+        self.clock.sleep(self.train_tok * self.epochs * tok + self.perf.update_fixed_s("grpo", self.minibatches))
+        self._link(msg["critic_state"], msg["critic_out"])
+        self.critic_version = msg["critic_version"] + 1
+        return {"op": "critic_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
+                "metrics": {}}
 
     def close(self) -> None:
         pass

@@ -28,8 +28,21 @@ def step_window(invocations: list[dict], step: int) -> tuple[float, float] | Non
     return min(i["requested_s"] for i in inv), max(i["finished_s"] for i in inv)
 
 
+def _scaled(rows: list[dict], scale: float) -> list[dict]:
+    """Records with every time divided by `scale` (an emulated run's real seconds -> modelled seconds)."""
+    if scale == 1.0:
+        return rows
+    keys = ("spawned_s", "ready_s", "released_s", "requested_s", "started_s", "finished_s")
+    return [{**r, **{k: r[k] / scale for k in keys if r.get(k) is not None}} for r in rows]
+
+
+def _lanes(workers: list[dict], t0: float, t1: float) -> list[dict]:
+    """The workers alive in [t0, t1): one lane each."""
+    return [w for w in workers if w["spawned_s"] < t1 and (w["released_s"] is None or w["released_s"] > t0)]
+
+
 def _panel(ax, workers: list[dict], invocations: list[dict], t0: float, t1: float, title: str) -> None:
-    lanes = [w for w in workers if w["spawned_s"] < t1 and (w["released_s"] is None or w["released_s"] > t0)]
+    lanes = _lanes(workers, t0, t1)
     for y, w in enumerate(lanes):
         end = w["released_s"] if w["released_s"] is not None else t1
         ax.barh(y, min(end, t1) - max(w["spawned_s"], t0), left=max(w["spawned_s"], t0) - t0, height=0.8,
@@ -50,8 +63,9 @@ def _panel(ax, workers: list[dict], invocations: list[dict], t0: float, t1: floa
     ax.invert_yaxis()
 
 
-def plot_steps(runs: dict[str, Path], step: int, path: Path) -> Path | None:
-    """Draw `step` of each run (label -> run dir) in stacked panels on one time axis; None if no data."""
+def plot_steps(runs: dict[str, Path], step: int, path: Path, scale: float = 1.0) -> Path | None:
+    """Draw `step` of each run (label -> run dir) in stacked panels on one time axis; None if no data. `scale`:
+    an emulated run's `runtime.time_scale`, so the axis is in modelled seconds."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,13 +73,16 @@ def plot_steps(runs: dict[str, Path], step: int, path: Path) -> Path | None:
     import seaborn as sns
     from matplotlib.patches import Patch
 
-    data = {k: read_records(v) for k, v in runs.items()}
+    data = {k: tuple(_scaled(x, scale) for x in read_records(v)) for k, v in runs.items()}
     windows = {k: step_window(inv, step) for k, (_, inv) in data.items()}
     if not any(windows.values()):
         return None
     span = max(w[1] - w[0] for w in windows.values() if w)
     sns.set_theme(style="whitegrid")
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.2 + 1.6 * len(runs)), sharex=True, squeeze=False)
+    # each panel as tall as its lanes (a serverless arm may hold 3x the pool's workers in one step)
+    n = [max(2, len(_lanes(data[k][0], *windows[k]))) if windows[k] else 2 for k in data]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.2 + max(1.6 * len(runs), 0.16 * sum(n))), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": n})
     for ax, (label, (workers, inv)) in zip(axes[:, 0], data.items()):
         w = windows[label]
         if w is None:
@@ -73,7 +90,7 @@ def plot_steps(runs: dict[str, Path], step: int, path: Path) -> Path | None:
             continue
         _panel(ax, workers, inv, w[0], w[1], f"{label}: step {step} ({w[1] - w[0]:.2f} s)")
         ax.set_xlim(0, span * 1.02)
-    axes[-1, 0].set_xlabel("seconds since the step's first request")
+    axes[-1, 0].set_xlabel("seconds since the step's first request" + (" (modelled)" if scale != 1.0 else ""))
     handles = [Patch(color=c, label=k) for k, c in KIND_COLOURS.items()]
     handles += [Patch(color="#DDDDDD", label="held (billed)"), Patch(facecolor="#BBBBBB", hatch="//",
                                                                       label="cold start")]

@@ -19,7 +19,10 @@ Measured: `timing_s/step`, `cost/device_seconds` and `function/<kind>/billed_s` 
 run's `runtime.time_scale`. The difference is reported term by term: what the model leaves out is the control
 plane's real seconds (planning, messages, process starts, the driver's bookkeeping), which the scale magnifies.
 
-Non-goals: migrations (a step with migrated rows is played without them), retries, PPO.
+PPO (`_play_ppo`): the value function's chunks (as their groups finish with overlap), the actor's old log-probs
+ahead, its update once the values are in, the critic's once the returns are, with `sim.emulation.ppo_split`'s
+durations, billed by role as `meter.role_split` splits a multi-kind worker.
+Non-goals: migrations (a step with migrated rows is played without them), retries.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from rlhfless.core.rundir import RunDir
 from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
 
 KINDS = ("decode", "learner")
+PPO_KINDS = ("decode", "learner", "values", "critic")
+"""The billed roles validated: GRPO's, and PPO's (the actor is the learner; the critic image runs values then
+critic)."""
 
 
 def _perf(run: Path):
@@ -70,8 +76,8 @@ def _play_decode(run: dict, work: StepWork, dec: list[dict], rel, serverful: boo
     ends, spans = {}, {}
     for i in dec:
         start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
-        if not i["cold"] and not serverful and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind
-            start += pm.weight_sync_s(colocated=False)
+        if not i["cold"] and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind: serverless over the
+            start += pm.weight_sync_s(colocated=serverful)  # network; a PPO pool worker reshards from the actor
         busy, fin = _decode(run["tm"], run["cap"], work, i["groups"])
         finish.update({g: start + t for g, t in fin.items()})
         ends[i["worker"]] = start + busy
@@ -114,19 +120,105 @@ def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: froz
     return billed
 
 
+def _chunks(n_groups: int, G: int, chunk_seqs: int) -> list[list[int]]:
+    """The value forward's chunks (`learn.critic.value_chunks`, restated: sim/ imports no torch)."""
+    m = max(1, chunk_seqs // G) if chunk_seqs else n_groups
+    return [list(range(k, min(k + m, n_groups))) for k in range(0, n_groups, m)]
+
+
+def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, ends: dict, serverful: bool,
+              overlap: bool) -> tuple[float, dict[str, float]]:
+    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.emulation.ppo_split`):
+    the value function's chunks (sent as their groups finish with overlap, else after the rollout), the actor's old
+    log-probs ahead from the rollout's end, the actor's update once the values are in (its returns, then its
+    training and optimiser steps), the critic's once the returns are. Returns (the step's learn end, each
+    invocation's predicted end by worker and kind)."""
+    from rlhfless.sim.emulation import ppo_split
+
+    pm, rollout = run["pm"], max(ends.values())
+    fwd, train = ppo_split(pm)
+    tok = sum(g.tokens for g in work.groups)
+    update = train * run["ppo_epochs"] * tok + pm.update_fixed_s("grpo", run["ppo_steps"])
+    by = {i["kind"]: i for i in invs if i["kind"] in ("values", "learner", "critic")}
+
+    def ready(i: dict, engine: bool) -> float:
+        t = rel(i["requested_s"])
+        if i["cold"]:  # its cold start ran from its spawn (earlier when pre-warmed)
+            t = max(t, rel(run["spawn"].get(i["worker"], i["requested_s"])) + pm.cold_start_s(engine=engine))
+        t = max(t, ends.get(i["worker"], 0.0))  # a hybrid take: after its own decode
+        return t + (pm.weight_sync_s(colocated=serverful) if i["extra"].get("sync_s", 0) > 0 else 0.0)
+
+    v, a, c = by["values"], by["learner"], by["critic"]
+    t = ready(v, engine=False)
+    for gs in _chunks(len(work.groups), work.groups[0].n if hasattr(work.groups[0], "n") else
+                      len(work.groups[0].lengths), run["values_chunk"]):
+        sent = max(finish.get(g, rollout) for g in gs) if overlap else rollout
+        t = max(t, sent) + fwd * sum(work.groups[g].tokens for g in gs)
+    values_end = max(t, rollout)
+    ta = max(ready(a, engine=bool(run["hybrid"])), rollout)
+    ahead = bool(a["extra"].get("old_ahead"))
+    returns = max(values_end, ta + fwd * tok) if ahead else max(values_end, ta) + fwd * tok
+    actor_end = returns + update + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
+    critic_end = max(returns, values_end, ready(c, engine=False)) + update
+    return max(actor_end, critic_end), {(v["worker"], "values"): values_end, (a["worker"], "learner"): actor_end,
+                                        (c["worker"], "critic"): critic_end}
+
+
+def _bill_segments(invs: list[dict], rel, end_of: dict, learn_end: float, keep: float, released: frozenset,
+                   start_of: dict) -> dict[str, float]:
+    """Serverless device-seconds by role, as the meter splits a multi-kind worker (`meter.role_split`): each instant
+    to the kind of its last invocation requested by then; a worker from its start (its first request, or its spawn
+    when pre-warmed in the step) to its last invocation's end, plus the keep-alive when released in the step, to the
+    step's end when kept alive."""
+    billed: dict[str, float] = {}
+    mine: dict[str, list[dict]] = {}
+    for i in invs:
+        mine.setdefault(i["worker"], []).append(i)
+    for w, xs in mine.items():
+        xs.sort(key=lambda i: i["requested_s"])
+        last = max(end_of.get((w, _role(i["kind"])), rel(i["finished_s"])) for i in xs)
+        end = last + keep if w in released else learn_end if keep > 0 else last
+        cuts = [min(start_of.get(w, rel(xs[0]["requested_s"])), rel(xs[0]["requested_s"]))] + \
+            [rel(i["requested_s"]) for i in xs[1:]] + [end]
+        for i, a, b in zip(xs, cuts, cuts[1:]):
+            billed[_role(i["kind"])] = billed.get(_role(i["kind"]), 0.0) + max(0.0, b - a)
+    return billed
+
+
+def _role(kind: str) -> str:
+    return "decode" if kind == "reward" else kind
+
+
+def _ahead(spawned_next: dict, rel, learn_end: float) -> float:
+    """Device-seconds of the functions pre-warmed in this step for the next one (a decision, from the record:
+    spawned in the step's window, first invoked in a later step), billed from their spawn to the step's end."""
+    return sum(max(0.0, learn_end - rel(t)) * u for t, u in spawned_next.values())
+
+
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
-                 released: frozenset = frozenset()) -> dict:
+                 released: frozenset = frozenset(), spawned: dict | None = None,
+                 spawned_next: dict | None = None) -> dict:
     """One step played (module header); every time in modelled seconds from the step's first decode request.
     `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
     (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
     alive."""
-    pm, rt = run["pm"], run["rt"]
+    pm, rt, spawned = run["pm"], run["rt"], spawned or {}
     rel = lambda t: (t - t0) / scale  # noqa: E731 (a record's real time -> modelled seconds into the step)
     serverful = rt.get("mode") == "serverful"
     finish, ends, spans = _play_decode(run, work, [i for i in invs if i["kind"] == "decode"], rel, serverful)
     rollout = max(ends.values())
     overlap = bool(rt.get("overlap")) if rt.get("overlap") is not None else not serverful
+    if run["algo"] == "ppo":
+        learn_end, end_of = _play_ppo(run, work, invs, rel, finish, ends, serverful, overlap)
+        end_of.update({(w, "decode"): e for w, e in ends.items()})
+        out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
+        if serverful:
+            return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
+        billed = _bill_segments(invs, rel, end_of, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale,
+                                released, {w: rel(t) for w, t in spawned.items()})
+        billed["decode"] = billed.get("decode", 0.0) + _ahead(spawned_next or {}, rel, learn_end)
+        return {**out, "billed": sum(billed.values()), "by_role": billed}
     rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
                              overlap)
     opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
@@ -135,6 +227,7 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
     if serverful:  # the pool: W x the period
         return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
     billed = _bill(spans, ends, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale, released)
+    billed["decode"] += _ahead(spawned_next or {}, rel, learn_end)
     return {**out, "billed": sum(billed.values()), "by_role": billed}
 
 
@@ -150,8 +243,15 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         raise DataError(f"validate: {p} is not a runtime.device=emulated run")
     scale = float(rt.get("time_scale", 1.0))
     pm, tm, cap = _perf(p)
+    algo = cfg.get("algo") or {}
     run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
-           "skip_zero": bool((cfg.get("algo") or {}).get("skip_zero_variance_groups", False))}
+           "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo")}
+    if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.emulated.ppo_steps`)
+        rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
+        run.update(ppo_epochs=int(algo.get("ppo_epochs", 1)), values_chunk=int((cfg.get("critic") or {}).get(
+            "values_chunk", 0)), ppo_steps=int(algo.get("ppo_epochs", 1)) * min(int(algo.get("ppo_mini_batches", 1)),
+                                                                                 rows))
+    kinds = PPO_KINDS if run["algo"] == "ppo" else KINDS
     rd = RunDir(p)
     trace = rd.rollouts
     if trace is None:
@@ -159,12 +259,17 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     work = {s.step: s for s in replay_trace(trace)}
     metrics = rd.read_step_metrics()
     workers = rd.read_workers()
+    run["spawn"] = {w["worker"]: w["spawned_s"] for w in workers}
     by_step: dict[int, list[dict]] = {}
     for i in rd.read_invocations():
-        if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in KINDS:
+        if i.get("ok", True) and i.get("attempt", 1) == 1 and i["kind"] in kinds:
             by_step.setdefault(i["step"], []).append(i)
+    first_step: dict[str, int] = {}
+    for i in rd.read_invocations():
+        first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
     rows = []
     for s in sorted(metrics):
+        later = {w for w, k in first_step.items() if k > s}  # pre-warmed in step s for a later one
         if (skip_first and s == 1) or s not in work or not any(i["kind"] == "decode" for i in by_step.get(s, [])):
             continue
         invs = by_step[s]
@@ -173,21 +278,41 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         ws = m.get("runtime/window_start_s", t0)
         end = ws + m.get("runtime/window_s", m["timing_s/step"])
         gone = frozenset(w["worker"] for w in workers if w.get("released_s") is not None and w["released_s"] < end)
-        pred = predict_step(run, work[s], invs, scale, t0, gone)
+        pre = {w["worker"]: w["spawned_s"] for w in workers if w.get("prewarmed") and ws <= w["spawned_s"] < end}
+        mine = {i["worker"] for i in invs}
+        nxt = {w["worker"]: (w["spawned_s"], w["units"]) for w in workers
+               if ws <= w["spawned_s"] < end and w["worker"] not in mine and w["worker"] in later}
+        pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt)
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
-                "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in KINDS}}
+                "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
-        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0))
+        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0),
+                       run["algo"] == "ppo")
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
-        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms})
+        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms,
+                     "step_terms": _step_terms(invs, pred, meas, scale, t0, ws + gap, end)})
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
-    return summarize(rows, scale, rt.get("mode", "serverless"))
+    return summarize(rows, scale, rt.get("mode", "serverless"), kinds)
+
+
+def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: float, start: float, end: float) -> dict:
+    """The step time's difference (measured - simulated), in modelled seconds, split by where the record puts it:
+    * before_first_request_s: from the step's start to its first decode request (planning, the rollout's setup);
+    * after_last_invocation_s: from the end of the step's last invocation to the step's end (the driver's work
+      after the update: starting the next step's pre-warmed functions, releasing, bookkeeping);
+    * in_step_s: the rest, between the first request and the last invocation's end (messages, process starts
+      beyond the modelled cold start, requests issued late), less the model's own error there.
+    All are the control plane's real seconds / scale, except the model's error inside `in_step_s`."""
+    last = max(i["finished_s"] for i in invs)
+    before, after = max(0.0, t0 - start) / scale, max(0.0, end - last) / scale
+    return {"before_first_request_s": before, "after_last_invocation_s": after,
+            "in_step_s": meas["period"] - pred["period"] - before - after}
 
 
 def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
-           keep_alive_s: float = 0.0) -> dict:
+           keep_alive_s: float = 0.0, billed_from_spawn: bool = False) -> dict:
     """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
     * between_steps_s: the driver's work between the previous step and this one (logging, traces: the first `gap`
       seconds of the window), billed to every worker held then;
@@ -196,7 +321,11 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
     * release_lag_s: from a worker's last invocation's end to its release, beyond the keep-alive, for the workers
       released in the window: the shutdown message and the exit, and a keep-alive the runtime checks later than
       it lapses (negative: a worker evicted for a unit before its keep-alive lapsed).
-    All but the last are real seconds the model has no term for; the last is also where the runtime's release
+    * held_before_request_s: from a worker's spawn in the window (after the between-steps gap) to its first
+      request: the driver starts the functions it needs one process after another and sends their requests after,
+      where a platform starts them at once (the model bills a function from its request); with
+      `billed_from_spawn` (PPO's model bills a pre-warmed worker from its spawn) only the workers not pre-warmed.
+    All but release_lag_s are real seconds the model has no term for; that one is also where the runtime's release
     rule departs from a platform's."""
     last: dict[str, float] = {}
     for i in invs:
@@ -207,14 +336,21 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
               if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
     held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
                for w in workers) / scale
-    return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag}
+    first: dict[str, float] = {}
+    for i in invs:
+        first[i["worker"]] = min(first.get(i["worker"], float("inf")), i["requested_s"])
+    before = sum(max(0.0, first[w["worker"]] - max(w["spawned_s"], a + gap)) * w["units"] for w in workers
+                 if w["worker"] in first and a <= w["spawned_s"] < b and not (billed_from_spawn and w.get("prewarmed"))
+                 ) / scale
+    return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag,
+            "held_before_request_s": before}
 
 
 def _err(sim: float, meas: float) -> dict:
     return {"simulated": sim, "measured": meas, "rel_error": abs(sim / meas - 1.0) if meas else float("nan")}
 
 
-def summarize(rows: list[dict], scale: float, mode: str) -> dict:
+def summarize(rows: list[dict], scale: float, mode: str, kinds: tuple[str, ...] = KINDS) -> dict:
     """Means over the validated steps, with the unexplained remainder named: the control plane's real seconds
     (measured - simulated period), in real milliseconds per step, which the scale magnifies."""
     mean = lambda f: float(np.mean([f(r) for r in rows]))  # noqa: E731
@@ -222,12 +358,13 @@ def summarize(rows: list[dict], scale: float, mode: str) -> dict:
            "step_time_s": _err(mean(lambda r: r["predicted"]["period"]), mean(lambda r: r["measured"]["period"])),
            "cost_device_s": _err(mean(lambda r: r["predicted"]["billed"]), mean(lambda r: r["measured"]["billed"]))}
     if mode != "serverful":
-        out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"][k]),
-                                  mean(lambda r: r["measured"]["by_role"][k])) for k in KINDS}
+        out["by_role"] = {k: _err(mean(lambda r: r["predicted"]["by_role"].get(k, 0.0)),
+                                  mean(lambda r: r["measured"]["by_role"].get(k, 0.0))) for k in kinds}
     names = sorted({k for r in rows for k in r["terms"]})
     out["cost_terms_device_s"] = {k: mean(lambda r: r["terms"].get(k, 0.0)) for k in names}
     out["cost_terms_device_s"]["unexplained"] = (out["cost_device_s"]["measured"] - out["cost_device_s"]["simulated"]
                                                  - sum(out["cost_terms_device_s"].values()))
+    out["step_time_terms_s"] = {k: mean(lambda r: r["step_terms"][k]) for k in rows[0]["step_terms"]}
     gap = out["step_time_s"]["measured"] - out["step_time_s"]["simulated"]
     out["control_plane_real_ms_per_step"] = gap * scale * 1000.0
     out["rollout_s_simulated"] = mean(lambda r: r["predicted"]["rollout"])
@@ -262,6 +399,7 @@ def arm_line(a: dict) -> str:
         return f"{x['simulated']:.1f}/{x['measured']:.1f}"
 
     t = ", ".join(f"{k} {v:.1f}" for k, v in a["cost_terms_device_s"].items())
+    t += "; step time terms: " + ", ".join(f"{k} {v:.1f}" for k, v in a.get("step_time_terms_s", {}).items())
     return (f"emulated {a['arm']}: step {r(a['step_time_s'])} s ({a['step_time_s']['rel_error']:.1%}), billed "
             f"{r(a['cost_device_s'])} device-s ({a['cost_device_s']['rel_error']:.1%}); terms: {t}; control plane "
             f"{a['control_plane_real_ms_per_step']:.0f} real ms/step (simulated/measured, modelled s per step)")

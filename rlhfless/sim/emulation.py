@@ -70,7 +70,8 @@ def build_table(cfg, steps: int) -> LengthTable:
                 group_size=cfg.algo.group_size, prompts_per_step=cfg.rollout.prompts_per_step,
                 steps=max(1, min(steps, 1000)))
     if rt.length_trace == "paper-testbed":
-        case = next((c for c in SCENARIOS["paper-testbed"] if c["model"] == rt.emulated_model), None)
+        cases = [c for c in SCENARIOS["paper-testbed"] if c["model"] == rt.emulated_model]  # this algo's first
+        case = next((c for c in cases if c.get("algo", "grpo") == cfg.algo.name), cases[0] if cases else None)
         require(case is not None, "runtime.emulated_model", "the paper-testbed workload has qwen2.5-3b and "
                 f"qwen2.5-7b (got {rt.emulated_model!r}); bring a trace with runtime.length_trace=PATH")
         keep = {k: v for k, v in case.items() if k not in ("name", "model", "algo", "group_size", "prompts_per_step",
@@ -109,3 +110,12 @@ def perf_model(gpu: str, model: str):
 def time_model(table: LengthTable):
     """The decode time model every emulated worker sleeps by and the planner prices with."""
     return perf_model(table.gpu, table.model).time_model(table.capacity, table.ctx)
+
+
+def ppo_split(pm) -> tuple[float, float]:
+    """(forward, training) seconds per token of one PPO model (actor or critic) on one emulated unit: the
+    simulator's `learner_s_per_token("ppo")` is two of each (reference + value forwards, actor + critic training;
+    `sim.perf.PPO_MODELS`), so the value function sleeps one forward, the actor one forward (its old log-probs) and
+    one training pass, the critic one training pass. The critic is modelled like the actor (the policy's size)."""
+    train = pm.train_s_per_token("grpo")
+    return pm.learner_s_per_token("grpo") - train, train
