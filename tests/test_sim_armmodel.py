@@ -332,3 +332,14 @@ def test_separate_images_kept_alive_are_refused_by_name(tmp_path):
     (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(cfg))
     arm = read_arm(tmp_path / "serverless")
     assert arm.hybrid and arm.keep_alive_s == 2.0
+
+
+def test_simulate_validate_prints_the_load_term(tmp_path, capsys):
+    """`rlhfless simulate --validate` prints each arm's load factors and the errors at that load."""
+    from rlhfless.cli import main
+
+    _write_serverful(tmp_path / "serverful", slow=1.3)
+    assert main(["simulate", "--validate", str(tmp_path), "--json", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    assert "load factor per step 1.30, 1.30, 1.30: at that load step 0.0%, billed 0.0%" in out
+    assert "at each step's measured load: step_time_error 0.0%, cost_error 0.0%" in out
