@@ -298,7 +298,8 @@ def sim_vs_real_study(ctx) -> StudyResult:
                f"steps; the bill's component furthest off: {comp[0]} {comp[1]} ({comp[2]:+.1%} of the bill); "
                f"each step scaled by its own measured load (its decode over the model's: "
                f"{_load_range(rep['arms'])}), {rep['step_time_error_at_measured_load']:.1%}, "
-               f"{rep['cost_error_at_measured_load']:.1%}: the rest is the neighbours' load on the shared cores")
+               f"{rep['cost_error_at_measured_load']:.1%} (a diagnostic of the neighbours' load on the shared cores: "
+               f"it holds where the load falls on decode and learner alike)")
     res.rows.append(PaperRow(
         "simulator error vs real runs (step time, cost)", "Vidur validated on the paper's GPUs (error not given)",
         f"{rep['step_time_error']:.1%}, {rep['cost_error']:.1%}", "measured", why))

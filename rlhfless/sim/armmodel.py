@@ -507,6 +507,9 @@ def learner_ranks(arm: Arm, ranks: list[list[int]], finish: dict[int, float], en
                 cold_starts(t, [k])
         if prewarm_due:
             cold_starts(t, [k for k in range(len(ranks)) if start[k] is None])
+    for k in range(len(ranks)):  # no unit came (not within the units budget): idle capacity evicted at the end
+        if start[k] is None:
+            begin(k, rollout, ("new", k), True)
     return [float(t) for t in start], cold, holder
 
 
