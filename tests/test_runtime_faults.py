@@ -73,3 +73,78 @@ def test_the_bench_repeats_pairs_and_loses_nothing(tmp_path):
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["faulty-1", "faulty-2", "undisturbed-1",
                                                                 "undisturbed-2"]
     json.dumps(r)  # the report is plain JSON
+
+
+# ---- the bench per mode, recovery read from the records -------------------------------------------------------
+TINY = ["plan.max_actors=2", "train.steps=3", "rollout.prompts_per_step=6", "algo.group_size=4",
+        "rollout.max_new_tokens=64", "task.arith.k_max=6", "train.eval_prompts=0", "train.checkpoint_every=0",
+        "runtime.gantt_every=0", "tracking.mode=disabled"]
+# emulated devices at the size of tests/test_emulated.py, in the headline's shape (keep-alive > 0, hybrid)
+EMULATED = ["runtime.device=emulated", "runtime.units=4", "runtime.emulated_model=qwen2.5-3b",
+            "runtime.time_scale=0.05", "plan.max_actors=4", "train.steps=3", "rollout.prompts_per_step=8",
+            "algo.group_size=4", "rollout.max_new_tokens=2048", "train.eval_prompts=0", "train.checkpoint_every=0",
+            "tracking.mode=disabled", "runtime.gantt_every=0", "plan.gpu_kind=L40S", "plan.capacity=1024",
+            "runtime.progress_every=64", "runtime.migrate=never", "runtime.design=extended",
+            "runtime.keep_alive_s=1.25"]
+EVENTS = ["sent decode step 2", "sent learn_end step 3"]
+
+
+def _bench_at_events(tmp_path: Path, mode: str, overrides: list[str]) -> dict:
+    """The bench in `mode` on the headline comparison's config (keep-alive 2 s, hybrid), killing a worker just
+    sent its decode (step 2) and a rank just sent the optimiser step (step 3): protocol events, no clock."""
+    from rlhfless.bench.faults_cli import HEADLINE_CONFIG
+    from rlhfless.config import load_run_config
+    from rlhfless.run.runner import train
+    from rlhfless.runtime.config import available_cores
+    from rlhfless.runtime.faults import KillOn, KillRule, run_fault_bench
+
+    if available_cores() < 2:
+        pytest.skip("the runtime needs 2 cores")
+    cfg = load_run_config(HEADLINE_CONFIG, overrides)
+    chaos = lambda kills, interval_s, seed: KillOn(KillRule("sent", "decode", 2), KillRule("sent", "learn_end", 3))
+    return run_fault_bench(cfg, tmp_path, train, kills=2, progress=False, mode=mode, chaos=chaos)
+
+
+def _recovered_by_the_records(run_dir: Path, killed: list[dict], steps: int) -> None:
+    """What the records say of each kill: the killed worker is marked killed, its invocation failed, the failed
+    work ran again (attempt 2) and succeeded, and every step has its samples' digest."""
+    from rlhfless.core.rundir import RunDir
+
+    run = RunDir(run_dir)
+    inv, workers = run.read_invocations(), {w["worker"]: w for w in run.read_workers()}
+    for k in killed:
+        assert workers[k["worker"]]["killed"], k
+        assert any(i["worker"] == k["worker"] and not i["ok"] for i in inv), k
+    for step, kind in ((2, "decode"), (3, "learner")):
+        failed = [i for i in inv if i["step"] == step and i["kind"] == kind and not i["ok"]]
+        again = [i for i in inv if i["step"] == step and i["kind"] == kind and i["ok"] and i["attempt"] > 1]
+        assert failed and again, (step, kind)
+    assert sorted(run.read_digests()) == list(range(1, steps + 1))
+
+
+@pytest.mark.parametrize("mode", ["serverless", "serverful"])
+def test_the_bench_in_each_mode_recovers_the_headline_shape(tmp_path, mode):
+    r = _bench_at_events(tmp_path, mode, TINY)
+    assert (r["mode"], r["keep_alive_s"], r["hybrid"]) == (mode, 2.0, True)
+    killed = r["pairs"][0]["killed"]
+    assert [k["event"] for k in killed] == EVENTS
+    assert r["kills"] == 2 and r["lost_steps"] == 0 and r["samples_identical"] and r["retries"] >= 2
+    _recovered_by_the_records(tmp_path / "faulty-1", killed, 3)
+    assert r["lost_device_s"]["min"] > 0  # the killed invocations' time is billed and reported
+
+
+@pytest.mark.parametrize("mode", ["serverless", "serverful"])
+def test_the_bench_in_each_mode_recovers_on_emulated_devices(tmp_path, mode):
+    r = _bench_at_events(tmp_path, mode, EMULATED)
+    assert (r["mode"], r["device"], r["keep_alive_s"]) == (mode, "emulated", 1.25)
+    killed = r["pairs"][0]["killed"]
+    assert [k["event"] for k in killed] == EVENTS
+    assert r["lost_steps"] == 0 and r["samples_identical"] and r["retries"] >= 2
+    _recovered_by_the_records(tmp_path / "faulty-1", killed, 3)
+
+
+def test_the_bench_refuses_a_mode_it_does_not_know(tmp_path):
+    from rlhfless.runtime.faults import run_fault_bench
+
+    with pytest.raises(ValueError, match="mode: one of serverless, serverful"):
+        run_fault_bench(None, tmp_path, None, mode="compare")

@@ -60,9 +60,11 @@ def _compute_s(groups) -> float:
     return LG * len(k) + LT * sum(g.tokens for g in k)
 
 
-def _write_serverful(d: Path, steps: int = 8, overlap: bool = False, extra_idle: float = 0.0) -> None:
+def _write_serverful(d: Path, steps: int = 8, overlap: bool = False, extra_idle: float = 0.0,
+                     slow: float = 1.0) -> None:
     """A serverful arm (2 pool workers) played by the runtime's rules on the machine above; `extra_idle` adds
-    that many seconds of driver time (held, billed idle) to every even step."""
+    that many seconds of driver time (held, billed idle) to every even step; `slow` runs every even step that
+    many times slower throughout (the neighbours' load on shared cores)."""
     d.mkdir(parents=True)
     work = _trace(d, steps)
     gctx = float(np.mean([g.prompt_len for s in work for g in s.groups]) +
@@ -73,21 +75,23 @@ def _write_serverful(d: Path, steps: int = 8, overlap: bool = False, extra_idle:
         "runtime": {"mode": "serverful", "units": 2, "overlap": overlap}}))
     invs, metrics, t = [], [], 0.0
     for s in work:
+        k = slow if s.step % 2 == 0 else 1.0
         halves = [list(range(0, B // 2)), list(range(B // 2, B))]
         ends = []
         for w, gs in enumerate(halves):
-            dec = _decode_s([s.groups[g] for g in gs], per_byte)
+            dec = k * _decode_s([s.groups[g] for g in gs], per_byte)
             ends.append(t + dec)
             invs.append({"step": s.step, "kind": "decode", "worker": f"pool-{w}", "units": 1.0, "requested_s": t,
                          "started_s": t, "finished_s": t + dec, "groups": gs, "extra": {}})
-        comp = [_compute_s([s.groups[g] for g in gs]) for gs in halves]
-        starts = [e + GAP for e in ends] if overlap else [max(ends) + GAP] * 2
-        end = max(st + c for st, c in zip(starts, comp)) + OPT
+        comp = [k * _compute_s([s.groups[g] for g in gs]) for gs in halves]
+        starts = [e + k * GAP for e in ends] if overlap else [max(ends) + k * GAP] * 2
+        end = max(st + c for st, c in zip(starts, comp)) + k * OPT
         for w, gs in enumerate(halves):
             invs.append({"step": s.step, "kind": "learner", "worker": f"pool-{w}", "units": 1.0,
                          "requested_s": starts[w], "started_s": starts[w], "finished_s": end, "groups": gs,
-                         "extra": {"compute_s": comp[w]}})
-        period = end - t + DRV + (extra_idle if s.step % 2 == 0 else 0.0)
+                         "extra": {"compute_s": comp[w]},  # busy: its compute, then the optimiser step
+                         "busy": [[starts[w], starts[w] + comp[w]], [end - k * OPT, end]]})
+        period = end - t + k * DRV + (extra_idle if s.step % 2 == 0 else 0.0)
         metrics.append({"step": s.step, "timing_s/step": period, "cost/device_seconds": 2 * period,
                         "balancer/makespan_s": 0.0})
         t += period
@@ -142,6 +146,24 @@ def test_a_changed_component_shows_in_its_row(tmp_path):
         assert abs(a["core_s_per_step"]["busy"][k]["of_billed"]) < 1e-9
     assert rep["cost_error"] == pytest.approx(2 * 0.5 / meas_billed, rel=1e-6)
     assert rep["step_time_error"] == pytest.approx(0.5 / a["step_time_s"]["measured"], rel=1e-6)
+    # not load: decode ran as fast as calibrated, so the load term leaves the error where it was
+    assert a["at_measured_load"]["decode_load_factor"] == pytest.approx([1.0, 1.0, 1.0])
+    assert rep["step_time_error_at_measured_load"] == pytest.approx(rep["step_time_error"])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_load_on_the_validated_steps_is_the_load_term(tmp_path, overlap):
+    """Every validated step run 1.3x slower (neighbours on the shared cores), calibration steps at full speed: the
+    model misses by 1 - 1/1.3 on step time and cost; its decode says each step ran 1.3x slower, and the step
+    scaled by that factor is exact. So an error of this kind is load, not the model (what sim-vs-real reports)."""
+    name = "serverful-overlap" if overlap else "serverful"
+    _write_serverful(tmp_path / name, overlap=overlap, slow=1.3)
+    rep = validate(tmp_path)
+    a = rep["arms"][name]
+    assert a["step_time_s"]["rel_error"] == pytest.approx(1 - 1 / 1.3, rel=1e-6)
+    assert a["cost_device_s"]["rel_error"] == pytest.approx(1 - 1 / 1.3, rel=1e-6)
+    assert a["at_measured_load"]["decode_load_factor"] == pytest.approx([1.3] * 3, rel=1e-6)
+    assert rep["step_time_error_at_measured_load"] < 1e-6 and rep["cost_error_at_measured_load"] < 1e-6
 
 
 def _serverless_records(d: Path) -> None:
@@ -176,7 +198,9 @@ def test_serverless_step_played_by_hand(tmp_path):
     One decode function on 2 units leaves one free: rank 0 is pre-warmed at 1.0 (planned makespan) - 0.4 - 0.05
     = 0.55, ready 0.95, computes its 4 groups from 1.3 to 1.7; rank 1 starts on the unit decode releases at 1.32,
     ready 1.72, computes to 2.12. Learner ends 2.17, the step 2.27; billed 1.32 + (2.2 - 0.55) + (2.2 - 1.32).
-    (With makespan 1.0 the pre-warm comes first; see the second case for a rank started by its first group.)"""
+    Busy as the meter counts it: the decode span, and each rank's compute (0.4) and optimiser step (0.05), not
+    its wait for groups. (With makespan 1.0 the pre-warm comes first; see the second case for a rank started by
+    its first group.)"""
     _serverless_records(tmp_path / "serverless")
     arm = read_arm(tmp_path / "serverless")
     c = Constants({"decode": 0.3, "learner": 0.4}, {"decode": 0.02, "learner": 0.03}, (1.0, 0.0, 0.0), (0.1, 0.0),
@@ -184,7 +208,7 @@ def test_serverless_step_played_by_hand(tmp_path):
     s = predict(arm, [arm.steps[0]], c)[0]
     assert s.rollout == pytest.approx(1.3) and s.learn_end == pytest.approx(2.17) and s.period == pytest.approx(2.27)
     assert s.billed == pytest.approx(1.32 + 1.65 + 0.88) and s.cold == pytest.approx(1.1)
-    assert s.busy == pytest.approx({"decode": 1.0, "learner": (2.17 - 0.95) + (2.17 - 1.72)})
+    assert s.busy == pytest.approx({"decode": 1.0, "learner": 2 * (0.4 + 0.05)})
     # planned makespan 3.0: the pre-warm would come at 2.55, but rank 0's first group is in at 1.3 and a unit is
     # free, so it starts then (LearnerStream.pump), not at the pre-warm time
     late = predict(arm, [replace(arm.steps[0], predicted_makespan_s=3.0)], c)[0]
@@ -224,27 +248,65 @@ def test_learner_ranks_take_units_as_the_runtime_gives_them(tmp_path):
     arm = read_arm(tmp_path / "serverless")
     assert not arm.hybrid and arm.keep_alive_s == 0.0  # a config without the key predates the hybrid image
     ranks, finish = [[0, 1], [2, 3]], {0: 0.5, 1: 0.2, 2: 0.9, 3: 0.7}
-    assert learner_ranks(arm, ranks, finish, [1.0, 1.2], 0.3, 0) == ([1.0, 1.2], [True, True], set())
-    assert learner_ranks(arm, ranks, finish, [1.0], 0.3, 0)[0] == pytest.approx([0.2, 1.0])
-    assert learner_ranks(arm, ranks, {}, [1.0], float("inf"), 0)[0] == pytest.approx([1.0, 1.0])
+    new = [("new", 0), ("new", 1)]
+    assert learner_ranks(arm, ranks, finish, [1.0, 1.2], 0.3) == ([1.0, 1.2], [True, True], new)
+    assert learner_ranks(arm, ranks, finish, [1.0], 0.3)[0] == pytest.approx([0.2, 1.0])
+    assert learner_ranks(arm, ranks, {}, [1.0], float("inf"))[0] == pytest.approx([1.0, 1.0])
 
 
 def test_hybrid_ranks_are_the_finished_decode_functions(tmp_path):
     """Hybrid image: a decode function whose rows are done goes on as the free rank with the most finished groups
     (`LearnerStream.take`), warm, at its decode end. Function 0 (ends 1.0) finds rank 1's groups 2, 3 in (0.9,
-    0.7) and rank 0's only one (0.5): it takes rank 1; function 1 (1.2) takes rank 0. A warm worker beyond the
-    decode need is rank 0 from the step's start; the one decode function then takes rank 1."""
+    0.7) and rank 0's only one (0.5): it takes rank 1; function 1 (1.2) takes rank 0. A warm worker kept beyond
+    the decode need idles (its keep-alive running) until a rank has groups: rank 0 takes it at its first group
+    (0.5), and the one decode function takes rank 1 at its end."""
     _serverless_records(tmp_path / "serverless")
     arm = replace(read_arm(tmp_path / "serverless"), hybrid=True, keep_alive_s=2.0)
     ranks, finish = [[0, 1], [2, 3]], {0: 0.5, 1: 1.1, 2: 0.9, 3: 0.7}
-    assert learner_ranks(arm, ranks, finish, [1.0, 1.2], 0.3, 0) == ([1.2, 1.0], [False, False], {0, 1})
-    assert learner_ranks(arm, ranks, finish, [1.2], float("inf"), 1) == ([0.0, 1.2], [False, False], {0})
+    assert learner_ranks(arm, ranks, finish, [1.0, 1.2], 0.3) == ([1.2, 1.0], [False, False],
+                                                                  [("decode", 1), ("decode", 0)])
+    assert learner_ranks(arm, ranks, finish, [1.2], float("inf"), [-0.1]) == ([0.5, 1.2], [False, False],
+                                                                              [("kept", 0), ("decode", 0)])
+
+
+def test_a_decode_function_without_rank_work_idles_and_lapses_mid_step(tmp_path):
+    """The runtime's release rule: a decode function that ends (0.2) while no rank has groups waiting is not a
+    rank; it idles. Keep-alive 2 s: rank 0 takes it warm at its first group (0.8). Keep-alive 0.3 s: it is
+    released at its lapse (0.5), mid-step, and rank 0 starts cold on the unit it freed at its first group, or at
+    the pre-warm (0.6) when that comes first. Rank 1 takes the other function at its end (1.0) throughout."""
+    _serverless_records(tmp_path / "serverless")
+    arm = replace(read_arm(tmp_path / "serverless"), hybrid=True, keep_alive_s=2.0)
+    ranks, finish, ends, inf = [[0], [1]], {0: 0.8, 1: 1.0}, [0.2, 1.0], float("inf")
+    assert learner_ranks(arm, ranks, finish, ends, inf) == ([0.8, 1.0], [False, False],
+                                                            [("decode", 0), ("decode", 1)])
+    short = replace(arm, keep_alive_s=0.3)
+    assert learner_ranks(short, ranks, finish, ends, inf) == ([0.8, 1.0], [True, False], [("new", 0), ("decode", 1)])
+    assert learner_ranks(short, ranks, finish, ends, 0.6)[0] == [0.6, 1.0]
+
+
+def test_a_kept_worker_lapses_mid_step_and_is_billed_to_its_lapse(tmp_path):
+    """Keep-alive 0.5 s, hybrid, one decode function a step on 2 units (constants as above, makespan 1.0). Step 1
+    ends its learner at 1.75 (period 1.85): both workers are kept (idle 0.1 < 0.5). Step 2: one decodes warm (ends
+    1.0); the other, idle since -0.1, lapses at 0.4, mid-step: billed 0.4, its unit freed. The pre-warm (1.3 x
+    1.0 - 0.4 - 0.05 = 0.85) starts rank 0 cold there (ready 1.25, computes to 1.65); rank 1 takes the decode
+    function at 1.0. Learner ends 1.7, the step 1.8; billed 1.8 + (1.8 - 0.85) + 0.4; one cold start (0.4)."""
+    _serverless_records(tmp_path / "serverless")
+    arm = replace(read_arm(tmp_path / "serverless"), hybrid=True, keep_alive_s=0.5)
+    c = Constants({"decode": 0.3, "learner": 0.4}, {"decode": 0.0, "learner": 0.0}, (1.0, 0.0, 0.0), (0.1, 0.0),
+                  ctx=40.0, opt_s=0.05, driver_s=0.1)
+    one, two = predict(arm, list(arm.steps), c)
+    assert one.learn_end == pytest.approx(1.75) and one.period == pytest.approx(1.85)
+    assert two.rollout == pytest.approx(1.0) and two.learn_end == pytest.approx(1.7)
+    assert two.period == pytest.approx(1.8) and two.cold == pytest.approx(0.4)
+    assert two.billed == pytest.approx(1.8 + 0.95 + 0.4)
+    # held-idle: the lapsed worker's 0.4 s and the ranks' waits, never busy
+    assert two.busy == pytest.approx({"decode": 1.0, "learner": 2 * 0.45})
 
 
 def test_kept_hybrid_workers_are_warm_and_billed_through(tmp_path):
     """Keep-alive 2 s with the hybrid image: step 1's decode function is cold, the workers kept into step 2 are
-    warm (no cold start; one decode function, the other worker a rank from 0) and every worker is billed to the
-    step's end: 2 units x the period."""
+    warm (no cold start; one decode function, the other worker idle until a rank's first group, then that rank)
+    and every worker is billed to the step's end: 2 units x the period."""
     _serverless_records(tmp_path / "serverless")
     arm = replace(read_arm(tmp_path / "serverless"), hybrid=True, keep_alive_s=2.0)
     c = Constants({"decode": 0.3, "learner": 0.4}, {"decode": 0.0, "learner": 0.0}, (1.0, 0.0, 0.0), (0.1, 0.0),
@@ -270,3 +332,14 @@ def test_separate_images_kept_alive_are_refused_by_name(tmp_path):
     (tmp_path / "serverless" / "config.yaml").write_text(yaml.safe_dump(cfg))
     arm = read_arm(tmp_path / "serverless")
     assert arm.hybrid and arm.keep_alive_s == 2.0
+
+
+def test_simulate_validate_prints_the_load_term(tmp_path, capsys):
+    """`rlhfless simulate --validate` prints each arm's load factors and the errors at that load."""
+    from rlhfless.cli import main
+
+    _write_serverful(tmp_path / "serverful", slow=1.3)
+    assert main(["simulate", "--validate", str(tmp_path), "--json", str(tmp_path / "v.json")]) == 0
+    out = capsys.readouterr().out
+    assert "load factor per step 1.30, 1.30, 1.30: at that load step 0.0%, billed 0.0%" in out
+    assert "at each step's measured load: step_time_error 0.0%, cost_error 0.0%" in out

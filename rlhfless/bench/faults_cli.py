@@ -9,22 +9,38 @@ from pathlib import Path
 from rlhfless.core.cliargs import count
 
 FAULTS_CONFIG = "experiments/configs/faults.yaml"
+HEADLINE_CONFIG = "experiments/configs/serverless_vs_serverful.yaml"
+# the headline comparison's shape (keep-alive 2 s, hybrid functions) at a bench's length: no evaluation, no charts
+HEADLINE_OVERRIDES = ["train.steps=20", "train.eval_prompts=0", "runtime.gantt_every=0"]
+SUMMARY = ("mode", "device", "keep_alive_s", "hybrid", "repeats", "kills", "lost_steps", "samples_identical",
+           "retries", "extra_cost_fraction", "extra_cost_resolved", "undisturbed_noise_fraction", "lost_device_s",
+           "extra_time_fraction")
 
 
 def register(sub, bench) -> None:
     p = bench.add_parser(
         "faults",
-        help="kill random serverless workers with SIGKILL during a short run and check that nothing is lost",
+        help="kill random workers with SIGKILL during a short run, serverless and serverful; nothing may be lost",
         description=(
-            "Run the config in serverless mode --repeats times undisturbed and --repeats times while a chaos "
+            "Per mode (--mode; both by default), run the config --repeats times undisturbed and --repeats times "
+            "while a chaos "
             "thread kills random busy workers (kill -9), alternating. Reports kills, lost_steps, samples_identical "
             "(every step's responses equal the undisturbed run's), extra_cost_fraction (billed device-seconds of "
             "each faulty run over its undisturbed one, minus 1: mean, std, min, max, n), the undisturbed runs' own "
-            "spread, and lost_device_s (device-seconds of the invocations the kills cut short)."
+            "spread, and lost_device_s (device-seconds of the invocations the kills cut short). --headline benches the "
+            "headline comparison's configuration (keep-alive 2 s, hybrid functions); a config with runtime.device=emulated "
+            "(experiments/configs/emulated_testbed_*.yaml) benches emulated devices."
         ),
-        epilog=f"example: rlhfless bench faults --kills 20 --repeats 3 --json runs/faults.json  (config: {FAULTS_CONFIG})",
+        epilog=("examples: rlhfless bench faults --kills 20 --repeats 3 --json runs/faults.json  (config: "
+                f"{FAULTS_CONFIG});  rlhfless bench faults --headline --mode serverless --json runs/faults.json;  "
+                "rlhfless bench faults --config experiments/configs/emulated_testbed_3b_grpo.yaml --json runs/faults.json"),
     )
-    p.add_argument("--config", default=FAULTS_CONFIG, help=f"run config (default {FAULTS_CONFIG})")
+    p.add_argument("--config", default=None, help=f"run config (default {FAULTS_CONFIG}; --headline: {HEADLINE_CONFIG})")
+    p.add_argument("--headline", action="store_true",
+                   help=f"the headline comparison's config ({HEADLINE_CONFIG}) with {' '.join(HEADLINE_OVERRIDES)} "
+                        "(overrides after it win)")
+    p.add_argument("--mode", choices=("serverless", "serverful", "both"), default="both",
+                   help="which runtime mode to bench (default both, one after the other, each into OUT/<mode>)")
     p.add_argument("--kills", type=count(0, 100_000), default=20, help="workers to kill over the run (default 20)")
     p.add_argument("--repeats", type=count(1, 100), default=3,
                    help="undisturbed and faulty runs each (default 3): the extra cost is reported with its spread")
@@ -41,20 +57,21 @@ def _faults(args: argparse.Namespace) -> int:
     from rlhfless.core.errors import ConfigError
     from rlhfless.core.jsonl import write_json
     from rlhfless.run.runner import train
-    from rlhfless.runtime.faults import run_fault_bench
+    from rlhfless.runtime.faults import MODES, run_fault_bench
 
     if args.kills < 1:
         raise ConfigError(f"--kills: must be >= 1 (got {args.kills})")
-    config = args.config
+    config = args.config or (HEADLINE_CONFIG if args.headline else FAULTS_CONFIG)
     if not Path(config).exists() and (REPO_ROOT / config).exists():
         config = str(REPO_ROOT / config)
-    cfg = load_run_config(config, args.overrides + ["tracking.mode=disabled"])
+    pre = HEADLINE_OVERRIDES if args.headline else []
+    cfg = load_run_config(config, pre + args.overrides + ["tracking.mode=disabled"])
     cfg.check_machine()
-    report = run_fault_bench(cfg, Path(args.out), train, args.kills, args.seed, progress=not args.no_progress,
-                             repeats=args.repeats)
-    write_json(report, Path(args.json))
-    print(json.dumps({k: report[k] for k in ("repeats", "kills", "lost_steps", "samples_identical", "retries",
-                                             "extra_cost_fraction", "extra_cost_resolved",
-                                             "undisturbed_noise_fraction", "lost_device_s",
-                                             "extra_time_fraction")}, indent=1))
+    modes = MODES if args.mode == "both" else (args.mode,)
+    report = {"config": config, "overrides": pre + args.overrides, "modes": {}}
+    for mode in modes:  # each mode's report is written as soon as it is in: a later failure keeps it
+        report["modes"][mode] = run_fault_bench(cfg, Path(args.out) / mode, train, args.kills, args.seed,
+                                                progress=not args.no_progress, repeats=args.repeats, mode=mode)
+        write_json(report, Path(args.json))
+    print(json.dumps({m: {k: r[k] for k in SUMMARY} for m, r in report["modes"].items()}, indent=1))
     return 0

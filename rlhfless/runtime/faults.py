@@ -1,6 +1,7 @@
-"""`rlhfless bench faults`: kill random workers with SIGKILL during a short serverless run; nothing may be lost.
+"""`rlhfless bench faults`: kill random workers with SIGKILL during a short run; nothing may be lost.
 
-The same config runs `repeats` times undisturbed and `repeats` times under a chaos thread that kills a random busy
+Each mode (`runtime.mode=serverless`, or the `serverful` control: a fixed pool the runtime restarts whole when a
+worker dies) is benched on its own: the same config runs `repeats` times undisturbed and `repeats` times under a chaos thread that kills a random busy
 worker (decode, learner or reference function, mid-invocation where one is running) at intervals sized to spread
 `kills` kills over the run; undisturbed and faulty runs alternate, so a shared machine's drift hits both alike.
 The runtime notices each death (the process sentinel), bills the lost time, and re-runs the dead worker's work
@@ -13,7 +14,10 @@ from the same random streams. The report:
   extra_cost_resolved: the mean extra cost lies more than two standard errors from 0 (None with one pair);
   lost_device_s: device-seconds of the invocations the kills cut short, measured in the faulty runs themselves
   (no second run to compare with, so no noise of that kind; never negative).
-`KillOn` is the chaos the tests use instead: a kill at a protocol event (a message sent or received), no clock.
+The config's other settings stay as they are: the headline comparison's shape (keep-alive > 0, hybrid functions)
+or emulated devices (`runtime.device=emulated`) are benched by passing that config or override.
+`KillOn` is the chaos the tests use instead: a kill at a protocol event (a message sent or received), no clock;
+`run_fault_bench(chaos=...)` takes either.
 """
 
 from __future__ import annotations
@@ -95,6 +99,14 @@ class KillOn:
         self.rules = list(rules)
         self.fired: list[tuple[KillRule, str]] = []
 
+    @property
+    def killed(self) -> list[dict]:
+        """The kills as the bench reports them (`Chaos.killed`), the protocol event in place of a time."""
+        return [{"worker": w, "event": f"{r.when} {r.op} step {r.step}"} for r, w in self.fired]
+
+    def stop(self) -> None:
+        """Nothing runs between events (the bench stops a `Chaos` thread here)."""
+
     def attach(self, runtime) -> None:
         backend = runtime.backend
         send, poll = backend.send, backend.poll
@@ -124,23 +136,32 @@ class KillOn:
                 return
 
 
+MODES = ("serverless", "serverful")
+
+
 def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progress: bool = True,
-                    repeats: int = 1) -> dict:
-    """`repeats` pairs of runs (undisturbed, then under `kills` SIGKILLs with chaos seed `seed + i`) into
-    out/undisturbed-<i> and out/faulty-<i>; returns the report (module header).
+                    repeats: int = 1, mode: str = "serverless", chaos=None) -> dict:
+    """`repeats` pairs of runs in `mode` (undisturbed, then under `kills` SIGKILLs with chaos seed `seed + i`)
+    into out/undisturbed-<i> and out/faulty-<i>; returns the report (module header) with the mode and the run's
+    shape (device, keep-alive, hybrid) at its head.
 
-    train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime)."""
-    cfg = replace(cfg, runtime=replace(cfg.runtime, mode="serverless"))
-    pairs = [_pair(cfg, out, train, i, kills, seed + i - 1, progress) for i in range(1, repeats + 1)]
-    return fault_report(pairs, kills)
+    train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime).
+    chaos: `(kills, interval_s, seed) -> chaos` (`attach`, `stop`, `killed`); default a `Chaos` thread."""
+    if mode not in MODES:
+        raise ValueError(f"mode: one of {', '.join(MODES)} (got {mode!r})")
+    cfg = replace(cfg, runtime=replace(cfg.runtime, mode=mode))
+    pairs = [_pair(cfg, out, train, i, kills, seed + i - 1, progress, chaos or Chaos) for i in range(1, repeats + 1)]
+    rt = cfg.runtime
+    shape = {"mode": mode, "device": rt.device, "keep_alive_s": rt.keep_alive_s, "hybrid": rt.hybrid}
+    return {**shape, **fault_report(pairs, kills)}
 
 
-def _pair(cfg, out: Path, train, i: int, kills: int, seed: int, progress: bool) -> dict:
+def _pair(cfg, out: Path, train, i: int, kills: int, seed: int, progress: bool, make_chaos) -> dict:
     from rlhfless.runtime.compare import samples_match
 
     clean_dir, faulty_dir = out / f"undisturbed-{i}", out / f"faulty-{i}"
     clean = train(cfg, clean_dir, progress=progress)
-    chaos = Chaos(kills, interval_s=max(0.05, clean["runtime"]["loop_wall_s"] / (kills + 2)), seed=seed)
+    chaos = make_chaos(kills, max(0.05, clean["runtime"]["loop_wall_s"] / (kills + 2)), seed)
     executor.RUNTIME_HOOKS.append(chaos.attach)
     lost = 0
     try:

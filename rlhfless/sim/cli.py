@@ -58,7 +58,17 @@ def arm_line(a: dict) -> str:
     busy = ", ".join(f"busy {k} {r(v)}" for k, v in c["busy"].items())
     return (f"arm {a['arm']}: step {r(a['step_time_s'])} s ({a['step_time_s']['rel_error']:.1%}), billed "
             f"{r(a['cost_device_s'])} core-s ({a['cost_device_s']['rel_error']:.1%}): cold {r(c['cold_start'])}, "
-            f"{busy}, held idle {r(c['held_idle'])} (simulated/measured per step, {a['steps_validated']} steps)")
+            f"{busy}, held idle {r(c['held_idle'])} (simulated/measured per step, {a['steps_validated']} steps)"
+            + _load_part(a.get("at_measured_load")))
+
+
+def _load_part(load: dict | None) -> str:
+    """The arm's load term (armmodel.at_measured_load), or nothing for a report written before it."""
+    if not load:
+        return ""
+    f = ", ".join(f"{x:.2f}" for x in load["decode_load_factor"])
+    return (f"; load factor per step {f}: at that load step {load['step_time_s']['rel_error']:.1%}, "
+            f"billed {load['cost_device_s']['rel_error']:.1%}")
 
 
 def ppo_line(p: dict) -> str:
@@ -124,6 +134,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             for a in report["emulated"].values():
                 print(emulated_line(a))
         print(f"step_time_error {report['step_time_error']:.1%}, cost_error {report['cost_error']:.1%}")
+        if "step_time_error_at_measured_load" in report:  # armmodel.at_measured_load: the load's share taken out
+            print(f"at each step's measured load: step_time_error {report['step_time_error_at_measured_load']:.1%}, "
+                  f"cost_error {report['cost_error_at_measured_load']:.1%}")
     else:
         from rlhfless.sim.scenario import run_scenario
 

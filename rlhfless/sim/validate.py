@@ -535,6 +535,10 @@ def validate(run_dir: str | Path, calibrate_from: str | Path | None = None) -> d
     if played:  # a comparison with runtime records: the arm model's per-step play decides the errors
         out["step_time_error"] = max(a["step_time_s"]["rel_error"] for a in played)
         out["cost_error"] = max(a["cost_device_s"]["rel_error"] for a in played)
+        # the same with each step scaled by its own measured load (armmodel.at_measured_load): the model's error
+        # once the neighbours' load on shared cores is taken out
+        out["step_time_error_at_measured_load"] = max(a["at_measured_load"]["step_time_s"]["rel_error"] for a in played)
+        out["cost_error_at_measured_load"] = max(a["at_measured_load"]["cost_device_s"]["rel_error"] for a in played)
         out["errors_from"] = "arms"
         return out
     if not staged:
