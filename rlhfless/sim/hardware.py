@@ -128,7 +128,7 @@ def _shape(name, layers, hidden, heads, kv, inter, vocab, tied, src, bpp=2) -> M
 
 _HF = "config.json of the public Hugging Face checkpoint"
 MODELS: dict[str, ModelShape] = {
-    # the small Qwen2.5 shapes `rlhfless profile` and the GPU check build with random weights (issue 21)
+    # the small Qwen2.5 shapes `rlhfless profile` and the GPU check build with random weights (no checkpoint is downloadable here)
     "qwen2.5-0.5b": _shape("qwen2.5-0.5b", 24, 896, 14, 2, 4864, 151936, True, f"Qwen/Qwen2.5-0.5B {_HF}"),
     "qwen2.5-1.5b": _shape("qwen2.5-1.5b", 28, 1536, 12, 2, 8960, 151936, True, f"Qwen/Qwen2.5-1.5B {_HF}"),
     "qwen2.5-3b": _shape("qwen2.5-3b", 36, 2048, 16, 2, 11008, 151936, True, f"Qwen/Qwen2.5-3B {_HF}"),

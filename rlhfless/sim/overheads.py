@@ -43,7 +43,7 @@ _PR116 = ("verl PR #116 (github.com/volcengine/verl/pull/116), weight sync on 8 
 
 _VERL_70B = ("verl's large-model example scripts (examples/grpo_trainer and ppo_trainer, Qwen2.5-72B / Llama-70B "
              "class: rollout tensor_model_parallel_size 8-16); the paper states no TP; not re-checked here, as "
-             "cited by issue 31")
+             "cited by the review that asked for this range")
 _VERL_VLLM08 = ("verl docs 'Upgrading to vLLM >= 0.8' (docs/README_vllm0.8.md; the paper ran vLLM 0.8.3): CUDA "
                 "graphs on with actor_rollout_ref.rollout.enforce_eager=False together with free_cache_engine=True "
                 "(read in a third-party copy of the page found by this session's search, not the page itself)")

@@ -503,7 +503,7 @@ def _paper_tp(cfg: SimConfig, work: list[StepWork], tp: int | None = None) -> Cl
 
 
 def paper_range(cfg: SimConfig, work: list[StepWork]) -> dict[str, Cluster]:
-    """The paper verl's range (issue 31): at TP 2 (the yaml; raised until it fits), TP 8 (verl's 70B practice)
+    """The paper verl's range: at TP 2 (the yaml; raised until it fits), TP 8 (verl's 70B practice)
     and the fastest TP at its settings (each feasible TP tried on the first two steps); keys tp2, tp8, fastest."""
     dev = hw.device(cfg.device)
     out = {"tp2": _paper_tp(cfg, work, PAPER_VERL_TP)}
