@@ -87,6 +87,12 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
     tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`). Hybrid functions of the warm
     pool (cfg.hybrid_warm) beyond the active actors stay learner blocks (warm spare, `learner_blocks`)."""
     lc = cfg.learner
+    tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
+    warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)
+    after_ds = float(tokens.sum()) * lc.after_s_per_token
+    if not lc.overlap:  # every group's work waits for the rollout's end: no job's finish is read
+        return whole_step_tail(dur[dur > 0], np.zeros(len(tokens)), tokens * lc.s_per_token, cfg.gpus_per_actor,
+                               _budget(cfg), lc, cfg.gpus_per_actor, warm_spare, after_ds)
     busy = np.where(dur > 0, dur - head, 0.0)
     own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) if own is None else own.copy()
     gpus = np.full(n, cfg.gpus_per_actor)
@@ -98,10 +104,8 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
         gpus[a] = w.gpus
     own = np.where(own <= busy[labels] + 1e-9, own, busy.max(initial=0.0))
     fin = own + head[labels]
-    tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
-    warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)
     return whole_step_tail(dur[dur > 0], fin, tokens * lc.s_per_token, gpus[dur > 0], _budget(cfg), lc,
-                           cfg.gpus_per_actor, warm_spare, float(tokens.sum()) * lc.after_s_per_token)
+                           cfg.gpus_per_actor, warm_spare, after_ds)
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
