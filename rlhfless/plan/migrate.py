@@ -69,16 +69,19 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
     moves: list[Migration] = []
     released: list[int] = []
     tokens = 0.0
-    avail = {p.actor_id: p.max_remaining for p in progress if p.actor_id in free}
+    # destinations keyed (predicted free at, -free slots, id), the least first: a move only raises its
+    # destination's key, so a heap pops the same `min` a scan of every destination would
+    dests = [(p.max_remaining, -free[p.actor_id], p.actor_id) for p in progress if p.actor_id in free]
+    heapq.heapify(dests)
+    n_free = sum(free.values())
     for src in sources:
-        if src.n_unfinished > sum(free.values()):
+        if src.n_unfinished > n_free:
             continue
         for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
-            dst = min(free, key=lambda a: (avail[a], -free[a], a))
-            avail[dst] = max(avail[dst], seq.predicted_remaining)
-            free[dst] -= 1
-            if free[dst] == 0:
-                del free[dst]
+            avail, neg_free, dst = heapq.heappop(dests)
+            if neg_free < -1:  # still a free slot after this one
+                heapq.heappush(dests, (max(avail, seq.predicted_remaining), neg_free + 1, dst))
+            n_free -= 1
             moves.append(Migration(seq.seq_id, src.actor_id, dst))
             tokens += seq.prompt_len + seq.generated
         released.append(src.actor_id)
@@ -164,9 +167,14 @@ class _Live:
 
     @property
     def max_remaining(self) -> float:
-        _, _, rem = self._running()
-        pred = self._seqs.pred
-        return max(rem + [pred[s] for job in self._act.queue for s in job])
+        it, start, pred = self._act.it, self._seqs.start_it, self._seqs.pred
+        # the largest of the running sequences' remaining, each raised to 1 (`_running`), and the queued ones'
+        run = max((pred[sid] - (it - start[sid]) for _, sid in self._act.heap), default=None)
+        queued = max((pred[s] for job in self._act.queue for s in job), default=None)
+        if run is None:
+            return queued
+        run = run if run > 1.0 else 1.0
+        return run if queued is None else max(run, queued)
 
     @property
     def unfinished(self) -> tuple[SeqProgress, ...]:
