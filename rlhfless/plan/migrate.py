@@ -102,10 +102,18 @@ class _Seqs:
         self.pred: list[float] = []
         self.plen: list[int] = []
         self.start_it: list[float] = []  # actor iteration counter value at which the seq had 0 tokens
+        self._job_of: dict[str, int] | None = None  # group id -> job, built at the first move (`sid`)
 
     def name(self, sid: int) -> str:
         j = self.job[sid]
         return f"{self.group[j]}/{sid - self.first[j]}"
+
+    def sid(self, name: str) -> int:
+        """The sid `name` was built from (group ids are unique within a plan; k never holds a slash)."""
+        if self._job_of is None:
+            self._job_of = {g: j for j, g in enumerate(self.group)}
+        group, _, k = name.rpartition("/")
+        return self.first[self._job_of[group]] + int(k)
 
 
 class _Actor:
@@ -212,11 +220,10 @@ def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seq
            f: list[float]) -> None:
     """Move sequences (running or queued); each destination stalls for the KV transfer."""
     sources = {actors[m.src] for m in mp.moves}
-    sid_of = {seqs.name(s): s for act in sources for s in [x for _, x in act.heap] + [x for j in act.queue for x in j]}
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     moved = set()
     for m in mp.moves:
-        sid, src, dst = sid_of[m.seq_id], actors[m.src], actors[m.dst]
+        sid, src, dst = seqs.sid(m.seq_id), actors[m.src], actors[m.dst]
         finish = finish_of.get(sid)
         gen = src.it - seqs.start_it[sid] if finish is not None else 0.0
         rem = finish - src.it if finish is not None else seqs.true[sid]

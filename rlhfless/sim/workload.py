@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +38,7 @@ class GroupWork:
     lengths: tuple[int, ...]
     rewards: tuple[float, ...] = ()
 
-    @property
+    @cached_property  # read per group by every policy at every step; a frozen group's never changes
     def tokens(self) -> int:
         """Prompt + response tokens of all samples (what scoring and training process)."""
         return self.prompt_len * len(self.lengths) + sum(self.lengths)
@@ -53,7 +54,7 @@ class StepWork:
     def n_seqs(self) -> int:
         return sum(len(g.lengths) for g in self.groups)
 
-    @property
+    @cached_property
     def tokens(self) -> int:
         return sum(g.tokens for g in self.groups)
 
