@@ -259,17 +259,26 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
     moves: list[Migration] = []
     released: list[int] = []
     nxt = [a.next_event(f) for a in actors] or [np.inf]
-    while (t := min(nxt)) < np.inf:
+    pop, inf = heapq.heappop, np.inf
+    while (t := min(nxt)) < inf:
         a = nxt.index(t)
         act = actors[a]
-        act.advance(t, f)
-        while act.heap and act.heap[0][0] <= act.it + 1e-9:
-            heapq.heappop(act.heap)
+        heap = act.heap
+        if t > act.t:  # `_Actor.advance`, inlined: this loop runs once per event of every simulated step
+            if heap:
+                act.it += (t - act.t) / f[len(heap)]
+            act.t = t
+        done = act.it + 1e-9
+        while heap and heap[0][0] <= done:
+            pop(heap)
             act.finished += 1
-        act.admit(plan.capacity, seqs)
-        if not act.heap and not act.queue:
+        if act.queue:
+            act.admit(plan.capacity, seqs)
+        if not heap and not act.queue:
             act.end = t
-        elif act.finished / act.total >= tau and _room(actors, tau, plan.capacity, a):
+            nxt[a] = inf
+            continue
+        if act.finished / act.total >= tau and _room(actors, tau, plan.capacity, a):
             live = [b for b in actors if b.end is None and (b.heap or b.queue)]
             for b in live:
                 b.advance(t, f)
