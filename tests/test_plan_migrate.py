@@ -105,3 +105,71 @@ def test_simulation_uses_true_lengths_for_execution():
     plan, _ = assign(pred, 2, 4, tm, "round_robin")
     res, _ = simulate_with_migration(plan, tm, tau=1.0, true_jobs=true)
     assert res.busy_s == pytest.approx((0.01 * (100 + 300), 0.01 * (200 + 400)))
+
+
+def _scan_decision(progress, tau):
+    """The decision rule written as a scan of every destination per move (the form the heap in `plan_migrations`
+    replaced): the reference its moves must equal."""
+    free = {p.actor_id: p.free_slots for p in progress
+            if p.n_unfinished and p.finished_fraction < tau and p.free_slots > 0}
+    sources = sorted((p for p in progress if p.n_unfinished and p.finished_fraction >= tau),
+                     key=lambda p: (p.n_unfinished, p.actor_id))
+    avail = {p.actor_id: p.max_remaining for p in progress if p.actor_id in free}
+    moves, released = [], []
+    for src in sources:
+        if src.n_unfinished > sum(free.values()):
+            continue
+        for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
+            dst = min(free, key=lambda a: (avail[a], -free[a], a))
+            avail[dst] = max(avail[dst], seq.predicted_remaining)
+            free[dst] -= 1
+            if free[dst] == 0:
+                del free[dst]
+            moves.append((seq.seq_id, src.actor_id, dst))
+        released.append(src.actor_id)
+    return moves, released
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.lists(st.integers(1, 6), max_size=8), st.integers(0, 8)),
+                min_size=1, max_size=8),
+       st.floats(0.05, 1.0))
+def test_decision_equals_the_scan_over_destinations(spec, tau):
+    # few distinct remaining lengths, so ties in (free at, free slots) between destinations are common
+    progress = [ActorProgress(a, fin, _seqs(f"x{a}_", [5.0 * r for r in rems]), free)
+                for a, (fin, rems, free) in enumerate(spec)]
+    mp, _ = plan_migrations(progress, tau)
+    moves, released = _scan_decision(progress, tau)
+    assert [(m.seq_id, m.src, m.dst) for m in mp.moves] == moves
+    assert list(mp.released) == released
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0.0, 50.0), min_size=0, max_size=12), st.lists(st.floats(0.0, 60.0), max_size=6),
+       st.floats(0.0, 40.0))
+def test_live_max_remaining_equals_listing_every_sequence(running, queued, it):
+    """The simulation's view of an actor gives the longest predicted remaining without listing its sequences:
+    the same value as the maximum over `_running` (each raised to 1) and the queued predictions."""
+    import heapq
+
+    from rlhfless.plan.migrate import _Actor, _Live, _Seqs
+
+    if not running and not queued:
+        return
+    seqs, act = _Seqs(), _Actor(0)
+    act.it = it
+    for k, pred in enumerate(running + queued):
+        seqs.job.append(0)
+        seqs.true.append(pred)
+        seqs.pred.append(pred)
+        seqs.plen.append(3)
+        seqs.start_it.append(it * (k % 3) / 3)  # generated 0 .. 2/3 of the clock so far
+    seqs.group.append("g")
+    seqs.first.append(0)
+    for sid in range(len(running)):
+        heapq.heappush(act.heap, (seqs.start_it[sid] + seqs.true[sid], sid))
+    if queued:
+        act.queue.append(list(range(len(running), len(running) + len(queued))))
+    live = _Live(act, 16, seqs)
+    _, _, rem = live._running()
+    assert live.max_remaining == max(rem + [seqs.pred[s] for job in act.queue for s in job])

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlhfless.core.errors import DataError
-from rlhfless.plan.overlap import Blocks, learner_blocks, learner_drain, learner_invocations, size_blocks
+from rlhfless.plan.overlap import (
+    Blocks,
+    LearnerCosts,
+    learner_blocks,
+    learner_drain,
+    learner_invocations,
+    size_blocks,
+    whole_step_tail,
+)
 
 
 def reference_drain(arrive, work, ready, devices) -> float:
@@ -85,3 +95,40 @@ def test_hybrid_blocks_start_after_the_reshard_and_warm_spare_ones_hold_the_weig
     assert c.ready_s.tolist() == pytest.approx([16.0, 26.0, 11.0, 3.0, 3.0])
     assert learner_blocks(np.array([10.0]), 8.0, 16.0, 8.0, 3.0, 6.0, True).ready_s.tolist() == \
         pytest.approx([16.0, 6.0, 6.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(0.0, 500.0), st.lists(st.floats(0.0, 50.0), min_size=1, max_size=40), st.floats(0.5, 200.0),
+       st.booleans(), st.floats(0.0, 30.0), st.one_of(st.none(), st.floats(0.0, 30.0)), st.floats(0.0, 20.0),
+       st.floats(0.0, 40.0), st.floats(0.0, 9.0))
+def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, budget, prewarm, cold, bill, upd,
+                                                           after, prefill_s):
+    """Without overlap `whole_step_tail` takes a scalar form (`_sequential_tail`); it must give the same floats
+    as the general path: the one block of every device, `learner_drain` over arrivals at the rollout's end,
+    `learner_invocations`."""
+    from rlhfless.plan.overlap import (
+        _sequential_tail,
+        learner_drain,
+        learner_invocations,
+        prewarm_billed,
+        sequential_blocks,
+    )
+
+    lc = LearnerCosts(whole_step=True, overlap=False, cold_start_s=cold, prewarm=prewarm, prewarm_bill_s=bill,
+                      update_fixed_s=upd, prefill_s=prefill_s, prefill_devices=1.0)
+    work = np.array(work)
+    b = prewarm_billed(sequential_blocks(rollout_end + (0.0 if prewarm else cold), budget, cold), 0, prewarm, bill)
+    arrive, w = np.full(len(work), rollout_end), work
+    if after > 0:
+        arrive, w = np.append(arrive, rollout_end), np.append(work, after)
+    fast = _sequential_tail(rollout_end, work, budget, lc, after)
+    if float(w.sum()) <= 0:
+        assert fast is None
+        return
+    work_end, joined = learner_drain(arrive, w, b.ready_s, b.devices)
+    end = max(work_end, rollout_end) + upd
+    assert fast == (end, learner_invocations(b, joined, end))
+    # and through whole_step_tail, released actors and the prefill function included
+    rel = np.array([rollout_end * 0.5, rollout_end])
+    step, invs = whole_step_tail(rel, np.zeros(len(work)), work, 1.0, budget, lc, None, 0, after)
+    assert (step, invs[-len(fast[1]):] if fast[1] else []) == (fast[0], fast[1])

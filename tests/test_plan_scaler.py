@@ -334,3 +334,31 @@ def test_a_warm_wide_straggler_is_a_pre_warmed_function_even_where_a_hybrid_one_
     wide = WideActor(TimeModel.per_token(0.005), 2.0, 8, 3.0, 0.2)
     row = _row(plan, cfg, TM, 2, (), wide=wide)
     assert (row.step_s, row.gpu_seconds) == pytest.approx((1.7, 10.0))
+
+
+def test_sequential_whole_step_tail_reads_no_finish_so_the_scaler_simulates_none():
+    """Without overlap every group's learner work waits for the rollout's end: `whole_step_tail` gives the same
+    step and bill whatever the arrivals, which is why `_tail` skips simulating each job's finish there. Checked
+    against the finishes simulated (`labels_finish_s`) and against arbitrary ones."""
+    import numpy as np
+
+    from rlhfless.plan.balancer import JobArrays, labels_finish_s
+    from rlhfless.plan.overlap import job_learner_tokens, whole_step_tail
+    from rlhfless.plan.scaler import _tail
+
+    rng = np.random.default_rng(3)
+    ja = JobArrays.from_jobs([PlanJob(f"g{i}", 2, tuple(rng.uniform(50, 900, 2).tolist()), 7) for i in range(9)])
+    labels, rank = rng.integers(0, 3, 9), np.arange(9)
+    head = np.array([0.4, 0.7, 0.2])
+    lc = LearnerCosts(whole_step=True, overlap=False, devices=3.0, s_per_token=0.001, cold_start_s=0.5,
+                      update_fixed_s=0.3, after_s_per_token=0.0005, prefill_s=0.2, prefill_devices=1.0)
+    cfg = _cfg(max_actors=3, learner=lc)
+    busy = np.bincount(labels, weights=ja.work, minlength=3) * 0.01
+    dur = np.where(busy > 0, head + busy, 0.0)
+    end, invs = _tail(ja, labels, rank, 3, dur, head, cfg, TM)
+    tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
+    fin = labels_finish_s(ja, labels, rank, 3, cfg.capacity, TM) + head[labels]
+    for arrive in (fin, rng.uniform(0, 50, 9)):
+        ref = whole_step_tail(dur[dur > 0], arrive, tokens * lc.s_per_token, cfg.gpus_per_actor, 3.0, lc,
+                              cfg.gpus_per_actor, 0, float(tokens.sum()) * lc.after_s_per_token)
+        assert (end, invs) == ref

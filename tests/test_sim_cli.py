@@ -158,3 +158,17 @@ def test_simulate_help_names_every_scenario_whole(capsys):
     assert exc.value.code == 0
     words = set(capsys.readouterr().out.split())
     assert all(any(w.startswith(name) for w in words) for name in SCENARIOS)
+
+
+def test_a_simulation_imports_neither_torch_nor_scipy_stats():
+    """The simulator never imports torch (the layering rule), and its start-up stays free of scipy.stats (1.3 s of
+    CPU it once paid for one normal quantile): a fresh interpreter plays a one-step scenario and lists them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from rlhfless.sim.scenario import run_scenario; run_scenario('quick', 1); "
+            "print([m for m in ('torch', 'scipy.stats') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -54,18 +54,21 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
     moves: list[Migration] = []
     released: list[int] = []
     tokens = 0.0
-    avail = {p.actor_id: p.max_remaining for p in progress if p.actor_id in free}
+    # destinations keyed (predicted free at, -free slots, id), the least first: a move only raises its
+    # destination's key, so a heap pops the same `min` a scan of every destination would
+    dests = [(p.max_remaining, -free[p.actor_id], p.actor_id) for p in progress if p.actor_id in free]
+    heapq.heapify(dests)
+    n_free = sum(free.values())
     for src in sources:
         # all or nothing: a partial cut would not let the source release, so it would save nothing
-        if src.n_unfinished > sum(free.values()):
+        if src.n_unfinished > n_free:
             continue
         for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
             # earliest free, not most free slots: that piled stragglers onto the long-sequence actors
-            dst = min(free, key=lambda a: (avail[a], -free[a], a))
-            avail[dst] = max(avail[dst], seq.predicted_remaining)
-            free[dst] -= 1
-            if free[dst] == 0:
-                del free[dst]
+            avail, neg_free, dst = heapq.heappop(dests)
+            if neg_free < -1:  # still a free slot after this one
+                heapq.heappush(dests, (max(avail, seq.predicted_remaining), neg_free + 1, dst))
+            n_free -= 1
             moves.append(Migration(seq.seq_id, src.actor_id, dst))
             tokens += seq.prompt_len + seq.generated
         released.append(src.actor_id)
@@ -86,10 +89,18 @@ class _Seqs:
         self.pred: list[float] = []
         self.plen: list[int] = []
         self.start_it: list[float] = []  # actor iteration counter value at which the seq had 0 tokens
+        self._job_of: dict[str, int] | None = None  # group id -> job, built at the first move (`sid`)
 
     def name(self, sid: int) -> str:
         j = self.job[sid]
         return f"{self.group[j]}/{sid - self.first[j]}"
+
+    def sid(self, name: str) -> int:
+        """The sid `name` was built from (group ids are unique within a plan; k never holds a slash)."""
+        if self._job_of is None:
+            self._job_of = {g: j for j, g in enumerate(self.group)}
+        group, _, k = name.rpartition("/")
+        return self.first[self._job_of[group]] + int(k)
 
 
 class _Actor:
@@ -151,9 +162,14 @@ class _Live:
 
     @property
     def max_remaining(self) -> float:
-        _, _, rem = self._running()
-        pred = self._seqs.pred
-        return max(rem + [pred[s] for job in self._act.queue for s in job])
+        it, start, pred = self._act.it, self._seqs.start_it, self._seqs.pred
+        # the largest of the running sequences' remaining, each raised to 1 (`_running`), and the queued ones'
+        run = max((pred[sid] - (it - start[sid]) for _, sid in self._act.heap), default=None)
+        queued = max((pred[s] for job in self._act.queue for s in job), default=None)
+        if run is None:
+            return queued
+        run = run if run > 1.0 else 1.0
+        return run if queued is None else max(run, queued)
 
     @property
     def unfinished(self) -> tuple[SeqProgress, ...]:
@@ -191,11 +207,10 @@ def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seq
            f: list[float]) -> None:
     """Move sequences (running or queued); each destination stalls for the KV transfer."""
     sources = {actors[m.src] for m in mp.moves}
-    sid_of = {seqs.name(s): s for act in sources for s in [x for _, x in act.heap] + [x for j in act.queue for x in j]}
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     moved = set()
     for m in mp.moves:
-        sid, src, dst = sid_of[m.seq_id], actors[m.src], actors[m.dst]
+        sid, src, dst = seqs.sid(m.seq_id), actors[m.src], actors[m.dst]
         finish = finish_of.get(sid)
         gen = src.it - seqs.start_it[sid] if finish is not None else 0.0
         rem = finish - src.it if finish is not None else seqs.true[sid]
@@ -231,17 +246,26 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
     moves: list[Migration] = []
     released: list[int] = []
     nxt = [a.next_event(f) for a in actors] or [np.inf]
-    while (t := min(nxt)) < np.inf:
+    pop, inf = heapq.heappop, np.inf
+    while (t := min(nxt)) < inf:
         a = nxt.index(t)
         act = actors[a]
-        act.advance(t, f)
-        while act.heap and act.heap[0][0] <= act.it + 1e-9:
-            heapq.heappop(act.heap)
+        heap = act.heap
+        if t > act.t:  # `_Actor.advance`, inlined: this loop runs once per event of every simulated step
+            if heap:
+                act.it += (t - act.t) / f[len(heap)]
+            act.t = t
+        done = act.it + 1e-9
+        while heap and heap[0][0] <= done:
+            pop(heap)
             act.finished += 1
-        act.admit(plan.capacity, seqs)
-        if not act.heap and not act.queue:
+        if act.queue:
+            act.admit(plan.capacity, seqs)
+        if not heap and not act.queue:
             act.end = t
-        elif act.finished / act.total >= tau and _room(actors, tau, plan.capacity, a):
+            nxt[a] = inf
+            continue
+        if act.finished / act.total >= tau and _room(actors, tau, plan.capacity, a):
             live = [b for b in actors if b.end is None and (b.heap or b.queue)]
             for b in live:
                 b.advance(t, f)

@@ -277,6 +277,10 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         if lc.size_slack is not None:
             b = size_blocks(arrive, work_ds, b, lc.size_slack)
     else:
+        fast = _sequential_tail(rollout_end, work_ds, budget, lc, after_ds)
+        if fast is not None:
+            end, learner = fast
+            return end, invs + learner
         b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
         b = prewarm_billed(b, 0, lc.prewarm, lc.prewarm_bill_s)
         arrive = np.full(len(work_ds), rollout_end)
@@ -285,3 +289,35 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
     work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + lc.update_fixed_s
     return end, invs + learner_invocations(b, joined, end)
+
+
+def _sequential_tail(rollout_end: float, work_ds: np.ndarray, budget: float, lc: LearnerCosts,
+                     after_ds: float) -> tuple[float, list[Invocation]] | None:
+    """`whole_step_tail` without overlap in scalars, the same floats: every group arrives at the rollout's end
+    on the one block of every device (`sequential_blocks`), so `learner_drain`'s fluid queue reduces to one
+    segment, C(t) = t * budget - budget * ready: the work ends where C reaches C(rollout_end) plus all the work
+    (the suffix sum over every arrival, its largest; each rounding is monotone, so the maximum over arrivals is
+    this one), never before the rollout's end. The scaler prices every candidate of every step with it (as
+    numpy on arrays of one block it was most of the sweep). None where the general path must decide: no work,
+    no device, or a value that is not finite."""
+    work = np.asarray(work_ds, float)
+    if after_ds > 0:
+        work = np.append(work, after_ds)
+    if len(work) == 0 or not budget > 0 or not float(work.sum()) > 0 or float(work.min()) < 0:
+        return None
+    top = float(np.cumsum(work[::-1])[-1])  # the work arriving at or after the first arrival, summed as _Arrivals
+    ready = rollout_end + (0.0 if lc.prewarm else lc.cold_start_s)
+    if not (top > 0 and np.isfinite(top) and np.isfinite(ready)):
+        return None
+    budget = float(budget)
+    offset = budget * ready
+    at_arrival = rollout_end * budget - offset if rollout_end >= ready else 0.0  # C(rollout_end)
+    work_end = max((at_arrival + top + offset) / budget, rollout_end)
+    end = max(work_end, rollout_end) + lc.update_fixed_s
+    cold = float(lc.cold_start_s)
+    if lc.prewarm and lc.prewarm_bill_s is not None:
+        cold = float(np.minimum(cold, lc.prewarm_bill_s))  # `prewarm_billed`
+    if not ready < work_end - 1e-12:
+        return end, []
+    start = max(ready - cold, 0.0)  # `learner_invocations` at t0 = 0
+    return end, [Invocation("learner", 0, 0.0 + start, 0.0 + end, True, budget, min(cold, end - start))]

@@ -87,6 +87,12 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
     tracked), the rule the simulator applies (`rlhfless.sim.policies._learner`). Hybrid functions of the warm
     pool (cfg.hybrid_warm) beyond the active actors stay learner blocks (warm spare, `learner_blocks`)."""
     lc = cfg.learner
+    tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
+    warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)
+    after_ds = float(tokens.sum()) * lc.after_s_per_token
+    if not lc.overlap:  # every group's work waits for the rollout's end: no job's finish is read
+        return whole_step_tail(dur[dur > 0], np.zeros(len(tokens)), tokens * lc.s_per_token, cfg.gpus_per_actor,
+                               _budget(cfg), lc, cfg.gpus_per_actor, warm_spare, after_ds)
     busy = np.where(dur > 0, dur - head, 0.0)
     own = labels_finish_s(ja, labels, rank, n, cfg.capacity, tm) if own is None else own.copy()
     gpus = np.full(n, cfg.gpus_per_actor)
@@ -98,10 +104,8 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
         gpus[a] = w.gpus
     own = np.where(own <= busy[labels] + 1e-9, own, busy.max(initial=0.0))
     fin = own + head[labels]
-    tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
-    warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)
     return whole_step_tail(dur[dur > 0], fin, tokens * lc.s_per_token, gpus[dur > 0], _budget(cfg), lc,
-                           cfg.gpus_per_actor, warm_spare, float(tokens.sum()) * lc.after_s_per_token)
+                           cfg.gpus_per_actor, warm_spare, after_ds)
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
@@ -248,11 +252,24 @@ def _pick(cands: list[ScalingCandidate], cfg: PlanConfig) -> tuple[ScalingCandid
     return min(cands, key=lambda c: (c.cost_usd, c.step_s, c.n_actors)), False
 
 
-def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
-                     n_warm: int | None) -> tuple[list[ScalingCandidate], sw.SweepResult]:
-    """T(N) and C(N) of every candidate from the fast sweep, costed like `decode_invocations` + `cost_step`,
-    and scored for cfg's objective as `_scored` would."""
+def _memo_sweep(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, memo: dict | None) -> sw.SweepResult:
+    """`sweep.sweep` of the candidates, once per jobs, candidates, capacity, time model and policy in `memo` (a
+    step's decision and its warm pool sweep the same jobs; the result is read only)."""
+    key = ("sweep", id(ja), tuple(cfg.candidates()), cfg.capacity, cfg.policy, id(tm))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is ja and hit[1] is tm:
+        return hit[2]
     res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
+    if memo is not None:
+        memo[key] = (ja, tm, res)  # the objects themselves: their ids stay theirs while the memo holds them
+    return res
+
+
+def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
+                     n_warm: int | None, memo: dict | None = None) -> tuple[list[ScalingCandidate], sw.SweepResult]:
+    """T(N) and C(N) of every candidate from the fast sweep, costed like `decode_invocations` + `cost_step`,
+    and scored for cfg's objective as `_scored` would; `memo`: as `choose`'s (the sweep is shared)."""
+    res = _memo_sweep(ja, cfg, tm, memo)
     busy, active = res.busy_s, res.njobs > 0  # (R, M): candidate row x actor slot
     m = busy.shape[1]
     # the busiest n_warm active actors are warm (ties: lower actor id), as in decode_invocations; the busiest
@@ -316,18 +333,29 @@ def _candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
     else:
         _validate(ja, cfg.max_actors, cfg.capacity)
         if not draws:
-            cands, res = sweep_candidates(ja, cfg, tm, n_warm)  # already scored
+            cands, res = sweep_candidates(ja, cfg, tm, n_warm, memo)  # already scored
 
             def built(n: int) -> AssignmentPlan:
                 r = res.candidates.index(n)
                 return build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
             return cands, built
-        res = sw.sweep(ja, cfg.candidates(), cfg.capacity, tm, cfg.policy)
+        res = _memo_sweep(ja, cfg, tm, memo)
         plans = [build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
                  for r, n in enumerate(res.candidates)]
         evaluated = [(_row(p, cfg, tm, n_warm, draws, memo=memo), p) for p in plans]
     plans_by_n = {c.n_actors: p for c, p in evaluated}
     return _scored([c for c, _ in evaluated], cfg), plans_by_n.__getitem__
+
+
+def _memo_arrays(jobs: Sequence[PlanJob], memo: dict | None) -> JobArrays:
+    """`JobArrays.from_jobs(jobs)`, once per jobs object in `memo` (the same jobs are chosen for twice a step)."""
+    hit = memo.get(("arrays", id(jobs))) if memo is not None else None
+    if hit is not None and hit[0] is jobs:
+        return hit[1]
+    ja = JobArrays.from_jobs(jobs)
+    if memo is not None:
+        memo[("arrays", id(jobs))] = (jobs, ja)
+    return ja
 
 
 def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: TimeModel | None = None,
@@ -344,7 +372,7 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
     rows (n_actors, active_actors, step_s, gpu_seconds, cost_usd, score, feasible, migrations, exact).
     """
     tm = time_model or cfg.time_model()
-    ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
+    ja = jobs if isinstance(jobs, JobArrays) else _memo_arrays(jobs, memo)
     if cfg.objective == "min_cost_at_deadline":
         _validate(ja, cfg.max_actors, cfg.capacity)
         cfg = _with_deadline(ja, cfg, tm, draws)

@@ -160,14 +160,15 @@ SIZE_SLACK = 0.01
 holding devices that would wait idle for groups until the optimizer step; `rlhfless.plan.overlap.size_blocks`)."""
 
 
-def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], busy, overlap: bool, cold_s: float,
-             prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None,
+def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float] | None, busy, overlap: bool,
+             cold_s: float, prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None,
              size_slack: float | None = None, release_cold_s: float | None = None,
              warm_spare: int = 0) -> LearnerPlan:
     """The step's scoring + update (`LearnerPlan`): each group's work (tokens x the perf model's learner
     device-seconds per token) arriving when its last sample finishes on its actor. A group whose finish is past
     its actor's realised busy time was migrated: it arrives at the end of the rollout (its new actor is not
-    tracked; conservative)."""
+    tracked; conservative). finish None: no overlap, every group's work arrives at the end of the rollout
+    (`learner_schedule` reads no finish then, so none is simulated)."""
     pm, tail = c.perf, max(busy, default=0.0)
     actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
     stream, after = learner_split(c)
@@ -175,7 +176,7 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float], b
     acts, done, work = [], [], []
     for g in step.groups:
         a = actor_of[g.prompt_id]
-        f = finish[g.prompt_id]
+        f = finish[g.prompt_id] if finish is not None else tail
         acts.append(a)
         done.append(f if f <= busy[a] + 1e-9 else tail)
         work.append(g.tokens * spt)
@@ -199,6 +200,11 @@ def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
 
 
 _TRUE_CACHE: dict[tuple, tuple[StepWork, list[PlanJob]]] = {}
+TRUE_CACHE_SIZE = 256
+"""Steps x keys `true_jobs` keeps (0.21 MB each at paper-sim's 512 groups of 8, tracemalloc; 54 MB full): every
+step of a 100-step case for both keys (the serverful engines' and dedup's), so the policies a process plays one
+after another build them once; at 64 a 100-step case cleared the cache before the next policy came back to step
+0."""
 
 
 def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
@@ -211,7 +217,7 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
             return hit[1]
     jobs = _jobs(step, [tuple(float(v) for v in g.lengths) for g in step.groups], prompt_of)
     if key:
-        if len(_TRUE_CACHE) > 64:
+        if len(_TRUE_CACHE) >= TRUE_CACHE_SIZE:
             _TRUE_CACHE.clear()
         _TRUE_CACHE[(id(step), key)] = (step, jobs)
     return jobs
@@ -232,8 +238,8 @@ class Verl:
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True) + c.kv_rebuild_s
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(plan.busy_s) if b > 0)
         # colocated: a finished replica's devices already hold the model; no learner cold start
-        learner = _learner(c, step, plan.actor_jobs, job_finish_s(plan, jobs, c.time_model), plan.busy_s,
-                           self.overlap, 0.0, True)
+        finish = job_finish_s(plan, jobs, c.time_model) if self.overlap else None
+        learner = _learner(c, step, plan.actor_jobs, finish, plan.busy_s, self.overlap, 0.0, True)
         return StepPlan(True, c.n_devices, actors, None, learner), metrics
 
     def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
@@ -371,18 +377,20 @@ class RLHFless:
         return jobs, [_jobs(step, d, self._prompt_of)
                       for d in draw_lengths(pred, sizes, N_DRAWS, rng, self.c.max_response)]
 
-    def _realized(self, decision: ScalingDecision,
-                  true: list[PlanJob]) -> tuple[AssignmentPlan | MigrationResult, list[float], dict[str, float]]:
+    def _realized(self, decision: ScalingDecision, true: list[PlanJob]) -> tuple[AssignmentPlan | MigrationResult,
+                                                                                list[float], dict[str, float] | None]:
         """The decision played with the true lengths: (realised plan, each actor's busy seconds, each group's
-        finish on its actor), the straggler's on the wide engine when it runs there."""
+        finish on its actor, None without overlap), the straggler's on the wide engine when it runs there."""
         real = realized_plan(decision, true, self.c.time_model, self.cfg.tau)
         busy = list(real.busy_s)
-        finish = job_finish_s(decision.plan, true, self.c.time_model)
+        # without overlap the learner reads no group's finish (`_learner`)
+        finish = job_finish_s(decision.plan, true, self.c.time_model) if self.sw.overlap else None
         if decision.wide_actor >= 0:
             by_id = {j.group_id: j for j in true}
             mine = [by_id[j.group_id] for j in decision.plan.actor_jobs[decision.wide_actor]]
             busy[decision.wide_actor], fin = on_wide(mine, self.wide)
-            finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
+            if finish is not None:
+                finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
         return real, busy, finish
 
     def _hybrid_after(self, plan: StepPlan) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ class GroupWork:
     lengths: tuple[int, ...]
     rewards: tuple[float, ...] = ()
 
-    @property
+    @cached_property  # read per group by every policy at every step; a frozen group's never changes
     def tokens(self) -> int:
         """Prompt + response tokens of all samples (what scoring and training process)."""
         return self.prompt_len * len(self.lengths) + sum(self.lengths)
@@ -55,7 +56,7 @@ class StepWork:
     def n_seqs(self) -> int:
         return sum(len(g.lengths) for g in self.groups)
 
-    @property
+    @cached_property
     def tokens(self) -> int:
         return sum(g.tokens for g in self.groups)
 
