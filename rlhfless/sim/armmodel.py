@@ -1,11 +1,10 @@
 """The local runtime's step, arm by arm, as a model: what validation predicts a `runtime.mode=compare` run with.
 
-`fit_constants(arm, steps)` measures this machine's constants on calibration steps; `predict(arm, steps, consts)`
-plays each step by the runtime's rules (pool, keep-alive, hybrid learner ranks, pre-warm, the meter's billing): the
-period and billed core-seconds split into cold starts, busy time by kind and held idle; `measure` gives the same
-split from the records. The rule it keeps: constants from calibration steps only, decisions read from the record.
-It refuses a run with a prefill or reference function, or separate images kept alive. Per-arm rules and
-constants: docs/internals.md#simarmmodelpy.
+`fit_constants` measures this machine's constants on calibration steps; `predict` plays each step by the runtime's
+rules (keep-alive, hybrid learner ranks, pre-warm, the meter's billing) into the period and billed core-seconds by
+component, which `measure` reads from the records. The rule it keeps: constants from calibration steps only,
+decisions from the record. It refuses a run with a prefill or reference function, or separate images kept alive.
+Per-arm rules and constants: docs/internals.md#simarmmodelpy.
 
 Deviations from the runtime:
 1. The reward stage (on the decode worker, milliseconds) is folded into decode.
