@@ -1,30 +1,12 @@
 """`runtime.mode=compare`: the serverful control and the serverless runtime on the same seed and prompts.
 
-Three arms, each a whole run with its own evals, traces and W&B files, in OUT/<arm>:
-- `serverful`: the verl-like control: a pool held for the whole run, work split by count, no overlap;
-- `serverful-overlap`: the same pool with `runtime.overlap=true`, so the comparison separates what streaming the
-  tail buys from what serverless buys;
-- `serverless`: functions started on demand, as configured (`runtime.overlap` null = on).
-PPO (algo.name=ppo) runs the first and the last: nothing of its update streams, so there is no overlap arm and
-`overlap_only` is null. Then OUT/comparison.json and side-by-side Gantt charts (OUT/gantt/step-<k>.png).
-
-comparison.json: step_time_ratio, cost_ratio, usd_ratio (serverless / serverful: mean step wall time, billed
-device-seconds, dollars), samples_identical, weights_identical and final_state_identical over every arm that ran
-(per-step response digests; the final checkpoint's weight file; the whole learned state of the last checkpoint:
-policy, optimizer and PPO's critic, each file's tensors byte for byte and its metadata as a mapping, per-arm
-digests in `final_state_sha256`: a one-ulp
-drift in the optimizer's moments shows there before it reaches the weights); how the serverless arm scaled:
-`released_mid_step` (functions released at their keep-alive's lapse while a step ran), `released_expired` (at any
-time) and `zero_held_intervals` (intervals with nothing held); each arm's `device_s_by_role` splits its held
-device-seconds into busy, held-idle and cold-start per role; `overlap_only` (serverful-overlap / serverful), and per
-arm step_time_s, cost_device_s, cost_usd, eval accuracy, what explains the numbers (cold starts, idle fraction,
-billed seconds per function kind, decode actors, migrations) and `planner`: the planner's predicted
-device-seconds per step beside the billed ones of what it priced (the decode functions; the whole step with
-plan.learner.whole_step) and their ratio, both over the same steps past the calibration (`planner_accuracy`),
-and `core_s_per_step`: the billed core-seconds of a step split into cold starts, busy time by function kind
-and held-but-idle time; `gap_core_s_per_step` is serverless minus serverful, component by component (where the cost gap comes from). Each arm's `machine` says how much CPU other
-processes took while it ran (`rlhfless.runtime.contention`), and `other_cpu_fraction_max` the most any arm saw:
-the arms run one after another, so the ratios are clean only when it is near 0.
+Three arms, each a whole run in OUT/<arm>: `serverful` (a pool held for the run, work split by count, no overlap),
+`serverful-overlap` (the same with `runtime.overlap=true`, separating what streaming the tail buys from what
+serverless buys) and `serverless`; PPO runs the first and the last. Then OUT/comparison.json (ratios, identity of
+samples, weights and final state, scaling, the planner's accuracy, the cost gap by component) and side-by-side
+Gantt charts. The rule it keeps: every arm runs the same seed and prompts, so samples, weights and final state
+compare byte for byte; the arms run one after another, so the ratios are clean only when `other_cpu_fraction_max`
+is near 0. The fields of comparison.json: docs/internals.md#runtimecomparepy.
 """
 
 from __future__ import annotations

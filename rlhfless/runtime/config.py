@@ -1,23 +1,12 @@
 """`RuntimeConfig`: how a run's stages execute (the `runtime:` section of a run config).
 
-Modes:
-  * inline      one process runs every stage (the debugging path and the reference for the math);
-  * serverless  every stage is a function on its own worker process: N decode functions executing the planner's
-                assignment with live cut-and-migrate, a reference function (kl_coef > 0) and a data-parallel
-                learner function (PPO: a value function, then the actor and critic functions side by side,
-                `runtime.ppo_stages`); workers are started on demand, pre-warmed from the invocation history and
-                released when idle (scale to zero); only their lifetimes are billed;
-  * serverful   the verl-like control: W workers started once and held for the whole run, prompts split evenly
-                by count, training data-parallel on the same workers; billed W x wall time;
-  * compare     serverful, serverful with overlap (GRPO, or PPO with critic.values_chunk > 0), then serverless, on
-                the same seed and prompts, writing OUT/comparison.json (rlhfless.runtime.compare).
-
-A device unit is one CPU core (runtime.device=cpu: the worker pins itself to it and runs one torch thread) or, with
-runtime.device=cuda, one GPU (1/k of one with runtime.functions_per_gpu=k), handed out by `runtime.gpus`; with
-runtime.device=emulated, one emulated GPU of `runtime.emulated_gpu` (`runtime.emulated`: real worker processes
-whose compute is the simulator's modelled time, scaled by `runtime.time_scale`; docs/emulated.md).
-Backends: `local` runs workers as OS processes on this machine; `ray` runs each worker as a Ray actor on a Ray
-cluster (`rlhfless.runtime.raybackend`: placement across nodes, one unit = `num_cpus=1` of Ray's accounting).
+Modes: `inline` (one process runs every stage: the debugging path and the math's reference), `serverless` (every
+stage a function on its own worker process, started on demand, pre-warmed, released when idle; only lifetimes
+billed), `serverful` (the verl-like control: W workers held for the run, billed W x wall) and `compare` (the
+serverful arms then serverless, `rlhfless.runtime.compare`). A device unit is one CPU core, one GPU (or 1/k of one,
+`runtime.gpus`) or one emulated GPU (`runtime.emulated`); backends `local` (OS processes) and `ray` (Ray actors,
+`rlhfless.runtime.raybackend`). The rule it keeps: every field is checked in one line naming it. Modes and units
+in full: docs/internals.md#runtimeconfigpy.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """The decode function's body, inside a worker: prefill its rows, decode them in sessions, obey cut/adopt, score.
 
-Rows arrive as items: {"g": group index, "prompt": token ids, "answer": str, "rows": original row ids,
-"prefix": None for fresh rows, or one token list per row for migrated rows}. The job opens its sessions through
-one factory per engine (`open_sessions`: `rollout.engine`), so `run_decode` calls the same session methods
-(advance, done, progress, take_unfinished, finished_rows, iterations) whichever engine is behind them:
-- own: fresh rows of one item share the prompt's prefill (deduplicated: computed once, repeated per row), or the
-  prefill function's shipped KV; migrated rows are re-prefilled with their partial response
-  (`rollout.session.resume_prefill`). Each set of rows is one `DecodeSession`; sessions advance in turns of
-  `progress_every` iterations, so an adopted batch runs beside the worker's own.
-- vllm: the worker's in-process `VLLMEngine` (holding the replica's weights since the last sync), one request
-  per row (`VLLMEngine.session`); vLLM prefills with its own prefix cache, so the prefill function does not apply
-  (`runtime.ship_prefix_kv=always` is refused, auto never ships). A migrated row continues its tokens but from a
-  stream of its own (`vllm_engine.session_seed`), so with migration the sampled tokens differ from the uncut
-  run's: mode-vs-mode sample identity holds for the own engine only (greedy continues exactly either way).
+Rows arrive as items (group index, prompt, answer, row ids, and a prefix per migrated row); the job opens its
+sessions through one factory per engine (`open_sessions`: `rollout.engine`, own or vllm), so `run_decode` calls the
+same session methods whichever engine is behind them. The rule it keeps: with the own engine a migrated row
+continues exactly (mode-vs-mode sample identity); with vllm a migrated row samples from a stream of its own. Items
+and both engines in full: docs/internals.md#runtimedecodingpy.
 
-Deviation from a paged-KV engine (own engine): an adopted batch is not merged into the running one; the two are
-stepped in turn, which on a CPU core (where an iteration costs nearly the same for 1 or 100 rows) makes adopted
-rows cost almost their own stream of iterations. The migration's cost is measured, not assumed. With vllm the
-adopted rows join the running batch (each engine step advances every session's requests).
+Deviation from a paged-KV engine (own engine): an adopted batch is stepped in turn beside the running one, not
+merged into it, so on a CPU core adopted rows cost almost their own stream of iterations (the migration's cost is
+measured, not assumed). With vllm the adopted rows join the running batch.
 """
 
 from __future__ import annotations

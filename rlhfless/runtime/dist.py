@@ -1,19 +1,11 @@
 """A data-parallel process group on this machine's loopback, for `Learner.update(..., shard=Shard(...))`.
 
-Purpose: `init_group` joins rank `rank` of `world` worker processes through a TCP rendezvous on 127.0.0.1:`port`
-and returns the blocking in-place SUM all-reduce the learner needs; `destroy_group` leaves it; `free_port`
-picks a port. Everything binds to 127.0.0.1 only: rank 0 opens the rendezvous socket itself (bound to
-127.0.0.1, handed to torch's TCPStore as `master_listen_fd`; TCPStore alone would listen on every interface) and
-gloo's data connections use a device created for hostname 127.0.0.1.
-
-Failure semantics (measured with torch 2.13, gloo): a peer process that dies makes the survivors' next
-all-reduce raise RuntimeError ("Connection reset by peer"/"closed") at once; a peer that is alive but never calls
-all-reduce makes it raise after `timeout_s`; a rank that never arrives makes `init_group` raise after
-`timeout_s`. Either way the caller gets an exception, never a hang past the timeout, and must tear the whole
-group down (`destroy_group` in survivors, or kill them) and start a new one on a new port: a group is not
-repaired in place.
-Non-goals: several groups per process, groups across machines, NCCL-specific tuning. backend="nccl" runs the
-same reduce on the local CUDA device (copying the CPU buffer there and back); it is untested here (no GPU).
+`init_group` joins rank `rank` of `world` processes through a TCP rendezvous on 127.0.0.1:`port` and returns the
+blocking in-place SUM all-reduce the learner needs; `destroy_group` leaves it; `free_port` picks a port. The rule it
+keeps: everything binds to 127.0.0.1 only, and a failure (a dead peer, a peer that never reduces, a rank that never
+arrives) raises within `timeout_s`, never hangs; the caller tears the group down and starts a new one on a new port.
+Failure semantics as measured: docs/internals.md#runtimedistpy.
+Non-goals: several groups per process, groups across machines, NCCL tuning (backend="nccl" is untested here).
 """
 
 from __future__ import annotations
@@ -83,6 +75,7 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo", timeout_
             listener.close()
             raise RuntimeError(f"cannot bind the rendezvous to {HOST}:{port} ({exc}); pick another port") from exc
         listener.listen(max(world, 8))
+        # our own socket bound to 127.0.0.1: a TCPStore that opened its own would listen on every interface
         store = dist.TCPStore(HOST, port, world, True, timeout, wait_for_workers=False,
                               master_listen_fd=listener.detach())
         if on_listening is not None:
@@ -91,6 +84,7 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo", timeout_
         store = dist.TCPStore(HOST, port, world, False, timeout)
     if backend == "gloo":
         opts = dist.ProcessGroupGloo._Options()
+        # gloo's data connections on loopback too (its default device follows the hostname's interface)
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=HOST)]
         opts._timeout = timeout
         pg = dist.ProcessGroupGloo(store, rank, world, opts)

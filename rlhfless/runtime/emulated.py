@@ -1,32 +1,16 @@
 """Emulated devices (`runtime.device=emulated`): real worker processes whose compute is the simulator's modelled time.
 
-The runtime runs unchanged (planner, workers as processes, messages, cold starts, keep-alive, migration, billing,
-faults); only what a worker computes is replaced, at the narrowest seam: `worker.main` hands an emulated setup to
-`serve`, whose `EmulatedWorker` answers the same requests as `worker.Worker` with the same replies:
-  * decode / adopt: its rows' response lengths are replayed from a length table (`LengthTable`: step, group,
-    sample), their token ids are a pure function of (seed, row, position) (so a migrated row continues exactly),
-    their rewards come from the trace or a seeded coin; the invocation sleeps the modelled time of a continuous
-    batching engine: prefill (`TimeModel.prefill_s_per_token` x prompt tokens computed once per group, prompt +
-    partial response for an adopted row) then iterations of `TimeModel.iter_seconds(running rows)`, at most
-    `capacity` rows at once, in slices of `progress_every` iterations between which it reports, streams finished
-    rows and obeys cut/adopt, as the real decode does;
-  * learn_begin / learn_group / learn_end: `PerfModel.learner_s_per_token` x each group's tokens (groups whose
-    rewards are all equal are skipped when GRPO skips them), then `PerfModel.update_fixed_s` at the optimiser step;
-    rank 0 announces the rendezvous and links the state file to the next version (weights never change);
-  * reference: `PerfModel.forward_s` of the batch's tokens, zeros written as the log-probs;
-  * PPO (`runtime.ppo_worker`'s requests): the value function sleeps one forward of its chunk's tokens, the actor one
-    forward (its old log-probs, ahead or not) then one training pass x ppo_epochs and one optimiser step per
-    mini-batch, the critic the same training and steps (`sim.emulation.ppo_split`: the simulator's PPO learner is
-    two of each); the critic loads over the network when behind, the state files are linked to the next version.
-  * weight loads: `PerfModel.weight_sync_s` (serverless: over the network; the serverful pool: colocated
-    resharding after its update); cold start: `PerfModel.cold_start_s` slept before `ready`.
-Sleeping is deadline based (a worker's own overhead is absorbed, not added) and scaled by `runtime.time_scale`.
-The perf model, its time model and the KV capacity are the simulator's (`sim.scenario.build_cluster`) for
-`runtime.emulated_model` on one `runtime.emulated_gpu` (TP 1: one unit is one device).
-Non-goals: the prefill function, vLLM.
-Deviations: the all-reduce is not emulated: a rank that ends its groups early returns at once instead of waiting
-in the all-reduce for the slowest (the driver waits for every rank, so the step's time is the same; the wait
-shows as held idle instead of busy). An emulated worker imports neither torch nor the model (a few tens of MB).
+The runtime runs unchanged (planner, processes, messages, cold starts, keep-alive, migration, billing, faults);
+only what a worker computes is replaced: `worker.main` hands an emulated setup to `serve`, whose `EmulatedWorker`
+answers `worker.Worker`'s requests with the same replies and sleeps the modelled time (`sim.scenario.build_cluster`'s
+perf model for `runtime.emulated_model` on one `runtime.emulated_gpu`, scaled by `runtime.time_scale`). The rule it
+keeps: sleeping is deadline based, so a worker's own overhead is absorbed, not added. Each request's model:
+docs/internals.md#runtimeemulatedpy. Non-goals: the prefill function, vLLM.
+
+Deviations:
+1. The all-reduce is not emulated: a rank that ends early returns at once (the driver waits for every rank, so the
+   step's time is the same; the wait shows as held idle instead of busy).
+2. An emulated worker imports neither torch nor the model (a few tens of MB).
 """
 
 from __future__ import annotations
@@ -237,7 +221,7 @@ class _Job:
 
 
 class EmulatedWorker:
-    """`worker.Worker`'s requests on an emulated device (module header)."""
+    """`worker.Worker`'s requests on an emulated device (docs/internals.md#runtimeemulatedpy)."""
 
     def __init__(self, setup: dict):
         e = setup["emulated"]
@@ -300,7 +284,8 @@ class EmulatedWorker:
 
     # -- decode ---------------------------------------------------------------------------------------------
     def _decode(self, msg: dict, conn, sync_s: float) -> dict:
-        """The decode contract of `runtime.decoding.run_decode`, on modelled time (module header)."""
+        """The decode contract of `runtime.decoding.run_decode`, on modelled time
+        (docs/internals.md#runtimeemulatedpy)."""
         t0 = now()
         self.clock.start()
         job = _Job(self, msg["step"], msg["seed"])

@@ -1,23 +1,11 @@
 """`rlhfless bench faults`: kill random workers with SIGKILL during a short run; nothing may be lost.
 
-Each mode (`runtime.mode=serverless`, or the `serverful` control: a fixed pool the runtime restarts whole when a
-worker dies) is benched on its own: the same config runs `repeats` times undisturbed and `repeats` times under a chaos thread that kills a random busy
-worker (decode, learner or reference function, mid-invocation where one is running) at intervals sized to spread
-`kills` kills over the run; undisturbed and faulty runs alternate, so a shared machine's drift hits both alike.
-The runtime notices each death (the process sentinel), bills the lost time, and re-runs the dead worker's work
-from the same random streams. The report:
-  kills, lost_steps (steps that did not complete), samples_identical (every faulty run's responses equal the
-  undisturbed run's, step for step), retries;
-  extra_cost_fraction / extra_time_fraction: faulty / undisturbed - 1 per pair, as {mean, std, min, max, n};
-  undisturbed_noise_fraction: (max - min) / mean of the undisturbed runs' bills, the noise a single pair would
-  read as a cost of faults (one run on a shared machine came out 6% cheaper under faults than without);
-  extra_cost_resolved: the mean extra cost lies more than two standard errors from 0 (None with one pair);
-  lost_device_s: device-seconds of the invocations the kills cut short, measured in the faulty runs themselves
-  (no second run to compare with, so no noise of that kind; never negative).
-The config's other settings stay as they are: the headline comparison's shape (keep-alive > 0, hybrid functions)
-or emulated devices (`runtime.device=emulated`) are benched by passing that config or override.
-`KillOn` is the chaos the tests use instead: a kill at a protocol event (a message sent or received), no clock;
-`run_fault_bench(chaos=...)` takes either.
+Each mode (serverless, or the serverful control) runs `repeats` times undisturbed and `repeats` times under a chaos
+thread that kills a random busy worker, alternating so a shared machine's drift hits both alike; the runtime
+notices each death, bills the lost time and re-runs the work from the same random streams. The report (kills,
+lost steps, sample identity, extra cost and time with their noise, lost device-seconds):
+docs/internals.md#runtimefaultspy. What it checks: no step is lost and every faulty run's samples equal the
+undisturbed run's. `KillOn` is the chaos the tests use instead: a kill at a protocol event, no clock.
 """
 
 from __future__ import annotations
@@ -142,8 +130,8 @@ MODES = ("serverless", "serverful")
 def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progress: bool = True,
                     repeats: int = 1, mode: str = "serverless", chaos=None) -> dict:
     """`repeats` pairs of runs in `mode` (undisturbed, then under `kills` SIGKILLs with chaos seed `seed + i`)
-    into out/undisturbed-<i> and out/faulty-<i>; returns the report (module header) with the mode and the run's
-    shape (device, keep-alive, hybrid) at its head.
+    into out/undisturbed-<i> and out/faulty-<i>; returns the report (docs/internals.md#runtimefaultspy) with the
+    mode and the run's shape (device, keep-alive, hybrid) at its head.
 
     train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime).
     chaos: `(kills, interval_s, seed) -> chaos` (`attach`, `stop`, `killed`); default a `Chaos` thread."""

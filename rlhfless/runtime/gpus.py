@@ -1,25 +1,12 @@
 """GPU units for the runtime (runtime.device=cuda): which GPUs there are, which one a function gets, and the
 environment a worker sets before it touches CUDA.
 
-The pool (`runtime.pool`) already hands out units as integers from a free list: a unit a live worker holds is
-never handed out again until the worker is released or found dead, so releases and faults give devices back by
-construction. With runtime.device=cuda a unit is a GPU slot; this module maps slots to GPUs:
-
-- `visible_gpus()`: the GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (that variable when set,
-  else 0..torch.cuda.device_count()-1);
-- `GpuLayout(gpus, per_gpu=k)`: k slots per GPU, slot u on GPU ``gpus[u % len(gpus)]`` (slots interleave, so the
-  pool's lowest-free-first claims from an empty pool spread functions over the GPUs before any GPU takes a second
-  one; after releases they may double up while a GPU is free: the claim does not rebalance); with k = 1 (the
-  default) two functions never share a GPU;
-- `layout.worker_env(units)`: ``CUDA_VISIBLE_DEVICES`` = exactly the GPUs of those units, so inside the worker
-  its GPU is ``cuda:0``, plus the fraction of that GPU's memory it may allocate (1/k), which the worker applies
-  with `torch.cuda.set_per_process_memory_fraction` (`apply_worker_env`).
-
-Why a worker is given its GPUs through the environment: CUDA reads CUDA_VISIBLE_DEVICES once, when the process
-first initialises it, so the worker must set it before any CUDA call; and a process that initialised CUDA cannot
-be forked safely, so with runtime.device=cuda workers are spawned (`runtime.executor`), never forked.
-Not built: Ray actors asking for num_gpus (runtime.backend=ray is refused with cuda), NCCL for the learner group
-(its all-reduce stays gloo), weights moved device to device (they still travel as safetensors files).
+`visible_gpus()` lists the GPUs this process may use; `GpuLayout(gpus, per_gpu=k)` maps the pool's integer slots
+to GPUs (k slots per GPU, interleaved); `layout.worker_env(units)` gives a worker its GPUs through
+CUDA_VISIBLE_DEVICES plus its memory fraction (1/k), applied by `apply_worker_env`. The rule it keeps: a worker sets
+its GPUs before any CUDA call and is spawned, never forked (CUDA reads the variable once and a process that
+initialised CUDA cannot be forked safely). Details: docs/internals.md#runtimegpuspy.
+Not built: Ray actors asking for num_gpus, NCCL for the learner group, weights moved device to device.
 """
 
 from __future__ import annotations

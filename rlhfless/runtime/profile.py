@@ -1,31 +1,17 @@
 """The planner's decode-time profile, measured on this machine for the workers' own thread count, and cached.
 
-Why: the planner prices each candidate N with seconds per decode iteration vs batch size (`plan.TimeModel`). The
-shipped profile (`data/profiles/tpot_tiny_cpu.json`) was measured on another machine by a two-thread engine; the
-runtime's workers run one pinned thread each, and on this machine they slow down far more from batch 1 to 256
-than that profile says. The runtime's per-step calibration (`Planner.calibrate(time_scale)`) multiplies the whole
-profile by one number, which fixes the level but never the shape, so the planner would keep pricing small and
-large batches in the wrong proportion.
+The shipped profile (`data/profiles/tpot_tiny_cpu.json`) came from a two-thread engine elsewhere; the runtime's
+one-thread workers slow down far more with batch size here, and the per-step scale fixes only the level. So at start
+(`runtime.measure_profile`, own engine only) a profile keyed by CPU, threads, model, torch and workload is looked up
+under `runtime.profile_cache`, measured in a worker started like a decode function on a miss (not billed), priced
+with (`Planner.use_profile`) and kept as `time_profile.json`. The rule it keeps: the per-step scale calibration runs
+on top of it. Why, the cache key and the measured shape: docs/internals.md#runtimeprofilepy.
 
-What: when the runtime starts (`runtime.measure_profile`, on by default; own engine only), it looks up a profile
-keyed by this CPU's model name, the threads a worker runs (its units), the policy's model config, the torch
-version and the timed workload (task and sampling settings) under `runtime.profile_cache` (default
-`$XDG_CACHE_HOME/rlhfless/profiles`, else `~/.cache/...`). On a miss it measures one in a worker started like
-every decode function (pinned, same thread count, fork server), with a progress bar: three rollouts of the run's
-first 32 train prompts x 8 samples with its sampling settings (`rollout.tpot.measure_profile`; a few seconds for
-the quickstart's policy here), not billed (platform set-up, like the fork server's start). The planner then prices with it (`Planner.use_profile`); the per-step scale
-calibration continues on top of it. The run folder keeps what was priced with as `time_profile.json` (a profile
-`plan.time_profile` can load). `runtime.measure_profile=false` keeps `plan.time_profile` (the shipped one).
-Inline runs are untouched (the inline engine runs `train.threads` threads, and its plan is only logged).
-
-Measured here (`benchmarks/bench_profile_shape.py`; AMD EPYC, 2 cores shared with other jobs): the engine alone,
-one thread, decodes 16 prompts x 8 as 2 x 64 rows in 1.14-1.23x the seconds of 1 x 128; the measured profile
-predicts 1.11-1.15, the shipped one 1.47. Not captured: contention between co-running workers (the runtime billed
-1.52x for the same split, per-step range 0.81-2.69), which the per-step scale absorbs as a level.
-Deviations: prefill seconds per token come from the rollout's deduplicated prefill; the per-actor fixed and
-KV-transfer seconds keep the base profile's values. A Ray cluster's nodes are keyed by the driver's CPU.
-rollout.engine=vllm keeps `plan.time_profile` (vLLM's batching has another shape; not measured here yet).
-A cache file that does not parse, or whose key differs, is measured again and overwritten (with a warning).
+Deviations:
+1. Prefill seconds per token come from the rollout's deduplicated prefill; the per-actor fixed and KV-transfer
+   seconds keep the base profile's values.
+2. A Ray cluster's nodes are keyed by the driver's CPU.
+3. rollout.engine=vllm keeps `plan.time_profile` (vLLM's batching has another shape; not measured here yet).
 """
 
 from __future__ import annotations

@@ -1,41 +1,13 @@
 """Mechanism on a Ray cluster: every worker is a Ray actor, with the local backend's methods and message protocol.
 
-Purpose: `RayBackend` has `LocalBackend`'s interface (`boot`, `start`, `send`, `poll`, `release`, `kill`,
-`close`), so the pool, the policy, the stages and the meter run unchanged on a Ray cluster. A worker is an actor
-(`FunctionHost`) requesting `num_cpus` = its units, created on demand by `start` and killed (`ray.kill`) by
-`release`, so scale-to-zero, keep-alive and pre-warming behave as locally. The actor connects back to a
-`multiprocessing.connection.Listener` the driver opens on its node's IP (authkey-protected) and runs
-`rlhfless.runtime.worker.main` on that connection: the same JSON messages as the local backend, so the same
-requests give the same tokens.
-
-Cold start: with `runtime.start_method=forkserver` (the default) every node gets a `NodeForkServer` actor
-(`num_cpus=0`) at boot that imports torch and transformers once; a worker's actor (holding its units) asks its
-node's fork server for a process, which serves the driver and exits when the actor is killed; so a cold start is
-Ray's actor start + fork + model load, not the imports. With `spawn` the actor's own process imports everything.
-The fork servers' boot is platform set-up (`platform_start_s`), not billed, as locally.
-
-Death: EOF on the connection, or the actor's long-running `serve` task finishing (`ray.wait`: the actor died,
-was killed, or its node went away); `poll` reports it as (handle, None), exactly like a dead local process, and
-the runtime's retry re-runs the work on a fresh actor from the same random streams. Actors are created with
-`max_restarts=0`: a restarted actor would have lost its model and its connection, so Ray's restart is replaced
-by the runtime's own (a new actor, counted as a cold start and billed).
-
-Placement (the paper's locality): the driver's node is `home`. Learner ranks and serverful pool workers go
-there with hard node affinity (their data-parallel group rendezvouses on 127.0.0.1, `rlhfless.runtime.dist`),
-the prefill function too (its KV feeds decode and it shares the learner's weights file), and one decode
-function (soft affinity; `DecodeStage` gives it the largest share of rows). Other decode and reference functions
-go to the node holding the fewest of this run's units (soft affinity: Ray falls back to any node with room).
-Each worker's node (IP) is logged in `workers.jsonl` (`WorkerRecord.node`).
-
-CPU pinning: Ray accounts CPUs logically and gives no core ids, and the driver's core ids mean something only
-on the driver's node, so an actor pins itself to its cores only when it runs on the driver's node; elsewhere
-it runs unpinned with torch threads = its units (timings may differ; tokens do not).
-
-Tensors: workers still exchange safetensors files in the run's scratch folder (weights, batches, KV). That
-works on one machine and on several Ray nodes of one machine (they share /dev/shm); a cluster of several
-machines needs `runtime.scratch_dir` and the checkpoints on a filesystem every node mounts at the same path.
-Non-goals: moving tensors through Ray's object store; GPU requests (this project's workers compute on CPU, so a
-unit is requested as one CPU); restarting a dead cluster.
+`RayBackend` has `LocalBackend`'s interface (`boot`, `start`, `send`, `poll`, `release`, `kill`, `close`), so the
+pool, the policy, the stages and the meter run unchanged: a worker is a `FunctionHost` actor requesting `num_cpus`
+= its units, created by `start` and killed by `release`, that connects back to the driver's authkey-protected
+listener and runs `rlhfless.runtime.worker.main` there. The rule it keeps: the same JSON messages as the local
+backend, so the same requests give the same tokens; a dead actor is reported as (handle, None), like a dead local
+process. Cold starts (per-node fork servers), death, placement, CPU pinning and tensors:
+docs/internals.md#runtimeraybackendpy.
+Non-goals: moving tensors through Ray's object store; GPU requests (a unit is one CPU); restarting a dead cluster.
 """
 
 from __future__ import annotations
@@ -296,6 +268,7 @@ class RayBackend:
         node, home, soft = self._place(kinds, setup.get("role"))
         payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores)})
         t = now()
+        # no Ray restart: a restarted actor has lost its model and connection; the runtime's retry starts a new one
         actor = self.host.options(num_cpus=len(cores), max_restarts=0,
                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=soft)).remote()
         ref = actor.serve.remote(list(self.listener.address), self.authkey.hex(), worker, payload, self.home,

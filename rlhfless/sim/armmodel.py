@@ -1,60 +1,19 @@
 """The local runtime's step, arm by arm, as a model: what validation predicts a `runtime.mode=compare` run with.
 
-Purpose: `read_arm(dir)` reads one arm's records (metrics, trace, invocations.jsonl, workers.jsonl);
-`fit_constants(arm, steps)` measures this machine's constants on calibration steps; `predict(arm, steps, consts)`
-plays each step by the runtime's own rules and gives per step the period (step time), the billed core-seconds
-and their split into cold starts, busy time by function kind and held idle time (the split
-`runtime.compare.core_seconds_per_step` reports); `measure(arm, steps)` gives the same split from the records.
-Per arm (time 0 = the step's first decode request):
-  * serverful: W pool workers held for the run, the batch split by count; each worker decodes its share; the
-    learner ranks (the same workers) start `gap_s` after the whole rollout, compute their groups, then one
-    optimiser step (`opt_s`). Billed W x period; no cold start after the first step.
-  * serverful-overlap: the same, but each worker computes its own groups right after its own decode (the
-    runtime's learner ranks take groups by index, contiguous: the same groups the count split gave it).
-  * serverless: the step's N decode functions start at 0, each on its own unit: warm (no cold start) when a
-    worker was kept alive from the previous step, else cold. Keep-alive is an event (`runtime.pool.Pool.expire`):
-    a worker with no invocation running is released the instant its keep-alive (`runtime.keep_alive_s`, or the
-    billing preset's idle timeout) lapses, mid-step included; one still idle at the next step's start is warm
-    there. Learner ranks (`learner_ranks`, in time order, as `runtime.streaming.LearnerStream` gives them):
-    with the hybrid image (`runtime.hybrid`) a decode function whose rows are done goes on as the free rank with
-    the most finished groups if a rank has finished groups waiting (`LearnerStream.take`), warm, at its end;
-    else it idles until a rank takes it or its keep-alive lapses. A rank whose first group is finished takes an
-    idle warm worker (one kept beyond the decode need, or an idle decode function; the most recently idle), else
-    starts cold onto a free unit, else waits. At the pre-warm time (`runtime.policy.prewarm_learner` with source
-    "plan": the planner's predicted makespan x the recent rollout/predicted ratio, minus a cold start and the
-    buffer) every rank still without a worker starts cold onto a free unit. Each rank computes its groups in
-    the order they finish (group finish times from the planner's time model, streamed); the optimiser step
-    follows the last rank's compute. Billing (the meter's rule: spawn to release, clipped to the step): a rank's
-    worker to the learner's end plus its keep-alive (or the release lag at keep-alive 0); an idle worker never
-    taken to its lapse (keep-alive 0: its end plus the release lag). Busy as the meter counts it: decode spans,
-    and a rank's compute intervals plus its optimiser step (waiting for groups is held idle).
-Constants, all measured on calibration steps (never the validated ones): the cold start per kind (workers.jsonl,
-as the runtime measures it); decode seconds per invocation = fixed + per iteration + per byte of the time model's
-roofline (NNLS over every decode invocation's span, features from the trace through the planner's time model);
-learner compute seconds per kept group and per token (NNLS over each rank's `compute_s`); the release lag by the
-kind of a worker's last invocation (its end to the release; keep-alive 0 only). Two are residuals of the model
-on the calibration steps: `opt_s` (the learner's end after the last rank's compute: all-reduce, optimiser step,
-state file, and whatever the model misses before it) and `driver_s` (the period beyond the learner's end: the
-driver's reward aggregation, metrics, planning).
-`at_measured_load` scales each validated step by its own decode's measured/modelled ratio: the error term the
-machine's load accounts for (shared cores: +-35% from step to step here), reported beside the prediction.
-Decisions are read from the record, not predicted: each decode function's groups (the planner's assignment or the
-count split), the planner's predicted makespan (`balancer/makespan_s`).
+`fit_constants` measures this machine's constants on calibration steps; `predict` plays each step by the runtime's
+rules (keep-alive, hybrid learner ranks, pre-warm, the meter's billing) into the period and billed core-seconds by
+component, which `measure` reads from the records. The rule it keeps: constants from calibration steps only,
+decisions from the record. It refuses a run with a prefill or reference function, or separate images kept alive.
+Per-arm rules and constants: docs/internals.md#simarmmodelpy.
 
-Non-goals: migrations (a step with migrated rows is played without them), retries, a reference or prefill
-function (kl_coef = 0 and ship_prefix_kv=never in the comparison config: the model refuses a run that used one);
-separate images kept alive (`runtime.hybrid=false` with `runtime.keep_alive_s` > 0: kept learner ranks hold the
-units the next decode needs and are preempted; the model refuses that run too).
-
-Deviations from the runtime: the reward stage (on the decode worker, milliseconds) is folded into decode; a rank's
-start is its ready time (the runtime sends learn_begin at once); a warm worker behind the weights version (a
-decode function kept but not taken as a rank) loads the state inside its decode (folded into decode's fixed time);
-a step's warm workers come from the previous recorded step played by the model (so `predict` plays every step
-before the ones asked for); the decode functions warm first are those with the lowest groups, and the warm
-workers that decode are the ranks of the last step before its idle decode functions (the runtime orders them by
-name); a rank waiting with no worker starts on a unit freed by a lapse at that instant; decode functions
-pre-warmed during the previous step's optimiser step (only into units the learner ranks leave free: none in the
-comparison config, whose ranks hold every unit) are played cold.
+Deviations from the runtime:
+1. The reward stage (on the decode worker, milliseconds) is folded into decode.
+2. A rank starts at its ready time (the runtime sends learn_begin at once).
+3. A warm worker behind the weights version loads the state inside its decode (decode's fixed time).
+4. A step's warm workers come from the previous step as the model played it (`predict` plays every earlier step).
+5. Warm first: the decode functions with the lowest groups; the last step's ranks before its idle decode functions.
+6. A rank waiting with no worker starts on a unit freed by a lapse at that instant.
+7. Decode functions pre-warmed during the previous optimiser step are played cold.
 """
 
 from __future__ import annotations
@@ -124,7 +83,7 @@ class Arm:
 
 @dataclass(frozen=True)
 class Constants:
-    """This machine's constants, measured on calibration steps (module header)."""
+    """This machine's constants, measured on calibration steps (docs/internals.md#simarmmodelpy)."""
 
     cold_s: dict[str, float]
     release_s: dict[str, float]
@@ -159,7 +118,7 @@ class Split:
 # ---- reading ---------------------------------------------------------------------------------------------
 def read_arm(path: str | Path, name: str | None = None) -> Arm:
     """One arm's run dir. Missing records are a DataError naming the file; so is a run with a function the
-    model does not play (module header)."""
+    model does not play (docs/internals.md#simarmmodelpy)."""
     from rlhfless.core.configbase import load_yaml
 
     p = Path(path)
@@ -267,7 +226,8 @@ def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def fit_constants(arm: Arm, steps: list[StepRec]) -> Constants:
-    """Measure the constants on `steps` (module header); the two residuals from the model played on them."""
+    """Measure the constants on `steps` (docs/internals.md#simarmmodelpy); the two residuals from the model played on
+    them."""
     if not steps:
         raise DataError(f"validate: {arm.name}: no calibration steps")
     ctx = context(arm, list(arm.steps))  # the trace's mean context (an input, not a measurement)
@@ -316,9 +276,9 @@ def _lifetimes(arm: Arm, steps: list[StepRec]) -> tuple[dict[str, float], dict[s
 
 # ---- the model -------------------------------------------------------------------------------------------
 def predict(arm: Arm, steps: list[StepRec], c: Constants) -> list[Split]:
-    """`steps` played by the arm's rules (module header). Every recorded step before the last of them is played
-    too, in order (unreported): the workers kept warm into a step and the pre-warm history come from the steps
-    before it, not from the previous one asked for (`steps` are alternate steps)."""
+    """`steps` played by the arm's rules (docs/internals.md#simarmmodelpy). Every recorded step before the last of
+    them is played too, in order (unreported): the workers kept warm into a step and the pre-warm history come from the
+    steps before it, not from the previous one asked for (`steps` are alternate steps)."""
     asked = {r.step: r for r in steps}
     play = {**{r.step: r for r in arm.steps if r.step <= max(asked, default=0)}, **asked}
     history: list[float] = []
@@ -378,8 +338,8 @@ def _serverless_decode(arm: Arm, r: StepRec, c: Constants, warm: int) -> tuple[d
 
 def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], kept: list[float]
                      ) -> tuple[Split, list[float]]:
-    """One step (module header) from the workers kept alive into it (`kept`: each one's idle-since instant, on
-    this step's clock, so <= 0); returns it and the idle-since instants of the workers alive at its end."""
+    """One step (docs/internals.md#simarmmodelpy) from the workers kept alive into it (`kept`: each one's idle-since
+    instant, on this step's clock, so <= 0); returns it and the idle-since instants of the workers alive at its end."""
     n = len(r.decode)
     warm = min(len(kept), n)
     finish, ends, dec_busy, dec_cold = _serverless_decode(arm, r, c, warm)

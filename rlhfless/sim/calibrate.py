@@ -1,17 +1,9 @@
 """Calibration: fit the roofline's efficiency factors to measured profiles, and report how far it is off.
 
-Purpose:
-  * `fit_vidur(root, gpu)`: Vidur's public per-operator GPU timings (`compute/<gpu>/<model>/mlp.csv`, read from
-    ../shared, never copied) -> (compute_eff, mem_eff, op_overhead_s) of the matmul roofline, by least squares
-    on log time over the four matmuls of every row; `vidur_errors` gives the relative errors of any Efficiency.
-  * `fit_cpu_decode(profile, shape)`: the engine's TPOT profile of the tiny model on this machine
-    (`data/profiles/tpot_tiny_cpu.json`: batch, context, seconds per iteration) -> a CPU core's effective FLOP/s
-    and bytes/s and the per-iteration overhead, by least squares on the same decode formula the simulator uses.
-  * `fit_cpu_train(rows)`: (tokens trained, update seconds) pairs of a real run -> fixed seconds + seconds per
-    token, turned into train_mfu of a core.
-Pure functions; they return (result, metrics) where metrics holds the fit's errors.
-
-Non-goals: no attention-kernel fit (Vidur's attention tables were not retrievable, README of the profiles).
+`fit_vidur(root, gpu)` fits (compute_eff, mem_eff, op_overhead_s) to Vidur's public per-operator GPU timings (read
+from ../shared, never copied); `fit_cpu_decode(profile, shape)` fits a CPU core to this machine's TPOT profile;
+`fit_cpu_train(rows)` fits a real run's update seconds. The rule it keeps: pure functions returning (result,
+metrics), the fit's errors in the metrics. Details: docs/internals.md#simcalibratepy.
 
 Deviations from the paper: the paper runs Vidur itself; we fit a roofline to the same measurements.
 """

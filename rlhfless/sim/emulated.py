@@ -1,27 +1,10 @@
 """The simulator's prediction of a run on emulated devices (`runtime.device=emulated`), step by step and per role.
 
-Purpose: `validate_emulated(run_dir)` checks that the runtime on emulated devices and the simulator's performance
-model agree: each step's period and billed device-seconds per role (decode, learner), in modelled seconds, played
-from the run's recorded decisions with the simulator's durations, beside what the runtime measured and billed.
-  * Decisions are read from the record, never the durations: each decode function's groups and whether it
-    started cold; each learner rank's groups, whether it started cold and when it was requested (pre-warm,
-    hybrid take); the run's mode, overlap, keep-alive. Lengths and prompt lengths come from the run's trace.
-  * Durations are the simulator's (`sim.perf.PerfModel`, its time model and KV capacity from the run's
-    `emulated-lengths.json`): a cold start `cold_start_s`; a decode function's groups through the planner's
-    continuous-batching time model (`plan.balancer.job_finish_s`: prefill, then iterations; a group streams when
-    its last sequence ends); a weight load `weight_sync_s` for a warm replica behind the version; a learner group
-    `learner_s_per_token` x its tokens (skipped when all its rewards are equal and GRPO skips it), in arrival order
-    (overlap) or after the rollout; the optimiser step `update_fixed_s` (+ colocated resharding in the pool).
-  * Billing by the meter's rule: the serverful pool = W x period; a serverless worker from its request to its last
-    invocation's end, held to the step's end when kept alive (runtime.keep_alive_s > 0) unless the record shows it
-    released within the step (evicted for a unit, or its keep-alive lapsed), by role.
-Measured: `timing_s/step`, `cost/device_seconds` and `function/<kind>/billed_s` of metrics.jsonl divided by the
-run's `runtime.time_scale`. The difference is reported term by term: what the model leaves out is the control
-plane's real seconds (planning, messages, process starts, the driver's bookkeeping), which the scale magnifies.
-
-PPO (`_play_ppo`): the value function's chunks (as their groups finish with overlap), the actor's old log-probs
-ahead, its update once the values are in, the critic's once the returns are, with `sim.emulation.ppo_split`'s
-durations, billed by role as `meter.role_split` splits a multi-kind worker.
+`validate_emulated(run_dir)` plays each step from the run's recorded decisions with the simulator's durations
+(`sim.perf.PerfModel`, its time model and KV capacity) and puts the period and billed device-seconds per role
+beside what the runtime measured and billed (divided by `runtime.time_scale`), term by term. The rule it keeps:
+decisions come from the record, durations from the model, never the other way round. Decisions, durations, billing
+and PPO's play: docs/internals.md#simemulatedpy.
 Non-goals: migrations (a step with migrated rows is played without them), retries.
 """
 
@@ -105,9 +88,9 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
 
 
 def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset) -> dict[str, float]:
-    """Serverless device-seconds by role (module header): each worker from its request to its last invocation's
-    end (a rank's: the optimiser step's), plus the keep-alive when released in the step, to the step's end when
-    kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
+    """Serverless device-seconds by role (docs/internals.md#simemulatedpy): each worker from its request to its last
+    invocation's end (a rank's: the optimiser step's), plus the keep-alive when released in the step, to the step's end
+    when kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
     billed = {k: 0.0 for k in KINDS}
     for worker, (a, b, role) in spans.items():
         b = learn_end if role != "decode" else b
@@ -198,8 +181,8 @@ def _ahead(spawned_next: dict, rel, learn_end: float) -> float:
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
                  released: frozenset = frozenset(), spawned: dict | None = None,
                  spawned_next: dict | None = None) -> dict:
-    """One step played (module header); every time in modelled seconds from the step's first decode request.
-    `released`: the workers the runtime released within the step (a decision, read from the record): each is
+    """One step played (docs/internals.md#simemulatedpy); every time in modelled seconds from the step's first decode
+    request. `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
     (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
     alive."""
@@ -232,8 +215,8 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
 
 
 def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
-    """Predicted beside measured per step (module header); step 1 is skipped by default (the platform's first
-    cold starts and the fork server's warm-up)."""
+    """Predicted beside measured per step (docs/internals.md#simemulatedpy); step 1 is skipped by default (the
+    platform's first cold starts and the fork server's warm-up)."""
     from rlhfless.core.configbase import load_yaml
 
     p = Path(run_dir)

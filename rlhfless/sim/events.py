@@ -1,18 +1,9 @@
 """Event core: a discrete-event loop with deterministic ties, and the observer that records what ran when.
 
-Purpose (mechanism and observer, no policy):
-  * `EventLoop`: a heap of (time, priority, seq, handler); `at(t, prio, fn)` schedules, `run()` pops in that
-    order and calls fn(loop). Equal times run by priority, then by scheduling order (seq), so runs are
-    reproducible bit for bit (as SimPy's core). Handlers may schedule further events, never in the past.
-  * `Span` / `Timeline`: the observer. Every occupied device interval (a function invocation, or a serverful pool
-    held) is one Span (kind, instance, start, end, devices, cold, cold_s, stage); hooks registered with
-    `Timeline.on_span` see each as it closes (metrics gathered by hooks, as Vidur does). `invocations()` turns
-    spans into `plan.records.Invocation` for the one cost model (`plan.cost`).
-Decode actors are not stepped token by token here: the planner's time model (`plan.timemodel`,
-`plan.migrate.simulate_with_migration`) advances each actor analytically from one sequence completion to the
-next; the loop schedules each actor's release at the time that simulation gives.
-
-Non-goals: no processes/coroutines, no resources with queues (the policies decide placement up front).
+`EventLoop` pops (time, priority, seq, handler) in that order, so runs are reproducible bit for bit; `Span` /
+`Timeline` record every occupied device interval, with hooks (`Timeline.on_span`) and `invocations()` for the one
+cost model (`plan.cost`). The rule it keeps: mechanism and observer only, no policy; decode actors are advanced
+analytically by the planner's time model, not token by token. Details: docs/internals.md#simeventspy.
 
 Deviations from the paper: none (the paper's simulator is Vidur plus its own scheduler, not published).
 """
@@ -31,7 +22,7 @@ PRIO_RELEASE, PRIO_START, PRIO_OTHER = 0, 1, 2
 
 
 class EventLoop:
-    """Deterministic discrete-event loop (module header)."""
+    """Deterministic discrete-event loop (docs/internals.md#simeventspy)."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -43,6 +34,7 @@ class EventLoop:
         """Schedule fn(loop) at time t (>= now) with priority prio (lower runs first at equal times)."""
         if t < self.now - 1e-12:
             raise DataError(f"event scheduled in the past: t={t} < now={self.now}")
+        # seq breaks ties in scheduling order: equal (t, prio) events replay identically and fn is never compared
         heapq.heappush(self._heap, (t, prio, self._seq, fn))
         self._seq += 1
 

@@ -1,28 +1,14 @@
 """Roofline performance model: seconds of every RLHF stage for a device kind, a model shape and a TP degree.
 
-Purpose: turn `hardware` numbers into the times the simulator schedules, and into a `plan.TimeModel` (seconds per
-decode iteration vs batch) so the planner and the simulator share one engine model:
-  * matmul of n tokens by a K x N weight slice: max(2 n K N / (peak x compute_eff), bytes / (bw x mem_eff))
-    + op_overhead_s, bytes = bf16 weight slice + activations in and out (the four matmuls of a layer: QKV,
-    output projection, gate+up, down; each split over TP);
-  * decode iteration at batch b and context c: the layers' matmuls at n = b, plus the KV reads
-    b x c x kv_bytes_per_token / TP over memory bandwidth, plus 2 all-reduces per layer under TP, plus a fixed
-    per-iteration engine overhead (scheduling, sampling); continuous batching under a KV-capacity limit is the
-    time model's slot count (`kv_capacity`);
-  * prefill of T tokens: the matmuls at n = T plus attention FLOPs 4 T c h / TP (c: mean attended context);
-  * reference / reward / value forwards: 2 x params x tokens over all devices at `fwd_mfu`; training:
-    6 x params x tokens over all devices at `train_mfu` (plus the same again for a PPO critic);
-  * weight sync: the model over one NIC (serverless: learner to actor, one sender rank) or a replica's slice
-    (tuned verl) / the whole model (paper verl) over the intra-node link (colocated resharding); cold start:
-    container start + engine init + weights from storage (every overhead constant: `rlhfless.sim.overheads`);
-  * eager decode (paper verl): an iteration takes max(GPU time, layers x CPU launch seconds per layer).
+Turns `hardware` numbers into the times the simulator schedules (decode iterations, prefill, forwards, training,
+weight sync, cold start) and into a `plan.TimeModel`, so the planner and the simulator share one engine model. The
+rule it keeps: every constant is sourced (`rlhfless.sim.overheads`) or marked assumed. The formulas:
+docs/internals.md#simperfpy.
 
-Non-goals: no pipeline parallelism, no chunked prefill, no speculative decoding, no memory fragmentation model.
-
-Deviations from the paper: the paper uses Vidur's measured operator tables directly; we fit the roofline's
-efficiency factors to those tables (`calibrate.fit_vidur`, fitted values below with their error) so any device
-or model in the catalogs can be simulated, including ones Vidur never profiled (L40S: A40's fitted efficiencies
-applied to L40S peaks, an assumption). Every constant is sourced or marked assumed.
+Deviations from the paper:
+1. The paper uses Vidur's measured operator tables directly; we fit the roofline's efficiency factors to those
+   tables (`calibrate.fit_vidur`, fitted values below with their error), so any catalog device or model can be
+   simulated, including ones Vidur never profiled (L40S: A40's fitted efficiencies on L40S peaks, an assumption).
 """
 
 from __future__ import annotations
@@ -134,7 +120,7 @@ FITTED["cpu-core"] = Efficiency(1.0, 0.263, 0.0, iter_overhead_s=9.4e-4, allredu
 
 @dataclass(frozen=True)
 class PerfModel:
-    """Times of one model on replicas of `tp` devices of one kind (module header for the formulas)."""
+    """Times of one model on replicas of `tp` devices of one kind (docs/internals.md#simperfpy)."""
 
     device: DeviceSpec
     model: ModelShape

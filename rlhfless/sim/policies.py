@@ -1,69 +1,18 @@
-"""Cluster policies: each turns a step's work into a `StepPlan` through the shared planner.
+"""Cluster policies: each turns a step's work into a `StepPlan` through the shared planner (`rlhfless.plan`).
 
-Purpose: the policies compared side by side, all using `rlhfless.plan` (assignment, `choose`, `plan_migrations`
-via `simulate_with_migration`, `realized_plan`) and one `PerfModel`:
-  * `verl`: the serverful baseline: colocated, all devices held for the whole step; groups split evenly by count
-    over every rollout replica (round robin, arrival order); per-engine prefix caching (each group's prompt once
-    per engine, the shared template once per engine); weights resharded in place over the node link; no cold
-    starts. Tuned as its users would: the TP degree with the fastest step is taken (`Scenario`), the KV budget
-    is vLLM's default 0.9 of memory, max_num_seqs verl's default.
-  * `verl-paper`: verl on a `Cluster` with verl 0.3.x's engine settings as the paper ran it (`setting="paper"`,
-    built by `scenario.build_cluster(paper=True)` from `scenario.PaperVerl`; sources in `rlhfless.sim.overheads`):
-    its replicas add the KV cache's release (sleep mode's weight round trip, or the older rebuild) to their
-    weight sync (whole-model resharding), hold 0.6 of memory, and decode with CUDA graphs or eagerly.
-  * the learner is the cluster's (`Cluster.old_logprob`, `minibatches`), the same for every policy of a case
-    (`SimConfig.learner`): verl's by default (old log-probs recomputed, 4 optimizer steps; under overlap only the
-    forwards stream, `learner_split`), or one optimizer step.
-  * `rlhfuse`: serverful like verl, plus global migration of stragglers: the round-robin plan run with
-    cut-and-migrate at tau, decided on progress alone (every sequence predicted at the previous step's mean
-    length: RLHFuse has no length predictor), and inter-stage fusion: devices released by the cut start the
-    reference forward of finished samples, shortening the scoring stage by the device-seconds they free.
-  * `rlhfless`: serverless functions billed per invocation; switches `dedup` (one prefill function computes each
-    unique prompt and the shared template once, pipelined actor by actor, KV shipped over the network),
-    `assign` (contiguous chunks of predicted length, else round robin), `migrate` (cut-and-migrate at tau, kept
-    where the scaler's rule prefers it), `scale` (cost-aware N, else every replica), `prewarm` (from invocation
-    history: a function whose expected idle gap until its next use, the last step's, is shorter than a cold
-    start is kept alive through it, else it is restarted a cold start ahead; either way billed, off the critical
-    path; without it every function starts cold on the critical path); EWMA predictor updated with each step's
-    true lengths. RLHFless actors use the baseline's TP degree unless told otherwise (`rlhfless_tp`).
-  * `overlap` (a switch of rlhfless and a variant of verl, `verl-overlap`): a finished group is scored and its
-    forward/backward run on freed devices while the tail decodes, one optimizer step at the end
-    (`rlhfless.plan.overlap`, the model the scaler prices with): verl's freed devices are its finished rollout
-    replicas (colocated: no cold start), RLHFless's the spare devices (pre-warmed) and each released decode
-    function's devices (after a learner cold start). The rlhfless scaler scores the whole step (`plan.learner`:
-    prefill, decode, the overlapped learner, their bills) with lambda as configured, averaged over `N_DRAWS`
-    outcomes of the lengths drawn from the predictor's distribution (`draws`; seeded by the step), capped at
-    the engine's response limit; warm decode actors and pre-warmed learner blocks bill the pre-warm rule's
-    seconds there as here. The decode pool pre-warmed for the next step is the N the scaler picks for this
-    step's work with every candidate warm (`_warm_pool`; the last step's N made growing N cost a cold start on
-    the critical path, so the first step's choice stuck); pre-warmed instances a step leaves unused are billed.
-    Warm actors are the plan's predicted busiest (the true busy times are not known when they start).
-  * `hybrid` (a switch of rlhfless, default on like the runtime's `runtime.hybrid`): decode and learner are
-    handlers of one function image. A released decode actor's devices go on as a learner block after the
-    in-place reshard (`_hybrid_sync_s`: the tuned verl's, each device's TP shard over the node link), not a
-    learner cold start; the learner's blocks at the step's end (each holding the new weights after the
-    optimizer step) are the next step's warm decode actors, the busiest first: the in-place reshard instead of
-    the one-NIC weight sync, billed from the step's start (before it they were learner blocks, billed as such);
-    those beyond the decode need stay learner blocks (ready at the first arrival, billed by the pre-warm rule).
-    A straggler on the wide engine is a new function (twice the TP, weights over the network), never a hybrid
-    one: warm, it is billed its pre-warm even in a hybrid function's place (that block is released at t0).
-    The scaler prices the same (`PlanConfig.hybrid_warm`, `hybrid_sync_s`, `LearnerCosts.release_cold_s`). At
-    70B a block is one node's 8 devices holding the model sharded within it (bf16 params, gradients, the
-    reference; the optimizer state sharded over the blocks), the layout the tuned verl's 0.04 s reshard assumes
-    too; memory per device: docs/simulator.md, "Hybrid functions".
-  * `oracle`: rlhfless with every switch on, fed the true per-sequence lengths.
-Each `decide` returns (StepPlan, metrics); `observe` feeds the true lengths back (the predictor's update).
+`verl` (serverful, tuned), `verl-paper` (verl 0.3.x as the paper ran it), `rlhfuse` (verl plus straggler migration
+and inter-stage fusion), `rlhfless` (serverless functions; switches dedup, assign, migrate, scale, prewarm, overlap,
+hybrid) and `oracle` (rlhfless fed the true lengths). `decide` returns (StepPlan, metrics); `observe` feeds the true
+lengths back. The rule it keeps: every policy plans with the same planner and one `PerfModel`, so a difference
+between policies is the policy's. Each policy in full: docs/internals.md#simpoliciespy.
 
-Non-goals: no placement/locality (the paper's (?) locality rule), no failures.
-
-Deviations from the paper: the paper's decode actors and learner are separate functions; `hybrid` reuses one
-image for both, as verl's hybrid engine does (the runtime's `runtime.hybrid`). A hybrid decode function's keep-alive
-after its decode, and a learner block's before it decodes the next step, are billed as for separate functions
-(at most 2 s of keep-alive per role change over-billed; the runtime's meter bills one lifetime). The learner keeps
-its optimizer state between steps (a serverless learner would
-page it to storage; not modelled, same for every policy); the rule-based GSM8K reward runs on CPU and is not
-billed in device-seconds; RLHFuse is reduced to the two mechanisms above (its fused pipeline schedule is not
-modelled); PPO's critic has the policy's size (an assumption).
+Deviations from the paper:
+1. `hybrid` runs decode and learner as one function image (as verl's hybrid engine does); its role changes bill
+   keep-alive as separate functions would (at most 2 s over-billed per change).
+2. The learner keeps its optimizer state between steps (not paged to storage; the same for every policy).
+3. The rule-based GSM8K reward runs on CPU and is not billed in device-seconds.
+4. RLHFuse is reduced to migration and fusion (its fused pipeline schedule is not modelled).
+5. PPO's critic has the policy's size (an assumption).
 """
 
 from __future__ import annotations
@@ -224,7 +173,7 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
 
 
 class Verl:
-    """The serverful colocated baseline (module header)."""
+    """The serverful colocated baseline (docs/internals.md#simpoliciespy)."""
 
     def __init__(self, c: Cluster, overlap: bool = False, name: str = ""):
         """overlap: score and train finished groups on finished replicas' devices (`verl-overlap`)."""
@@ -247,7 +196,8 @@ class Verl:
 
 
 class RLHFuse(Verl):
-    """Serverful, round robin, cut-and-migrate on progress, scoring fused into the rollout tail (module header)."""
+    """Serverful, round robin, cut-and-migrate on progress, scoring fused into the rollout tail
+    (docs/internals.md#simpoliciespy)."""
 
     name = "rlhfuse"
 
@@ -279,7 +229,7 @@ class RLHFuse(Verl):
 
 
 class RLHFless:
-    """Serverless functions through the planner, each optimization switchable (module header)."""
+    """Serverless functions through the planner, each optimization switchable (docs/internals.md#simpoliciespy)."""
 
     def __init__(self, c: Cluster, sw: Switches, lam: float, tau: float, prefill_actors: int = 1,
                  name: str = "rlhfless", predictor: PredictorConfig | None = None, max_actors: int = 0,

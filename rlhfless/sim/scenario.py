@@ -1,32 +1,15 @@
 """Scenarios: typed simulator configs, the paper's settings, and the run that puts every policy side by side.
 
-Purpose: `SimConfig` (one case: device, count, model, TP, algorithm, workload, planner knobs), `SCENARIOS`
-(named lists of cases: `paper-testbed`, `paper-sim`, `quick`), `run_case(cfg)` -> per-policy step time and cost
-plus RLHFless vs verl, and `run_scenario(name, steps, overrides)` -> the JSON report of the CLI.
+`SimConfig` (one case), `SCENARIOS` (`paper-testbed`, `paper-sim`, `quick`), `run_case(cfg)` -> per-policy step time
+and cost plus RLHFless vs both baselines, `run_scenario(name, steps, overrides)` -> the CLI's JSON report. The rule
+it keeps: every policy replays the same steps (same true lengths) and the case's learner, each on its own
+`Timeline` of one `EventLoop`. The policies run, the ablation ladder and the reported fields:
+docs/internals.md#simscenariopy.
 
-Every policy runs over the same steps (same true lengths); each step is played on one `EventLoop` with one
-`Timeline` per policy. Policies: verl (tuned), verl-paper (verl 0.3.x as the paper ran it, `PaperVerl`: verl's
-example TP for the size, 0.6 of memory, CUDA graphs, vLLM sleep mode between rollouts, whole-model resharding;
-every setting's source in `rlhfless.sim.overheads`) and the same at TP 2, TP 8 and its fastest TP
-(`verl-paper-tp2|tp8|fastest`: `paper_range`), rlhfuse, rlhfless (the configured `design` and mechanism keys, lam
-as configured), oracle, and rlhfless-lam1 (the same system asked for time only: how fast it can go on this
-cluster); with `ablation=true` also the ladder serverless-verl, +dedup, +assign, +scale, +migrate, +prewarm,
-+overlap, +hybrid, +sized learner, +wide actor, +draws (`ABLATION`); verl-overlap is verl with the same overlap
-(`policies`), so overlap's gain shows for both. Every policy runs the case's `learner` (verl's by default).
-Both baselines are always reported (`baselines`: speedup and cost reductions against each); `baseline` picks the
-one the top-level `speedup` / `cost_reduction` use. Reported per policy (stage times: `rollout_s`; `score_s`: the
-learner work still running after the rollout, zero when overlap hid it under the tail; `update_s`: the optimizer
-step; `learner_work_device_s`: the learner's work; `learner_blocks`: its blocks that took part): mean step seconds, device-seconds billed per step (`cost_device_s`,
-the paper's GPU-second metric: serverful = devices x wall, serverless = billed invocations), dollars per step
-(`cost_usd`: on-demand prices for serverful, serverless prices otherwise, from `plan.cost.CATALOG`).
-`speedup` = verl step / rlhfless step; `cost_reduction` = 1 - rlhfless / verl device-seconds;
-`gap_to_oracle_*` = rlhfless / oracle - 1.
-
-Non-goals: no search over scenarios (the notebook sweeps).
-
-Deviations from the paper: batch and group sizes are not stated in our sources; the defaults here are assumed
-(testbed GRPO: 128 prompts x 8 per step; PPO: 512 prompts x 1; simulation: 512 prompts x 8), and the three
-epochs the paper averages over are the default number of steps.
+Deviations from the paper:
+1. Batch and group sizes are not stated in our sources; the defaults are assumed (testbed GRPO: 128 prompts x 8
+   per step; PPO: 512 x 1; simulation: 512 x 8).
+2. The three epochs the paper averages over are the default number of steps.
 """
 
 from __future__ import annotations
@@ -696,7 +679,7 @@ def _play(pols: dict[frozenset, object], work) -> dict[frozenset, dict]:
 
 
 def attribution(cfg, players: Sequence[str] | None = None) -> dict:
-    """The Shapley account of the case's RLHFless against its verl (module header); `players` default
+    """The Shapley account of the case's RLHFless against its verl (docs/internals.md#simscenariopy); `players` default
     `target_players(cfg)`. Every coalition plays the same steps; clusters are built once per engine and learner."""
 
     players = list(players if players is not None else target_players(cfg))
@@ -726,8 +709,8 @@ def attribution(cfg, players: Sequence[str] | None = None) -> dict:
 
 
 def mechanisms(cfg) -> dict:
-    """The paper design's split over its mechanisms (module header): a game on the tuned engine and the case's
-    learner, from tuned verl to the paper design."""
+    """The paper design's split over its mechanisms (docs/internals.md#simscenariopy): a game on the tuned engine and
+    the case's learner, from tuned verl to the paper design."""
 
     work, _ = workload(cfg)
     cb, cs, _ = clusters(cfg, work)

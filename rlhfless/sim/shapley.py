@@ -1,27 +1,14 @@
 """An order-independent account of where RLHFless's gain over the paper's verl comes from: exact Shapley values.
 
-Purpose: a ladder that adds one factor per rung credits each factor with its gain *given the rungs below it*, so
-the rung order decides the attribution. The Shapley value of a factor is its marginal gain averaged
-over every order, phi_i = sum over S in N minus i of |S|! (n - |S| - 1)! / n! x (v(S + i) - v(S)), and the values
-add up to v(N) - v(empty) exactly. `shapley(players, value)` computes it from the 2^n coalition values (each
-played once: `value` is called once per subset); `scenario.attribution(cfg)` plays the simulator's game:
-  * empty coalition: verl as the paper ran it (`SimConfig.paper_verl`) on verl's learner (learner parity);
-  * players (those the case's target differs in): `baseline settings` (the paper verl's engine settings ->
-    tuned: fastest TP, 0.9 of memory, CUDA graphs, the KV cache kept, shard-only resharding), `learner` (verl's
-    mini-batch update -> one optimizer step; only when asked for: `learner=single_step` is ours), `paper design`
-    (serverful colocated verl -> the paper's serverless functions with its mechanisms), `overlap`, `hybrid`,
-    `extras` (the sized learner, the wide actor, drawn lengths in the scaler);
-  * a coalition is a system: without `paper design` it is serverful verl (overlap: `verl-overlap`; hybrid and
-    extras then change nothing, the pool is colocated already); with it, RLHFless with the coalition's switches;
-  * v_speed(S) = ln(T(empty) / T(S)) (terms multiply: exp(phi) is a factor on speed, their product the total
-    speedup); v_cost(S) = 1 - C(S) / C(empty) (terms add in points of cost reduction, device-seconds).
-`scenario.mechanisms(cfg)`: the paper design's own split over its mechanisms, a second exact game on the tuned engine and
-the case's learner: players `serverless functions`, dedup, assign, migrate, scale, prewarm (a mechanism does
-nothing without functions), empty = tuned verl; its terms add up to the paper design's gain in that context.
+`shapley(players, value)` computes each factor's marginal gain averaged over every order from the 2^n coalition
+values (`value` called once per subset); the values add up to v(N) - v(empty) exactly. `scenario.attribution(cfg)`
+and `scenario.mechanisms(cfg)` play the simulator's games. The rule it keeps: exact values only, no sampling (at most
+6 players: 64 systems, each simulated once). The formula, players and value functions:
+docs/internals.md#simshapleypy.
 
-Non-goals: no sampled (Monte Carlo) Shapley: with at most 6 players a game is 64 systems, each simulated once.
-
-Deviations from the paper: the paper reports a cumulative ablation (one mechanism added at a time).
+Deviations from the paper:
+1. The paper reports a cumulative ablation (one mechanism added at a time); this attribution does not depend on the
+   order.
 """
 
 from __future__ import annotations

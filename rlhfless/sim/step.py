@@ -1,28 +1,16 @@
 """Mechanism of one synchronous RLHF step: a policy's decision played out on the event loop.
 
-Purpose: `play_step(loop, timeline, t0, plan)` schedules a `StepPlan` (what a policy decided, with every duration
-already known from the performance model and the planner's time model) as events and records spans:
-    t0: prefill function starts (dedup prefill; cold start first when cold);
-        every decode actor starts: cold start (if cold) and weight sync, meanwhile its prompts' KV arrives from
-        the prefill function (`kv_ready_s`); then its own prefill (none with dedup) and decode; it releases
-        itself when its last sequence ends;
-    learner (`LearnerPlan`, the model of `rlhfless.plan.overlap`, the same functions the scaler prices with):
-        with overlap, each group's scoring + forward/backward work arrives when its last sample finishes and
-        runs on learner blocks: spare devices (pre-warmed) and each released decode actor's devices (after the
-        learner's cold start, or with hybrid functions the in-place reshard); without overlap, all work arrives at the last decode release and runs on every
-        device at once; then ONE optimizer step (`update_fixed_s`); its end is the step's end.
-Stages recorded: rollout = [t0, last decode release]; score = the learner work left after the rollout (zero
-when overlap finished it under the tail); update = the optimizer step.
-Serverless: every function span is billed on its own (`billed=True`); each learner block is one `learner` span
-from its start (cold start included) to the step's end. Serverful: spans are drawn but not billed; one `pool`
-span of all devices over [t0, end] is billed instead. A warm actor pre-warmed during the previous step bills
-from `t0 - prewarm_s` (its cold start ran off the critical path).
+`play_step(loop, timeline, t0, plan)` schedules a `StepPlan` (every duration already known from the performance
+model and the planner's time model) as events and records spans: the prefill function, each decode actor (cold
+start, weight sync, KV, decode, release), the learner (`LearnerPlan`, the model of `rlhfless.plan.overlap`) and one
+optimizer step, whose end is the step's end. The rule it keeps: no decisions here; serverless bills every function
+span on its own, serverful bills one `pool` span of all devices over the step. Schedule and billing in full:
+docs/internals.md#simsteppy.
 
-Non-goals: no decisions here (the policies make them), no failures or retries.
-
-Deviations from the paper: the paper's stages are strictly sequential; with `LearnerPlan.overlap` finished groups
-are scored and trained on freed devices during the decode tail (still on-policy: one optimizer step per step).
-RLHFuse-like fusion is a smaller learner work decided by its policy.
+Deviations from the paper:
+1. The paper's stages are strictly sequential; with `LearnerPlan.overlap` finished groups are scored and trained on
+   freed devices during the decode tail (still on-policy: one optimizer step per step).
+2. RLHFuse-like fusion is a smaller learner work decided by its policy.
 """
 
 from __future__ import annotations

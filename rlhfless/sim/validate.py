@@ -1,41 +1,11 @@
 """Validation: simulate a run recorded on this machine and compare with what it measured, per stage and mode.
 
-Purpose: `validate(run_dir, calibrate_from=None)` -> report with `step_time_error` and `cost_error` (the largest
-relative error of the mean over modes) and per-stage rows. A run dir is one run (`config.yaml`, `metrics.jsonl`,
-`traces/rollouts.jsonl[.gz]`), or a comparison with `serverful/`, `serverful-overlap/` and `serverless/` sub-runs.
-A comparison whose arms carry the runtime's records (`invocations.jsonl`, `workers.jsonl`) is also played step by
-step by the arm model (`rlhfless.sim.armmodel`: warm or cold functions by the run's keep-alive, hybrid learner
-ranks or cold ones on the units budget, overlap, held idle time), reported under `arms` per arm and per component of the bill; then the
-two errors are the arm model's (`errors_from: arms`), else the stage model's below (`errors_from: modes`).
-  * Calibration (this machine's measurements, never the steps being validated): the CPU performance model's
-    decode constants (bytes/s and per-iteration overhead of `PerfModel.decode_iter_s` for the tiny model) are
-    fitted to measured `timing_s/decode` by non-negative least squares on per-step features computed from the
-    trace with the planner's time model (`fit_decode`); prefill, update and the remaining loop seconds are linear
-    in the tokens they process (`fit_linear`). PPO runs (`algo.name: ppo`, inline only) add the `values` stage
-    (the critic's forward: linear in the prompt + response tokens of the batch, as the update) and fit their
-    update (actor + critic, `rlhfless.learn.ppo_update.ppo_update`) as seconds per token per epoch plus seconds per optimiser
-    step (epochs x mini-batches), so a calibration run with other `algo.ppo_epochs` or `algo.ppo_mini_batches`
-    carries over (a constant per-run term would not). Fitted on `calibrate_from` (another run) when given, else on
-    alternate steps (1, 3, 5, ...) and validated on the others: on shared cores the neighbours' load drifts over
-    minutes, which a first-half/second-half split would report as model error.
-  * Simulation: each validated step's groups, as recorded, through the same time model (inline: one engine
-    batch; runtime modes: the planner's actor count per step from metrics) plus the fitted stage models.
-  * Cost, by the runtime's rule (`rlhfless.runtime.meter`: a worker is billed from request to release, x its
-    units): inline = units x wall (serverful-like; units = train.threads cores); serverful = the pool's units
-    (workers.jsonl, else the config, else billed/wall of the calibration steps) x simulated wall; serverless =
-    per kind (decode, prefill, learner) the simulated busy device-seconds (decode: every actor's busy time from
-    the time model with the run's actor count and policy; learner: the update on each data-parallel rank) plus a
-    per-worker overhead (cold start, pre-warm, idle) fitted on the calibration steps' `function/<kind>/billed_s`;
-    compared with `function/<kind>/billed_s` and `cost/device_seconds`. Workers per step come from
-    `invocations.jsonl`. Fields that are absent are reported as such (`missing`), not guessed.
-  * PPO's structure (`ppo` key of a PPO mode): the simulator's assumption that PPO's learner runs
-    `perf.PPO_MODELS` models of the policy's size (a value forward per reference forward; critic + actor
-    training = 2 x the actor's; with the old log-prob forward the run recomputes, 1.75 x on this machine's
-    cpu-core model) beside the run's measured ratios over all its steps (`timing_s/values` /
-    `timing_s/reference` when `algo.kl_coef` > 0; `timing_s/update` / its actor part, `timing_s/update` minus
-    `timing_s/update_critic`). A measurement to read, not a fitted constant.
-
-Non-goals: no per-token replay; no simulation of process start-up outside the steps.
+`validate(run_dir, calibrate_from=None)` -> report with `step_time_error`, `cost_error` and per-stage rows, for one
+run or a comparison (`serverful/`, `serverful-overlap/`, `serverless/`); a comparison with the runtime's records is
+also played by the arm model (`rlhfless.sim.armmodel`, `errors_from: arms`), else by the stage model
+(`errors_from: modes`). The rule it keeps: the stage models are fitted on calibration steps (another run, or the
+alternate steps) and never on the steps being validated; absent fields are reported `missing`, not guessed.
+Calibration, simulation, cost and PPO's ratios in full: docs/internals.md#simvalidatepy.
 
 Deviations from the paper: none (the paper validates Vidur against its GPUs; this validates against our CPU runs).
 """
@@ -211,7 +181,7 @@ def fit_ppo_update(feats: np.ndarray, measured: np.ndarray) -> tuple[float, floa
 # ---- calibration ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StageModel:
-    """This machine's calibrated stage times (seconds) for the tiny model (module header)."""
+    """This machine's calibrated stage times (seconds) for the tiny model (docs/internals.md#simvalidatepy)."""
 
     bytes_per_s: float
     iter_overhead_s: float
@@ -258,7 +228,7 @@ def _policy(run: RunData) -> str:
 
 
 def calibrate(run: RunData, steps: list[StepWork], ctx: float) -> StageModel:
-    """Fit the stage models on `steps` of `run` (module header)."""
+    """Fit the stage models on `steps` of `run` (docs/internals.md#simvalidatepy)."""
     n, cap = _actors(run, steps)
     feats = decode_features(steps, n, cap, ctx, _policy(run))
     dec = _measured(run, steps, "timing_s/decode")
@@ -462,8 +432,8 @@ def simulated_ppo_ratios(old_logprob: bool) -> dict[str, float]:
 
 def ppo_structure(run: RunData) -> dict:
     """The simulator's PPO structure (`simulated_ppo_ratios`) beside this run's measured ratios, over all its
-    steps (ratios of the stages' mean seconds; module header). A ratio the run cannot measure is `missing`, saying
-    why."""
+    steps (ratios of the stages' mean seconds; docs/internals.md#simvalidatepy). A ratio the run cannot measure is
+    `missing`, saying why."""
     from rlhfless.sim.perf import PPO_MODELS
 
     steps = run.work

@@ -1,19 +1,12 @@
 """What-if for users: given a model, devices and prices, which mode, how many actors, and what a step costs.
 
-Purpose: `what_if(...)` simulates one workload (synthetic, or a user's length trace) on the user's devices under
-the tuned serverful verl and under RLHFless at several lambdas (and, with a deadline ratio, the
-min_cost_at_deadline objective), then recommends the simulator's best point under the user's constraint:
-  * `deadline_ratio` R: the cheapest point ($ per step) whose mean step is at most R x the serverful step;
-  * `budget_usd` B: the fastest point whose mean $ per step is at most B;
-  * neither: R = 1 (never slower than serverful).
-Each point reports mean seconds and $ per step with a band (10th-90th percentile over the simulated steps), the
-range of decode actors N, tau and lambda. `rlhfless plan what-if` prints serverful and serverless side by side.
+`what_if(...)` simulates one workload on the user's devices under the tuned serverful verl and under RLHFless at
+several lambdas, and recommends the best point under the user's constraint (`deadline_ratio` R: cheapest at most R x
+the serverful step; `budget_usd` B: fastest at most B per step; neither: R = 1), each point with a 10th-90th
+percentile band. The rule it keeps: the numbers are the simulator's (sources: docs/overheads.md); prices are the
+catalog's unless a file replaces entries. Details: docs/internals.md#simwhatifpy.
 
-Non-goals: no search over TP, batch or group size (TP is the serverful verl's fastest, as `rlhfless simulate`
-picks it), no spot prices. Prices: the catalog (`rlhfless.plan.cost.CATALOG`) unless a file replaces entries.
-
-Deviations from the paper: the paper has no such tool; the numbers are the simulator's (its sources:
-docs/overheads.md).
+Deviations from the paper: the paper has no such tool.
 """
 
 from __future__ import annotations
@@ -114,8 +107,8 @@ def _point(mode: str, rows: list[dict], **how) -> dict:
 
 def best_point(points: list[dict], serverful_step_s: float, deadline_ratio: float | None,
                budget_usd: float | None) -> tuple[dict, bool]:
-    """The recommended point and whether it meets the constraint (module header); if none does, the closest:
-    the fastest under a deadline, the cheapest under a budget."""
+    """The recommended point and whether it meets the constraint (docs/internals.md#simwhatifpy); if none does, the
+    closest: the fastest under a deadline, the cheapest under a budget."""
     if budget_usd is not None:
         ok = [p for p in points if p["usd"] <= budget_usd]
         if ok:
@@ -132,8 +125,9 @@ def what_if(model: str, devices: str, prices: str | None = None, deadline_ratio:
             budget_usd: float | None = None, trace: str | None = None, steps: int = 6,
             prompts_per_step: int = 512, group_size: int = 8, seed: int = 0,
             overrides: list[str] | None = None) -> dict:
-    """Serverful and serverless on the user's devices, and the recommendation (module header). overrides:
-    `SimConfig` key=value (design, each mechanism, learner, the baseline's settings, ...), as `simulate` takes."""
+    """Serverful and serverless on the user's devices, and the recommendation (docs/internals.md#simwhatifpy).
+    overrides: `SimConfig` key=value (design, each mechanism, learner, the baseline's settings, ...), as `simulate`
+    takes."""
     from rlhfless.core.configbase import apply_overrides, from_dict
     from rlhfless.sim.policies import RLHFless, Verl
     from rlhfless.sim.scenario import SimConfig, clusters, simulate_policy, workload

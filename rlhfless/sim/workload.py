@@ -1,20 +1,14 @@
 """Workloads: the per-step prompt groups (prompt tokens, true response lengths) every policy replays alike.
 
-Purpose: three sources, one record (`StepWork`: a step's `GroupWork`s), so every policy sees the same lengths, as
-the paper's replayed baseline does:
-  * `replay_trace(path)`: a recorded trace (`rlhfless.core.traces`: one row per response) grouped by (step, prompt);
-  * `synthetic(cfg)`: the multi-epoch generator of `rlhfless.predictor.synthetic` (per-prompt lognormal base,
-    epoch jitter, within-group noise, truncation at the response cap), with prompt lengths drawn from GSM8K
-    questions when `gsm8k` is given (`gsm8k_prompt_tokens`), else lognormal;
-  * `LengthDist`: the response-length distributions of the paper's settings as parameters with stated defaults,
-    or (`fit_to`) a capped lognormal fitted to a published training log's cap share and mean (`PUBLISHED_LENGTHS`).
+Three sources, one record (`StepWork` of `GroupWork`s): `replay_trace(path)` (a recorded trace), `synthetic(cfg)`
+(`rlhfless.predictor.synthetic`'s multi-epoch generator, GSM8K prompt lengths when given) and `LengthDist` (the
+paper settings' length distributions, or `fit_to` a published training log). The rule it keeps: every policy sees
+the same lengths, as the paper's replayed baseline does. Details: docs/internals.md#simworkloadpy.
 
-Non-goals: no text, no rewards beyond what a replayed trace carries (GRPO's zero-variance skip needs them).
-
-Deviations from the paper: the paper's response lengths come from its own GSM8K / GPQA / LiveCodeBench runs,
-which are not public; the defaults below are assumptions (stated per field; `fit_to` replays the one published log
-found instead), and the tokenisation of GSM8K prompts is approximated as characters / 4 (a common rule of thumb
-for English BPE vocabularies; assumed).
+Deviations from the paper:
+1. The paper's response lengths (its GSM8K / GPQA / LiveCodeBench runs) are not public; the defaults below are
+   assumptions, stated per field (`fit_to` replays the one published log found instead).
+2. GSM8K prompts are tokenised as characters / 4 (a common rule of thumb for English BPE vocabularies; assumed).
 """
 
 from __future__ import annotations
