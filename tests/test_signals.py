@@ -9,6 +9,7 @@ EOF, a process's exit), never a fixed time. The 5 s and 120 s bounds only fail a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -34,27 +35,36 @@ ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "PYTHONPAT
 
 
 # -- a worker whose driver is gone ---------------------------------------------------------------------------
-def _grandchild(w: int) -> None:
-    """Holds the pipe's write end and blocks where it reads nothing (as one in a gloo rendezvous does)."""
-    die_with_parent(os.getppid())
+def _grandchild(w: int, parent: int) -> None:
+    """Holds the pipe's write end and blocks where it reads nothing (as one in a gloo rendezvous does). `parent` is
+    passed in, as the runtime passes the driver's pid: read here, getppid() may already name the reaper."""
+    os.write(w, b"%d\n" % os.getpid())  # so a failing test can still end it
+    die_with_parent(parent)
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGINT])
     while True:
         signal.pause()
 
 
 def _parent_that_dies(w: int) -> None:
-    p = mp.get_context("fork").Process(target=_grandchild, args=(w,))
+    p = mp.get_context("fork").Process(target=_grandchild, args=(w, os.getpid()))
     p.start()
     os._exit(0)  # without joining it: its child is orphaned
 
 
 def _read_until_eof(fd: int, bound_s: float = 30.0) -> bool:
-    """True once every writer of the pipe has closed it (all of them died)."""
-    end = time.monotonic() + bound_s
+    """True once every writer of the pipe has closed it (all of them died); False at the bound, after SIGKILLing
+    the worker that wrote its pid into it (it blocks SIGTERM), so a failing test leaves nothing running."""
+    end, got = time.monotonic() + bound_s, b""
     while time.monotonic() < end:
-        ready, _, _ = select.select([fd], [], [], end - time.monotonic())
-        if ready and os.read(fd, 1) == b"":
-            return True
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        if ready:
+            chunk = os.read(fd, 64)
+            if chunk == b"":
+                return True
+            got += chunk
+    for pid in got.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
     return False
 
 
@@ -65,6 +75,37 @@ def test_a_worker_dies_with_its_parent_even_where_it_reads_no_pipe():
     os.close(w)
     middle.join()
     assert _read_until_eof(r), "the orphaned worker is still alive"
+    os.close(r)
+
+
+def _grandchild_armed_late(w: int, parent: int, parent_alive: int, parent_end: int) -> None:
+    """Arms the signal only once its parent has exited (EOF on a pipe the parent held) but before anyone reaped
+    it: the race of a driver that dies while its worker starts."""
+    os.close(parent_end)
+    while os.read(parent_alive, 1):
+        pass
+    while os.getppid() == parent:  # the kernel closes files before it reparents: wait for the reparenting too
+        time.sleep(0.001)
+    _grandchild(w, parent)
+
+
+def test_a_worker_whose_parent_died_before_the_signal_was_armed_still_goes():
+    # plain forks, so nothing reaps the parent before the read below: it stays a zombie, which answers kill(pid, 0)
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(r)
+        pr, pw, me = *os.pipe(), os.getpid()
+        if os.fork() == 0:
+            try:
+                _grandchild_armed_late(w, me, pr, pw)
+            finally:
+                os._exit(1)  # never back into pytest
+        os._exit(0)  # closes pw: the child sees EOF while this process is a zombie
+    os.close(w)
+    gone = _read_until_eof(r)
+    os.waitpid(middle, 0)
+    assert gone, "the orphaned worker is still alive"
     os.close(r)
 
 

@@ -113,10 +113,22 @@ def die_with_parent(driver_pid: int) -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    try:
-        os.kill(driver_pid, 0)
-    except ProcessLookupError:
+    if not _alive(driver_pid):
         os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (exited, its parent has not reaped it yet) counts as gone, since the signal
+    above is armed too late for a parent that already exited."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # on Linux: reaped between the two calls; elsewhere no procfs, so trust the kill
+        return not sys.platform.startswith("linux")
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def local_main(conn, setup_json: str, driver_pid: int) -> None:
