@@ -99,6 +99,7 @@ class Runtime:
         self.pool = Pool(self.backend, setup, self.t0, self.units, None if self.serverful else self.keep_alive_s)
         self.stage_t0: float | None = None  # this step's rollout start: releases after it are mid-step
         self._expired_seen = 0  # releases at a lapse already counted in a step's metrics
+        self._early_seen = 0  # learner ranks released at their share already counted
         self.invocations: list[InvocationRecord] = []
         self._written = 0
         self.history = History()
@@ -419,7 +420,7 @@ class Runtime:
         m[M.RUNTIME_UNITS_PEAK] = peak_units(rows, a, b)
         released = self.release_counts(rows, a, b)
         m.update(released)
-        for k in (M.RUNTIME_RELEASED_EXPIRED, M.RUNTIME_RELEASED_MID_STEP):
+        for k in (M.RUNTIME_RELEASED_EXPIRED, M.RUNTIME_RELEASED_MID_STEP, M.RUNTIME_RANKS_RELEASED_EARLY):
             self.totals[k] = self.totals.get(k, 0.0) + released[k]
         m.update(self._calibrate(step))
         for k, v in self.counters.items():
@@ -435,13 +436,16 @@ class Runtime:
         not one)."""
         lapses = [t for t, _ in self.pool.expired[self._expired_seen:]]
         self._expired_seen = len(self.pool.expired)
+        early = [t for t, _ in self.pool.released_early[self._early_seen:]]  # learner ranks whose share was done
+        self._early_seen = len(self.pool.released_early)
         s0 = self.rel(self.stage_t0) if self.stage_t0 is not None else b
         s1 = self.rel(self.last_learn_end) if self.last_learn_end is not None and \
             self.rel(self.last_learn_end) >= s0 else b
         first = min((r["spawned_s"] for r in rows), default=b)
         zeros = zero_held(rows, max(a, first), b)
         return {M.RUNTIME_RELEASED_EXPIRED: float(len(lapses)),
-                M.RUNTIME_RELEASED_MID_STEP: float(sum(s0 <= t <= s1 for t in lapses)),
+                M.RUNTIME_RELEASED_MID_STEP: float(sum(s0 <= t <= s1 for t in lapses + early)),
+                M.RUNTIME_RANKS_RELEASED_EARLY: float(len(early)),
                 M.RUNTIME_ZERO_HELD: float(len(zeros)), M.RUNTIME_ZERO_HELD_S: sum(y - x for x, y in zeros)}
 
     def observe_time_scale(self, ratio: float) -> None:
@@ -540,6 +544,7 @@ class Runtime:
         usage = usage_window(recs, self.invocations, float("-inf"), end, end, self.paused)
         return {"released_expired": int(self.totals.get(M.RUNTIME_RELEASED_EXPIRED, 0)),
                 "released_mid_step": int(self.totals.get(M.RUNTIME_RELEASED_MID_STEP, 0)),
+                "ranks_released_early": int(self.totals.get(M.RUNTIME_RANKS_RELEASED_EARLY, 0)),
                 "zero_held_intervals": len(zeros), "zero_held_s": sum(b - a for a, b in zeros),
                 "device_s_by_role": usage, "cost_device_s_by_billing": self.bills_by_rules()}
 

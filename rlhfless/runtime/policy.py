@@ -41,6 +41,8 @@ class History:
     rollout_vs_plan: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     """Measured rollout seconds over the plan's predicted makespan, per recent step."""
     between_s: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    share_tail_s: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    """Serverless learner: from the first rank's share to the update's end (`plan.ranks.next_work_after_share`)."""
     """From the end of the learner to the start of the next rollout (driver work: logging, planning)."""
     cold_s: dict[str, deque] = field(default_factory=dict)
 
