@@ -521,13 +521,20 @@ def test_hybrid_functions_killed_before_and_after_going_on_as_ranks_lose_nothing
 
 
 def test_a_warm_hybrid_function_decodes_the_next_step_with_the_weights_it_computed(runs):
-    """Kept warm (keep-alive), a learner rank decodes the next step with the update it applied in memory (no
-    state load: sync_s 0) and, rank 0 or not, gives the samples and final weights of the serverful control bit
-    for bit."""
+    """Kept warm (keep-alive), the learner rank that reduced the shares decodes the next step with the update it
+    applied in memory (no state load: sync_s 0); a rank that left at its share loads the new version. Either way
+    the samples and final weights are the serverful control's bit for bit."""
     out = runs["hybrid_warm"][0]
     invs = _rows(out / "invocations.jsonl")
     ranks = {(i["step"], i["worker"]) for i in invs if i["kind"] == "learner" and i["ok"]}
+    last = {}  # step -> the worker whose learner invocation ended last: the reducer
+    for i in invs:
+        if i["kind"] == "learner" and i["ok"] and i["finished_s"] >= last.get(i["step"], (-1.0, ""))[0]:
+            last[i["step"]] = (i["finished_s"], i["worker"])
     warm = [i for i in invs if i["kind"] == "decode" and (i["step"] - 1, i["worker"]) in ranks]
-    assert len({i["worker"] for i in warm}) == 2 and all(i["extra"]["sync_s"] == 0 for i in warm)
+    assert len({i["worker"] for i in warm}) == 2
+    for i in warm:
+        reduced = last[i["step"] - 1][1] == i["worker"]
+        assert (i["extra"]["sync_s"] == 0) == reduced
     assert read_digests(out) == read_digests(runs["serverful"][0])
     assert _same_weights(out, runs["serverful"][0])
