@@ -14,8 +14,8 @@ device-seconds, dollars), samples_identical, weights_identical and final_state_i
 policy, optimizer and PPO's critic, each file's tensors byte for byte and its metadata as a mapping, per-arm
 digests in `final_state_sha256`: a one-ulp
 drift in the optimizer's moments shows there before it reaches the weights); how the serverless arm scaled:
-`released_mid_step` (functions released at their keep-alive's lapse while a step ran), `released_expired` (at any
-time) and `zero_held_intervals` (intervals with nothing held); each arm's `device_s_by_role` splits its held
+`released_mid_step` (functions released while a step ran: at their keep-alive's lapse, or a learner rank let go
+at its share, `ranks_released_early`), `released_expired` (at a lapse, any time) and `zero_held_intervals` (intervals with nothing held); each arm's `device_s_by_role` splits its held
 device-seconds into busy, held-idle and cold-start per role; `overlap_only` (serverful-overlap / serverful), and per
 arm step_time_s, cost_device_s, cost_usd, eval accuracy, what explains the numbers (cold starts, idle fraction,
 billed seconds per function kind, decode actors, migrations) and `planner`: the planner's predicted
@@ -195,6 +195,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         # does the serverless arm scale to zero? (released at a keep-alive's lapse mid-step; nothing held at all)
         "released_mid_step": rs[TREATED].get("released_mid_step"),
         "released_expired": rs[TREATED].get("released_expired"),
+        "ranks_released_early": rs[TREATED].get("ranks_released_early"),
         "zero_held_intervals": rs[TREATED].get("zero_held_intervals"),
         "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
         "arms": ran, "seed": cfg.train.seed, "steps": cfg.train.steps,

@@ -12,6 +12,9 @@ all-reduce makes it raise after `timeout_s`; a rank that never arrives makes `in
 `timeout_s`. Either way the caller gets an exception, never a hang past the timeout, and must tear the whole
 group down (`destroy_group` in survivors, or kill them) and start a new one on a new port: a group is not
 repaired in place.
+Both modes reduce the learner's shares with one rank-order sum (`rank_order_sum`): the pool gathers the buffers
+over gloo and adds them in rank order; the serverless learner passes them as files (`share_all_reduce`), so a rank
+that has written its share can leave before the others are done.
 Non-goals: several groups per process, groups across machines, NCCL-specific tuning. backend="nccl" runs the
 same reduce on the local CUDA device (copying the CPU buffer there and back); it is untested here (no GPU).
 """

@@ -9,16 +9,19 @@ whether groups stream in during decode (`runtime.overlap`) or all arrive after i
 Units: a serverless learner rank starts only onto a free unit (`Pool.claim`), usually one a finished decode
 function released; until then its groups wait (their batch files are in the scratch tmpfs). With the hybrid image
 (`runtime.hybrid`, the default) the finished decode function itself goes on as the rank (`take`): warm, its policy
-already at the step's version, so neither a cold start nor a state load sits between the rollout and the update;
-a hybrid rank leaves its gloo group after the step (`leave`), free to decode the next step if kept warm. The
-data-parallel group forms at the optimiser step (`learn_end`), so a rank can start and work alone early, and a rank killed before the
-step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
-sent restarts every rank (the gloo group cannot be repaired), from the same state version.
+already at the step's version, so neither a cold start nor a state load sits between the rollout and the update.
+The end of a serverless step has no process group: every rank, once its groups are done, writes its share of the
+update (the buffer the pool all-reduces) to the scratch tmpfs and its invocation ends; all but the last are let go
+at once (released, or kept for their keep-alive when the plan has work for them inside it: `plan.ranks`), and the
+last one in sums the shares in rank order, steps and writes the next state version (`_finish_shares`). The pool's
+all-reduce gathers and sums the same buffers in the same order, so the modes' weights stay bitwise equal. A rank
+killed before its share is restarted alone (its groups re-sent and recomputed); a reducer killed is replaced and
+reduces the same files. The serverful pool keeps its gloo group: a death after `learn_end` restarts it whole.
 Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
 compute time arrives in `learned`, summed and as intervals: the meter counts only those as busy, a rank waiting
 for groups is held idle; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
-the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
-state version). The serverful control's ranks are its pool workers, which read learner messages only after their
+the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; serverless: `share` names the rank's share
+file, or, for the reducer, every share; the pool's rank 0 or the reducer writes the next state version). The serverful control's ranks are its pool workers, which read learner messages only after their
 own decode (the worker defers them).
 Deviation from the paper: its learner is one FSDP function started after the rollout; streaming finished groups
 into it is this project's extension (docs/architecture.md, "Overlap"). So is running the reference forward inside
