@@ -83,7 +83,7 @@ class LearnerStream:
     def __init__(self, rt, step: int, prompts: list[list[int]], seed: int, overlap: bool):
         self.rt, self.step, self.prompts, self.seed, self.overlap = rt, step, prompts, seed, overlap
         self.G = rt.cfg.algo.group_size
-        world = rt.rt.workers() if rt.serverful else rt.rt.learners()
+        world = rt.policy.learner_world(rt.rt)
         self.plan = microbatches(len(prompts), rt.rt.learner_microbatch_groups, world)
         self.ranks = [_Rank(r, [g for c in chunks for g in c]) for r, chunks in enumerate(self.plan)]
         self.owner = {g: r.rank for r in self.ranks for g in r.groups}
@@ -96,6 +96,9 @@ class LearnerStream:
         self.prewarm_due = False
         self.starting_all = False  # finish: every rank starts now (all groups are in)
         self.first_share: float | None = None  # serverless: when the step's first share came in
+        # serverless ranks end with shares (`_finish_shares`); the pool ends together in its gloo group, and so do
+        # emulated workers (runtime.emulated models one optimiser step per rank and no share files yet)
+        self.shares = not rt.serverful and rt.rt.device != "emulated"
         self._decode_pw: tuple[float, tuple | None] = (0.0, None)  # (since, next_decode_prewarm) while finishing
         self._end: dict = {}
         self._adopt_warm()
@@ -241,8 +244,8 @@ class LearnerStream:
         every rank restarts (their gloo group is broken). Serverful: the whole pool restarts."""
         rt = self.rt
         dead = next(r for r in self.ranks if r.handle is h and not r.shared)
-        # serverful: a death after learn_end breaks the pool's gloo group; serverless shares need no group
-        ending = rt.serverful and any(r.ended for r in self.ranks)
+        # a death after learn_end breaks a group that ends together; serverless shares need none
+        ending = not self.shares and any(r.ended for r in self.ranks)
         rt.count(M.RUNTIME_RETRIES)
         victims = self.ranks if ending or rt.serverful else [dead]
         for r in victims:
@@ -306,7 +309,7 @@ class LearnerStream:
                                     rewards[g * self.G:(g + 1) * self.G].tolist())
         end = self._end = {"op": "learn_end", "step": self.step, "rewards": rewards.tolist(),
                            "lengths": [len(r) for r in responses]}
-        if rt.serverful:
+        if not self.shares:
             while True:
                 replies = self._finish_once(end)
                 if replies is not None:
