@@ -112,8 +112,9 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo", timeout_
 
         def all_reduce(t: torch.Tensor) -> None:
             on_dev = t.to(device)
-            dist.all_reduce(on_dev)
-            t.copy_(on_dev.to(t.device))
+            parts = [torch.empty_like(on_dev) for _ in range(world)]
+            dist.all_gather(parts, on_dev)  # then the same rank-order sum as gloo's (IEEE adds: same bits on GPU)
+            t.copy_(rank_order_sum(parts).to(t.device))
     else:
         raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
     _GROUP.update(pg=pg, store=store, backend=backend)
