@@ -32,6 +32,7 @@ import numpy as np
 
 from rlhfless.plan.schedule import PREWARM_HISTORY as HISTORY  # shared with the simulator
 from rlhfless.rollout.prefix import plan_prefill
+from rlhfless.runtime.records import now
 from rlhfless.step.planner import StepPlan
 
 
@@ -160,6 +161,15 @@ class ModePolicy(ABC):
         """The billing rule set the bill is read under (`runtime.billing`, or the pool's lifetime)."""
 
     @abstractmethod
+    def decoders(self, rt, n: int) -> list:
+        """Which functions take the decode role this step (n of them): handles, in the split's order."""
+
+    @abstractmethod
+    def learner_ranks(self, rt, ranks: list) -> None:
+        """Which functions hold the learner ranks when the step starts (`streaming._Rank.handle`; None: a rank
+        starts later, when it has work)."""
+
+    @abstractmethod
     def learner_world(self, rt_cfg) -> int:
         """The learner's data-parallel degree (equal in both modes when compared: the same sum of shares)."""
 
@@ -199,6 +209,30 @@ class ServerlessPolicy(ModePolicy):
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.learners()
 
+    def decoders(self, rt, n: int) -> list:
+        """Warm idle functions of the decode image first (no cold start), then new ones."""
+        available = rt.pool.warm(rt.image("decode"))
+        warm = available[:n]
+        for h in warm:  # taken: the cold starts below may evict idle workers, never these
+            rt.pool.busy(h)
+        for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
+            rt.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
+        cold = rt.start_decoders(n - len(warm), prewarmed=False)
+        return warm + cold
+
+    def learner_ranks(self, rt, ranks: list) -> None:
+        """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
+        data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
+        live = [h for h in rt.learners if h.worker in rt.pool.handles]
+        if len(live) == len(ranks):
+            for r, h in zip(ranks, live):
+                r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
+                rt.pool.busy(h)
+        else:
+            for h in live:
+                rt.pool.release(h)
+            rt.learners = []
+
 
 class ServerfulPolicy(ModePolicy):
     name = "serverful"
@@ -233,6 +267,13 @@ class ServerfulPolicy(ModePolicy):
 
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.workers()  # every pool worker is a rank
+
+    def decoders(self, rt, n: int) -> list:
+        return rt.pool_handles  # every pool worker decodes its chunk
+
+    def learner_ranks(self, rt, ranks: list) -> None:
+        for r in ranks:  # pool worker r is rank r for the whole run
+            r.handle = rt.pool_handles[r.rank]
 
 
 def policy_for(mode: str) -> ModePolicy:

@@ -139,17 +139,7 @@ class DecodeStage:
         raise fail(f"prefill function of step {self.step}", rt.rt.max_attempts)
 
     def _handles(self, n: int) -> list:
-        rt = self.rt
-        if rt.serverful:
-            return rt.pool_handles
-        available = rt.pool.warm(rt.image("decode"))
-        warm = available[:n]
-        for h in warm:  # taken: the cold starts below may evict idle workers, never these
-            rt.pool.busy(h)
-        for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
-            rt.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
-        cold = rt.start_decoders(n - len(warm), prewarmed=False)
-        return warm + cold
+        return self.rt.policy.decoders(self.rt, n)
 
     def _by_locality(self, handles: list) -> list:
         """The paper's locality rule: the decode function with the most rows runs on the learner's node (the

@@ -104,22 +104,9 @@ class LearnerStream:
         self._adopt_warm()
 
     def _adopt_warm(self) -> None:
-        """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
-        data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
-        rt = self.rt
-        if rt.serverful:
-            for r in self.ranks:
-                r.handle = rt.pool_handles[r.rank]
-            return
-        live = [h for h in rt.learners if h.worker in rt.pool.handles]
-        if len(live) == len(self.ranks):
-            for r, h in zip(self.ranks, live):
-                r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
-                rt.pool.busy(h)
-        else:
-            for h in live:
-                rt.pool.release(h)
-            rt.learners = []
+        """Which functions hold the ranks as the step starts: the mode's policy decides (the pool's workers, or
+        the last step's learner functions kept warm: `ModePolicy.learner_ranks`)."""
+        self.rt.policy.learner_ranks(self.rt, self.ranks)
 
     # -- feeding ------------------------------------------------------------------------------------------------
     def handles(self) -> list:
