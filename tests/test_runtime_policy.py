@@ -77,3 +77,19 @@ def test_time_model_scale_rejects_nonsense():
 
     with pytest.raises(ConfigError, match="time_model.scale"):
         TimeModel.default_tiny_cpu().scaled(0.0)
+
+
+def test_the_mode_is_a_policy_object_the_stages_ask():
+    """runtime.policy.ModePolicy: what the serverless runtime and the serverful pool decide differently."""
+    from rlhfless.runtime.config import RuntimeConfig
+    from rlhfless.runtime.policy import ServerfulPolicy, ServerlessPolicy, policy_for
+
+    sl, sf = policy_for("serverless"), policy_for("serverful")
+    assert isinstance(sl, ServerlessPolicy) and isinstance(sf, ServerfulPolicy) and sf.holds_pool
+    assert sl.keep_alive(2.0) == 2.0 and sf.keep_alive(2.0) is None  # the pool is never idle-released
+    assert sf.decode_split(5, None, 2) == [[0, 1, 2], [3, 4]]  # verl's contiguous split by count
+    assert not sf.migrates("always", None) and sl.migrates("always", None)
+    assert sl.billing_name("invocations") == "invocations" and sf.billing_name("invocations") == "lifetime"
+    rt = RuntimeConfig(units=2, learner_units=2, serverful_workers=2)
+    assert sl.learner_world(rt) == sf.learner_world(rt) == 2
+

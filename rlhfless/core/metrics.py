@@ -76,7 +76,8 @@ RUNTIME_LEARNER_BUFFERED = "runtime/learner_buffered_peak"  # most gradients a r
 RUNTIME_UNITS_PEAK = "runtime/units_peak"  # most device units held at once in the step (<= runtime.units)
 RUNTIME_WINDOW_START_S = "runtime/window_start_s"  # the step's billing window, run-relative (records' clock)
 RUNTIME_WINDOW_S = "runtime/window_s"  # its length: the step's bill covers it (driver work between steps included)
-RUNTIME_RELEASED_MID_STEP = "runtime/released_mid_step"  # functions released at their keep-alive's lapse mid-step
+RUNTIME_RELEASED_MID_STEP = "runtime/released_mid_step"  # functions released mid-step: at a keep-alive lapse, or a rank at its share
+RUNTIME_RANKS_RELEASED_EARLY = "runtime/ranks_released_early"  # learner ranks released at once when their share was in
 RUNTIME_RELEASED_EXPIRED = "runtime/released_expired"  # functions released at their keep-alive's lapse, any time
 RUNTIME_ZERO_HELD = "runtime/zero_held_intervals"  # intervals in the step with no function held at all
 RUNTIME_ZERO_HELD_S = "runtime/zero_held_s"  # their seconds

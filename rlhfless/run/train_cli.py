@@ -104,7 +104,7 @@ def _print_comparison(c: dict) -> None:
           file=sys.stderr)
     by = c.get("cost_ratio_by_billing") or {}
     print(f"serverless released {c.get('released_mid_step')} functions mid-step ({c.get('released_expired')} at a "
-          f"keep-alive's lapse in all), held nothing in {c.get('zero_held_intervals')} intervals; device-seconds "
+          f"keep-alive's lapse in all, {c.get('ranks_released_early')} learner ranks at their share), held nothing in {c.get('zero_held_intervals')} intervals; device-seconds "
           f"billed per invocation (the paper's proxy) {by.get('invocations', float('nan')):.3f}x", file=sys.stderr)
     o = c["overlap_only"]
     if o is not None:  # PPO has no overlap arm

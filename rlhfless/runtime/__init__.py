@@ -1,0 +1,16 @@
+"""The real runtime: a step's stages run by worker processes (functions), decided by a mode's policy, and billed.
+
+Reading order: `executor` (the `Runtime`: one step's stages, the step window, the bill), `stages` (decode with live
+cut-and-migrate; the reference), `streaming` (the learner as a stream of finished groups; serverless ranks leave
+at their share, the last one in reduces), `pool` (worker lifecycles, keep-alive as an event), `meter` (records to
+device-seconds). Then by concern:
+  * policy: `policy` (splits, pre-warm rules, prefix-KV shipping), `plan.ranks` (when a learner rank goes);
+  * workers: `worker` (the request loop and handlers), `decoding` (the decode body), `ppo_worker`, `emulated`
+    (compute replaced by the simulator's modelled time), `wire` (messages and tensor files), `dist` (the
+    learner's reduction: the pool's gathered all-reduce, the serverless shares; one rank-order sum);
+  * platforms: `backend` (local processes), `raybackend` (Ray actors), `gpus` (CUDA units);
+  * PPO: `ppo_stages`; the loop's view: `loop_stages`;
+  * measurement: `records`, `profile`, `contention`, `gantt`, `compare` (the arms side by side), `faults`;
+  * `config` (`RuntimeConfig`).
+Rule kept: nothing here imports the loop, the runner or the run config at the top (a test holds the boundary).
+"""

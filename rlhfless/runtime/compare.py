@@ -2,11 +2,13 @@
 
 Three arms, each a whole run in OUT/<arm>: `serverful` (a pool held for the run, work split by count, no overlap),
 `serverful-overlap` (the same with `runtime.overlap=true`, separating what streaming the tail buys from what
-serverless buys) and `serverless`; PPO runs the first and the last. Then OUT/comparison.json (ratios, identity of
+serverless buys) and `serverless`; PPO runs the overlap arm only when its value forward streams in chunks
+(`critic.values_chunk`), emulated devices add `serverless-paper`. Then OUT/comparison.json (ratios, identity of
 samples, weights and final state, scaling, the planner's accuracy, the cost gap by component) and side-by-side
 Gantt charts. The rule it keeps: every arm runs the same seed and prompts, so samples, weights and final state
 compare byte for byte; the arms run one after another, so the ratios are clean only when `other_cpu_fraction_max`
 is near 0. The fields of comparison.json: docs/internals.md#runtimecomparepy.
+Its scaling fields count learner ranks let go at their share (`ranks_released_early`) among mid-step releases.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
         # does the serverless arm scale to zero? (released at a keep-alive's lapse mid-step; nothing held at all)
         "released_mid_step": rs[TREATED].get("released_mid_step"),
         "released_expired": rs[TREATED].get("released_expired"),
+        "ranks_released_early": rs[TREATED].get("ranks_released_early"),
         "zero_held_intervals": rs[TREATED].get("zero_held_intervals"),
         "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
         "arms": ran, "seed": cfg.train.seed, "steps": cfg.train.steps,

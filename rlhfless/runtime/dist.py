@@ -6,6 +6,8 @@ keeps: everything binds to 127.0.0.1 only, and a failure (a dead peer, a peer th
 arrives) raises within `timeout_s`, never hangs; the caller tears the group down and starts a new one on a new port.
 Failure semantics as measured: docs/internals.md#runtimedistpy.
 Non-goals: several groups per process, groups across machines, NCCL tuning (backend="nccl" is untested here).
+Both modes reduce the learner's shares with one rank-order sum (`rank_order_sum`): over gloo in the pool, as
+files for the serverless learner (`share_all_reduce`), so a rank that wrote its share can leave early.
 """
 
 from __future__ import annotations
@@ -90,7 +92,12 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo", timeout_
         pg = dist.ProcessGroupGloo(store, rank, world, opts)
 
         def all_reduce(t: torch.Tensor) -> None:
-            pg.allreduce([t]).wait()  # default op is SUM
+            # gathered, then summed here in rank order: the serverless learner sums the same shares from files in
+            # the same order (`share_all_reduce`), so both modes' updates are bitwise equal at any world size
+            # (gloo's own SUM adds in a ring order of its choosing, equal to the rank order only for 2 ranks)
+            parts = [torch.empty_like(t) for _ in range(world)]
+            pg.allgather([parts], [t]).wait()
+            t.copy_(rank_order_sum(parts))
     elif backend == "nccl":
         dist.init_process_group("nccl", store=store, rank=rank, world_size=world, timeout=timeout)
         pg = dist.group.WORLD
@@ -98,8 +105,9 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo", timeout_
 
         def all_reduce(t: torch.Tensor) -> None:
             on_dev = t.to(device)
-            dist.all_reduce(on_dev)
-            t.copy_(on_dev.to(t.device))
+            parts = [torch.empty_like(on_dev) for _ in range(world)]
+            dist.all_gather(parts, on_dev)  # then the same rank-order sum as gloo's (IEEE adds: same bits on GPU)
+            t.copy_(rank_order_sum(parts).to(t.device))
     else:
         raise ValueError(f"backend must be 'gloo' or 'nccl' (got {backend!r})")
     _GROUP.update(pg=pg, store=store, backend=backend)
@@ -115,3 +123,33 @@ def destroy_group() -> None:
 
         dist.destroy_process_group()
     _GROUP.clear()  # gloo: dropping the last references closes its connections and the store
+
+
+def rank_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """parts[0] + parts[1] + ... added left to right (a new tensor): the one reduction of the learner's shares in
+    both modes (float addition is not associative, so the order is part of the result). parts: [world] x [n]."""
+    out = parts[0].clone()
+    for p in parts[1:]:
+        out += p
+    return out
+
+
+class ShareWritten(Exception):
+    """Raised by a share all-reduce (`share_all_reduce(..., out=...)`) once the rank's buffer is on disk: the
+    rank's part of the update is done and it skips the optimiser step (the reducer takes it)."""
+
+
+def share_all_reduce(out: str | None = None, shares: list[str] | None = None) -> Callable[[torch.Tensor], None]:
+    """The serverless learner's reduction through files (the scratch tmpfs) instead of a process group, so a rank
+    whose share is computed can leave at once and no rank waits for its peers inside a collective:
+      * out: write the rank's buffer (gradients, has-gradient flags, metric row) there, then raise ShareWritten;
+      * shares: the reducer: every rank's file in rank order; the buffer becomes their `rank_order_sum` (what
+        the serverful pool's gathered all-reduce computes from the same buffers)."""
+    from rlhfless.runtime import wire
+
+    def all_reduce(t: torch.Tensor) -> None:
+        if out is not None:
+            wire.write_tensors(out, {"share": t})
+            raise ShareWritten(out)
+        t.copy_(rank_order_sum([wire.read_tensors(f)["share"] for f in shares or []]))
+    return all_reduce

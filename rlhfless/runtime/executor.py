@@ -36,7 +36,7 @@ from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
-from rlhfless.runtime.policy import History, prewarm_decode
+from rlhfless.runtime.policy import History, policy_for, prewarm_decode
 from rlhfless.runtime.pool import Pool
 from rlhfless.runtime.records import (CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role,
                                       zero_held)
@@ -65,7 +65,8 @@ class Runtime:
 
         self._reserve_port = reserve_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
-        self.serverful = mode == "serverful"
+        self.policy = policy_for(mode)  # every decision that differs by mode (runtime.policy.ModePolicy)
+        self.serverful = self.policy.holds_pool
         self.hybrid = not self.serverful and self.rt.hybrid
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
@@ -96,9 +97,10 @@ class Runtime:
         self.rules = billing_rules(self.rt)
         self.keep_alive_s = self.rt.idle_timeout_s()
         """Idle seconds before a serverless function is released (runtime.keep_alive_s or the billing preset's)."""
-        self.pool = Pool(self.backend, setup, self.t0, self.units, None if self.serverful else self.keep_alive_s)
+        self.pool = Pool(self.backend, setup, self.t0, self.units, self.policy.keep_alive(self.keep_alive_s))
         self.stage_t0: float | None = None  # this step's rollout start: releases after it are mid-step
         self._expired_seen = 0  # releases at a lapse already counted in a step's metrics
+        self._early_seen = 0  # learner ranks released at their share already counted
         self.invocations: list[InvocationRecord] = []
         self._written = 0
         self.history = History()
@@ -326,7 +328,7 @@ class Runtime:
 
     def warm_decoders(self) -> int:
         """Serverless: ready workers that can decode and are idle (kept warm); the serverful pool is not planned."""
-        if self.serverful:
+        if not self.policy.plans_decode():
             return 0
         return sum(1 for h in self.pool.warm(self.image("decode"))
                    if h.ready_s is not None and h.worker in self.pool.idle_since)
@@ -349,7 +351,7 @@ class Runtime:
         if self.ppo and not self.cfg.critic.values_chunk:  # PPO streams only the value forward, in chunks
             return False
         if self.rt.overlap is None:  # auto
-            return not self.serverful
+            return self.policy.overlap_default()
         return self.rt.overlap
 
     def rollout(self, groups, seed: int, plan, step: int):
@@ -391,12 +393,9 @@ class Runtime:
         # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
         self.state_path(self.version - 2).unlink(missing_ok=True)
         self.critic_path(self.version - 2).unlink(missing_ok=True)
+        for h in stream.handles():
+            self.policy.no_work_now(self.pool, h, self.keep_alive_s)
         if not self.serverful:
-            for h in stream.handles():
-                self.pool.idle(h)
-            if self.keep_alive_s == 0:
-                for h in stream.handles():
-                    self.pool.release(h)
             if self.keep_alive_s == 0 or self.hybrid or self.ppo:
                 # hybrid: the ranks left their group and stay warm as the next step's decode functions
                 self.learners = []
@@ -419,7 +418,7 @@ class Runtime:
         m[M.RUNTIME_UNITS_PEAK] = peak_units(rows, a, b)
         released = self.release_counts(rows, a, b)
         m.update(released)
-        for k in (M.RUNTIME_RELEASED_EXPIRED, M.RUNTIME_RELEASED_MID_STEP):
+        for k in (M.RUNTIME_RELEASED_EXPIRED, M.RUNTIME_RELEASED_MID_STEP, M.RUNTIME_RANKS_RELEASED_EARLY):
             self.totals[k] = self.totals.get(k, 0.0) + released[k]
         m.update(self._calibrate(step))
         for k, v in self.counters.items():
@@ -435,13 +434,16 @@ class Runtime:
         not one)."""
         lapses = [t for t, _ in self.pool.expired[self._expired_seen:]]
         self._expired_seen = len(self.pool.expired)
+        early = [t for t, _ in self.pool.released_early[self._early_seen:]]  # learner ranks whose share was done
+        self._early_seen = len(self.pool.released_early)
         s0 = self.rel(self.stage_t0) if self.stage_t0 is not None else b
         s1 = self.rel(self.last_learn_end) if self.last_learn_end is not None and \
             self.rel(self.last_learn_end) >= s0 else b
         first = min((r["spawned_s"] for r in rows), default=b)
         zeros = zero_held(rows, max(a, first), b)
         return {M.RUNTIME_RELEASED_EXPIRED: float(len(lapses)),
-                M.RUNTIME_RELEASED_MID_STEP: float(sum(s0 <= t <= s1 for t in lapses)),
+                M.RUNTIME_RELEASED_MID_STEP: float(sum(s0 <= t <= s1 for t in lapses + early)),
+                M.RUNTIME_RANKS_RELEASED_EARLY: float(len(early)),
                 M.RUNTIME_ZERO_HELD: float(len(zeros)), M.RUNTIME_ZERO_HELD_S: sum(y - x for x, y in zeros)}
 
     def observe_time_scale(self, ratio: float) -> None:
@@ -449,7 +451,7 @@ class Runtime:
 
     def _calibrate(self, step: int) -> dict[str, float]:
         """Hand the planner the measured decode cold start and weight-sync seconds in place of its assumptions."""
-        if self.planner is None or self.serverful:
+        if self.planner is None or not self.policy.plans_decode():
             return {}
         cold = self.history.cold_s.get("decode")
         # every decode invocation's weight load, zeros included: a cold one loaded inside its cold start, a warm
@@ -466,7 +468,7 @@ class Runtime:
 
     def next_decode_prewarm(self):
         """(seconds after the learner's start, how many) for the next step's decode workers, or None."""
-        if self.serverful or not self.rt.prewarm or not self.decode_prewarm:
+        if not self.policy.prewarms(self.rt.prewarm) or not self.decode_prewarm:
             return None
         pw = prewarm_decode(self.history, self.cfg.plan.cold_start_s, self.rt.prewarm_buffer_s)
         return None if pw.after_s is None else (pw.after_s, self.decode_prewarm)
@@ -514,7 +516,7 @@ class Runtime:
             "migrated_seqs": self.totals.get(M.RUNTIME_MIGRATED_SEQS, 0.0),
             "retries": self.totals.get(M.RUNTIME_RETRIES, 0.0),
             "weight_sync_s": self.totals.get(M.RUNTIME_WEIGHT_SYNC_S, 0.0),
-            "billing": {"rules": self.rt.billing if not self.serverful else "lifetime", "billed": self.rules.billed,
+            "billing": {"rules": self.policy.billing_name(self.rt.billing), "billed": self.rules.billed,
                         "granularity_s": self.rules.granularity_s, "keep_alive_s": self.keep_alive_s},
             **self._release_summary(recs, wall),
         }
@@ -540,6 +542,7 @@ class Runtime:
         usage = usage_window(recs, self.invocations, float("-inf"), end, end, self.paused)
         return {"released_expired": int(self.totals.get(M.RUNTIME_RELEASED_EXPIRED, 0)),
                 "released_mid_step": int(self.totals.get(M.RUNTIME_RELEASED_MID_STEP, 0)),
+                "ranks_released_early": int(self.totals.get(M.RUNTIME_RANKS_RELEASED_EARLY, 0)),
                 "zero_held_intervals": len(zeros), "zero_held_s": sum(b - a for a, b in zeros),
                 "device_s_by_role": usage, "cost_device_s_by_billing": self.bills_by_rules()}
 

@@ -1,6 +1,8 @@
 """Policy: how a step's work is split over workers, which workers exist, and when they start and go.
 
-Two policies share one interface, so the serverful control is a policy, not a second code path:
+Two policies share one interface (`ModePolicy`: `ServerlessPolicy`, `ServerfulPolicy`; the stages ask it what
+the mode decides: keep-alive, the split, migration, shipping KV, pre-warm, overlap, what a function with no work
+does, the billing rules, the learner's degree), so the serverful control is a policy, not a second code path:
   * `ServerlessPolicy`: decode work = the planner's assignment (N active actors, each its own function); migration
     when the planner kept cuts at tau; a learner function group and a reference function started per step and
     released after `keep_alive_s` idle; pre-warming from the invocation history.
@@ -22,6 +24,7 @@ from the learner's history (the shortest recent update plus the driver's gap); n
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -29,6 +32,7 @@ import numpy as np
 
 from rlhfless.plan.schedule import PREWARM_HISTORY as HISTORY  # shared with the simulator
 from rlhfless.rollout.prefix import plan_prefill
+from rlhfless.runtime.records import now
 from rlhfless.step.planner import StepPlan
 
 
@@ -41,6 +45,8 @@ class History:
     rollout_vs_plan: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     """Measured rollout seconds over the plan's predicted makespan, per recent step."""
     between_s: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    share_tail_s: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+    """Serverless learner: from the first rank's share to the update's end (`plan.ranks.next_work_after_share`)."""
     """From the end of the learner to the start of the next rollout (driver work: logging, planning)."""
     cold_s: dict[str, deque] = field(default_factory=dict)
 
@@ -104,3 +110,172 @@ def should_ship(mode: str, saved_tokens: int, prefill_s_per_token: float, cold_s
     if mode != "auto":
         return mode == "always"
     return saved_tokens * prefill_s_per_token > cold_start_s
+
+
+# -- the mode as a policy object: every decision that differs by mode, behind one interface ----------------------
+class ModePolicy(ABC):
+    """What differs between the serverless runtime and the serverful control, asked by the stages instead of
+    branching on the mode: which functions start and when (`holds_pool`, `prewarms`, `may_ship_kv`), how a step's
+    groups are split (`decode_split`, `migrates`), what a function with no work now does (`no_work_now`: kept
+    for its keep-alive or released, or simply held), and what is billed (`keep_alive`, `billing_name`). A new
+    platform policy is a new subclass."""
+
+    name = ""
+    holds_pool = False
+    """W workers started with the run and held to its end, each decoding and learning (verl's colocated pool)."""
+
+    @abstractmethod
+    def keep_alive(self, keep_alive_s: float) -> float | None:
+        """Idle seconds before an idle function is released (None: never)."""
+
+    @abstractmethod
+    def decode_split(self, n_groups: int, plan, workers: int) -> list[list[int]]:
+        """Group indices per decode function of this step."""
+
+    @abstractmethod
+    def migrates(self, setting: str, plan) -> bool:
+        """Whether rows are cut and migrated live (`runtime.migrate`: always / plan / never)."""
+
+    @abstractmethod
+    def may_ship_kv(self) -> bool:
+        """Whether a prefill function may ship deduplicated prefix KV to the decode functions."""
+
+    @abstractmethod
+    def plans_decode(self) -> bool:
+        """Whether the planner's decision runs (and is calibrated by what ran)."""
+
+    @abstractmethod
+    def prewarms(self, enabled: bool) -> bool:
+        """Whether functions are started ahead of need from the invocation history (`runtime.prewarm`)."""
+
+    @abstractmethod
+    def overlap_default(self) -> bool:
+        """`runtime.overlap` when left to auto: stream finished groups into the learner during decode."""
+
+    @abstractmethod
+    def no_work_now(self, pool, h, keep_alive_s: float) -> None:
+        """A function whose invocation ended and that the plan gives no work now."""
+
+    @abstractmethod
+    def billing_name(self, configured: str) -> str:
+        """The billing rule set the bill is read under (`runtime.billing`, or the pool's lifetime)."""
+
+    @abstractmethod
+    def decoders(self, rt, n: int) -> list:
+        """Which functions take the decode role this step (n of them): handles, in the split's order."""
+
+    @abstractmethod
+    def learner_ranks(self, rt, ranks: list) -> None:
+        """Which functions hold the learner ranks when the step starts (`streaming._Rank.handle`; None: a rank
+        starts later, when it has work)."""
+
+    @abstractmethod
+    def learner_world(self, rt_cfg) -> int:
+        """The learner's data-parallel degree (equal in both modes when compared: the same sum of shares)."""
+
+
+class ServerlessPolicy(ModePolicy):
+    name = "serverless"
+
+    def keep_alive(self, keep_alive_s: float) -> float | None:
+        return keep_alive_s
+
+    def decode_split(self, n_groups: int, plan, workers: int) -> list[list[int]]:
+        return plan_split(plan)
+
+    def migrates(self, setting: str, plan) -> bool:
+        return setting == "always" or setting == "plan" and plan.decision.migration is not None
+
+    def may_ship_kv(self) -> bool:
+        return True
+
+    def plans_decode(self) -> bool:
+        return True
+
+    def prewarms(self, enabled: bool) -> bool:
+        return enabled
+
+    def overlap_default(self) -> bool:
+        return True
+
+    def no_work_now(self, pool, h, keep_alive_s: float) -> None:
+        pool.idle(h)  # its keep-alive runs from now: released at the lapse unless work comes first
+        if keep_alive_s == 0:
+            pool.release(h)  # scale to zero: nothing is kept
+
+    def billing_name(self, configured: str) -> str:
+        return configured
+
+    def learner_world(self, rt_cfg) -> int:
+        return rt_cfg.learners()
+
+    def decoders(self, rt, n: int) -> list:
+        """Warm idle functions of the decode image first (no cold start), then new ones."""
+        available = rt.pool.warm(rt.image("decode"))
+        warm = available[:n]
+        for h in warm:  # taken: the cold starts below may evict idle workers, never these
+            rt.pool.busy(h)
+        for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
+            rt.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
+        cold = rt.start_decoders(n - len(warm), prewarmed=False)
+        return warm + cold
+
+    def learner_ranks(self, rt, ranks: list) -> None:
+        """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
+        data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
+        live = [h for h in rt.learners if h.worker in rt.pool.handles]
+        if len(live) == len(ranks):
+            for r, h in zip(ranks, live):
+                r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
+                rt.pool.busy(h)
+        else:
+            for h in live:
+                rt.pool.release(h)
+            rt.learners = []
+
+
+class ServerfulPolicy(ModePolicy):
+    name = "serverful"
+    holds_pool = True
+
+    def keep_alive(self, keep_alive_s: float) -> float | None:
+        return None  # the pool is a VM: held from the run's start to its end
+
+    def decode_split(self, n_groups: int, plan, workers: int) -> list[list[int]]:
+        return split_by_count(n_groups, workers)
+
+    def migrates(self, setting: str, plan) -> bool:
+        return False
+
+    def may_ship_kv(self) -> bool:
+        return False  # each pool worker prefills its own groups once
+
+    def plans_decode(self) -> bool:
+        return False
+
+    def prewarms(self, enabled: bool) -> bool:
+        return False
+
+    def overlap_default(self) -> bool:
+        return False  # verl: the update starts after the rollout
+
+    def no_work_now(self, pool, h, keep_alive_s: float) -> None:
+        return None  # held by the pool: never idle-released nor evicted
+
+    def billing_name(self, configured: str) -> str:
+        return "lifetime"
+
+    def learner_world(self, rt_cfg) -> int:
+        return rt_cfg.workers()  # every pool worker is a rank
+
+    def decoders(self, rt, n: int) -> list:
+        return rt.pool_handles  # every pool worker decodes its chunk
+
+    def learner_ranks(self, rt, ranks: list) -> None:
+        for r in ranks:  # pool worker r is rank r for the whole run
+            r.handle = rt.pool_handles[r.rank]
+
+
+def policy_for(mode: str) -> ModePolicy:
+    """The policy of a runtime mode ("serverless" or "serverful")."""
+    return ServerfulPolicy() if mode == "serverful" else ServerlessPolicy()

@@ -36,6 +36,9 @@ class Pool:
         """Idle seconds before an idle worker is released (`expire`); None: never (the serverful pool)."""
         self.expired: list[tuple[float, str]] = []
         """(run-relative instant its keep-alive lapsed, worker) of every worker `expire` released."""
+        self.released_early: list[tuple[float, str]] = []
+        """(run-relative instant, worker) of every worker released before its keep-alive lapsed because the plan
+        had no work for it inside the window (`plan.ranks.release_after_share`)."""
         self.setup = setup
         self.t0 = t0
         self.units = units
@@ -100,11 +103,14 @@ class Pool:
         self.working.discard(h.worker)
         self.idle_since[h.worker] = now()
 
-    def release(self, h: Handle) -> None:
+    def release(self, h: Handle, early: bool = False) -> None:
+        """Release a live worker now; `early`: an idle one the plan lets go before its keep-alive lapses."""
         if h.worker not in self.handles:
             return
         self.backend.release(h)
         self._gone(h, killed=False)
+        if early:
+            self.released_early.append((self.rel(now()), h.worker))
 
     def stop(self, h: Handle) -> None:
         """End a live worker at once, without the graceful `shutdown` (its current work is being discarded: a

@@ -22,7 +22,7 @@ from rlhfless.core.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
-from rlhfless.runtime.policy import plan_split, prewarm_learner, ship_saves_tokens, should_ship, split_by_count
+from rlhfless.runtime.policy import prewarm_learner, ship_saves_tokens, should_ship
 from rlhfless.runtime.records import fail, now
 
 
@@ -74,10 +74,8 @@ class DecodeStage:
         self.streamed_groups: set[int] = set()
         self.G = rt.cfg.algo.group_size
         self.n_rows = len(groups) * self.G
-        self.split = split_by_count(len(groups), rt.rt.workers()) if rt.serverful else plan_split(plan)
-        policy = rt.rt.migrate
-        self.migrate = not rt.serverful and (policy == "always" or policy == "plan" and
-                                             plan.decision.migration is not None)
+        self.split = rt.policy.decode_split(len(groups), plan, rt.rt.workers())
+        self.migrate = rt.policy.migrates(rt.rt.migrate, plan)
         self.tau = rt.cfg.plan.tau
         self.results: dict[int, list] = {}
         self.prefix: dict[int, list[int]] = {}  # rows moved: the tokens they had when cut
@@ -122,7 +120,7 @@ class DecodeStage:
         saved = ship_saves_tokens(prompts, self.split, self.G, rt.cfg.rollout.dedup_prefill)
         tm = rt.planner_time_model
         # vLLM decode functions prefill in their own engine (prefix cache): shipped KV cannot enter it
-        ship = not rt.serverful and rt.cfg.rollout.engine == "own" and should_ship(
+        ship = rt.policy.may_ship_kv() and rt.cfg.rollout.engine == "own" and should_ship(
             rt.rt.ship_prefix_kv, saved, tm.prefill_s_per_token,
             rt.history.cold("prefill", rt.history.cold("decode", 0.3)))
         rt.count(M.RUNTIME_SHIP_KV, float(ship))
@@ -141,17 +139,7 @@ class DecodeStage:
         raise fail(f"prefill function of step {self.step}", rt.rt.max_attempts)
 
     def _handles(self, n: int) -> list:
-        rt = self.rt
-        if rt.serverful:
-            return rt.pool_handles
-        available = rt.pool.warm(rt.image("decode"))
-        warm = available[:n]
-        for h in warm:  # taken: the cold starts below may evict idle workers, never these
-            rt.pool.busy(h)
-        for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
-            rt.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
-        cold = rt.start_decoders(n - len(warm), prewarmed=False)
-        return warm + cold
+        return self.rt.policy.decoders(self.rt, n)
 
     def _by_locality(self, handles: list) -> list:
         """The paper's locality rule: the decode function with the most rows runs on the learner's node (the
@@ -181,7 +169,7 @@ class DecodeStage:
             else:
                 a.done = True
                 if not rt.serverful:
-                    rt.pool.idle(h)
+                    rt.pool.idle(h)  # no rows: its keep-alive runs (idle, never released here: it may take cut rows)
         rt.decode_prewarm = len([a for a in self.actors.values() if a.rows])
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
@@ -217,7 +205,7 @@ class DecodeStage:
 
     def _learner_prewarm(self) -> float | None:
         rt = self.rt
-        if rt.serverful or not rt.rt.prewarm or rt.learners:
+        if not rt.policy.prewarms(rt.rt.prewarm) or rt.learners:
             return None
         predicted = self.plan.decision.plan.makespan_s if self.plan is not None else 0.0
         return prewarm_learner(rt.history, predicted, rt.cfg.plan.cold_start_s, rt.rt.prewarm_buffer_s,
@@ -285,9 +273,7 @@ class DecodeStage:
         if rt.hybrid and self.stream.take(a.handle):
             a.handed = True  # a rank has work now: warm, at this step's weights, the function goes on as it
             return
-        rt.pool.idle(a.handle)  # no work for it now: released at its keep-alive's lapse unless work comes first
-        if rt.keep_alive_s == 0:
-            rt.pool.release(a.handle)  # scale to zero: the function releases itself when its last row ends
+        rt.policy.no_work_now(rt.pool, a.handle, rt.keep_alive_s)  # no work now: kept for its keep-alive, or gone
         self.stream.pump()  # its unit may now host a learner rank with finished groups waiting
 
     # -- cut-and-migrate ----------------------------------------------------------------------------------------
@@ -409,7 +395,7 @@ class DecodeStage:
         stats = PrefillStats(int(computed), int(naive) or 1, pre_s)
         self.rt.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
         self.rt.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
-        if self.plan is not None and not self.rt.serverful:
+        if self.plan is not None and self.rt.policy.plans_decode():
             self._measure_time_model(responses)
         return RolloutOutput(responses, truncated, stats, seconds, []), samples
 
@@ -442,11 +428,10 @@ def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
         msg = _call(rt, step, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
                     "referenced", attempt)
         if msg is not None:
-            if not rt.serverful and rt.keep_alive_s == 0:
-                rt.pool.release(h)
+            # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
+            rt.policy.no_work_now(rt.pool, h, rt.keep_alive_s)
+            if h.worker not in rt.pool.handles:
                 rt.reference_worker = None
-            elif not rt.serverful:
-                rt.pool.idle(h)  # kept warm for the next step: idle, so a function that must start may evict it
             logp = wire.read_tensors(out)["ref_logp"]
             batch.unlink(missing_ok=True)
             out.unlink(missing_ok=True)

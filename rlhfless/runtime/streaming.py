@@ -9,16 +9,19 @@ whether groups stream in during decode (`runtime.overlap`) or all arrive after i
 Units: a serverless learner rank starts only onto a free unit (`Pool.claim`), usually one a finished decode
 function released; until then its groups wait (their batch files are in the scratch tmpfs). With the hybrid image
 (`runtime.hybrid`, the default) the finished decode function itself goes on as the rank (`take`): warm, its policy
-already at the step's version, so neither a cold start nor a state load sits between the rollout and the update;
-a hybrid rank leaves its gloo group after the step (`leave`), free to decode the next step if kept warm. The
-data-parallel group forms at the optimiser step (`learn_end`), so a rank can start and work alone early, and a rank killed before the
-step is restarted alone: its groups are re-sent and recomputed from the same inputs. A death after `learn_end` was
-sent restarts every rank (the gloo group cannot be repaired), from the same state version.
+already at the step's version, so neither a cold start nor a state load sits between the rollout and the update.
+The end of a serverless step has no process group: every rank, once its groups are done, writes its share of the
+update (the buffer the pool all-reduces) to the scratch tmpfs and its invocation ends; all but the last are let go
+at once (released, or kept for their keep-alive when the plan has work for them inside it: `plan.ranks`), and the
+last one in sums the shares in rank order, steps and writes the next state version (`_finish_shares`). The pool's
+all-reduce gathers and sums the same buffers in the same order, so the modes' weights stay bitwise equal. A rank
+killed before its share is restarted alone (its groups re-sent and recomputed); a reducer killed is replaced and
+reduces the same files. The serverful pool keeps its gloo group: a death after `learn_end` restarts it whole.
 Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
 compute time arrives in `learned`, summed and as intervals: the meter counts only those as busy, a rank waiting
 for groups is held idle; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
-the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; rank 0 writes the next
-state version). The serverful control's ranks are its pool workers, which read learner messages only after their
+the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; serverless: `share` names the rank's share
+file, or, for the reducer, every share; the pool's rank 0 or the reducer writes the next state version). The serverful control's ranks are its pool workers, which read learner messages only after their
 own decode (the worker defers them).
 Deviation from the paper: its learner is one FSDP function started after the rollout; streaming finished groups
 into it is this project's extension (docs/architecture.md, "Overlap"). So is running the reference forward inside
@@ -37,6 +40,7 @@ from pathlib import Path
 import torch
 
 from rlhfless.core import metrics as M
+from rlhfless.plan.ranks import next_work_after_share, reducer, release_after_share
 from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
@@ -56,6 +60,9 @@ class _Rank:
     requested: float = 0.0
     cold: bool = False
     ended: bool = False
+    shared: bool = False
+    """Serverless: its share of the update is written (`dist.share_all_reduce`); it is no rank of the step any
+    more (released, or kept warm for its keep-alive) and its share stays valid whatever happens after."""
 
     def reset(self) -> None:
         """No worker any more: the rank starts over (a new worker gets learn_begin and every group again)."""
@@ -76,7 +83,7 @@ class LearnerStream:
     def __init__(self, rt, step: int, prompts: list[list[int]], seed: int, overlap: bool):
         self.rt, self.step, self.prompts, self.seed, self.overlap = rt, step, prompts, seed, overlap
         self.G = rt.cfg.algo.group_size
-        world = rt.rt.workers() if rt.serverful else rt.rt.learners()
+        world = rt.policy.learner_world(rt.rt)
         self.plan = microbatches(len(prompts), rt.rt.learner_microbatch_groups, world)
         self.ranks = [_Rank(r, [g for c in chunks for g in c]) for r, chunks in enumerate(self.plan)]
         self.owner = {g: r.rank for r in self.ranks for g in r.groups}
@@ -88,29 +95,23 @@ class LearnerStream:
         self.rollout_end: float | None = None
         self.prewarm_due = False
         self.starting_all = False  # finish: every rank starts now (all groups are in)
+        self.first_share: float | None = None  # serverless: when the step's first share came in
+        # serverless ranks end with shares (`_finish_shares`); the pool ends together in its gloo group, and so do
+        # emulated workers (runtime.emulated models one optimiser step per rank and no share files yet)
+        self.shares = not rt.serverful and rt.rt.device != "emulated"
+        self._decode_pw: tuple[float, tuple | None] = (0.0, None)  # (since, next_decode_prewarm) while finishing
+        self._end: dict = {}
         self._adopt_warm()
 
     def _adopt_warm(self) -> None:
-        """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
-        data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
-        rt = self.rt
-        if rt.serverful:
-            for r in self.ranks:
-                r.handle = rt.pool_handles[r.rank]
-            return
-        live = [h for h in rt.learners if h.worker in rt.pool.handles]
-        if len(live) == len(self.ranks):
-            for r, h in zip(self.ranks, live):
-                r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
-                rt.pool.busy(h)
-        else:
-            for h in live:
-                rt.pool.release(h)
-            rt.learners = []
+        """Which functions hold the ranks as the step starts: the mode's policy decides (the pool's workers, or
+        the last step's learner functions kept warm: `ModePolicy.learner_ranks`)."""
+        self.rt.policy.learner_ranks(self.rt, self.ranks)
 
     # -- feeding ------------------------------------------------------------------------------------------------
     def handles(self) -> list:
-        return [r.handle for r in self.ranks if r.handle is not None]
+        """The workers that are ranks of this step now (a rank whose share is in has let its worker go)."""
+        return [r.handle for r in self.ranks if r.handle is not None and not r.shared]
 
     def group_done(self, g: int, responses: list[list[int]], rewards: list[float]) -> None:
         """All G rows of group g are scored: hand it to its rank now (overlap) or keep it for `finish`."""
@@ -212,7 +213,7 @@ class LearnerStream:
 
     # -- messages and faults ------------------------------------------------------------------------------------
     def owns(self, h) -> bool:
-        return any(r.handle is h for r in self.ranks)
+        return any(r.handle is h and not r.shared for r in self.ranks)
 
     def on_message(self, h, msg: dict | None) -> dict | None:
         """A message (None: death) from one of this stream's ranks; returns a `learned` reply, else None."""
@@ -229,8 +230,9 @@ class LearnerStream:
         """A rank died. Before the optimiser step it restarts alone (its groups are re-sent); after `learn_end`
         every rank restarts (their gloo group is broken). Serverful: the whole pool restarts."""
         rt = self.rt
-        dead = next(r for r in self.ranks if r.handle is h)
-        ending = any(r.ended for r in self.ranks)
+        dead = next(r for r in self.ranks if r.handle is h and not r.shared)
+        # a death after learn_end breaks a group that ends together; serverless shares need none
+        ending = not self.shares and any(r.ended for r in self.ranks)
         rt.count(M.RUNTIME_RETRIES)
         victims = self.ranks if ending or rt.serverful else [dead]
         for r in victims:
@@ -268,7 +270,7 @@ class LearnerStream:
         if rt.serverful:
             return False
         for r in reversed(self.ranks):
-            if r.handle is not None and not r.ended:
+            if r.handle is not None and not r.ended and not r.shared:
                 self._drop(r, dead=False, preempted=1)
                 r.reset()
                 return True
@@ -292,23 +294,155 @@ class LearnerStream:
             if g not in self.finished:
                 self.finished[g] = (responses[g * self.G:(g + 1) * self.G],
                                     rewards[g * self.G:(g + 1) * self.G].tolist())
-        end = {"op": "learn_end", "step": self.step, "rewards": rewards.tolist(),
-               "lengths": [len(r) for r in responses]}
-        while True:
-            replies = self._finish_once(end)
-            if replies is not None:
-                break
-        for r in self.ranks:
-            reply = replies[r.rank]
-            rt.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
-                      self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"],
-                      groups=r.groups, busy=reply["busy"])
+        end = self._end = {"op": "learn_end", "step": self.step, "rewards": rewards.tolist(),
+                           "lengths": [len(r) for r in responses]}
+        if not self.shares:
+            while True:
+                replies = self._finish_once(end)
+                if replies is not None:
+                    break
+            for r in self.ranks:
+                self._record(r, replies[r.rank])
+            metrics = replies[0]["metrics"]
+        else:
+            replies, metrics = self._finish_shares(end)
         rt.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
         rt.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
         rt.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
         for path in self.files.values():
             Path(path).unlink(missing_ok=True)
-        return replies[0]["metrics"]
+        for r in self.ranks:
+            self._share_path(r.rank).unlink(missing_ok=True)
+        return metrics
+
+    def _record(self, r: _Rank, reply: dict) -> None:
+        self.rt.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
+                       self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"], groups=r.groups,
+                       busy=reply["busy"])
+
+    # -- serverless: shares through files, reduced by the last rank -----------------------------------------------
+    def _share_path(self, rank: int) -> Path:
+        return self.rt.scratch / f"share-{self.step}-{rank}.safetensors"
+
+    def _finish_shares(self, end: dict) -> tuple[dict[int, dict], dict[str, float]]:
+        """Every rank writes its share as soon as its groups are done and, all but the last, goes at once
+        (`_shared`); the last one in sums the shares in rank order and steps (the same sum as the serverful
+        pool's all-reduce: bitwise equal updates). Returns (each rank's share reply, the update's metrics)."""
+        rt, world = self.rt, len(self.ranks)
+        replies: dict[int, dict] = {}
+        order: list[int] = []
+        self._decode_pw = (now(), rt.next_decode_prewarm())
+        while len(replies) < world:
+            self._start_missing()
+            attempt = self.attempt
+            for r in self.ranks:
+                if r.shared or r.ended or r.handle is None:
+                    continue
+                r.ended = True
+                self._send(r, {**end, **rt.state_setup(), "share": {"rank": r.rank, "world": world,
+                                                                    "out": str(self._share_path(r.rank))}})
+                if self.attempt != attempt:
+                    break
+            for h, msg in rt.poll(self._watch(), self._prewarm_decode()):
+                if not self.owns(h):
+                    self._other(h, msg)
+                    continue
+                reply = self.on_message(h, msg)
+                if reply is None:
+                    continue
+                r = next(x for x in self.ranks if x.handle is h and not x.shared)
+                replies[r.rank] = reply
+                order.append(r.rank)
+                if len(replies) < world:
+                    self._shared(r, reply, len(order) == 1)
+            late = [r for r in self.ranks if r.ended and not r.shared and r.handle is not None
+                    and now() - r.requested > rt.rt.invocation_timeout_s]
+            for r in late[:1]:  # over time: killed, so its death re-runs it
+                rt.backend.kill(r.handle)
+        last = self.ranks[reducer(order)]
+        reply = self._reduce(last, replies[last.rank])
+        self._prewarm_decode(final=True)
+        return replies, reply["metrics"]
+
+    def _prewarm_decode(self, final: bool = False) -> float:
+        """Start the next step's decode functions when the policy's pre-warm time (since the learner's end began)
+        has come, into free units only (a rank released at its share frees one); the poll timeout until then."""
+        t0, pw = self._decode_pw
+        if pw is not None and (final or now() >= t0 + pw[0]):
+            self.rt.start_decoders(pw[1], prewarmed=True)
+            self._decode_pw = (t0, None)
+            return 1.0
+        return 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
+
+    def _start_missing(self) -> None:
+        """After the rollout every rank without a worker starts now (evicting idle capacity when none is free)."""
+        self.pump(start_all=True)
+        while any(r.handle is None and not r.shared for r in self.ranks):
+            if not self.rt.pool.make_room(1):
+                raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
+                                   "this step's learner ranks are busy now)")
+            self.pump(start_all=True)
+
+    def _shared(self, r: _Rank, reply: dict, first: bool) -> None:
+        """Rank r's share is in and it is not the last: its invocation ends here, and its function is released
+        now or kept for its keep-alive, as the plan's rule says (`plan.ranks.release_after_share`)."""
+        rt = self.rt
+        self._record(r, reply)
+        r.shared = True
+        if first:
+            self.first_share = now()
+        rt.learners = [x for x in rt.learners if x is not r.handle]
+        rt.pool.idle(r.handle)
+        nxt = next_work_after_share(list(rt.history.share_tail_s), list(rt.history.between_s))
+        if release_after_share(nxt, rt.keep_alive_s):
+            rt.pool.release(r.handle, early=True)
+
+    def _reduce(self, r: _Rank, share: dict) -> dict:
+        """The last rank in sums every share in rank order, steps and writes the next state version. Its
+        invocation runs from its start to the step's end. A death here re-runs the reduction on a fresh function
+        (the shares are files: nothing else is recomputed)."""
+        rt, world = self.rt, len(self.ranks)
+        msg = {**self._end, **rt.state_setup(), "with_ref": self.with_ref,
+               "state_out": str(rt.state_path(rt.version + 1)),
+               "share": {"rank": 0, "world": world, "shares": [str(self._share_path(k)) for k in range(world)]}}
+        for attempt in range(1, rt.rt.max_attempts + 1):
+            reply = self._reduce_once(r, msg)
+            if reply is not None:
+                self._record(r, {**share, "t_end": reply["t_end"], "busy": share["busy"] + reply["busy"],
+                                 "sync_s": share["sync_s"] + reply["sync_s"]})
+                if self.first_share is not None:
+                    rt.history.share_tail_s.append(now() - self.first_share)
+                return reply
+            rt.count(M.RUNTIME_RETRIES)
+            h = rt.start_learner(prewarmed=False)
+            if h is None:
+                raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
+            r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
+            rt.pool.busy(h)
+        raise fail(f"learner of step {self.step} (its reduction)", rt.rt.max_attempts)
+
+    def _reduce_once(self, r: _Rank, msg: dict) -> dict | None:
+        """Send the reduction to r's worker and wait for its reply; None when the worker died."""
+        rt = self.rt
+        try:
+            rt.backend.send(r.handle, msg)
+        except WorkerDied:
+            rt.pool.dead(r.handle)
+            return None
+        t0 = now()
+        while True:
+            for h, m in rt.poll(self._watch(), self._prewarm_decode()):
+                if h is not r.handle:
+                    self._other(h, m)
+                elif m is None:
+                    rt.pool.dead(h)
+                    return None
+                elif m["op"] == "ready":
+                    rt.on_ready(h, m)
+                elif m["op"] == "learned" and m.get("step") == self.step:
+                    return m
+            if now() - t0 > rt.rt.invocation_timeout_s:
+                rt.backend.kill(r.handle)
 
     def _finish_once(self, end: dict) -> dict[int, dict] | None:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""

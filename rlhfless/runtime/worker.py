@@ -372,6 +372,8 @@ class Worker:
         from rlhfless.learn.learner import save_learner_state
 
         t_end0 = now()
+        if msg.get("share"):
+            return self._learn_share(msg, t_end0)
         if msg.get("dist") and self.shard is None:
             announce = None
             if msg["dist"].get("announce") and conn is not None:
@@ -398,6 +400,45 @@ class Worker:
         t_end = now()
         return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
                 "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": peak,
+                "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"],
+                "metrics": {k: v for k, v in metrics.items() if v is not None}}
+
+    def _learn_share(self, msg: dict, t_end0: float) -> dict:
+        """The serverless learner's end (`runtime.streaming`): `share.out`: write this rank's share of the update
+        (the buffer it would all-reduce) and skip the optimiser step: the replica stays at its version and the
+        function is free at once; `share.shares`: reduce every rank's share in rank order, step, and write the
+        next state version (a reducer holds no update of its own: its share is one of the files)."""
+        import torch
+
+        from rlhfless.learn.accumulate import AccumulatedUpdate
+        from rlhfless.learn.dataparallel import Shard
+        from rlhfless.learn.learner import save_learner_state
+        from rlhfless.runtime.dist import ShareWritten, share_all_reduce
+
+        sh = msg["share"]
+        if sh.get("out"):
+            update, info = self.update, self.update_info
+        else:  # the reducer: in sync with the step's version, an empty update whose all-reduce reads the shares
+            sync_s = self._sync(msg["state_path"], msg["version"])
+            update = AccumulatedUpdate(self.learner, [], msg["with_ref"])
+            info = {"t_start": t_end0, "sync_s": sync_s, "compute_s": 0.0, "group_busy": [], "busy": []}
+        shard = Shard(sh["rank"], sh["world"], share_all_reduce(sh.get("out"), sh.get("shares")))
+        shared, metrics = None, {}
+        try:
+            metrics = update.finish(torch.tensor(msg["rewards"], dtype=torch.float32), msg["lengths"], shard)
+        except ShareWritten:
+            shared = sh["out"]
+            for p in self.learner.model.parameters():
+                p.grad = None  # views of the share: the replica stays as it was, at the step's version
+        if shared is None:  # stepped (the reducer), or no group was kept: no share, the step is just counted
+            self.version = msg["version"] + 1
+            if msg.get("state_out"):
+                save_learner_state(self.learner, msg["state_out"])
+        peak = update.buffered_peak
+        self.update, self.update_info = None, {}
+        t_end = now()
+        return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
+                "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": peak, "shared": shared,
                 "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"],
                 "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
