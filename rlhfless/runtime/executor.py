@@ -1,22 +1,11 @@
 """The runtime: a step's stages executed by worker processes, as the mode's policy decides, and metered.
 
-    Runtime(cfg, mode, learner)     starts the platform (fork server), hands the planner this machine's time
-                                    profile (runtime.profile) and, for serverful, starts the pool of W workers
-    .begin_step(step)               opens the step's billing window
-    .rollout(groups, seed, plan)    decode functions (+ reward on the same workers); cut-and-migrate live
-    .reference(...)                 the reference function (kl_coef > 0, no overlap; with overlap the learner ranks)
-    .values(...)                    PPO: the value function (`runtime.ppo_stages`)
-    .learn(...)                     the data-parallel learner function; new weights for the next decode (PPO: the
-                                    actor and critic functions; the critic moves as critic-v<k> files)
-    .end_step(step) -> metrics      closes the window: billed device-seconds, cold starts, idle, migrations
-    .off_clock()                    a context for driver work between steps (evaluation, checkpoint): billed to
-                                    neither mode (runtime.meter, "Off the clock")
-    .release() / .cleanup()         releases every worker and writes workers.jsonl / removes the scratch files
-
-Stages are in `runtime.stages` (decode) and here (learner, reference). Weights move as the learner's state file
-(`learner-v<k>.safetensors` in the scratch tmpfs, k = updates done): a decode worker behind version k loads the
-policy tensors from it (timed: runtime/weight_sync_s); a fresh learner loads all of it (optimizer included). A
-version's file stays until the next one is written, so a killed learner is re-run from it exactly.
+`Runtime(cfg, mode, learner)` starts the platform and, for serverful, the pool; per step `begin_step`, `rollout`,
+`reference`, `values` (PPO), `learn`, then `end_step` -> metrics; `off_clock()` wraps driver work between steps
+(billed to neither mode); `release()` / `cleanup()` end the run. Decode is in `runtime.stages`, PPO's stages in
+`runtime.ppo_stages`. The rule it keeps: weights move only as the learner's state file `learner-v<k>.safetensors`
+(k = updates done), kept until the next version is written, so a killed learner is re-run from it exactly.
+Each method and the weight loads: docs/internals.md#runtimeexecutorpy.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """The billing meter: the only place the runtime turns what workers did into device-seconds and dollars.
 
-Billing rule (per worker, the same for both modes): a worker is billed from request to release, cold start and
-idle included, rounded up to `granularity_s`, times its device units. So a serverful pool worker held for the
-whole run costs W x wall time, and a serverless function costs only its own lifetime (pre-warm, cold start,
-work and keep-alive). Prices come from `rlhfless.plan.cost`: the serverless per-second price for serverless
-workers, the on-demand hourly price for the serverful pool.
+The rule it keeps (per worker, both modes): a worker is billed from request to release, cold start and idle
+included, rounded up to `granularity_s`, times its device units, by `plan.cost.BillingRules`, the rules the
+planner prices with (`billing_rules(runtime_cfg)`). Per-step numbers slice lifetimes at step boundaries, unrounded;
+off-the-clock intervals (`Runtime.off_clock`) are cut from every worker's held time; a hybrid function's time is
+split by role (`role_split`). Details: docs/internals.md#runtimemeterpy.
 
-Per-step numbers slice every lifetime at the step's boundaries, unrounded (rounding is per lifetime, which a
-slice is not); the run total rounds each lifetime once. With the default 1 ms granularity the two differ by at
-most a millisecond per worker.
-
-The rules are `rlhfless.plan.cost.BillingRules`, the same object the planner prices with (one set of billing
-rules): `billing_rules(runtime_cfg)` builds them from `runtime.billing_granularity_s` and `runtime.keep_alive_s`;
-pass the result as `plan.billing` so the planner's predicted device-seconds and this meter's bill agree (the
-planner adds keep_alive_s after each invocation, the meter measures the idle that really followed). A lifetime is
-billed through `BillingRules.bill_held`; `bill_run` still accepts a bare granularity (other rules default).
-
-Off the clock: driver work between steps that is not RL training (a mid-run held-out evaluation, a checkpoint)
-runs on the driver in both modes, while a serverful pool is held and serverless functions are mostly released.
-Billing that time to the pool alone would charge the control for work neither mode's workers do, so both modes
-leave it out: `paused` intervals (run-relative) are cut out of every worker's held time, in windows and in the
-run total alike (`Runtime.off_clock`).
-
-Deviation from the paper's platform: it bills start to stop plus "a few seconds" of idle, rounded up to 1 s, for
-GPU steps of minutes. For CPU steps of about a second that rounding would dominate, so the local default is 1 ms
-(per-millisecond serverless billing), and idle is billed as it really happened (keep-alive) instead of a
-constant. `runtime.billing_granularity_s=1` restores the 1 s rounding.
-
-Bills by kind: a worker's held time goes to its kind; a hybrid function (runtime.hybrid: decode, then learner
-rank) is split by what it was doing, so `function/decode/billed_s` and `function/learner/billed_s` keep their
-meaning (`role_split`). A pool worker of the serverful control is one "pool" bill.
+Deviations from the paper's platform (start to stop plus a few seconds of idle, rounded up to 1 s):
+1. Rounding is 1 ms (CPU steps last about a second); `runtime.billing_granularity_s=1` restores 1 s.
+2. Idle is billed as it really happened (keep-alive), not as a constant.
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """Policy: how a step's work is split over workers, which workers exist, and when they start and go.
 
-Two policies share one interface (`ModePolicy`: `ServerlessPolicy`, `ServerfulPolicy`; the stages ask it what
-the mode decides: keep-alive, the split, migration, shipping KV, pre-warm, overlap, what a function with no work
-does, the billing rules, the learner's degree), so the serverful control is a policy, not a second code path:
-  * `ServerlessPolicy`: decode work = the planner's assignment (N active actors, each its own function); migration
-    when the planner kept cuts at tau; a learner function group and a reference function started per step and
-    released after `keep_alive_s` idle; pre-warming from the invocation history.
-  * `ServerfulPolicy` (verl-like): W pool workers held for the whole run; each step's prompts split evenly by count
-    in contiguous chunks (verl's data-parallel dispatch), no migration, learning on the same W workers.
+`ModePolicy` answers what the mode decides (keep-alive, the split, migration, shipping KV, pre-warm, overlap, idle
+functions, billing rules, the learner's degree): `ServerlessPolicy` (the planner's assignment, functions released
+after `keep_alive_s` idle, pre-warmed) and `ServerfulPolicy` (verl-like: W pool workers held all run, prompts split
+evenly, no migration). The rule it keeps: the serverful control is a policy, not a second code path. A stage is
+pre-warmed at its expected start - measured cold start - buffer. Details: docs/internals.md#runtimepolicypy.
 
-Pre-warming rule: a stage's workers are started at
-    expected start of the stage - measured cold start (mean of the last `HISTORY`) - buffer.
-For the learner, the expected start (end of the rollout) comes from `runtime.prewarm_from`:
-  * "plan" (default): the planner's predicted makespan for THIS step's placement times the recent ratio of
-    measured rollout time to predicted makespan (the prediction alone runs early: a group's mean predicted
-    length misses its longest sample, measured about 1.7x on the comparison run);
-  * "history" (the paper's rule): the shortest of the last `HISTORY` rollout durations.
-Deviation from the paper: batches differ from step to step, so the shortest recent rollout starts the learners
-early on most steps, and the idle is billed (measured on the comparison run: learners idle about 0.6 s per step
-with "history"); the calibrated per-step prediction is closer. The next step's decode functions are pre-warmed
-from the learner's history (the shortest recent update plus the driver's gap); not before step 2.
+Deviations from the paper:
+1. The learner's expected start is this step's planned makespan x the recent measured/planned ratio
+   (`runtime.prewarm_from=plan`), not the shortest recent rollout ("history": learners start early, idle billed).
 """
 
 from __future__ import annotations

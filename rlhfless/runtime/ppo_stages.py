@@ -1,27 +1,15 @@
 """PPO's stages in the runtime (algo.name=ppo): the value function, and the actor and critic updates side by side.
 
-    rollout    decode functions as for GRPO, without streaming: PPO whitens its advantages over the whole batch
-               and steps on mini-batches cut across it, so nothing can be trained before the last row is in
-    reference  the reference function, as for GRPO (algo.kl_coef > 0)
-    values     the value function: the critic image's forward over the batch                     `PpoStream.values`
-    update     the actor function (old log-probs, advantages and returns, then the policy's steps) and the
-               critic function (the critic's steps on the same mini-batches) at once: the critic starts as soon as
-               the actor has written the returns (`ppo_returns`), before its first optimiser step  `PpoStream.finish`
+Rollout and reference are GRPO's (the rollout without streaming: PPO whitens over the whole batch);
+`PpoStream.values` runs the critic image's forward, `PpoStream.finish` the actor and critic functions at once
+(the critic starts once the actor has written the returns). The rule it keeps: a function that dies is re-run on
+a fresh worker from the same files (state version k, batch, values, returns), so the update is the same.
+Which worker plays which role, per mode: docs/internals.md#runtimeppo_stagespy.
 
-Workers. Serverless: the critic image ("values", "critic") runs the value forward and then, on the same warm worker,
-the critic update (a platform reuses a warm instance of the function it invokes next); it is pre-warmed into a free
-unit when the learner pre-warm is due. The actor is a learner function: with the hybrid image (runtime.hybrid) the
-last decode function to finish goes on as the actor (warm, the step's policy in memory; an earlier one would sit
-idle through the tail), else a learner function starts when the value function does, so its cold start overlaps
-the value forward. Serverful: pool worker 0 is the actor and the last pool worker holds the critic (W = 1: one
-worker runs both, one after the other).
-Faults: a function that dies is re-run on a fresh worker from the same files (state version k, batch, values,
-returns), so the update is the same; in the serverful control the pool restarts whole.
-
-Deviation from the paper: its PPO has value and critic functions beside an FSDP actor over several devices; here
-the actor and the critic are one rank each (`runtime.learner_units` above 1 is refused with PPO): data-parallel
-PPO is not built. Deviation from verl: the value forward is its own function after the reference forward, where
-verl runs it on the critic's workers in the same phase as the old-log-prob and reference forwards.
+Deviations:
+1. From the paper: the actor and the critic are one rank each (its actor is FSDP over several devices);
+   data-parallel PPO is not built (`runtime.learner_units` above 1 is refused).
+2. From verl: the value forward is its own function after the reference forward, not on the critic's workers.
 """
 
 from __future__ import annotations

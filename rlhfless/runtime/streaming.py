@@ -1,35 +1,15 @@
 """The learner stage as a stream: each finished GRPO group goes to its learner rank while the rest still decodes.
 
-`LearnerStream` lives for one step. The decode stage calls `group_done(g, ...)` as soon as all G rows of group g
-are scored (on any decode function, after any migration); `finish(...)` after the rollout sends the rest and the
-optimiser step. What a rank computes is fixed by group index (`plan.schedule.microbatches`): micro-batch chunks of
-`runtime.learner_microbatch_groups` groups, contiguous runs of chunks per rank, so the update is bitwise the same
-whether groups stream in during decode (`runtime.overlap`) or all arrive after it, in whatever order they finish.
+`LearnerStream` lives for one step: the decode stage calls `group_done(g, ...)` once group g is scored, then
+`finish(...)`. The rule it keeps: what a rank computes is fixed by group index (`plan.schedule.microbatches`) and
+shares are summed in rank order, so the update is bitwise the same however groups arrive, in either mode. A
+serverless rank writes its share to the scratch tmpfs and leaves; the last one in reduces (`_finish_shares`).
+Units, messages and faults: docs/internals.md#runtimestreamingpy.
 
-Units: a serverless learner rank starts only onto a free unit (`Pool.claim`), usually one a finished decode
-function released; until then its groups wait (their batch files are in the scratch tmpfs). With the hybrid image
-(`runtime.hybrid`, the default) the finished decode function itself goes on as the rank (`take`): warm, its policy
-already at the step's version, so neither a cold start nor a state load sits between the rollout and the update.
-The end of a serverless step has no process group: every rank, once its groups are done, writes its share of the
-update (the buffer the pool all-reduces) to the scratch tmpfs and its invocation ends; all but the last are let go
-at once (released, or kept for their keep-alive when the plan has work for them inside it: `plan.ranks`), and the
-last one in sums the shares in rank order, steps and writes the next state version (`_finish_shares`). The pool's
-all-reduce gathers and sums the same buffers in the same order, so the modes' weights stay bitwise equal. A rank
-killed before its share is restarted alone (its groups re-sent and recomputed); a reducer killed is replaced and
-reduces the same files. The serverful pool keeps its gloo group: a death after `learn_end` restarts it whole.
-Messages: learn_begin (weights version, seed, chunks), learn_group (one group's batch file; no reply: the rank's
-compute time arrives in `learned`, summed and as intervals: the meter counts only those as busy, a rank waiting
-for groups is held idle; with algo.kl_coef > 0 and overlap the file has no reference log-probs and
-the rank computes them for the group first, as the reference function would), learn_end (all rewards and lengths: the normaliser and batch metrics; serverless: `share` names the rank's share
-file, or, for the reducer, every share; the pool's rank 0 or the reducer writes the next state version). The serverful control's ranks are its pool workers, which read learner messages only after their
-own decode (the worker defers them).
-Deviation from the paper: its learner is one FSDP function started after the rollout; streaming finished groups
-into it is this project's extension (docs/architecture.md, "Overlap"). So is running the reference forward inside
-the learner ranks when streaming (the paper has a reference function; verl colocates the reference with the actor):
-a separate reference function would need a unit of its own during decode, which a small machine does not have.
-So is the hybrid image: the paper's decode actors and learner are separate functions; here one function image
-holds both handlers (as verl's hybrid engine holds rollout and actor in one worker), so a decode function that
-finishes is reused warm as a learner rank, the way a platform reuses a warm instance of the same function.
+Deviations from the paper (its learner is one FSDP function started after the rollout):
+1. Finished groups stream into the learner ranks during decode (docs/architecture.md, "Overlap").
+2. While streaming, the ranks run the reference forward (a reference function would need a spare unit).
+3. The hybrid image: a decode function that finishes goes on warm as a learner rank.
 """
 
 from __future__ import annotations

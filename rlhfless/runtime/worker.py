@@ -1,22 +1,12 @@
 """A worker process: one device unit (a pinned CPU core, one torch thread), one model replica, a request loop.
 
-A worker runs the function kinds it was started for: `decode` (with its rows' `reward`), `reference`, `learner`;
-a serverful pool worker runs all of them on one replica (colocated, as verl does). A decode worker also answers
-`profile` (once per machine and workload, `runtime.profile`): rollouts timed with its own pinned threads. Requests and replies are JSON
-messages (`rlhfless.runtime.wire`); tensors come and go as safetensors files. The worker knows nothing of
-modes, plans or billing: the driver decides what it runs and when it goes.
-
-Decode contract (what makes cut-and-migrate exact): a decode request lists its rows with their original row
-ids, their prompt and, for migrated rows, the tokens generated so far; every row samples from its own random
-stream (seed, decode step, row id), so where a row runs never changes its tokens. Every `progress_every`
-iterations the worker reports its progress and reads control messages: `cut` returns its unfinished rows
-(prompt ids + tokens so far) to the driver and ends the invocation; `adopt` adds migrated rows, which it
-re-prefills (prompt + partial response) and decodes beside its own as a second batch.
-
-With `rollout.engine=vllm` a worker that decodes also holds an in-process `VLLMEngine` on the policy checkpoint
-(started with the worker: its start is part of the cold start) and loads the replica's weights into it whenever
-they change (`_engine_sync`, timed into the invocation's sync_s); the decode contract then holds for fresh rows
-only (a migrated row continues from a stream of its own: `rollout.vllm_engine`).
+It runs the function kinds it was started for (`decode` with its rows' `reward`, `reference`, `learner`; a
+serverful pool worker all of them on one replica), answering JSON requests (`runtime.wire`) with tensors as
+safetensors files; it knows nothing of modes, plans or billing. The rule it keeps (the decode contract): every row
+samples from its own stream (seed, decode step, row id), so where a row runs never changes its tokens; every
+`progress_every` iterations it reports and obeys `cut` (hand back unfinished rows) and `adopt` (re-prefill and
+decode migrated rows as a second batch). With `rollout.engine=vllm` the contract holds for fresh rows only.
+Details: docs/internals.md#runtimeworkerpy.
 """
 
 from __future__ import annotations
