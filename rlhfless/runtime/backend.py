@@ -4,7 +4,8 @@
 server process that imported torch, transformers and the engine once (a snapshot-restored cold start: fork +
 model load); with "spawn" every worker starts a fresh interpreter and imports everything (a full cold start).
 The fork server's own start (the imports, about as long as one spawn) is platform set-up: measured and
-reported (`platform_start_s`), not billed to either mode. The Ray backend (`runtime.raybackend`) implements the same methods.
+reported (`platform_start_s`), not billed to either mode. The Ray backend (`runtime.raybackend`) implements
+the same methods.
 """
 
 from __future__ import annotations

@@ -183,6 +183,7 @@ def bill_window(workers: Sequence[WorkerRecord], invocations: Iterable[Invocatio
     invocations = list(invocations)
     by_worker = _by_worker(invocations)
     for w in workers:
+        # unrounded: rounding is per lifetime, which a window's slice is not (`bill_run` rounds each lifetime once)
         held = _held(w, t0, t1, now, paused) * w.units
         if held > 0:
             for k, s in role_split(w, by_worker.get(w.worker, ()), t0, min(t1, now), paused).items():

@@ -68,19 +68,22 @@ class Prewarm:
 
 def prewarm_learner(history: History, predicted_makespan_s: float, cold_default: float, buffer_s: float,
                     source: str = "plan") -> Prewarm:
-    """When to start the learner group, in seconds after the rollout started (rule in the module header)."""
+    """When to start the learner group, in seconds after the rollout started (docs/internals.md#runtimepolicypy)."""
     if source == "plan" and history.rollout_vs_plan:
+        # the plan alone runs early (a group's mean predicted length misses its longest sample): scaled by the
+        # recent ratio of measured rollout time to predicted makespan
         expected = predicted_makespan_s * sum(history.rollout_vs_plan) / len(history.rollout_vs_plan)
     elif history.rollout_s:
-        expected = min(history.rollout_s)
+        expected = min(history.rollout_s)  # the paper's rule ("history"), or "plan" before a ratio is measured
     else:
-        expected = predicted_makespan_s
+        expected = predicted_makespan_s  # step 1: nothing measured yet
     return Prewarm(max(0.0, expected - history.cold("learner", cold_default) - buffer_s))
 
 
 def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Prewarm:
     if not history.learn_s:
-        return Prewarm(None)
+        return Prewarm(None)  # no update measured yet: decode is pre-warmed from step 2 on
+    # the shortest recent update, plus the driver's gap between steps
     expected = min(history.learn_s) + (min(history.between_s) if history.between_s else 0.0)
     return Prewarm(max(0.0, expected - history.cold("decode", cold_default) - buffer_s))
 

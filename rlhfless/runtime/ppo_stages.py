@@ -233,7 +233,7 @@ class PpoStream:
                 self.actor_requested = (self.actor, now(), rt.first_use(self.actor))
                 rt.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
         self._old_ahead(responses)
-        while True:
+        while True:  # until a value function replies: one found dead is replaced and sent every chunk again
             h = self._critic_worker(must=True)
             if all(self._send_chunk(h, k) for k in range(len(self.chunks)) if k not in self.sent):
                 reply = self._values_end(h)
@@ -345,6 +345,7 @@ class _Update:
         pw = rt.next_decode_prewarm()
         while len(self.replies) < 2:
             for role in ("learner", "critic"):
+                # the critic's update needs the returns, which the actor writes first (`ppo_returns`)
                 if role not in self.sent and role not in self.replies and (role == "learner" or self.returns_ready):
                     self._send(role)
             if pw is not None and now() >= t0 + pw[0]:
@@ -354,12 +355,13 @@ class _Update:
             for h in [h for h, _, _ in self.sent.values()] + [h for h in rt.pool.live() if h.ready_s is None]:
                 if self.s._live(h) and h not in watch:  # serverful W = 1: the actor is the critic
                     watch.append(h)
+            # wake at the decode pre-warm time, and at least every second for the timeout check below
             for h, msg in rt.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
                 self._on(h, msg)
             for role, (h, requested, _) in list(self.sent.items()):
                 if now() - requested > rt.rt.invocation_timeout_s and self.s._live(h):
                     rt.backend.kill(h)  # over time: treated as a death on the next poll
-        if pw is not None:
+        if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
             rt.start_decoders(pw[1], prewarmed=True)
         return self.replies
 

@@ -179,10 +179,12 @@ class DecodeStage:
                 pw = None
             timeout = None if pw is None else max(0.0, t_start + pw - now())
             watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in rt.pool.handles}
+            # workers still starting (pre-warmed ranks): their `ready` gives the measured cold start pre-warm reads
             watch.update({h.worker: h for h in rt.pool.live() if h.ready_s is None and h.worker not in self.actors})
             if not rt.serverful:  # a serverful pool worker is watched as a decode actor already
                 watch.update({h.worker: h for h in self.stream.handles()
                               if h.ready_s is not None and h.worker in rt.pool.handles})
+            # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
             for h, msg in rt.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
                 a = self.actors.get(h.worker)
                 if (a is None or self._handed(a)) and self.stream.owns(h):
@@ -468,11 +470,11 @@ def _await(rt, h, op: str) -> dict | None:
     t0 = now()
     while now() - t0 < rt.rt.invocation_timeout_s:
         watch = [h] + [x for x in rt.pool.live() if x.ready_s is None and x is not h]
-        for x, msg in rt.poll(watch, 1.0):
+        for x, msg in rt.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
             if msg is None:
                 if x is h:
                     return None
-                rt.pool.dead(x)
+                rt.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
             elif msg["op"] == "ready":
                 rt.on_ready(x, msg)
             elif x is h and msg["op"] == op:

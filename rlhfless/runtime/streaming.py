@@ -311,7 +311,7 @@ class LearnerStream:
         rt, world = self.rt, len(self.ranks)
         replies: dict[int, dict] = {}
         order: list[int] = []
-        self._decode_pw = (now(), rt.next_decode_prewarm())
+        self._decode_pw = (now(), rt.next_decode_prewarm())  # timed from here, the start of the learner's end
         while len(replies) < world:
             self._start_missing()
             attempt = self.attempt
@@ -321,7 +321,7 @@ class LearnerStream:
                 r.ended = True
                 self._send(r, {**end, **rt.state_setup(), "share": {"rank": r.rank, "world": world,
                                                                     "out": str(self._share_path(r.rank))}})
-                if self.attempt != attempt:
+                if self.attempt != attempt:  # that rank was found dead and reset: the next pass restarts it
                     break
             for h, msg in rt.poll(self._watch(), self._prewarm_decode()):
                 if not self.owns(h):
@@ -333,7 +333,7 @@ class LearnerStream:
                 r = next(x for x in self.ranks if x.handle is h and not x.shared)
                 replies[r.rank] = reply
                 order.append(r.rank)
-                if len(replies) < world:
+                if len(replies) < world:  # the last share in is not let go: that rank reduces
                     self._shared(r, reply, len(order) == 1)
             late = [r for r in self.ranks if r.ended and not r.shared and r.handle is not None
                     and now() - r.requested > rt.rt.invocation_timeout_s]
@@ -352,6 +352,7 @@ class LearnerStream:
             self.rt.start_decoders(pw[1], prewarmed=True)
             self._decode_pw = (t0, None)
             return 1.0
+        # wake at the pre-warm time, and at least every second: the callers check invocation timeouts between polls
         return 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
 
     def _start_missing(self) -> None:
@@ -422,7 +423,7 @@ class LearnerStream:
                 elif m["op"] == "learned" and m.get("step") == self.step:
                     return m
             if now() - t0 > rt.rt.invocation_timeout_s:
-                rt.backend.kill(r.handle)
+                rt.backend.kill(r.handle)  # over time: its death (next poll) re-runs the reduction on a fresh one
 
     def _finish_once(self, end: dict) -> dict[int, dict] | None:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
@@ -444,7 +445,7 @@ class LearnerStream:
                 r.ended = True
                 self._send(r, {**end, **rt.state_setup(), "dist": dist, "leave": rt.hybrid,
                                "state_out": str(rt.state_path(rt.version + 1)) if r.rank == 0 else None})
-                if self.attempt != attempt:
+                if self.attempt != attempt:  # found dead on the send: every rank was reset, the caller tries again
                     return None
                 # the others connect once rank 0 listens: early, they are refused and back off (dist.init_group)
                 if r.rank == 0 and dist is not None and len(self.ranks) > 1 and not self._await_open(attempt):
@@ -482,7 +483,7 @@ class LearnerStream:
                 if self.attempt != attempt:
                     return False
             if now() - t0 > rt.rt.invocation_timeout_s:
-                rt.backend.kill(rank0)
+                rt.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
 
     def _await_learned(self, attempt: int) -> dict[int, dict] | None:
         """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""
@@ -494,6 +495,7 @@ class LearnerStream:
             if pw is not None and now() >= t0 + pw[0]:
                 rt.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
+            # wake at the pre-warm time, and at least every second for the timeout check below
             timeout = 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
             for h, msg in rt.poll(self._watch(), timeout):
                 if not self.owns(h):
@@ -505,7 +507,8 @@ class LearnerStream:
                 if reply is not None:
                     replies[next(r.rank for r in self.ranks if r.handle is h)] = reply
             if now() - t0 > rt.rt.invocation_timeout_s:
+                # over time: one kill is enough, a death after learn_end resets every rank and the update is tried again
                 rt.backend.kill(self.ranks[0].handle)
-        if pw is not None:
+        if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
             rt.start_decoders(pw[1], prewarmed=True)
         return replies

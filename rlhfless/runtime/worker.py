@@ -288,6 +288,7 @@ class Worker:
             from rlhfless.runtime.decoding import run_decode
 
             sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+            # vLLM's reload is part of this invocation's weight sync (timed into sync_s)
             return run_decode(self, msg, conn, sync_s + self._engine_sync())
         if op == "prefill":
             from rlhfless.runtime.decoding import run_prefill
