@@ -1,10 +1,13 @@
-"""`rlhfless` command-line entry point: a thin dispatcher over the subcommands each area registers
-(`register(sub, bench)`); heavy imports happen inside the command functions, so `rlhfless --help` is instant.
+"""`rlhfless` command-line entry point. Each area registers its own subcommands, so this file stays a thin dispatcher:
+`train`, `pretrain`, `config show|reference`, `build-hf-model`, `predictor train|eval|convert|compare`,
+`data gsm8k-lengths|synthetic-trace|trace-stats`, `simulate`, `plan what-if`, `repro`, `profile`, and
+`bench prefill|engine|loop|planner|plan-trace|faults`. Heavy imports happen inside the command functions, so
+`rlhfless --help` is instant.
 
 The rule it keeps: a user error, an OS error or a usage error prints one line (at most `errors.MESSAGE_LIMIT`
 characters) and exits 2 without a traceback; SIGINT and SIGTERM stop the command cleanly (its workers first) and
 exit 130 and 143. `KEY=VALUE` overrides may stand anywhere among the options, and output paths (`--json`,
-`--out`) are checked here before any work (`rlhfless.core.outpaths`). The command list: docs/internals.md#clipy.
+`--out`) are checked here before any work (`rlhfless.core.outpaths`). Details: docs/internals.md#clipy.
 """
 
 from __future__ import annotations
