@@ -16,7 +16,6 @@ paper's claim. The time scale magnifies the control plane's real milliseconds (d
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rlhfless.core.rundir import RunDir
@@ -36,17 +35,13 @@ def emulated_run(ctx, extra: tuple[str, ...] = ()) -> tuple[Path, dict]:
     """The comparison, run once per repro folder and config (reused while its comparison.json exists); `extra`:
     overrides after the size's (a notebook's test size)."""
     from rlhfless.config import load_run_config
-    from rlhfless.repro.real_studies import config_key
-    from rlhfless.run.runner import train
+    from rlhfless.repro.real_studies import comparison_once, config_key
 
     over = (QUICK if ctx.quick else []) + list(extra) + [f"train.seed={ctx.seed}", "tracking.mode=disabled",
                                                          "runtime.gantt_every=0"]
     cfg = load_run_config(str(CONFIG), over)
     out = ctx.out / "real-runs" / f"emulated-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}-{config_key(cfg)}"
-    done = RunDir(out).comparison
-    if done.is_file():
-        return out, json.loads(done.read_text())
-    return out, train(cfg, out, progress=False)
+    return out, comparison_once(cfg, out)
 
 
 def arm_table(cmp: dict) -> dict[str, dict]:

@@ -205,13 +205,22 @@ def config_key(cfg) -> str:
     return hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def comparison_once(cfg, out: Path) -> dict:
+    """A runtime.mode=compare run's comparison.json: read back while it exists, else the run is made (every arm)."""
+    import json
+
+    from rlhfless.run.runner import train
+
+    done = RunDir(out).comparison
+    if done.is_file():
+        return json.loads(done.read_text())
+    return train(cfg, out, progress=False)
+
+
 def compare_run(ctx) -> tuple[Path, dict]:
     """The serverful control and the serverless runtime on the same seed and prompts (runtime.mode=compare),
     run once per repro folder and config and shared by the timeline and sim-vs-real studies."""
-    import json
-
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
 
     steps = 6 if ctx.quick else 40
     overrides = [f"train.steps={steps}", f"train.eval_prompts={0 if ctx.quick else 100}",
@@ -219,10 +228,7 @@ def compare_run(ctx) -> tuple[Path, dict]:
                  "tracking.group=real-runs"]
     cfg = load_run_config(str(COMPARE_CONFIG), overrides)
     out = ctx.out / "real-runs" / f"compare-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}-{config_key(cfg)}"
-    done = RunDir(out).comparison
-    if done.is_file():
-        return out, json.loads(done.read_text())
-    return out, train(cfg, out, progress=False)  # runtime.mode=compare: both runs and comparison.json
+    return out, comparison_once(cfg, out)
 
 
 def _mean(by_kind: dict) -> float:
