@@ -40,7 +40,7 @@ demo: $(STAMP)
 	WANDB_MODE=offline $(BIN)/rlhfless train --config experiments/configs/quickstart.yaml --out $(OUT) $(ARGS)
 
 test: $(STAMP)
-	WANDB_MODE=disabled $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	WANDB_MODE=disabled $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 # No $(STAMP): the venv's torch is the CPU build; the check runs on the system's CUDA torch.
 GPU_PYTHON ?= python3

@@ -95,7 +95,7 @@ def test_policy_build_makes_the_folder_on_first_use_and_reuses_it(setup, tmp_pat
     _, data, _ = setup
     target = tmp_path / "models" / "tiny"
     args = ["train", "--dry-run", "--out", str(tmp_path / "run"), "--config",
-            str(REPO / "experiments/configs/gsm8k_hf.yaml"),
+            str(REPO / "experiments/configs/gsm8k_hf.yaml"), "policy.build_sft_steps=2",  # the build, not the SFT
             f"policy.checkpoint={target}", f"task.gsm8k.path={data}", "task.gsm8k.num_eval=8", "train.eval_prompts=4"]
     assert main(args) == 0
     assert (target / "config.json").is_file() and isinstance(load_tokenizer(target), HFTokenizer)

@@ -130,9 +130,9 @@ def test_a_failing_study_is_reported_and_the_others_still_land(tmp_path, monkeyp
         raise RuntimeError("boom")
 
     monkeypatch.setitem(studies.STUDIES, "headline", studies.Study("headline", broken, "sim", "broken"))
-    assert main(["repro", "headline", "ablation", "--out", str(tmp_path), "--quick", "--tracking", "disabled"]) == 1
+    assert main(["repro", "headline", "predictor", "--out", str(tmp_path), "--quick", "--tracking", "disabled"]) == 1
     assert "RuntimeError: boom" in (tmp_path / "headline" / "error.txt").read_text()
-    assert list(json.loads((tmp_path / "results.json").read_text())["studies"]) == ["ablation"]
+    assert list(json.loads((tmp_path / "results.json").read_text())["studies"]) == ["predictor"]
 
 
 def test_study_results_need_figures_under_the_output_folder(tmp_path):
