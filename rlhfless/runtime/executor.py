@@ -22,10 +22,12 @@ from rlhfless.core import metrics as M
 from rlhfless.core.rundir import RunDir
 from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
+from rlhfless.plan.ranks import next_work_after_share
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
-from rlhfless.runtime.policy import History, policy_for, prewarm_decode
+from rlhfless.runtime.context import StepContext
+from rlhfless.runtime.policy import History, policy_for, prewarm_decode, prewarm_learner
 from rlhfless.runtime.pool import Pool
 from rlhfless.runtime.records import (CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role,
                                       zero_held)
@@ -159,6 +161,88 @@ class Runtime:
         # so GPU workers start as fresh interpreters and pay the imports in their cold start
         method = "spawn" if self.rt.device == "cuda" else self.rt.start_method
         return LocalBackend(method, preload(self.cfg.rollout.engine, self.rt.device))
+
+    # -- what a stage is given, and the run state it reads and changes through methods --------------------------
+    def context(self, step: int) -> StepContext:
+        """Step `step`'s view of the run for its stages (`runtime.context`)."""
+        return StepContext(step, self.cfg, self.rt, self.policy, self.pool, self.backend, self.scratch,
+                           self.keep_alive_s, self.hybrid, self.planner, self.planner_time_model, self.env.tok, self)
+
+    def set_decode_prewarm(self, n: int) -> None:
+        """How many decode functions this step ran: the next step's decode pre-warm starts as many."""
+        self.decode_prewarm = n
+
+    def kept_reference(self):
+        """The reference function kept warm from an earlier step, if it is still in the pool."""
+        h = self.reference_worker
+        return h if h and h.worker in self.pool.handles else None
+
+    def keep_reference(self, h) -> None:
+        """Remember h as the reference function to reuse (None: none is kept)."""
+        self.reference_worker = h
+
+    def active_stream(self):
+        """This step's learner stream between the rollout and the update, else None."""
+        return self.stream
+
+    def pool_workers(self) -> list:
+        """The held pool's workers in rank order (a policy that holds a pool)."""
+        return self.pool_handles
+
+    def has_learners(self) -> bool:
+        return bool(self.learners)
+
+    def kept_learners(self) -> list:
+        """Learner functions of the last step still in the pool (their data-parallel group may be reused)."""
+        return [h for h in self.learners if h.worker in self.pool.handles]
+
+    def add_learner(self, h) -> None:
+        self.learners.append(h)
+
+    def drop_learner(self, h) -> None:
+        self.learners = [x for x in self.learners if x is not h]
+
+    def forget_learners(self) -> None:
+        self.learners = []
+
+    def cold_start(self, kind: str, default: float) -> float:
+        """The recent measured cold start of `kind` (`default` before any)."""
+        return self.history.cold(kind, default)
+
+    def observe_rollout(self, seconds: float, makespan_s: float) -> None:
+        """A rollout took `seconds` against the plan's predicted makespan (0: no plan): the pre-warm rules' input."""
+        self.history.rollout_s.append(seconds)
+        if makespan_s > 0:
+            self.history.rollout_vs_plan.append(seconds / makespan_s)
+
+    def learner_prewarm_after(self, predicted_makespan_s: float) -> float | None:
+        """Seconds after the rollout's start at which to start the learner ranks (None: not pre-warmed, also when
+        last step's learners are still warm)."""
+        if not self.policy.prewarms(self.rt.prewarm) or self.learners:
+            return None
+        return prewarm_learner(self.history, predicted_makespan_s, self.cfg.plan.cold_start_s,
+                               self.rt.prewarm_buffer_s, self.rt.prewarm_from).after_s
+
+    def next_work_after_share(self) -> float | None:
+        """Expected seconds from a rank's share to its function's next work (`plan.ranks`), from history."""
+        return next_work_after_share(list(self.history.share_tail_s), list(self.history.between_s))
+
+    def observe_share_tail(self, seconds: float) -> None:
+        self.history.share_tail_s.append(seconds)
+
+    def updates_done(self) -> int:
+        """The state version: optimiser steps done so far."""
+        return self.version
+
+    def next_state_path(self) -> Path:
+        return self.state_path(self.version + 1)
+
+    def next_critic_path(self) -> Path:
+        return self.critic_path(self.version + 1)
+
+    def decode_busy_s(self, step: int) -> float:
+        """Busy seconds of the step's decode invocations that succeeded."""
+        return sum(i.busy_s for i in self.invocations if i.step == step and i.kind == "decode" and i.ok)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:
@@ -351,9 +435,9 @@ class Runtime:
         self.stage_t0 = now()
         self.pool.expire()
         prompts = [g.token_ids for g in groups]
-        self.stream = PpoStream(self, step, prompts) if self.ppo else \
-            LearnerStream(self, step, prompts, seed, self.overlaps())
-        return DecodeStage(self, groups, seed, plan, step, self.stream).run()
+        ctx = self.context(step)
+        self.stream = PpoStream(ctx, prompts) if self.ppo else LearnerStream(ctx, prompts, seed, self.overlaps())
+        return DecodeStage(ctx, groups, seed, plan, self.stream).run()
 
     def reference(self, prompts, responses, step: int) -> torch.Tensor | None:
         """The reference function's log-probs of the step; None when overlapping: then each learner rank runs the
@@ -363,7 +447,7 @@ class Runtime:
 
         if self.overlaps() and not self.ppo:  # PPO streams only its value forward: the reference function runs
             return None
-        return run_reference(self, prompts, responses, step)
+        return run_reference(self.context(step), prompts, responses)
 
     def values(self, responses) -> torch.Tensor:
         """PPO: the value function's V(s_t) of the step's rollout, before any update (`ppo_stages`)."""

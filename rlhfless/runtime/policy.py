@@ -153,11 +153,12 @@ class ModePolicy(ABC):
         """The billing rule set the bill is read under (`runtime.billing`, or the pool's lifetime)."""
 
     @abstractmethod
-    def decoders(self, rt, n: int) -> list:
-        """Which functions take the decode role this step (n of them): handles, in the split's order."""
+    def decoders(self, ctx, n: int) -> list:
+        """Which functions take the decode role this step (n of them): handles, in the split's order (ctx: the
+        step's `runtime.context.StepContext`)."""
 
     @abstractmethod
-    def learner_ranks(self, rt, ranks: list) -> None:
+    def learner_ranks(self, ctx, ranks: list) -> None:
         """Which functions hold the learner ranks when the step starts (`streaming._Rank.handle`; None: a rank
         starts later, when it has work)."""
 
@@ -201,29 +202,29 @@ class ServerlessPolicy(ModePolicy):
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.learners()
 
-    def decoders(self, rt, n: int) -> list:
+    def decoders(self, ctx, n: int) -> list:
         """Warm idle functions of the decode image first (no cold start), then new ones."""
-        available = rt.pool.warm(rt.image("decode"))
+        available = ctx.pool.warm(ctx.run.image("decode"))
         warm = available[:n]
         for h in warm:  # taken: the cold starts below may evict idle workers, never these
-            rt.pool.busy(h)
+            ctx.pool.busy(h)
         for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
-            rt.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
-        cold = rt.start_decoders(n - len(warm), prewarmed=False)
+            ctx.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
+        cold = ctx.run.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
-    def learner_ranks(self, rt, ranks: list) -> None:
+    def learner_ranks(self, ctx, ranks: list) -> None:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
         data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
-        live = [h for h in rt.learners if h.worker in rt.pool.handles]
+        live = ctx.run.kept_learners()
         if len(live) == len(ranks):
             for r, h in zip(ranks, live):
-                r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
-                rt.pool.busy(h)
+                r.handle, r.requested, r.cold = h, now(), ctx.run.first_use(h)
+                ctx.pool.busy(h)
         else:
             for h in live:
-                rt.pool.release(h)
-            rt.learners = []
+                ctx.pool.release(h)
+            ctx.run.forget_learners()
 
 
 class ServerfulPolicy(ModePolicy):
@@ -260,12 +261,13 @@ class ServerfulPolicy(ModePolicy):
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.workers()  # every pool worker is a rank
 
-    def decoders(self, rt, n: int) -> list:
-        return rt.pool_handles  # every pool worker decodes its chunk
+    def decoders(self, ctx, n: int) -> list:
+        return ctx.run.pool_workers()  # every pool worker decodes its chunk
 
-    def learner_ranks(self, rt, ranks: list) -> None:
+    def learner_ranks(self, ctx, ranks: list) -> None:
+        workers = ctx.run.pool_workers()
         for r in ranks:  # pool worker r is rank r for the whole run
-            r.handle = rt.pool_handles[r.rank]
+            r.handle = workers[r.rank]
 
 
 def policy_for(mode: str) -> ModePolicy:
