@@ -57,8 +57,7 @@ class Runtime:
         self._reserve_port = reserve_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
         self.policy = policy_for(mode)  # every decision that differs by mode (runtime.policy.ModePolicy)
-        self.serverful = self.policy.holds_pool
-        self.hybrid = not self.serverful and self.rt.hybrid
+        self.hybrid = self.policy.hybrid_image(self.rt.hybrid)
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
         self.units = self.rt.resolved_units()
@@ -109,7 +108,7 @@ class Runtime:
         self.stream = None  # this step's LearnerStream (runtime.streaming), from the rollout to the update
         self.reference_worker = None
         self._invoked: set[str] = set()
-        if self.serverful:
+        if self.policy.holds_pool:  # W workers for the whole run, started before step 1's clock
             self._start_pool()
         for hook in RUNTIME_HOOKS:
             hook(self)
@@ -468,10 +467,8 @@ class Runtime:
         self.critic_path(self.version - 2).unlink(missing_ok=True)
         for h in stream.handles():
             self.policy.no_work_now(self.pool, h, self.keep_alive_s)
-        if not self.serverful:
-            if self.keep_alive_s == 0 or self.hybrid or self.ppo:
-                # hybrid: the ranks left their group and stay warm as the next step's decode functions
-                self.learners = []
+        if not self.policy.keeps_learners(self.keep_alive_s, self.hybrid, self.ppo):
+            self.learners = []
         self.last_learn_end = now()
         self.history.learn_s.append(self.last_learn_end - t0)
         return metrics
@@ -482,7 +479,8 @@ class Runtime:
         # the role of its previous step's work (`meter.role_split`); busy time is clipped to the window
         recs = list(self.pool.records.values())
         a, b = self.rel(self.step_t0), self.rel(t1)
-        bill = bill_window(recs, self.invocations, a, b, b, self.price, self.serverful, self.paused, self.rules)
+        bill = bill_window(recs, self.invocations, a, b, b, self.price, self.policy.bills_held_pool(), self.paused,
+                           self.rules)
         m = bill.metrics()
         m.update(self.counters)
         m[M.RUNTIME_WINDOW_START_S], m[M.RUNTIME_WINDOW_S] = self.rel(self.step_t0), t1 - self.step_t0
@@ -564,7 +562,7 @@ class Runtime:
     def run_bill(self):
         t = now()
         return bill_run(list(self.pool.records.values()), self.invocations, self.rel(t), self.price,
-                        self.serverful, self.rules, self.paused)
+                        self.policy.bills_held_pool(), self.rules, self.paused)
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
@@ -600,7 +598,7 @@ class Runtime:
         is a VM: lifetime either way)."""
         t, recs = now(), list(self.pool.records.values())
         g = self.rt.billing_granularity_s
-        return {name: bill_run(recs, self.invocations, self.rel(t), self.price, self.serverful,
+        return {name: bill_run(recs, self.invocations, self.rel(t), self.price, self.policy.bills_held_pool(),
                                BillingRules.metered(g, self.keep_alive_s, name), self.paused).device_s
                 for name in BILLED}
 

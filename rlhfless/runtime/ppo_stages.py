@@ -57,7 +57,7 @@ class PpoStream:
         self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
         self.actor_attempt = 1
         self.files: set[Path] = set()
-        if run.serverful:
+        if not ctx.policy.starts_functions():  # every role has its held worker: the actor and the critic are set
             self.pool_restarted()
 
     # -- the decode stage's side (LearnerStream's interface) ----------------------------------------------------
@@ -86,8 +86,9 @@ class PpoStream:
     def prewarm(self) -> None:
         """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
         self.prewarm_due = True
-        if not self.ctx.run.serverful and not self._live(self.critic) and not self.ctx.pool.warm(CRITIC_IMAGE):
-            self.ctx.run.start_critic(must=False, prewarmed=True)
+        ctx = self.ctx
+        if ctx.policy.starts_functions() and not self._live(self.critic) and not ctx.pool.warm(CRITIC_IMAGE):
+            ctx.run.start_critic(must=False, prewarmed=True)
 
     def pump(self) -> None:
         """Pre-warm when due; with overlap, send the value function every chunk whose groups are all in (starting
@@ -105,7 +106,7 @@ class PpoStream:
 
     def handles(self) -> list:
         hs = [h for h in (self.actor, self.critic) if self._live(h)]
-        return hs[:1] if len(hs) == 2 and hs[0] is hs[1] else hs  # serverful W = 1: one worker holds both
+        return hs[:1] if len(hs) == 2 and hs[0] is hs[1] else hs  # a pool of one worker: it holds both roles
 
     def owns(self, h) -> bool:
         return h is not None and (h is self.actor or h is self.critic)
@@ -145,7 +146,7 @@ class PpoStream:
     def preempt(self) -> bool:
         """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
         a value function taking streamed chunks (its chunks are sent again to the next one)."""
-        if self.ctx.run.serverful or self.working:
+        if not self.ctx.policy.preempts_learners() or self.working:
             return False
         if self._live(self.actor):
             self._actor_lost(self.actor, dead=False)
@@ -156,6 +157,7 @@ class PpoStream:
         return False
 
     def pool_restarted(self) -> None:
+        """The held workers (re)started: pool worker 0 is the actor, the last the critic; nothing was sent yet."""
         hs = self.ctx.run.pool_workers()
         self.actor, self.critic = hs[0], hs[-1]
         self.sent, self.streamed, self.values_requested, self.actor_requested = set(), set(), None, None
@@ -166,9 +168,9 @@ class PpoStream:
         self.files.add(path)
         return path
 
-    def serverful_worker(self, role: str):
-        """Serverful: the pool worker holding `role` (0: the actor, the last: the critic); one found dead restarts
-        the pool whole (the control never starts functions)."""
+    def held_worker(self, role: str):
+        """The held pool worker of `role` (0: the actor, the last: the critic) when the policy starts no
+        functions; one found dead restarts the pool whole."""
         if not all(self._live(h) for h in self.ctx.run.pool_workers()):
             self.ctx.run.restart_pool()
             self.pool_restarted()
@@ -176,9 +178,9 @@ class PpoStream:
 
     def _critic_worker(self, must: bool):
         """The value function: this step's, one kept warm or pre-warmed, else a new one (must: evicting idle
-        workers; otherwise only onto a free unit, or None). Serverful: the pool's critic worker."""
-        if self.ctx.run.serverful:
-            return self.serverful_worker("critic")
+        workers; otherwise only onto a free unit, or None); the held critic worker when no function starts."""
+        if not self.ctx.policy.starts_functions():
+            return self.held_worker("critic")
         if self._live(self.critic):
             return self.critic
         warm = self.ctx.pool.warm(CRITIC_IMAGE)
@@ -212,12 +214,12 @@ class PpoStream:
 
     def _critic_lost(self, h, dead: bool) -> None:
         """The value function died (or was preempted) holding chunks: recorded as a failed attempt; the next one
-        is sent every chunk again. Serverful: the pool restarts."""
+        is sent every chunk again (`restarts_whole`: every worker restarts)."""
         ctx, run = self.ctx, self.ctx.run
         if self.values_requested is not None:
             self.values_attempt = self._lost_attempt("values", h, self.values_requested, self.values_attempt, dead)
         self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
-        if run.serverful:
+        if ctx.policy.restarts_whole():
             run.restart_pool(dead=h if dead else None)
             self.pool_restarted()
         else:
@@ -230,7 +232,7 @@ class PpoStream:
         for g in range(len(self.prompts)):
             self.finished.setdefault(g, responses[g * self.G:(g + 1) * self.G])
         self.values_file = self._file("values")
-        if not run.serverful and not self._live(self.actor):
+        if ctx.policy.starts_functions() and not self._live(self.actor):
             self.actor = run.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
                 self.actor_requested = (self.actor, now(), run.first_use(self.actor))
@@ -307,14 +309,14 @@ class _Update:
         self.replies: dict[str, dict] = {}
         self.returns_ready = False
         ahead = stream.actor_requested
-        if ahead is not None and not self.ctx.run.serverful and not stream._live(ahead[0]):
+        if ahead is not None and self.ctx.policy.starts_functions() and not stream._live(ahead[0]):
             stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
         self.attempt = {"learner": stream.actor_attempt, "critic": 1}
 
     def _worker(self, role: str):
         s, run = self.s, self.ctx.run
-        if run.serverful:
-            return s.serverful_worker(role)
+        if not self.ctx.policy.starts_functions():
+            return s.held_worker(role)
         if role == "learner":
             if not s._live(s.actor):
                 s.actor = run.start_learner(prewarmed=False) or self._room(lambda: run.start_learner(False))
@@ -328,7 +330,8 @@ class _Update:
         return start()
 
     def _send(self, role: str) -> None:
-        dead = next((x for x in self.ctx.run.pool_workers() if not self.s._live(x)), None) if self.ctx.run.serverful else None
+        dead = next((x for x in self.ctx.run.pool_workers() if not self.s._live(x)), None) \
+            if self.ctx.policy.restarts_whole() else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
         h = self._worker(role)
@@ -356,7 +359,7 @@ class _Update:
                 pw = None
             watch = []
             for h in [h for h, _, _ in self.sent.values()] + [h for h in ctx.pool.live() if h.ready_s is None]:
-                if self.s._live(h) and h not in watch:  # serverful W = 1: the actor is the critic
+                if self.s._live(h) and h not in watch:  # a pool of one worker: the actor is the critic
                     watch.append(h)
             # wake at the decode pre-warm time, and at least every second for the timeout check below
             for h, msg in run.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
@@ -394,21 +397,22 @@ class _Update:
 
     def _died(self, h) -> None:
         """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
-        fresh worker; serverful (any pool worker), the pool restarts and the roles still owed are re-run."""
+        fresh worker; `restarts_whole` (any pool worker): every worker restarts and the roles still owed re-run."""
         ctx, run, s = self.ctx, self.ctx.run, self.s
+        whole = ctx.policy.restarts_whole()
         roles = [r for r, (x, _, _) in self.sent.items() if x is h]
-        if not roles and not run.serverful:
+        if not roles and not whole:
             if s._live(h):
                 ctx.pool.dead(h)
             return
-        for role in (("learner", "critic") if run.serverful else roles):
+        for role in (("learner", "critic") if whole else roles):
             if role not in self.sent:
                 continue
             x, requested, cold = self.sent.pop(role)
             self.attempt[role] = s._lost_attempt(role, x, (requested, cold), self.attempt[role], dead=True,
                                                  retry=False)
-        run.count(M.RUNTIME_RETRIES)  # one death, one retry (serverful: both roles re-run)
-        if run.serverful:  # the roles that replied keep their results (their state files are written)
+        run.count(M.RUNTIME_RETRIES)  # one death, one retry (whole: both roles re-run)
+        if whole:  # the roles that replied keep their results (their state files are written)
             run.restart_pool(dead=h)
             s.pool_restarted()
             return

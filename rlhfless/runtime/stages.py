@@ -170,8 +170,7 @@ class DecodeStage:
                 self._send(a, "decode", rows, kv[i] if kv else None)
             else:
                 a.done = True
-                if not run.serverful:
-                    ctx.pool.idle(h)  # no rows: its keep-alive runs (idle, never released here: it may take cut rows)
+                ctx.policy.no_rows(ctx.pool, h)
         run.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
@@ -183,7 +182,7 @@ class DecodeStage:
             watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in ctx.pool.handles}
             # workers still starting (pre-warmed ranks): their `ready` gives the measured cold start pre-warm reads
             watch.update({h.worker: h for h in ctx.pool.live() if h.ready_s is None and h.worker not in self.actors})
-            if not run.serverful:  # a serverful pool worker is watched as a decode actor already
+            if ctx.policy.roles_change_hands():  # else a learner rank is a decode actor, watched already
                 watch.update({h.worker: h for h in self.stream.handles()
                               if h.ready_s is not None and h.worker in ctx.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
@@ -201,7 +200,7 @@ class DecodeStage:
     def _handed(self, a: _Actor) -> bool:
         """Whether a's worker went on as a learner rank of this step (taken when it finished, or later, kept
         warm, by a rank whose groups were waiting): from then on its messages are the stream's."""
-        if not a.handed and a.done and not self.ctx.run.serverful and self.stream.owns(a.handle):
+        if not a.handed and a.done and self.ctx.policy.roles_change_hands() and self.stream.owns(a.handle):
             a.handed = True
         return a.handed
 
@@ -213,7 +212,7 @@ class DecodeStage:
         if msg is None:
             return self._died(h)
         op = msg["op"]
-        if op == "learned":  # a serverful pool worker is also a learner rank
+        if op == "learned":  # a worker holding both roles at once (`roles_change_hands` false) is also a rank
             self.stream.on_message(h, msg)
             return
         if op in ("progress", "cut_rows", "done") and msg.get("step") != self.step:
@@ -257,7 +256,7 @@ class DecodeStage:
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
         run.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
                    a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
-                  sync_s=msg["sync_s"], **a.extra)
+                   sync_s=msg["sync_s"], **a.extra)
         a.groups, a.finished = set(), 0
         run.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
         run.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
@@ -265,13 +264,8 @@ class DecodeStage:
             a.requested, a.cold, a.extra = now(), False, {}
             return
         a.done = True
-        if run.serverful:
-            return
-        if ctx.hybrid and self.stream.take(a.handle):
-            a.handed = True  # a rank has work now: warm, at this step's weights, the function goes on as it
-            return
-        ctx.policy.no_work_now(ctx.pool, a.handle, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
-        self.stream.pump()  # its unit may now host a learner rank with finished groups waiting
+        if ctx.policy.decoder_done(ctx, self.stream, a.handle):  # it goes on as a learner rank now
+            a.handed = True
 
     # -- cut-and-migrate ----------------------------------------------------------------------------------------
     def _maybe_cut(self, a: _Actor) -> None:
@@ -345,8 +339,8 @@ class DecodeStage:
         run.count(M.RUNTIME_RETRIES)
         if a.attempt >= ctx.config.max_attempts:
             raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
-        if run.serverful:
-            return self._restart_serverful(a)
+        if ctx.policy.restarts_whole():
+            return self._restart_all(a)
         new = run.start_decoders(1, prewarmed=False)[0]
         b = _Actor(a.index, new, set(a.rows), now(), cold=run.first_use(new), attempt=a.attempt + 1,
                    groups=a.groups)
@@ -355,7 +349,7 @@ class DecodeStage:
         ctx.pool.busy(new)
         self._send(b, "decode", b.rows)
 
-    def _restart_serverful(self, a: _Actor) -> None:
+    def _restart_all(self, a: _Actor) -> None:
         """The pool restarts whole (its workers share a data-parallel group); every unfinished row is re-run."""
         run = self.ctx.run
         owed = {w: x for w, x in self.actors.items() if x.rows}
@@ -414,14 +408,12 @@ class DecodeStage:
 
 
 def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
-    """Reference log-probs [B*G, T] from the reference function (serverful: pool worker 0's reference replica)."""
+    """Reference log-probs [B*G, T] from the worker the policy names (`ModePolicy.reference_function`)."""
     run, step = ctx.run, ctx.step
     batch, out = ctx.scratch / f"ref-in-{step}.safetensors", ctx.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
     for attempt in range(1, ctx.config.max_attempts + 1):
-        kept = run.kept_reference()
-        h = run.pool_workers()[0] if run.serverful else (kept or run.start_single("reference"))  # kept: not evicted
-        run.keep_reference(None if run.serverful else h)
+        h = ctx.policy.reference_function(ctx)
         msg = _call(ctx, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
                     "referenced", attempt)
         if msg is not None:
@@ -434,7 +426,7 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
             out.unlink(missing_ok=True)
             return logp
         run.keep_reference(None)
-        if run.serverful:
+        if ctx.policy.restarts_whole():  # the dead worker was a pool worker: every worker starts again
             run.restart_pool()
             stream = run.active_stream()
             if stream is not None:  # the step's learner side holds pool workers that are gone now

@@ -65,7 +65,6 @@ class LearnerStream:
         # ctx: what the stream reads; ctx.run: the run state it changes, through methods
         self.ctx, self.step, self.prompts, self.seed = ctx, ctx.step, prompts, seed
         self.overlap = overlap
-        run = self.ctx.run
         self.G = ctx.cfg.algo.group_size
         world = ctx.policy.learner_world(ctx.config)
         self.plan = microbatches(len(prompts), ctx.config.learner_microbatch_groups, world)
@@ -82,7 +81,7 @@ class LearnerStream:
         self.first_share: float | None = None  # serverless: when the step's first share came in
         # serverless ranks end with shares (`_finish_shares`); the pool ends together in its gloo group, and so do
         # emulated workers (runtime.emulated models one optimiser step per rank and no share files yet)
-        self.shares = not run.serverful and ctx.config.device != "emulated"
+        self.shares = ctx.policy.ranks_leave_at_share() and ctx.config.device != "emulated"
         self._decode_pw: tuple[float, tuple | None] = (0.0, None)  # (since, next_decode_prewarm) while finishing
         self._end: dict = {}
         self._adopt_warm()
@@ -159,7 +158,7 @@ class LearnerStream:
                 self._send(r, {"op": "learn_group", "step": self.step, "g": g, "batch": self._file(g)})
                 r.sent.add(g)
             if self.attempt != attempt:
-                # a rank died on a send just now and was reset (serverful: every rank, onto a new pool); what was
+                # a rank died on a send just now and was reset (restarts_whole: every rank, on new workers); what was
                 # computed here for the old workers no longer holds, so start over: a new worker gets learn_begin
                 # before any group (never a group first, which it could not add to an update it does not have)
                 return self.pump(start_all)
@@ -212,35 +211,36 @@ class LearnerStream:
 
     def on_death(self, h) -> None:
         """A rank died. Before the optimiser step it restarts alone (its groups are re-sent); after `learn_end`
-        every rank restarts (their gloo group is broken). Serverful: the whole pool restarts."""
+        every rank restarts (their gloo group is broken). A policy that restarts whole (`restarts_whole`): every
+        worker restarts."""
         ctx, run = self.ctx, self.ctx.run
         dead = next(r for r in self.ranks if r.handle is h and not r.shared)
         # a death after learn_end breaks a group that ends together; serverless shares need none
         ending = not self.shares and any(r.ended for r in self.ranks)
         run.count(M.RUNTIME_RETRIES)
-        victims = self.ranks if ending or run.serverful else [dead]
+        whole = ctx.policy.restarts_whole()
+        victims = self.ranks if ending or whole else [dead]
         for r in victims:
             if r.handle is not None:
                 self._drop(r, dead=r is dead, stop=ending)
         self.attempt += 1
         if self.attempt > ctx.config.max_attempts:
-            
             raise fail(f"learner of step {self.step}", self.attempt - 1)
-        if run.serverful:
+        if whole:
             run.restart_pool(dead=h)
             return self.pool_restarted()
         for r in victims:
             r.reset()
 
     def _drop(self, r: _Rank, dead: bool, stop: bool = False, **extra) -> None:
-        """Record the rank's unfinished invocation and let its worker go (serverful: the pool restarts it). `stop`:
-        a survivor of a death after learn_end is ended at once, not asked to shut down: it waits inside the
-        group's rendezvous or broken all-reduce and would read `shutdown` only at gloo's timeout (the driver
-        stalled 5 s per survivor before killing it)."""
+        """Record the rank's unfinished invocation and let its worker go (or leave it to the restart of every
+        worker: `restarts_whole`). `stop`: a survivor of a death after learn_end is ended at once, not asked to
+        shut down: it waits inside the group's rendezvous or broken all-reduce and would read `shutdown` only at
+        gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
         ctx, run = self.ctx, self.ctx.run
         run.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                    self.attempt, ok=False, **extra)
-        if not run.serverful:
+        if not ctx.policy.restarts_whole():
             if dead:
                 ctx.pool.dead(r.handle)
             else:
@@ -250,8 +250,7 @@ class LearnerStream:
     def preempt(self) -> bool:
         """Free a unit for decode work that must start (rows with nowhere else to go): release a rank that has
         not reached the optimiser step; it restarts later and its groups are recomputed. False if none."""
-        run = self.ctx.run
-        if run.serverful:
+        if not self.ctx.policy.preempts_learners():
             return False
         for r in reversed(self.ranks):
             if r.handle is not None and not r.ended and not r.shared:
@@ -445,7 +444,9 @@ class LearnerStream:
         port, held = reserve_port()  # held until the ranks have joined: every reply is in, or a rank died
         try:
             for r in self.ranks:
-                dist = None if run.serverful else {**run.dist_spec(r.rank, len(self.ranks), port), "announce": True}
+                # a group formed when the workers started (`forms_learner_group` false) needs no rendezvous
+                dist = {**run.dist_spec(r.rank, len(self.ranks), port), "announce": True} \
+                    if ctx.policy.forms_learner_group() else None
                 r.ended = True
                 self._send(r, {**end, **run.state_setup(), "dist": dist, "leave": ctx.hybrid,
                                "state_out": str(run.next_state_path()) if r.rank == 0 else None})
