@@ -107,10 +107,12 @@ def should_ship(mode: str, saved_tokens: int, prefill_s_per_token: float, cold_s
 # -- the mode as a policy object: every decision that differs by mode, behind one interface ----------------------
 class ModePolicy(ABC):
     """What differs between the serverless runtime and the serverful control, asked by the stages instead of
-    branching on the mode: which functions start and when (`holds_pool`, `prewarms`, `may_ship_kv`), how a step's
-    groups are split (`decode_split`, `migrates`), what a function with no work now does (`no_work_now`: kept
-    for its keep-alive or released, or simply held), and what is billed (`keep_alive`, `billing_name`). A new
-    platform policy is a new subclass."""
+    branching on the mode: which functions start and when (`holds_pool`, `prewarms`, `may_ship_kv`,
+    `starts_functions`), how a step's groups are split (`decode_split`, `migrates`), which function takes which
+    role (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`), what a function with no work now
+    does (`no_work_now`: kept for its keep-alive or released, or simply held), what a death restarts
+    (`restarts_whole`), and what is billed (`keep_alive`, `billing_name`, `bills_held_pool`). A new platform
+    policy is a subclass, registered under its name (`register_policy`): `Runtime(cfg, name, ...)` runs with it."""
 
     name = ""
     holds_pool = False
