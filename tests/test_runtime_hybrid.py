@@ -36,7 +36,7 @@ def test_a_prewarmed_hybrid_function_taken_as_a_rank_before_any_decode_is_a_cold
     """Its cold start belongs to its first invocation, the learner rank's, and a later decode on it is warm."""
     h = runtime.start_decoders(1, prewarmed=True)[0]
     runtime.pool.await_ready([h])  # ready and idle: what `_handles` finds beyond the decode need
-    stream = LearnerStream(runtime, 1, [[1, 2, 3], [4, 5]], seed=0, overlap=False)
+    stream = LearnerStream(runtime.context(1), [[1, 2, 3], [4, 5]], seed=0, overlap=False)
     assert not stream.take(h), "no rank has work now: the function is not bound to one (its keep-alive runs)"
     stream.group_done(0, [[7], [8]], [0.0, 1.0])  # a finished group waits for its rank: work that starts now
     assert stream.take(h)

@@ -1,10 +1,12 @@
 """The real runtime: a step's stages run by worker processes (functions), decided by a mode's policy, and billed.
 
-Reading order: `executor` (the `Runtime`: one step's stages, the step window, the bill), `stages` (decode with live
-cut-and-migrate; the reference), `streaming` (the learner as a stream of finished groups; serverless ranks leave
-at their share, the last one in reduces), `pool` (worker lifecycles, keep-alive as an event), `meter` (records to
-device-seconds). Then by concern:
-  * policy: `policy` (splits, pre-warm rules, prefix-KV shipping), `plan.ranks` (when a learner rank goes);
+Reading order: `executor` (the `Runtime`: one step's stages, the step window, the bill; the one owner of the run's
+mutable state), `context` (`StepContext`: the typed view of one step a stage is given), `policy` (`ModePolicy`:
+every decision that differs by mode), `stages` (decode with live cut-and-migrate; the reference), `streaming`
+(the learner as a stream of finished groups; serverless ranks leave at their share, the last one in reduces),
+`pool` (worker lifecycles, keep-alive as an event), `meter` (records to device-seconds). Then by concern:
+  * policy: `policy` (splits, pre-warm rules, prefix-KV shipping, roles, fault scope, billing; a new platform is
+    a registered `ModePolicy` subclass), `plan.ranks` (when a learner rank goes);
   * workers: `worker` (the request loop and handlers), `decoding` (the decode body), `ppo_worker`, `emulated`
     (compute replaced by the simulator's modelled time), `wire` (messages and tensor files), `dist` (the
     learner's reduction: the pool's gathered all-reduce, the serverless shares; one rank-order sum);

@@ -22,10 +22,12 @@ from rlhfless.core import metrics as M
 from rlhfless.core.rundir import RunDir
 from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
+from rlhfless.plan.ranks import next_work_after_share
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
-from rlhfless.runtime.policy import History, policy_for, prewarm_decode
+from rlhfless.runtime.context import StepContext
+from rlhfless.runtime.policy import History, policy_for, prewarm_decode, prewarm_learner
 from rlhfless.runtime.pool import Pool
 from rlhfless.runtime.records import (CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role,
                                       zero_held)
@@ -55,8 +57,7 @@ class Runtime:
         self._reserve_port = reserve_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
         self.policy = policy_for(mode)  # every decision that differs by mode (runtime.policy.ModePolicy)
-        self.serverful = self.policy.holds_pool
-        self.hybrid = not self.serverful and self.rt.hybrid
+        self.hybrid = self.policy.hybrid_image(self.rt.hybrid)
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
         self.units = self.rt.resolved_units()
@@ -107,7 +108,7 @@ class Runtime:
         self.stream = None  # this step's LearnerStream (runtime.streaming), from the rollout to the update
         self.reference_worker = None
         self._invoked: set[str] = set()
-        if self.serverful:
+        if self.policy.holds_pool:  # W workers for the whole run, started before step 1's clock
             self._start_pool()
         for hook in RUNTIME_HOOKS:
             hook(self)
@@ -159,6 +160,88 @@ class Runtime:
         # so GPU workers start as fresh interpreters and pay the imports in their cold start
         method = "spawn" if self.rt.device == "cuda" else self.rt.start_method
         return LocalBackend(method, preload(self.cfg.rollout.engine, self.rt.device))
+
+    # -- what a stage is given, and the run state it reads and changes through methods --------------------------
+    def context(self, step: int) -> StepContext:
+        """Step `step`'s view of the run for its stages (`runtime.context`)."""
+        return StepContext(step, self.cfg, self.rt, self.policy, self.pool, self.backend, self.scratch,
+                           self.keep_alive_s, self.hybrid, self.planner, self.planner_time_model, self.env.tok, self)
+
+    def set_decode_prewarm(self, n: int) -> None:
+        """How many decode functions this step ran: the next step's decode pre-warm starts as many."""
+        self.decode_prewarm = n
+
+    def kept_reference(self):
+        """The reference function kept warm from an earlier step, if it is still in the pool."""
+        h = self.reference_worker
+        return h if h and h.worker in self.pool.handles else None
+
+    def keep_reference(self, h) -> None:
+        """Remember h as the reference function to reuse (None: none is kept)."""
+        self.reference_worker = h
+
+    def active_stream(self):
+        """This step's learner stream between the rollout and the update, else None."""
+        return self.stream
+
+    def pool_workers(self) -> list:
+        """The held pool's workers in rank order (a policy that holds a pool)."""
+        return self.pool_handles
+
+    def has_learners(self) -> bool:
+        return bool(self.learners)
+
+    def kept_learners(self) -> list:
+        """Learner functions of the last step still in the pool (their data-parallel group may be reused)."""
+        return [h for h in self.learners if h.worker in self.pool.handles]
+
+    def add_learner(self, h) -> None:
+        self.learners.append(h)
+
+    def drop_learner(self, h) -> None:
+        self.learners = [x for x in self.learners if x is not h]
+
+    def forget_learners(self) -> None:
+        self.learners = []
+
+    def cold_start(self, kind: str, default: float) -> float:
+        """The recent measured cold start of `kind` (`default` before any)."""
+        return self.history.cold(kind, default)
+
+    def observe_rollout(self, seconds: float, makespan_s: float) -> None:
+        """A rollout took `seconds` against the plan's predicted makespan (0: no plan): the pre-warm rules' input."""
+        self.history.rollout_s.append(seconds)
+        if makespan_s > 0:
+            self.history.rollout_vs_plan.append(seconds / makespan_s)
+
+    def learner_prewarm_after(self, predicted_makespan_s: float) -> float | None:
+        """Seconds after the rollout's start at which to start the learner ranks (None: not pre-warmed, also when
+        last step's learners are still warm)."""
+        if not self.policy.prewarms(self.rt.prewarm) or self.learners:
+            return None
+        return prewarm_learner(self.history, predicted_makespan_s, self.cfg.plan.cold_start_s,
+                               self.rt.prewarm_buffer_s, self.rt.prewarm_from).after_s
+
+    def next_work_after_share(self) -> float | None:
+        """Expected seconds from a rank's share to its function's next work (`plan.ranks`), from history."""
+        return next_work_after_share(list(self.history.share_tail_s), list(self.history.between_s))
+
+    def observe_share_tail(self, seconds: float) -> None:
+        self.history.share_tail_s.append(seconds)
+
+    def updates_done(self) -> int:
+        """The state version: optimiser steps done so far."""
+        return self.version
+
+    def next_state_path(self) -> Path:
+        return self.state_path(self.version + 1)
+
+    def next_critic_path(self) -> Path:
+        return self.critic_path(self.version + 1)
+
+    def decode_busy_s(self, step: int) -> float:
+        """Busy seconds of the step's decode invocations that succeeded."""
+        return sum(i.busy_s for i in self.invocations if i.step == step and i.kind == "decode" and i.ok)
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def state_path(self, version: int) -> Path:
@@ -351,9 +434,9 @@ class Runtime:
         self.stage_t0 = now()
         self.pool.expire()
         prompts = [g.token_ids for g in groups]
-        self.stream = PpoStream(self, step, prompts) if self.ppo else \
-            LearnerStream(self, step, prompts, seed, self.overlaps())
-        return DecodeStage(self, groups, seed, plan, step, self.stream).run()
+        ctx = self.context(step)
+        self.stream = PpoStream(ctx, prompts) if self.ppo else LearnerStream(ctx, prompts, seed, self.overlaps())
+        return DecodeStage(ctx, groups, seed, plan, self.stream).run()
 
     def reference(self, prompts, responses, step: int) -> torch.Tensor | None:
         """The reference function's log-probs of the step; None when overlapping: then each learner rank runs the
@@ -363,7 +446,7 @@ class Runtime:
 
         if self.overlaps() and not self.ppo:  # PPO streams only its value forward: the reference function runs
             return None
-        return run_reference(self, prompts, responses, step)
+        return run_reference(self.context(step), prompts, responses)
 
     def values(self, responses) -> torch.Tensor:
         """PPO: the value function's V(s_t) of the step's rollout, before any update (`ppo_stages`)."""
@@ -384,10 +467,8 @@ class Runtime:
         self.critic_path(self.version - 2).unlink(missing_ok=True)
         for h in stream.handles():
             self.policy.no_work_now(self.pool, h, self.keep_alive_s)
-        if not self.serverful:
-            if self.keep_alive_s == 0 or self.hybrid or self.ppo:
-                # hybrid: the ranks left their group and stay warm as the next step's decode functions
-                self.learners = []
+        if not self.policy.keeps_learners(self.keep_alive_s, self.hybrid, self.ppo):
+            self.learners = []
         self.last_learn_end = now()
         self.history.learn_s.append(self.last_learn_end - t0)
         return metrics
@@ -398,7 +479,8 @@ class Runtime:
         # the role of its previous step's work (`meter.role_split`); busy time is clipped to the window
         recs = list(self.pool.records.values())
         a, b = self.rel(self.step_t0), self.rel(t1)
-        bill = bill_window(recs, self.invocations, a, b, b, self.price, self.serverful, self.paused, self.rules)
+        bill = bill_window(recs, self.invocations, a, b, b, self.price, self.policy.bills_held_pool(), self.paused,
+                           self.rules)
         m = bill.metrics()
         m.update(self.counters)
         m[M.RUNTIME_WINDOW_START_S], m[M.RUNTIME_WINDOW_S] = self.rel(self.step_t0), t1 - self.step_t0
@@ -480,7 +562,7 @@ class Runtime:
     def run_bill(self):
         t = now()
         return bill_run(list(self.pool.records.values()), self.invocations, self.rel(t), self.price,
-                        self.serverful, self.rules, self.paused)
+                        self.policy.bills_held_pool(), self.rules, self.paused)
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
@@ -516,7 +598,7 @@ class Runtime:
         is a VM: lifetime either way)."""
         t, recs = now(), list(self.pool.records.values())
         g = self.rt.billing_granularity_s
-        return {name: bill_run(recs, self.invocations, self.rel(t), self.price, self.serverful,
+        return {name: bill_run(recs, self.invocations, self.rel(t), self.price, self.policy.bills_held_pool(),
                                BillingRules.metered(g, self.keep_alive_s, name), self.paused).device_s
                 for name in BILLED}
 

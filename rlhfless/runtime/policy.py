@@ -107,10 +107,12 @@ def should_ship(mode: str, saved_tokens: int, prefill_s_per_token: float, cold_s
 # -- the mode as a policy object: every decision that differs by mode, behind one interface ----------------------
 class ModePolicy(ABC):
     """What differs between the serverless runtime and the serverful control, asked by the stages instead of
-    branching on the mode: which functions start and when (`holds_pool`, `prewarms`, `may_ship_kv`), how a step's
-    groups are split (`decode_split`, `migrates`), what a function with no work now does (`no_work_now`: kept
-    for its keep-alive or released, or simply held), and what is billed (`keep_alive`, `billing_name`). A new
-    platform policy is a new subclass."""
+    branching on the mode: which functions start and when (`holds_pool`, `prewarms`, `may_ship_kv`,
+    `starts_functions`), how a step's groups are split (`decode_split`, `migrates`), which function takes which
+    role (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`), what a function with no work now
+    does (`no_work_now`: kept for its keep-alive or released, or simply held), what a death restarts
+    (`restarts_whole`), and what is billed (`keep_alive`, `billing_name`, `bills_held_pool`). A new platform
+    policy is a subclass, registered under its name (`register_policy`): `Runtime(cfg, name, ...)` runs with it."""
 
     name = ""
     holds_pool = False
@@ -153,17 +155,79 @@ class ModePolicy(ABC):
         """The billing rule set the bill is read under (`runtime.billing`, or the pool's lifetime)."""
 
     @abstractmethod
-    def decoders(self, rt, n: int) -> list:
-        """Which functions take the decode role this step (n of them): handles, in the split's order."""
+    def decoders(self, ctx, n: int) -> list:
+        """Which functions take the decode role this step (n of them): handles, in the split's order (ctx: the
+        step's `runtime.context.StepContext`)."""
 
     @abstractmethod
-    def learner_ranks(self, rt, ranks: list) -> None:
+    def learner_ranks(self, ctx, ranks: list) -> None:
         """Which functions hold the learner ranks when the step starts (`streaming._Rank.handle`; None: a rank
         starts later, when it has work)."""
 
     @abstractmethod
     def learner_world(self, rt_cfg) -> int:
         """The learner's data-parallel degree (equal in both modes when compared: the same sum of shares)."""
+
+    # -- which function takes which role --------------------------------------------------------------------------
+    @abstractmethod
+    def hybrid_image(self, setting: bool) -> bool:
+        """Whether new decode and learner functions share one image (`runtime.hybrid`, resolved)."""
+
+    @abstractmethod
+    def roles_change_hands(self) -> bool:
+        """Whether a function goes from one role to another within a step (a finished decode function becomes a
+        learner rank: its messages and its death are the learner's from then on). False: each worker holds
+        every role at once, so a decode worker is watched and handled as one thing."""
+
+    @abstractmethod
+    def starts_functions(self) -> bool:
+        """Whether a role's function is started when its work comes (the value function, PPO's actor, a
+        pre-warmed critic). False: every role has its held worker for the whole run."""
+
+    @abstractmethod
+    def decoder_done(self, ctx, stream, h) -> bool:
+        """A decode function whose rows are all done: True when it goes on now as a learner rank of `stream`;
+        otherwise it is kept, released or held as the policy says."""
+
+    @abstractmethod
+    def no_rows(self, pool, h) -> None:
+        """A decode function the split gave no rows this step (it may still take cut rows)."""
+
+    @abstractmethod
+    def reference_function(self, ctx):
+        """The worker that runs this step's reference forward (and whether it is kept for the next step)."""
+
+    @abstractmethod
+    def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
+        """Whether this step's learner functions stay this run's learner group for the next step."""
+
+    # -- how the learner's ranks meet ------------------------------------------------------------------------------
+    @abstractmethod
+    def ranks_leave_at_share(self) -> bool:
+        """Whether a learner rank writes its share and goes (the last one in reduces) instead of all ranks
+        ending together in one group (`streaming._finish_shares`)."""
+
+    @abstractmethod
+    def forms_learner_group(self) -> bool:
+        """Whether ranks that end together form their data-parallel group per step (False: the group formed
+        when the workers started and lasts the run)."""
+
+    # -- faults and preemption ---------------------------------------------------------------------------------
+    @abstractmethod
+    def restarts_whole(self) -> bool:
+        """Whether one worker's death restarts every worker (they share one data-parallel group) and re-runs
+        what each still owed, instead of replacing only the dead function."""
+
+    @abstractmethod
+    def preempts_learners(self) -> bool:
+        """Whether a learner function that has not reached its optimiser step may be let go to free a unit for
+        decode work that must start (it restarts later from the same inputs)."""
+
+    # -- what is billed ------------------------------------------------------------------------------------------
+    @abstractmethod
+    def bills_held_pool(self) -> bool:
+        """Whether the bill is a held pool's (a VM: its lifetime at the on-demand price, whatever
+        `runtime.billing` says) rather than functions' (`runtime.meter`)."""
 
 
 class ServerlessPolicy(ModePolicy):
@@ -201,29 +265,73 @@ class ServerlessPolicy(ModePolicy):
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.learners()
 
-    def decoders(self, rt, n: int) -> list:
+    def decoders(self, ctx, n: int) -> list:
         """Warm idle functions of the decode image first (no cold start), then new ones."""
-        available = rt.pool.warm(rt.image("decode"))
+        available = ctx.pool.warm(ctx.run.image("decode"))
         warm = available[:n]
         for h in warm:  # taken: the cold starts below may evict idle workers, never these
-            rt.pool.busy(h)
+            ctx.pool.busy(h)
         for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
-            rt.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
-        cold = rt.start_decoders(n - len(warm), prewarmed=False)
+            ctx.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
+        cold = ctx.run.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
-    def learner_ranks(self, rt, ranks: list) -> None:
+    def hybrid_image(self, setting: bool) -> bool:
+        return setting
+
+    def roles_change_hands(self) -> bool:
+        return True
+
+    def starts_functions(self) -> bool:
+        return True
+
+    def decoder_done(self, ctx, stream, h) -> bool:
+        if ctx.hybrid and stream.take(h):
+            return True  # a rank has work now: warm, at this step's weights, the function goes on as it
+        self.no_work_now(ctx.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
+        stream.pump()  # its unit may now host a learner rank with finished groups waiting
+        return False
+
+    def no_rows(self, pool, h) -> None:
+        pool.idle(h)  # its keep-alive runs (idle, never released here: it may take cut rows)
+
+    def reference_function(self, ctx):
+        h = ctx.run.kept_reference() or ctx.run.start_single("reference")  # kept: not evicted since
+        ctx.run.keep_reference(h)
+        return h
+
+    def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
+        # hybrid: the ranks left their group and stay warm as the next step's decode functions; PPO's actor and
+        # critic are no group; keep-alive 0 keeps nothing
+        return not (keep_alive_s == 0 or hybrid or ppo)
+
+    def ranks_leave_at_share(self) -> bool:
+        return True
+
+    def forms_learner_group(self) -> bool:
+        return True
+
+    def restarts_whole(self) -> bool:
+        return False
+
+    def preempts_learners(self) -> bool:
+        return True
+
+    def bills_held_pool(self) -> bool:
+        return False
+
+    def learner_ranks(self, ctx, ranks: list) -> None:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
         data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
-        live = [h for h in rt.learners if h.worker in rt.pool.handles]
+        live = ctx.run.kept_learners()
         if len(live) == len(ranks):
             for r, h in zip(ranks, live):
-                r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
-                rt.pool.busy(h)
+                r.handle, r.requested, r.cold = h, now(), ctx.run.first_use(h)
+                ctx.pool.busy(h)
         else:
             for h in live:
-                rt.pool.release(h)
-            rt.learners = []
+                ctx.pool.release(h)
+            ctx.run.forget_learners()
 
 
 class ServerfulPolicy(ModePolicy):
@@ -260,14 +368,66 @@ class ServerfulPolicy(ModePolicy):
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.workers()  # every pool worker is a rank
 
-    def decoders(self, rt, n: int) -> list:
-        return rt.pool_handles  # every pool worker decodes its chunk
+    def decoders(self, ctx, n: int) -> list:
+        return ctx.run.pool_workers()  # every pool worker decodes its chunk
 
-    def learner_ranks(self, rt, ranks: list) -> None:
+    def hybrid_image(self, setting: bool) -> bool:
+        return False  # a pool worker runs every kind already
+
+    def roles_change_hands(self) -> bool:
+        return False  # pool worker r decodes and is learner rank r at once
+
+    def starts_functions(self) -> bool:
+        return False  # the control never starts functions: PPO's actor is pool worker 0, its critic the last
+
+    def decoder_done(self, ctx, stream, h) -> bool:
+        return False  # held: it is a learner rank already
+
+    def no_rows(self, pool, h) -> None:
+        return None  # held by the pool: never idle
+
+    def reference_function(self, ctx):
+        ctx.run.keep_reference(None)
+        return ctx.run.pool_workers()[0]  # pool worker 0's reference replica
+
+    def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
+        return True  # its ranks are the pool's workers: there is nothing to forget
+
+    def ranks_leave_at_share(self) -> bool:
+        return False  # the pool's ranks end together in their gloo group
+
+    def forms_learner_group(self) -> bool:
+        return False  # formed once, when the pool started (`Runtime._start_pool`)
+
+    def restarts_whole(self) -> bool:
+        return True  # a dead pool worker breaks the pool's data-parallel group
+
+    def preempts_learners(self) -> bool:
+        return False  # nothing ever needs a unit: the pool holds them all
+
+    def bills_held_pool(self) -> bool:
+        return True
+
+    def learner_ranks(self, ctx, ranks: list) -> None:
+        workers = ctx.run.pool_workers()
         for r in ranks:  # pool worker r is rank r for the whole run
-            r.handle = rt.pool_handles[r.rank]
+            r.handle = workers[r.rank]
+
+
+POLICIES: dict[str, type[ModePolicy]] = {}
+"""Platform policies by name (`register_policy`): a new platform is a subclass registered under its name."""
+
+
+def register_policy(cls: type[ModePolicy]) -> type[ModePolicy]:
+    """Class decorator: make `cls` the policy of runtime mode `cls.name`."""
+    POLICIES[cls.name] = cls
+    return cls
+
+
+register_policy(ServerlessPolicy)
+register_policy(ServerfulPolicy)
 
 
 def policy_for(mode: str) -> ModePolicy:
-    """The policy of a runtime mode ("serverless" or "serverful")."""
-    return ServerfulPolicy() if mode == "serverful" else ServerlessPolicy()
+    """The policy of a runtime mode (a registered name; any other mode, e.g. inline, runs serverless)."""
+    return POLICIES.get(mode, ServerlessPolicy)()

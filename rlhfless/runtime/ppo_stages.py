@@ -23,6 +23,7 @@ from rlhfless.learn.critic import value_chunks
 from rlhfless.learn.ppo_update import needs_old_logprobs
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
 from rlhfless.runtime.stages import _await
 
@@ -36,11 +37,13 @@ REPLY_ROLES = {"ppo_learned": "learner", "critic_learned": "critic"}
 class PpoStream:
     """The learner side of one PPO step; the decode stage talks to it as to GRPO's `LearnerStream`."""
 
-    def __init__(self, rt, step: int, prompts: list[list[int]]):
-        self.rt, self.step, self.prompts = rt, step, prompts
-        self.G = rt.cfg.algo.group_size
-        self.overlap = rt.overlaps()  # the value forward's chunks stream into the value function during decode
-        self.chunks = value_chunks(len(prompts), self.G, rt.cfg.critic.values_chunk)
+    def __init__(self, ctx: StepContext, prompts: list[list[int]]):
+        # ctx: what the stream reads; ctx.run: the run state it changes, through methods
+        self.ctx, self.step, self.prompts = ctx, ctx.step, prompts
+        run = self.ctx.run
+        self.G = ctx.cfg.algo.group_size
+        self.overlap = run.overlaps()  # the value forward's chunks stream into the value function during decode
+        self.chunks = value_chunks(len(prompts), self.G, ctx.cfg.critic.values_chunk)
         self.finished: dict[int, list[list[int]]] = {}
         self.sent: set[int] = set()  # chunks the current value function has been sent
         self.streamed: set[int] = set()  # ... of which while some group still decoded
@@ -54,12 +57,12 @@ class PpoStream:
         self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
         self.actor_attempt = 1
         self.files: set[Path] = set()
-        if rt.serverful:
+        if not ctx.policy.starts_functions():  # every role has its held worker: the actor and the critic are set
             self.pool_restarted()
 
     # -- the decode stage's side (LearnerStream's interface) ----------------------------------------------------
     def _live(self, h) -> bool:
-        return h is not None and h.worker in self.rt.pool.handles
+        return h is not None and h.worker in self.ctx.pool.handles
 
     def group_done(self, g: int, responses: list[list[int]], rewards) -> None:
         """All G rows of group g are scored: with overlap, a chunk whose groups are all in goes to the value
@@ -70,21 +73,22 @@ class PpoStream:
 
     def take(self, h) -> bool:
         """Hybrid image: the last decode function to finish goes on as the actor (warm, at the step's version)."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         if self._live(self.actor) or not getattr(h, "home", True):
             return False
-        if any(x is not h and "decode" in x.kinds and x.worker in rt.pool.working for x in rt.pool.live()):
+        if any(x is not h and "decode" in x.kinds and x.worker in ctx.pool.working for x in ctx.pool.live()):
             return False  # others still decode: an actor taken now would sit idle, billed, through the tail
         self.actor = h
-        self.actor_requested = (h, now(), rt.first_use(h))  # its time from here on is the actor's (as GRPO's ranks)
-        rt.pool.busy(h)
+        self.actor_requested = (h, now(), run.first_use(h))  # its time from here on is the actor's (as GRPO's ranks)
+        ctx.pool.busy(h)
         return True
 
     def prewarm(self) -> None:
         """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
         self.prewarm_due = True
-        if not self.rt.serverful and not self._live(self.critic) and not self.rt.pool.warm(CRITIC_IMAGE):
-            self.rt.start_critic(must=False, prewarmed=True)
+        ctx = self.ctx
+        if ctx.policy.starts_functions() and not self._live(self.critic) and not ctx.pool.warm(CRITIC_IMAGE):
+            ctx.run.start_critic(must=False, prewarmed=True)
 
     def pump(self) -> None:
         """Pre-warm when due; with overlap, send the value function every chunk whose groups are all in (starting
@@ -102,7 +106,7 @@ class PpoStream:
 
     def handles(self) -> list:
         hs = [h for h in (self.actor, self.critic) if self._live(h)]
-        return hs[:1] if len(hs) == 2 and hs[0] is hs[1] else hs  # serverful W = 1: one worker holds both
+        return hs[:1] if len(hs) == 2 and hs[0] is hs[1] else hs  # a pool of one worker: it holds both roles
 
     def owns(self, h) -> bool:
         return h is not None and (h is self.actor or h is self.critic)
@@ -111,16 +115,16 @@ class PpoStream:
         if msg is None:
             return self._critic_lost(h, dead=True) if h is self.critic else self._actor_lost(h, dead=True)
         if msg["op"] == "ready":
-            self.rt.on_ready(h, msg)
+            self.ctx.run.on_ready(h, msg)
 
     def _actor_lost(self, h, dead: bool) -> None:
         """The actor died (or was preempted) before its update was sent: its invocation so far is recorded as a
         failed attempt (a death counts a retry); the update goes to a new actor."""
-        rt = self.rt
+        ctx = self.ctx
         if self.actor_requested is not None and self.actor_requested[0] is h:
             self.actor_attempt = self._lost_attempt("learner", h, self.actor_requested[1:], self.actor_attempt, dead)
             self.actor_requested = None
-        rt.pool.dead(h) if dead else rt.pool.release(h)
+        ctx.pool.dead(h) if dead else ctx.pool.release(h)
         self.actor = None if h is self.actor else self.actor
 
     def _lost_attempt(self, kind: str, h, requested: tuple[float, bool], attempt: int, dead: bool,
@@ -128,21 +132,21 @@ class PpoStream:
         """Record the invocation of `kind` that h held since `requested` (when, cold) as failed, preempted unless
         `dead`; a death counts a retry (unless the caller counts it: `retry`) and ends the step past
         runtime.max_attempts. Returns the next attempt."""
-        rt = self.rt
-        rt.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], attempt, ok=False,
-                  **({} if dead else {"preempted": 1}))
+        ctx, run = self.ctx, self.ctx.run
+        run.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], attempt, ok=False,
+                   **({} if dead else {"preempted": 1}))
         if not dead:
             return attempt
         if retry:
-            rt.count(M.RUNTIME_RETRIES)
-        if attempt + 1 > rt.rt.max_attempts:
-            raise fail(f"{ROLE_NAMES[kind]} of step {self.step}", rt.rt.max_attempts)
+            run.count(M.RUNTIME_RETRIES)
+        if attempt + 1 > ctx.config.max_attempts:
+            raise fail(f"{ROLE_NAMES[kind]} of step {self.step}", ctx.config.max_attempts)
         return attempt + 1
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
         a value function taking streamed chunks (its chunks are sent again to the next one)."""
-        if self.rt.serverful or self.working:
+        if not self.ctx.policy.preempts_learners() or self.working:
             return False
         if self._live(self.actor):
             self._actor_lost(self.actor, dead=False)
@@ -153,52 +157,53 @@ class PpoStream:
         return False
 
     def pool_restarted(self) -> None:
-        hs = self.rt.pool_handles
+        """The held workers (re)started: pool worker 0 is the actor, the last the critic; nothing was sent yet."""
+        hs = self.ctx.run.pool_workers()
         self.actor, self.critic = hs[0], hs[-1]
         self.sent, self.streamed, self.values_requested, self.actor_requested = set(), set(), None, None
 
     # -- values -------------------------------------------------------------------------------------------------
     def _file(self, name: str) -> Path:
-        path = self.rt.scratch / f"ppo-{name}-{self.step}.safetensors"
+        path = self.ctx.scratch / f"ppo-{name}-{self.step}.safetensors"
         self.files.add(path)
         return path
 
-    def serverful_worker(self, role: str):
-        """Serverful: the pool worker holding `role` (0: the actor, the last: the critic); one found dead restarts
-        the pool whole (the control never starts functions)."""
-        if not all(self._live(h) for h in self.rt.pool_handles):
-            self.rt.restart_pool()
+    def held_worker(self, role: str):
+        """The held pool worker of `role` (0: the actor, the last: the critic) when the policy starts no
+        functions; one found dead restarts the pool whole."""
+        if not all(self._live(h) for h in self.ctx.run.pool_workers()):
+            self.ctx.run.restart_pool()
             self.pool_restarted()
         return self.actor if role == "learner" else self.critic
 
     def _critic_worker(self, must: bool):
         """The value function: this step's, one kept warm or pre-warmed, else a new one (must: evicting idle
-        workers; otherwise only onto a free unit, or None). Serverful: the pool's critic worker."""
-        if self.rt.serverful:
-            return self.serverful_worker("critic")
+        workers; otherwise only onto a free unit, or None); the held critic worker when no function starts."""
+        if not self.ctx.policy.starts_functions():
+            return self.held_worker("critic")
         if self._live(self.critic):
             return self.critic
-        warm = self.rt.pool.warm(CRITIC_IMAGE)
+        warm = self.ctx.pool.warm(CRITIC_IMAGE)
         for h in warm[1:]:
-            self.rt.pool.release(h)
-        self.critic = warm[0] if warm else self.rt.start_critic(must=must)
+            self.ctx.pool.release(h)
+        self.critic = warm[0] if warm else self.ctx.run.start_critic(must=must)
         if self.critic is not None:
-            self.rt.pool.busy(self.critic)  # invoked from now on: nothing may evict it (`preempt` may)
+            self.ctx.pool.busy(self.critic)  # invoked from now on: nothing may evict it (`preempt` may)
         return self.critic
 
     def _send_chunk(self, h, k: int) -> bool:
         """Chunk k to the value function h; False when h was found dead (its chunks go to the next one)."""
         gs = self.chunks[k]
-        path = self.rt.scratch / f"ppo-chunk-{self.step}-{k}.safetensors"
+        path = self.ctx.scratch / f"ppo-chunk-{self.step}-{k}.safetensors"
         if path not in self.files:
             self.files.add(path)
             responses = [r for g in gs for r in self.finished[g]]
             wire.write_batch(path, [self.prompts[g] for g in gs], responses, torch.zeros(len(responses)), None)
         if self.values_requested is None:
-            self.values_requested = (now(), self.rt.first_use(h))
+            self.values_requested = (now(), self.ctx.run.first_use(h))
         try:
-            self.rt.backend.send(h, {"op": "values_chunk", "step": self.step, "k": k, "batch": str(path),
-                                     **self.rt.critic_setup()})
+            self.ctx.backend.send(h, {"op": "values_chunk", "step": self.step, "k": k, "batch": str(path),
+                                      **self.ctx.run.critic_setup()})
         except WorkerDied:
             self._critic_lost(h, dead=True)
             return False
@@ -209,88 +214,88 @@ class PpoStream:
 
     def _critic_lost(self, h, dead: bool) -> None:
         """The value function died (or was preempted) holding chunks: recorded as a failed attempt; the next one
-        is sent every chunk again. Serverful: the pool restarts."""
-        rt = self.rt
+        is sent every chunk again (`restarts_whole`: every worker restarts)."""
+        ctx, run = self.ctx, self.ctx.run
         if self.values_requested is not None:
             self.values_attempt = self._lost_attempt("values", h, self.values_requested, self.values_attempt, dead)
         self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
-        if rt.serverful:
-            rt.restart_pool(dead=h if dead else None)
+        if ctx.policy.restarts_whole():
+            run.restart_pool(dead=h if dead else None)
             self.pool_restarted()
         else:
-            rt.pool.dead(h) if dead else rt.pool.release(h)
+            ctx.pool.dead(h) if dead else ctx.pool.release(h)
 
     def values(self, responses: list[list[int]]) -> torch.Tensor:
         """[B*G, T] the critic's values of the rollout: the chunks not streamed yet, then `values_end` (the
         critic update follows on the same worker)."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         for g in range(len(self.prompts)):
             self.finished.setdefault(g, responses[g * self.G:(g + 1) * self.G])
         self.values_file = self._file("values")
-        if not rt.serverful and not self._live(self.actor):
-            self.actor = rt.start_learner(prewarmed=False)  # its cold start overlaps the value forward
+        if ctx.policy.starts_functions() and not self._live(self.actor):
+            self.actor = run.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
-                self.actor_requested = (self.actor, now(), rt.first_use(self.actor))
-                rt.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
+                self.actor_requested = (self.actor, now(), run.first_use(self.actor))
+                ctx.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
         self._old_ahead(responses)
         while True:  # until a value function replies: one found dead is replaced and sent every chunk again
             h = self._critic_worker(must=True)
             if all(self._send_chunk(h, k) for k in range(len(self.chunks)) if k not in self.sent):
                 reply = self._values_end(h)
                 if reply is not None:
-                    rt.count(M.RUNTIME_VALUES_STREAMED, float(len(self.streamed)))
+                    run.count(M.RUNTIME_VALUES_STREAMED, float(len(self.streamed)))
                     return wire.read_tensors(self.values_file)["values"]
 
     def _old_ahead(self, responses: list[list[int]]) -> None:
         """The actor computes the old log-probs while the value function runs (verl computes them in the same
         phase); its invocation starts now. A death is handled when the update is sent."""
-        rt, h = self.rt, self.actor
-        if not self._live(h) or not needs_old_logprobs(rt.cfg.algo, len(responses)):
+        ctx, run, h = self.ctx, self.ctx.run, self.actor
+        if not self._live(h) or not needs_old_logprobs(ctx.cfg.algo, len(responses)):
             return
         path = self._file("old")
         wire.write_batch(path, self.prompts, responses, torch.zeros(len(responses)), None)
         if self.actor_requested is None or self.actor_requested[0] is not h:
-            self.actor_requested = (h, now(), rt.first_use(h))
+            self.actor_requested = (h, now(), run.first_use(h))
         try:
-            rt.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path), **rt.state_setup()})
+            ctx.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path), **run.state_setup()})
         except WorkerDied:
             pass
 
     def _values_end(self, h) -> dict | None:
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         try:
-            rt.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
-                                "out": str(self.values_file)})
-            reply = _await(rt, h, "valued")
+            ctx.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
+                                 "out": str(self.values_file)})
+            reply = _await(ctx, h, "valued")
         except WorkerDied:
             reply = None
         if reply is None:
             self._critic_lost(h, dead=True)
             return None
         requested, cold = self.values_requested
-        rt.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold, self.values_attempt,
-                  sync_s=reply["sync_s"], compute_s=reply["compute_s"], chunks=len(self.chunks))
+        run.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold, self.values_attempt,
+                   sync_s=reply["sync_s"], compute_s=reply["compute_s"], chunks=len(self.chunks))
         return reply
 
     # -- the update ---------------------------------------------------------------------------------------------
     def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
                ) -> dict[str, float]:
         """The actor and the critic update, side by side; the metrics of both once both are done."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         self.rollout_end = self.rollout_end or now()
         batch, returns = self._file("batch"), self._file("returns")
         wire.write_batch(batch, self.prompts, responses, rewards, ref_logp)
         common = {"step": self.step, "batch": str(batch), "values": str(self.values_file), "returns": str(returns),
-                  "seed": rt.cfg.train.seed, "updates": rt.version}
-        update = _Update(self, {**common, "op": "ppo_actor", "returns_out": str(returns), **rt.state_setup(),
-                                "state_out": str(rt.state_path(rt.version + 1))},
-                         {**common, "op": "critic_learn", **rt.critic_setup(),
-                          "critic_out": str(rt.critic_path(rt.version + 1))})
+                  "seed": ctx.cfg.train.seed, "updates": run.updates_done()}
+        update = _Update(self, {**common, "op": "ppo_actor", "returns_out": str(returns), **run.state_setup(),
+                                "state_out": str(run.next_state_path())},
+                         {**common, "op": "critic_learn", **run.critic_setup(),
+                          "critic_out": str(run.next_critic_path())})
         self.working = True
         replies = update.run()
         for path in self.files:
             path.unlink(missing_ok=True)
-        rt.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
+        run.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
         return {**replies["learner"]["metrics"], **replies["critic"]["metrics"]}
 
 
@@ -298,80 +303,81 @@ class _Update:
     """One step's actor and critic invocations: sent, re-run on death, recorded, until both replied."""
 
     def __init__(self, stream: PpoStream, actor_msg: dict, critic_msg: dict):
-        self.s, self.rt = stream, stream.rt
+        self.s, self.ctx = stream, stream.ctx
         self.msgs = {"learner": actor_msg, "critic": critic_msg}
         self.sent: dict[str, tuple[object, float, bool]] = {}  # role -> (worker, requested, cold)
         self.replies: dict[str, dict] = {}
         self.returns_ready = False
         ahead = stream.actor_requested
-        if ahead is not None and not self.rt.serverful and not stream._live(ahead[0]):
+        if ahead is not None and self.ctx.policy.starts_functions() and not stream._live(ahead[0]):
             stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
         self.attempt = {"learner": stream.actor_attempt, "critic": 1}
 
     def _worker(self, role: str):
-        s, rt = self.s, self.rt
-        if rt.serverful:
-            return s.serverful_worker(role)
+        s, run = self.s, self.ctx.run
+        if not self.ctx.policy.starts_functions():
+            return s.held_worker(role)
         if role == "learner":
             if not s._live(s.actor):
-                s.actor = rt.start_learner(prewarmed=False) or self._room(lambda: rt.start_learner(False))
+                s.actor = run.start_learner(prewarmed=False) or self._room(lambda: run.start_learner(False))
             return s.actor
         return s._critic_worker(must=True)
 
     def _room(self, start):
-        if not self.rt.pool.make_room(1):
+        if not self.ctx.pool.make_room(1):
             raise RuntimeError("runtime: no free unit for PPO's actor after the rollout (a bug: only the critic "
                                "holds one now)")
         return start()
 
     def _send(self, role: str) -> None:
-        dead = next((x for x in self.rt.pool_handles if not self.s._live(x)), None) if self.rt.serverful else None
+        dead = next((x for x in self.ctx.run.pool_workers() if not self.s._live(x)), None) \
+            if self.ctx.policy.restarts_whole() else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
         h = self._worker(role)
         ahead = self.s.actor_requested if role == "learner" else None
-        self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.rt.first_use(h))
+        self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.ctx.run.first_use(h))
         if role == "learner":
             self.s.actor_requested = None  # from now on a death is this update's to record
-        self.rt.pool.busy(h)
+        self.ctx.pool.busy(h)
         try:
-            self.rt.backend.send(h, self.msgs[role])
+            self.ctx.backend.send(h, self.msgs[role])
         except WorkerDied:
             self._died(h)
 
     def run(self) -> dict[str, dict]:
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         t0 = now()
-        pw = rt.next_decode_prewarm()
+        pw = run.next_decode_prewarm()
         while len(self.replies) < 2:
             for role in ("learner", "critic"):
                 # the critic's update needs the returns, which the actor writes first (`ppo_returns`)
                 if role not in self.sent and role not in self.replies and (role == "learner" or self.returns_ready):
                     self._send(role)
             if pw is not None and now() >= t0 + pw[0]:
-                rt.start_decoders(pw[1], prewarmed=True)  # into free units only
+                run.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
             watch = []
-            for h in [h for h, _, _ in self.sent.values()] + [h for h in rt.pool.live() if h.ready_s is None]:
-                if self.s._live(h) and h not in watch:  # serverful W = 1: the actor is the critic
+            for h in [h for h, _, _ in self.sent.values()] + [h for h in ctx.pool.live() if h.ready_s is None]:
+                if self.s._live(h) and h not in watch:  # a pool of one worker: the actor is the critic
                     watch.append(h)
             # wake at the decode pre-warm time, and at least every second for the timeout check below
-            for h, msg in rt.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
+            for h, msg in run.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
                 self._on(h, msg)
             for role, (h, requested, _) in list(self.sent.items()):
-                if now() - requested > rt.rt.invocation_timeout_s and self.s._live(h):
-                    rt.backend.kill(h)  # over time: treated as a death on the next poll
+                if now() - requested > ctx.config.invocation_timeout_s and self.s._live(h):
+                    ctx.backend.kill(h)  # over time: treated as a death on the next poll
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
-            rt.start_decoders(pw[1], prewarmed=True)
+            run.start_decoders(pw[1], prewarmed=True)
         return self.replies
 
     def _on(self, h, msg: dict | None) -> None:
-        rt = self.rt
+        run = self.ctx.run
         if msg is None:
             return self._died(h)
         op = msg["op"]
         if op == "ready":
-            rt.on_ready(h, msg)
+            run.on_ready(h, msg)
         elif msg.get("step") != self.s.step:
             return
         elif op == "ppo_returns" and self._holds(h, "learner"):
@@ -381,8 +387,8 @@ class _Update:
             _, requested, cold = self.sent.pop(role)
             self.replies[role] = msg
             extra = {"old_ahead": float(msg["old_ahead"])} if role == "learner" else {}
-            rt.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold, self.attempt[role],
-                      sync_s=msg["sync_s"], **extra)
+            run.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold, self.attempt[role],
+                       sync_s=msg["sync_s"], **extra)
 
     def _holds(self, h, role: str) -> bool:
         """Whether h was sent `role`'s work and still owes it (a message polled together with a death that
@@ -391,24 +397,25 @@ class _Update:
 
     def _died(self, h) -> None:
         """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
-        fresh worker; serverful (any pool worker), the pool restarts and the roles still owed are re-run."""
-        rt, s = self.rt, self.s
+        fresh worker; `restarts_whole` (any pool worker): every worker restarts and the roles still owed re-run."""
+        ctx, run, s = self.ctx, self.ctx.run, self.s
+        whole = ctx.policy.restarts_whole()
         roles = [r for r, (x, _, _) in self.sent.items() if x is h]
-        if not roles and not rt.serverful:
+        if not roles and not whole:
             if s._live(h):
-                rt.pool.dead(h)
+                ctx.pool.dead(h)
             return
-        for role in (("learner", "critic") if rt.serverful else roles):
+        for role in (("learner", "critic") if whole else roles):
             if role not in self.sent:
                 continue
             x, requested, cold = self.sent.pop(role)
             self.attempt[role] = s._lost_attempt(role, x, (requested, cold), self.attempt[role], dead=True,
                                                  retry=False)
-        rt.count(M.RUNTIME_RETRIES)  # one death, one retry (serverful: both roles re-run)
-        if rt.serverful:  # the roles that replied keep their results (their state files are written)
-            rt.restart_pool(dead=h)
+        run.count(M.RUNTIME_RETRIES)  # one death, one retry (whole: both roles re-run)
+        if whole:  # the roles that replied keep their results (their state files are written)
+            run.restart_pool(dead=h)
             s.pool_restarted()
             return
-        rt.pool.dead(h)
+        ctx.pool.dead(h)
         s.actor = None if h is s.actor else s.actor
         s.critic = None if h is s.critic else s.critic

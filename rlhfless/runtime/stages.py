@@ -22,7 +22,8 @@ from rlhfless.core.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
-from rlhfless.runtime.policy import prewarm_learner, ship_saves_tokens, should_ship
+from rlhfless.runtime.context import StepContext
+from rlhfless.runtime.policy import ship_saves_tokens, should_ship
 from rlhfless.runtime.records import fail, now
 
 
@@ -68,15 +69,16 @@ def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | 
 
 
 class DecodeStage:
-    def __init__(self, rt, groups, seed: int, plan, step: int, stream):
-        self.rt, self.groups, self.seed, self.plan, self.step = rt, groups, seed, plan, step
+    def __init__(self, ctx: StepContext, groups, seed: int, plan, stream):
+        # ctx: what the stage reads; ctx.run: the run state it changes, through methods
+        self.ctx, self.groups, self.seed, self.plan, self.step = ctx, groups, seed, plan, ctx.step
         self.stream = stream  # finished groups go to the learner as they complete (runtime.streaming)
         self.streamed_groups: set[int] = set()
-        self.G = rt.cfg.algo.group_size
+        self.G = ctx.cfg.algo.group_size
         self.n_rows = len(groups) * self.G
-        self.split = rt.policy.decode_split(len(groups), plan, rt.rt.workers())
-        self.migrate = rt.policy.migrates(rt.rt.migrate, plan)
-        self.tau = rt.cfg.plan.tau
+        self.split = ctx.policy.decode_split(len(groups), plan, ctx.config.workers())
+        self.migrate = ctx.policy.migrates(ctx.config.migrate, plan)
+        self.tau = ctx.cfg.plan.tau
         self.results: dict[int, list] = {}
         self.prefix: dict[int, list[int]] = {}  # rows moved: the tokens they had when cut
         self.actors: dict[str, _Actor] = {}
@@ -105,41 +107,41 @@ class DecodeStage:
     def _send(self, a: _Actor, op: str, rows: set[int], kv: dict | None = None) -> None:
         """Send a decode/adopt request; a worker found dead on sending is handled like one that died working."""
         msg = {"op": op, "step": self.step, "seed": self.seed, "n_total": self.n_rows, "items": self._items(rows),
-               "report": self.migrate, "progress_every": self.rt.rt.progress_every, "kv": kv,
+               "report": self.migrate, "progress_every": self.ctx.config.progress_every, "kv": kv,
                "stream": self.stream.overlap,
-               **self.rt.state_setup()}
+               **self.ctx.run.state_setup()}
         try:
-            self.rt.backend.send(a.handle, msg)
+            self.ctx.backend.send(a.handle, msg)
         except WorkerDied:
             self._died(a.handle)
 
     def _ship_kv(self) -> list[dict] | None:
         """Run the prefill function when the policy says shipping its KV pays; the files per actor, or None."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         prompts = [g.token_ids for g in self.groups]
-        saved = ship_saves_tokens(prompts, self.split, self.G, rt.cfg.rollout.dedup_prefill)
-        tm = rt.planner_time_model
+        saved = ship_saves_tokens(prompts, self.split, self.G, ctx.cfg.rollout.dedup_prefill)
+        tm = ctx.time_model
         # vLLM decode functions prefill in their own engine (prefix cache): shipped KV cannot enter it
-        ship = rt.policy.may_ship_kv() and rt.cfg.rollout.engine == "own" and should_ship(
-            rt.rt.ship_prefix_kv, saved, tm.prefill_s_per_token,
-            rt.history.cold("prefill", rt.history.cold("decode", 0.3)))
-        rt.count(M.RUNTIME_SHIP_KV, float(ship))
-        rt.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
+        ship = ctx.policy.may_ship_kv() and ctx.cfg.rollout.engine == "own" and should_ship(
+            ctx.config.ship_prefix_kv, saved, tm.prefill_s_per_token,
+            run.cold_start("prefill", run.cold_start("decode", 0.3)))
+        run.count(M.RUNTIME_SHIP_KV, float(ship))
+        run.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
         if not ship:
             return None
         msg_in = {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))), "actors": self.split,
-                  "out_prefix": str(rt.scratch / f"kv-{self.step}"), **rt.state_setup()}
-        for attempt in range(1, rt.rt.max_attempts + 1):
-            h = rt.start_single("prefill")
-            msg = _call(rt, self.step, "prefill", h, msg_in, "prefilled", attempt)
+                  "out_prefix": str(ctx.scratch / f"kv-{self.step}"), **run.state_setup()}
+        for attempt in range(1, ctx.config.max_attempts + 1):
+            h = run.start_single("prefill")
+            msg = _call(ctx, "prefill", h, msg_in, "prefilled", attempt)
             if msg is not None:
                 self.prefill = list(msg["prefill"])
-                rt.pool.release(h)
+                ctx.pool.release(h)
                 return msg["files"]
-        raise fail(f"prefill function of step {self.step}", rt.rt.max_attempts)
+        raise fail(f"prefill function of step {self.step}", ctx.config.max_attempts)
 
     def _handles(self, n: int) -> list:
-        return self.rt.policy.decoders(self.rt, n)
+        return self.ctx.policy.decoders(self.ctx, n)
 
     def _by_locality(self, handles: list) -> list:
         """The paper's locality rule: the decode function with the most rows runs on the learner's node (the
@@ -155,22 +157,21 @@ class DecodeStage:
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> tuple[RolloutOutput, list[Sample]]:
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         t_start = now()
         kv = self._ship_kv()  # first: the prefill function needs a unit, which the decode functions then take
         handles = self._by_locality(self._handles(len(self.split)))
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
-            a = _Actor(i, h, rows, now(), cold=rt.first_use(h), groups=set(gs))
+            a = _Actor(i, h, rows, now(), cold=run.first_use(h), groups=set(gs))
             self.actors[h.worker] = a
             if rows:
-                rt.pool.busy(h)
+                ctx.pool.busy(h)
                 self._send(a, "decode", rows, kv[i] if kv else None)
             else:
                 a.done = True
-                if not rt.serverful:
-                    rt.pool.idle(h)  # no rows: its keep-alive runs (idle, never released here: it may take cut rows)
-        rt.decode_prewarm = len([a for a in self.actors.values() if a.rows])
+                ctx.policy.no_rows(ctx.pool, h)
+        run.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
         while len(self.results) < self.n_rows or any(not a.done for a in self.actors.values()):
@@ -178,14 +179,14 @@ class DecodeStage:
                 self.stream.prewarm()  # into free units only
                 pw = None
             timeout = None if pw is None else max(0.0, t_start + pw - now())
-            watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in rt.pool.handles}
+            watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in ctx.pool.handles}
             # workers still starting (pre-warmed ranks): their `ready` gives the measured cold start pre-warm reads
-            watch.update({h.worker: h for h in rt.pool.live() if h.ready_s is None and h.worker not in self.actors})
-            if not rt.serverful:  # a serverful pool worker is watched as a decode actor already
+            watch.update({h.worker: h for h in ctx.pool.live() if h.ready_s is None and h.worker not in self.actors})
+            if ctx.policy.roles_change_hands():  # else a learner rank is a decode actor, watched already
                 watch.update({h.worker: h for h in self.stream.handles()
-                              if h.ready_s is not None and h.worker in rt.pool.handles})
+                              if h.ready_s is not None and h.worker in ctx.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
-            for h, msg in rt.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
+            for h, msg in run.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
                 a = self.actors.get(h.worker)
                 if (a is None or self._handed(a)) and self.stream.owns(h):
                     self.stream.on_message(h, msg)
@@ -193,38 +194,31 @@ class DecodeStage:
                     self._on(h, msg)
             self._check_timeouts()
         self.stream.rollout_end = now()
-        rt.history.rollout_s.append(now() - t_start)
-        if self.plan is not None and self.plan.decision.plan.makespan_s > 0:
-            rt.history.rollout_vs_plan.append(rt.history.rollout_s[-1] / self.plan.decision.plan.makespan_s)
+        run.observe_rollout(now() - t_start, self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
         return self._output(now() - t_start)
 
     def _handed(self, a: _Actor) -> bool:
         """Whether a's worker went on as a learner rank of this step (taken when it finished, or later, kept
         warm, by a rank whose groups were waiting): from then on its messages are the stream's."""
-        if not a.handed and a.done and not self.rt.serverful and self.stream.owns(a.handle):
+        if not a.handed and a.done and self.ctx.policy.roles_change_hands() and self.stream.owns(a.handle):
             a.handed = True
         return a.handed
 
     def _learner_prewarm(self) -> float | None:
-        rt = self.rt
-        if not rt.policy.prewarms(rt.rt.prewarm) or rt.learners:
-            return None
-        predicted = self.plan.decision.plan.makespan_s if self.plan is not None else 0.0
-        return prewarm_learner(rt.history, predicted, rt.cfg.plan.cold_start_s, rt.rt.prewarm_buffer_s,
-                               rt.rt.prewarm_from).after_s
+        return self.ctx.run.learner_prewarm_after(self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
 
     def _on(self, h, msg: dict | None) -> None:
-        rt = self.rt
+        run = self.ctx.run
         if msg is None:
             return self._died(h)
         op = msg["op"]
-        if op == "learned":  # a serverful pool worker is also a learner rank
+        if op == "learned":  # a worker holding both roles at once (`roles_change_hands` false) is also a rank
             self.stream.on_message(h, msg)
             return
         if op in ("progress", "cut_rows", "done") and msg.get("step") != self.step:
             return  # a late message of an earlier step from a worker kept warm: its rows are settled
         if op == "ready":
-            rt.on_ready(h, msg)
+            run.on_ready(h, msg)
         elif op == "progress":
             a = self.actors[h.worker]
             a.progress = (msg["finished"], msg["unfinished"])
@@ -254,29 +248,24 @@ class DecodeStage:
                 self.stream.group_done(g, [self.results[r][0] for r in rows], [self.results[r][2] for r in rows])
 
     def _done(self, a: _Actor, msg: dict) -> None:
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         self._rows(a, msg["results"])
         for k in ("adopted", "iterations"):
             a.extra[k] = a.extra.get(k, 0) + msg.get(k, 0)
         if msg.get("prefill"):
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
-        rt.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
-                  a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
-                  sync_s=msg["sync_s"], **a.extra)
+        run.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
+                   a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
+                   sync_s=msg["sync_s"], **a.extra)
         a.groups, a.finished = set(), 0
-        rt.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
-        rt.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
+        run.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
+        run.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
         if a.rows:  # rows adopted after it finished: a second run is on its way
             a.requested, a.cold, a.extra = now(), False, {}
             return
         a.done = True
-        if rt.serverful:
-            return
-        if rt.hybrid and self.stream.take(a.handle):
-            a.handed = True  # a rank has work now: warm, at this step's weights, the function goes on as it
-            return
-        rt.policy.no_work_now(rt.pool, a.handle, rt.keep_alive_s)  # no work now: kept for its keep-alive, or gone
-        self.stream.pump()  # its unit may now host a learner rank with finished groups waiting
+        if ctx.policy.decoder_done(ctx, self.stream, a.handle):  # it goes on as a learner rank now
+            a.handed = True
 
     # -- cut-and-migrate ----------------------------------------------------------------------------------------
     def _maybe_cut(self, a: _Actor) -> None:
@@ -284,7 +273,7 @@ class DecodeStage:
         if not self.migrate or a.cut or not unfinished or finished / (finished + len(unfinished)) < self.tau:
             return
         live = [x for x in self.actors.values() if not x.done and not x.cut]
-        cap = self.rt.cfg.plan.capacity
+        cap = self.ctx.cfg.plan.capacity
         progress = []
         for x in live:
             fin, unf = x.progress if x.progress[1] or x.progress[0] else (0, [[r, 0] for r in sorted(x.rows)])
@@ -296,7 +285,7 @@ class DecodeStage:
         for src in {m.src for m in moves.moves}:
             s = by_index[src]
             try:
-                self.rt.backend.send(s.handle, {"op": "cut", "step": self.step})
+                self.ctx.backend.send(s.handle, {"op": "cut", "step": self.step})
             except WorkerDied:  # it finished and released meanwhile: nothing to cut
                 continue
             s.cut = True
@@ -310,7 +299,7 @@ class DecodeStage:
         for row, tokens in rows:
             self.prefix[row] = tokens
             src.rows.discard(row)
-            dst = destination(moves.get(row), list(self.actors.values()), self.rt.pool.handles)
+            dst = destination(moves.get(row), list(self.actors.values()), self.ctx.pool.handles)
             if dst is None:
                 dst = self._spare()
             elif dst.done:
@@ -326,49 +315,49 @@ class DecodeStage:
         """A finished function whose worker is still warm (keep-alive) takes migrated rows: a new invocation on a
         warm worker, recorded when it is done like any other."""
         a.done, a.requested, a.cold, a.extra = False, now(), False, {}
-        self.rt.pool.busy(a.handle)
+        self.ctx.pool.busy(a.handle)
 
     def _spare(self) -> _Actor:
         """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
-        h = self.rt.start_decoders(1, prewarmed=False)[0]
-        a = _Actor(len(self.actors), h, set(), now(), cold=self.rt.first_use(h))
+        h = self.ctx.run.start_decoders(1, prewarmed=False)[0]
+        a = _Actor(len(self.actors), h, set(), now(), cold=self.ctx.run.first_use(h))
         self.actors[h.worker] = a
-        self.rt.pool.busy(h)
+        self.ctx.pool.busy(h)
         return a
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _died(self, h) -> None:
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         a = self.actors.get(h.worker)
-        rt.pool.dead(h)
+        ctx.pool.dead(h)
         if a is None or a.done and not a.rows:
             return
-        rt.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
+        run.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
         if not a.rows:  # it died after streaming its last rows: nothing to re-run
             a.done = True
             return
-        rt.count(M.RUNTIME_RETRIES)
-        if a.attempt >= rt.rt.max_attempts:
+        run.count(M.RUNTIME_RETRIES)
+        if a.attempt >= ctx.config.max_attempts:
             raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
-        if rt.serverful:
-            return self._restart_serverful(a)
-        new = rt.start_decoders(1, prewarmed=False)[0]
-        b = _Actor(a.index, new, set(a.rows), now(), cold=rt.first_use(new), attempt=a.attempt + 1,
+        if ctx.policy.restarts_whole():
+            return self._restart_all(a)
+        new = run.start_decoders(1, prewarmed=False)[0]
+        b = _Actor(a.index, new, set(a.rows), now(), cold=run.first_use(new), attempt=a.attempt + 1,
                    groups=a.groups)
         del self.actors[h.worker]
         self.actors[new.worker] = b
-        rt.pool.busy(new)
+        ctx.pool.busy(new)
         self._send(b, "decode", b.rows)
 
-    def _restart_serverful(self, a: _Actor) -> None:
+    def _restart_all(self, a: _Actor) -> None:
         """The pool restarts whole (its workers share a data-parallel group); every unfinished row is re-run."""
-        rt = self.rt
+        run = self.ctx.run
         owed = {w: x for w, x in self.actors.items() if x.rows}
-        rt.restart_pool()
+        run.restart_pool()
         self.stream.pool_restarted()
         self.actors = {}
-        for (w, x), h in zip(owed.items(), rt.pool_handles):
-            b = _Actor(x.index, h, set(x.rows), now(), cold=rt.first_use(h), attempt=x.attempt + 1,
+        for (w, x), h in zip(owed.items(), run.pool_workers()):
+            b = _Actor(x.index, h, set(x.rows), now(), cold=run.first_use(h), attempt=x.attempt + 1,
                        groups=x.groups)
             self.actors[h.worker] = b
             self._send(b, "decode", b.rows)
@@ -376,16 +365,16 @@ class DecodeStage:
     def _check_timeouts(self) -> None:
         """Re-run the rows of an actor that is over time, or whose worker left the pool without a reply (nobody
         watches such a worker any more, so without this its rows would be waited for forever)."""
-        limit = self.rt.rt.invocation_timeout_s
+        limit = self.ctx.config.invocation_timeout_s
         for a in list(self.actors.values()):
             if a.done:
                 continue
-            if a.handle.worker not in self.rt.pool.handles or now() - a.requested > limit:
+            if a.handle.worker not in self.ctx.pool.handles or now() - a.requested > limit:
                 self._died(a.handle)
 
     # -- result -------------------------------------------------------------------------------------------------
     def _output(self, seconds: float) -> tuple[RolloutOutput, list[Sample]]:
-        tok = self.rt.env.tok
+        tok = self.ctx.tok
         responses, truncated, samples = [], [], []
         for r in range(self.n_rows):
             tokens, trunc, reward, correct, well_formed = self.results[r]
@@ -395,9 +384,9 @@ class DecodeStage:
             samples.append(Sample(g, s, tuple(tokens), tok.decode(tokens), trunc, reward, correct, well_formed))
         computed, naive, pre_s = self.prefill
         stats = PrefillStats(int(computed), int(naive) or 1, pre_s)
-        self.rt.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
-        self.rt.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
-        if self.plan is not None and self.rt.policy.plans_decode():
+        self.ctx.run.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
+        self.ctx.run.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
+        if self.plan is not None and self.ctx.policy.plans_decode():
             self._measure_time_model(responses)
         return RolloutOutput(responses, truncated, stats, seconds, []), samples
 
@@ -409,74 +398,75 @@ class DecodeStage:
 
         true = [PlanJob(j.group_id, j.n_seqs, tuple(float(len(responses[g * self.G + s])) for s in range(self.G)),
                         j.prompt_len) for g, j in enumerate(self.plan.jobs)]
-        planner = self.rt.planner
+        planner = self.ctx.planner
         predicted = sum(realized_plan(self.plan.decision, true, planner.base_time_model, self.tau).busy_s)
-        measured = sum(i.busy_s for i in self.rt.invocations
-                       if i.step == self.step and i.kind == "decode" and i.ok)
+        measured = self.ctx.run.decode_busy_s(self.step)
         if predicted > 0 and measured > 0:
-            self.rt.count(M.RUNTIME_DECODE_BUSY_S, measured)
-            self.rt.count(M.RUNTIME_DECODE_BUSY_MODEL_S, predicted)
-            self.rt.observe_time_scale(measured / predicted)
+            self.ctx.run.count(M.RUNTIME_DECODE_BUSY_S, measured)
+            self.ctx.run.count(M.RUNTIME_DECODE_BUSY_MODEL_S, predicted)
+            self.ctx.run.observe_time_scale(measured / predicted)
 
 
-def run_reference(rt, prompts, responses, step: int) -> torch.Tensor:
-    """Reference log-probs [B*G, T] from the reference function (serverful: pool worker 0's reference replica)."""
-    batch, out = rt.scratch / f"ref-in-{step}.safetensors", rt.scratch / f"ref-out-{step}.safetensors"
+def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
+    """Reference log-probs [B*G, T] from the worker the policy names (`ModePolicy.reference_function`)."""
+    run, step = ctx.run, ctx.step
+    batch, out = ctx.scratch / f"ref-in-{step}.safetensors", ctx.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
-    for attempt in range(1, rt.rt.max_attempts + 1):
-        kept = rt.reference_worker if rt.reference_worker and rt.reference_worker.worker in rt.pool.handles else None
-        h = rt.pool_handles[0] if rt.serverful else (kept or rt.start_single("reference"))  # kept: not evicted
-        rt.reference_worker = None if rt.serverful else h
-        msg = _call(rt, step, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
+    for attempt in range(1, ctx.config.max_attempts + 1):
+        h = ctx.policy.reference_function(ctx)
+        msg = _call(ctx, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
                     "referenced", attempt)
         if msg is not None:
             # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
-            rt.policy.no_work_now(rt.pool, h, rt.keep_alive_s)
-            if h.worker not in rt.pool.handles:
-                rt.reference_worker = None
+            ctx.policy.no_work_now(ctx.pool, h, ctx.keep_alive_s)
+            if h.worker not in ctx.pool.handles:
+                run.keep_reference(None)
             logp = wire.read_tensors(out)["ref_logp"]
             batch.unlink(missing_ok=True)
             out.unlink(missing_ok=True)
             return logp
-        rt.reference_worker = None
-        if rt.serverful:
-            rt.restart_pool()
-            if rt.stream is not None:  # the step's learner side holds pool workers that are gone now
-                rt.stream.pool_restarted()
-    raise fail(f"reference of step {step}", rt.rt.max_attempts)
+        run.keep_reference(None)
+        if ctx.policy.restarts_whole():  # the dead worker was a pool worker: every worker starts again
+            run.restart_pool()
+            stream = run.active_stream()
+            if stream is not None:  # the step's learner side holds pool workers that are gone now
+                stream.pool_restarted()
+    raise fail(f"reference of step {step}", ctx.config.max_attempts)
 
 
-def _call(rt, step: int, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:
+def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:
     """One invocation of a single-worker function: send, wait for `reply_op`, record it. A worker that dies (or
     is found dead on sending) is recorded as a failed attempt and reaped; returns None then."""
-    requested, cold = now(), rt.first_use(h)
-    rt.pool.busy(h)
+    run, step = ctx.run, ctx.step
+    requested, cold = now(), run.first_use(h)
+    ctx.pool.busy(h)
     try:
-        rt.backend.send(h, msg)
-        reply = _await(rt, h, reply_op)
+        ctx.backend.send(h, msg)
+        reply = _await(ctx, h, reply_op)
     except WorkerDied:
         reply = None
     if reply is not None:
-        rt.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
+        run.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
         return reply
-    rt.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
-    rt.pool.dead(h)
-    rt.count(M.RUNTIME_RETRIES)
+    run.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
+    ctx.pool.dead(h)
+    run.count(M.RUNTIME_RETRIES)
     return None
 
 
-def _await(rt, h, op: str) -> dict | None:
+def _await(ctx: StepContext, h, op: str) -> dict | None:
     """The reply `op` from h (None if it died); other workers' ready messages are handled meanwhile."""
+    run = ctx.run
     t0 = now()
-    while now() - t0 < rt.rt.invocation_timeout_s:
-        watch = [h] + [x for x in rt.pool.live() if x.ready_s is None and x is not h]
-        for x, msg in rt.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
+    while now() - t0 < ctx.config.invocation_timeout_s:
+        watch = [h] + [x for x in ctx.pool.live() if x.ready_s is None and x is not h]
+        for x, msg in run.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
             if msg is None:
                 if x is h:
                     return None
-                rt.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
+                ctx.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
             elif msg["op"] == "ready":
-                rt.on_ready(x, msg)
+                run.on_ready(x, msg)
             elif x is h and msg["op"] == op:
                 return msg
     return None

@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 from rlhfless.core import metrics as M
-from rlhfless.plan.ranks import next_work_after_share, reducer, release_after_share
+from rlhfless.plan.ranks import reducer, release_after_share
 from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.dist import reserve_port
 from rlhfless.runtime.records import fail, now
 
@@ -60,14 +61,16 @@ def early_share(group_busy: list[list[list[float]]], rollout_end: float) -> floa
 
 
 class LearnerStream:
-    def __init__(self, rt, step: int, prompts: list[list[int]], seed: int, overlap: bool):
-        self.rt, self.step, self.prompts, self.seed, self.overlap = rt, step, prompts, seed, overlap
-        self.G = rt.cfg.algo.group_size
-        world = rt.policy.learner_world(rt.rt)
-        self.plan = microbatches(len(prompts), rt.rt.learner_microbatch_groups, world)
+    def __init__(self, ctx: StepContext, prompts: list[list[int]], seed: int, overlap: bool):
+        # ctx: what the stream reads; ctx.run: the run state it changes, through methods
+        self.ctx, self.step, self.prompts, self.seed = ctx, ctx.step, prompts, seed
+        self.overlap = overlap
+        self.G = ctx.cfg.algo.group_size
+        world = ctx.policy.learner_world(ctx.config)
+        self.plan = microbatches(len(prompts), ctx.config.learner_microbatch_groups, world)
         self.ranks = [_Rank(r, [g for c in chunks for g in c]) for r, chunks in enumerate(self.plan)]
         self.owner = {g: r.rank for r in self.ranks for g in r.groups}
-        self.with_ref = rt.cfg.algo.kl_coef > 0
+        self.with_ref = ctx.cfg.algo.kl_coef > 0
         self.finished: dict[int, tuple[list[list[int]], list[float]]] = {}
         self.files: dict[int, str] = {}
         self.ref: torch.Tensor | None = None
@@ -78,7 +81,7 @@ class LearnerStream:
         self.first_share: float | None = None  # serverless: when the step's first share came in
         # serverless ranks end with shares (`_finish_shares`); the pool ends together in its gloo group, and so do
         # emulated workers (runtime.emulated models one optimiser step per rank and no share files yet)
-        self.shares = not rt.serverful and rt.rt.device != "emulated"
+        self.shares = ctx.policy.ranks_leave_at_share() and ctx.config.device != "emulated"
         self._decode_pw: tuple[float, tuple | None] = (0.0, None)  # (since, next_decode_prewarm) while finishing
         self._end: dict = {}
         self._adopt_warm()
@@ -86,7 +89,7 @@ class LearnerStream:
     def _adopt_warm(self) -> None:
         """Which functions hold the ranks as the step starts: the mode's policy decides (the pool's workers, or
         the last step's learner functions kept warm: `ModePolicy.learner_ranks`)."""
-        self.rt.policy.learner_ranks(self.rt, self.ranks)
+        self.ctx.policy.learner_ranks(self.ctx, self.ranks)
 
     # -- feeding ------------------------------------------------------------------------------------------------
     def handles(self) -> list:
@@ -119,9 +122,9 @@ class LearnerStream:
         return True
 
     def _assign(self, r: _Rank, h) -> None:
-        r.handle, r.requested, r.cold = h, now(), self.rt.first_use(h)
-        self.rt.pool.busy(h)
-        self.rt.learners.append(h)
+        r.handle, r.requested, r.cold = h, now(), self.ctx.run.first_use(h)
+        self.ctx.pool.busy(h)
+        self.ctx.run.add_learner(h)
 
     def prewarm(self) -> None:
         """The policy's pre-warm time has come: start ranks ahead of their first group, into free units only;
@@ -148,14 +151,14 @@ class LearnerStream:
             if not r.begun:
                 r.begun = True
                 self._send(r, {"op": "learn_begin", "step": self.step, "seed": self.step, "with_ref": self.with_ref,
-                               "chunks": self.plan[r.rank], **self.rt.state_setup()})
+                               "chunks": self.plan[r.rank], **self.ctx.run.state_setup()})
             for g in todo:
                 if self.attempt != attempt:
                     break
                 self._send(r, {"op": "learn_group", "step": self.step, "g": g, "batch": self._file(g)})
                 r.sent.add(g)
             if self.attempt != attempt:
-                # a rank died on a send just now and was reset (serverful: every rank, onto a new pool); what was
+                # a rank died on a send just now and was reset (restarts_whole: every rank, on new workers); what was
                 # computed here for the old workers no longer holds, so start over: a new worker gets learn_begin
                 # before any group (never a group first, which it could not add to an update it does not have)
                 return self.pump(start_all)
@@ -164,10 +167,10 @@ class LearnerStream:
         """A worker for rank r: a warm idle hybrid function (kept alive: no cold start), else a
         new one onto a free unit. Invoked from its start: nothing may evict it (`preempt` may); until its groups
         come it is held but idle (the meter counts only its compute intervals as busy)."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
-        warm = [h for h in rt.pool.warm_idle(rt.image("learner")) if getattr(h, "home", True)] if rt.hybrid else []
-        h = warm[0] if warm and not prewarmed else rt.start_learner(prewarmed)
+        warm = [h for h in ctx.pool.warm_idle(run.image("learner")) if getattr(h, "home", True)] if ctx.hybrid else []
+        h = warm[0] if warm and not prewarmed else run.start_learner(prewarmed)
         if h is None:
             return False
         self._assign(r, h)
@@ -178,7 +181,7 @@ class LearnerStream:
             responses, rewards = self.finished[g]
             # None with overlap: the rank runs the group's reference forward itself (learn_group)
             ref = self.ref[g * self.G:(g + 1) * self.G] if self.with_ref and self.ref is not None else None
-            path = self.rt.scratch / f"group-{self.step}-{g}.safetensors"
+            path = self.ctx.scratch / f"group-{self.step}-{g}.safetensors"
             wire.write_batch(path, [self.prompts[g]], responses, torch.tensor(rewards), ref)
             self.files[g] = str(path)
         return self.files[g]
@@ -187,7 +190,7 @@ class LearnerStream:
         if r.requested == 0.0:
             r.requested = now()
         try:
-            self.rt.backend.send(r.handle, msg)
+            self.ctx.backend.send(r.handle, msg)
         except WorkerDied:
             self.on_death(r.handle)
 
@@ -201,53 +204,53 @@ class LearnerStream:
             self.on_death(h)
             return None
         if msg["op"] == "ready":
-            self.rt.on_ready(h, msg)
+            self.ctx.run.on_ready(h, msg)
         elif msg["op"] == "learned" and msg.get("step") == self.step:
             return msg
         return None
 
     def on_death(self, h) -> None:
         """A rank died. Before the optimiser step it restarts alone (its groups are re-sent); after `learn_end`
-        every rank restarts (their gloo group is broken). Serverful: the whole pool restarts."""
-        rt = self.rt
+        every rank restarts (their gloo group is broken). A policy that restarts whole (`restarts_whole`): every
+        worker restarts."""
+        ctx, run = self.ctx, self.ctx.run
         dead = next(r for r in self.ranks if r.handle is h and not r.shared)
         # a death after learn_end breaks a group that ends together; serverless shares need none
         ending = not self.shares and any(r.ended for r in self.ranks)
-        rt.count(M.RUNTIME_RETRIES)
-        victims = self.ranks if ending or rt.serverful else [dead]
+        run.count(M.RUNTIME_RETRIES)
+        whole = ctx.policy.restarts_whole()
+        victims = self.ranks if ending or whole else [dead]
         for r in victims:
             if r.handle is not None:
                 self._drop(r, dead=r is dead, stop=ending)
         self.attempt += 1
-        if self.attempt > rt.rt.max_attempts:
-            
+        if self.attempt > ctx.config.max_attempts:
             raise fail(f"learner of step {self.step}", self.attempt - 1)
-        if rt.serverful:
-            rt.restart_pool(dead=h)
+        if whole:
+            run.restart_pool(dead=h)
             return self.pool_restarted()
         for r in victims:
             r.reset()
 
     def _drop(self, r: _Rank, dead: bool, stop: bool = False, **extra) -> None:
-        """Record the rank's unfinished invocation and let its worker go (serverful: the pool restarts it). `stop`:
-        a survivor of a death after learn_end is ended at once, not asked to shut down: it waits inside the
-        group's rendezvous or broken all-reduce and would read `shutdown` only at gloo's timeout (the driver
-        stalled 5 s per survivor before killing it)."""
-        rt = self.rt
-        rt.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
-                  self.attempt, ok=False, **extra)
-        if not rt.serverful:
+        """Record the rank's unfinished invocation and let its worker go (or leave it to the restart of every
+        worker: `restarts_whole`). `stop`: a survivor of a death after learn_end is ended at once, not asked to
+        shut down: it waits inside the group's rendezvous or broken all-reduce and would read `shutdown` only at
+        gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
+        ctx, run = self.ctx, self.ctx.run
+        run.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
+                   self.attempt, ok=False, **extra)
+        if not ctx.policy.restarts_whole():
             if dead:
-                rt.pool.dead(r.handle)
+                ctx.pool.dead(r.handle)
             else:
-                rt.pool.stop(r.handle) if stop else rt.pool.release(r.handle)
-        rt.learners = [x for x in rt.learners if x is not r.handle]
+                ctx.pool.stop(r.handle) if stop else ctx.pool.release(r.handle)
+        run.drop_learner(r.handle)
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start (rows with nowhere else to go): release a rank that has
         not reached the optimiser step; it restarts later and its groups are recomputed. False if none."""
-        rt = self.rt
-        if rt.serverful:
+        if not self.ctx.policy.preempts_learners():
             return False
         for r in reversed(self.ranks):
             if r.handle is not None and not r.ended and not r.shared:
@@ -266,7 +269,7 @@ class LearnerStream:
     def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
                ) -> dict[str, float]:
         """Send every remaining group and the optimiser step; returns rank 0's metrics once every rank is done."""
-        rt = self.rt
+        run = self.ctx.run
         self.rollout_end = self.rollout_end or now()
         self.starting_all = True
         self.ref = ref_logp
@@ -286,9 +289,9 @@ class LearnerStream:
             metrics = replies[0]["metrics"]
         else:
             replies, metrics = self._finish_shares(end)
-        rt.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
-        rt.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
-        rt.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
+        run.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
+        run.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
+        run.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
         for path in self.files.values():
             Path(path).unlink(missing_ok=True)
         for r in self.ranks:
@@ -296,22 +299,22 @@ class LearnerStream:
         return metrics
 
     def _record(self, r: _Rank, reply: dict) -> None:
-        self.rt.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
-                       self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"], groups=r.groups,
-                       busy=reply["busy"])
+        self.ctx.run.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
+                            self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"], groups=r.groups,
+                            busy=reply["busy"])
 
     # -- serverless: shares through files, reduced by the last rank -----------------------------------------------
     def _share_path(self, rank: int) -> Path:
-        return self.rt.scratch / f"share-{self.step}-{rank}.safetensors"
+        return self.ctx.scratch / f"share-{self.step}-{rank}.safetensors"
 
     def _finish_shares(self, end: dict) -> tuple[dict[int, dict], dict[str, float]]:
         """Every rank writes its share as soon as its groups are done and, all but the last, goes at once
         (`_shared`); the last one in sums the shares in rank order and steps (the same sum as the serverful
         pool's all-reduce: bitwise equal updates). Returns (each rank's share reply, the update's metrics)."""
-        rt, world = self.rt, len(self.ranks)
+        ctx, run, world = self.ctx, self.ctx.run, len(self.ranks)
         replies: dict[int, dict] = {}
         order: list[int] = []
-        self._decode_pw = (now(), rt.next_decode_prewarm())  # timed from here, the start of the learner's end
+        self._decode_pw = (now(), run.next_decode_prewarm())  # timed from here, the start of the learner's end
         while len(replies) < world:
             self._start_missing()
             attempt = self.attempt
@@ -319,11 +322,11 @@ class LearnerStream:
                 if r.shared or r.ended or r.handle is None:
                     continue
                 r.ended = True
-                self._send(r, {**end, **rt.state_setup(), "share": {"rank": r.rank, "world": world,
-                                                                    "out": str(self._share_path(r.rank))}})
+                self._send(r, {**end, **run.state_setup(), "share": {"rank": r.rank, "world": world,
+                                                                     "out": str(self._share_path(r.rank))}})
                 if self.attempt != attempt:  # that rank was found dead and reset: the next pass restarts it
                     break
-            for h, msg in rt.poll(self._watch(), self._prewarm_decode()):
+            for h, msg in run.poll(self._watch(), self._prewarm_decode()):
                 if not self.owns(h):
                     self._other(h, msg)
                     continue
@@ -336,9 +339,9 @@ class LearnerStream:
                 if len(replies) < world:  # the last share in is not let go: that rank reduces
                     self._shared(r, reply, len(order) == 1)
             late = [r for r in self.ranks if r.ended and not r.shared and r.handle is not None
-                    and now() - r.requested > rt.rt.invocation_timeout_s]
+                    and now() - r.requested > ctx.config.invocation_timeout_s]
             for r in late[:1]:  # over time: killed, so its death re-runs it
-                rt.backend.kill(r.handle)
+                ctx.backend.kill(r.handle)
         last = self.ranks[reducer(order)]
         reply = self._reduce(last, replies[last.rank])
         self._prewarm_decode(final=True)
@@ -349,7 +352,7 @@ class LearnerStream:
         has come, into free units only (a rank released at its share frees one); the poll timeout until then."""
         t0, pw = self._decode_pw
         if pw is not None and (final or now() >= t0 + pw[0]):
-            self.rt.start_decoders(pw[1], prewarmed=True)
+            self.ctx.run.start_decoders(pw[1], prewarmed=True)
             self._decode_pw = (t0, None)
             return 1.0
         # wake at the pre-warm time, and at least every second: the callers check invocation timeouts between polls
@@ -359,7 +362,7 @@ class LearnerStream:
         """After the rollout every rank without a worker starts now (evicting idle capacity when none is free)."""
         self.pump(start_all=True)
         while any(r.handle is None and not r.shared for r in self.ranks):
-            if not self.rt.pool.make_room(1):
+            if not self.ctx.pool.make_room(1):
                 raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
                                    "this step's learner ranks are busy now)")
             self.pump(start_all=True)
@@ -367,70 +370,70 @@ class LearnerStream:
     def _shared(self, r: _Rank, reply: dict, first: bool) -> None:
         """Rank r's share is in and it is not the last: its invocation ends here, and its function is released
         now or kept for its keep-alive, as the plan's rule says (`plan.ranks.release_after_share`)."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         self._record(r, reply)
         r.shared = True
         if first:
             self.first_share = now()
-        rt.learners = [x for x in rt.learners if x is not r.handle]
-        rt.pool.idle(r.handle)
-        nxt = next_work_after_share(list(rt.history.share_tail_s), list(rt.history.between_s))
-        if release_after_share(nxt, rt.keep_alive_s):
-            rt.pool.release(r.handle, early=True)
+        run.drop_learner(r.handle)
+        ctx.pool.idle(r.handle)
+        nxt = run.next_work_after_share()
+        if release_after_share(nxt, ctx.keep_alive_s):
+            ctx.pool.release(r.handle, early=True)
 
     def _reduce(self, r: _Rank, share: dict) -> dict:
         """The last rank in sums every share in rank order, steps and writes the next state version. Its
         invocation runs from its start to the step's end. A death here re-runs the reduction on a fresh function
         (the shares are files: nothing else is recomputed)."""
-        rt, world = self.rt, len(self.ranks)
-        msg = {**self._end, **rt.state_setup(), "with_ref": self.with_ref,
-               "state_out": str(rt.state_path(rt.version + 1)),
+        ctx, run, world = self.ctx, self.ctx.run, len(self.ranks)
+        msg = {**self._end, **run.state_setup(), "with_ref": self.with_ref,
+               "state_out": str(run.next_state_path()),
                "share": {"rank": 0, "world": world, "shares": [str(self._share_path(k)) for k in range(world)]}}
-        for attempt in range(1, rt.rt.max_attempts + 1):
+        for attempt in range(1, ctx.config.max_attempts + 1):
             reply = self._reduce_once(r, msg)
             if reply is not None:
                 self._record(r, {**share, "t_end": reply["t_end"], "busy": share["busy"] + reply["busy"],
                                  "sync_s": share["sync_s"] + reply["sync_s"]})
                 if self.first_share is not None:
-                    rt.history.share_tail_s.append(now() - self.first_share)
+                    run.observe_share_tail(now() - self.first_share)
                 return reply
-            rt.count(M.RUNTIME_RETRIES)
-            h = rt.start_learner(prewarmed=False)
+            run.count(M.RUNTIME_RETRIES)
+            h = run.start_learner(prewarmed=False)
             if h is None:
                 raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
-            r.handle, r.requested, r.cold = h, now(), rt.first_use(h)
-            rt.pool.busy(h)
-        raise fail(f"learner of step {self.step} (its reduction)", rt.rt.max_attempts)
+            r.handle, r.requested, r.cold = h, now(), run.first_use(h)
+            ctx.pool.busy(h)
+        raise fail(f"learner of step {self.step} (its reduction)", ctx.config.max_attempts)
 
     def _reduce_once(self, r: _Rank, msg: dict) -> dict | None:
         """Send the reduction to r's worker and wait for its reply; None when the worker died."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         try:
-            rt.backend.send(r.handle, msg)
+            ctx.backend.send(r.handle, msg)
         except WorkerDied:
-            rt.pool.dead(r.handle)
+            ctx.pool.dead(r.handle)
             return None
         t0 = now()
         while True:
-            for h, m in rt.poll(self._watch(), self._prewarm_decode()):
+            for h, m in run.poll(self._watch(), self._prewarm_decode()):
                 if h is not r.handle:
                     self._other(h, m)
                 elif m is None:
-                    rt.pool.dead(h)
+                    ctx.pool.dead(h)
                     return None
                 elif m["op"] == "ready":
-                    rt.on_ready(h, m)
+                    run.on_ready(h, m)
                 elif m["op"] == "learned" and m.get("step") == self.step:
                     return m
-            if now() - t0 > rt.rt.invocation_timeout_s:
-                rt.backend.kill(r.handle)  # over time: its death (next poll) re-runs the reduction on a fresh one
+            if now() - t0 > ctx.config.invocation_timeout_s:
+                ctx.backend.kill(r.handle)  # over time: its death (next poll) re-runs the reduction on a fresh one
 
     def _finish_once(self, end: dict) -> dict[int, dict] | None:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         self.pump(start_all=True)
         while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
-            if not rt.pool.make_room(1):
+            if not ctx.pool.make_room(1):
                 raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
                                    "this step's learner ranks are busy now)")
             self.pump(start_all=True)
@@ -441,10 +444,12 @@ class LearnerStream:
         port, held = reserve_port()  # held until the ranks have joined: every reply is in, or a rank died
         try:
             for r in self.ranks:
-                dist = None if rt.serverful else {**rt.dist_spec(r.rank, len(self.ranks), port), "announce": True}
+                # a group formed when the workers started (`forms_learner_group` false) needs no rendezvous
+                dist = {**run.dist_spec(r.rank, len(self.ranks), port), "announce": True} \
+                    if ctx.policy.forms_learner_group() else None
                 r.ended = True
-                self._send(r, {**end, **rt.state_setup(), "dist": dist, "leave": rt.hybrid,
-                               "state_out": str(rt.state_path(rt.version + 1)) if r.rank == 0 else None})
+                self._send(r, {**end, **run.state_setup(), "dist": dist, "leave": ctx.hybrid,
+                               "state_out": str(run.next_state_path()) if r.rank == 0 else None})
                 if self.attempt != attempt:  # found dead on the send: every rank was reset, the caller tries again
                     return None
                 # the others connect once rank 0 listens: early, they are refused and back off (dist.init_group)
@@ -457,23 +462,23 @@ class LearnerStream:
     def _watch(self) -> list:
         """This step's ranks and the workers still starting (a pre-warmed decode function says ready meanwhile)."""
         hs = self.handles()
-        return hs + [h for h in self.rt.pool.live() if h.ready_s is None and h not in hs]
+        return hs + [h for h in self.ctx.pool.live() if h.ready_s is None and h not in hs]
 
     def _other(self, h, msg: dict | None) -> None:
         """A message from a worker that is not a rank of this step: its ready, or its death (a pre-warmed decode
         worker died: the next rollout starts another)."""
         if msg is None:
-            self.rt.pool.dead(h)
+            self.ctx.pool.dead(h)
         elif msg["op"] == "ready":
-            self.rt.on_ready(h, msg)
+            self.ctx.run.on_ready(h, msg)
 
     def _await_open(self, attempt: int) -> bool:
         """Wait for rank 0's `rendezvous_open` (it may first finish the groups it was sent); False when a rank
         died meanwhile (the attempt is over)."""
-        rt, rank0 = self.rt, self.ranks[0].handle
+        ctx, run, rank0 = self.ctx, self.ctx.run, self.ranks[0].handle
         t0 = now()
         while True:
-            for h, msg in rt.poll(self._watch(), 1.0):
+            for h, msg in run.poll(self._watch(), 1.0):
                 if h is rank0 and msg is not None and msg["op"] == "rendezvous_open":
                     return True
                 if not self.owns(h):
@@ -482,22 +487,22 @@ class LearnerStream:
                 self.on_message(h, msg)
                 if self.attempt != attempt:
                     return False
-            if now() - t0 > rt.rt.invocation_timeout_s:
-                rt.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
+            if now() - t0 > ctx.config.invocation_timeout_s:
+                ctx.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
 
     def _await_learned(self, attempt: int) -> dict[int, dict] | None:
         """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""
-        rt = self.rt
+        ctx, run = self.ctx, self.ctx.run
         replies: dict[int, dict] = {}
         t0 = now()
-        pw = rt.next_decode_prewarm()
+        pw = run.next_decode_prewarm()
         while len(replies) < len(self.ranks):
             if pw is not None and now() >= t0 + pw[0]:
-                rt.start_decoders(pw[1], prewarmed=True)  # into free units only
+                run.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
             # wake at the pre-warm time, and at least every second for the timeout check below
             timeout = 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
-            for h, msg in rt.poll(self._watch(), timeout):
+            for h, msg in run.poll(self._watch(), timeout):
                 if not self.owns(h):
                     self._other(h, msg)
                     continue
@@ -506,9 +511,9 @@ class LearnerStream:
                     return None
                 if reply is not None:
                     replies[next(r.rank for r in self.ranks if r.handle is h)] = reply
-            if now() - t0 > rt.rt.invocation_timeout_s:
+            if now() - t0 > ctx.config.invocation_timeout_s:
                 # over time: one kill is enough, a death after learn_end resets every rank and the update is tried again
-                rt.backend.kill(self.ranks[0].handle)
+                ctx.backend.kill(self.ranks[0].handle)
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
-            rt.start_decoders(pw[1], prewarmed=True)
+            run.start_decoders(pw[1], prewarmed=True)
         return replies

@@ -1,0 +1,90 @@
+"""The mode is a policy object, not branches: the stages never name a mode, they ask `ModePolicy`, and a third
+platform policy is a registered subclass of a few lines that a `Runtime` of its mode runs with."""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rlhfless.runtime.config import MODES, available_cores
+from rlhfless.runtime.policy import POLICIES, ServerlessPolicy, register_policy
+
+RUNTIME = Path(__file__).resolve().parents[1] / "rlhfless" / "runtime"
+STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py")
+"""Where a step's work is run: every decision in them that differs by mode must be the policy's."""
+
+
+def mode_branches(source: str) -> list[str]:
+    """Code in `source` that names a mode: an identifier containing one (`rt.serverful`, `_restart_serverful`)
+    or a string literal that is one (`mode == "serverful"`). Comments and prose in docstrings may name them."""
+    found = []
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.NAME and any(m in tok.string for m in MODES if m != "inline"):
+            found.append(f"line {tok.start[0]}: {tok.line.strip()}")
+        elif tok.type == tokenize.STRING:
+            try:
+                value = ast.literal_eval(tok.string)
+            except (ValueError, SyntaxError):  # an f-string: not a plain mode name
+                continue
+            if value in MODES:
+                found.append(f"line {tok.start[0]}: {tok.line.strip()}")
+    return found
+
+
+def test_no_stage_branches_on_the_mode():
+    for name in STAGE_FILES:
+        assert mode_branches((RUNTIME / name).read_text()) == [], f"runtime/{name} branches on the mode"
+
+
+def test_the_check_finds_a_branch_on_the_mode():
+    """The check above is not vacuous: the branches the stages had, in each spelling, are found."""
+    assert mode_branches("if rt.serverful:\n    pass\n") == ["line 1: if rt.serverful:"]
+    assert mode_branches("x = 1 if mode == 'serverful' else 2\n") != []
+    assert mode_branches("def _restart_serverful(a):\n    pass\n") != []
+    assert mode_branches('def f():\n    """The serverful pool restarts."""\n    # serverless: kept\n') == []
+
+
+@pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
+def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tmp_path):
+    """A platform that never lets a learner function go to free a unit for decode work: four lines. A Runtime of
+    its mode runs with it, and the learner stream's preemption follows it on the same worker where the
+    serverless policy lets the rank go."""
+    from rlhfless.config import load_run_config
+    from rlhfless.learn.learner import Learner
+    from rlhfless.model.factory import load_policy
+    from rlhfless.run.runner import ensure_policy
+    from rlhfless.runtime.executor import Runtime
+    from rlhfless.runtime.streaming import LearnerStream
+
+    @register_policy
+    class Pinned(ServerlessPolicy):
+        name = "test-pinned"
+
+        def preempts_learners(self) -> bool:
+            return False
+
+    cfg = load_run_config("experiments/configs/quickstart.yaml",
+                          ["train.steps=1", "rollout.prompts_per_step=2", "algo.group_size=2",
+                           "tracking.mode=disabled", "runtime.mode=serverless", "runtime.prewarm=false"])
+    ensure_policy(cfg, progress=False)
+    rt = None
+    try:
+        rt = Runtime(cfg, "test-pinned", Learner(load_policy(cfg.policy.resolved()), cfg.optim, cfg.algo), tmp_path)
+        assert isinstance(rt.policy, Pinned)
+        h = rt.start_learner(prewarmed=False)
+        rt.pool.await_ready([h])
+        for policy, lets_go in ((rt.policy, False), (ServerlessPolicy(), True)):
+            stream = LearnerStream(replace(rt.context(1), policy=policy), [[1, 2, 3], [4, 5]], seed=0, overlap=False)
+            stream._assign(stream.ranks[0], h)  # rank 0 holds the worker, its groups not in yet
+            assert stream.preempt() is lets_go, policy.name
+            assert (stream.ranks[0].handle is None) is lets_go
+            assert (h.worker in rt.pool.handles) is not lets_go, "the pinned rank keeps its worker"
+    finally:
+        POLICIES.pop("test-pinned", None)
+        if rt is not None:
+            rt.cleanup()
