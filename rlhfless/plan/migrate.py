@@ -90,13 +90,19 @@ class _Seqs:
         self.plen: list[int] = []
         self.start_it: list[float] = []  # actor iteration counter value at which the seq had 0 tokens
         self._job_of: dict[str, int] | None = None  # group id -> job, built at the first move (`sid`)
+        self._sid_of: dict[str, int] = {}  # every name `name` built -> its sid (a move's id is read back once)
 
     def name(self, sid: int) -> str:
         j = self.job[sid]
-        return f"{self.group[j]}/{sid - self.first[j]}"
+        out = f"{self.group[j]}/{sid - self.first[j]}"
+        self._sid_of[out] = sid
+        return out
 
     def sid(self, name: str) -> int:
         """The sid `name` was built from (group ids are unique within a plan; k never holds a slash)."""
+        hit = self._sid_of.get(name)
+        if hit is not None:
+            return hit
         if self._job_of is None:
             self._job_of = {g: j for j, g in enumerate(self.group)}
         group, _, k = name.rpartition("/")
@@ -121,10 +127,15 @@ class _Actor:
         self.end: float | None = None
 
     def admit(self, capacity: int, seqs: _Seqs) -> None:
-        while self.queue and len(self.queue[0]) <= capacity - len(self.heap):
-            for sid in self.queue.popleft():
-                seqs.start_it[sid] = self.it
-                heapq.heappush(self.heap, (self.it + seqs.true[sid], sid))
+        queue, heap = self.queue, self.heap
+        if not queue or len(queue[0]) > capacity - len(heap):
+            return
+        # locals: this runs for every job admitted in every simulated step (the same pushes in the same order)
+        it, start, true, push = self.it, seqs.start_it, seqs.true, heapq.heappush
+        while queue and len(queue[0]) <= capacity - len(heap):
+            for sid in queue.popleft():
+                start[sid] = it
+                push(heap, (it + true[sid], sid))
 
     def advance(self, t: float, f: list[float]) -> None:
         """Move the clock to t (no event of this actor lies in between, so its batch is constant)."""
@@ -164,8 +175,11 @@ class _Live:
     def max_remaining(self) -> float:
         it, start, pred = self._act.it, self._seqs.start_it, self._seqs.pred
         # the largest of the running sequences' remaining, each raised to 1 (`_running`), and the queued ones'
-        run = max((pred[sid] - (it - start[sid]) for _, sid in self._act.heap), default=None)
-        queued = max((pred[s] for job in self._act.queue for s in job), default=None)
+        heap, queue = self._act.heap, self._act.queue
+        # lists, not generators, into max: the same values, read at every cut check for every destination
+        run = max([pred[sid] - (it - start[sid]) for _, sid in heap]) if heap else None
+        queued = [pred[s] for job in queue for s in job]
+        queued = max(queued) if queued else None
         if run is None:
             return queued
         run = run if run > 1.0 else 1.0
@@ -246,7 +260,7 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
     moves: list[Migration] = []
     released: list[int] = []
     nxt = [a.next_event(f) for a in actors] or [np.inf]
-    pop, inf = heapq.heappop, np.inf
+    pop, inf, cap = heapq.heappop, np.inf, plan.capacity
     while (t := min(nxt)) < inf:
         a = nxt.index(t)
         act = actors[a]
@@ -255,17 +269,18 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
             if heap:
                 act.it += (t - act.t) / f[len(heap)]
             act.t = t
-        done = act.it + 1e-9
+        done, n_done = act.it + 1e-9, 0
         while heap and heap[0][0] <= done:
             pop(heap)
-            act.finished += 1
+            n_done += 1
+        act.finished += n_done
         if act.queue:
-            act.admit(plan.capacity, seqs)
-        if not heap and not act.queue:
+            act.admit(cap, seqs)
+        elif not heap:
             act.end = t
             nxt[a] = inf
             continue
-        if act.finished / act.total >= tau and _room(actors, tau, plan.capacity, a):
+        if act.finished / act.total >= tau and _room(actors, tau, cap, a):
             live = [b for b in actors if b.end is None and (b.heap or b.queue)]
             for b in live:
                 b.advance(t, f)
@@ -279,7 +294,12 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
                 released.extend(mp.released)
                 for b in live:
                     nxt[b.aid] = b.next_event(f)
-        nxt[a] = act.next_event(f)
+        heap = act.heap  # `_Actor.next_event`, inlined (a cut replaces the heap and may release this actor)
+        if act.end is not None or not heap:
+            nxt[a] = inf
+        else:
+            wait = heap[0][0] - act.it
+            nxt[a] = act.t + (wait if wait > 0.0 else 0.0) * f[len(heap)]
     return _result(plan, actors, time_model, moves, released)
 
 
