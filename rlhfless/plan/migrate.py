@@ -197,23 +197,27 @@ class _Live:
 def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[list[_Actor], _Seqs]:
     truth = {j.group_id: j for j in true_jobs} if true_jobs is not None else {}
     seqs, actors = _Seqs(), []
+    # locals: this runs once per sequence of every simulated step and candidate
+    group, firsts, job_of, plen = seqs.group, seqs.first, seqs.job, seqs.plen
+    true_all, pred_all = seqs.true, seqs.pred
     for a, jobs in enumerate(plan.actor_jobs):
         act = _Actor(a)
+        queue = act.queue
         for j in jobs:
-            pred = j.lengths()
-            true = truth[j.group_id].lengths() if truth else pred
-            first = len(seqs.true)
-            seqs.job.extend([len(seqs.group)] * j.n_seqs)
-            seqs.group.append(j.group_id)
-            seqs.first.append(first)
-            seqs.true.extend(true)
-            seqs.pred.extend(pred)
-            seqs.plen.extend([j.prompt_len] * j.n_seqs)
-            seqs.start_it.extend([0.0] * j.n_seqs)
-            act.queue.append(list(range(first, first + j.n_seqs)))
-            act.total += j.n_seqs
-        act.admit(plan.capacity, seqs)
+            n, pred = j.n_seqs, j.lengths()
+            first = len(true_all)
+            job_of.extend([len(group)] * n)
+            group.append(j.group_id)
+            firsts.append(first)
+            true_all.extend(truth[j.group_id].lengths() if truth else pred)
+            pred_all.extend(pred)
+            plen.extend([j.prompt_len] * n)
+            queue.append(list(range(first, first + n)))
+            act.total += n
         actors.append(act)
+    seqs.start_it = [0.0] * len(true_all)
+    for act in actors:
+        act.admit(plan.capacity, seqs)
     return actors, seqs
 
 
@@ -223,16 +227,18 @@ def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seq
     sources = {actors[m.src] for m in mp.moves}
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     moved = set()
+    sid_of, start, true, plen, push = seqs.sid, seqs.start_it, seqs.true, seqs.plen, heapq.heappush
+    kv = tm.kv_transfer_s_per_token
     for m in mp.moves:
-        sid, src, dst = seqs.sid(m.seq_id), actors[m.src], actors[m.dst]
+        sid, src, dst = sid_of(m.seq_id), actors[m.src], actors[m.dst]
         finish = finish_of.get(sid)
-        gen = src.it - seqs.start_it[sid] if finish is not None else 0.0
-        rem = finish - src.it if finish is not None else seqs.true[sid]
+        gen = src.it - start[sid] if finish is not None else 0.0
+        rem = finish - src.it if finish is not None else true[sid]
         dst.advance(t, f)
-        seqs.start_it[sid] = dst.it - gen
-        heapq.heappush(dst.heap, (dst.it + rem, sid))
+        start[sid] = dst.it - gen
+        push(dst.heap, (dst.it + rem, sid))
         dst.total += 1
-        dst.t += tm.kv_transfer_s_per_token * (seqs.plen[sid] + gen)  # the destination stalls for the KV
+        dst.t += kv * (plen[sid] + gen)  # the destination stalls for the KV
         moved.add(sid)
     for act in sources:
         act.heap = [x for x in act.heap if x[1] not in moved]
