@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from rlhfless.plan.records import (
     SeqProgress,
 )
 from rlhfless.plan.timemodel import TimeModel
+
+
+_PREDICTED_REMAINING = attrgetter("predicted_remaining")
 
 
 def _check_tau(tau: float) -> None:
@@ -63,7 +67,8 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
         # all or nothing: a partial cut would not let the source release, so it would save nothing
         if src.n_unfinished > n_free:
             continue
-        for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
+        # longest first; reverse keeps equal lengths in their listed order, as the negated key did
+        for seq in sorted(src.unfinished, key=_PREDICTED_REMAINING, reverse=True):
             # earliest free, not most free slots: that piled stragglers onto the long-sequence actors
             avail, neg_free, dst = heapq.heappop(dests)
             if neg_free < -1:  # still a free slot after this one
