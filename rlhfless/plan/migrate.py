@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from rlhfless.plan.records import (
     SeqProgress,
 )
 from rlhfless.plan.timemodel import TimeModel
+
+
+_PREDICTED_REMAINING = attrgetter("predicted_remaining")
 
 
 def _check_tau(tau: float) -> None:
@@ -63,7 +67,8 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
         # all or nothing: a partial cut would not let the source release, so it would save nothing
         if src.n_unfinished > n_free:
             continue
-        for seq in sorted(src.unfinished, key=lambda s: -s.predicted_remaining):
+        # longest first; reverse keeps equal lengths in their listed order, as the negated key did
+        for seq in sorted(src.unfinished, key=_PREDICTED_REMAINING, reverse=True):
             # earliest free, not most free slots: that piled stragglers onto the long-sequence actors
             avail, neg_free, dst = heapq.heappop(dests)
             if neg_free < -1:  # still a free slot after this one
@@ -90,13 +95,19 @@ class _Seqs:
         self.plen: list[int] = []
         self.start_it: list[float] = []  # actor iteration counter value at which the seq had 0 tokens
         self._job_of: dict[str, int] | None = None  # group id -> job, built at the first move (`sid`)
+        self._sid_of: dict[str, int] = {}  # every name `name` built -> its sid (a move's id is read back once)
 
     def name(self, sid: int) -> str:
         j = self.job[sid]
-        return f"{self.group[j]}/{sid - self.first[j]}"
+        out = f"{self.group[j]}/{sid - self.first[j]}"
+        self._sid_of[out] = sid
+        return out
 
     def sid(self, name: str) -> int:
         """The sid `name` was built from (group ids are unique within a plan; k never holds a slash)."""
+        hit = self._sid_of.get(name)
+        if hit is not None:
+            return hit
         if self._job_of is None:
             self._job_of = {g: j for j, g in enumerate(self.group)}
         group, _, k = name.rpartition("/")
@@ -121,10 +132,15 @@ class _Actor:
         self.end: float | None = None
 
     def admit(self, capacity: int, seqs: _Seqs) -> None:
-        while self.queue and len(self.queue[0]) <= capacity - len(self.heap):
-            for sid in self.queue.popleft():
-                seqs.start_it[sid] = self.it
-                heapq.heappush(self.heap, (self.it + seqs.true[sid], sid))
+        queue, heap = self.queue, self.heap
+        if not queue or len(queue[0]) > capacity - len(heap):
+            return
+        # locals: this runs for every job admitted in every simulated step (the same pushes in the same order)
+        it, start, true, push = self.it, seqs.start_it, seqs.true, heapq.heappush
+        while queue and len(queue[0]) <= capacity - len(heap):
+            for sid in queue.popleft():
+                start[sid] = it
+                push(heap, (it + true[sid], sid))
 
     def advance(self, t: float, f: list[float]) -> None:
         """Move the clock to t (no event of this actor lies in between, so its batch is constant)."""
@@ -164,8 +180,11 @@ class _Live:
     def max_remaining(self) -> float:
         it, start, pred = self._act.it, self._seqs.start_it, self._seqs.pred
         # the largest of the running sequences' remaining, each raised to 1 (`_running`), and the queued ones'
-        run = max((pred[sid] - (it - start[sid]) for _, sid in self._act.heap), default=None)
-        queued = max((pred[s] for job in self._act.queue for s in job), default=None)
+        heap, queue = self._act.heap, self._act.queue
+        # lists, not generators, into max: the same values, read at every cut check for every destination
+        run = max([pred[sid] - (it - start[sid]) for _, sid in heap]) if heap else None
+        queued = [pred[s] for job in queue for s in job]
+        queued = max(queued) if queued else None
         if run is None:
             return queued
         run = run if run > 1.0 else 1.0
@@ -183,23 +202,27 @@ class _Live:
 def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[list[_Actor], _Seqs]:
     truth = {j.group_id: j for j in true_jobs} if true_jobs is not None else {}
     seqs, actors = _Seqs(), []
+    # locals: this runs once per sequence of every simulated step and candidate
+    group, firsts, job_of, plen = seqs.group, seqs.first, seqs.job, seqs.plen
+    true_all, pred_all = seqs.true, seqs.pred
     for a, jobs in enumerate(plan.actor_jobs):
         act = _Actor(a)
+        queue = act.queue
         for j in jobs:
-            pred = j.lengths()
-            true = truth[j.group_id].lengths() if truth else pred
-            first = len(seqs.true)
-            seqs.job.extend([len(seqs.group)] * j.n_seqs)
-            seqs.group.append(j.group_id)
-            seqs.first.append(first)
-            seqs.true.extend(true)
-            seqs.pred.extend(pred)
-            seqs.plen.extend([j.prompt_len] * j.n_seqs)
-            seqs.start_it.extend([0.0] * j.n_seqs)
-            act.queue.append(list(range(first, first + j.n_seqs)))
-            act.total += j.n_seqs
-        act.admit(plan.capacity, seqs)
+            n, pred = j.n_seqs, j.lengths()
+            first = len(true_all)
+            job_of.extend([len(group)] * n)
+            group.append(j.group_id)
+            firsts.append(first)
+            true_all.extend(truth[j.group_id].lengths() if truth else pred)
+            pred_all.extend(pred)
+            plen.extend([j.prompt_len] * n)
+            queue.append(list(range(first, first + n)))
+            act.total += n
         actors.append(act)
+    seqs.start_it = [0.0] * len(true_all)
+    for act in actors:
+        act.admit(plan.capacity, seqs)
     return actors, seqs
 
 
@@ -209,16 +232,18 @@ def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seq
     sources = {actors[m.src] for m in mp.moves}
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     moved = set()
+    sid_of, start, true, plen, push = seqs.sid, seqs.start_it, seqs.true, seqs.plen, heapq.heappush
+    kv = tm.kv_transfer_s_per_token
     for m in mp.moves:
-        sid, src, dst = seqs.sid(m.seq_id), actors[m.src], actors[m.dst]
+        sid, src, dst = sid_of(m.seq_id), actors[m.src], actors[m.dst]
         finish = finish_of.get(sid)
-        gen = src.it - seqs.start_it[sid] if finish is not None else 0.0
-        rem = finish - src.it if finish is not None else seqs.true[sid]
+        gen = src.it - start[sid] if finish is not None else 0.0
+        rem = finish - src.it if finish is not None else true[sid]
         dst.advance(t, f)
-        seqs.start_it[sid] = dst.it - gen
-        heapq.heappush(dst.heap, (dst.it + rem, sid))
+        start[sid] = dst.it - gen
+        push(dst.heap, (dst.it + rem, sid))
         dst.total += 1
-        dst.t += tm.kv_transfer_s_per_token * (seqs.plen[sid] + gen)  # the destination stalls for the KV
+        dst.t += kv * (plen[sid] + gen)  # the destination stalls for the KV
         moved.add(sid)
     for act in sources:
         act.heap = [x for x in act.heap if x[1] not in moved]
@@ -246,7 +271,7 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
     moves: list[Migration] = []
     released: list[int] = []
     nxt = [a.next_event(f) for a in actors] or [np.inf]
-    pop, inf = heapq.heappop, np.inf
+    pop, inf, cap = heapq.heappop, np.inf, plan.capacity
     while (t := min(nxt)) < inf:
         a = nxt.index(t)
         act = actors[a]
@@ -255,17 +280,18 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
             if heap:
                 act.it += (t - act.t) / f[len(heap)]
             act.t = t
-        done = act.it + 1e-9
+        done, n_done = act.it + 1e-9, 0
         while heap and heap[0][0] <= done:
             pop(heap)
-            act.finished += 1
+            n_done += 1
+        act.finished += n_done
         if act.queue:
-            act.admit(plan.capacity, seqs)
-        if not heap and not act.queue:
+            act.admit(cap, seqs)
+        elif not heap:
             act.end = t
             nxt[a] = inf
             continue
-        if act.finished / act.total >= tau and _room(actors, tau, plan.capacity, a):
+        if act.finished / act.total >= tau and _room(actors, tau, cap, a):
             live = [b for b in actors if b.end is None and (b.heap or b.queue)]
             for b in live:
                 b.advance(t, f)
@@ -279,7 +305,12 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
                 released.extend(mp.released)
                 for b in live:
                     nxt[b.aid] = b.next_event(f)
-        nxt[a] = act.next_event(f)
+        heap = act.heap  # `_Actor.next_event`, inlined (a cut replaces the heap and may release this actor)
+        if act.end is not None or not heap:
+            nxt[a] = inf
+        else:
+            wait = heap[0][0] - act.it
+            nxt[a] = act.t + (wait if wait > 0.0 else 0.0) * f[len(heap)]
     return _result(plan, actors, time_model, moves, released)
 
 

@@ -164,7 +164,7 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
         hit = _TRUE_CACHE.get((id(step), key))
         if hit is not None and hit[0] is step:
             return hit[1]
-    jobs = _jobs(step, [tuple(float(v) for v in g.lengths) for g in step.groups], prompt_of)
+    jobs = _jobs(step, [tuple(map(float, g.lengths)) for g in step.groups], prompt_of)
     if key:
         if len(_TRUE_CACHE) >= TRUE_CACHE_SIZE:
             _TRUE_CACHE.clear()

@@ -552,7 +552,11 @@ def _play_forked(i: int) -> tuple[dict, Timeline | None, list[dict]]:
 def _play_cost(pol) -> int:
     """Rank of a policy's simulation time: RLHFless with draws plays every candidate of every step on each
     drawn outcome (the slowest, e.g. 12-15 s of 24 paper-sim steps on a loaded core), the oracle (true lengths,
-    no draws) once (10 s), the baselines no planner (0.1-3 s)."""
+    no draws) once (10 s), the baselines no planner (0.1-3 s), but RLHFuse plays cut-and-migrate on every step
+    (as long as the oracle: 2.3 s each at 100 paper-sim steps, near idle; ranked with the baselines it started
+    last and ended about a second after everything else)."""
+    if isinstance(pol, RLHFuse):
+        return 1
     if not isinstance(pol, RLHFless):
         return 0
     return 2 if pol.sw.draws and not pol.sw.oracle else 1
