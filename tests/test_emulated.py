@@ -116,6 +116,37 @@ def test_emulated_worker_is_light_and_replays_lengths(tmp_path):
         be.release(h)
 
 
+def test_starts_return_before_the_fork_and_a_released_unit_is_free_first(tmp_path):
+    """`LocalBackend.start` returns before its fork (a step's N functions are all requested, then awaited, so their
+    cold starts overlap as on a platform, not one fork-server round trip after another), and its starter thread keeps
+    order: a worker released to make room has exited before the fork of the one started after it."""
+    import threading
+
+    from rlhfless.runtime.backend import LocalBackend
+    from rlhfless.runtime.emulated import PRELOAD
+
+    setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": 0.01, "algo": "grpo", "G": 4,
+                          "max_new_tokens": 1024, "skip_zero_variance": False}, "version": 0}
+    be = LocalBackend("forkserver", PRELOAD)
+    gate = threading.Event()
+    be._starter_pool().submit(gate.wait)  # the starter is busy (as with the forks before it): start must not wait
+    hs = [be.start(f"w{i}", ("decode",), (i,), setup) for i in range(3)]
+    try:
+        assert not any(h.starting.done() for h in hs)  # all three returned while no fork could run
+        gate.set()
+        ready = set()
+        while len(ready) < 3:
+            ready |= {h.worker for h, m in be.poll(hs, 60.0) if m is not None and m["op"] == "ready"}
+        be.release(hs[0])
+        h = be.start("w3", ("decode",), (0,), setup)  # unit 0 again
+        hs.append(h)
+        assert h.up() and hs[0].process.exitcode is not None  # the release's exit came before this fork
+    finally:
+        for x in hs[1:]:
+            be.release(x)
+        be.close()
+
+
 # ---- a small comparison end to end, and the simulator's prediction of it --------------------------------------
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):

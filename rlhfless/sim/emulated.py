@@ -52,13 +52,23 @@ def _kept(g: GroupWork, skip: bool) -> bool:
     return not skip or not g.rewards or len(set(g.rewards)) > 1
 
 
+def _cold_ready(run: dict, i: dict, rel, engine: bool) -> float:
+    """When an invocation's function can start it: its request, or, on its first use, the end of its cold start,
+    which runs from its spawn (`runtime.emulated.Clock`: earlier than the request when it was pre-warmed)."""
+    t = rel(i["requested_s"])
+    if i["cold"]:
+        spawned = run.get("spawn", {}).get(i["worker"], i["requested_s"])
+        t = max(t, rel(spawned) + run["pm"].cold_start_s(engine=engine))
+    return t
+
+
 def _play_decode(run: dict, work: StepWork, dec: list[dict], rel, serverful: bool) -> tuple[dict, dict, dict]:
     """The step's decode functions: (finish time of each group, each function's end, each worker's span)."""
     pm = run["pm"]
     finish: dict[int, float] = {}
     ends, spans = {}, {}
     for i in dec:
-        start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
+        start = _cold_ready(run, i, rel, engine=True)
         if not i["cold"] and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind: serverless over the
             start += pm.weight_sync_s(colocated=serverful)  # network; a PPO pool worker reshards from the actor
         busy, fin = _decode(run["tm"], run["cap"], work, i["groups"])
@@ -75,8 +85,7 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
     pm, rollout = run["pm"], max(ends.values())
     out = []
     for i in lrn:
-        ready = rel(i["requested_s"]) + (pm.cold_start_s(engine=bool(run["hybrid"])) if i["cold"] else 0.0)
-        t = max(ready, ends.get(i["worker"], 0.0))
+        t = max(_cold_ready(run, i, rel, engine=bool(run["hybrid"])), ends.get(i["worker"], 0.0))
         for g in sorted(i["groups"], key=lambda g: finish.get(g, rollout)):
             gw = work.groups[g]
             work_s = pm.learner_s_per_token("grpo") * gw.tokens if _kept(gw, run["skip_zero"]) else 0.0
@@ -125,10 +134,7 @@ def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, en
     by = {i["kind"]: i for i in invs if i["kind"] in ("values", "learner", "critic")}
 
     def ready(i: dict, engine: bool) -> float:
-        t = rel(i["requested_s"])
-        if i["cold"]:  # its cold start ran from its spawn (earlier when pre-warmed)
-            t = max(t, rel(run["spawn"].get(i["worker"], i["requested_s"])) + pm.cold_start_s(engine=engine))
-        t = max(t, ends.get(i["worker"], 0.0))  # a hybrid take: after its own decode
+        t = max(_cold_ready(run, i, rel, engine), ends.get(i["worker"], 0.0))  # a hybrid take: after its decode
         return t + (pm.weight_sync_s(colocated=serverful) if i["extra"].get("sync_s", 0) > 0 else 0.0)
 
     v, a, c = by["values"], by["learner"], by["critic"]
