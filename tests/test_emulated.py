@@ -198,6 +198,23 @@ def test_design_paper_arm_runs_separate_functions_and_streams_nothing(compared):
             assert all(g and g > 0 for g in got)
 
 
+def test_emulated_learner_ranks_leave_at_their_share(compared):
+    """As real serverless ranks (`runtime.streaming`): every rank but the last in writes its share and its
+    invocation ends there; the paper design's separate learner functions (no decode to go on to) are let go at
+    once, and the simulator bills each from its share, not from the step's end."""
+    from rlhfless.sim.emulated import validate_emulated
+
+    rows = [x for x in _rows(compared / "serverless-paper" / "metrics.jsonl") if "timing_s/step" in x]
+    assert sum(x.get("runtime/ranks_released_early") or 0 for x in rows[1:]) > 0
+    for step in (2, 3):
+        ends = sorted(i["finished_s"] for i in _rows(compared / "serverless-paper" / "invocations.jsonl")
+                      if i["kind"] == "learner" and i["step"] == step)
+        assert ends[0] < ends[-1]  # the reducer ends last, after the optimiser step; the others at their share
+    assert json.loads((compared / "serverless-paper" / "emulated-lengths.json").read_text())["shares"] is True
+    v = validate_emulated(compared / "serverless-paper")
+    assert v["by_role"]["learner"]["rel_error"] < 0.10
+
+
 def test_response_lengths_are_replayed_from_the_table(compared):
     table = LengthTable.load(compared / "serverless" / "emulated-lengths.json")
     rows = _rows(compared / "serverless" / "traces" / "rollouts.jsonl")
