@@ -100,13 +100,15 @@ def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: froz
           shares: bool = False, early: frozenset = frozenset()) -> dict[str, float]:
     """Serverless device-seconds by role (docs/internals.md#simemulatedpy): each worker from its request to its last
     invocation's end (a rank's: the optimiser step's; with `shares`, a rank but the reducer's: its share, the end
-    of its groups), plus the keep-alive when released in the step (none when released at its share: `early`), to
+    of its groups or of the rollout, whichever is later: the share needs every reward), plus the keep-alive when released in the step (none when released at its share: `early`), to
     the step's end when kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
     billed = {k: 0.0 for k in KINDS}
     ranks = [w for w, (_, _, role) in spans.items() if role != "decode"]
     reducer = max(ranks, key=lambda w: spans[w][1]) if ranks else None  # the last share in steps
+    rollout = max(ends.values(), default=0.0)  # learn_end (with every reward: the normaliser) follows the rollout
     for worker, (a, b, role) in spans.items():
-        b = learn_end if role != "decode" and (not shares or worker == reducer) else b
+        if role != "decode":
+            b = learn_end if not shares or worker == reducer else max(b, rollout)
         end = b if worker in early else b + keep if worker in released else learn_end if keep > 0 else b
         if role == "hybrid":
             billed["decode"] += ends[worker] - a
