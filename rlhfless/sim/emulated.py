@@ -277,8 +277,10 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         gone = frozenset(w["worker"] for w in workers if w.get("released_s") is not None and w["released_s"] < end)
         pre = {w["worker"]: w["spawned_s"] for w in workers if w.get("prewarmed") and ws <= w["spawned_s"] < end}
         mine = {i["worker"] for i in invs}
+        # pre-warmed for a later step: invoked then, or never (the run ended first: its last step pre-warms too)
         nxt = {w["worker"]: (w["spawned_s"], w["units"]) for w in workers
-               if ws <= w["spawned_s"] < end and w["worker"] not in mine and w["worker"] in later}
+               if ws <= w["spawned_s"] < end and w["worker"] not in mine and (w["worker"] in later or (
+                   w["worker"] not in first_step and w.get("prewarmed") and "decode" in w["kinds"]))}
         early = _released_at_share(workers, invs, gone, float(rt.get("keep_alive_s") or 0.0)) \
             if run["shares"] and run["algo"] != "ppo" else frozenset()
         pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt, early)
