@@ -337,8 +337,8 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
       it lapses (negative: a worker evicted for a unit before its keep-alive lapsed); a rank let go at its share
       (`early`) from its share, with no keep-alive.
     * held_before_request_s: from a worker's spawn in the window (after the between-steps gap) to its first
-      request: the driver starts the functions it needs one process after another and sends their requests after,
-      where a platform starts them at once (the model bills a function from its request); with
+      request: the driver's own milliseconds between the two (its starts return at once: `runtime.backend`; the
+      model bills a function from its request); with
       `billed_from_spawn` (PPO's model bills a pre-warmed worker from its spawn) only the workers not pre-warmed.
     All but release_lag_s are real seconds the model has no term for; that one is also where the runtime's release
     rule departs from a platform's."""
