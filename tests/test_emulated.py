@@ -116,6 +116,37 @@ def test_emulated_worker_is_light_and_replays_lengths(tmp_path):
         be.release(h)
 
 
+def test_starts_return_before_the_fork_and_a_released_unit_is_free_first(tmp_path):
+    """`LocalBackend.start` returns before its fork (a step's N functions are all requested, then awaited, so their
+    cold starts overlap as on a platform, not one fork-server round trip after another), and its starter thread keeps
+    order: a worker released to make room has exited before the fork of the one started after it."""
+    import threading
+
+    from rlhfless.runtime.backend import LocalBackend
+    from rlhfless.runtime.emulated import PRELOAD
+
+    setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": 0.01, "algo": "grpo", "G": 4,
+                          "max_new_tokens": 1024, "skip_zero_variance": False}, "version": 0}
+    be = LocalBackend("forkserver", PRELOAD)
+    gate = threading.Event()
+    be._starter_pool().submit(gate.wait)  # the starter is busy (as with the forks before it): start must not wait
+    hs = [be.start(f"w{i}", ("decode",), (i,), setup) for i in range(3)]
+    try:
+        assert not any(h.starting.done() for h in hs)  # all three returned while no fork could run
+        gate.set()
+        ready = set()
+        while len(ready) < 3:
+            ready |= {h.worker for h, m in be.poll(hs, 60.0) if m is not None and m["op"] == "ready"}
+        be.release(hs[0])
+        h = be.start("w3", ("decode",), (0,), setup)  # unit 0 again
+        hs.append(h)
+        assert h.up() and hs[0].process.exitcode is not None  # the release's exit came before this fork
+    finally:
+        for x in hs[1:]:
+            be.release(x)
+        be.close()
+
+
 # ---- a small comparison end to end, and the simulator's prediction of it --------------------------------------
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
@@ -165,6 +196,23 @@ def test_design_paper_arm_runs_separate_functions_and_streams_nothing(compared):
             assert all(g in (None, 0.0) for g in got)
         else:
             assert all(g and g > 0 for g in got)
+
+
+def test_emulated_learner_ranks_leave_at_their_share(compared):
+    """As real serverless ranks (`runtime.streaming`): every rank but the last in writes its share and its
+    invocation ends there; the paper design's separate learner functions (no decode to go on to) are let go at
+    once, and the simulator bills each from its share, not from the step's end."""
+    from rlhfless.sim.emulated import validate_emulated
+
+    rows = [x for x in _rows(compared / "serverless-paper" / "metrics.jsonl") if "timing_s/step" in x]
+    assert sum(x.get("runtime/ranks_released_early") or 0 for x in rows[1:]) > 0
+    for step in (2, 3):
+        ends = sorted(i["finished_s"] for i in _rows(compared / "serverless-paper" / "invocations.jsonl")
+                      if i["kind"] == "learner" and i["step"] == step)
+        assert ends[0] < ends[-1]  # the reducer ends last, after the optimiser step; the others at their share
+    assert json.loads((compared / "serverless-paper" / "emulated-lengths.json").read_text())["shares"] is True
+    v = validate_emulated(compared / "serverless-paper")
+    assert v["by_role"]["learner"]["rel_error"] < 0.10
 
 
 def test_response_lengths_are_replayed_from_the_table(compared):

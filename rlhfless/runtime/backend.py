@@ -6,6 +6,14 @@ model load); with "spawn" every worker starts a fresh interpreter and imports ev
 The fork server's own start (the imports, about as long as one spawn) is platform set-up: measured and
 reported (`platform_start_s`), not billed to either mode. The Ray backend (`runtime.raybackend`) implements
 the same methods.
+
+`start` returns at once and the fork happens on one starter thread, as a platform's start call returns before the
+container is up: a step's N functions are all requested, then all awaited, so their cold starts overlap instead of
+queueing behind the driver (each fork is a fork-server round trip, 0.05-0.2 s on a loaded 2-core machine). The fork
+server still forks one at a time; that remains in each worker's measured cold start (`ready` - spawn), never hidden.
+`release` likewise returns once the worker is told to shut down, and its exit is awaited on the same thread, in
+order with the forks: a unit released to make room is free (its process gone or killed) before the fork that
+takes it, and N releases overlap their exits instead of the driver joining each in turn.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -45,14 +54,22 @@ class Handle:
     """Messages that arrived while the driver was waiting for something else (kept in order)."""
     left: bool = False
     """It said it is leaving because its learner group broke (`worker.LEFT`): its end is the restart's doing."""
+    starting: Future | None = None
+    """The fork still under way on the backend's starter thread (done once the process exists); None: started."""
+
+    def up(self) -> bool:
+        """Wait until the process exists; False when its start failed (it never ran: a dead worker)."""
+        if self.starting is None:
+            return True
+        return self.starting.exception() is None
 
     @property
-    def pid(self) -> int:
-        return self.process.pid
+    def pid(self) -> int | None:
+        return self.process.pid if self.up() else None
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return self.up() and self.process.is_alive()
 
 
 class WorkerDied(Exception):
@@ -117,6 +134,16 @@ def _use_forkserver_preload(modules: list[str]) -> None:
     mp.set_forkserver_preload(list(modules))
 
 
+def _launch(proc, theirs) -> None:
+    """The fork, on the starter thread (an interrupt reaches the main thread only, so the hand-over of the new
+    worker's file descriptors to the fork server is never cut); the driver's end of the child's pipe closes after."""
+    try:
+        with _without_main():
+            proc.start()
+    finally:
+        theirs.close()
+
+
 class LocalBackend:
     def __init__(self, start_method: str = "forkserver", preload: list[str] | None = None):
         """preload: the modules the fork server imports once (default `worker.PRELOAD`; `worker.preload(engine)`
@@ -124,6 +151,7 @@ class LocalBackend:
         self.start_method = start_method
         self.ctx = mp.get_context(start_method)
         self.platform_start_s = 0.0
+        self._starter: ThreadPoolExecutor | None = None  # one thread: `_without_main` is process-wide state
         if start_method == "forkserver":
             _use_forkserver_preload(PRELOAD if preload is None else preload)
 
@@ -140,17 +168,16 @@ class LocalBackend:
         return self.platform_start_s
 
     def start(self, worker: str, kinds: tuple[str, ...], cores: tuple[int, ...], setup: dict) -> Handle:
-        """Start a worker (returns at once; `await_ready` or `poll` sees its `ready`)."""
+        """Start a worker: returns at once, the fork runs on the starter thread (module docstring); messages sent
+        meanwhile wait in the pipe, and `await_ready` or `poll` sees its `ready`."""
         ours, theirs = self.ctx.Pipe(duplex=True)
         t = now()
         # spawned_t: an emulated device's cold start runs from the request (`runtime.emulated.Clock`)
         payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores), "spawned_t": t})
         proc = self.ctx.Process(target=local_main, args=(theirs, payload, os.getpid()), daemon=True,
                                 name=f"rlhfless-{worker}")
-        with _without_main(), interrupts_held():  # an interrupt waits until the fork server has the worker
-            proc.start()
-        theirs.close()
-        return Handle(worker, proc, ours, tuple(cores), tuple(kinds), t)
+        return Handle(worker, proc, ours, tuple(cores), tuple(kinds), t,
+                      starting=self._starter_pool().submit(_launch, proc, theirs))
 
     def send(self, h: Handle, msg: dict) -> None:
         try:
@@ -163,11 +190,17 @@ class LocalBackend:
         out = [(h, h.pending.pop(0)) for h in handles if h.pending]
         if out:
             return out
+        failed = [(h, None) for h in handles if h.starting is not None and h.starting.done() and not h.up()]
+        if failed:
+            return failed
+        # a process still being forked has no sentinel yet: its pipe is watched (a death after the fork is EOF)
+        forked = [h for h in handles if h.starting is None or h.starting.done()]
         by_obj = {}
         for h in handles:
             by_obj[id(h.conn)] = h
+        for h in forked:
             by_obj[h.process.sentinel] = h
-        ready = wait([h.conn for h in handles] + [h.process.sentinel for h in handles], timeout)
+        ready = wait([h.conn for h in handles] + [h.process.sentinel for h in forked], timeout)
         seen = set()
         for r in ready:
             h = by_obj[id(r)] if not isinstance(r, int) else by_obj[r]
@@ -187,20 +220,33 @@ class LocalBackend:
         return out
 
     def release(self, h: Handle, timeout: float = 5.0) -> None:
-        """Ask the worker to stop; kill it if it does not within `timeout`."""
+        """Ask the worker to stop, and return: its exit is awaited on the starter thread (module docstring), which
+        kills it if it does not stop within `timeout`."""
+        if not h.up():
+            h.conn.close()
+            return
         try:
             wire.send(h.conn, {"op": "shutdown"})
         except (BrokenPipeError, OSError):
             pass
+        h.conn.close()  # the shutdown is in the pipe already; the worker reads it, then sees EOF
+        self._starter_pool().submit(self._reap, h, timeout)
+
+    def _reap(self, h: Handle, timeout: float) -> None:
         h.process.join(timeout)
         if h.process.is_alive():
             self.kill(h)
-        h.conn.close()
+
+    def _starter_pool(self) -> ThreadPoolExecutor:
+        if self._starter is None:
+            self._starter = ThreadPoolExecutor(1, thread_name_prefix="rlhfless-start")
+        return self._starter
 
     def stop_all(self, handles: list[Handle], grace_s: float = STOP_GRACE_S) -> None:
         """Stop these workers together: SIGTERM each (a worker's default action: it exits at once, without a
         traceback), wait up to `grace_s` for all of them, then SIGKILL any left (one blocked in C code, e.g. a
         gloo rendezvous, may not act on SIGTERM until it returns)."""
+        handles = [h for h in handles if h.up()]
         for h in handles:
             try:
                 os.kill(h.pid, signal.SIGTERM)
@@ -213,17 +259,24 @@ class LocalBackend:
             self.kill(h)  # reaps it; SIGKILL only reaches one still alive
 
     def close(self) -> None:
-        """Nothing to stop: the fork server ends with the driver."""
+        """The starter thread ends once its forks are done; the fork server ends with the driver."""
+        if self._starter is not None:
+            self._starter.shutdown(wait=True)
+            self._starter = None
 
     def exit_status(self, h: Handle) -> int | None:
         """The exit status of a worker whose pipe has closed (it is exiting: wait for that, bounded); None for one
         whose pipe is open: it hangs (an invocation over time), and waiting would only stall the driver."""
+        if not h.up():
+            return None
         if not _closed(h):
             return h.process.exitcode
         h.process.join(5.0)
         return h.process.exitcode
 
     def kill(self, h: Handle) -> None:
+        if not h.up():
+            return
         try:
             os.kill(h.pid, signal.SIGKILL)
         except ProcessLookupError:

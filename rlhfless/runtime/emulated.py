@@ -354,6 +354,8 @@ class EmulatedWorker:
 
     def _learn_end(self, msg: dict, conn) -> dict:
         t_end0 = now()
+        if msg.get("share"):
+            return self._learn_share(msg, t_end0)
         dist = msg.get("dist")
         if dist and dist.get("announce") and dist["rank"] == 0 and conn is not None:
             wire.send(conn, {"op": "rendezvous_open", "step": msg["step"]})
@@ -372,6 +374,27 @@ class EmulatedWorker:
         return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
                 "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": 0, "metrics": {},
                 "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"]}
+
+    def _learn_share(self, msg: dict, t_end0: float) -> dict:
+        """The serverless learner's end, as `worker._learn_share`: `share.out`, a rank writes its share and is free
+        at once (its replica stays at the step's version); `share.shares`, the last rank in syncs if behind and
+        steps. A share costs no modelled time: the simulator's rank is its groups' compute, and the gradient
+        exchange is inside the optimiser step's `update_fixed_s`, which the reducer alone pays (as the reducer
+        alone steps); the share file holds nothing (no weights or gradients exist)."""
+        sh = msg["share"]
+        if sh.get("out"):
+            Path(sh["out"]).write_bytes(b"")
+            info = self.update or {"t_start": t_end0, "sync_s": 0.0, "compute_s": 0.0, "group_busy": [], "busy": []}
+            self.update, t_end = None, now()
+            return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
+                    "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": 0,
+                    "shared": sh["out"], "metrics": {}, "busy": info["busy"] + [[t_end0, t_end]],
+                    "group_busy": info["group_busy"]}
+        sync_s = self._sync(msg)
+        self.update = {"t_start": t_end0, "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
+                       "busy": [[t_end0, now()]] if sync_s > 0 else []}
+        reply = self._learn_end({k: v for k, v in msg.items() if k not in ("share", "dist")}, None)
+        return {**reply, "shared": None}
 
     def _reference(self, msg: dict) -> dict:
         from safetensors.numpy import load_file, save_file

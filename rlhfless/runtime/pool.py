@@ -58,8 +58,9 @@ class Pool:
         wid = f"{role(kinds)}-{next(self._ids)}"
         h = self.backend.start(wid, kinds, cores, {**self.setup, **(extra or {})})
         self.handles[wid] = h
+        # its pid comes with `ready` (reading it here would wait for the fork the backend runs behind `start`)
         self.records[wid] = WorkerRecord(wid, kinds, float(len(cores)), cores, self.rel(h.spawned_s),
-                                         prewarmed=prewarmed, pid=h.pid)
+                                         prewarmed=prewarmed)
         if prewarmed:
             self.waiting.add(wid)
         return h
@@ -135,6 +136,8 @@ class Pool:
     def _gone(self, h: Handle, killed: bool, at: float | None = None) -> None:
         rec = self.records[h.worker]
         rec.released_s, rec.killed = self.rel(now() if at is None else at), killed
+        if not rec.pid and getattr(h, "starting", None) is not None:  # gone before its `ready`
+            rec.pid = h.pid or 0
         self.handles.pop(h.worker, None)
         self.idle_since.pop(h.worker, None)
         self.working.discard(h.worker)

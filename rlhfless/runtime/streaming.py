@@ -79,9 +79,9 @@ class LearnerStream:
         self.prewarm_due = False
         self.starting_all = False  # finish: every rank starts now (all groups are in)
         self.first_share: float | None = None  # serverless: when the step's first share came in
-        # serverless ranks end with shares (`_finish_shares`); the pool ends together in its gloo group, and so do
-        # emulated workers (runtime.emulated models one optimiser step per rank and no share files yet)
-        self.shares = ctx.policy.ranks_leave_at_share() and ctx.config.device != "emulated"
+        # serverless ranks end with shares (`_finish_shares`), emulated ones too (`EmulatedWorker._learn_share`); the
+        # pool ends together in its gloo group
+        self.shares = ctx.policy.ranks_leave_at_share()
         self._decode_pw: tuple[float, tuple | None] = (0.0, None)  # (since, next_decode_prewarm) while finishing
         self._end: dict = {}
         self._adopt_warm()

@@ -34,7 +34,7 @@ def _perf(run: Path):
         raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
     t = LengthTable.load(p)
     pm = perf_model(t.gpu, t.model)
-    return pm, pm.time_model(t.capacity, t.ctx), t.capacity
+    return pm, pm.time_model(t.capacity, t.ctx), t.capacity, t.shares
 
 
 def _decode(tm, cap: int, work: StepWork, groups: list[int]) -> tuple[float, dict[int, float]]:
@@ -52,13 +52,23 @@ def _kept(g: GroupWork, skip: bool) -> bool:
     return not skip or not g.rewards or len(set(g.rewards)) > 1
 
 
+def _cold_ready(run: dict, i: dict, rel, engine: bool) -> float:
+    """When an invocation's function can start it: its request, or, on its first use, the end of its cold start,
+    which runs from its spawn (`runtime.emulated.Clock`: earlier than the request when it was pre-warmed)."""
+    t = rel(i["requested_s"])
+    if i["cold"]:
+        spawned = run.get("spawn", {}).get(i["worker"], i["requested_s"])
+        t = max(t, rel(spawned) + run["pm"].cold_start_s(engine=engine))
+    return t
+
+
 def _play_decode(run: dict, work: StepWork, dec: list[dict], rel, serverful: bool) -> tuple[dict, dict, dict]:
     """The step's decode functions: (finish time of each group, each function's end, each worker's span)."""
     pm = run["pm"]
     finish: dict[int, float] = {}
     ends, spans = {}, {}
     for i in dec:
-        start = rel(i["requested_s"]) + (pm.cold_start_s(engine=True) if i["cold"] else 0.0)
+        start = _cold_ready(run, i, rel, engine=True)
         if not i["cold"] and i["extra"].get("sync_s", 0) > 0:  # a warm replica behind: serverless over the
             start += pm.weight_sync_s(colocated=serverful)  # network; a PPO pool worker reshards from the actor
         busy, fin = _decode(run["tm"], run["cap"], work, i["groups"])
@@ -75,8 +85,7 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
     pm, rollout = run["pm"], max(ends.values())
     out = []
     for i in lrn:
-        ready = rel(i["requested_s"]) + (pm.cold_start_s(engine=bool(run["hybrid"])) if i["cold"] else 0.0)
-        t = max(ready, ends.get(i["worker"], 0.0))
+        t = max(_cold_ready(run, i, rel, engine=bool(run["hybrid"])), ends.get(i["worker"], 0.0))
         for g in sorted(i["groups"], key=lambda g: finish.get(g, rollout)):
             gw = work.groups[g]
             work_s = pm.learner_s_per_token("grpo") * gw.tokens if _kept(gw, run["skip_zero"]) else 0.0
@@ -87,14 +96,20 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
     return out
 
 
-def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset) -> dict[str, float]:
+def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset,
+          shares: bool = False, early: frozenset = frozenset()) -> dict[str, float]:
     """Serverless device-seconds by role (docs/internals.md#simemulatedpy): each worker from its request to its last
-    invocation's end (a rank's: the optimiser step's), plus the keep-alive when released in the step, to the step's end
-    when kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
+    invocation's end (a rank's: the optimiser step's; with `shares`, a rank but the reducer's: its share, the end
+    of its groups or of the rollout, whichever is later: the share needs every reward), plus the keep-alive when released in the step (none when released at its share: `early`), to
+    the step's end when kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
     billed = {k: 0.0 for k in KINDS}
+    ranks = [w for w, (_, _, role) in spans.items() if role != "decode"]
+    reducer = max(ranks, key=lambda w: spans[w][1]) if ranks else None  # the last share in steps
+    rollout = max(ends.values(), default=0.0)  # learn_end (with every reward: the normaliser) follows the rollout
     for worker, (a, b, role) in spans.items():
-        b = learn_end if role != "decode" else b
-        end = b + keep if worker in released else learn_end if keep > 0 else b
+        if role != "decode":
+            b = learn_end if not shares or worker == reducer else max(b, rollout)
+        end = b if worker in early else b + keep if worker in released else learn_end if keep > 0 else b
         if role == "hybrid":
             billed["decode"] += ends[worker] - a
             billed["learner"] += end - ends[worker]
@@ -125,10 +140,7 @@ def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, en
     by = {i["kind"]: i for i in invs if i["kind"] in ("values", "learner", "critic")}
 
     def ready(i: dict, engine: bool) -> float:
-        t = rel(i["requested_s"])
-        if i["cold"]:  # its cold start ran from its spawn (earlier when pre-warmed)
-            t = max(t, rel(run["spawn"].get(i["worker"], i["requested_s"])) + pm.cold_start_s(engine=engine))
-        t = max(t, ends.get(i["worker"], 0.0))  # a hybrid take: after its own decode
+        t = max(_cold_ready(run, i, rel, engine), ends.get(i["worker"], 0.0))  # a hybrid take: after its decode
         return t + (pm.weight_sync_s(colocated=serverful) if i["extra"].get("sync_s", 0) > 0 else 0.0)
 
     v, a, c = by["values"], by["learner"], by["critic"]
@@ -180,7 +192,7 @@ def _ahead(spawned_next: dict, rel, learn_end: float) -> float:
 
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
                  released: frozenset = frozenset(), spawned: dict | None = None,
-                 spawned_next: dict | None = None) -> dict:
+                 spawned_next: dict | None = None, early: frozenset = frozenset()) -> dict:
     """One step played (docs/internals.md#simemulatedpy); every time in modelled seconds from the step's first decode
     request. `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
@@ -209,7 +221,8 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
     out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
     if serverful:  # the pool: W x the period
         return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
-    billed = _bill(spans, ends, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale, released)
+    billed = _bill(spans, ends, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale, released,
+                   run.get("shares", False), early)
     billed["decode"] += _ahead(spawned_next or {}, rel, learn_end)
     return {**out, "billed": sum(billed.values()), "by_role": billed}
 
@@ -225,10 +238,11 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     if rt.get("device") != "emulated":
         raise DataError(f"validate: {p} is not a runtime.device=emulated run")
     scale = float(rt.get("time_scale", 1.0))
-    pm, tm, cap = _perf(p)
+    pm, tm, cap, shares = _perf(p)
     algo = cfg.get("algo") or {}
     run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
-           "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo")}
+           "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo"),
+           "shares": shares and rt.get("mode") != "serverful"}
     if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.emulated.ppo_steps`)
         rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
         run.update(ppo_epochs=int(algo.get("ppo_epochs", 1)), values_chunk=int((cfg.get("critic") or {}).get(
@@ -263,13 +277,17 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         gone = frozenset(w["worker"] for w in workers if w.get("released_s") is not None and w["released_s"] < end)
         pre = {w["worker"]: w["spawned_s"] for w in workers if w.get("prewarmed") and ws <= w["spawned_s"] < end}
         mine = {i["worker"] for i in invs}
+        # pre-warmed for a later step: invoked then, or never (the run ended first: its last step pre-warms too)
         nxt = {w["worker"]: (w["spawned_s"], w["units"]) for w in workers
-               if ws <= w["spawned_s"] < end and w["worker"] not in mine and w["worker"] in later}
-        pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt)
+               if ws <= w["spawned_s"] < end and w["worker"] not in mine and (w["worker"] in later or (
+                   w["worker"] not in first_step and w.get("prewarmed") and "decode" in w["kinds"]))}
+        early = _released_at_share(workers, invs, gone, float(rt.get("keep_alive_s") or 0.0)) \
+            if run["shares"] and run["algo"] != "ppo" else frozenset()
+        pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt, early)
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
-        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0),
+        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0), early,
                        run["algo"] == "ppo")
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
@@ -278,6 +296,19 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
     return summarize(rows, scale, rt.get("mode", "serverless"), kinds)
+
+
+def _released_at_share(workers: list[dict], invs: list[dict], gone: frozenset, keep_alive_s: float) -> frozenset:
+    """The learner ranks the runtime let go at their share (`plan.ranks.release_after_share`, a decision read from
+    the record): released within the step, their last invocation a rank's, before half their keep-alive (real
+    seconds) had run; a release at the keep-alive's lapse comes a whole keep-alive after."""
+    last: dict[str, dict] = {}
+    for i in invs:
+        if i["worker"] not in last or i["finished_s"] > last[i["worker"]]["finished_s"]:
+            last[i["worker"]] = i
+    return frozenset(w["worker"] for w in workers if w["worker"] in gone and w["worker"] in last
+                     and last[w["worker"]]["kind"] == "learner"
+                     and w["released_s"] - last[w["worker"]]["finished_s"] < 0.5 * keep_alive_s)
 
 
 def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: float, start: float, end: float) -> dict:
@@ -295,7 +326,7 @@ def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: floa
 
 
 def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
-           keep_alive_s: float = 0.0, billed_from_spawn: bool = False) -> dict:
+           keep_alive_s: float = 0.0, early: frozenset = frozenset(), billed_from_spawn: bool = False) -> dict:
     """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
     * between_steps_s: the driver's work between the previous step and this one (logging, traces: the first `gap`
       seconds of the window), billed to every worker held then;
@@ -303,10 +334,11 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
       workers spawned on demand in the window (a pre-warmed one's extra start is absorbed in its wait for work);
     * release_lag_s: from a worker's last invocation's end to its release, beyond the keep-alive, for the workers
       released in the window: the shutdown message and the exit, and a keep-alive the runtime checks later than
-      it lapses (negative: a worker evicted for a unit before its keep-alive lapsed).
+      it lapses (negative: a worker evicted for a unit before its keep-alive lapsed); a rank let go at its share
+      (`early`) from its share, with no keep-alive.
     * held_before_request_s: from a worker's spawn in the window (after the between-steps gap) to its first
-      request: the driver starts the functions it needs one process after another and sends their requests after,
-      where a platform starts them at once (the model bills a function from its request); with
+      request: the driver's own milliseconds between the two (its starts return at once: `runtime.backend`; the
+      model bills a function from its request); with
       `billed_from_spawn` (PPO's model bills a pre-warmed worker from its spawn) only the workers not pre-warmed.
     All but release_lag_s are real seconds the model has no term for; that one is also where the runtime's release
     rule departs from a platform's."""
@@ -315,7 +347,8 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
         last[i["worker"]] = max(last.get(i["worker"], 0.0), i["finished_s"])
     cold = sum(w["cold_start_s"] / scale - pm.cold_start_s(engine="decode" in w["kinds"]) for w in workers
                if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
-    lag = sum((w["released_s"] - last[w["worker"]] - keep_alive_s) / scale for w in workers
+    lag = sum((w["released_s"] - last[w["worker"]] - (0.0 if w["worker"] in early else keep_alive_s)) / scale
+              for w in workers
               if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
     held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
                for w in workers) / scale

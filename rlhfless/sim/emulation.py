@@ -28,6 +28,10 @@ class LengthTable:
     capacity: int
     ctx: float
     source: str
+    shares: bool = False
+    """The run's emulated learner ranks leave at their share (`runtime.streaming`'s serverless end), as real ones
+    do; False in a table written before they did (every rank then ended with the optimiser step: `sim.emulated`
+    plays such a run that way)."""
 
     def length(self, step: int, row: int, G: int, cap: int) -> int:
         """The response length of `row` (= group * G + sample) at run step `step` (1-based), cycling the table."""
@@ -88,7 +92,7 @@ def build_table(cfg, steps: int) -> LengthTable:
     rewards = [[list(g.rewards) for g in s.groups] for s in work] if any(g.rewards for s in work for g in s.groups) \
         else None
     return LengthTable(lengths, rewards, rt.emulated_gpu, rt.emulated_model, int(cluster.capacity),
-                       float(_ctx(cluster.time_model.source)), f"{rt.length_trace}: {note}")
+                       float(_ctx(cluster.time_model.source)), f"{rt.length_trace}: {note}", shares=True)
 
 
 def _ctx(source: str) -> float:
