@@ -369,11 +369,15 @@ class EmulatedWorker:
             out = Path(msg["state_out"])
             out.unlink(missing_ok=True)
             os.link(msg["state_path"], out)
+        return self._learned(msg, t_end0)
+
+    def _learned(self, msg: dict, t_end0: float, **extra) -> dict:
+        """The `learned` reply of the update that ends now (its groups' compute, and `[t_end0, now]` busy)."""
         info = self.update or {"t_start": t_end0, "sync_s": 0.0, "compute_s": 0.0, "group_busy": [], "busy": []}
         self.update, t_end = None, now()
         return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
                 "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": 0, "metrics": {},
-                "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"]}
+                "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"], **extra}
 
     def _learn_share(self, msg: dict, t_end0: float) -> dict:
         """The serverless learner's end, as `worker._learn_share`: `share.out`, a rank writes its share and is free
@@ -384,12 +388,7 @@ class EmulatedWorker:
         sh = msg["share"]
         if sh.get("out"):
             Path(sh["out"]).write_bytes(b"")
-            info = self.update or {"t_start": t_end0, "sync_s": 0.0, "compute_s": 0.0, "group_busy": [], "busy": []}
-            self.update, t_end = None, now()
-            return {"op": "learned", "step": msg["step"], "t_start": info["t_start"], "t_end": t_end,
-                    "sync_s": info["sync_s"], "compute_s": info["compute_s"], "buffered_peak": 0,
-                    "shared": sh["out"], "metrics": {}, "busy": info["busy"] + [[t_end0, t_end]],
-                    "group_busy": info["group_busy"]}
+            return self._learned(msg, t_end0, shared=sh["out"])
         sync_s = self._sync(msg)
         self.update = {"t_start": t_end0, "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
                        "busy": [[t_end0, now()]] if sync_s > 0 else []}
