@@ -330,7 +330,7 @@ class ServerlessPolicy(ModePolicy):
                 ctx.pool.busy(h)
         else:
             for h in live:
-                ctx.pool.release(h)
+                ctx.pool.release(h, reason="regroup")
             ctx.run.forget_learners()
 
 

@@ -41,15 +41,19 @@ def role(kinds: tuple[str, ...]) -> str:
     return "pool" if set(kinds) == set(KINDS_ALL) else "+".join(kinds)
 
 
-RELEASE_REASONS = ("share", "lapse", "evicted", "end", "stopped", "killed", "left", "other")
-"""Why the runtime let a worker go (`WorkerRecord.release_reason`), each stamped where `runtime.pool.Pool` decides:
-share: a learner rank released at its share because the plan had no work for it inside its keep-alive
-(`plan.ranks.release_after_share`); lapse: its keep-alive lapsed idle (`Pool.expire`; with keep-alive 0 at once
-when it has no work: `policy.no_work_now`); evicted: idle, released to
-free units for waiting work (`Pool.make_room`); end: the run ended (`Pool.release_all`); stopped: ended at once,
-its work discarded or the driver interrupted (`Pool.stop`, `Pool.stop_all`); killed: it died; left: it left a
-data-parallel group broken by a peer's death; other: any other release the runtime chose (a single-use prefill
-function, a surplus warm worker, a preempted one)."""
+RELEASE_REASONS = ("share", "lapse", "evicted", "regroup", "end", "stopped", "killed", "left", "other")
+"""Why the runtime let a worker go (`WorkerRecord.release_reason`), each stamped where the runtime decides:
+* share: a learner rank released at its share, the plan having no work for it inside its keep-alive
+  (`plan.ranks.release_after_share`);
+* lapse: its keep-alive lapsed idle (`Pool.expire`; with keep-alive 0 at once when it has no work:
+  `policy.no_work_now`);
+* evicted: idle, released to free units for waiting work (`Pool.make_room`);
+* regroup: a learner rank kept warm from the last step, released because the step's ranks are not all kept ones
+  (a new data-parallel group forms: `policy.learner_ranks`);
+* end: the run ended (`Pool.release_all`); stopped: ended at once, its work discarded or the driver interrupted
+  (`Pool.stop`, `Pool.stop_all`); killed: it died; left: it left a data-parallel group broken by a peer's death;
+* other: any other release the runtime chose (a single-use prefill function, a surplus warm worker, a preempted
+  one)."""
 
 
 @dataclass
