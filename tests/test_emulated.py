@@ -215,6 +215,53 @@ def test_emulated_learner_ranks_leave_at_their_share(compared):
     assert v["by_role"]["learner"]["rel_error"] < 0.10
 
 
+def test_releases_are_recorded_and_the_simulator_reads_them(compared):
+    """Why each worker went is in workers.jsonl (`WorkerRecord.release_reason`): the ranks let go at their share
+    are the ones the step metrics count, each a learner rank whose last invocation was its share; with keep-alive 0
+    a function with no work is released at its (zero) keep-alive's lapse; and the validation's ranks released at
+    their share are exactly the recorded ones, step by step."""
+    from rlhfless.sim.emulated import validate_emulated
+
+    for arm in ("serverless", "serverless-paper"):
+        ws = _rows(compared / arm / "workers.jsonl")
+        assert all(w["release_reason"] is not None for w in ws)  # every worker was released, each for a reason
+        share = {w["worker"] for w in ws if w["release_reason"] == "share"}
+        counted = sum(x.get("runtime/ranks_released_early") or 0 for x in _rows(compared / arm / "metrics.jsonl")
+                      if "timing_s/step" in x)
+        assert share and len(share) == counted
+        last: dict[str, dict] = {}
+        for i in _rows(compared / arm / "invocations.jsonl"):
+            if i["worker"] not in last or i["finished_s"] >= last[i["worker"]]["finished_s"]:
+                last[i["worker"]] = i
+        assert all(last[w]["kind"] == "learner" for w in share)
+        assert any(w["release_reason"] == "lapse" for w in ws)  # runtime.keep_alive_s=0: at once, with no work
+        v = validate_emulated(compared / arm)
+        want = {s: sorted(w for w in share if last[w]["step"] == s) for s in v["steps"]}
+        assert v["released_at_share"] == want and any(want.values())
+
+
+def test_a_run_recorded_before_release_reasons_is_refused_not_guessed(compared, tmp_path):
+    """Old folders (no release_reason in workers.jsonl): a run whose ranks leave at their share is refused with a
+    one-line reason (which ranks went at their share is a decision the record must hold); a run with no such
+    decision (the serverful pool) still validates."""
+    import shutil
+
+    from rlhfless.core.errors import DataError
+    from rlhfless.sim.emulated import validate_emulated
+
+    for arm in ("serverless-paper", "serverful"):
+        old = tmp_path / arm
+        shutil.copytree(compared / arm, old)
+        rows = _rows(old / "workers.jsonl")
+        (old / "workers.jsonl").write_text("".join(json.dumps({k: v for k, v in w.items() if k != "release_reason"})
+                                                   + "\n" for w in rows))
+    with pytest.raises(DataError, match="release_reason") as e:
+        validate_emulated(tmp_path / "serverless-paper")
+    assert "\n" not in str(e.value)
+    assert validate_emulated(tmp_path / "serverful")["released_at_share"] == \
+        validate_emulated(compared / "serverful")["released_at_share"]
+
+
 def test_response_lengths_are_replayed_from_the_table(compared):
     table = LengthTable.load(compared / "serverless" / "emulated-lengths.json")
     rows = _rows(compared / "serverless" / "traces" / "rollouts.jsonl")

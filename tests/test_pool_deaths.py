@@ -60,6 +60,7 @@ def test_a_rank_that_left_on_a_broken_all_reduce_is_released_not_killed():
     pool.dead(h)
     rec = pool.records[h.worker]
     assert rec.released_s is not None and not rec.killed and h.worker not in pool.handles
+    assert rec.release_reason == "left"  # workers.jsonl says why, beside the flag
 
 
 def test_a_rank_that_said_it_left_is_released_while_its_process_still_exits():
@@ -91,7 +92,7 @@ def test_a_sigkilled_worker_and_a_crash_are_killed():
     os.kill(h.pid, signal.SIGKILL)
     _await_eof(h)
     pool.dead(h)
-    assert pool.records[h.worker].killed
+    assert pool.records[h.worker].killed and pool.records[h.worker].release_reason == "killed"
     pool, h = _pool_with(1)  # an uncaught exception's status
     _await_eof(h)
     pool.dead(h)

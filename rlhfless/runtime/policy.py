@@ -257,7 +257,7 @@ class ServerlessPolicy(ModePolicy):
     def no_work_now(self, pool, h, keep_alive_s: float) -> None:
         pool.idle(h)  # its keep-alive runs from now: released at the lapse unless work comes first
         if keep_alive_s == 0:
-            pool.release(h)  # scale to zero: nothing is kept
+            pool.release(h, reason="lapse")  # scale to zero: a keep-alive of 0 lapses at once
 
     def billing_name(self, configured: str) -> str:
         return configured
@@ -330,7 +330,7 @@ class ServerlessPolicy(ModePolicy):
                 ctx.pool.busy(h)
         else:
             for h in live:
-                ctx.pool.release(h)
+                ctx.pool.release(h, reason="regroup")
             ctx.run.forget_learners()
 
 

@@ -104,12 +104,13 @@ class Pool:
         self.working.discard(h.worker)
         self.idle_since[h.worker] = now()
 
-    def release(self, h: Handle, early: bool = False) -> None:
-        """Release a live worker now; `early`: an idle one the plan lets go before its keep-alive lapses."""
+    def release(self, h: Handle, early: bool = False, reason: str = "other") -> None:
+        """Release a live worker now, recording why (`records.RELEASE_REASONS`); `early`: an idle learner rank the
+        plan lets go at its share, before its keep-alive lapses (reason "share")."""
         if h.worker not in self.handles:
             return
         self.backend.release(h)
-        self._gone(h, killed=False)
+        self._gone(h, killed=False, reason="share" if early else reason)
         if early:
             self.released_early.append((self.rel(now()), h.worker))
 
@@ -120,7 +121,7 @@ class Pool:
         if h.worker in self.handles:
             self.backend.kill(h)
             self.records[h.worker].stopped = True
-            self._gone(h, killed=False)
+            self._gone(h, killed=False, reason="stopped")
 
     def dead(self, h: Handle) -> None:
         """Record a worker that died (its held time until now stays billed). A learner rank that left because a
@@ -131,11 +132,12 @@ class Pool:
             status = None if h.left else self.backend.exit_status(h)  # reads what it sent last, LEFT included
             left = h.left or status == GROUP_BROKEN_EXIT
             self.backend.kill(h)  # reap it (it is already gone, or hung)
-            self._gone(h, killed=not left)
+            self._gone(h, killed=not left, reason="left" if left else "killed")
 
-    def _gone(self, h: Handle, killed: bool, at: float | None = None) -> None:
+    def _gone(self, h: Handle, killed: bool, reason: str, at: float | None = None) -> None:
         rec = self.records[h.worker]
         rec.released_s, rec.killed = self.rel(now() if at is None else at), killed
+        rec.release_reason = reason  # the decision itself, so readers of workers.jsonl never infer it from times
         if not rec.pid and getattr(h, "starting", None) is not None:  # gone before its `ready`
             rec.pid = h.pid or 0
         self.handles.pop(h.worker, None)
@@ -175,7 +177,7 @@ class Pool:
             if lapse > t:
                 break
             self.backend.release(h)
-            self._gone(h, killed=False, at=min(t, lapse))
+            self._gone(h, killed=False, reason="lapse", at=min(t, lapse))
             self.expired.append((self.rel(lapse), h.worker))
             out.append(h.worker)
         return out
@@ -211,7 +213,7 @@ class Pool:
         while len(self.free_cores()) < n and idle:
             h = self.handles.get(idle.pop(0))
             if h is not None and h.worker not in self.working:
-                self.release(h)
+                self.release(h, reason="evicted")
         return len(self.free_cores()) >= n
 
     def held_units(self) -> int:
@@ -224,11 +226,11 @@ class Pool:
         hs = list(self.handles.values())
         self.backend.stop_all(hs)
         for h in hs:
-            self._gone(h, killed=False)
+            self._gone(h, killed=False, reason="stopped")
 
     def release_all(self) -> None:
         for h in list(self.handles.values()):
-            self.release(h)
+            self.release(h, reason="end")
 
     def live(self) -> list[Handle]:
         return list(self.handles.values())

@@ -41,6 +41,21 @@ def role(kinds: tuple[str, ...]) -> str:
     return "pool" if set(kinds) == set(KINDS_ALL) else "+".join(kinds)
 
 
+RELEASE_REASONS = ("share", "lapse", "evicted", "regroup", "end", "stopped", "killed", "left", "other")
+"""Why the runtime let a worker go (`WorkerRecord.release_reason`), each stamped where the runtime decides:
+* share: a learner rank released at its share, the plan having no work for it inside its keep-alive
+  (`plan.ranks.release_after_share`);
+* lapse: its keep-alive lapsed idle (`Pool.expire`; with keep-alive 0 at once when it has no work:
+  `policy.no_work_now`);
+* evicted: idle, released to free units for waiting work (`Pool.make_room`);
+* regroup: a learner rank kept warm from the last step, released because the step's ranks are not all kept ones
+  (a new data-parallel group forms: `policy.learner_ranks`);
+* end: the run ended (`Pool.release_all`); stopped: ended at once, its work discarded or the driver interrupted
+  (`Pool.stop`, `Pool.stop_all`); killed: it died; left: it left a data-parallel group broken by a peer's death;
+* other: any other release the runtime chose (a single-use prefill function, a surplus warm worker, a preempted
+  one)."""
+
+
 @dataclass
 class WorkerRecord:
     """One worker process from request to release.
@@ -51,7 +66,8 @@ class WorkerRecord:
     None while alive. pid, node: its process and, on a cluster, its node (both as reported once it is ready).
     killed: it died (kill -9 or a crash) instead of being released. stopped: the runtime ended it at once (its work
     was being discarded) instead of asking it to shut down. prewarmed: started ahead of need by the pre-warming
-    policy.
+    policy. release_reason: why it was released (`RELEASE_REASONS`), None while alive and in records written
+    before the field existed (the simulator's validation refuses to guess it: `sim.emulated`).
     """
 
     worker: str
@@ -67,6 +83,12 @@ class WorkerRecord:
     pid: int = 0
     node: str | None = None
     """The node it ran on (Ray backend: the node's IP, as the actor reported it); None on the local backend."""
+    release_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.release_reason is not None and self.release_reason not in RELEASE_REASONS:
+            raise DataError(f"WorkerRecord {self.worker}: release_reason must be one of {RELEASE_REASONS} or None "
+                            f"(got {self.release_reason!r})")
 
     @property
     def cold_start_s(self) -> float:

@@ -281,8 +281,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         nxt = {w["worker"]: (w["spawned_s"], w["units"]) for w in workers
                if ws <= w["spawned_s"] < end and w["worker"] not in mine and (w["worker"] in later or (
                    w["worker"] not in first_step and w.get("prewarmed") and "decode" in w["kinds"]))}
-        early = _released_at_share(workers, invs, gone, float(rt.get("keep_alive_s") or 0.0)) \
-            if run["shares"] and run["algo"] != "ppo" else frozenset()
+        early = _released_at_share(p, workers, gone & mine) if run["shares"] and run["algo"] != "ppo" else frozenset()
         pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt, early)
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
@@ -291,24 +290,23 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
                        run["algo"] == "ppo")
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
-        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms,
+        rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms, "released_at_share": sorted(early),
                      "step_terms": _step_terms(invs, pred, meas, scale, t0, ws + gap, end)})
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
     return summarize(rows, scale, rt.get("mode", "serverless"), kinds)
 
 
-def _released_at_share(workers: list[dict], invs: list[dict], gone: frozenset, keep_alive_s: float) -> frozenset:
-    """The learner ranks the runtime let go at their share (`plan.ranks.release_after_share`, a decision read from
-    the record): released within the step, their last invocation a rank's, before half their keep-alive (real
-    seconds) had run; a release at the keep-alive's lapse comes a whole keep-alive after."""
-    last: dict[str, dict] = {}
-    for i in invs:
-        if i["worker"] not in last or i["finished_s"] > last[i["worker"]]["finished_s"]:
-            last[i["worker"]] = i
-    return frozenset(w["worker"] for w in workers if w["worker"] in gone and w["worker"] in last
-                     and last[w["worker"]]["kind"] == "learner"
-                     and w["released_s"] - last[w["worker"]]["finished_s"] < 0.5 * keep_alive_s)
+def _released_at_share(run_dir: Path, workers: list[dict], gone: frozenset) -> frozenset:
+    """The step's workers released by its end (`gone`) that the runtime let go at their share
+    (`plan.ranks.release_after_share`): the decision as the pool recorded it (`WorkerRecord.release_reason`).
+    A run folder written before that field existed is refused, not guessed from timestamps: a guess misreads
+    under load or at another time scale (issue 30); re-run it to validate it."""
+    if any(w.get("released_s") is not None and w.get("release_reason") is None for w in workers):
+        raise DataError(f"validate: {run_dir}: workers.jsonl records no release_reason (written before the runtime "
+                        "recorded why it released a worker); re-run it: the ranks let go at their share are read "
+                        "from the record, never guessed from timing")
+    return frozenset(w["worker"] for w in workers if w["worker"] in gone and w.get("release_reason") == "share")
 
 
 def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: float, start: float, end: float) -> dict:
@@ -385,6 +383,7 @@ def summarize(rows: list[dict], scale: float, mode: str, kinds: tuple[str, ...] 
     out["control_plane_real_ms_per_step"] = gap * scale * 1000.0
     out["rollout_s_simulated"] = mean(lambda r: r["predicted"]["rollout"])
     out["learn_end_s_simulated"] = mean(lambda r: r["predicted"]["learn_end"])
+    out["released_at_share"] = {r["step"]: r.get("released_at_share", []) for r in rows}  # the decisions it read
     return out
 
 
