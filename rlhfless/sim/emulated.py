@@ -323,7 +323,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     first_step: dict[str, int] = {}
     for i in rd.read_invocations():
         first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
-    rows, carry = [], {}
+    rows, carry, last_end = [], {}, None
     every = sorted(rd.read_invocations(), key=lambda i: i["requested_s"])
     for s in sorted(metrics):
         later = {w for w, k in first_step.items() if k > s}  # pre-warmed in step s for a later one
@@ -344,7 +344,8 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         early = _released_at_share(p, workers, gone & mine) if run["shares"] and run["algo"] != "ppo" else frozenset()
         held = _held_record(workers, every, ws, t0, end, carry)
         pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt, early, held)
-        carry = pred.get("carry", {})
+        carry, prev_last, this_last = pred.get("carry", {}), last_end, max(i["finished_s"] for i in invs)
+        last_end = this_last
         if skip_first and s == 1:  # played for the keep-alive it carries into step 2, not validated
             continue
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
@@ -354,6 +355,8 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
                        run["algo"] == "ppo", t0, frozenset(held["cut"]))
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
+        else:
+            terms.update(_boundary_terms(workers, invs, scale, t0, end, prev_last, held))
         rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms, "released_at_share": sorted(early),
                      "step_terms": _step_terms(invs, pred, meas, scale, t0, ws + gap, end)})
     if not rows:
@@ -451,6 +454,30 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
                       for w in workers if w["spawned_s"] < a and (w.get("released_s") or float("inf")) >= a) / scale
     return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag,
             "held_before_request_s": before}
+
+
+def _boundary_terms(workers: list[dict], invs: list[dict], scale: float, t0: float, end: float,
+                    prev_last: float | None, held: dict) -> dict:
+    """The control plane's seconds at the step's two boundaries that the model's step (from its first request to its
+    learn end) leaves out or counts twice, in modelled seconds:
+    * held_after_last_invocation_s: the workers still held at the window's end, from the step's last invocation's
+      end to the window's end (the driver's work after the update; the model bills them to its learn end);
+    * keep_alive_in_gap_s (negative): a worker kept from the last step that lapses in this one unused; the model
+      carries its keep-alive from the last step's learn end to this step's first request with no gap between, but
+      the runtime's keep-alive clock ran through the control plane's real seconds between the two (billed by the
+      terms above), so the model counts them twice: a time-scale distortion, 1/scale times the driver's seconds.
+    Real seconds here grow with the machine's load and are magnified by 1/scale."""
+    last = max(i["finished_s"] for i in invs)
+    after = sum((end - max(last, w["spawned_s"])) * w["units"] for w in workers
+                if w["spawned_s"] < end and (w.get("released_s") is None or w["released_s"] >= end)) / scale
+    gap = 0.0
+    if prev_last is not None:
+        mine = {i["worker"] for i in invs}
+        for w, (_, units) in held.get("alive", {}).items():
+            lapse = held.get("carry", {}).get(w)
+            if w not in mine and w in held.get("gone_at", {}) and w not in held.get("cut", {}) and lapse:
+                gap -= min(max(0.0, lapse), (t0 - prev_last) / scale) * units
+    return {"held_after_last_invocation_s": after, "keep_alive_in_gap_s": gap}
 
 
 def _err(sim: float, meas: float) -> dict:
