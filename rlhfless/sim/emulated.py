@@ -97,25 +97,71 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
 
 
 def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset,
-          shares: bool = False, early: frozenset = frozenset()) -> dict[str, float]:
+          shares: bool = False, early: frozenset = frozenset(), cut: dict | None = None
+          ) -> tuple[dict[str, float], dict[str, float]]:
     """Serverless device-seconds by role (docs/internals.md#simemulatedpy): each worker from its request to its last
     invocation's end (a rank's: the optimiser step's; with `shares`, a rank but the reducer's: its share, the end
-    of its groups or of the rollout, whichever is later: the share needs every reward), plus the keep-alive when released in the step (none when released at its share: `early`), to
-    the step's end when kept alive; a hybrid worker's time is decode's to its decode end, the learner's after."""
+    of its groups or of the rollout, whichever is later: the share needs every reward), plus the keep-alive when
+    released in the step (none when released at its share: `early`; to its release, if sooner, when the runtime let
+    it go for another reason: `cut`, modelled seconds), to the step's end when kept alive; a hybrid worker's time is
+    decode's to its decode end, the learner's after. Returns (billed by role, each kept worker's keep-alive lapse)."""
     billed = {k: 0.0 for k in KINDS}
+    lapse: dict[str, float] = {}
+    cut = cut or {}
     ranks = [w for w, (_, _, role) in spans.items() if role != "decode"]
     reducer = max(ranks, key=lambda w: spans[w][1]) if ranks else None  # the last share in steps
     rollout = max(ends.values(), default=0.0)  # learn_end (with every reward: the normaliser) follows the rollout
     for worker, (a, b, role) in spans.items():
         if role != "decode":
             b = learn_end if not shares or worker == reducer else max(b, rollout)
-        end = b if worker in early else b + keep if worker in released else learn_end if keep > 0 else b
+        end = _end(worker, b, learn_end, keep, released, early, cut)
+        if worker not in released:
+            lapse[worker] = b + keep
         if role == "hybrid":
             billed["decode"] += ends[worker] - a
             billed["learner"] += end - ends[worker]
         else:
             billed[role] += end - a
-    return billed
+    return billed, lapse
+
+
+def _end(worker: str, last: float, learn_end: float, keep: float, released: frozenset, early: frozenset,
+         cut: dict) -> float:
+    """Where a worker's bill ends in its step: at its last invocation's end when released at its share; at its
+    release (no later than its keep-alive's lapse) when released for another reason than a lapse (evicted for a
+    unit, a new learner group: decisions, read from the record); at the lapse when it lapsed in the step; at the
+    step's end when kept alive past it (and at its last end with no keep-alive)."""
+    if worker in early:
+        return last
+    if worker in cut:
+        return min(last + keep, max(last, cut[worker]))
+    if worker in released:
+        return last + keep
+    return learn_end if keep > 0 else last
+
+
+def _held(alive: dict, mine: dict, learn_end: float, carry: dict, gone_at: dict, cut: dict,
+          billed: dict) -> dict[str, float]:
+    """The workers held at the step's start (kept alive from the last step, or pre-warmed in it): billed from the
+    step's start, to the role of their last invocation (the meter's rule: idle after work is that work's
+    keep-alive). One invoked in the step (`mine`: its first request), to that request; one not invoked, to its
+    keep-alive's lapse (carried from the step it was last invoked in: `carry`, modelled seconds from this step's
+    start; the recorded release when none was carried), to its release when let go sooner for another reason
+    (`cut`), or to the step's end when still held. Adds to `billed`; returns the lapses carried on."""
+    nxt: dict[str, float] = {}
+    for w, (role, units) in alive.items():
+        if w in mine:
+            billed[role] = billed.get(role, 0.0) + max(0.0, mine[w]) * units
+            continue
+        lapse = carry.get(w)
+        if w in gone_at:
+            end = gone_at[w] if lapse is None else min(cut[w], lapse) if w in cut else lapse
+        else:
+            end = learn_end
+            if lapse is not None:
+                nxt[w] = lapse - learn_end
+        billed[role] = billed.get(role, 0.0) + min(max(0.0, end), learn_end) * units
+    return nxt
 
 
 def _chunks(n_groups: int, G: int, chunk_seqs: int) -> list[list[int]]:
@@ -160,24 +206,28 @@ def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, en
 
 
 def _bill_segments(invs: list[dict], rel, end_of: dict, learn_end: float, keep: float, released: frozenset,
-                   start_of: dict) -> dict[str, float]:
+                   start_of: dict, cut: dict | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Serverless device-seconds by role, as the meter splits a multi-kind worker (`meter.role_split`): each instant
     to the kind of its last invocation requested by then; a worker from its start (its first request, or its spawn
-    when pre-warmed in the step) to its last invocation's end, plus the keep-alive when released in the step, to the
-    step's end when kept alive."""
+    when pre-warmed in the step) to its last invocation's end, plus the keep-alive when released in the step (to its
+    release, if sooner, when let go for another reason: `cut`), to the step's end when kept alive. Returns (billed
+    by role, each kept worker's keep-alive lapse)."""
     billed: dict[str, float] = {}
+    lapse: dict[str, float] = {}
     mine: dict[str, list[dict]] = {}
     for i in invs:
         mine.setdefault(i["worker"], []).append(i)
     for w, xs in mine.items():
         xs.sort(key=lambda i: i["requested_s"])
         last = max(end_of.get((w, _role(i["kind"])), rel(i["finished_s"])) for i in xs)
-        end = last + keep if w in released else learn_end if keep > 0 else last
+        end = _end(w, last, learn_end, keep, released, frozenset(), cut or {})
+        if w not in released:
+            lapse[w] = last + keep
         cuts = [min(start_of.get(w, rel(xs[0]["requested_s"])), rel(xs[0]["requested_s"]))] + \
             [rel(i["requested_s"]) for i in xs[1:]] + [end]
         for i, a, b in zip(xs, cuts, cuts[1:]):
             billed[_role(i["kind"])] = billed.get(_role(i["kind"]), 0.0) + max(0.0, b - a)
-    return billed
+    return billed, lapse
 
 
 def _role(kind: str) -> str:
@@ -192,14 +242,19 @@ def _ahead(spawned_next: dict, rel, learn_end: float) -> float:
 
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
                  released: frozenset = frozenset(), spawned: dict | None = None,
-                 spawned_next: dict | None = None, early: frozenset = frozenset()) -> dict:
+                 spawned_next: dict | None = None, early: frozenset = frozenset(), held: dict | None = None) -> dict:
     """One step played (docs/internals.md#simemulatedpy); every time in modelled seconds from the step's first decode
     request. `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
     (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
-    alive."""
-    pm, rt, spawned = run["pm"], run["rt"], spawned or {}
+    alive. `held` (decisions, from the record): `alive`, the workers held at the step's start ({worker: (the role
+    their idle bills to, units)}), billed from the step's start (`_held`); `gone_at`, the modelled instant each
+    released worker went, and `cut`, those let go for another reason than a lapse or their share; `carry`, the
+    keep-alive lapses carried from the previous step's play. The result's `carry` is this step's, for the next."""
+    pm, rt, spawned, held = run["pm"], run["rt"], spawned or {}, held or {}
     rel = lambda t: (t - t0) / scale  # noqa: E731 (a record's real time -> modelled seconds into the step)
+    keep = float(rt.get("keep_alive_s") or 0.0) / scale
+    cut = {w: rel(t) for w, t in held.get("cut", {}).items()}
     serverful = rt.get("mode") == "serverful"
     finish, ends, spans = _play_decode(run, work, [i for i in invs if i["kind"] == "decode"], rel, serverful)
     rollout = max(ends.values())
@@ -210,21 +265,25 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
         out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
         if serverful:
             return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
-        billed = _bill_segments(invs, rel, end_of, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale,
-                                released, {w: rel(t) for w, t in spawned.items()})
-        billed["decode"] = billed.get("decode", 0.0) + _ahead(spawned_next or {}, rel, learn_end)
-        return {**out, "billed": sum(billed.values()), "by_role": billed}
-    rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
-                             overlap)
-    opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
-    learn_end = max(rank_end, default=rollout) + opt
-    out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
-    if serverful:  # the pool: W x the period
-        return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
-    billed = _bill(spans, ends, learn_end, float(rt.get("keep_alive_s") or 0.0) / scale, released,
-                   run.get("shares", False), early)
-    billed["decode"] += _ahead(spawned_next or {}, rel, learn_end)
-    return {**out, "billed": sum(billed.values()), "by_role": billed}
+        billed, lapse = _bill_segments(invs, rel, end_of, learn_end, keep, released,
+                                       {w: rel(t) for w, t in spawned.items()}, cut)
+    else:
+        rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
+                                 overlap)
+        opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
+        learn_end = max(rank_end, default=rollout) + opt
+        out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
+        if serverful:  # the pool: W x the period
+            return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
+        billed, lapse = _bill(spans, ends, learn_end, keep, released, run.get("shares", False), early, cut)
+    billed["decode"] = billed.get("decode", 0.0) + _ahead(spawned_next or {}, rel, learn_end)
+    first: dict[str, float] = {}
+    for i in invs:
+        first[i["worker"]] = min(first.get(i["worker"], float("inf")), rel(i["requested_s"]))
+    carry = _held(held.get("alive", {}), first, learn_end, held.get("carry", {}),
+                  {w: rel(t) for w, t in held.get("gone_at", {}).items()}, cut, billed)
+    carry.update({w: t - learn_end for w, t in lapse.items()})
+    return {**out, "billed": sum(billed.values()), "by_role": billed, "carry": carry}
 
 
 def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
@@ -264,10 +323,11 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     first_step: dict[str, int] = {}
     for i in rd.read_invocations():
         first_step[i["worker"]] = min(first_step.get(i["worker"], i["step"]), i["step"])
-    rows = []
+    rows, carry, last_end = [], {}, None
+    every = sorted(rd.read_invocations(), key=lambda i: i["requested_s"])
     for s in sorted(metrics):
         later = {w for w, k in first_step.items() if k > s}  # pre-warmed in step s for a later one
-        if (skip_first and s == 1) or s not in work or not any(i["kind"] == "decode" for i in by_step.get(s, [])):
+        if s not in work or not any(i["kind"] == "decode" for i in by_step.get(s, [])):
             continue
         invs = by_step[s]
         t0 = min(i["requested_s"] for i in invs if i["kind"] == "decode")
@@ -282,19 +342,45 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
                if ws <= w["spawned_s"] < end and w["worker"] not in mine and (w["worker"] in later or (
                    w["worker"] not in first_step and w.get("prewarmed") and "decode" in w["kinds"]))}
         early = _released_at_share(p, workers, gone & mine) if run["shares"] and run["algo"] != "ppo" else frozenset()
-        pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt, early)
+        held = _held_record(workers, every, ws, t0, end, carry)
+        pred = predict_step(run, work[s], invs, scale, t0, gone, pre, nxt, early, held)
+        carry, prev_last, this_last = pred.get("carry", {}), last_end, max(i["finished_s"] for i in invs)
+        last_end = this_last
+        if skip_first and s == 1:  # played for the keep-alive it carries into step 2, not validated
+            continue
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
         terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0), early,
-                       run["algo"] == "ppo")
+                       run["algo"] == "ppo", t0, frozenset(held["cut"]))
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
             terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
+        else:
+            terms.update(_boundary_terms(workers, invs, scale, t0, end, prev_last, held))
         rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms, "released_at_share": sorted(early),
                      "step_terms": _step_terms(invs, pred, meas, scale, t0, ws + gap, end)})
     if not rows:
         raise DataError(f"validate: {p}: no step to validate (need 2 or more steps)")
     return summarize(rows, scale, rt.get("mode", "serverless"), kinds)
+
+
+def _held_record(workers: list[dict], invs: list[dict], ws: float, t0: float, end: float, carry: dict) -> dict:
+    """A step's decisions about the workers held across its start, from the record (real times; `predict_step`'s
+    `held`): `alive`, each worker spawned before the step's window and not released before it, with the role its
+    idle bills to (its last invocation's requested before the step's first request, else its image's first kind:
+    `meter.role_split`) and its units; `gone_at`, the release of each worker released in the window; `cut`, those
+    released for another reason than a lapse or their share (evicted for a unit, regrouped, ...)."""
+    role: dict[str, str] = {}
+    for i in invs:  # sorted by request: the last one before t0 wins
+        if i["requested_s"] < t0:
+            role[i["worker"]] = _role(i["kind"])
+    alive = {w["worker"]: (role.get(w["worker"], w["kinds"][0]), float(w["units"])) for w in workers
+             if w["spawned_s"] < ws and (w.get("released_s") is None or w["released_s"] >= ws)}
+    gone_at = {w["worker"]: w["released_s"] for w in workers
+               if w.get("released_s") is not None and ws <= w["released_s"] < end}
+    cut = {w: t for w, t in gone_at.items()
+           if next(x for x in workers if x["worker"] == w).get("release_reason") not in ("lapse", "share")}
+    return {"alive": alive, "gone_at": gone_at, "cut": cut, "carry": carry}
 
 
 def _released_at_share(run_dir: Path, workers: list[dict], gone: frozenset) -> frozenset:
@@ -324,7 +410,8 @@ def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: floa
 
 
 def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
-           keep_alive_s: float = 0.0, early: frozenset = frozenset(), billed_from_spawn: bool = False) -> dict:
+           keep_alive_s: float = 0.0, early: frozenset = frozenset(), billed_from_spawn: bool = False,
+           t0: float | None = None, cut: frozenset = frozenset()) -> dict:
     """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
     * between_steps_s: the driver's work between the previous step and this one (logging, traces: the first `gap`
       seconds of the window), billed to every worker held then;
@@ -332,12 +419,15 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
       workers spawned on demand in the window (a pre-warmed one's extra start is absorbed in its wait for work);
     * release_lag_s: from a worker's last invocation's end to its release, beyond the keep-alive, for the workers
       released in the window: the shutdown message and the exit, and a keep-alive the runtime checks later than
-      it lapses (negative: a worker evicted for a unit before its keep-alive lapsed); a rank let go at its share
-      (`early`) from its share, with no keep-alive.
+      it lapses; a rank let go at its share (`early`) from its share, with no keep-alive; a worker let go sooner
+      for another reason (`cut`: evicted for a unit, regrouped; the model bills it to that release) only past its
+      keep-alive.
     * held_before_request_s: from a worker's spawn in the window (after the between-steps gap) to its first
       request: the driver's own milliseconds between the two (its starts return at once: `runtime.backend`; the
       model bills a function from its request); with
-      `billed_from_spawn` (PPO's model bills a pre-warmed worker from its spawn) only the workers not pre-warmed.
+      `billed_from_spawn` (PPO's model bills a pre-warmed worker from its spawn) only the workers not pre-warmed;
+      and, for a worker held across the step's start (kept alive, or pre-warmed in the last step), from the gap's
+      end to the step's first request `t0` (the model bills it from `t0`: its step's start).
     All but release_lag_s are real seconds the model has no term for; that one is also where the runtime's release
     rule departs from a platform's."""
     last: dict[str, float] = {}
@@ -345,8 +435,11 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
         last[i["worker"]] = max(last.get(i["worker"], 0.0), i["finished_s"])
     cold = sum(w["cold_start_s"] / scale - pm.cold_start_s(engine="decode" in w["kinds"]) for w in workers
                if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
-    lag = sum((w["released_s"] - last[w["worker"]] - (0.0 if w["worker"] in early else keep_alive_s)) / scale
-              for w in workers
+    def tail(w: dict) -> float:  # real seconds past what the model bills after its last invocation
+        t = w["released_s"] - last[w["worker"]] - (0.0 if w["worker"] in early else keep_alive_s)
+        return max(0.0, t) if w["worker"] in cut else t
+
+    lag = sum(tail(w) / scale for w in workers
               if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
     held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
                for w in workers) / scale
@@ -356,8 +449,35 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
     before = sum(max(0.0, first[w["worker"]] - max(w["spawned_s"], a + gap)) * w["units"] for w in workers
                  if w["worker"] in first and a <= w["spawned_s"] < b and not (billed_from_spawn and w.get("prewarmed"))
                  ) / scale
+    if t0 is not None:  # held across the step's start: from the gap's end to the step's first request
+        before += sum(max(0.0, min(t0, w.get("released_s") or float("inf")) - (a + gap)) * w["units"]
+                      for w in workers if w["spawned_s"] < a and (w.get("released_s") or float("inf")) >= a) / scale
     return {"between_steps_s": held, "cold_start_overhead_s": cold, "release_lag_s": lag,
             "held_before_request_s": before}
+
+
+def _boundary_terms(workers: list[dict], invs: list[dict], scale: float, t0: float, end: float,
+                    prev_last: float | None, held: dict) -> dict:
+    """The control plane's seconds at the step's two boundaries that the model's step (from its first request to its
+    learn end) leaves out or counts twice, in modelled seconds:
+    * held_after_last_invocation_s: the workers still held at the window's end, from the step's last invocation's
+      end to the window's end (the driver's work after the update; the model bills them to its learn end);
+    * keep_alive_in_gap_s (negative): a worker kept from the last step that lapses in this one unused; the model
+      carries its keep-alive from the last step's learn end to this step's first request with no gap between, but
+      the runtime's keep-alive clock ran through the control plane's real seconds between the two (billed by the
+      terms above), so the model counts them twice: a time-scale distortion, 1/scale times the driver's seconds.
+    Real seconds here grow with the machine's load and are magnified by 1/scale."""
+    last = max(i["finished_s"] for i in invs)
+    after = sum((end - max(last, w["spawned_s"])) * w["units"] for w in workers
+                if w["spawned_s"] < end and (w.get("released_s") is None or w["released_s"] >= end)) / scale
+    gap = 0.0
+    if prev_last is not None:
+        mine = {i["worker"] for i in invs}
+        for w, (_, units) in held.get("alive", {}).items():
+            lapse = held.get("carry", {}).get(w)
+            if w not in mine and w in held.get("gone_at", {}) and w not in held.get("cut", {}) and lapse:
+                gap -= min(max(0.0, lapse), (t0 - prev_last) / scale) * units
+    return {"held_after_last_invocation_s": after, "keep_alive_in_gap_s": gap}
 
 
 def _err(sim: float, meas: float) -> dict:
