@@ -475,7 +475,8 @@ class Runtime:
         # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
         self.state_path(self.version - 2).unlink(missing_ok=True)
         self.critic_path(self.version - 2).unlink(missing_ok=True)
-        for h in stream.handles() + [h for h in stream.held if h.worker in self.pool.handles]:
+        held = [h for h in getattr(stream, "held", []) if h.worker in self.pool.handles]  # GRPO's (`_shared`)
+        for h in stream.handles() + held:
             self.policy.no_work_now(self.pool, h, self.keep_alive_s)
         if not self.policy.keeps_learners(self.keep_alive_s, self.hybrid, self.ppo):
             self.learners = []
