@@ -6,8 +6,9 @@ rank's function holds a device:
   * start: a rank starts when its first groups are ready (or a pre-warm ahead of them), never to wait idle;
   * go: a rank whose share is written is done (the reducer sums the shares); it is released at once unless work
     the plan knows of (the next step's decode, for a hybrid function) comes before its keep-alive would lapse;
-  * hold: unless holding it to the update's end (billed, idle) lets its keep-alive cover the driver's gap to the
-    next step and bills less than the cold start of the function that would replace it (`hold_after_share`).
+  * hold: instead, a hybrid rank's function stays held (billed, idle) to the update's end where it would lapse
+    before the next step otherwise, its keep-alive then covers the driver's gap, and the hold bills less than the
+    cold start of the function that would replace it (`hold_after_share`).
 Pure and numpy-free; the runtime (`runtime.streaming`) calls it, the simulator's `size_learner` is the same idea
 at block level (start only what the backlog needs).
 """
