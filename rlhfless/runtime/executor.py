@@ -22,7 +22,7 @@ from rlhfless.core import metrics as M
 from rlhfless.core.rundir import RunDir
 from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
-from rlhfless.plan.ranks import next_work_after_share
+from rlhfless.plan.ranks import hold_after_share, next_work_after_share
 from rlhfless.runtime import wire
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
@@ -225,6 +225,16 @@ class Runtime:
     def next_work_after_share(self) -> float | None:
         """Expected seconds from a rank's share to its function's next work (`plan.ranks`), from history."""
         return next_work_after_share(list(self.history.share_tail_s), list(self.history.between_s))
+
+    def holds_after_share(self) -> bool:
+        """Whether a rank whose share is in is held to the update's end (`plan.ranks.hold_after_share`), from
+        the recent tails, driver gaps and measured decode cold starts. The longest recent tail: a function not held
+        that lapses costs a cold start, one held that would have stayed warm costs at most its tail (the shortest,
+        as `next_work_after_share` reads, let 14 of 16 lapse on the emulated 3B testbed: its tail ran past the
+        keep-alive that step)."""
+        tails, between = self.history.share_tail_s, self.history.between_s
+        return hold_after_share(max(tails) if tails else None, min(between) if between else None,
+                                self.keep_alive_s or 0.0, self.history.cold("decode", self.cfg.plan.cold_start_s))
 
     def observe_share_tail(self, seconds: float) -> None:
         self.history.share_tail_s.append(seconds)
@@ -465,7 +475,8 @@ class Runtime:
         # keep the previous version: a worker started (pre-warmed) moments ago may still be loading it
         self.state_path(self.version - 2).unlink(missing_ok=True)
         self.critic_path(self.version - 2).unlink(missing_ok=True)
-        for h in stream.handles():
+        held = [h for h in getattr(stream, "held", []) if h.worker in self.pool.handles]  # GRPO's (`_shared`)
+        for h in stream.handles() + held:
             self.policy.no_work_now(self.pool, h, self.keep_alive_s)
         if not self.policy.keeps_learners(self.keep_alive_s, self.hybrid, self.ppo):
             self.learners = []

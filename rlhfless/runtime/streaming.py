@@ -79,6 +79,7 @@ class LearnerStream:
         self.prewarm_due = False
         self.starting_all = False  # finish: every rank starts now (all groups are in)
         self.first_share: float | None = None  # serverless: when the step's first share came in
+        self.held: list = []  # serverless: functions whose share is in, held to the update's end (`_shared`)
         # serverless ranks end with shares (`_finish_shares`), emulated ones too (`EmulatedWorker._learn_share`); the
         # pool ends together in its gloo group
         self.shares = ctx.policy.ranks_leave_at_share()
@@ -369,13 +370,17 @@ class LearnerStream:
 
     def _shared(self, r: _Rank, reply: dict, first: bool) -> None:
         """Rank r's share is in and it is not the last: its invocation ends here, and its function is released
-        now or kept for its keep-alive, as the plan's rule says (`plan.ranks.release_after_share`)."""
+        now, kept for its keep-alive, or held to the update's end, as the plan's rules say
+        (`plan.ranks.release_after_share`, `plan.ranks.hold_after_share`)."""
         ctx, run = self.ctx, self.ctx.run
         self._record(r, reply)
         r.shared = True
         if first:
             self.first_share = now()
         run.drop_learner(r.handle)
+        if ctx.hybrid and run.holds_after_share():  # held to the update's end: warm for the next step's decode
+            self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
+            return
         ctx.pool.idle(r.handle)
         nxt = run.next_work_after_share()
         if release_after_share(nxt, ctx.keep_alive_s):
@@ -398,6 +403,8 @@ class LearnerStream:
                     run.observe_share_tail(now() - self.first_share)
                 return reply
             run.count(M.RUNTIME_RETRIES)
+            if self.held:  # a held function's unit is the first to give up for the reduction
+                ctx.pool.release(self.held.pop())
             h = run.start_learner(prewarmed=False)
             if h is None:
                 raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
