@@ -47,7 +47,7 @@ RELEASE_REASONS = ("share", "lapse", "evicted", "regroup", "end", "stopped", "ki
   (`plan.ranks.release_after_share`);
 * lapse: its keep-alive lapsed idle (`Pool.expire`; with keep-alive 0 at once when it has no work:
   `policy.no_work_now`);
-* evicted: idle, released to free units for waiting work (`Pool.make_room`);
+* evicted: released to free units for waiting work (`Pool.make_room`; a held rank given up for a reducer retry);
 * regroup: a learner rank kept warm from the last step, released because the step's ranks are not all kept ones
   (a new data-parallel group forms: `policy.learner_ranks`);
 * end: the run ended (`Pool.release_all`); stopped: ended at once, its work discarded or the driver interrupted

@@ -404,7 +404,7 @@ class LearnerStream:
                 return reply
             run.count(M.RUNTIME_RETRIES)
             if self.held:  # a held function's unit is the first to give up for the reduction
-                ctx.pool.release(self.held.pop())
+                ctx.pool.release(self.held.pop(), reason="evicted")
             h = run.start_learner(prewarmed=False)
             if h is None:
                 raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
