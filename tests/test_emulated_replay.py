@@ -18,7 +18,7 @@ RUN = ["runtime.device=emulated", "runtime.mode=serverless", "runtime.units=4", 
        "runtime.time_scale=0.02", "plan.max_actors=4", "train.steps=3", "rollout.prompts_per_step=32",
        "task.arith.num_train=32", "algo.group_size=4", "rollout.max_new_tokens=2048", "train.eval_prompts=0",
        "train.checkpoint_every=0", "tracking.mode=disabled", "runtime.gantt_every=0", "plan.gpu_kind=L40S",
-       "plan.capacity=1024", "runtime.progress_every=64", "runtime.migrate=never"]
+       "plan.capacity=1024", "runtime.progress_every=64", "runtime.migrate=plan"]
 
 
 def _trace(tmp: Path, epochs: int = 3) -> Path:
@@ -94,3 +94,15 @@ def test_kendall_tau_is_a_number_from_the_second_epoch(run):
     tau = {x["step"]: x.get("predictor/kendall_tau") for x in m}
     assert tau[1] is None
     assert all(tau[s] is not None and tau[s] > 0.4 for s in (2, 3)), tau
+
+
+def test_the_run_report_says_how_many_cuts_were_kept_and_why_not(run):
+    """summary.json: cuts weighed and kept per step, with the scaler's recorded reason for the steps that kept
+    none, the rows the runtime moved, and the predictor's tau per step."""
+    s = json.loads((run / "summary.json").read_text())
+    cuts = s["cuts"]
+    assert cuts["steps_weighed"] == 3 and cuts["steps_kept"] + sum(cuts["why_not"].values()) == 3
+    assert set(cuts["why_not"]) <= {"nothing_to_move", "no_gain", "misses_deadline", "dearer", "slower"}
+    assert cuts["rows_moved"] == s["runtime"]["migrated_seqs"]
+    assert cuts["steps_kept"] > 0 or cuts["rows_moved"] == 0  # runtime.migrate=plan moves rows only where kept
+    assert list(s["predictor_kendall_tau"]) == ["1", "2", "3"] and s["predictor_kendall_tau"]["1"] is None
