@@ -62,6 +62,9 @@ def test_emulated_configs_load():
                  "emulated_testbed_3b_ppo"):
         cfg = load_run_config(f"experiments/configs/{name}.yaml", [])
         assert cfg.runtime.device == "emulated" and cfg.runtime.units == 16
+        # steady state: the steps cover at least two epochs of the train prompts; the scaler may keep cuts
+        assert cfg.train.steps * cfg.rollout.prompts_per_step >= 2 * cfg.task.arith.num_train
+        assert cfg.runtime.migrate == "plan" and cfg.plan.migrate
         cfg.check_machine()  # 16 units on a 2-core machine: emulated units are not cores
 
 
