@@ -439,9 +439,9 @@ def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
                  memo: dict | None = None):
     """Keep cuts at tau in the chosen plan only where the objective prefers them (module header).
 
-    Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None, `cut_reason`). The table changes only
-    when the decision differs from how it was scored (without cuts, or with them under simulate_migration):
-    then the chosen row is replaced and the table re-scored.
+    Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None, `cut_reason`). The table
+    changes only when the decision differs from how it was scored (without cuts, or with them under
+    simulate_migration): then the chosen row is replaced and the table re-scored.
     """
     cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm, draws, memo)
     plain_row = _row(plan, cfg, tm, n_warm, draws, memo=memo)

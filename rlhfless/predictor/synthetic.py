@@ -14,7 +14,8 @@ drawn from their own random stream, so a trace's lengths are the same with or wi
 `fit_params` inverts this with moment estimators on the same log scale (method of moments, not MLE).
 Deviations / limits: truncated lengths enter the fit as if exact (a small bias when few are truncated);
 with no truncated row the fitted `max_length` is the largest observed length (a lower bound of the real cap);
-the fit reads lengths only (`LengthRow`s carry no reward), so the reward parameters keep their defaults. Non-goal: modelling prompt text; prompts are filler of a lognormal length.
+the fit reads lengths only (`LengthRow`s carry no reward), so the reward parameters keep their defaults.
+Non-goal: modelling prompt text; prompts are filler of a lognormal length.
 """
 
 from __future__ import annotations

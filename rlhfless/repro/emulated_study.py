@@ -31,7 +31,8 @@ from rlhfless.repro.records import PaperRow, StudyResult
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments" / "configs" / "emulated_testbed_7b_grpo.yaml"
 QUICK = ["runtime.units=8", "plan.max_actors=8", "runtime.emulated_model=qwen2.5-3b", "rollout.prompts_per_step=16",
-         "task.arith.num_train=16", "train.steps=3", "runtime.time_scale=0.05", "runtime.keep_alive_s=0.25", "runtime.prewarm_buffer_s=0.0025"]
+         "task.arith.num_train=16", "train.steps=3", "runtime.time_scale=0.05", "runtime.keep_alive_s=0.25",
+         "runtime.prewarm_buffer_s=0.0025"]
 """The quick size (module header): keep-alive and pre-warm buffer are real seconds, so they scale with the time
 scale (5 and 0.05 modelled seconds, as the full config's)."""
 STEP_SHOWN = 2
