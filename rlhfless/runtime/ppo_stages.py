@@ -156,8 +156,11 @@ class PpoStream:
             return True
         return False
 
-    def pool_restarted(self) -> None:
-        """The held workers (re)started: pool worker 0 is the actor, the last the critic; nothing was sent yet."""
+    def pool_restarted(self, from_step_start: bool = False) -> None:
+        """The held workers (re)started: pool worker 0 is the actor, the last the critic; nothing was sent yet
+        (`from_step_start`: the rollout starts over too, so no group is finished yet)."""
+        if from_step_start:
+            self.finished.clear()
         hs = self.ctx.run.pool_workers()
         self.actor, self.critic = hs[0], hs[-1]
         self.sent, self.streamed, self.values_requested, self.actor_requested = set(), set(), None, None

@@ -21,6 +21,7 @@ from rlhfless.plan import ActorProgress, SeqProgress, plan_migrations
 from rlhfless.core.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
+from rlhfless.runtime.attempts import Attempts, running
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.policy import ship_saves_tokens, should_ship
@@ -36,7 +37,9 @@ class _Actor:
     rows: set[int]
     requested: float
     cold: bool
-    attempt: int = 1
+    tries: Attempts | None = None
+    """The attempts of this function's work (its index's rows): kept by the actors that re-run it
+    (`runtime.attempts`: only its own failures while it runs use one)."""
     done: bool = False
     cut: bool = False
     progress: tuple[int, list] = (0, [])
@@ -140,6 +143,9 @@ class DecodeStage:
                 return msg["files"]
         raise fail(f"prefill function of step {self.step}", ctx.config.max_attempts)
 
+    def _tries(self, index: int) -> Attempts:
+        return Attempts(f"decode function {index} of step {self.step}", self.ctx.config.max_attempts)
+
     def _handles(self, n: int) -> list:
         return self.ctx.policy.decoders(self.ctx, n)
 
@@ -163,7 +169,7 @@ class DecodeStage:
         handles = self._by_locality(self._handles(len(self.split)))
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
-            a = _Actor(i, h, rows, now(), cold=run.first_use(h), groups=set(gs))
+            a = _Actor(i, h, rows, now(), cold=run.first_use(h), tries=self._tries(i), groups=set(gs))
             self.actors[h.worker] = a
             if rows:
                 ctx.pool.busy(h)
@@ -255,7 +261,7 @@ class DecodeStage:
         if msg.get("prefill"):
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
         run.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
-                   a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
+                   a.tries.number, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
                    sync_s=msg["sync_s"], **a.extra)
         a.groups, a.finished = set(), 0
         run.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
@@ -264,6 +270,7 @@ class DecodeStage:
             a.requested, a.cold, a.extra = now(), False, {}
             return
         a.done = True
+        a.tries.succeeded()
         if ctx.policy.decoder_done(ctx, self.stream, a.handle):  # it goes on as a learner rank now
             a.handed = True
 
@@ -320,47 +327,62 @@ class DecodeStage:
     def _spare(self) -> _Actor:
         """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
         h = self.ctx.run.start_decoders(1, prewarmed=False)[0]
-        a = _Actor(len(self.actors), h, set(), now(), cold=self.ctx.run.first_use(h))
+        i = len(self.actors)
+        a = _Actor(i, h, set(), now(), cold=self.ctx.run.first_use(h), tries=self._tries(i))
         self.actors[h.worker] = a
         self.ctx.pool.busy(h)
         return a
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _died(self, h) -> None:
+        """A decode worker died: its invocation is recorded as failed and its rows re-run, on a fresh function
+        (serverless), or with every row of the step on a new pool (`restarts_whole`: `_restart_step`). Only its own
+        work's attempts can be used, and only if it was running it (`runtime.attempts`)."""
         ctx, run = self.ctx, self.ctx.run
         a = self.actors.get(h.worker)
         ctx.pool.dead(h)
         if a is None or a.done and not a.rows:
             return
-        run.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
+        run.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.tries.number, ok=False)
         if not a.rows:  # it died after streaming its last rows: nothing to re-run
             a.done = True
             return
         run.count(M.RUNTIME_RETRIES)
-        if a.attempt >= ctx.config.max_attempts:
-            raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
+        a.tries.failed(running(sent=True, ready_s=h.ready_s))
         if ctx.policy.restarts_whole():
-            return self._restart_all(a)
+            return self._restart_step(a)
         new = run.start_decoders(1, prewarmed=False)[0]
-        b = _Actor(a.index, new, set(a.rows), now(), cold=run.first_use(new), attempt=a.attempt + 1,
-                   groups=a.groups)
+        b = _Actor(a.index, new, set(a.rows), now(), cold=run.first_use(new), tries=a.tries, groups=a.groups)
         del self.actors[h.worker]
         self.actors[new.worker] = b
         ctx.pool.busy(new)
         self._send(b, "decode", b.rows)
 
-    def _restart_all(self, a: _Actor) -> None:
-        """The pool restarts whole (its workers share a data-parallel group); every unfinished row is re-run."""
-        run = self.ctx.run
-        owed = {w: x for w, x in self.actors.items() if x.rows}
+    def _restart_step(self, dead: _Actor) -> None:
+        """The pool restarts whole (its workers share a data-parallel group), and the step's rollout starts over
+        from its start, as a verl job resumed from the step's checkpoint would: every row is decoded again from its
+        prompt on the new pool (the same random streams: the same tokens). The survivors' interrupted invocations
+        are recorded as failed (`restarted`); their attempts are not used (`runtime.attempts`)."""
+        ctx, run = self.ctx, self.ctx.run
+        for x in self.actors.values():
+            if x is not dead and not x.done and x.handle.worker in ctx.pool.handles:
+                run.record(self.step, "decode", x.handle, x.requested, x.requested, now(), x.cold, x.tries.number,
+                           ok=False, restarted=1)
+        tries = {x.index: x.tries for x in self.actors.values()}
         run.restart_pool()
-        self.stream.pool_restarted()
-        self.actors = {}
-        for (w, x), h in zip(owed.items(), run.pool_workers()):
-            b = _Actor(x.index, h, set(x.rows), now(), cold=run.first_use(h), attempt=x.attempt + 1,
-                       groups=x.groups)
+        self.stream.pool_restarted(from_step_start=True)
+        self.actors, self.streamed_groups = {}, set()
+        self.results.clear()
+        self.prefill = [0, 0, 0.0]  # counted again as the rows are prefilled again
+        for i, (h, gs) in enumerate(zip(self._by_locality(run.pool_workers()), self.split)):
+            rows = {g * self.G + s for g in gs for s in range(self.G)}
+            b = _Actor(i, h, rows, now(), cold=run.first_use(h), tries=tries[i], groups=set(gs))
             self.actors[h.worker] = b
-            self._send(b, "decode", b.rows)
+            if rows:
+                ctx.pool.busy(h)
+                self._send(b, "decode", rows)
+            else:
+                b.done = True
 
     def _check_timeouts(self) -> None:
         """Re-run the rows of an actor that is over time, or whose worker left the pool without a reply (nobody
