@@ -1,11 +1,13 @@
 """`rlhfless bench faults`: kill random workers with SIGKILL during a short run; nothing may be lost.
 
 Each mode (serverless, or the serverful control) runs `repeats` times undisturbed and `repeats` times under a chaos
-thread that kills a random busy worker, alternating so a shared machine's drift hits both alike; the runtime
-notices each death, bills the lost time and re-runs the work from the same random streams. The report (kills,
-lost steps, sample identity, extra cost and time with their noise, lost device-seconds):
-docs/internals.md#runtimefaultspy. What it checks: no step is lost and every faulty run's samples equal the
-undisturbed run's. `KillOn` is the chaos the tests use instead: a kill at a protocol event, no clock.
+thread that kills a random busy worker at the points of one step-relative schedule, the same for both modes
+(`kill_schedule`), alternating so a shared machine's drift hits both alike; the runtime notices each death, bills
+the lost time and re-runs the work from the same random streams. The report (kills, lost steps, runs stopped,
+sample identity, extra cost and time with their noise, lost device-seconds): docs/internals.md#runtimefaultspy.
+What it checks: no run stops, no step is lost and every faulty run's samples equal the undisturbed run's
+(`failed_runs`: the CLI exits 1 otherwise). `KillOn` is the chaos the tests use instead: a kill at a protocol
+event, no clock.
 """
 
 from __future__ import annotations
