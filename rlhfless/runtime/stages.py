@@ -25,7 +25,7 @@ from rlhfless.runtime.attempts import Attempts, running
 from rlhfless.runtime.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.policy import ship_saves_tokens, should_ship
-from rlhfless.runtime.records import fail, now
+from rlhfless.runtime.records import now
 
 
 @dataclass
@@ -89,6 +89,7 @@ class DecodeStage:
             if plan is not None else {}
         self.migrated = 0
         self.prefill = [0, 0, 0.0]
+        self.restarts = 0  # serverful: times the step's rollout started over (`_restart_step`)
 
     # -- requests -----------------------------------------------------------------------------------------------
     def _items(self, rows: set[int]) -> list[dict]:
@@ -134,14 +135,15 @@ class DecodeStage:
             return None
         msg_in = {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))), "actors": self.split,
                   "out_prefix": str(ctx.scratch / f"kv-{self.step}"), **run.state_setup()}
-        for attempt in range(1, ctx.config.max_attempts + 1):
+        tries = Attempts(f"prefill function of step {self.step}", ctx.config.max_attempts)
+        while True:
             h = run.start_single("prefill")
-            msg = _call(ctx, "prefill", h, msg_in, "prefilled", attempt)
+            msg = _call(ctx, "prefill", h, msg_in, "prefilled", tries.number)
             if msg is not None:
                 self.prefill = list(msg["prefill"])
                 ctx.pool.release(h)
                 return msg["files"]
-        raise fail(f"prefill function of step {self.step}", ctx.config.max_attempts)
+            tries.failed(running(sent=True, ready_s=h.ready_s))
 
     def _tries(self, index: int) -> Attempts:
         return Attempts(f"decode function {index} of step {self.step}", self.ctx.config.max_attempts)
@@ -174,6 +176,8 @@ class DecodeStage:
             if rows:
                 ctx.pool.busy(h)
                 self._send(a, "decode", rows, kv[i] if kv else None)
+                if self.restarts:  # found dead on sending: the pool restarted and every function was sent
+                    break
             else:
                 a.done = True
                 ctx.policy.no_rows(ctx.pool, h)
@@ -193,6 +197,8 @@ class DecodeStage:
                               if h.ready_s is not None and h.worker in ctx.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
             for h, msg in run.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
+                if msg is not None and h.worker not in ctx.pool.handles:
+                    continue  # read together with a death that restarted the pool: its work is re-run
                 a = self.actors.get(h.worker)
                 if (a is None or self._handed(a)) and self.stream.owns(h):
                     self.stream.on_message(h, msg)
@@ -369,6 +375,8 @@ class DecodeStage:
                 run.record(self.step, "decode", x.handle, x.requested, x.requested, now(), x.cold, x.tries.number,
                            ok=False, restarted=1)
         tries = {x.index: x.tries for x in self.actors.values()}
+        self.restarts += 1
+        gen = self.restarts
         run.restart_pool()
         self.stream.pool_restarted(from_step_start=True)
         self.actors, self.streamed_groups = {}, set()
@@ -381,6 +389,8 @@ class DecodeStage:
             if rows:
                 ctx.pool.busy(h)
                 self._send(b, "decode", rows)
+                if self.restarts != gen:  # found dead on sending: restarted again, and sent, in there
+                    return
             else:
                 b.done = True
 
@@ -434,10 +444,11 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
     run, step = ctx.run, ctx.step
     batch, out = ctx.scratch / f"ref-in-{step}.safetensors", ctx.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
-    for attempt in range(1, ctx.config.max_attempts + 1):
+    tries = Attempts(f"reference of step {step}", ctx.config.max_attempts)
+    while True:
         h = ctx.policy.reference_function(ctx)
         msg = _call(ctx, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
-                    "referenced", attempt)
+                    "referenced", tries.number)
         if msg is not None:
             # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
             ctx.policy.no_work_now(ctx.pool, h, ctx.keep_alive_s)
@@ -448,12 +459,12 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
             out.unlink(missing_ok=True)
             return logp
         run.keep_reference(None)
+        tries.failed(running(sent=True, ready_s=h.ready_s))
         if ctx.policy.restarts_whole():  # the dead worker was a pool worker: every worker starts again
             run.restart_pool()
             stream = run.active_stream()
             if stream is not None:  # the step's learner side holds pool workers that are gone now
                 stream.pool_restarted()
-    raise fail(f"reference of step {step}", ctx.config.max_attempts)
 
 
 def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:
