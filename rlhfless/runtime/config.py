@@ -134,7 +134,11 @@ class RuntimeConfig:
     invocation_timeout_s: float = 600.0
     """An invocation that takes longer is treated as a failed worker: killed and re-run."""
     max_attempts: int = 3
-    """Attempts per invocation before the step fails (a killed worker's work is re-run from the same streams)."""
+    """Attempts of one piece of a step's work (a decode function's rows, a learner rank's groups, the serverful
+    pool's start) before the run stops with its last good checkpoint; a killed worker's work is re-run from the
+    same streams. Only consecutive failures of that work while it runs use them: a restart because another
+    worker died uses none, and deaths before the work could run count on a separate budget of this size
+    (`runtime/attempts.py`)."""
     billing_granularity_s: float = 0.001
     """Billed worker time is rounded up to this (1 ms, as per-millisecond serverless billing); GPU platforms
     that round to 1 s set 1.0."""

@@ -24,6 +24,7 @@ from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
 from rlhfless.plan.ranks import hold_after_share, next_work_after_share
 from rlhfless.runtime import wire
+from rlhfless.runtime.attempts import Attempts
 from rlhfless.runtime.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
 from rlhfless.runtime.context import StepContext
@@ -306,9 +307,12 @@ class Runtime:
     def _start_pool(self) -> None:
         """Serverful: W colocated workers, one core each, one data-parallel group, held until close(). The
         rendezvous port is reserved until the group has formed (`dist.reserve_port`); a worker that dies while
-        starting anyway fails the attempt: the others are stopped and the group forms again on a new port."""
+        starting anyway fails the start: the others are stopped and the group forms again on a new port. The start
+        has its own `runtime.max_attempts` consecutive attempts (`runtime.attempts`): a death while the pool
+        restarts is never charged to the step's work."""
         W = self.rt.workers()
-        for attempt in range(1, self.rt.max_attempts + 1):
+        tries = Attempts("the serverful pool's start", self.rt.max_attempts)
+        while True:
             port, held = self._reserve_port()
             # W <= units (check_machine): one unit each; PPO's critic lives on the last worker (`ppo_stages`)
             hs = [self.pool.start(KINDS_ALL, (r,), {**self.state_setup(), "dist": self.dist_spec(r, W, port),
@@ -316,15 +320,36 @@ class Runtime:
                   for r in range(W)]
             try:
                 self.pool.await_ready(hs)
+                self._roll_call(hs)
             except WorkerDied as died:
                 for h in hs:
                     self.pool.dead(h) if h is died.handle else self.pool.stop(h)
+                tries.failed(was_running=True)
                 continue
             finally:
                 held.close()
             self.pool_handles = hs
             return
-        raise fail("the serverful pool's start", self.rt.max_attempts)
+
+    def _roll_call(self, hs: list) -> None:
+        """Every pool worker answers once all are ready (a `cut` for no step: an idle worker replies at once that
+        it has no rows), so a worker killed while the pool was (re)starting is found here, failing the start, and
+        never later as a death of the step's work (`runtime.attempts`). WorkerDied for a death or no answer."""
+        for h in hs:
+            self.backend.send(h, {"op": "cut", "step": None})
+        waiting, other, t0 = {h.worker: h for h in hs}, [], now()
+        while waiting:
+            for h, msg in self.backend.poll(list(waiting.values()), 1.0):
+                if msg is None:
+                    raise WorkerDied(h)
+                if msg["op"] == "cut_rows":
+                    waiting.pop(h.worker, None)
+                else:
+                    other.append((h, msg))
+            if waiting and now() - t0 > self.rt.invocation_timeout_s:
+                raise WorkerDied(next(iter(waiting.values())))
+        for h, msg in other:  # read after the roll call, in order
+            h.pending.append(msg)
 
     def _critic_holder(self) -> dict:
         return {"holds_critic": True, **self.critic_setup()}
