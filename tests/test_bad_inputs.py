@@ -94,6 +94,13 @@ def _trace_row(**kw) -> dict:
     return {**row, **kw}
 
 
+def _rollout_row(**kw) -> dict:
+    """A row of a run's traces/rollouts.jsonl (what `runtime.length_trace` replays)."""
+    row = {"prompt_id": "p0", "prompt": "7+3=", "epoch": 0, "step": 1, "sample": 0, "prompt_len": 4,
+           "response_len": 5, "truncated": False, "reward": 1.0}
+    return {**row, **kw}
+
+
 def _make(d: Path) -> None:
     for name, text in CONFIG_FILES.items():
         (d / name).write_text(text)
@@ -133,6 +140,9 @@ def _make(d: Path) -> None:
     (d / "prices_nan.yaml").write_text("H100: {ondemand_usd_per_h: .nan}\n")
     (d / "prices_list.yaml").write_text("- H100\n")
     (d / "notjson.jsonl").write_text("{oops\n")
+    (d / "random.bin").write_bytes(bytes((i * 7919 + 13) % 256 for i in range(3000)))  # bytes, not text
+    (d / "nonint_len.jsonl").write_text(json.dumps(_rollout_row(response_len="long")) + "\n")
+    (d / "frac_len.jsonl").write_text(json.dumps(_rollout_row(response_len=2.5)) + "\n")
     (d / "list.jsonl").write_text("[1, 2]\n")
     (d / "missing_field.jsonl").write_text(json.dumps({"step": 1}) + "\n")
     (d / "neg_len.jsonl").write_text(json.dumps(_trace_row(response_length=-3)) + "\n")
@@ -519,6 +529,23 @@ CASES += [
                                      "{d}/c.json"], "notjson.jsonl"),
 ]
 
+# issue 42: every input checked before the run folder exists (dry run and real run alike), nothing silently unused
+EMULATED = ["runtime.device=emulated", "runtime.units=4", "plan.max_actors=4", "runtime.mode=serverless"]
+BAD_TRACES = {"nope.jsonl": "does not exist", "empty.jsonl": "empty.jsonl", "random.bin": "random.bin",
+              "adir": "is a folder", "nonint_len.jsonl": "nonint_len.jsonl", "frac_len.jsonl": "frac_len.jsonl"}
+for name, expect in BAD_TRACES.items():
+    CASES.append(C(f"length-trace-dry-{name}", [*DRY, *EMULATED, f"runtime.length_trace={{d}}/{name}"], expect))
+    CASES.append(C(f"length-trace-run-{name}", ["train", "--no-progress", "--out", "{d}/em-" + name, *EMULATED,
+                                                f"runtime.length_trace={{d}}/{name}"], expect))
+CASES += [
+    C("emulated-inline", [*DRY, "runtime.device=emulated", "runtime.units=4", "runtime.mode=inline"],
+      "runtime.mode"),
+    C("emulated-inline-run", ["train", "--no-progress", "--out", "{d}/em-inline", "runtime.device=emulated",
+                              "runtime.units=4", "runtime.mode=inline"], "runtime.mode"),
+    C("length-trace-compare", ["train", "--no-progress", "--out", "{d}/em-cmp", *EMULATED[:3], "runtime.mode=compare",
+                               "runtime.length_trace={d}/empty.jsonl"], "empty.jsonl"),
+]
+
 
 def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
@@ -635,6 +662,29 @@ def test_overrides_may_stand_anywhere_among_the_options():
     args = parse(build_parser(), ["train", "--config", "C", "train.steps=2", "--out", "D", "train.eval_prompts=0",
                                   "--no-progress", "algo.group_size=4"])
     assert args.overrides == ["train.steps=2", "train.eval_prompts=0", "algo.group_size=4"] and args.out == "D"
+
+
+def test_a_refused_trace_leaves_nothing_and_the_fixed_command_runs(tmp_path, capsys, monkeypatch):
+    """Issue 42: each bad `runtime.length_trace` is refused by the real run before OUT exists, and the very same
+    command succeeds once the file is fixed (no "holds an earlier run")."""
+    import shutil
+
+    monkeypatch.chdir(REPO)
+    trace, out = tmp_path / "lengths.jsonl", tmp_path / "run"
+    argv = ["train", "--no-progress", "--out", str(out), *EMULATED, f"runtime.length_trace={trace}",
+            "runtime.time_scale=0.05", "train.steps=2", "train.eval_prompts=0", "tracking.mode=disabled",
+            "runtime.gantt_every=0", "rollout.prompts_per_step=8", "algo.group_size=4", "runtime.migrate=never"]
+    for bad in (None, b"", bytes(range(256)), "folder", json.dumps(_rollout_row(response_len="long")).encode()):
+        if bad == "folder":
+            trace.mkdir()
+        elif bad is not None:
+            trace.write_bytes(bad)
+        rc, err = _run(argv, capsys)
+        assert rc == 2 and "Traceback" not in err and not out.exists(), err[-500:]
+        shutil.rmtree(trace) if trace.is_dir() else trace.unlink(missing_ok=True)
+    with gzip.open(REPO / "data" / "traces" / "quickstart.jsonl.gz", "rb") as f:
+        trace.write_bytes(f.read())
+    assert main(argv) == 0 and json.loads((out / "summary.json").read_text())["steps"] == 2
 
 
 def test_out_accepts_a_new_path_an_empty_folder_and_a_run_to_resume(corpus_dir, tmp_path):

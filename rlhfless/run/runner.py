@@ -172,8 +172,10 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     allow_config_change: resume even if the config differs in keys that change results (listed in a warning).
     """
     from rlhfless.core.outpaths import claim_run_dir
+    from rlhfless.run.inputs import check_inputs
 
     cfg.check_machine()
+    check_inputs(cfg)  # before the folder exists: a refused input leaves nothing that blocks the fixed command
     # the folder is this run's alone from here on (an earlier, finished run there is moved aside; a live one
     # refuses this call); a run that fails before writing anything leaves no folder behind
     with claim_run_dir(str(out_dir), resume, earlier_run_ok=True):

@@ -244,6 +244,8 @@ class RuntimeConfig:
                 f"runtime.device=emulated (got {self.units})")
         require(self.backend == "local", "runtime.backend", "emulated devices run on the local backend "
                 f"(got {self.backend!r})")
+        require(self.mode != "inline", "runtime.mode", "runtime.device=emulated needs a runtime mode (serverless, "
+                "serverful or compare); inline runs every stage in the driver, where the emulated keys go unused")
         require(self.ship_prefix_kv == "never", "runtime.ship_prefix_kv", "must be never with "
                 "runtime.device=emulated (an emulated prefill function is not built)")
 

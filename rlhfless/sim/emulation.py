@@ -83,8 +83,11 @@ def build_table(cfg, steps: int) -> LengthTable:
         keep["n_prompts"] = max(keep.get("n_prompts", 1024), cfg.rollout.prompts_per_step)
         sim = SimConfig(**{**keep, **base})
     else:
-        require(Path(rt.length_trace).is_file(), "runtime.length_trace",
-                f"must be paper-testbed or an existing trace file (got {rt.length_trace!r})")
+        trace = Path(rt.length_trace)
+        require(not trace.is_dir(), "runtime.length_trace",
+                f"{rt.length_trace!r} is a folder; give a trace file (a run's traces/rollouts.jsonl) or paper-testbed")
+        require(trace.is_file(), "runtime.length_trace",
+                f"must be paper-testbed or an existing trace file ({rt.length_trace!r} does not exist)")
         sim = SimConfig(**base, workload="trace", trace=rt.length_trace)
     work, note = workload(sim)
     cluster = build_cluster(sim, 1, work)
