@@ -194,9 +194,13 @@ class RuntimeConfig:
         if self.billing in PRESETS:
             p = PRESETS[self.billing]
             require(self.keep_alive_s in (0.0, p.keep_alive_s), "runtime.keep_alive_s",
-                    f"runtime.billing={self.billing} fixes the idle timeout at {p.keep_alive_s} s (got {self.keep_alive_s})")
+                    "a runtime.billing preset fixes the idle timeout ("
+                    f"{', '.join(f'{k}: {v.keep_alive_s:g} s' for k, v in PRESETS.items())}) (got "
+                    f"{self.keep_alive_s} with runtime.billing={self.billing}, which fixes {p.keep_alive_s} s)")
             require(self.billing_granularity_s in (0.001, p.granularity_s), "runtime.billing_granularity_s",
-                    f"runtime.billing={self.billing} fixes it at {p.granularity_s} s (got {self.billing_granularity_s})")
+                    "a runtime.billing preset fixes the granularity ("
+                    f"{', '.join(f'{k}: {v.granularity_s:g} s' for k, v in PRESETS.items())}) (got "
+                    f"{self.billing_granularity_s} with runtime.billing={self.billing}, which fixes {p.granularity_s} s)")
         require(self.gantt_every >= 0, "runtime.gantt_every", f"must be >= 0 (got {self.gantt_every})")
 
     def billing_rules(self) -> BillingRules:
