@@ -498,6 +498,11 @@ def context_of(policy, env: TextEnv) -> int:
 def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int, env: TextEnv) -> None:
     """The longest prompt plus rollout.max_new_tokens must fit the model's context (fail before any work)."""
     longest, worst = max((len(env.encode(p)), p.prompt_id) for p in prompts)
+    if longest >= context:  # no count of new tokens fits: say so, never a negative "at most"
+        raise ConfigError(
+            f"task.{cfg.task.name}: the longest prompt ({worst}) has {longest} tokens, the checkpoint's whole context "
+            f"of {context} or more, so no response fits; make the task's prompts shorter (task.{cfg.task.name}.*) "
+            "or use a checkpoint with a longer context (policy.checkpoint)")
     if longest + cfg.rollout.max_new_tokens > context:
         raise ConfigError(
             f"rollout.max_new_tokens: the longest prompt ({worst}) has {longest} tokens, so at most "
