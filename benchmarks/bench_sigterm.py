@@ -37,7 +37,8 @@ def busy_loops(n: int) -> list[int]:
     """`n` busy loops started through a short-lived parent, before this process becomes a subreaper: they are
     nobody's children here (init reaps them), so waiting for the run's orphans never waits for them."""
     code = ("import subprocess, sys\n"
-            "p = subprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True)\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True,\n"
+            "                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
             "print(p.pid)")
     return [int(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
             for _ in range(n)]
