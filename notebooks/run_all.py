@@ -50,8 +50,8 @@ EXTRA = ("nbclient", "nbformat", "ipykernel")
 def failure_line(path: Path, nb, exc, seconds: float) -> str:
     """One line for a notebook that failed: the cell (1-based, as Jupyter counts code cells), its error, the fix."""
     code = [c for c in nb.cells if c.cell_type == "code"]
-    cell = next((i for i, c in enumerate(code, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))),
-                None)
+    failed = [i for i, c in enumerate(code, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    cell = failed[0] if failed else None
     ename = getattr(exc, "ename", type(exc).__name__)
     evalue = " ".join(ANSI.sub("", str(getattr(exc, "evalue", ""))).split())[:200]
     if ename in ("FileNotFoundError", "DataError") or "not found" in evalue:

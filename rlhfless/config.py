@@ -174,8 +174,9 @@ class RunConfig:
                 f"(got {a.adv_estimator!r})")
         needs = ADVANTAGE_ESTIMATORS[a.estimator].needs_critic
         require(needs == (a.name == "ppo"), "algo.adv_estimator",
-                f"one that needs a critic ({', '.join(sorted(k for k, e in ADVANTAGE_ESTIMATORS.items() if e.needs_critic))}"
-                f") runs with algo.name=ppo, the others with grpo (got {a.estimator}, which "
+                "one that needs a critic "
+                f"({', '.join(sorted(k for k, e in ADVANTAGE_ESTIMATORS.items() if e.needs_critic))}) runs with "
+                f"algo.name=ppo, the others with grpo (got {a.estimator}, which "
                 f"{'needs a' if needs else 'has no'} critic, with algo.name={a.name})")
         require(a.policy_loss in POLICY_LOSSES, "algo.policy_loss",
                 f"must be a registered policy loss: {', '.join(sorted(POLICY_LOSSES))} (got {a.policy_loss!r})")

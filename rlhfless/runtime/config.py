@@ -200,7 +200,8 @@ class RuntimeConfig:
             require(self.billing_granularity_s in (0.001, p.granularity_s), "runtime.billing_granularity_s",
                     "a runtime.billing preset fixes the granularity ("
                     f"{', '.join(f'{k}: {v.granularity_s:g} s' for k, v in PRESETS.items())}) (got "
-                    f"{self.billing_granularity_s} with runtime.billing={self.billing}, which fixes {p.granularity_s} s)")
+                    f"{self.billing_granularity_s} with runtime.billing={self.billing}, which fixes "
+                    f"{p.granularity_s} s)")
         require(self.gantt_every >= 0, "runtime.gantt_every", f"must be >= 0 (got {self.gantt_every})")
 
     def billing_rules(self) -> BillingRules:
