@@ -84,11 +84,14 @@ class Runtime:
             from rlhfless.learn.critic import save_critic_state
 
             save_critic_state(critic, self.critic_path(self.version))
-        self.t0 = now()
+        self.segment = RunDir(out).next_segment()  # resumed: names and times follow the earlier records
+        self.t_open = now()
+        self.t0 = self.t_open - self.segment.offset_s  # the origin of every run-relative time this segment records
         self.rules = billing_rules(self.rt)
         self.keep_alive_s = self.rt.idle_timeout_s()
         """Idle seconds before a serverless function is released (runtime.keep_alive_s or the billing preset's)."""
-        self.pool = Pool(self.backend, setup, self.t0, self.units, self.policy.keep_alive(self.keep_alive_s))
+        self.pool = Pool(self.backend, setup, self.t0, self.units, self.policy.keep_alive(self.keep_alive_s),
+                         self.segment.prefix)
         self.stage_t0: float | None = None  # this step's rollout start: releases after it are mid-step
         self._expired_seen = 0  # releases at a lapse already counted in a step's metrics
         self._early_seen = 0  # learner ranks released at their share already counted
@@ -96,8 +99,8 @@ class Runtime:
         self._written = 0
         self.history = History()
         self.price = price(cfg.plan.gpu_kind)
-        self.step_t0 = self.t0
-        self.step_t1: float | None = self.t0  # step 1's window opens when the runtime does (pool start included)
+        self.step_t0 = self.t_open
+        self.step_t1: float | None = self.t_open  # step 1's window opens when the runtime does (pool start included)
         self.totals: dict[str, float] = {}
         self.paused: list[tuple[float, float]] = []  # run-relative intervals off the clock (`off_clock`)
         self.time_scale: float | None = None  # measured / predicted decode busy time, smoothed
@@ -604,7 +607,7 @@ class Runtime:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
         bill = self.run_bill()
         recs = list(self.pool.records.values())
-        wall = (self.step_t1 or self.t0) - self.t0 - self.paused_s()
+        wall = (self.step_t1 or self.t_open) - self.t_open - self.paused_s()
         cold: dict[str, list[float]] = {}
         for r in recs:
             if r.ready_s is not None:
@@ -643,7 +646,7 @@ class Runtime:
         with nothing held (from the first worker's start to the end), and held device-seconds by role spent busy,
         held idle and cold-starting (`meter.usage_window`)."""
         rows = [r.to_json() for r in recs]
-        end = self.rel(self.step_t1 or self.t0)
+        end = self.rel(self.step_t1 or self.t_open)
         first = min((r["spawned_s"] for r in rows), default=end)
         zeros = zero_held(rows, first, end)
         usage = usage_window(recs, self.invocations, float("-inf"), end, end, self.paused)
@@ -664,7 +667,7 @@ class Runtime:
         """Release every worker (billing ends) and write the records; the scratch files stay for sync_learner."""
         self.pool.release_all()
         self._write_invocations()
-        with RunDir(self.out).workers.open("w") as f:
+        with RunDir(self.out).workers.open("a") as f:  # appended: a resumed run keeps every segment's workers
             for rec in self.pool.records.values():
                 f.write(json.dumps(rec.to_json()) + "\n")
 

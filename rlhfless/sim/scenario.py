@@ -641,6 +641,20 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     return out
 
 
+def _billing(value):
+    """`billing=NAME`: a platform preset's rules (`plan.billing.PRESETS`); a mapping is taken as fields."""
+    from dataclasses import asdict
+
+    from rlhfless.plan.billing import PRESETS
+
+    if not isinstance(value, str):
+        return value
+    if value not in PRESETS:
+        raise ConfigError(f"billing: must be a preset ({', '.join(PRESETS)}) or fields such as "
+                          f"billing.granularity_s=1 (got {value!r})")
+    return asdict(PRESETS[value])
+
+
 def case_configs(name: str, steps: int | None, overrides: list[str]) -> list[SimConfig]:
     """The scenario's cases with --steps and key=value overrides applied (unknown scenario: ConfigError)."""
     from rlhfless.core.configbase import apply_overrides
@@ -652,6 +666,7 @@ def case_configs(name: str, steps: int | None, overrides: list[str]) -> list[Sim
         data = apply_overrides(base, overrides, example="lam=0.7")
         if steps is not None:
             data["steps"] = steps
+        data["billing"] = _billing(data.get("billing", {}))
         out.append(from_dict(SimConfig, data))
     return out
 
