@@ -147,6 +147,16 @@ def test_bad_input_is_a_clear_error():
         PlanJob("a", 3, (1.0, 2.0))
 
 
+@given(st.text(max_size=5), st.integers(1, 4), st.floats(0, 500, allow_nan=False), st.integers(0, 50), st.booleans())
+def test_trusted_job_is_the_checked_one(gid, n, length, prompt, per_seq):
+    """`PlanJob.trusted` (unchecked, for the simulator's own jobs) builds the record the checked constructor
+    builds from the same valid values: equal, the same hash, the same lengths and tokens."""
+    x = tuple(length + k for k in range(n)) if per_seq else length
+    checked, trusted = PlanJob(gid, n, x, prompt), PlanJob.trusted(gid, n, x, prompt)
+    assert trusted == checked and hash(trusted) == hash(checked) and repr(trusted) == repr(checked)
+    assert trusted.lengths() == checked.lengths() and trusted.tokens == checked.tokens
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0, 40.0, 300.0]) | st.floats(0, 1000, allow_nan=False),
                 min_size=1, max_size=40), st.lists(st.integers(1, 9), min_size=1, max_size=6, unique=True))
