@@ -270,6 +270,20 @@ def _memo_sweep(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, memo: dict | None
     return res
 
 
+def _memo_plan(ja: JobArrays, res: sw.SweepResult, n: int, cfg: PlanConfig, tm: TimeModel,
+               memo: dict | None) -> AssignmentPlan:
+    """`build_plan` of the sweep's placement for n actors, once per sweep result in `memo` (a step's decision
+    and its warm pool place the same jobs alike, and the warm pool reads only the plan; plans are read only)."""
+    key = ("plan", id(res), n)
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is res:
+        return hit[1]
+    plan = build_plan(ja, res.labels(res.candidates.index(n)), res.rank, n, cfg.capacity, tm, cfg.policy)
+    if memo is not None:
+        memo[key] = (res, plan)  # the result itself: its id stays its own while the memo holds it
+    return plan
+
+
 def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
                      n_warm: int | None, memo: dict | None = None) -> tuple[list[ScalingCandidate], sw.SweepResult]:
     """T(N) and C(N) of every candidate from the fast sweep, costed like `decode_invocations` + `cost_step`,
@@ -354,16 +368,12 @@ def _candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
         if not draws and cfg.objective == "score":
             cands, res = sweep_candidates(ja, cfg, tm, n_warm, memo)  # already scored
 
-            def built(n: int) -> AssignmentPlan:
-                r = res.candidates.index(n)
-                return build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
-            return cands, built
+            return cands, lambda n: _memo_plan(ja, res, n, cfg, tm, memo)
         # a constraint (deadline, budget) is tested on each placement played exactly, as its reference is: the
         # sweep's estimate of a queueing actor can land either side of it (a plan equal to the reference missed
         # its own deadline); the sweep still places every candidate
         res = _memo_sweep(ja, cfg, tm, memo)
-        plans = [build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
-                 for r, n in enumerate(res.candidates)]
+        plans = [_memo_plan(ja, res, n, cfg, tm, memo) for n in res.candidates]
         evaluated = [(_row(p, cfg, tm, n_warm, draws, memo=memo), p) for p in plans]
     plans_by_n = {c.n_actors: p for c, p in evaluated}
     return _scored([c for c, _ in evaluated], cfg), plans_by_n.__getitem__
