@@ -1,8 +1,8 @@
 """The simulator's speed-ups (issue 41) are exact: the reports equal those of the straightforward implementation.
 
 The straightforward forms live here: the cut-and-migrate simulation that lists every live actor's sequences as
-`ActorProgress` at each cut check and decides with the public `plan_migrations` (moves by name), the checked
-`PlanJob` constructor, and a plan built anew on every request. A short paper-sim case (both designs) played with
+`ActorProgress` at each cut check and decides with the public `plan_migrations` (moves by name, every move
+named), the checked `PlanJob` constructor, and a plan built anew on every request. A short paper-sim case (both designs) played with
 them patched in must give the shipped report bit for bit.
 """
 
@@ -143,6 +143,17 @@ def reference_simulation(plan, tm, tau, true_jobs=None):
     return _result(plan, actors, tm, list(moves), released)
 
 
+class _ReferencePlayed:
+    """`migrate.Played` of the reference simulation."""
+
+    def __init__(self, plan, tm, tau, true_jobs=None):
+        self._named = reference_simulation(plan, tm, tau, true_jobs)
+        self.busy_s, self.n_moves = list(self._named[0].busy_s), len(self._named[0].moves)
+
+    def named(self):
+        return self._named
+
+
 def _checked(group_id, n_seqs, predicted_len, prompt_len=0):
     return PlanJob(group_id, n_seqs, predicted_len, prompt_len)
 
@@ -162,6 +173,7 @@ def test_report_equals_the_straightforward_implementation(design, steps, monkeyp
     shipped = _report(cfg)
     policies._TRUE_CACHE.clear()
     monkeypatch.setattr(scaler, "simulate_with_migration", reference_simulation)
+    monkeypatch.setattr(scaler, "play_with_migration", _ReferencePlayed)
     monkeypatch.setattr(policies, "simulate_with_migration", reference_simulation)
     monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
     monkeypatch.setattr(scaler, "_memo_plan", _built_anew)

@@ -111,6 +111,8 @@ class _Actor:
     (iteration at which it finishes, sid) in a heap, so advancing the clock is O(1) and an event O(log n).
     """
 
+    __slots__ = ("aid", "it", "t", "heap", "queue", "finished", "total", "end")  # read at every event
+
     def __init__(self, aid: int) -> None:
         self.aid = aid
         self.it = 0.0
@@ -282,6 +284,29 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
                             true_jobs: Sequence[PlanJob] | None = None) -> tuple[MigrationResult, dict[str, float]]:
     """Simulate `plan` with cut-and-migrate at `tau`; decisions use the plan's predicted lengths, execution uses
     `true_jobs` (matched by group_id; None = the predictions are the truth). Returns (result, metrics)."""
+    return play_with_migration(plan, time_model, tau, true_jobs).named()
+
+
+class Played:
+    """A plan played with cuts (`play_with_migration`): each actor's busy seconds and the number of moves, and
+    the named result (`simulate_with_migration`'s, a `Migration` per move) only when asked: most callers (the
+    scaler's outcome draws, a cut row it declines) read only busy seconds and the count."""
+
+    def __init__(self, plan: AssignmentPlan, tm: TimeModel, actors: list[_Actor], seqs: _Seqs, cuts: list[Cut],
+                 released: list[int]) -> None:
+        self.busy_s = _busy(plan, actors, tm)
+        self.n_moves = len(cuts)
+        self._state = (plan, tm, actors, seqs, cuts, released)
+
+    def named(self) -> tuple[MigrationResult, dict[str, float]]:
+        plan, tm, actors, seqs, cuts, released = self._state
+        name = seqs.name
+        return _result(plan, actors, tm, [Migration(name(sid), a, b) for sid, a, b in cuts], released)
+
+
+def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
+                        true_jobs: Sequence[PlanJob] | None = None) -> Played:
+    """`simulate_with_migration`, its moves named only on request (`Played.named`)."""
     _check_tau(tau)
     f = time_model.iter_seconds(np.arange(plan.capacity + 1)).tolist()
     actors, seqs = _load(plan, true_jobs)
@@ -328,17 +353,21 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
         else:
             wait = heap[0][0] - act.it
             nxt[a] = act.t + (wait if wait > 0.0 else 0.0) * f[len(heap)]
-    name = seqs.name
-    return _result(plan, actors, time_model, [Migration(name(sid), a, b) for sid, a, b in moves], released)
+    return Played(plan, time_model, actors, seqs, moves, released)
 
 
-def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: list[Migration],
-            released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
+def _busy(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel) -> list[float]:
     busy = []
     for act, jobs in zip(actors, plan.actor_jobs):
         # prefill and fixed overhead are added after the decode simulation, as in the plan
         prefill = sum(j.prompt_len for j in jobs) * tm.prefill_s_per_token
         busy.append(tm.actor_fixed_s + prefill + (act.end or 0.0) if jobs else 0.0)
+    return busy
+
+
+def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: list[Migration],
+            released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
+    busy = _busy(plan, actors, tm)
     makespan = max(busy) if busy else 0.0
     res = MigrationResult(tuple(busy), makespan, float(sum(makespan - b for b in busy)), tuple(moves),
                           tuple(released), tuple(a.finished for a in actors))

@@ -25,7 +25,7 @@ import rlhfless.plan.sweep as sw
 from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
-from rlhfless.plan.migrate import simulate_with_migration
+from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
 from rlhfless.plan.overlap import job_learner_tokens, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
@@ -163,7 +163,7 @@ def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel) -> tu
 
 
 def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
-         draws: Sequence[Sequence[PlanJob]], cuts: MigrationResult | None = None, wide: WideActor | None = None,
+         draws: Sequence[Sequence[PlanJob]], cuts: Played | None = None, wide: WideActor | None = None,
          memo: dict | None = None) -> ScalingCandidate:
     """T and C of a plan (with its cuts at tau when `cuts`, the predicted cut simulation; its straggler on the
     wide engine when `wide`). With `draws` (outcomes of the step's lengths drawn from the prediction): the means
@@ -176,7 +176,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
         busy = list(cuts.busy_s if cuts is not None else plan.busy_s)
         if wide is not None:
             busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
-        return _costed(plan, busy, len(cuts.moves) if cuts is not None else 0, cfg, n_warm, tm, on)
+        return _costed(plan, busy, cuts.n_moves if cuts is not None else 0, cfg, n_warm, tm, on)
     rows = []
     # the placement: each actor's groups in admission order (the same order split differently plays differently)
     placed = (tuple(tuple([j.group_id for j in js]) for js in plan.actor_jobs), plan.capacity)
@@ -191,8 +191,8 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
                 memo[key] = (tuple(busy), ja, own)
         moves = 0
         if cuts is not None:
-            res, _ = simulate_with_migration(plan, tm, cfg.tau, d)
-            busy, moves = list(res.busy_s), len(res.moves)
+            res = play_with_migration(plan, tm, cfg.tau, d)  # busy seconds and the count: no move named
+            busy, moves = list(res.busy_s), res.n_moves
         elif wide is not None:
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
             busy[a] = on_wide(ja.jobs[first:first + len(plan.actor_jobs[a])], wide)[0]
@@ -203,11 +203,11 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
 
 
 def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
-              draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingCandidate,
-                                                                                          MigrationResult]:
+              draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingCandidate, Played]:
     """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations; over `draws` when given)
-    and the cuts simulated on the predictions (what a runtime decides with); `memo` as in `_row`."""
-    res, _ = simulate_with_migration(plan, tm, cfg.tau)
+    and the cuts simulated on the predictions (what a runtime decides with; `Played.named()` for the moves);
+    `memo` as in `_row`."""
+    res = play_with_migration(plan, tm, cfg.tau)
     return _row(plan, cfg, tm, n_warm, draws, cuts=res, memo=memo), res
 
 
@@ -461,7 +461,7 @@ def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
     if keep != cfg.simulate_migration:
         cands = sorted(_scored(others + [cut_row if keep else plain_row], cfg), key=lambda c: c.n_actors)
         best = next(c for c in cands if c.n_actors == plan.n_actors)
-    return cands, best, cut, (cut_res if keep else None)
+    return cands, best, cut, (cut_res.named()[0] if keep else None)  # moves named only when kept
 
 
 def _scored(cands: list[ScalingCandidate], cfg: PlanConfig) -> list[ScalingCandidate]:
