@@ -153,6 +153,9 @@ class _ReferencePlayed:
     def named(self):
         return self._named
 
+    def metrics(self):
+        return self._named[1]
+
 
 def _checked(group_id, n_seqs, predicted_len, prompt_len=0):
     return PlanJob(group_id, n_seqs, predicted_len, prompt_len)
@@ -174,7 +177,7 @@ def test_report_equals_the_straightforward_implementation(design, steps, monkeyp
     policies._TRUE_CACHE.clear()
     monkeypatch.setattr(scaler, "simulate_with_migration", reference_simulation)
     monkeypatch.setattr(scaler, "play_with_migration", _ReferencePlayed)
-    monkeypatch.setattr(policies, "simulate_with_migration", reference_simulation)
+    monkeypatch.setattr(policies, "play_with_migration", _ReferencePlayed)
     monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
     monkeypatch.setattr(scaler, "_memo_plan", _built_anew)
     assert _report(cfg) == shipped

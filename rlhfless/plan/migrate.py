@@ -303,6 +303,10 @@ class Played:
         name = seqs.name
         return _result(plan, actors, tm, [Migration(name(sid), a, b) for sid, a, b in cuts], released)
 
+    def metrics(self) -> dict[str, float]:
+        """`simulate_with_migration`'s metrics (balancer/*), no move named."""
+        return _metrics(self.busy_s, self.n_moves, len(self._state[-1]))
+
 
 def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
                         true_jobs: Sequence[PlanJob] | None = None) -> Played:
@@ -368,10 +372,15 @@ def _busy(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel) -> list[flo
 def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: list[Migration],
             released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
     busy = _busy(plan, actors, tm)
-    makespan = max(busy) if busy else 0.0
-    res = MigrationResult(tuple(busy), makespan, float(sum(makespan - b for b in busy)), tuple(moves),
+    metrics = _metrics(busy, len(moves), len(released))
+    res = MigrationResult(tuple(busy), metrics[M.BAL_MAKESPAN_S], metrics[M.BAL_IDLE_DEVICE_S], tuple(moves),
                           tuple(released), tuple(a.finished for a in actors))
+    return res, metrics
+
+
+def _metrics(busy: list[float], n_moves: int, n_released: int) -> dict[str, float]:
+    makespan = max(busy) if busy else 0.0
     mean = sum(busy) / len(busy) if busy else 0.0
-    return res, {M.BAL_MIGRATIONS: float(len(moves)), M.BAL_RELEASED_ACTORS: float(len(released)),
-                 M.BAL_MAKESPAN_S: makespan, M.BAL_IDLE_DEVICE_S: res.idle_device_s,
-                 M.BAL_IMBALANCE: makespan / mean if mean > 0 else 1.0}
+    return {M.BAL_MIGRATIONS: float(n_moves), M.BAL_RELEASED_ACTORS: float(n_released), M.BAL_MAKESPAN_S: makespan,
+            M.BAL_IDLE_DEVICE_S: float(sum(makespan - b for b in busy)),
+            M.BAL_IMBALANCE: makespan / mean if mean > 0 else 1.0}

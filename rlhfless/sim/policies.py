@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rlhfless.core import metrics as M
 from rlhfless.plan import (
     AssignmentPlan,
     MigrationResult,
@@ -31,10 +32,10 @@ from rlhfless.plan import (
     assign,
     choose,
     realized_plan,
-    simulate_with_migration,
 )
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.cost import BillingRules
+from rlhfless.plan.migrate import play_with_migration
 from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.wide import WideActor, on_wide
 from rlhfless.predictor import Observation, build_predictor
@@ -237,11 +238,12 @@ class RLHFuse(Verl):
         prompt_of = _engine_prompt_of(c)
         flat = _jobs(step, [self.mean_len] * len(step.groups), prompt_of)
         plan, _ = assign(flat, c.replicas, c.capacity, c.time_model, "round_robin")
-        res, metrics = simulate_with_migration(plan, c.time_model, self.tau,
-                                               true_jobs(step, prompt_of, f"engine{c.template_tokens}"))
+        # busy seconds and metrics only: no move named
+        res = play_with_migration(plan, c.time_model, self.tau, true_jobs(step, prompt_of, f"engine{c.template_tokens}"))
+        metrics = res.metrics()
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(res.busy_s) if b > 0)
-        freed = sum(res.makespan_s - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
+        freed = sum(metrics[M.BAL_MAKESPAN_S] - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
         ref = pm.forward_s(step.tokens, 1)  # the reference forward's device-seconds (PPO's value forward stays)
         fused = min(freed, 0.5 * ref)  # half the reference forward needs the tail's samples
         metrics["rlhfuse/fused_s"] = fused / c.n_devices
