@@ -251,7 +251,7 @@ def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float,
     sources = {actors[src] for _, src, _ in cuts}
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     moved = set()
-    start, true, plen, job, push = seqs.start_it, seqs.true, seqs.plen, seqs.job, heapq.heappush
+    start, true, plen, job_of, push = seqs.start_it, seqs.true, seqs.plen, seqs.job, heapq.heappush
     kv = tm.kv_transfer_s_per_token
     for sid, s, d in cuts:
         src, dst = actors[s], actors[d]
@@ -262,7 +262,7 @@ def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float,
         start[sid] = dst.it - gen
         push(dst.heap, (dst.it + rem, sid))
         dst.total += 1
-        dst.t += kv * (plen[job(sid)] + gen)  # the destination stalls for the KV
+        dst.t += kv * (plen[job_of(sid)] + gen)  # the destination stalls for the KV
         moved.add(sid)
     for act in sources:
         act.heap = [x for x in act.heap if x[1] not in moved]
