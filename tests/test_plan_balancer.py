@@ -147,6 +147,20 @@ def test_bad_input_is_a_clear_error():
         PlanJob("a", 3, (1.0, 2.0))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8), st.lists(st.floats(0, 4096, allow_nan=False), min_size=8, max_size=8),
+                          st.integers(0, 50)), min_size=1, max_size=12), st.data())
+def test_taken_arrays_are_the_arrays_of_the_jobs_taken(spec, data):
+    """`JobArrays.take` gathers the arrays `from_jobs` builds of the same jobs in that order, bit for bit."""
+    jobs = [PlanJob(f"g{i}", n, tuple(lens[:n]), p) for i, (n, lens, p) in enumerate(spec)]
+    idx = data.draw(st.lists(st.integers(0, len(jobs) - 1), max_size=2 * len(jobs)))
+    taken, built = B.JobArrays.from_jobs(jobs).take(idx), B.JobArrays.from_jobs([jobs[i] for i in idx])
+    assert taken.jobs == built.jobs
+    for field in ("sizes", "prompt_len", "work", "mean_len", "seq_len", "offsets"):
+        a, b = getattr(taken, field), getattr(built, field)
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), field
+
+
 @given(st.text(max_size=5), st.integers(1, 4), st.floats(0, 500, allow_nan=False), st.integers(0, 50), st.booleans())
 def test_trusted_job_is_the_checked_one(gid, n, length, prompt, per_seq):
     """`PlanJob.trusted` (unchecked, for the simulator's own jobs) builds the record the checked constructor

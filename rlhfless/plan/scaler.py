@@ -147,14 +147,27 @@ def _plan_labels(plan: AssignmentPlan) -> np.ndarray:
     return np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
 
 
-def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel) -> tuple[list[float], JobArrays,
-                                                                                   np.ndarray]:
+def _outcome_arrays(outcome: Sequence[PlanJob], memo: dict | None) -> tuple[JobArrays, dict[str, int]]:
+    """An outcome's jobs as arrays and each group's position (the last job of a group id, as a dict by id
+    keeps), once per outcome in `memo` (every candidate plays the same outcomes)."""
+    key = ("outcome", id(outcome))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is outcome:
+        return hit[1], hit[2]
+    ja, index = JobArrays.from_jobs(outcome), {j.group_id: i for i, j in enumerate(outcome)}
+    if memo is not None:
+        memo[key] = (outcome, ja, index)  # the outcome itself: its id stays its own while the memo holds it
+    return ja, index
+
+
+def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
+          memo: dict | None = None) -> tuple[list[float], JobArrays, np.ndarray]:
     """The plan's placement and admission order played with an outcome's lengths (matched by group_id), once:
     (each actor's busy seconds, the jobs in the plan's order with those lengths, (J,) each job's finish on its
     actor). Busy = its last job's finish (`labels_finish_s` charges the fixed overhead and prefill first, as
-    `build_plan`), 0 for an idle actor."""
-    by_id = {j.group_id: j for j in outcome}
-    ja = JobArrays.from_jobs([by_id[j.group_id] for js in plan.actor_jobs for j in js])
+    `build_plan`), 0 for an idle actor. `memo`: the outcome's arrays, shared with the other candidates."""
+    base, index = _outcome_arrays(outcome, memo)
+    ja = base.take([index[j.group_id] for js in plan.actor_jobs for j in js])
     labels = _plan_labels(plan)
     own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm)
     busy = np.zeros(plan.n_actors)
@@ -186,7 +199,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
             busy, ja, own = memo[key]
             busy = list(busy)
         else:
-            busy, ja, own = _play(plan, d, tm)
+            busy, ja, own = _play(plan, d, tm, memo)
             if key is not None:
                 memo[key] = (tuple(busy), ja, own)
         moves = 0
