@@ -41,7 +41,7 @@ from rlhfless.sim.overheads import (
     PAPER_VERL_TP_LARGE,
 )
 from rlhfless.sim.perf import FITTED, PPO_MODELS, PerfModel, smallest_tp
-from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
+from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl, prime_true_jobs
 from rlhfless.sim.shapley import EXTRAS, SUB_PLAYERS, target_players, terms
 from rlhfless.sim.step import play_step
 from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, replay_trace, synthetic
@@ -585,6 +585,7 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
             done(p.name)
         return out
     global _FORKED
+    prime_true_jobs(pols, work)  # shared by the forked processes, not built in each
     _FORKED = (pols, work, keep_timelines)
     order = sorted(range(len(pols)), key=lambda i: -_play_cost(pols[i]))
     out = [None] * len(pols)
