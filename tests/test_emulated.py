@@ -193,12 +193,14 @@ def test_design_paper_arm_runs_separate_functions_and_streams_nothing(compared):
     ours = _rows(compared / "serverless" / "workers.jsonl")
     assert any(set(w["kinds"]) == {"decode", "learner"} for w in ours)
     for arm, streamed in (("serverless-paper", 0.0), ("serverless", None)):
-        got = [x.get("runtime/learner_compute_before_rollout_end") for x in _rows(compared / arm / "metrics.jsonl")
-               if "timing_s/step" in x]
+        got = {x["step"]: x.get("runtime/learner_compute_before_rollout_end")
+               for x in _rows(compared / arm / "metrics.jsonl") if "timing_s/step" in x}
         if streamed is not None:
-            assert all(g in (None, 0.0) for g in got)
+            assert all(g in (None, 0.0) for g in got.values())
         else:
-            assert all(g and g > 0 for g in got)
+            # from step 2 on: step 1 starts the platform, and on a loaded machine the learner's real cold start
+            # (scaled by 1 / time_scale) can outlast that step's short modelled rollout, leaving nothing to stream
+            assert all(g and g > 0 for s, g in got.items() if s > 1), got
 
 
 def test_emulated_learner_ranks_leave_at_their_share(compared):
