@@ -71,7 +71,7 @@ def predicted(tm, shapes) -> list[float]:
 def runtime_ratios() -> list[float]:
     """Billed decode busy seconds per step, N=2 over N=1, from two real serverless runs (same samples)."""
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     per_step = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -66,7 +66,7 @@ def records_digest(out: Path) -> dict[str, str]:
 
 def make_runs(work: Path) -> dict[str, str]:
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out: dict[str, str] = {}
     for mode in ("inline", "serverless"):

@@ -45,7 +45,7 @@ def only_loopback() -> bool:
 
 def run(out: Path, name: str, extra: list[str]) -> dict:
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     t0 = time.monotonic()
     summary = train(load_run_config(str(ROOT / "experiments/configs/quickstart.yaml"), TINY + extra), out / name,

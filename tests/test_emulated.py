@@ -150,7 +150,7 @@ def test_starts_return_before_the_fork_and_a_released_unit_is_free_first(tmp_pat
 # ---- a small comparison end to end, and the simulator's prediction of it --------------------------------------
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("emulated") / "cmp"
     train(load_run_config("experiments/configs/quickstart.yaml", SMALL), out, progress=False)
@@ -295,10 +295,10 @@ def test_faults_on_emulated_devices_recover_to_the_same_samples(compared, tmp_pa
     the runtime's recovery re-runs them, and the samples equal the undisturbed serverless arm's. Not a rank just
     sent learn_end: an emulated share costs no modelled time, so that rank may have written its share already,
     which rightly needs no retry (`EmulatedWorker._learn_share`)."""
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
     from rlhfless.runtime import executor
-    from rlhfless.runtime.compare import samples_match
-    from rlhfless.runtime.faults import KillOn, KillRule
+    from rlhfless.run.compare import samples_match
+    from rlhfless.bench.faults import KillOn, KillRule
 
     chaos = KillOn(KillRule("sent", "decode", 2), KillRule("sent", "learn_group", 3))
     executor.RUNTIME_HOOKS.append(chaos.attach)
@@ -315,8 +315,8 @@ def test_faults_on_emulated_devices_recover_to_the_same_samples(compared, tmp_pa
 def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
     """Cut-and-migrate at a low tau between two emulated decode functions: rows really move (progress, cut,
     adopt over the real messages) and continue the same tokens, so the samples equal the undisturbed arm's."""
-    from rlhfless.run.runner import train
-    from rlhfless.runtime.compare import samples_match
+    from rlhfless.run.launch import train
+    from rlhfless.run.compare import samples_match
 
     over = ["runtime.mode=serverless", "plan.scale=false", "plan.max_actors=2", "plan.migrate=true",
             "runtime.migrate=always", "plan.tau=0.3", "runtime.progress_every=8"]
@@ -355,7 +355,7 @@ PPO_SMALL = [x for x in SMALL if not x.startswith("algo.group_size")] + [
 
 @pytest.fixture(scope="module")
 def ppo_compared(tmp_path_factory):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("emulated-ppo") / "cmp"
     train(load_run_config("experiments/configs/quickstart_ppo.yaml", PPO_SMALL), out, progress=False)

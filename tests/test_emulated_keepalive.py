@@ -41,7 +41,7 @@ def test_held_bills_a_kept_worker_from_the_step_start():
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("emulated-keep")
     for design in ("extended", "paper"):

@@ -116,7 +116,7 @@ def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_anothe
     import socket
 
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
     from rlhfless.runtime import dist
     from rlhfless.runtime.config import available_cores
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.runtime import executor
-from rlhfless.runtime.compare import read_digests, samples_match
+from rlhfless.run.compare import read_digests, samples_match
 from rlhfless.runtime.config import available_cores
-from rlhfless.runtime.faults import KillOn, KillRule
+from rlhfless.bench.faults import KillOn, KillRule
 
 pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
 
@@ -215,7 +215,7 @@ def test_the_reference_forward_streams_with_overlap_and_gives_the_same_kl_and_we
     """kl > 0: the reference function after the rollout (serverful; serverless without overlap) and the learner
     ranks' own per-group reference forward while the rest decodes (serverless, overlap auto) give the same KL term
     to the last bit, so the same samples and the same final weights."""
-    from rlhfless.runtime.compare import weights_digest
+    from rlhfless.run.compare import weights_digest
 
     kl = ["algo.kl_coef=0.05", "train.steps=2", "plan.max_actors=2"]
     a, _ = _run(tmp_path, "kl_serverful", ["runtime.mode=serverful"] + kl)
@@ -371,7 +371,7 @@ def test_peak_units_counts_overlaps_and_not_handovers():
 def test_planner_accuracy_sums_predicted_and_billed_over_the_same_steps():
     """The one definition (`compare` reports it, the benchmark measures it): steps past the calibration that logged
     both numbers, predicted and billed summed over exactly those steps."""
-    from rlhfless.runtime.compare import planner_accuracy
+    from rlhfless.run.compare import planner_accuracy
 
     rows = [{"step": 1, "plan/predicted_device_s": 9.0, "function/decode/billed_s": 1.0, "cost/device_seconds": 3.0},
             {"step": 2, "plan/predicted_device_s": 2.0, "function/decode/billed_s": 4.0, "cost/device_seconds": 6.0},
@@ -392,7 +392,7 @@ def test_the_planner_prices_the_decode_functions_every_step_and_follows_the_meas
     the bill of what it priced; the bill is the workers' lifetimes split by role; and the time-model scale the
     planner prices with is the smoothed ratio of the measured decode busy seconds (the invocations') to what its
     base model predicts for the same placement, replayed here from the log alone."""
-    from rlhfless.runtime.compare import priced_key
+    from rlhfless.run.compare import priced_key
     from rlhfless.runtime.executor import smoothed_scale
 
     out, summary = runs["serverless"]
@@ -415,7 +415,7 @@ def test_the_planner_prices_the_decode_functions_every_step_and_follows_the_meas
 
 
 def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains_the_gap(tmp_path):
-    from rlhfless.runtime.compare import run_planner_accuracy
+    from rlhfless.run.compare import run_planner_accuracy
 
     cfg = load_run_config("experiments/configs/quickstart.yaml", TINY + ["runtime.mode=compare"])
     c = train(cfg, tmp_path / "cmp", progress=False)

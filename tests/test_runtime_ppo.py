@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfless.config import load_run_config
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.runtime import executor
-from rlhfless.runtime.compare import samples_match, weights_digest
+from rlhfless.run.compare import samples_match, weights_digest
 from rlhfless.runtime.config import available_cores
-from rlhfless.runtime.faults import KillOn, KillRule
+from rlhfless.bench.faults import KillOn, KillRule
 
 pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
 

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOOP_MODULES = ["step/loop.py", "run/runner.py", "step/heldout.py", "bench/loop_bench.py", "run/train_cli.py",
                 "runtime/decoding.py",
                 "runtime/stages.py", "runtime/loop_stages.py", "runtime/executor.py", "runtime/worker.py",
-                "runtime/compare.py"]
+                "run/compare.py"]
 FORBIDDEN = ("rlhfless.tasks.arith", "rlhfless.tasks.gsm8k", "rlhfless.tasks.jsonl_task")
 
 

@@ -123,7 +123,7 @@ def real_run(ctx, algo: str, size: dict, mode: str = "inline") -> Path:
     """One quickstart run of `algo` at `size` (no held-out eval: only step times matter here), inline on one
     thread or in runtime mode `mode` (RUNTIME conditions), reused while its summary.json exists."""
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     name = algo if mode == "inline" else f"{algo}-{mode}"
     out = ctx.out / "ppo-vs-grpo" / "runs" / f"{name}-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
@@ -142,7 +142,7 @@ def runtime_gain(serverful: Path, serverless: Path) -> dict:
     and whether the two drew the same samples every step."""
     import json
 
-    from rlhfless.runtime.compare import samples_match
+    from rlhfless.run.compare import samples_match
 
     a, b = (json.loads(RunDir(p).summary.read_text())["runtime"] for p in (serverful, serverless))
     same, _, n = samples_match(serverful, serverless)

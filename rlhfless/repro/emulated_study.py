@@ -55,7 +55,7 @@ def arm_table(cmp: dict) -> dict[str, dict]:
 
 
 def emulated_study(ctx, extra: tuple[str, ...] = ()) -> StudyResult:
-    from rlhfless.runtime.gantt import plot_steps
+    from rlhfless.run.gantt import plot_steps
     from rlhfless.sim.emulated import validate_emulated
 
     out, cmp = emulated_run(ctx, extra)

@@ -176,11 +176,9 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     cfg.check_machine()
     # the folder is this run's alone from here on (an earlier, finished run there is moved aside; a live one
     # refuses this call); a run that fails before writing anything leaves no folder behind
+    if cfg.runtime.mode == "compare":
+        raise ConfigError("runtime.mode=compare runs several arms: call rlhfless.run.launch.train")
     with claim_run_dir(str(out_dir), resume, earlier_run_ok=True):
-        if cfg.runtime.mode == "compare":
-            from rlhfless.runtime.compare import compare
-
-            return compare(cfg, Path(out_dir), train, progress)
         torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
         run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
@@ -340,8 +338,7 @@ def _steps(run: Run, progress: bool) -> None:
         run.stages.close()  # the runtime releases every worker, then brings run.learner up to date
     run.runtime_summary = run.stages.summary()
     if run.runtime_summary:
-        from rlhfless.runtime.compare import gantt_steps
-        from rlhfless.runtime.gantt import plot_steps
+        from rlhfless.run.gantt import gantt_steps, plot_steps
 
         for k in gantt_steps(run.cfg.train.steps, run.cfg.runtime.gantt_every):
             plot_steps({run.cfg.runtime.mode: run.out}, k, run.out / "gantt" / f"step-{k}.png")

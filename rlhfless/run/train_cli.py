@@ -83,7 +83,7 @@ def _train(args: argparse.Namespace) -> int:
                           "OUT/serverless with its own config instead")
     if args.dry_run:
         return _dry_run(cfg, args.out, args.resume, args.allow_config_change, not args.no_progress)
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     with claim_run_dir(args.out, args.resume):  # the check again, under the folder's lock: no two runs mix
         summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,

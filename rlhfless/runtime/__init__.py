@@ -12,7 +12,8 @@ every decision that differs by mode), `stages` (decode with live cut-and-migrate
     learner's reduction: the pool's gathered all-reduce, the serverless shares; one rank-order sum);
   * platforms: `backend` (local processes), `raybackend` (Ray actors), `gpus` (CUDA units);
   * PPO: `ppo_stages`; the loop's view: `loop_stages`;
-  * measurement: `records`, `profile`, `contention`, `gantt`, `compare` (the arms side by side), `faults`;
+  * measurement: `records`, `profile` (the studies of runs live above: `run.compare`, `run.gantt`,
+    `run.contention`, `bench.faults`; the emulated arms' report in `sim.emulated`);
   * `config` (`RuntimeConfig`).
 Rule kept: nothing here imports the loop, the runner or the run config at the top (a test holds the boundary).
 """

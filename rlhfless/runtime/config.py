@@ -3,7 +3,7 @@
 Modes: `inline` (one process runs every stage: the debugging path and the math's reference), `serverless` (every
 stage a function on its own worker process, started on demand, pre-warmed, released when idle; only lifetimes
 billed), `serverful` (the verl-like control: W workers held for the run, billed W x wall) and `compare` (the
-serverful arms then serverless, `rlhfless.runtime.compare`). A device unit is one CPU core, one GPU (or 1/k of one,
+serverful arms then serverless, `rlhfless.run.compare`). A device unit is one CPU core, one GPU (or 1/k of one,
 `runtime.gpus`) or one emulated GPU (`runtime.emulated`); backends `local` (OS processes) and `ray` (Ray actors,
 `rlhfless.runtime.raybackend`). The rule it keeps: every field is checked in one line naming it. Modes and units
 in full: docs/internals.md#runtimeconfigpy.
@@ -61,7 +61,7 @@ class RuntimeConfig:
     policy checkpoint only supplies the tokenizer and prompts, and no worker loads it."""
     time_scale: float = 1.0
     """With device=emulated: real seconds slept per modelled second, in (0, 1]; 0.1 runs ten times faster. Records
-    stay in real seconds; `runtime.emulated.modelled_report` divides by it (docs/emulated.md: what it distorts)."""
+    stay in real seconds; `sim.emulated.modelled_report` divides by it (docs/emulated.md: what it distorts)."""
     length_trace: str = "paper-testbed"
     """With device=emulated: the response lengths replayed, by (step, group, sample): paper-testbed (the
     simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""

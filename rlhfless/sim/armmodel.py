@@ -101,7 +101,7 @@ class Constants:
 
 @dataclass
 class Split:
-    """One step's period and billed core-seconds, split as `runtime.compare.core_seconds_per_step`."""
+    """One step's period and billed core-seconds, split as `run.compare.core_seconds_per_step`."""
 
     period: float
     billed: float

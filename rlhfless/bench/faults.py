@@ -4,7 +4,7 @@ Each mode (serverless, or the serverful control) runs `repeats` times undisturbe
 thread that kills a random busy worker, alternating so a shared machine's drift hits both alike; the runtime
 notices each death, bills the lost time and re-runs the work from the same random streams. The report (kills,
 lost steps, sample identity, extra cost and time with their noise, lost device-seconds):
-docs/internals.md#runtimefaultspy. What it checks: no step is lost and every faulty run's samples equal the
+docs/internals.md#benchfaultspy. What it checks: no step is lost and every faulty run's samples equal the
 undisturbed run's. `KillOn` is the chaos the tests use instead: a kill at a protocol event, no clock.
 """
 
@@ -130,7 +130,7 @@ MODES = ("serverless", "serverful")
 def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progress: bool = True,
                     repeats: int = 1, mode: str = "serverless", chaos=None) -> dict:
     """`repeats` pairs of runs in `mode` (undisturbed, then under `kills` SIGKILLs with chaos seed `seed + i`)
-    into out/undisturbed-<i> and out/faulty-<i>; returns the report (docs/internals.md#runtimefaultspy) with the
+    into out/undisturbed-<i> and out/faulty-<i>; returns the report (docs/internals.md#benchfaultspy) with the
     mode and the run's shape (device, keep-alive, hybrid) at its head.
 
     train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime).
@@ -145,7 +145,7 @@ def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progr
 
 
 def _pair(cfg, out: Path, train, i: int, kills: int, seed: int, progress: bool, make_chaos) -> dict:
-    from rlhfless.runtime.compare import samples_match
+    from rlhfless.run.compare import samples_match
 
     clean_dir, faulty_dir = out / f"undisturbed-{i}", out / f"faulty-{i}"
     clean = train(cfg, clean_dir, progress=progress)
