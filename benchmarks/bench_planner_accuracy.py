@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlhfless.run.launch import train
     from rlhfless.run.compare import run_planner_accuracy
     from rlhfless.run.contention import CpuWindow
-    from rlhfless.runtime.profile import cpu_name
+    from rlhfless.runtime.devices.profile import cpu_name
 
     cfg = load_run_config(str(CONFIG), ["runtime.mode=serverless", f"train.steps={args.steps}",
                                         "train.eval_prompts=0", "train.checkpoint_every=0",

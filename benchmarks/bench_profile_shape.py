@@ -104,7 +104,7 @@ def main() -> None:
     from rlhfless.model.factory import load_policy
     from rlhfless.plan.timemodel import TimeModel
     from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, measure_profile
-    from rlhfless.runtime.profile import cpu_name
+    from rlhfless.runtime.devices.profile import cpu_name
     from rlhfless.step.textenv import make_env
 
     cores = os.sched_getaffinity(0)

@@ -1,7 +1,8 @@
 """Behaviour digest: SHA-256s of a few small runs, so a refactor can show behaviour bitwise unchanged.
 
-    python scripts/behaviour_digest.py run OUT.json [--work DIR]     # make the runs, write their digests
-    python scripts/behaviour_digest.py stable A.json B.json KEEP.json  # keep the keys equal in A and B (two base runs)
+    python scripts/behaviour_digest.py run OUT.json [--work DIR] [--reuse]  # make the runs (--reuse: the ones
+                                                                           # in DIR), write their digests
+    python scripts/behaviour_digest.py stable A.json B.json [...] KEEP.json  # keep the keys all base runs agree on
     python scripts/behaviour_digest.py diff BEFORE.json AFTER.json    # every key of BEFORE that AFTER changed
 
 The runs (small sizes, a few minutes on 2 CPU cores):
@@ -53,8 +54,9 @@ def run_digest(out: Path) -> dict[str, str]:
 
 
 def records_digest(out: Path) -> dict[str, str]:
-    """(file, field) -> SHA-256 over that field's values, one per row in file order (missing: null)."""
-    d = {}
+    """(file, field) -> SHA-256 over that field's values, one per row in file order (missing: null); and the
+    samples digest (an emulated device's tokens are a pure function of seed, row and position)."""
+    d = {"samples_digest": _sha((out / "traces" / "samples_digest.jsonl").read_bytes())}
     for name in RECORDS:
         rows = [json.loads(line) for line in (out / name).read_text().splitlines() if line.strip()]
         d[f"{name}/rows"] = _sha(str(len(rows)).encode())
@@ -64,22 +66,30 @@ def records_digest(out: Path) -> dict[str, str]:
     return d
 
 
-def make_runs(work: Path) -> dict[str, str]:
+def make_runs(work: Path) -> None:
+    try:
+        from rlhfless.run.launch import train
+    except ImportError:  # a tree from before issue 38, where the runner dispatched a comparison itself
+        from rlhfless.run.runner import train
     from rlhfless.config import load_run_config
-    from rlhfless.run.launch import train
 
-    out: dict[str, str] = {}
     for mode in ("inline", "serverless"):
         cfg = load_run_config(str(CONFIGS / "quickstart.yaml"), SMALL + [f"runtime.mode={mode}"])
         train(cfg, work / f"quick-{mode}", progress=False)
-        out |= {f"quickstart/{mode}/{k}": v for k, v in run_digest(work / f"quick-{mode}").items()}
     cfg = load_run_config(str(CONFIGS / "serverless_vs_serverful.yaml"), SMALL + ["runtime.gantt_every=0"])
-    cmp = train(cfg, work / "compare", progress=False)
-    for arm in cmp["arms"]:
-        out |= {f"compare/{arm}/{k}": v for k, v in run_digest(work / "compare" / arm).items()}
+    train(cfg, work / "compare", progress=False)
     cfg = load_run_config(str(CONFIGS / "emulated_testbed_7b_grpo.yaml"), EMULATED_QUICK)
-    cmp = train(cfg, work / "emulated", progress=False)
-    for arm in cmp["arms"]:
+    train(cfg, work / "emulated", progress=False)
+
+
+def digest_runs(work: Path) -> dict[str, str]:
+    """The digests of the runs `make_runs` left in `work`."""
+    out: dict[str, str] = {}
+    for mode in ("inline", "serverless"):
+        out |= {f"quickstart/{mode}/{k}": v for k, v in run_digest(work / f"quick-{mode}").items()}
+    for arm in json.loads((work / "compare" / "comparison.json").read_text())["arms"]:
+        out |= {f"compare/{arm}/{k}": v for k, v in run_digest(work / "compare" / arm).items()}
+    for arm in json.loads((work / "emulated" / "comparison.json").read_text())["arms"]:
         out |= {f"emulated/{arm}/{k}": v for k, v in records_digest(work / "emulated" / arm).items()}
     return out
 
@@ -88,18 +98,19 @@ def main(argv: list[str]) -> int:
     cmd, *args = argv or ["--help"]
     if cmd == "run":
         work = Path(args[args.index("--work") + 1]) if "--work" in args else Path(tempfile.mkdtemp(prefix="bdig-"))
-        digests = make_runs(work)
+        if "--reuse" not in args:
+            make_runs(work)
+        digests = digest_runs(work)
         Path(args[0]).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
         print(f"{len(digests)} digests -> {args[0]} (runs in {work})")
         return 0
     if cmd == "stable":
-        a, b = (json.loads(Path(p).read_text()) for p in args[:2])
-        keep = {k: v for k, v in a.items() if b.get(k) == v}
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                print(f"unstable: {k}")
-        Path(args[2]).write_text(json.dumps(keep, indent=1, sort_keys=True) + "\n")
-        print(f"{len(keep)} of {len(a)} keys stable -> {args[2]}")
+        a, *rest = (json.loads(Path(p).read_text()) for p in args[:-1])
+        keep = {k: v for k, v in a.items() if all(b.get(k) == v for b in rest)}
+        for k in sorted(set(a) - set(keep)):
+            print(f"unstable: {k}")
+        Path(args[-1]).write_text(json.dumps(keep, indent=1, sort_keys=True) + "\n")
+        print(f"{len(keep)} of {len(a)} keys stable -> {args[-1]}")
         return 0
     if cmd == "diff":
         before, after = (json.loads(Path(p).read_text()) for p in args[:2])

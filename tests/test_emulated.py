@@ -14,7 +14,7 @@ import pytest
 from rlhfless.config import load_run_config
 from rlhfless.core.errors import ConfigError
 from rlhfless.runtime.config import RuntimeConfig
-from rlhfless.runtime.emulated import tokens
+from rlhfless.runtime.devices.emulated import tokens
 from rlhfless.sim.emulation import LengthTable, perf_model
 
 SMALL = ["runtime.device=emulated", "runtime.units=4", "runtime.emulated_model=qwen2.5-3b", "runtime.time_scale=0.05",
@@ -83,7 +83,7 @@ def test_emulated_worker_is_light_and_replays_lengths(tmp_path):
     """A real worker process (spawned: a fresh interpreter) imports no torch, stays small, and decodes the table's
     lengths in no less than the modelled time, scaled."""
     from rlhfless.runtime import wire
-    from rlhfless.runtime.backend import LocalBackend
+    from rlhfless.runtime.platform.backend import LocalBackend
 
     scale = 0.02
     setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": scale, "algo": "grpo", "G": 4,
@@ -122,8 +122,8 @@ def test_starts_return_before_the_fork_and_a_released_unit_is_free_first(tmp_pat
     order: a worker released to make room has exited before the fork of the one started after it."""
     import threading
 
-    from rlhfless.runtime.backend import LocalBackend
-    from rlhfless.runtime.emulated import PRELOAD
+    from rlhfless.runtime.platform.backend import LocalBackend
+    from rlhfless.runtime.wire import EMULATED_PRELOAD as PRELOAD
 
     setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": 0.01, "algo": "grpo", "G": 4,
                           "max_new_tokens": 1024, "skip_zero_variance": False}, "version": 0}

@@ -191,10 +191,10 @@ def test_the_boundary_check_sees_a_deliberate_break():
     """The table is not vacuous: a simulator module importing the runtime, a planner module importing the
     rollout, and `plan` not catching `planning`-like names are each seen (or not) as they should be."""
     graph = {m: set(d) for m, d in _graph().items()}
-    graph["rlhfless.sim.events"].add("rlhfless.runtime.pool")
+    graph["rlhfless.sim.events"].add("rlhfless.runtime.platform.pool")
     graph["rlhfless.plan.cost"].add("rlhfless.rollout.engine")
-    assert ("rlhfless.sim.events", "rlhfless.runtime.pool") in _boundary_breaks(graph)
+    assert ("rlhfless.sim.events", "rlhfless.runtime.platform.pool") in _boundary_breaks(graph)
     assert ("rlhfless.plan.cost", "rlhfless.rollout.engine") in _boundary_breaks(graph)
     assert not _under("rlhfless.planning_glue", "rlhfless.plan") and _under("rlhfless.plan.cost", "rlhfless.plan")
     reached = _reach(graph, {m for m in graph if _part(m) == "sim"})
-    assert "rlhfless.runtime.pool" in reached
+    assert "rlhfless.runtime.platform.pool" in reached

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlhfless.runtime.config import MODES, available_cores
-from rlhfless.runtime.policy import POLICIES, ServerlessPolicy, register_policy
+from rlhfless.runtime.modes.policy import POLICIES, ServerlessPolicy, register_policy
 
 RUNTIME = Path(__file__).resolve().parents[1] / "rlhfless" / "runtime"
 STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py")

@@ -237,7 +237,7 @@ def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
     critic start early (before, the reply raised KeyError and the returns counted)."""
     from types import SimpleNamespace
 
-    from rlhfless.runtime.policy import ServerfulPolicy
+    from rlhfless.runtime.modes.policy import ServerfulPolicy
     from rlhfless.runtime.ppo_stages import _Update
 
     records = []

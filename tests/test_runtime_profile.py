@@ -16,7 +16,7 @@ import pytest
 from rlhfless.model.factory import load_policy
 from rlhfless.plan.timemodel import check_profile_rows
 from rlhfless.rollout.tpot import measure_profile
-from rlhfless.runtime import profile as P
+from rlhfless.runtime.devices import profile as P
 from rlhfless.runtime.config import available_cores
 
 

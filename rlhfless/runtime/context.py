@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhfless.runtime.config import RuntimeConfig
-from rlhfless.runtime.policy import ModePolicy
-from rlhfless.runtime.pool import Pool
+from rlhfless.runtime.modes.policy import ModePolicy
+from rlhfless.runtime.platform.pool import Pool
 
 
 @dataclass(frozen=True)

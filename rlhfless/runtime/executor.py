@@ -24,11 +24,11 @@ from rlhfless.plan.billing import BILLED, BillingRules
 from rlhfless.plan.cost import price
 from rlhfless.plan.ranks import hold_after_share, next_work_after_share
 from rlhfless.runtime import wire
-from rlhfless.runtime.backend import LocalBackend, WorkerDied
+from rlhfless.runtime.platform.backend import LocalBackend, WorkerDied
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
 from rlhfless.runtime.context import StepContext
-from rlhfless.runtime.policy import History, policy_for, prewarm_decode, prewarm_learner
-from rlhfless.runtime.pool import Pool
+from rlhfless.runtime.modes.policy import History, policy_for, prewarm_decode, prewarm_learner
+from rlhfless.runtime.platform.pool import Pool
 from rlhfless.runtime.records import (CRITIC_IMAGE, HYBRID, KINDS_ALL, InvocationRecord, fail, now, peak_units, role,
                                       zero_held)
 
@@ -52,11 +52,11 @@ class Runtime:
                  planner=None, env=None, progress: bool = False, critic=None):
         from rlhfless.learn.learner import save_learner_state
         from rlhfless.step.textenv import make_env
-        from rlhfless.runtime.dist import reserve_port
+        from rlhfless.runtime.devices.dist import reserve_port
 
         self._reserve_port = reserve_port
         self.cfg, self.rt, self.mode, self.out = cfg, cfg.runtime, mode, out
-        self.policy = policy_for(mode)  # every decision that differs by mode (runtime.policy.ModePolicy)
+        self.policy = policy_for(mode)  # every decision that differs by mode (runtime.modes.policy.ModePolicy)
         self.hybrid = self.policy.hybrid_image(self.rt.hybrid)
         self.planner = planner
         self.env = env if env is not None else make_env(cfg)
@@ -67,7 +67,7 @@ class Runtime:
                  "checkpoint": str(cfg.policy.resolved()),
                  "reference_checkpoint": str(reference_checkpoint or cfg.policy.resolved())}
         if self.rt.device == "cuda":  # units are GPU slots; each worker makes only its GPUs visible
-            from rlhfless.runtime.gpus import GpuLayout, visible_gpus
+            from rlhfless.runtime.devices.gpus import GpuLayout, visible_gpus
 
             setup["gpu_layout"] = GpuLayout(tuple(visible_gpus()), self.rt.functions_per_gpu).to_json()
         self.scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
@@ -115,8 +115,8 @@ class Runtime:
 
     def _use_emulated(self, setup: dict) -> str:
         """runtime.device=emulated: the length table into the scratch folder, the workers' `emulated` setup, and
-        the planner's time model = the one the emulated workers sleep by (`runtime.emulated`)."""
-        from rlhfless.runtime import emulated
+        the planner's time model = the one the emulated workers sleep by (`runtime.devices.emulated`)."""
+        from rlhfless.runtime.devices import emulated
 
         setup["emulated"] = emulated.setup_for(self.cfg, self.scratch, self.cfg.train.steps)
         table = emulated.LengthTable.load(setup["emulated"]["table"])
@@ -133,10 +133,10 @@ class Runtime:
     def _use_measured_profile(self, setup: dict, progress: bool) -> tuple[str | None, float]:
         """Hand the planner this machine's decode-time profile for one-unit workers, from the cache or measured
         now in a worker (platform set-up before the run's clock starts: not billed); (its path, seconds measuring).
-        Off with runtime.measure_profile=false, without a planner, and for vLLM decode (rlhfless.runtime.profile)."""
+        Off with runtime.measure_profile=false, without a planner, and for vLLM decode (rlhfless.runtime.devices.profile)."""
         if self.planner is None or not self.rt.measure_profile or self.cfg.rollout.engine != "own":
             return None, 0.0
-        from rlhfless.runtime import profile as P
+        from rlhfless.runtime.devices import profile as P
 
         key = P.profile_key(self.cfg, threads=1)  # a worker holds one unit: one torch thread
         path = P.cache_path(P.cache_dir(self.rt.profile_cache), key)
@@ -151,15 +151,13 @@ class Runtime:
 
     def _backend(self):
         if self.rt.backend == "ray":
-            from rlhfless.runtime.raybackend import RayBackend
+            from rlhfless.runtime.platform.raybackend import RayBackend
 
             return RayBackend(self.rt.ray_address, self.units, self.rt.start_method)
-        from rlhfless.runtime.worker import preload
-
         # CUDA cannot be used in a process forked from one that initialised it (this driver may have: train.device),
         # so GPU workers start as fresh interpreters and pay the imports in their cold start
         method = "spawn" if self.rt.device == "cuda" else self.rt.start_method
-        return LocalBackend(method, preload(self.cfg.rollout.engine, self.rt.device))
+        return LocalBackend(method, wire.preload(self.cfg.rollout.engine, self.rt.device))
 
     # -- what a stage is given, and the run state it reads and changes through methods --------------------------
     def context(self, step: int) -> StepContext:
@@ -299,7 +297,7 @@ class Runtime:
         return {"state_path": str(self.state_path(self.version)), "version": self.version}
 
     def critic_setup(self) -> dict:
-        """PPO: where the critic of this step's version is (`runtime.ppo_worker.sync_critic`)."""
+        """PPO: where the critic of this step's version is (`runtime.devices.ppo_worker.sync_critic`)."""
         return {"critic_state": str(self.critic_path(self.version)), "critic_version": self.version}
 
     # -- workers ------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from rlhfless.core import metrics as M
 from rlhfless.learn.critic import value_chunks
 from rlhfless.learn.ppo_update import needs_old_logprobs
 from rlhfless.runtime import wire
-from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
 from rlhfless.runtime.stages import _await

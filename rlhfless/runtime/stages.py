@@ -21,9 +21,9 @@ from rlhfless.plan import ActorProgress, SeqProgress, plan_migrations
 from rlhfless.core.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
-from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
-from rlhfless.runtime.policy import ship_saves_tokens, should_ship
+from rlhfless.runtime.modes.policy import ship_saves_tokens, should_ship
 from rlhfless.runtime.records import fail, now
 
 

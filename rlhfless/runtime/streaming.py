@@ -23,9 +23,9 @@ from rlhfless.core import metrics as M
 from rlhfless.plan.ranks import reducer, release_after_share
 from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
-from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
-from rlhfless.runtime.dist import reserve_port
+from rlhfless.runtime.devices.dist import reserve_port
 from rlhfless.runtime.records import fail, now
 
 

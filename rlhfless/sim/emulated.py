@@ -56,7 +56,7 @@ def _kept(g: GroupWork, skip: bool) -> bool:
 
 def _cold_ready(run: dict, i: dict, rel, engine: bool) -> float:
     """When an invocation's function can start it: its request, or, on its first use, the end of its cold start,
-    which runs from its spawn (`runtime.emulated.Clock`: earlier than the request when it was pre-warmed)."""
+    which runs from its spawn (`runtime.devices.emulated.Clock`: earlier than the request when it was pre-warmed)."""
     t = rel(i["requested_s"])
     if i["cold"]:
         spawned = run.get("spawn", {}).get(i["worker"], i["requested_s"])
@@ -304,7 +304,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
            "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo"),
            "shares": shares and rt.get("mode") != "serverful"}
-    if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.emulated.ppo_steps`)
+    if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.devices.emulated.ppo_steps`)
         rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
         run.update(ppo_epochs=int(algo.get("ppo_epochs", 1)), values_chunk=int((cfg.get("critic") or {}).get(
             "values_chunk", 0)), ppo_steps=int(algo.get("ppo_epochs", 1)) * min(int(algo.get("ppo_mini_batches", 1)),

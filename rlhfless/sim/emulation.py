@@ -1,6 +1,6 @@
 """What an emulated device is (`runtime.device=emulated`): the replayed length table and the performance model.
 
-The runtime's emulated workers (`runtime.emulated`) sleep by these numbers and the simulator's validation of an
+The runtime's emulated workers (`runtime.devices.emulated`) sleep by these numbers and the simulator's validation of an
 emulated run (`sim.emulated`) plays by the same ones, so both read them from here, below both. Lengths come from
 the simulator's paper-testbed workload or a trace a user brings; the perf model, its time model and the KV
 capacity are the simulator's for one device of the configured kind (TP 1: one unit is one device).

@@ -5,7 +5,7 @@ one-thread workers slow down far more with batch size here, and the per-step sca
 (`runtime.measure_profile`, own engine only) a profile keyed by CPU, threads, model, torch and workload is looked up
 under `runtime.profile_cache`, measured in a worker started like a decode function on a miss (not billed), priced
 with (`Planner.use_profile`) and kept as `time_profile.json`. The rule it keeps: the per-step scale calibration runs
-on top of it. Why, the cache key and the measured shape: docs/internals.md#runtimeprofilepy.
+on top of it. Why, the cache key and the measured shape: docs/internals.md#runtimedevicesprofilepy.
 
 Deviations:
 1. Prefill seconds per token come from the rollout's deduplicated prefill; the per-actor fixed and KV-transfer
@@ -118,7 +118,7 @@ def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bo
     it measure (`Worker.handle("profile")`), release it; returns (profile, seconds including its start)."""
     from rlhfless.core.errors import TrainingError
     from rlhfless.core.progress import count_bar
-    from rlhfless.runtime.worker import now
+    from rlhfless.runtime.devices.worker import now
 
     t0 = now()
     h = backend.start("profile-0", ("decode",), cores, setup)

@@ -5,7 +5,7 @@ only what a worker computes is replaced: `worker.main` hands an emulated setup t
 answers `worker.Worker`'s requests with the same replies and sleeps the modelled time (`sim.scenario.build_cluster`'s
 perf model for `runtime.emulated_model` on one `runtime.emulated_gpu`, scaled by `runtime.time_scale`). The rule it
 keeps: sleeping is deadline based, so a worker's own overhead is absorbed, not added. Each request's model:
-docs/internals.md#runtimeemulatedpy. Non-goals: the prefill function, vLLM.
+docs/internals.md#runtimedevicesemulatedpy. Non-goals: the prefill function, vLLM.
 
 Deviations:
 1. The all-reduce is not emulated: a rank that ends early returns at once (the driver waits for every rank, so the
@@ -25,13 +25,10 @@ import numpy as np
 
 from rlhfless.core.errors import ConfigError, require
 from rlhfless.runtime import wire
+from rlhfless.runtime.devices import ops
 from rlhfless.runtime.records import now
 from rlhfless.sim.emulation import LengthTable, _mix, build_table, perf_model, ppo_split, time_model
 
-PPO_OPS = ("values_chunk", "values_end", "ppo_old", "ppo_actor", "critic_learn")
-"""PPO's requests (`runtime.ppo_worker`), emulated below with the simulator's split of `learner_s_per_token("ppo")`."""
-PRELOAD = ["numpy", "rlhfless.runtime.emulated", "rlhfless.sim.perf", "rlhfless.plan.timemodel"]
-"""What the fork server imports for emulated workers: no torch, no transformers (`worker.preload`)."""
 TOKEN_BASE, TOKEN_SPAN = 97, 26
 """Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
 
@@ -85,7 +82,7 @@ class _Row:
 
 
 class _Job:
-    """One emulated decode invocation's rows (the emulated `runtime.decoding._Job`)."""
+    """One emulated decode invocation's rows (the emulated `runtime.devices.decoding._Job`)."""
 
     def __init__(self, w: EmulatedWorker, step: int, seed: int):
         self.w, self.step, self.seed = w, step, seed
@@ -133,7 +130,7 @@ class _Job:
 
 
 class EmulatedWorker:
-    """`worker.Worker`'s requests on an emulated device (docs/internals.md#runtimeemulatedpy)."""
+    """`worker.Worker`'s requests on an emulated device (docs/internals.md#runtimedevicesemulatedpy)."""
 
     def __init__(self, setup: dict):
         e = setup["emulated"]
@@ -170,34 +167,42 @@ class EmulatedWorker:
         self.version = msg["version"]
         return now() - t0
 
-    def handle(self, msg: dict, conn) -> dict | None:
-        op = msg["op"]
-        if op in ("decode", "adopt"):
-            return self._decode(msg, conn, self._sync(msg))
-        if op == "cut":
-            return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
-        if op == "learn_begin":
-            t0 = now()
-            sync_s = self._sync(msg)
-            # busy / group_busy: the intervals it computed in, as the real rank reports them (`worker._learn_begin`)
-            self.update = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
-                           "busy": [[t0, now()]] if sync_s > 0 else []}
-            return None
-        if op == "learn_group":
-            return self._learn_group(msg)
-        if op == "learn_end":
-            return self._learn_end(msg, conn)
-        if op == "reference":
-            return self._reference(msg)
-        if op in PPO_OPS:
-            return getattr(self, "_" + op)(msg, conn)
-        raise ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (prefill and profile "
-                          "functions are not built yet)")
+    handle = ops.dispatch  # the one op table (`devices.ops`), as `worker.Worker`'s
+
+    def unsupported(self, op: str) -> Exception:
+        return ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (prefill and profile "
+                           "functions are not built yet)")
+
+    def op_decode(self, msg: dict, conn) -> dict:  # decode and adopt
+        return self._decode(msg, conn, self._sync(msg))
+
+    def op_cut(self, msg: dict, conn) -> dict:
+        return ops.late_cut(msg)
+
+    def op_learn_begin(self, msg: dict, conn) -> None:
+        t0 = now()
+        sync_s = self._sync(msg)
+        # busy / group_busy: the intervals it computed in, as the real rank reports them (`worker._learn_begin`)
+        self.update = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
+                       "busy": [[t0, now()]] if sync_s > 0 else []}
+        return None
+
+    def op_learn_group(self, msg: dict, conn) -> None:
+        return self._learn_group(msg)
+
+    def op_learn_end(self, msg: dict, conn) -> dict:
+        return self._learn_end(msg, conn)
+
+    def op_reference(self, msg: dict, conn) -> dict:
+        return self._reference(msg)
+
+    def op_ppo(self, msg: dict, conn) -> dict | None:  # emulated with the simulator's split of PPO's learner time
+        return getattr(self, "_" + msg["op"])(msg, conn)
 
     # -- decode ---------------------------------------------------------------------------------------------
     def _decode(self, msg: dict, conn, sync_s: float) -> dict:
-        """The decode contract of `runtime.decoding.run_decode`, on modelled time
-        (docs/internals.md#runtimeemulatedpy)."""
+        """The decode contract of `runtime.devices.decoding.run_decode`, on modelled time
+        (docs/internals.md#runtimedevicesemulatedpy)."""
         t0 = now()
         self.clock.start()
         job = _Job(self, msg["step"], msg["seed"])
@@ -322,7 +327,7 @@ class EmulatedWorker:
         os.replace(tmp, msg["out"])
         return {"op": "referenced", "t_start": t0, "t_end": now()}
 
-    # -- PPO: the value function, the actor and the critic (`runtime.ppo_worker`'s contract) -------------------
+    # -- PPO: the value function, the actor and the critic (`runtime.devices.ppo_worker`'s contract) -------------------
     def _batch_tokens(self, path: str) -> tuple[int, int]:
         """(prompt + response tokens of every row, rows) of a batch file, as `_reference` counts them."""
         from safetensors.numpy import load_file

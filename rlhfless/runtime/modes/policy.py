@@ -4,7 +4,7 @@
 functions, billing rules, the learner's degree): `ServerlessPolicy` (the planner's assignment, functions released
 after `keep_alive_s` idle, pre-warmed) and `ServerfulPolicy` (verl-like: W pool workers held all run, prompts split
 evenly, no migration). The rule it keeps: the serverful control is a policy, not a second code path. A stage is
-pre-warmed at its expected start - measured cold start - buffer. Details: docs/internals.md#runtimepolicypy.
+pre-warmed at its expected start - measured cold start - buffer. Details: docs/internals.md#runtimemodespolicypy.
 
 Deviations from the paper:
 1. The learner's expected start is this step's planned makespan x the recent measured/planned ratio
@@ -68,7 +68,7 @@ class Prewarm:
 
 def prewarm_learner(history: History, predicted_makespan_s: float, cold_default: float, buffer_s: float,
                     source: str = "plan") -> Prewarm:
-    """When to start the learner group, in seconds after the rollout started (docs/internals.md#runtimepolicypy)."""
+    """When to start the learner group, in seconds after the rollout started (docs/internals.md#runtimemodespolicypy)."""
     if source == "plan" and history.rollout_vs_plan:
         # the plan alone runs early (a group's mean predicted length misses its longest sample): scaled by the
         # recent ratio of measured rollout time to predicted makespan
