@@ -207,7 +207,7 @@ def _rank_whose_all_reduce_broke(conn) -> None:
 
 
 def test_a_worker_whose_all_reduce_broke_says_left_then_exits_with_its_status():
-    """What the worker does in `_learn_end` when gloo raises: LEFT on the pipe, then GROUP_BROKEN_EXIT, so the
+    """What the worker does in `op_learn_end` when gloo raises: LEFT on the pipe, then GROUP_BROKEN_EXIT, so the
     pool above records it as released however late its exit status arrives."""
     ctx = mp.get_context("fork")
     ours, theirs = ctx.Pipe(duplex=True)

@@ -63,7 +63,7 @@ def runs(tmp_path_factory):
         def loop():
             t_end = time.monotonic() + 120
             while not killed and time.monotonic() < t_end:
-                for h in list(runtime.platform.pool.handles.values()):
+                for h in list(runtime.pool.handles.values()):
                     stream = runtime.stream  # a hybrid function that went on as a learner rank is not decoding
                     if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.pool.working
                             and not (stream is not None and stream.owns(h))):

@@ -182,19 +182,10 @@ class EmulatedWorker:
     def op_learn_begin(self, msg: dict, conn) -> None:
         t0 = now()
         sync_s = self._sync(msg)
-        # busy / group_busy: the intervals it computed in, as the real rank reports them (`worker._learn_begin`)
+        # busy / group_busy: the intervals it computed in, as the real rank reports them (`worker.op_learn_begin`)
         self.update = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
                        "busy": [[t0, now()]] if sync_s > 0 else []}
         return None
-
-    def op_learn_group(self, msg: dict, conn) -> None:
-        return self._learn_group(msg)
-
-    def op_learn_end(self, msg: dict, conn) -> dict:
-        return self._learn_end(msg, conn)
-
-    def op_reference(self, msg: dict, conn) -> dict:
-        return self._reference(msg)
 
     def op_ppo(self, msg: dict, conn) -> dict | None:  # emulated with the simulator's split of PPO's learner time
         return getattr(self, "_" + msg["op"])(msg, conn)
@@ -258,7 +249,7 @@ class EmulatedWorker:
         n_resp, plen = len(resp_o) - 1, int(prom_o[-1])
         return int(resp_o[-1]) + plen * n_resp, t["rewards"].tolist()
 
-    def _learn_group(self, msg: dict) -> None:
+    def op_learn_group(self, msg: dict, conn=None) -> None:
         t0 = now()
         self.clock.start()
         tok, rewards = self._group_tokens(msg["batch"])
@@ -269,7 +260,7 @@ class EmulatedWorker:
         self.update["busy"].append([t0, now()])
         return None
 
-    def _learn_end(self, msg: dict, conn) -> dict:
+    def op_learn_end(self, msg: dict, conn=None) -> dict:
         t_end0 = now()
         if msg.get("share"):
             return self._learn_share(msg, t_end0)
@@ -309,10 +300,10 @@ class EmulatedWorker:
         sync_s = self._sync(msg)
         self.update = {"t_start": t_end0, "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
                        "busy": [[t_end0, now()]] if sync_s > 0 else []}
-        reply = self._learn_end({k: v for k, v in msg.items() if k not in ("share", "dist")}, None)
+        reply = self.op_learn_end({k: v for k, v in msg.items() if k not in ("share", "dist")}, None)
         return {**reply, "shared": None}
 
-    def _reference(self, msg: dict) -> dict:
+    def op_reference(self, msg: dict, conn=None) -> dict:
         from safetensors.numpy import load_file, save_file
 
         t0 = now()

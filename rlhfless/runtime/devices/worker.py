@@ -280,18 +280,6 @@ class Worker:
     def op_cut(self, msg: dict, conn) -> dict:
         return ops.late_cut(msg)
 
-    def op_learn_begin(self, msg: dict, conn) -> None:
-        return self._learn_begin(msg)
-
-    def op_learn_group(self, msg: dict, conn) -> None:
-        return self._learn_group(msg)
-
-    def op_learn_end(self, msg: dict, conn) -> dict:
-        return self._learn_end(msg, conn)
-
-    def op_reference(self, msg: dict, conn) -> dict:
-        return self._reference(msg)
-
     def op_ppo(self, msg: dict, conn) -> dict | None:
         from rlhfless.runtime.devices import ppo_worker
 
@@ -311,7 +299,7 @@ class Worker:
         return {"op": "profiled", "rows": rows, "prefill_s_per_token": prefill_s}
 
     # -- the learner: one accumulated update per step, fed group by group (rlhfless.learn.accumulate) ----------------
-    def _learn_begin(self, msg: dict) -> None:
+    def op_learn_begin(self, msg: dict, conn=None) -> None:
         """Start the step's update: weights (and AdamW) at the step's version, the seed, this rank's chunks."""
         import torch
 
@@ -327,7 +315,7 @@ class Worker:
                             "busy": [[t0, now()]] if sync_s > 0 else []}
         return None
 
-    def _learn_group(self, msg: dict) -> None:
+    def op_learn_group(self, msg: dict, conn=None) -> None:
         """Forward/backward of a finished group's micro-batch (once all of its groups are in); no reply."""
         from rlhfless.learn.accumulate import GroupBatch
 
@@ -341,7 +329,7 @@ class Worker:
         self.update_info["busy"].append([t0, now()])
         return None
 
-    def _learn_end(self, msg: dict, conn=None) -> dict:
+    def op_learn_end(self, msg: dict, conn=None) -> dict:
         """The optimiser step (all-reduce across ranks), the next state version written by rank 0."""
         import torch
 
@@ -418,7 +406,7 @@ class Worker:
                 "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"],
                 "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
-    def _reference(self, msg: dict) -> dict:
+    def op_reference(self, msg: dict, conn=None) -> dict:
         import torch
 
         t0 = now()
