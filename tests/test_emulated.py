@@ -15,7 +15,7 @@ from rlhfless.config import load_run_config
 from rlhfless.core.errors import ConfigError
 from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.runtime.devices.emulated import tokens
-from rlhfless.sim.emulation import LengthTable, perf_model
+from rlhfless.sim.devicemodel import LengthTable, perf_model
 
 SMALL = ["runtime.device=emulated", "runtime.units=4", "runtime.emulated_model=qwen2.5-3b", "runtime.time_scale=0.05",
          "plan.max_actors=4", "train.steps=3", "rollout.prompts_per_step=8", "algo.group_size=4",
@@ -202,7 +202,7 @@ def test_emulated_learner_ranks_leave_at_their_share(compared):
     """As real serverless ranks (`runtime.streaming`): every rank but the last in writes its share and its
     invocation ends there; the paper design's separate learner functions (no decode to go on to) are let go at
     once, and the simulator bills each from its share, not from the step's end."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     rows = [x for x in _rows(compared / "serverless-paper" / "metrics.jsonl") if "timing_s/step" in x]
     assert sum(x.get("runtime/ranks_released_early") or 0 for x in rows[1:]) > 0
@@ -220,7 +220,7 @@ def test_releases_are_recorded_and_the_simulator_reads_them(compared):
     are the ones the step metrics count, each a learner rank whose last invocation was its share; with keep-alive 0
     a function with no work is released at its (zero) keep-alive's lapse; and the validation's ranks released at
     their share are exactly the recorded ones, step by step."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     for arm in ("serverless", "serverless-paper"):
         ws = _rows(compared / arm / "workers.jsonl")
@@ -247,7 +247,7 @@ def test_a_run_recorded_before_release_reasons_is_refused_not_guessed(compared, 
     import shutil
 
     from rlhfless.core.errors import DataError
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     for arm in ("serverless-paper", "serverful"):
         old = tmp_path / arm
@@ -280,7 +280,7 @@ def test_simulator_predicts_each_emulated_arm(compared, arm):
     """Step time and billed device-seconds within 10%, or the difference explained term by term: what the model
     leaves out is the control plane's real seconds (cold-start overhead beyond the model's, release lag, the
     driver's milliseconds per step), which the time scale magnifies 20x here."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     v = validate_emulated(compared / arm)
     st, cost = v["step_time_s"], v["cost_device_s"]
@@ -330,7 +330,7 @@ def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
 def test_a_trace_the_user_brings_is_replayed(tmp_path):
     """runtime.length_trace=PATH: the table holds that trace's lengths and rewards, step by step and group by group
     (the simulator's replay_trace), and the capacity and context the simulator sizes from it."""
-    from rlhfless.sim.emulation import build_table
+    from rlhfless.sim.devicemodel import build_table
     from rlhfless.sim.workload import replay_trace
 
     trace = "data/traces/quickstart.jsonl.gz"
@@ -381,7 +381,7 @@ def test_ppo_on_emulated_devices_runs_every_arm_on_identical_samples(ppo_compare
 def test_the_simulators_value_chunks_are_the_runtimes():
     """sim/ restates `learn.critic.value_chunks` (it imports no torch): the two must cut the batch alike."""
     from rlhfless.learn.critic import value_chunks
-    from rlhfless.sim.emulated import _chunks
+    from rlhfless.sim.modelled import _chunks
 
     for n, G, c in [(8, 1, 2), (512, 1, 64), (16, 8, 8), (7, 4, 9), (5, 2, 0)]:
         assert _chunks(n, G, c) == value_chunks(n, G, c)
@@ -390,7 +390,7 @@ def test_the_simulators_value_chunks_are_the_runtimes():
 def test_emulated_ppo_sleeps_the_simulators_ppo_learner():
     """The value function, the actor and the critic together sleep the simulator's PPO learner per token: two
     forwards and two training passes (`sim.perf.PPO_MODELS`)."""
-    from rlhfless.sim.emulation import ppo_split
+    from rlhfless.sim.devicemodel import ppo_split
 
     pm = perf_model("L40S", "qwen2.5-7b")
     fwd, train = ppo_split(pm)
@@ -403,7 +403,7 @@ def test_simulator_predicts_each_emulated_ppo_arm(ppo_compared, arm):
     """As for GRPO (`test_simulator_predicts_each_emulated_arm`): step time and billed device-seconds within 10%,
     or the difference explained (the control plane's real seconds, magnified 20x by the time scale); the roles of
     PPO's critic image (values, critic) are predicted too."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     v = validate_emulated(ppo_compared / arm)
     st, cost = v["step_time_s"], v["cost_device_s"]

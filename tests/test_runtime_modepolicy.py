@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlhfless.runtime.config import MODES, available_cores
-from rlhfless.runtime.modes.policy import POLICIES, ServerlessPolicy, register_policy
+from rlhfless.runtime.modes.policy import MODE_POLICIES, ServerlessPolicy, register_policy
 
 RUNTIME = Path(__file__).resolve().parents[1] / "rlhfless" / "runtime"
 STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py")
@@ -85,6 +85,6 @@ def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tm
             assert (stream.ranks[0].handle is None) is lets_go
             assert (h.worker in rt.pool.handles) is not lets_go, "the pinned rank keeps its worker"
     finally:
-        POLICIES.pop("test-pinned", None)
+        MODE_POLICIES.pop("test-pinned", None)
         if rt is not None:
             rt.cleanup()

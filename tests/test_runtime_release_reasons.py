@@ -14,7 +14,7 @@ from rlhfless.core.errors import DataError
 from rlhfless.runtime.platform.backend import LocalBackend
 from rlhfless.runtime.platform.pool import Pool
 from rlhfless.runtime.records import RELEASE_REASONS, WorkerRecord, now
-from rlhfless.sim.emulation import LengthTable
+from rlhfless.sim.devicemodel import LengthTable
 
 
 def test_a_record_rejects_an_unknown_release_reason_and_old_rows_default_to_none():

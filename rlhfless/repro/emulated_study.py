@@ -6,7 +6,7 @@ and design=paper, on the same samples. The real runtime runs (planner, worker pr
 keep-alive, billing); each invocation's compute is the simulator's modelled time (docs/emulated.md). It reports
 every arm in modelled seconds (`comparison.json`'s `modelled` block: steps 2.., real seconds / time scale), the
 busy / held-idle / cold-start split of each arm's bill, the simulator's prediction of each arm
-(`sim.emulated.validate_emulated`) and one step's per-function Gantt of every arm in modelled seconds.
+(`sim.modelled.validate_emulated`) and one step's per-function Gantt of every arm in modelled seconds.
 Quick size: the 3B model on 8 emulated L40S, 16 prompts x 8, 3 steps at time scale 0.05 (about a minute and a half
 on a loaded 2-core machine); full size: the committed 7B config as it stands (4 steps, time scale 0.25).
 
@@ -56,7 +56,7 @@ def arm_table(cmp: dict) -> dict[str, dict]:
 
 def emulated_study(ctx, extra: tuple[str, ...] = ()) -> StudyResult:
     from rlhfless.run.gantt import plot_steps
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     out, cmp = emulated_run(ctx, extra)
     arms = list(cmp["arms"])

@@ -85,7 +85,7 @@ def safetensors_digest(path: Path) -> str:
 def state_digests(run_dir: Path) -> dict[str, str]:
     """Content digest (`safetensors_digest`) of each learned-state file of the run's last checkpoint (those it
     has; {} if none)."""
-    ckpt = run_dir / "checkpoints" / "last"
+    ckpt = RunDir(run_dir).checkpoint("last")
     return {f: safetensors_digest(ckpt / f) for f in STATE_FILES if (ckpt / f).is_file()}
 
 
@@ -97,7 +97,7 @@ def states_match(digests: dict[str, dict[str, str]]) -> bool:
 
 def weights_digest(run_dir: Path) -> str | None:
     """SHA-256 of the final checkpoint's weight file (None if the run wrote none)."""
-    p = run_dir / "checkpoints" / "final" / "model.safetensors"
+    p = RunDir(run_dir).final_weights
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
 
 
@@ -194,13 +194,13 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
     result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
-        p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png",
+        p = plot_steps({arm: out / arm for arm in ran}, k, RunDir(out).gantt(k),
                        cfg.runtime.time_scale if cfg.runtime.device == "emulated" else 1.0)  # modelled seconds
         if p is not None:
             charts.append(str(p))
     result["gantt"] = charts
     if cfg.runtime.device == "emulated":  # the same numbers in modelled seconds (runtime.time_scale undone)
-        from rlhfless.sim.emulated import modelled_report
+        from rlhfless.sim.modelled import modelled_report
 
         result["modelled"] = modelled_report(out, ran, cfg.runtime.time_scale)
     write_json(result, RunDir(out).comparison)

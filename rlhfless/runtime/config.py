@@ -61,7 +61,7 @@ class RuntimeConfig:
     policy checkpoint only supplies the tokenizer and prompts, and no worker loads it."""
     time_scale: float = 1.0
     """With device=emulated: real seconds slept per modelled second, in (0, 1]; 0.1 runs ten times faster. Records
-    stay in real seconds; `sim.emulated.modelled_report` divides by it (docs/emulated.md: what it distorts)."""
+    stay in real seconds; `sim.modelled.modelled_report` divides by it (docs/emulated.md: what it distorts)."""
     length_trace: str = "paper-testbed"
     """With device=emulated: the response lengths replayed, by (step, group, sample): paper-testbed (the
     simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""

@@ -121,7 +121,7 @@ class Runtime:
         setup["emulated"] = emulated.setup_for(self.cfg, self.scratch, self.cfg.train.steps)
         table = emulated.LengthTable.load(setup["emulated"]["table"])
         self.out.mkdir(parents=True, exist_ok=True)
-        table.save(self.out / "emulated-lengths.json")  # what `sim.emulated` validates the run with
+        table.save(RunDir(self.out).emulated_lengths)  # what `sim.modelled` validates the run with
         tm = emulated.time_model(table)
         if self.planner is not None:  # the emulated replica's time model and KV slots, as the simulator sizes them
             from dataclasses import replace

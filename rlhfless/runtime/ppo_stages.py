@@ -25,7 +25,7 @@ from rlhfless.runtime import wire
 from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
-from rlhfless.runtime.stages import _await
+from rlhfless.runtime.stages import await_reply
 
 
 ROLE_NAMES = {"learner": "PPO actor", "critic": "PPO critic", "values": "value function"}
@@ -266,7 +266,7 @@ class PpoStream:
         try:
             ctx.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
                                  "out": str(self.values_file)})
-            reply = _await(ctx, h, "valued")
+            reply = await_reply(ctx, h, "valued")
         except WorkerDied:
             reply = None
         if reply is None:

@@ -442,7 +442,7 @@ def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int
     ctx.pool.busy(h)
     try:
         ctx.backend.send(h, msg)
-        reply = _await(ctx, h, reply_op)
+        reply = await_reply(ctx, h, reply_op)
     except WorkerDied:
         reply = None
     if reply is not None:
@@ -454,7 +454,7 @@ def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int
     return None
 
 
-def _await(ctx: StepContext, h, op: str) -> dict | None:
+def await_reply(ctx: StepContext, h, op: str) -> dict | None:
     """The reply `op` from h (None if it died); other workers' ready messages are handled meanwhile."""
     run = ctx.run
     t0 = now()

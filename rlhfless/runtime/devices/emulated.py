@@ -27,7 +27,7 @@ from rlhfless.core.errors import ConfigError, require
 from rlhfless.runtime import wire
 from rlhfless.runtime.devices import ops
 from rlhfless.runtime.records import now
-from rlhfless.sim.emulation import LengthTable, _mix, build_table, perf_model, ppo_split, time_model
+from rlhfless.sim.devicemodel import LengthTable, mix, build_table, perf_model, ppo_split, time_model
 
 TOKEN_BASE, TOKEN_SPAN = 97, 26
 """Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
@@ -35,7 +35,7 @@ TOKEN_BASE, TOKEN_SPAN = 97, 26
 
 def tokens(seed: int, row: int, start: int, stop: int) -> list[int]:
     """Token ids of `row` at positions start..stop-1: a pure function of (seed, row, position)."""
-    off = _mix(seed, row, 1)
+    off = mix(seed, row, 1)
     return [TOKEN_BASE + (off + 7 * t) % TOKEN_SPAN for t in range(start, stop)]
 
 

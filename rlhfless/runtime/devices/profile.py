@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from rlhfless.core.errors import DataError
+from rlhfless.core.rundir import RunDir
 from rlhfless.plan.timemodel import TimeModel, check_profile_rows
 from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, PROFILE_ROLLOUTS
 
@@ -146,7 +147,7 @@ def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bo
 
 def save_for_run(profile: dict, out: Path) -> Path:
     """OUT/time_profile.json: what the run's planner priced with, loadable as `plan.time_profile`."""
-    path = out / "time_profile.json"
+    path = RunDir(out).time_profile
     path.write_text(json.dumps({"rows": profile["rows"], "prefill_s_per_token": profile["prefill_s_per_token"]},
                                indent=1))
     return path

@@ -414,13 +414,13 @@ class ServerfulPolicy(ModePolicy):
             r.handle = workers[r.rank]
 
 
-POLICIES: dict[str, type[ModePolicy]] = {}
+MODE_POLICIES: dict[str, type[ModePolicy]] = {}
 """Platform policies by name (`register_policy`): a new platform is a subclass registered under its name."""
 
 
 def register_policy(cls: type[ModePolicy]) -> type[ModePolicy]:
     """Class decorator: make `cls` the policy of runtime mode `cls.name`."""
-    POLICIES[cls.name] = cls
+    MODE_POLICIES[cls.name] = cls
     return cls
 
 
@@ -430,4 +430,4 @@ register_policy(ServerfulPolicy)
 
 def policy_for(mode: str) -> ModePolicy:
     """The policy of a runtime mode (a registered name; any other mode, e.g. inline, runs serverless)."""
-    return POLICIES.get(mode, ServerlessPolicy)()
+    return MODE_POLICIES.get(mode, ServerlessPolicy)()

@@ -82,7 +82,7 @@ class WorkerDied(Exception):
 
 
 @contextmanager
-def _without_main():
+def without_main():
     """Hide the driver's __main__ while a worker starts: multiprocessing would re-run the driver's script (a
     user's script, pytest, a notebook kernel) in every worker, and workers need nothing from it."""
     main = sys.modules.get("__main__")
@@ -139,7 +139,7 @@ def _launch(proc, theirs) -> None:
     """The fork, on the starter thread (an interrupt reaches the main thread only, so the hand-over of the new
     worker's file descriptors to the fork server is never cut); the driver's end of the child's pipe closes after."""
     try:
-        with _without_main():
+        with without_main():
             proc.start()
     finally:
         theirs.close()
@@ -152,7 +152,7 @@ class LocalBackend:
         self.start_method = start_method
         self.ctx = mp.get_context(start_method)
         self.platform_start_s = 0.0
-        self._starter: ThreadPoolExecutor | None = None  # one thread: `_without_main` is process-wide state
+        self._starter: ThreadPoolExecutor | None = None  # one thread: `without_main` is process-wide state
         if start_method == "forkserver":
             _use_forkserver_preload(PRELOAD if preload is None else preload)
 
@@ -162,7 +162,7 @@ class LocalBackend:
             return 0.0
         t0 = now()
         p = self.ctx.Process(target=os.getpid)
-        with _without_main(), interrupts_held():
+        with without_main(), interrupts_held():
             p.start()
         p.join()
         self.platform_start_s = now() - t0

@@ -24,7 +24,7 @@ from multiprocessing.connection import Client, Listener, wait
 
 from rlhfless.core.errors import ConfigError
 from rlhfless.runtime import wire
-from rlhfless.runtime.platform.backend import WorkerDied, _without_main, noted
+from rlhfless.runtime.platform.backend import WorkerDied, without_main, noted
 from rlhfless.runtime.devices.worker import main, now
 from rlhfless.runtime.wire import PRELOAD
 
@@ -48,7 +48,7 @@ class NodeForkServer:
     def boot(self) -> float:
         t0 = now()
         p = self.ctx.Process(target=os.getpid)
-        with _without_main():  # a Ray worker's __main__ must not be re-run in the fork server
+        with without_main():  # a Ray worker's __main__ must not be re-run in the fork server
             p.start()
         p.join()
         return now() - t0
@@ -57,7 +57,7 @@ class NodeForkServer:
         self.children = [p for p in self.children if p.is_alive()]
         p = self.ctx.Process(target=_forked_worker, args=(address, authkey_hex, hello, setup_json, guardian),
                              daemon=True, name=f"rlhfless-{hello['worker']}")
-        with _without_main():
+        with without_main():
             p.start()
         self.children.append(p)
         return p.pid

@@ -4,7 +4,7 @@
 (`sim.perf.PerfModel`, its time model and KV capacity) and puts the period and billed device-seconds per role
 beside what the runtime measured and billed (divided by `runtime.time_scale`), term by term. The rule it keeps:
 decisions come from the record, durations from the model, never the other way round. Decisions, durations, billing
-and PPO's play: docs/internals.md#simemulatedpy.
+and PPO's play: docs/internals.md#simmodelledpy.
 `modelled_report(out, arms, scale)` is what a comparison on emulated devices reports (its `modelled` block): every
 arm per step in modelled seconds, its bill split into cold starts, busy and held idle, by role.
 Non-goals: migrations (a step with migrated rows is played without them), retries.
@@ -29,9 +29,9 @@ critic)."""
 
 
 def _perf(run: Path):
-    from rlhfless.sim.emulation import LengthTable, perf_model
+    from rlhfless.sim.devicemodel import LengthTable, perf_model
 
-    p = run / "emulated-lengths.json"
+    p = RunDir(run).emulated_lengths
     if not p.is_file():
         raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
     t = LengthTable.load(p)
@@ -101,7 +101,7 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
 def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset,
           shares: bool = False, early: frozenset = frozenset(), cut: dict | None = None
           ) -> tuple[dict[str, float], dict[str, float]]:
-    """Serverless device-seconds by role (docs/internals.md#simemulatedpy): each worker from its request to its last
+    """Serverless device-seconds by role (docs/internals.md#simmodelledpy): each worker from its request to its last
     invocation's end (a rank's: the optimiser step's; with `shares`, a rank but the reducer's: its share, the end
     of its groups or of the rollout, whichever is later: the share needs every reward), plus the keep-alive when
     released in the step (none when released at its share: `early`; to its release, if sooner, when the runtime let
@@ -174,12 +174,12 @@ def _chunks(n_groups: int, G: int, chunk_seqs: int) -> list[list[int]]:
 
 def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, ends: dict, serverful: bool,
               overlap: bool) -> tuple[float, dict[str, float]]:
-    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.emulation.ppo_split`):
+    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.devicemodel.ppo_split`):
     the value function's chunks (sent as their groups finish with overlap, else after the rollout), the actor's old
     log-probs ahead from the rollout's end, the actor's update once the values are in (its returns, then its
     training and optimiser steps), the critic's once the returns are. Returns (the step's learn end, each
     invocation's predicted end by worker and kind)."""
-    from rlhfless.sim.emulation import ppo_split
+    from rlhfless.sim.devicemodel import ppo_split
 
     pm, rollout = run["pm"], max(ends.values())
     fwd, train = ppo_split(pm)
@@ -245,7 +245,7 @@ def _ahead(spawned_next: dict, rel, learn_end: float) -> float:
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
                  released: frozenset = frozenset(), spawned: dict | None = None,
                  spawned_next: dict | None = None, early: frozenset = frozenset(), held: dict | None = None) -> dict:
-    """One step played (docs/internals.md#simemulatedpy); every time in modelled seconds from the step's first decode
+    """One step played (docs/internals.md#simmodelledpy); every time in modelled seconds from the step's first decode
     request. `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
     (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
@@ -289,7 +289,7 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
 
 
 def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
-    """Predicted beside measured per step (docs/internals.md#simemulatedpy); step 1 is skipped by default (the
+    """Predicted beside measured per step (docs/internals.md#simmodelledpy); step 1 is skipped by default (the
     platform's first cold starts and the fork server's warm-up)."""
     from rlhfless.core.configbase import load_yaml
 
