@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlhfless.plan.schedule import PREWARM_HISTORY as HISTORY  # shared with the simulator
+from rlhfless.plan.schedule import planned_start_s, prewarm_start_s
 from rlhfless.rollout.prefix import plan_prefill
 from rlhfless.runtime.records import now
 from rlhfless.step.planner import StepPlan
@@ -70,14 +71,12 @@ def prewarm_learner(history: History, predicted_makespan_s: float, cold_default:
                     source: str = "plan") -> Prewarm:
     """When to start the learner group, in seconds after the rollout started (docs/internals.md#runtimemodespolicypy)."""
     if source == "plan" and history.rollout_vs_plan:
-        # the plan alone runs early (a group's mean predicted length misses its longest sample): scaled by the
-        # recent ratio of measured rollout time to predicted makespan
-        expected = predicted_makespan_s * sum(history.rollout_vs_plan) / len(history.rollout_vs_plan)
+        expected = planned_start_s(predicted_makespan_s, history.rollout_vs_plan)
     elif history.rollout_s:
         expected = min(history.rollout_s)  # the paper's rule ("history"), or "plan" before a ratio is measured
     else:
         expected = predicted_makespan_s  # step 1: nothing measured yet
-    return Prewarm(max(0.0, expected - history.cold("learner", cold_default) - buffer_s))
+    return Prewarm(prewarm_start_s(expected, history.cold("learner", cold_default), buffer_s))
 
 
 def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Prewarm:
@@ -85,7 +84,7 @@ def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Pr
         return Prewarm(None)  # no update measured yet: decode is pre-warmed from step 2 on
     # the shortest recent update, plus the driver's gap between steps
     expected = min(history.learn_s) + (min(history.between_s) if history.between_s else 0.0)
-    return Prewarm(max(0.0, expected - history.cold("decode", cold_default) - buffer_s))
+    return Prewarm(prewarm_start_s(expected, history.cold("decode", cold_default), buffer_s))
 
 
 def ship_saves_tokens(prompts: list[list[int]], split: list[list[int]], group_size: int, dedup: bool) -> int:
