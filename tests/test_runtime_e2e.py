@@ -63,9 +63,9 @@ def runs(tmp_path_factory):
         def loop():
             t_end = time.monotonic() + 120
             while not killed and time.monotonic() < t_end:
-                for h in list(runtime.pool.handles.values()):
-                    stream = runtime.stream  # a hybrid function that went on as a learner rank is not decoding
-                    if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.pool.working
+                for h in list(runtime.workers.pool.handles.values()):
+                    stream = runtime.workers.stream  # a hybrid function that went on as a learner rank is not decoding
+                    if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.workers.pool.working
                             and not (stream is not None and stream.owns(h))):
                         os.kill(h.pid, signal.SIGKILL)
                         killed.append(h.worker)
@@ -87,7 +87,7 @@ def runs(tmp_path_factory):
         def loop():
             t_end = time.monotonic() + 120
             while not killed_ranks and time.monotonic() < t_end:
-                stream = runtime.stream
+                stream = runtime.workers.stream
                 for r in list(stream.ranks) if stream is not None else []:
                     h = r.handle
                     if h is not None and r.begun and r.sent and not r.ended:
@@ -393,7 +393,7 @@ def test_the_planner_prices_the_decode_functions_every_step_and_follows_the_meas
     planner prices with is the smoothed ratio of the measured decode busy seconds (the invocations') to what its
     base model predicts for the same placement, replayed here from the log alone."""
     from rlhfless.run.compare import priced_key
-    from rlhfless.runtime.executor import smoothed_scale
+    from rlhfless.runtime.clock import smoothed_scale
 
     out, summary = runs["serverless"]
     rows = _rows(out / "metrics.jsonl")
@@ -474,12 +474,12 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
             evals.clear()
             out, summary = _run(tmp_path, mode, [f"runtime.mode={mode}", "train.eval_every=1", "train.eval_prompts=8"])
             rt, s = runtimes[-1], summary["runtime"]
-            mid = [(a - rt.t0, b - rt.t0) for a, b in evals[1:-1]]  # the first and last are the initial and final
+            mid = [(a - rt.clock.t0, b - rt.clock.t0) for a, b in evals[1:-1]]  # the first and last are the initial and final
             assert len(mid) == 2 and all(b > a for a, b in mid)
             # the runtime's own off-clock intervals (each evaluation, with the driver's weight sync before it): every
             # evaluation lies inside one, and the bills are checked against exactly those intervals, not against
             # the test's own timing of the evaluation (on a loaded machine the sync alone can take 20 ms)
-            paused = list(rt.paused)
+            paused = list(rt.clock.paused)
             assert len(paused) == 2 and all(any(pa <= a and b <= pb for pa, pb in paused) for a, b in mid)
             off_s = sum(b - a for a, b in paused)
             workers = _rows(out / "workers.jsonl")
@@ -494,7 +494,7 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
             # billing rounds each lifetime up to its granularity (1 ms here)
             assert s["cost_device_s"] == pytest.approx(lifetimes - held_in_paused, abs=0.001 * len(workers) + 1e-9), mode
             assert s["off_clock_s"] == pytest.approx(off_s, rel=1e-9)
-            assert s["loop_wall_s"] == pytest.approx(rt.step_t1 - rt.t0 - off_s, rel=1e-9)
+            assert s["loop_wall_s"] == pytest.approx(rt.clock.step_t1 - rt.clock.t0 - off_s, rel=1e-9)
     finally:
         executor.RUNTIME_HOOKS.remove(runtimes.append)
 

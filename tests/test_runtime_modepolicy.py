@@ -76,14 +76,14 @@ def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tm
     try:
         rt = Runtime(cfg, "test-pinned", Learner(load_policy(cfg.policy.resolved()), cfg.optim, cfg.algo), tmp_path)
         assert isinstance(rt.policy, Pinned)
-        h = rt.start_learner(prewarmed=False)
-        rt.pool.await_ready([h])
+        h = rt.workers.start_learner(prewarmed=False)
+        rt.workers.pool.await_ready([h])
         for policy, lets_go in ((rt.policy, False), (ServerlessPolicy(), True)):
             stream = LearnerStream(replace(rt.context(1), policy=policy), [[1, 2, 3], [4, 5]], seed=0, overlap=False)
             stream._assign(stream.ranks[0], h)  # rank 0 holds the worker, its groups not in yet
             assert stream.preempt() is lets_go, policy.name
             assert (stream.ranks[0].handle is None) is lets_go
-            assert (h.worker in rt.pool.handles) is not lets_go, "the pinned rank keeps its worker"
+            assert (h.worker in rt.workers.pool.handles) is not lets_go, "the pinned rank keeps its worker"
     finally:
         MODE_POLICIES.pop("test-pinned", None)
         if rt is not None:

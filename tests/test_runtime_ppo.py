@@ -241,8 +241,8 @@ def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
     from rlhfless.runtime.ppo_stages import _Update
 
     records = []
-    run = SimpleNamespace(record=lambda *a, **k: records.append(a[1]))
-    stream = SimpleNamespace(ctx=SimpleNamespace(run=run, policy=ServerfulPolicy()), step=2, actor_requested=None,
+    ledger = SimpleNamespace(record=lambda *a, **k: records.append(a[1]))
+    stream = SimpleNamespace(ctx=SimpleNamespace(ledger=ledger, policy=ServerfulPolicy()), step=2, actor_requested=None,
                              actor_attempt=1, _live=lambda h: True)
     update = _Update(stream, {"op": "ppo_actor"}, {"op": "critic_learn"})
     old, actor, critic = object(), object(), object()

@@ -42,7 +42,7 @@ class Chaos:
             self._thread.start()
 
     def _victim(self):
-        pool = self.runtime.pool
+        pool = self.runtime.workers.pool
         try:
             live = [h for h in list(pool.handles.values()) if h.ready_s is not None]
             busy = [h for h in live if h.worker in pool.working]
@@ -96,7 +96,7 @@ class KillOn:
         """Nothing runs between events (the bench stops a `Chaos` thread here)."""
 
     def attach(self, runtime) -> None:
-        backend = runtime.backend
+        backend = runtime.workers.backend
         send, poll = backend.send, backend.poll
 
         def sent(h, msg: dict) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from rlhfless.core import metrics as M
 from rlhfless.step.loop import Stages
 from rlhfless.core.records import PromptGroup, Sample
 from rlhfless.rollout.engine import RolloutOutput
@@ -31,10 +32,17 @@ class RuntimeStages(Stages):
         self.runtime.begin_step(step)
 
     def warm_decoders(self) -> int:
-        return self.runtime.warm_decoders()
+        return self.runtime.workers.warm_decoders()
 
     def end_step(self, step: int) -> dict[str, float]:
-        return self.runtime.end_step(step)
+        m = self.runtime.end_step(step)
+        cal = self.runtime.calibration(step)
+        if cal is not None:  # the measured numbers replace the planner's assumptions (the planner is the loop's)
+            self.planner.calibrate(cal.cold_start_s, cal.weight_sync_s, cal.time_scale)
+            m.update({M.RUNTIME_PLANNER_COLD_START_S: self.planner.cfg.cold_start_s,
+                      M.RUNTIME_PLANNER_WEIGHT_SYNC_S: self.planner.cfg.weight_sync_s,
+                      M.RUNTIME_TIME_MODEL_SCALE: cal.time_scale or 1.0})
+        return m
 
     def rollout(self, groups: list[PromptGroup], seed: int, plan=None) -> RolloutOutput:
         out, self._samples = self.runtime.rollout(groups, seed, plan, self.step)
@@ -58,12 +66,12 @@ class RuntimeStages(Stages):
         return self.runtime.learn([g.token_ids for g in groups], out.responses, rewards, ref_logp, self.step)
 
     def sync_learner(self) -> None:
-        self.runtime.sync_learner(self.learner)
+        self.runtime.weights.sync_learner(self.learner)
         if self.critic is not None:
-            self.runtime.sync_critic(self.critic)
+            self.runtime.weights.sync_critic(self.critic)
 
     def off_clock(self):
-        return self.runtime.off_clock()
+        return self.runtime.clock.off_clock()
 
     def interrupt(self) -> None:
         """Stop every worker now (each gets SIGTERM, then SIGKILL after a grace) and remove the scratch files; the
@@ -89,4 +97,4 @@ class RuntimeStages(Stages):
         return self.runtime.summary()
 
     def step_invocations(self, step: int) -> list[dict]:
-        return [i.to_json() for i in self.runtime.invocations if i.step == step]
+        return [i.to_json() for i in self.runtime.ledger.invocations if i.step == step]

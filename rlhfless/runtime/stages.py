@@ -70,7 +70,7 @@ def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | 
 
 class DecodeStage:
     def __init__(self, ctx: StepContext, groups, seed: int, plan, stream):
-        # ctx: what the stage reads; ctx.run: the run state it changes, through methods
+        # ctx: what the stage reads, and the collaborators (workers, ledger, weights, clock) that own what it changes
         self.ctx, self.groups, self.seed, self.plan, self.step = ctx, groups, seed, plan, ctx.step
         self.stream = stream  # finished groups go to the learner as they complete (runtime.streaming)
         self.streamed_groups: set[int] = set()
@@ -109,7 +109,7 @@ class DecodeStage:
         msg = {"op": op, "step": self.step, "seed": self.seed, "n_total": self.n_rows, "items": self._items(rows),
                "report": self.migrate, "progress_every": self.ctx.config.progress_every, "kv": kv,
                "stream": self.stream.overlap,
-               **self.ctx.run.state_setup()}
+               **self.ctx.weights.state_setup()}
         try:
             self.ctx.backend.send(a.handle, msg)
         except WorkerDied:
@@ -117,22 +117,22 @@ class DecodeStage:
 
     def _ship_kv(self) -> list[dict] | None:
         """Run the prefill function when the policy says shipping its KV pays; the files per actor, or None."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         prompts = [g.token_ids for g in self.groups]
         saved = ship_saves_tokens(prompts, self.split, self.G, ctx.cfg.rollout.dedup_prefill)
         tm = ctx.time_model
         # vLLM decode functions prefill in their own engine (prefix cache): shipped KV cannot enter it
         ship = ctx.policy.may_ship_kv() and ctx.cfg.rollout.engine == "own" and should_ship(
             ctx.config.ship_prefix_kv, saved, tm.prefill_s_per_token,
-            run.cold_start("prefill", run.cold_start("decode", 0.3)))
-        run.count(M.RUNTIME_SHIP_KV, float(ship))
-        run.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
+            ctx.clock.cold_start("prefill", ctx.clock.cold_start("decode", 0.3)))
+        ctx.ledger.count(M.RUNTIME_SHIP_KV, float(ship))
+        ctx.ledger.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
         if not ship:
             return None
         msg_in = {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))), "actors": self.split,
-                  "out_prefix": str(ctx.scratch / f"kv-{self.step}"), **run.state_setup()}
+                  "out_prefix": str(ctx.scratch / f"kv-{self.step}"), **ctx.weights.state_setup()}
         for attempt in range(1, ctx.config.max_attempts + 1):
-            h = run.start_single("prefill")
+            h = ctx.workers.start_single("prefill")
             msg = _call(ctx, "prefill", h, msg_in, "prefilled", attempt)
             if msg is not None:
                 self.prefill = list(msg["prefill"])
@@ -157,13 +157,13 @@ class DecodeStage:
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> tuple[RolloutOutput, list[Sample]]:
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         t_start = now()
         kv = self._ship_kv()  # first: the prefill function needs a unit, which the decode functions then take
         handles = self._by_locality(self._handles(len(self.split)))
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
-            a = _Actor(i, h, rows, now(), cold=run.first_use(h), groups=set(gs))
+            a = _Actor(i, h, rows, now(), cold=ctx.ledger.first_use(h), groups=set(gs))
             self.actors[h.worker] = a
             if rows:
                 ctx.pool.busy(h)
@@ -171,7 +171,7 @@ class DecodeStage:
             else:
                 a.done = True
                 ctx.policy.no_rows(ctx.pool, h)
-        run.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
+        ctx.clock.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
         while len(self.results) < self.n_rows or any(not a.done for a in self.actors.values()):
@@ -186,7 +186,7 @@ class DecodeStage:
                 watch.update({h.worker: h for h in self.stream.handles()
                               if h.ready_s is not None and h.worker in ctx.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
-            for h, msg in run.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
+            for h, msg in ctx.workers.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
                 a = self.actors.get(h.worker)
                 if (a is None or self._handed(a)) and self.stream.owns(h):
                     self.stream.on_message(h, msg)
@@ -194,7 +194,7 @@ class DecodeStage:
                     self._on(h, msg)
             self._check_timeouts()
         self.stream.rollout_end = now()
-        run.observe_rollout(now() - t_start, self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
+        ctx.clock.observe_rollout(now() - t_start, self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
         return self._output(now() - t_start)
 
     def _handed(self, a: _Actor) -> bool:
@@ -205,10 +205,12 @@ class DecodeStage:
         return a.handed
 
     def _learner_prewarm(self) -> float | None:
-        return self.ctx.run.learner_prewarm_after(self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
+        ctx = self.ctx
+        predicted = self.plan.decision.plan.makespan_s if self.plan is not None else 0.0
+        return ctx.clock.learner_prewarm_after(predicted, bool(ctx.workers.learners))
 
     def _on(self, h, msg: dict | None) -> None:
-        run = self.ctx.run
+        ctx = self.ctx
         if msg is None:
             return self._died(h)
         op = msg["op"]
@@ -218,7 +220,7 @@ class DecodeStage:
         if op in ("progress", "cut_rows", "done") and msg.get("step") != self.step:
             return  # a late message of an earlier step from a worker kept warm: its rows are settled
         if op == "ready":
-            run.on_ready(h, msg)
+            ctx.workers.on_ready(h, msg)
         elif op == "progress":
             a = self.actors[h.worker]
             a.progress = (msg["finished"], msg["unfinished"])
@@ -248,18 +250,18 @@ class DecodeStage:
                 self.stream.group_done(g, [self.results[r][0] for r in rows], [self.results[r][2] for r in rows])
 
     def _done(self, a: _Actor, msg: dict) -> None:
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         self._rows(a, msg["results"])
         for k in ("adopted", "iterations"):
             a.extra[k] = a.extra.get(k, 0) + msg.get(k, 0)
         if msg.get("prefill"):
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
-        run.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
+        ctx.ledger.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
                    a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
                    sync_s=msg["sync_s"], **a.extra)
         a.groups, a.finished = set(), 0
-        run.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
-        run.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
+        ctx.ledger.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
+        ctx.ledger.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
         if a.rows:  # rows adopted after it finished: a second run is on its way
             a.requested, a.cold, a.extra = now(), False, {}
             return
@@ -319,30 +321,30 @@ class DecodeStage:
 
     def _spare(self) -> _Actor:
         """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
-        h = self.ctx.run.start_decoders(1, prewarmed=False)[0]
-        a = _Actor(len(self.actors), h, set(), now(), cold=self.ctx.run.first_use(h))
+        h = self.ctx.workers.start_decoders(1, prewarmed=False)[0]
+        a = _Actor(len(self.actors), h, set(), now(), cold=self.ctx.ledger.first_use(h))
         self.actors[h.worker] = a
         self.ctx.pool.busy(h)
         return a
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _died(self, h) -> None:
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         a = self.actors.get(h.worker)
         ctx.pool.dead(h)
         if a is None or a.done and not a.rows:
             return
-        run.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
+        ctx.ledger.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
         if not a.rows:  # it died after streaming its last rows: nothing to re-run
             a.done = True
             return
-        run.count(M.RUNTIME_RETRIES)
+        ctx.ledger.count(M.RUNTIME_RETRIES)
         if a.attempt >= ctx.config.max_attempts:
             raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
         if ctx.policy.restarts_whole():
             return self._restart_all(a)
-        new = run.start_decoders(1, prewarmed=False)[0]
-        b = _Actor(a.index, new, set(a.rows), now(), cold=run.first_use(new), attempt=a.attempt + 1,
+        new = ctx.workers.start_decoders(1, prewarmed=False)[0]
+        b = _Actor(a.index, new, set(a.rows), now(), cold=ctx.ledger.first_use(new), attempt=a.attempt + 1,
                    groups=a.groups)
         del self.actors[h.worker]
         self.actors[new.worker] = b
@@ -351,13 +353,13 @@ class DecodeStage:
 
     def _restart_all(self, a: _Actor) -> None:
         """The pool restarts whole (its workers share a data-parallel group); every unfinished row is re-run."""
-        run = self.ctx.run
+        ctx = self.ctx
         owed = {w: x for w, x in self.actors.items() if x.rows}
-        run.restart_pool()
+        ctx.workers.restart_pool()
         self.stream.pool_restarted()
         self.actors = {}
-        for (w, x), h in zip(owed.items(), run.pool_workers()):
-            b = _Actor(x.index, h, set(x.rows), now(), cold=run.first_use(h), attempt=x.attempt + 1,
+        for (w, x), h in zip(owed.items(), ctx.workers.pool_workers()):
+            b = _Actor(x.index, h, set(x.rows), now(), cold=ctx.ledger.first_use(h), attempt=x.attempt + 1,
                        groups=x.groups)
             self.actors[h.worker] = b
             self._send(b, "decode", b.rows)
@@ -384,8 +386,8 @@ class DecodeStage:
             samples.append(Sample(g, s, tuple(tokens), tok.decode(tokens), trunc, reward, correct, well_formed))
         computed, naive, pre_s = self.prefill
         stats = PrefillStats(int(computed), int(naive) or 1, pre_s)
-        self.ctx.run.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
-        self.ctx.run.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
+        self.ctx.ledger.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
+        self.ctx.ledger.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
         if self.plan is not None and self.ctx.policy.plans_decode():
             self._measure_time_model(responses)
         return RolloutOutput(responses, truncated, stats, seconds, []), samples
@@ -400,16 +402,16 @@ class DecodeStage:
                         j.prompt_len) for g, j in enumerate(self.plan.jobs)]
         planner = self.ctx.planner
         predicted = sum(realized_plan(self.plan.decision, true, planner.base_time_model, self.tau).busy_s)
-        measured = self.ctx.run.decode_busy_s(self.step)
+        measured = self.ctx.ledger.decode_busy_s(self.step)
         if predicted > 0 and measured > 0:
-            self.ctx.run.count(M.RUNTIME_DECODE_BUSY_S, measured)
-            self.ctx.run.count(M.RUNTIME_DECODE_BUSY_MODEL_S, predicted)
-            self.ctx.run.observe_time_scale(measured / predicted)
+            self.ctx.ledger.count(M.RUNTIME_DECODE_BUSY_S, measured)
+            self.ctx.ledger.count(M.RUNTIME_DECODE_BUSY_MODEL_S, predicted)
+            self.ctx.clock.observe_time_scale(measured / predicted)
 
 
 def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
     """Reference log-probs [B*G, T] from the worker the policy names (`ModePolicy.reference_function`)."""
-    run, step = ctx.run, ctx.step
+    step = ctx.step
     batch, out = ctx.scratch / f"ref-in-{step}.safetensors", ctx.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
     for attempt in range(1, ctx.config.max_attempts + 1):
@@ -420,15 +422,15 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
             # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
             ctx.policy.no_work_now(ctx.pool, h, ctx.keep_alive_s)
             if h.worker not in ctx.pool.handles:
-                run.keep_reference(None)
+                ctx.workers.keep_reference(None)
             logp = wire.read_tensors(out)["ref_logp"]
             batch.unlink(missing_ok=True)
             out.unlink(missing_ok=True)
             return logp
-        run.keep_reference(None)
+        ctx.workers.keep_reference(None)
         if ctx.policy.restarts_whole():  # the dead worker was a pool worker: every worker starts again
-            run.restart_pool()
-            stream = run.active_stream()
+            ctx.workers.restart_pool()
+            stream = ctx.workers.stream
             if stream is not None:  # the step's learner side holds pool workers that are gone now
                 stream.pool_restarted()
     raise fail(f"reference of step {step}", ctx.config.max_attempts)
@@ -437,8 +439,8 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
 def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:
     """One invocation of a single-worker function: send, wait for `reply_op`, record it. A worker that dies (or
     is found dead on sending) is recorded as a failed attempt and reaped; returns None then."""
-    run, step = ctx.run, ctx.step
-    requested, cold = now(), run.first_use(h)
+    step = ctx.step
+    requested, cold = now(), ctx.ledger.first_use(h)
     ctx.pool.busy(h)
     try:
         ctx.backend.send(h, msg)
@@ -446,27 +448,26 @@ def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int
     except WorkerDied:
         reply = None
     if reply is not None:
-        run.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
+        ctx.ledger.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
         return reply
-    run.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
+    ctx.ledger.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
     ctx.pool.dead(h)
-    run.count(M.RUNTIME_RETRIES)
+    ctx.ledger.count(M.RUNTIME_RETRIES)
     return None
 
 
 def await_reply(ctx: StepContext, h, op: str) -> dict | None:
     """The reply `op` from h (None if it died); other workers' ready messages are handled meanwhile."""
-    run = ctx.run
     t0 = now()
     while now() - t0 < ctx.config.invocation_timeout_s:
         watch = [h] + [x for x in ctx.pool.live() if x.ready_s is None and x is not h]
-        for x, msg in run.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
+        for x, msg in ctx.workers.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
             if msg is None:
                 if x is h:
                     return None
                 ctx.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
             elif msg["op"] == "ready":
-                run.on_ready(x, msg)
+                ctx.workers.on_ready(x, msg)
             elif x is h and msg["op"] == op:
                 return msg
     return None

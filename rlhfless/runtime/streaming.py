@@ -62,7 +62,7 @@ def early_share(group_busy: list[list[list[float]]], rollout_end: float) -> floa
 
 class LearnerStream:
     def __init__(self, ctx: StepContext, prompts: list[list[int]], seed: int, overlap: bool):
-        # ctx: what the stream reads; ctx.run: the run state it changes, through methods
+        # ctx: what the stream reads, and the collaborators (workers, ledger, weights, clock) that own what it changes
         self.ctx, self.step, self.prompts, self.seed = ctx, ctx.step, prompts, seed
         self.overlap = overlap
         self.G = ctx.cfg.algo.group_size
@@ -123,9 +123,9 @@ class LearnerStream:
         return True
 
     def _assign(self, r: _Rank, h) -> None:
-        r.handle, r.requested, r.cold = h, now(), self.ctx.run.first_use(h)
+        r.handle, r.requested, r.cold = h, now(), self.ctx.ledger.first_use(h)
         self.ctx.pool.busy(h)
-        self.ctx.run.add_learner(h)
+        self.ctx.workers.add_learner(h)
 
     def prewarm(self) -> None:
         """The policy's pre-warm time has come: start ranks ahead of their first group, into free units only;
@@ -152,7 +152,7 @@ class LearnerStream:
             if not r.begun:
                 r.begun = True
                 self._send(r, {"op": "learn_begin", "step": self.step, "seed": self.step, "with_ref": self.with_ref,
-                               "chunks": self.plan[r.rank], **self.ctx.run.state_setup()})
+                               "chunks": self.plan[r.rank], **self.ctx.weights.state_setup()})
             for g in todo:
                 if self.attempt != attempt:
                     break
@@ -168,10 +168,10 @@ class LearnerStream:
         """A worker for rank r: a warm idle hybrid function (kept alive: no cold start), else a
         new one onto a free unit. Invoked from its start: nothing may evict it (`preempt` may); until its groups
         come it is held but idle (the meter counts only its compute intervals as busy)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
-        warm = [h for h in ctx.pool.warm_idle(run.image("learner")) if getattr(h, "home", True)] if ctx.hybrid else []
-        h = warm[0] if warm and not prewarmed else run.start_learner(prewarmed)
+        warm = [h for h in ctx.pool.warm_idle(ctx.workers.image("learner")) if getattr(h, "home", True)] if ctx.hybrid else []
+        h = warm[0] if warm and not prewarmed else ctx.workers.start_learner(prewarmed)
         if h is None:
             return False
         self._assign(r, h)
@@ -205,7 +205,7 @@ class LearnerStream:
             self.on_death(h)
             return None
         if msg["op"] == "ready":
-            self.ctx.run.on_ready(h, msg)
+            self.ctx.workers.on_ready(h, msg)
         elif msg["op"] == "learned" and msg.get("step") == self.step:
             return msg
         return None
@@ -214,11 +214,11 @@ class LearnerStream:
         """A rank died. Before the optimiser step it restarts alone (its groups are re-sent); after `learn_end`
         every rank restarts (their gloo group is broken). A policy that restarts whole (`restarts_whole`): every
         worker restarts."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         dead = next(r for r in self.ranks if r.handle is h and not r.shared)
         # a death after learn_end breaks a group that ends together; serverless shares need none
         ending = not self.shares and any(r.ended for r in self.ranks)
-        run.count(M.RUNTIME_RETRIES)
+        ctx.ledger.count(M.RUNTIME_RETRIES)
         whole = ctx.policy.restarts_whole()
         victims = self.ranks if ending or whole else [dead]
         for r in victims:
@@ -228,7 +228,7 @@ class LearnerStream:
         if self.attempt > ctx.config.max_attempts:
             raise fail(f"learner of step {self.step}", self.attempt - 1)
         if whole:
-            run.restart_pool(dead=h)
+            ctx.workers.restart_pool(dead=h)
             return self.pool_restarted()
         for r in victims:
             r.reset()
@@ -238,15 +238,15 @@ class LearnerStream:
         worker: `restarts_whole`). `stop`: a survivor of a death after learn_end is ended at once, not asked to
         shut down: it waits inside the group's rendezvous or broken all-reduce and would read `shutdown` only at
         gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
-        ctx, run = self.ctx, self.ctx.run
-        run.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
+        ctx = self.ctx
+        ctx.ledger.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                    self.attempt, ok=False, **extra)
         if not ctx.policy.restarts_whole():
             if dead:
                 ctx.pool.dead(r.handle)
             else:
                 ctx.pool.stop(r.handle) if stop else ctx.pool.release(r.handle)
-        run.drop_learner(r.handle)
+        ctx.workers.drop_learner(r.handle)
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start (rows with nowhere else to go): release a rank that has
@@ -270,7 +270,7 @@ class LearnerStream:
     def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
                ) -> dict[str, float]:
         """Send every remaining group and the optimiser step; returns rank 0's metrics once every rank is done."""
-        run = self.ctx.run
+        ctx = self.ctx
         self.rollout_end = self.rollout_end or now()
         self.starting_all = True
         self.ref = ref_logp
@@ -290,9 +290,9 @@ class LearnerStream:
             metrics = replies[0]["metrics"]
         else:
             replies, metrics = self._finish_shares(end)
-        run.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
-        run.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
-        run.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
+        ctx.ledger.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
+        ctx.ledger.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
+        ctx.ledger.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
         for path in self.files.values():
             Path(path).unlink(missing_ok=True)
         for r in self.ranks:
@@ -300,7 +300,7 @@ class LearnerStream:
         return metrics
 
     def _record(self, r: _Rank, reply: dict) -> None:
-        self.ctx.run.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
+        self.ctx.ledger.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
                             self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"], groups=r.groups,
                             busy=reply["busy"])
 
@@ -312,10 +312,10 @@ class LearnerStream:
         """Every rank writes its share as soon as its groups are done and, all but the last, goes at once
         (`_shared`); the last one in sums the shares in rank order and steps (the same sum as the serverful
         pool's all-reduce: bitwise equal updates). Returns (each rank's share reply, the update's metrics)."""
-        ctx, run, world = self.ctx, self.ctx.run, len(self.ranks)
+        ctx, world = self.ctx, len(self.ranks)
         replies: dict[int, dict] = {}
         order: list[int] = []
-        self._decode_pw = (now(), run.next_decode_prewarm())  # timed from here, the start of the learner's end
+        self._decode_pw = (now(), ctx.clock.next_decode_prewarm())  # timed from here, the start of the learner's end
         while len(replies) < world:
             self._start_missing()
             attempt = self.attempt
@@ -323,11 +323,11 @@ class LearnerStream:
                 if r.shared or r.ended or r.handle is None:
                     continue
                 r.ended = True
-                self._send(r, {**end, **run.state_setup(), "share": {"rank": r.rank, "world": world,
+                self._send(r, {**end, **ctx.weights.state_setup(), "share": {"rank": r.rank, "world": world,
                                                                      "out": str(self._share_path(r.rank))}})
                 if self.attempt != attempt:  # that rank was found dead and reset: the next pass restarts it
                     break
-            for h, msg in run.poll(self._watch(), self._prewarm_decode()):
+            for h, msg in ctx.workers.poll(self._watch(), self._prewarm_decode()):
                 if not self.owns(h):
                     self._other(h, msg)
                     continue
@@ -353,7 +353,7 @@ class LearnerStream:
         has come, into free units only (a rank released at its share frees one); the poll timeout until then."""
         t0, pw = self._decode_pw
         if pw is not None and (final or now() >= t0 + pw[0]):
-            self.ctx.run.start_decoders(pw[1], prewarmed=True)
+            self.ctx.workers.start_decoders(pw[1], prewarmed=True)
             self._decode_pw = (t0, None)
             return 1.0
         # wake at the pre-warm time, and at least every second: the callers check invocation timeouts between polls
@@ -372,17 +372,17 @@ class LearnerStream:
         """Rank r's share is in and it is not the last: its invocation ends here, and its function is released
         now, kept for its keep-alive, or held to the update's end, as the plan's rules say
         (`plan.ranks.release_after_share`, `plan.ranks.hold_after_share`)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         self._record(r, reply)
         r.shared = True
         if first:
             self.first_share = now()
-        run.drop_learner(r.handle)
-        if ctx.hybrid and run.holds_after_share():  # held to the update's end: warm for the next step's decode
+        ctx.workers.drop_learner(r.handle)
+        if ctx.hybrid and ctx.clock.holds_after_share():  # held to the update's end: warm for the next step's decode
             self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
             return
         ctx.pool.idle(r.handle)
-        nxt = run.next_work_after_share()
+        nxt = ctx.clock.next_work_after_share()
         if release_after_share(nxt, ctx.keep_alive_s):
             ctx.pool.release(r.handle, early=True)
 
@@ -390,9 +390,9 @@ class LearnerStream:
         """The last rank in sums every share in rank order, steps and writes the next state version. Its
         invocation runs from its start to the step's end. A death here re-runs the reduction on a fresh function
         (the shares are files: nothing else is recomputed)."""
-        ctx, run, world = self.ctx, self.ctx.run, len(self.ranks)
-        msg = {**self._end, **run.state_setup(), "with_ref": self.with_ref,
-               "state_out": str(run.next_state_path()),
+        ctx, world = self.ctx, len(self.ranks)
+        msg = {**self._end, **ctx.weights.state_setup(), "with_ref": self.with_ref,
+               "state_out": str(ctx.weights.next_state_path()),
                "share": {"rank": 0, "world": world, "shares": [str(self._share_path(k)) for k in range(world)]}}
         for attempt in range(1, ctx.config.max_attempts + 1):
             reply = self._reduce_once(r, msg)
@@ -400,21 +400,21 @@ class LearnerStream:
                 self._record(r, {**share, "t_end": reply["t_end"], "busy": share["busy"] + reply["busy"],
                                  "sync_s": share["sync_s"] + reply["sync_s"]})
                 if self.first_share is not None:
-                    run.observe_share_tail(now() - self.first_share)
+                    ctx.clock.observe_share_tail(now() - self.first_share)
                 return reply
-            run.count(M.RUNTIME_RETRIES)
+            ctx.ledger.count(M.RUNTIME_RETRIES)
             if self.held:  # a held function's unit is the first to give up for the reduction
                 ctx.pool.release(self.held.pop(), reason="evicted")
-            h = run.start_learner(prewarmed=False)
+            h = ctx.workers.start_learner(prewarmed=False)
             if h is None:
                 raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
-            r.handle, r.requested, r.cold = h, now(), run.first_use(h)
+            r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
             ctx.pool.busy(h)
         raise fail(f"learner of step {self.step} (its reduction)", ctx.config.max_attempts)
 
     def _reduce_once(self, r: _Rank, msg: dict) -> dict | None:
         """Send the reduction to r's worker and wait for its reply; None when the worker died."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         try:
             ctx.backend.send(r.handle, msg)
         except WorkerDied:
@@ -422,14 +422,14 @@ class LearnerStream:
             return None
         t0 = now()
         while True:
-            for h, m in run.poll(self._watch(), self._prewarm_decode()):
+            for h, m in ctx.workers.poll(self._watch(), self._prewarm_decode()):
                 if h is not r.handle:
                     self._other(h, m)
                 elif m is None:
                     ctx.pool.dead(h)
                     return None
                 elif m["op"] == "ready":
-                    run.on_ready(h, m)
+                    ctx.workers.on_ready(h, m)
                 elif m["op"] == "learned" and m.get("step") == self.step:
                     return m
             if now() - t0 > ctx.config.invocation_timeout_s:
@@ -437,7 +437,7 @@ class LearnerStream:
 
     def _finish_once(self, end: dict) -> dict[int, dict] | None:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         self.pump(start_all=True)
         while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
             if not ctx.pool.make_room(1):
@@ -452,11 +452,11 @@ class LearnerStream:
         try:
             for r in self.ranks:
                 # a group formed when the workers started (`forms_learner_group` false) needs no rendezvous
-                dist = {**run.dist_spec(r.rank, len(self.ranks), port), "announce": True} \
+                dist = {**ctx.workers.dist_spec(r.rank, len(self.ranks), port), "announce": True} \
                     if ctx.policy.forms_learner_group() else None
                 r.ended = True
-                self._send(r, {**end, **run.state_setup(), "dist": dist, "leave": ctx.hybrid,
-                               "state_out": str(run.next_state_path()) if r.rank == 0 else None})
+                self._send(r, {**end, **ctx.weights.state_setup(), "dist": dist, "leave": ctx.hybrid,
+                               "state_out": str(ctx.weights.next_state_path()) if r.rank == 0 else None})
                 if self.attempt != attempt:  # found dead on the send: every rank was reset, the caller tries again
                     return None
                 # the others connect once rank 0 listens: early, they are refused and back off (dist.init_group)
@@ -477,15 +477,15 @@ class LearnerStream:
         if msg is None:
             self.ctx.pool.dead(h)
         elif msg["op"] == "ready":
-            self.ctx.run.on_ready(h, msg)
+            self.ctx.workers.on_ready(h, msg)
 
     def _await_open(self, attempt: int) -> bool:
         """Wait for rank 0's `rendezvous_open` (it may first finish the groups it was sent); False when a rank
         died meanwhile (the attempt is over)."""
-        ctx, run, rank0 = self.ctx, self.ctx.run, self.ranks[0].handle
+        ctx, rank0 = self.ctx, self.ranks[0].handle
         t0 = now()
         while True:
-            for h, msg in run.poll(self._watch(), 1.0):
+            for h, msg in ctx.workers.poll(self._watch(), 1.0):
                 if h is rank0 and msg is not None and msg["op"] == "rendezvous_open":
                     return True
                 if not self.owns(h):
@@ -499,17 +499,17 @@ class LearnerStream:
 
     def _await_learned(self, attempt: int) -> dict[int, dict] | None:
         """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         replies: dict[int, dict] = {}
         t0 = now()
-        pw = run.next_decode_prewarm()
+        pw = ctx.clock.next_decode_prewarm()
         while len(replies) < len(self.ranks):
             if pw is not None and now() >= t0 + pw[0]:
-                run.start_decoders(pw[1], prewarmed=True)  # into free units only
+                ctx.workers.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
             # wake at the pre-warm time, and at least every second for the timeout check below
             timeout = 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
-            for h, msg in run.poll(self._watch(), timeout):
+            for h, msg in ctx.workers.poll(self._watch(), timeout):
                 if not self.owns(h):
                     self._other(h, msg)
                     continue
@@ -522,5 +522,5 @@ class LearnerStream:
                 # over time: one kill is enough, a death after learn_end resets every rank and the update is tried again
                 ctx.backend.kill(self.ranks[0].handle)
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
-            run.start_decoders(pw[1], prewarmed=True)
+            ctx.workers.start_decoders(pw[1], prewarmed=True)
         return replies

@@ -266,13 +266,13 @@ class ServerlessPolicy(ModePolicy):
 
     def decoders(self, ctx, n: int) -> list:
         """Warm idle functions of the decode image first (no cold start), then new ones."""
-        available = ctx.pool.warm(ctx.run.image("decode"))
+        available = ctx.pool.warm(ctx.workers.image("decode"))
         warm = available[:n]
         for h in warm:  # taken: the cold starts below may evict idle workers, never these
             ctx.pool.busy(h)
         for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
             ctx.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
-        cold = ctx.run.start_decoders(n - len(warm), prewarmed=False)
+        cold = ctx.workers.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
     def hybrid_image(self, setting: bool) -> bool:
@@ -295,8 +295,8 @@ class ServerlessPolicy(ModePolicy):
         pool.idle(h)  # its keep-alive runs (idle, never released here: it may take cut rows)
 
     def reference_function(self, ctx):
-        h = ctx.run.kept_reference() or ctx.run.start_single("reference")  # kept: not evicted since
-        ctx.run.keep_reference(h)
+        h = ctx.workers.kept_reference() or ctx.workers.start_single("reference")  # kept: not evicted since
+        ctx.workers.keep_reference(h)
         return h
 
     def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
@@ -322,15 +322,15 @@ class ServerlessPolicy(ModePolicy):
     def learner_ranks(self, ctx, ranks: list) -> None:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
         data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
-        live = ctx.run.kept_learners()
+        live = ctx.workers.kept_learners()
         if len(live) == len(ranks):
             for r, h in zip(ranks, live):
-                r.handle, r.requested, r.cold = h, now(), ctx.run.first_use(h)
+                r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
                 ctx.pool.busy(h)
         else:
             for h in live:
                 ctx.pool.release(h, reason="regroup")
-            ctx.run.forget_learners()
+            ctx.workers.forget_learners()
 
 
 class ServerfulPolicy(ModePolicy):
@@ -368,7 +368,7 @@ class ServerfulPolicy(ModePolicy):
         return rt_cfg.workers()  # every pool worker is a rank
 
     def decoders(self, ctx, n: int) -> list:
-        return ctx.run.pool_workers()  # every pool worker decodes its chunk
+        return ctx.workers.pool_workers()  # every pool worker decodes its chunk
 
     def hybrid_image(self, setting: bool) -> bool:
         return False  # a pool worker runs every kind already
@@ -386,8 +386,8 @@ class ServerfulPolicy(ModePolicy):
         return None  # held by the pool: never idle
 
     def reference_function(self, ctx):
-        ctx.run.keep_reference(None)
-        return ctx.run.pool_workers()[0]  # pool worker 0's reference replica
+        ctx.workers.keep_reference(None)
+        return ctx.workers.pool_workers()[0]  # pool worker 0's reference replica
 
     def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
         return True  # its ranks are the pool's workers: there is nothing to forget
@@ -408,7 +408,7 @@ class ServerfulPolicy(ModePolicy):
         return True
 
     def learner_ranks(self, ctx, ranks: list) -> None:
-        workers = ctx.run.pool_workers()
+        workers = ctx.workers.pool_workers()
         for r in ranks:  # pool worker r is rank r for the whole run
             r.handle = workers[r.rank]
 
