@@ -62,6 +62,9 @@ def test_emulated_configs_load():
                  "emulated_testbed_3b_ppo"):
         cfg = load_run_config(f"experiments/configs/{name}.yaml", [])
         assert cfg.runtime.device == "emulated" and cfg.runtime.units == 16
+        # steady state: the steps cover at least two epochs of the train prompts; the scaler may keep cuts
+        assert cfg.train.steps * cfg.rollout.prompts_per_step >= 2 * cfg.task.arith.num_train
+        assert cfg.runtime.migrate == "plan" and cfg.plan.migrate
         cfg.check_machine()  # 16 units on a 2-core machine: emulated units are not cores
 
 
@@ -269,10 +272,10 @@ def test_response_lengths_are_replayed_from_the_table(compared):
     G = 4
     by_step: dict[int, list[int]] = {}
     for r in rows:
-        by_step.setdefault(r["step"], []).append(r["response_len"])
+        by_step.setdefault(r["step"], []).append((r["response_len"], r["prompt_id"]))
     for step, lens in by_step.items():
-        want = [table.length(step, row, G, 2048) for row in range(len(lens))]
-        assert lens == want
+        want = [table.length(step, row, G, 2048, pid) for row, (_, pid) in enumerate(lens)]
+        assert [n for n, _ in lens] == want
 
 
 @pytest.mark.parametrize("arm", ["serverful", "serverful-overlap", "serverless", "serverless-paper"])
@@ -328,21 +331,21 @@ def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
 
 
 def test_a_trace_the_user_brings_is_replayed(tmp_path):
-    """runtime.length_trace=PATH: the table holds that trace's lengths and rewards, step by step and group by group
-    (the simulator's replay_trace), and the capacity and context the simulator sizes from it."""
-    from rlhfless.sim.devicemodel import build_table
+    """runtime.length_trace=PATH: the table holds that whole trace's lengths and rewards, prompt by prompt and epoch
+    by epoch (the simulator's replay_trace), and the capacity and context the simulator sizes from it."""
+    from rlhfless.sim.devicemodel import build_table, by_prompt, prompt_index
     from rlhfless.sim.workload import replay_trace
 
     trace = "data/traces/quickstart.jsonl.gz"
     cfg = load_run_config("experiments/configs/quickstart.yaml",
                           [x for x in SMALL if not x.startswith("algo.group_size")] + [f"runtime.length_trace={trace}"])
     table = build_table(cfg, steps=3)
-    work = replay_trace(trace, 3)
-    assert table.lengths == [[list(g.lengths) for g in s.groups] for s in work]
-    assert table.rewards == [[list(g.rewards) for g in s.groups] for s in work]
+    work = replay_trace(trace)
+    assert (table.prompts, table.prompt_rewards) == by_prompt(work)
     assert table.capacity >= 1 and table.ctx > 0 and trace in table.source
-    G = len(work[0].groups[0].lengths)
-    assert table.length(2, G + 1, G, 10_000) == work[1].groups[1].lengths[1]
+    g = work[0].groups[1]  # the trace's first epoch of this prompt, wherever the run draws it in its first epoch
+    G = len(g.lengths)
+    assert table.length(1, 5 * G + 1, G, 10_000, f"train-{prompt_index(g.prompt_id):05d}") == g.lengths[1]
     with pytest.raises(ConfigError, match="runtime.length_trace"):
         build_table(load_run_config("experiments/configs/quickstart.yaml",
                                     SMALL + [f"runtime.length_trace={tmp_path / 'none.jsonl'}"]), steps=3)

@@ -13,7 +13,7 @@ from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import BillingRules, price
 from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.records import PlanJob
-from rlhfless.plan.scaler import choose
+from rlhfless.plan.scaler import CUT_REASONS, choose
 from rlhfless.plan.timemodel import TimeModel
 
 TM = TimeModel.per_token(0.01)
@@ -122,6 +122,21 @@ def test_migrate_switch_changes_the_decision_only_when_cuts_help_the_objective()
     assert {k: v for k, v in m_no.items() if not k.startswith("balancer/migrate")} == {
         **m_off1, M.BAL_RELEASED_ACTORS: 0.0}
     assert m_no[M.BAL_MIGRATE_STEP_S] == pytest.approx(on.cut_option.step_s)
+
+
+def test_the_scaler_records_why_it_kept_cuts_or_not():
+    """The reason comes from where the cuts are weighed, per decision: kept (cost objective, the straggler's actor
+    released), slower (time objective: the straggler cannot finish sooner elsewhere), nothing to move (balanced
+    groups: no actor reaches tau with rows left), and none at all with plan.migrate off."""
+    on, m_on = choose(STRAGGLER, _two(migrate=True, lam=0.0), TINY)
+    no, m_no = choose(STRAGGLER, _two(migrate=True, lam=1.0), TINY)
+    even, m_even = choose([PlanJob(f"E{i}", 4, 100.0) for i in range(4)], _two(migrate=True, lam=0.0), TINY)
+    off, m_off = choose(STRAGGLER, _two(migrate=False, lam=0.0), TINY)
+    assert (on.cut_reason, m_on[M.BAL_MIGRATE_REASON]) == ("kept", "kept")
+    assert (no.cut_reason, m_no[M.BAL_MIGRATE_REASON]) == ("slower", "slower")
+    assert even.migration is None and m_even[M.BAL_MIGRATE_REASON] == "nothing_to_move"
+    assert off.cut_reason == "" and M.BAL_MIGRATE_REASON not in m_off
+    assert {on.cut_reason, no.cut_reason, even.cut_reason} <= set(CUT_REASONS)
 
 
 def _queued_jobs():

@@ -53,3 +53,20 @@ def test_bad_params_and_inputs():
         SyntheticParams(within_sigma=-0.1)
     with pytest.raises(DataError, match="non-empty trace"):
         fit_params([])
+
+
+def test_synthetic_traces_carry_rewards():
+    """Rewards vary within and across prompts (a GRPO group has variance to learn from), a truncated response
+    scores 0, and the lengths do not depend on the reward draws. Replayed rewards of 0.0 on every row would switch
+    the GRPO learner off (every advantage 0)."""
+    p = SyntheticParams(n_prompts=40, n_epochs=2, group_size=8, prompts_per_step=10, log_base_mu=5.5, max_length=400)
+    rows = generate_trace(p, seed=3)
+    assert {r.reward for r in rows} == {0.0, 1.0}
+    assert all(r.reward == 0.0 for r in rows if r.truncated) and any(r.truncated for r in rows)
+    groups: dict[tuple[str, int], set[float]] = {}
+    for r in rows:
+        groups.setdefault((r.prompt_id, r.epoch), set()).add(r.reward)
+    assert sum(len(v) > 1 for v in groups.values()) >= len(groups) // 4  # groups with reward variance
+    easy = generate_trace(SyntheticParams(**{**p.__dict__, "solve_logit_mu": 4.0}), seed=3)
+    assert [r.response_len for r in easy] == [r.response_len for r in rows]
+    assert sum(r.reward for r in easy) > sum(r.reward for r in rows)

@@ -121,6 +121,7 @@ BAL_ACTIVE_ACTORS = "balancer/active_actors"
 BAL_MIGRATED_TOKENS = "balancer/migrated_tokens"
 BAL_RELEASED_ACTORS = "balancer/released_actors"
 BAL_MIGRATE_USED = "balancer/migrate_used"  # 1 when the chosen plan cuts and migrates at tau (plan.migrate only)
+BAL_MIGRATE_REASON = "balancer/migrate_reason"  # why the cuts were kept or not (a word: plan.scaler.CUT_REASONS)
 BAL_MIGRATE_STEP_S = "balancer/migrate_predicted_step_s"  # the chosen N with cuts at tau, kept or not
 BAL_MIGRATE_COST_USD = "balancer/migrate_predicted_cost_usd"
 SCALER_CANDIDATES = "scaler/candidates"

@@ -262,6 +262,9 @@ class ScalingDecision:
     """The actor that runs on the wide engine (`rlhfless.plan.wide`), -1 for none."""
     wide_option: ScalingCandidate | None = None
     """The chosen N costed with its straggler on the wide engine, kept or not (None when none was offered)."""
+    cut_reason: str = ""
+    """Why the cuts at tau were kept or not (`scaler.cut_reason`), where the scaler decides; "" when plan.migrate
+    is off."""
 
     @property
     def chosen(self) -> ScalingCandidate:

@@ -404,14 +404,14 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
         cands, plan_of = _offer_reference(cands, plan_of, ref, cfg, tm, n_warm, draws, memo)
     best, _ = _pick(cands, cfg)
     plan = plan_of(best.n_actors)
-    cut, migration = None, None
+    cut, migration, reason = None, None, ""
     if cfg.migrate:
-        cands, best, cut, migration = _decide_cuts(cands, best, plan, cfg, tm, n_warm, draws, memo)
+        cands, best, cut, migration, reason = _decide_cuts(cands, best, plan, cfg, tm, n_warm, draws, memo)
     wide_actor, wide_row = -1, None
     if wide is not None and migration is None:
         cands, best, wide_actor, wide_row = _decide_wide(cands, best, plan, cfg, tm, n_warm, wide, draws, memo)
     decision = ScalingDecision(best.n_actors, cfg.objective, tuple(cands), plan, best.feasible, migration, cut,
-                               wide_actor, wide_row)
+                               wide_actor, wide_row, reason)
     return decision, decision_metrics(decision)
 
 
@@ -439,9 +439,9 @@ def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
                  memo: dict | None = None):
     """Keep cuts at tau in the chosen plan only where the objective prefers them (module header).
 
-    Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None). The table changes only
-    when the decision differs from how it was scored (without cuts, or with them under simulate_migration):
-    then the chosen row is replaced and the table re-scored.
+    Returns (table, chosen row, the chosen N's row with cuts, the cuts kept or None, `cut_reason`). The table
+    changes only when the decision differs from how it was scored (without cuts, or with them under
+    simulate_migration): then the chosen row is replaced and the table re-scored.
     """
     cut_row, cut_res = with_cuts(plan, cfg, tm, n_warm, draws, memo)
     plain_row = _row(plan, cfg, tm, n_warm, draws, memo=memo)
@@ -451,7 +451,27 @@ def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
     if keep != cfg.simulate_migration:
         cands = sorted(_scored(others + [cut_row if keep else plain_row], cfg), key=lambda c: c.n_actors)
         best = next(c for c in cands if c.n_actors == plan.n_actors)
-    return cands, best, cut, (cut_res if keep else None)
+    return cands, best, cut, (cut_res if keep else None), cut_reason(plain, cut, keep)
+
+
+def cut_reason(plain: ScalingCandidate, cut: ScalingCandidate, keep: bool) -> str:
+    """Why the cuts at tau were kept or not, decided here rather than guessed from the log afterwards (one of
+    `CUT_REASONS`): no actor reaches tau with rows left to move, the cuts make the step neither faster nor
+    cheaper, they miss the deadline the plan without them meets, or the objective prefers the cheaper / faster
+    plan without them (their step and cost are logged beside: balancer/migrate_predicted_*)."""
+    if keep:
+        return "kept"
+    if cut.migrations == 0:
+        return "nothing_to_move"
+    if cut.step_s >= plain.step_s and cut.cost_usd >= plain.cost_usd:
+        return "no_gain"
+    if plain.feasible and not cut.feasible:
+        return "misses_deadline"
+    return "dearer" if cut.cost_usd > plain.cost_usd else "slower"
+
+
+CUT_REASONS = ("kept", "nothing_to_move", "no_gain", "misses_deadline", "dearer", "slower")
+"""`balancer/migrate_reason`'s values (`cut_reason`)."""
 
 
 def _scored(cands: list[ScalingCandidate], cfg: PlanConfig) -> list[ScalingCandidate]:
@@ -487,7 +507,7 @@ def decision_metrics(d: ScalingDecision) -> dict:
     if d.wide_option is not None:  # a wide engine was offered: whether the straggler runs on it
         out[M.SCALER_WIDE_USED] = float(d.wide_actor >= 0)
     if d.cut_option is not None:  # plan.migrate: the chosen N with cuts at tau was weighed
-        out.update({M.BAL_MIGRATE_USED: float(d.migration is not None),
+        out.update({M.BAL_MIGRATE_USED: float(d.migration is not None), M.BAL_MIGRATE_REASON: d.cut_reason,
                     M.BAL_RELEASED_ACTORS: float(len(d.migration.released)) if d.migration is not None else 0.0,
                     M.BAL_MIGRATE_STEP_S: d.cut_option.step_s, M.BAL_MIGRATE_COST_USD: d.cut_option.cost_usd})
     return out

@@ -6,11 +6,16 @@ log_base_sigma^2)`` (lognormal, i.e. heavy-tailed lengths), per-epoch jitter ``u
 (how much a prompt's typical length moves between epochs; what an EWMA must track), within-group noise
 ``eps ~ N(0, within_sigma^2)`` (GRPO siblings), then rounding, a floor of 1 and truncation at `max_length`.
 Each epoch visits every prompt once in a shuffled order, `prompts_per_step` prompts per step.
+Rewards (0/1, what a verifier gives): ``r[p,e,s] ~ Bernoulli(sigmoid(a[p] + solve_drift * e))`` with a per-prompt
+difficulty ``a ~ N(solve_logit_mu, solve_logit_sigma^2)`` (assumed: some prompts always solved, some never, most
+in between, so GRPO groups have reward variance); a truncated response has no final answer and scores 0. They are
+drawn from their own random stream, so a trace's lengths are the same with or without them.
 
 `fit_params` inverts this with moment estimators on the same log scale (method of moments, not MLE).
 Deviations / limits: truncated lengths enter the fit as if exact (a small bias when few are truncated);
 with no truncated row the fitted `max_length` is the largest observed length (a lower bound of the real cap);
-rewards are not modelled (0.0). Non-goal: modelling prompt text; prompts are filler of a lognormal length.
+the fit reads lengths only (`LengthRow`s carry no reward), so the reward parameters keep their defaults.
+Non-goal: modelling prompt text; prompts are filler of a lognormal length.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class SyntheticParams:
     drift_per_epoch: change of every log length per epoch (e.g. -0.05: 5% shorter each epoch).
     max_length: generation cap; longer responses are truncated to it, >= 1.
     prompt_log_mu, prompt_log_sigma: lognormal prompt length (bytes) parameters; sigma >= 0.
+    solve_logit_mu, solve_logit_sigma: a prompt's log-odds of a correct response, mean and sd over prompts (>= 0).
+    solve_drift_per_epoch: change of every prompt's log-odds per epoch (training that helps: > 0).
     """
 
     n_prompts: int = 64
@@ -52,11 +59,14 @@ class SyntheticParams:
     max_length: int = 1024
     prompt_log_mu: float = 4.0
     prompt_log_sigma: float = 0.3
+    solve_logit_mu: float = 0.0
+    solve_logit_sigma: float = 1.5
+    solve_drift_per_epoch: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("n_prompts", "n_epochs", "group_size", "prompts_per_step", "max_length"):
             require(getattr(self, name) >= 1, f"synthetic.{name}", f"must be >= 1 (got {getattr(self, name)})")
-        for name in ("log_base_sigma", "epoch_sigma", "within_sigma", "prompt_log_sigma"):
+        for name in ("log_base_sigma", "epoch_sigma", "within_sigma", "prompt_log_sigma", "solve_logit_sigma"):
             require(getattr(self, name) >= 0, f"synthetic.{name}", f"must be >= 0 (got {getattr(self, name)})")
 
 
@@ -67,6 +77,8 @@ def generate_trace(params: SyntheticParams, seed: int = 0) -> list[TraceRow]:
     base = rng.normal(params.log_base_mu, params.log_base_sigma, P)
     prompt_bytes = np.maximum(8, np.round(np.exp(rng.normal(params.prompt_log_mu, params.prompt_log_sigma, P))))
     texts = [_prompt_text(p, int(n)) for p, n in enumerate(prompt_bytes)]
+    solve = np.random.default_rng([seed, REWARD_STREAM])  # its own stream: the lengths do not depend on it
+    ability = solve.normal(params.solve_logit_mu, params.solve_logit_sigma, P)
     rows, step = [], 0
     for epoch in range(params.n_epochs):
         u = rng.normal(0.0, params.epoch_sigma, P)
@@ -75,12 +87,19 @@ def generate_trace(params: SyntheticParams, seed: int = 0) -> list[TraceRow]:
             for p in order[start:start + params.prompts_per_step]:
                 logs = base[p] + params.drift_per_epoch * epoch + u[p] + rng.normal(0.0, params.within_sigma, G)
                 raw = np.maximum(1, np.round(np.exp(logs))).astype(int)
+                odds = ability[p] + params.solve_drift_per_epoch * epoch
+                right = solve.random(G) < 1.0 / (1.0 + np.exp(-odds))
                 for s, length in enumerate(raw):
                     trunc = bool(length >= params.max_length)
                     rows.append(TraceRow(f"syn-{p}", texts[p], epoch, step, s, len(texts[p].encode()),
-                                         int(min(length, params.max_length)), trunc, 0.0))
+                                         int(min(length, params.max_length)), trunc,
+                                         float(right[s] and not trunc)))
             step += 1
     return rows
+
+
+REWARD_STREAM = 0x5EED
+"""The reward draws' stream key beside the seed (`np.random.default_rng([seed, REWARD_STREAM])`)."""
 
 
 def _prompt_text(p: int, n_bytes: int) -> str:

@@ -35,7 +35,7 @@ from rlhfless.core.jsonl import write_atomic, write_json
 from rlhfless.learn.learner import Learner
 from rlhfless.step.loop import Stages, StepReport, run_step
 from rlhfless.model.factory import load_policy, save_checkpoint
-from rlhfless.step.planner import Planner
+from rlhfless.step.planner import Planner, cut_report, tau_per_step
 from rlhfless.core.records import Prompt, PromptGroup
 from rlhfless.run.runstate import (
     RunState,
@@ -451,6 +451,9 @@ def _finish(run: Run) -> dict:
                        run.tracker)
     if run.runtime_summary:
         summary["runtime"] = run.runtime_summary
+    if run.planner is not None:  # what the planner did: cuts kept (and why not), the predictor's ranking per step
+        rows = RunDir(out).read_metrics()
+        summary.update(cuts=cut_report(rows), predictor_kendall_tau=tau_per_step(rows))
     run.tracker.summary(summary)
     run.tracker.finish()
     write_json(summary, RunDir(out).summary)

@@ -102,7 +102,8 @@ class DecodeStage:
 
     def _item(self, g: int, rows: list[int], prefix) -> dict:
         grp = self.groups[g]
-        return {"g": g, "prompt": grp.token_ids, "answer": grp.prompt.answer, "rows": rows, "prefix": prefix}
+        return {"g": g, "pid": grp.prompt.prompt_id, "prompt": grp.token_ids, "answer": grp.prompt.answer,
+                "rows": rows, "prefix": prefix}
 
     def _send(self, a: _Actor, op: str, rows: set[int], kv: dict | None = None) -> None:
         """Send a decode/adopt request; a worker found dead on sending is handled like one that died working."""

@@ -140,6 +140,21 @@ class LengthDist:
             object.__setattr__(self, "prompt_sigma", sigma)
             object.__setattr__(self, "max_response", ev.cap)
 
+    def params(self, n_prompts: int, epochs: int, group_size: int, prompts_per_step: int) -> SyntheticParams:
+        """The synthetic generator's parameters for this distribution (prompt lengths are drawn apart)."""
+        return SyntheticParams(n_prompts=n_prompts, n_epochs=epochs, group_size=group_size,
+                               prompts_per_step=prompts_per_step, log_base_mu=float(np.log(self.median)),
+                               log_base_sigma=self.prompt_sigma, epoch_sigma=self.epoch_sigma,
+                               within_sigma=self.within_sigma, drift_per_epoch=self.drift_per_epoch,
+                               max_length=self.max_response)
+
+
+def trace_rows(dist: LengthDist, n_prompts: int, epochs: int, group_size: int, prompts_per_step: int,
+               seed: int = 0) -> list:
+    """`epochs` epochs of `dist` over `n_prompts` prompts as `TraceRow`s (the synthetic generator: per-prompt
+    history across epochs, 0/1 rewards), for a trace file an emulated run replays (`runtime.length_trace`)."""
+    return generate_trace(dist.params(n_prompts, epochs, group_size, prompts_per_step), seed=seed)
+
 
 def gsm8k_prompt_tokens(path: str | Path, template_tokens: int = 0, chars_per_token: float = 4.0) -> np.ndarray:
     """Prompt tokens of every GSM8K question (characters / chars_per_token, plus a shared template)."""
@@ -172,11 +187,7 @@ def synthetic(dist: LengthDist, n_prompts: int, prompts_per_step: int, group_siz
     require(n_prompts >= prompts_per_step >= 1, "workload.prompts_per_step",
             f"must lie in 1..n_prompts={n_prompts} (got {prompts_per_step})")
     epochs = -(-steps * prompts_per_step // n_prompts) + 1
-    params = SyntheticParams(n_prompts=n_prompts, n_epochs=epochs, group_size=group_size,
-                             prompts_per_step=prompts_per_step, log_base_mu=float(np.log(dist.median)),
-                             log_base_sigma=dist.prompt_sigma, epoch_sigma=dist.epoch_sigma,
-                             within_sigma=dist.within_sigma, drift_per_epoch=dist.drift_per_epoch,
-                             max_length=dist.max_response)
+    params = dist.params(n_prompts, epochs, group_size, prompts_per_step)
     rng = np.random.default_rng(seed + 1)
     if prompt_tokens is not None:
         plen = rng.choice(np.asarray(prompt_tokens), size=n_prompts)

@@ -14,6 +14,7 @@ with the true lengths. The runtime replaces the assumed cold start and weight-sy
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -110,3 +111,20 @@ class Planner:
         self.predictor.update([Observation(g.prompt.prompt_id, g.prompt.text, tuple(a), epoch, step)
                                for g, a in zip(groups, actual)])
         return prediction_table(sp.prediction, actual), metrics
+
+
+def cut_report(rows: list[dict]) -> dict:
+    """What a run's planner did with cut-and-migrate, from its metrics rows (`metrics.jsonl`, every segment of a
+    resumed run): in how many steps it weighed cuts at tau and kept them, the rows the runtime really moved, and
+    the reason recorded where the scaler decided (`plan.scaler.cut_reason`) for the steps it kept none."""
+    weighed = [r for r in rows if r.get(M.BAL_MIGRATE_REASON)]
+    reasons = Counter(r[M.BAL_MIGRATE_REASON] for r in weighed)
+    return {"steps_weighed": len(weighed), "steps_kept": reasons.pop("kept", 0),
+            "rows_moved": int(sum(r.get(M.RUNTIME_MIGRATED_SEQS) or 0 for r in rows)),
+            "why_not": dict(sorted(reasons.items()))}
+
+
+def tau_per_step(rows: list[dict]) -> dict[str, float | None]:
+    """`predictor/kendall_tau` of every step, keyed by the step as text (JSON's and W&B's summary keys); None where
+    undefined: no history yet, every prompt predicted alike."""
+    return {str(r["step"]): r.get(M.PRED_KENDALL) for r in rows if M.PRED_MAE in r}

@@ -41,7 +41,10 @@ def tokens(seed: int, row: int, start: int, stop: int) -> list[int]:
 
 def setup_for(cfg, scratch: Path, steps: int) -> dict:
     """The driver's part: write the length table once into the scratch folder; the worker setup's `emulated`."""
-    table = build_table(cfg, steps)
+    from rlhfless.tasks.config import make_task
+
+    # replay is keyed by prompt: the train split's size places each draw in its epoch (`sim.devicemodel`)
+    table = build_table(cfg, steps, n_train=len(make_task(cfg.task).splits()[0]))
     path = scratch / "emulated-lengths.json"
     table.save(path)
     a = cfg.algo
@@ -75,10 +78,10 @@ class Clock:
 
 
 class _Row:
-    __slots__ = ("row", "target", "done", "answer")
+    __slots__ = ("row", "target", "done", "answer", "pid")
 
-    def __init__(self, row: int, target: int, done: int):
-        self.row, self.target, self.done = row, target, done
+    def __init__(self, row: int, target: int, done: int, pid: str | None = None):
+        self.row, self.target, self.done, self.pid = row, target, done, pid
 
 
 class _Job:
@@ -101,7 +104,8 @@ class _Job:
             for k, r in enumerate(it["rows"]):
                 done = len(prefix[k]) if prefix is not None else 0
                 naive += plen + done
-                self.rows.append(_Row(r, w.table.length(self.step, r, w.G, w.cap), done))
+                pid = it.get("pid")  # the lengths and reward of this prompt's visit (`sim.devicemodel`)
+                self.rows.append(_Row(r, w.table.length(self.step, r, w.G, w.cap, pid), done, pid))
             self.adopted += len(it["rows"]) if prefix is not None else 0
         s = tok * w.tm.prefill_s_per_token
         self.prefill = [self.prefill[0] + tok, self.prefill[1] + naive, self.prefill[2] + s * w.clock.scale]
@@ -117,7 +121,7 @@ class _Job:
         for x in self.rows:
             if x.done >= x.target and x.row not in self.reported:
                 self.reported.add(x.row)
-                rw = w.table.reward(self.step, x.row, w.G, self.seed)
+                rw = w.table.reward(self.step, x.row, w.G, self.seed, x.pid)
                 out.append([x.row, tokens(self.seed, x.row, 0, x.target), x.target >= w.cap, rw, rw > 0, True])
         return out
 
