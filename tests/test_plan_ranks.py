@@ -1,6 +1,6 @@
-"""The learner's width as a plan decision (plan/ranks.py) and the one reduction both modes use (runtime/devices/dist.py):
-a rank whose share is done goes unless work comes inside its keep-alive, and the shares summed from files equal
-the serverful pool's gathered sum bit for bit."""
+"""The learner's width as a plan decision (plan/ranks.py) and the one reduction both modes use
+(runtime/devices/dist.py): a rank whose share is done goes unless work comes inside its keep-alive, and the shares
+summed from files equal the serverful pool's gathered sum bit for bit."""
 
 from __future__ import annotations
 

@@ -474,7 +474,8 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
             evals.clear()
             out, summary = _run(tmp_path, mode, [f"runtime.mode={mode}", "train.eval_every=1", "train.eval_prompts=8"])
             rt, s = runtimes[-1], summary["runtime"]
-            mid = [(a - rt.clock.t0, b - rt.clock.t0) for a, b in evals[1:-1]]  # the first and last are the initial and final
+            # the first and last are the initial and final
+            mid = [(a - rt.clock.t0, b - rt.clock.t0) for a, b in evals[1:-1]]
             assert len(mid) == 2 and all(b > a for a, b in mid)
             # the runtime's own off-clock intervals (each evaluation, with the driver's weight sync before it): every
             # evaluation lies inside one, and the bills are checked against exactly those intervals, not against

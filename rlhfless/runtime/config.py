@@ -4,9 +4,9 @@ Modes: `inline` (one process runs every stage: the debugging path and the math's
 stage a function on its own worker process, started on demand, pre-warmed, released when idle; only lifetimes
 billed), `serverful` (the verl-like control: W workers held for the run, billed W x wall) and `compare` (the
 serverful arms then serverless, `rlhfless.run.compare`). A device unit is one CPU core, one GPU (or 1/k of one,
-`runtime.devices.gpus`) or one emulated GPU (`runtime.devices.emulated`); backends `local` (OS processes) and `ray` (Ray actors,
-`rlhfless.runtime.platform.raybackend`). The rule it keeps: every field is checked in one line naming it. Modes and units
-in full: docs/internals.md#runtimeconfigpy.
+`runtime.devices.gpus`) or one emulated GPU (`runtime.devices.emulated`); backends `local` (OS processes) and `ray`
+(Ray actors, `rlhfless.runtime.platform.raybackend`). The rule it keeps: every field is checked in one line naming
+it. Modes and units in full: docs/internals.md#runtimeconfigpy.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ class RuntimeConfig:
     """With backend=ray: "" starts a single-node Ray cluster for this run (stopped at its end); "auto" joins the
     cluster this machine already belongs to (`ray start` was run here); "host:port" joins that cluster's head."""
     device: str = "cpu"
-    """What a unit is: cpu (one core), cuda (one GPU per function, from a free list: `runtime.devices.gpus`) or emulated
-    (one emulated GPU: the worker sleeps the performance model's time and replays lengths; `runtime.devices.emulated`)."""
+    """What a unit is: cpu (one core), cuda (one GPU per function, from a free list: `runtime.devices.gpus`) or
+    emulated (one emulated GPU: the worker sleeps the performance model's time and replays lengths;
+    `runtime.devices.emulated`)."""
     emulated_gpu: str = "L40S"
     """With device=emulated: the device kind each unit emulates (`rlhfless.sim.hardware.DEVICES`)."""
     emulated_model: str = "qwen2.5-7b"

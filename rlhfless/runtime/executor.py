@@ -95,7 +95,7 @@ class Runtime:
     def _use_measured_profile(self, setup: dict, backend, progress: bool) -> tuple[str | None, float]:
         """Hand the planner this machine's decode-time profile for one-unit workers, from the cache or measured
         now in a worker (platform set-up before the run's clock starts: not billed); (its path, seconds measuring).
-        Off with runtime.measure_profile=false, without a planner, and for vLLM decode (rlhfless.runtime.devices.profile)."""
+        Off with runtime.measure_profile=false, without a planner, and for vLLM decode (`devices.profile`)."""
         if self.planner is None or not self.rt.measure_profile or self.cfg.rollout.engine != "own":
             return None, 0.0
         from rlhfless.runtime.devices import profile as P
@@ -223,8 +223,8 @@ class Runtime:
     # -- end ----------------------------------------------------------------------------------------------------
     def run_bill(self):
         t = now()
-        return bill_run(list(self.workers.pool.records.values()), self.ledger.invocations, self.clock.rel(t), self.price,
-                        self.policy.bills_held_pool(), self.rules, self.clock.paused)
+        return bill_run(list(self.workers.pool.records.values()), self.ledger.invocations, self.clock.rel(t),
+                        self.price, self.policy.bills_held_pool(), self.rules, self.clock.paused)
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
@@ -241,7 +241,8 @@ class Runtime:
             "platform_start_s": self.platform_start_s, "steps": self.clock.steps_done,
             "time_profile": self.time_profile or (self.planner.time_model.source if self.planner else None),
             "time_profile_measured_s": self.profile_measured_s,
-            "loop_wall_s": wall, "step_time_s": wall / max(1, self.clock.steps_done), "off_clock_s": self.clock.paused_s(),
+            "loop_wall_s": wall, "step_time_s": wall / max(1, self.clock.steps_done),
+            "off_clock_s": self.clock.paused_s(),
             "cost_device_s": bill.device_s, "cost_usd": bill.usd, "billed_s_by_kind": bill.by_kind,
             "busy_device_s": bill.busy_s, "idle_fraction": bill.idle_fraction, "cold_starts": bill.cold_starts,
             "cold_start_s_mean": {k: sum(v) / len(v) for k, v in cold.items()},
@@ -261,8 +262,9 @@ class Runtime:
         is a VM: lifetime either way)."""
         t, recs = now(), list(self.workers.pool.records.values())
         g = self.rt.billing_granularity_s
-        return {name: bill_run(recs, self.ledger.invocations, self.clock.rel(t), self.price, self.policy.bills_held_pool(),
-                               BillingRules.metered(g, self.workers.keep_alive_s, name), self.clock.paused).device_s
+        return {name: bill_run(recs, self.ledger.invocations, self.clock.rel(t), self.price,
+                               self.policy.bills_held_pool(), BillingRules.metered(g, self.workers.keep_alive_s, name),
+                               self.clock.paused).device_s
                 for name in BILLED}
 
     def _release_summary(self, recs: list, wall: float) -> dict:

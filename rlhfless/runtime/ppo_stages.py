@@ -79,7 +79,8 @@ class PpoStream:
         if any(x is not h and "decode" in x.kinds and x.worker in ctx.pool.working for x in ctx.pool.live()):
             return False  # others still decode: an actor taken now would sit idle, billed, through the tail
         self.actor = h
-        self.actor_requested = (h, now(), ctx.ledger.first_use(h))  # its time from here on is the actor's (as GRPO's ranks)
+        # its time from here on is the actor's (as GRPO's ranks)
+        self.actor_requested = (h, now(), ctx.ledger.first_use(h))
         ctx.pool.busy(h)
         return True
 
@@ -273,8 +274,9 @@ class PpoStream:
             self._critic_lost(h, dead=True)
             return None
         requested, cold = self.values_requested
-        ctx.ledger.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold, self.values_attempt,
-                   sync_s=reply["sync_s"], compute_s=reply["compute_s"], chunks=len(self.chunks))
+        ctx.ledger.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold,
+                          self.values_attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"],
+                          chunks=len(self.chunks))
         return reply
 
     # -- the update ---------------------------------------------------------------------------------------------
@@ -319,7 +321,8 @@ class _Update:
             return s.held_worker(role)
         if role == "learner":
             if not s._live(s.actor):
-                s.actor = ctx.workers.start_learner(prewarmed=False) or self._room(lambda: ctx.workers.start_learner(False))
+                s.actor = (ctx.workers.start_learner(prewarmed=False)
+                           or self._room(lambda: ctx.workers.start_learner(False)))
             return s.actor
         return s._critic_worker(must=True)
 

@@ -170,7 +170,8 @@ class LearnerStream:
         come it is held but idle (the meter counts only its compute intervals as busy)."""
         ctx = self.ctx
         # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
-        warm = [h for h in ctx.pool.warm_idle(ctx.workers.image("learner")) if getattr(h, "home", True)] if ctx.hybrid else []
+        warm = [h for h in ctx.pool.warm_idle(ctx.workers.image("learner"))
+                if getattr(h, "home", True)] if ctx.hybrid else []
         h = warm[0] if warm and not prewarmed else ctx.workers.start_learner(prewarmed)
         if h is None:
             return False
@@ -290,7 +291,8 @@ class LearnerStream:
             metrics = replies[0]["metrics"]
         else:
             replies, metrics = self._finish_shares(end)
-        ctx.ledger.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
+        ctx.ledger.count(M.RUNTIME_LEARNER_EARLY,
+                         early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
         ctx.ledger.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
         ctx.ledger.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
         for path in self.files.values():

@@ -31,8 +31,9 @@ the process has exited, and a bounded wait for the status expired), which counte
 
 # Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
 PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
-           "rlhfless.rollout.session", "rlhfless.learn.learner", "rlhfless.runtime.devices.dist", "rlhfless.tasks.config",
-           "rlhfless.step.textenv", "rlhfless.config", "rlhfless.learn.dataparallel", "safetensors.torch"]
+           "rlhfless.rollout.session", "rlhfless.learn.learner", "rlhfless.runtime.devices.dist",
+           "rlhfless.tasks.config", "rlhfless.step.textenv", "rlhfless.config", "rlhfless.learn.dataparallel",
+           "safetensors.torch"]
 # rollout.engine=vllm: vLLM's import (about 10 s here) moves out of the cold start too; importing it starts no
 # thread, so forking after it is safe. The local backend only: a Ray node's fork server preloads PRELOAD.
 VLLM_PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "rlhfless.rollout.vllm_engine"]

@@ -159,7 +159,7 @@ class Worker:
         self.update_info: dict = {}
         self.critic = None  # PPO's critic (algo.name=ppo): the critic image, or the serverful pool's critic worker
         self.critic_version = -1
-        self.values_step: dict | None = None  # the value forward's chunks of the current step (runtime.devices.ppo_worker)
+        self.values_step: dict | None = None  # the value forward's chunks of the current step (`ppo_worker`)
         self.ppo_old: dict | None = None  # the old log-probs computed ahead for the current step (ppo_worker)
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))

@@ -69,7 +69,8 @@ class Prewarm:
 
 def prewarm_learner(history: History, predicted_makespan_s: float, cold_default: float, buffer_s: float,
                     source: str = "plan") -> Prewarm:
-    """When to start the learner group, in seconds after the rollout started (docs/internals.md#runtimemodespolicypy)."""
+    """When to start the learner group, in seconds after the rollout started
+    (docs/internals.md#runtimemodespolicypy)."""
     if source == "plan" and history.rollout_vs_plan:
         expected = planned_start_s(predicted_makespan_s, history.rollout_vs_plan)
     elif history.rollout_s:

@@ -1,7 +1,8 @@
 """The driver's view of its workers: start (cold or pre-warmed), ready, busy, idle, released, dead.
 
 Every state change is stamped on the worker's `WorkerRecord`, so the meter bills exactly what happened. The pool
-is shared by both modes; which workers exist and when they go is the policy's decision (`rlhfless.runtime.modes.policy`).
+is shared by both modes; which workers exist and when they go is the policy's decision
+(`rlhfless.runtime.modes.policy`).
 """
 
 from __future__ import annotations
