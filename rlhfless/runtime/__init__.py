@@ -10,8 +10,8 @@ Four concerns, one floor each (tests/test_layering.py holds the order: a folder 
   * `modes/`: every decision that differs by mode (`policy`: `ModePolicy` and its registry);
   * `platform/`: where workers run: `backend` (local processes), `raybackend` (Ray actors), `pool` (lifecycles,
     keep-alive as an event, the units budget);
-  * `devices/`: the worker process: `worker` (cpu, cuda), `emulated` (modelled compute), one op table (`ops`),
-    `decoding`, `ppo_worker`, `dist` (the learner's one rank-order sum), `gpus`, `profile`;
+  * `devices/`: the worker process: `worker` (cpu, cuda), `emulated` (modelled compute), one op table (`ops`), what
+    a device kind asks of the driver (`setup`), `decoding`, `ppo_worker`, `dist` (one rank-order sum), `gpus`, `profile`;
   * shared by all four: `wire` (messages, tensor files, the fork server's preload), `records` (typed records).
 Studies of runs live above: `run.compare`, `run.gantt`, `run.contention`, `bench.faults`, `sim.modelled`.
 Rule kept: nothing here imports the runner, the benchmarks, `repro` or the CLI (a test holds the boundary); the

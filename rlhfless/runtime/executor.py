@@ -12,7 +12,7 @@ loads: docs/internals.md#runtimeexecutorpy.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ from rlhfless.plan.cost import price
 from rlhfless.runtime import wire
 from rlhfless.runtime.clock import StepClock
 from rlhfless.runtime.context import StepContext
+from rlhfless.runtime.devices import setup as device_setup
 from rlhfless.runtime.ledger import Ledger
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_metrics, usage_window
 from rlhfless.runtime.modes.policy import policy_for
@@ -52,15 +53,14 @@ class Runtime:
         setup = {"config": json.loads(json.dumps(asdict(cfg), default=list)),
                  "checkpoint": str(cfg.policy.resolved()),
                  "reference_checkpoint": str(reference_checkpoint or cfg.policy.resolved())}
-        if self.rt.device == "cuda":  # units are GPU slots; each worker makes only its GPUs visible
-            from rlhfless.runtime.devices.gpus import GpuLayout, visible_gpus
-
-            setup["gpu_layout"] = GpuLayout(tuple(visible_gpus()), self.rt.functions_per_gpu).to_json()
         scratch = wire.scratch_dir(base=self.rt.scratch_dir or None)
-        if self.rt.device == "emulated":  # units are emulated GPUs: the planner prices with their model
-            self.time_profile, self.profile_measured_s = self._use_emulated(setup, scratch), 0.0
-        else:
-            self.time_profile, self.profile_measured_s = self._use_measured_profile(setup, backend, progress)
+        model = device_setup.prepare(cfg, setup, scratch, out, backend,
+                                     planner.base_time_model if planner is not None else None, progress)
+        if planner is not None and model.time_model is not None:  # the device's time model (and KV slots) prices
+            planner.use_profile(model.time_model)
+            if model.capacity is not None:
+                planner.cfg = replace(planner.cfg, capacity=model.capacity)
+        self.time_profile, self.profile_measured_s = model.source, model.measured_s
         self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.ppo = cfg.algo.name == "ppo"
         self.weights = WeightStore(scratch, learner, critic if self.ppo else None)
@@ -75,51 +75,12 @@ class Runtime:
         for hook in RUNTIME_HOOKS:
             hook(self)
 
-    def _use_emulated(self, setup: dict, scratch: Path) -> str:
-        """runtime.device=emulated: the length table into the scratch folder, the workers' `emulated` setup, and
-        the planner's time model = the one the emulated workers sleep by (`runtime.devices.emulated`)."""
-        from rlhfless.runtime.devices import emulated
-
-        setup["emulated"] = emulated.setup_for(self.cfg, scratch, self.cfg.train.steps)
-        table = emulated.LengthTable.load(setup["emulated"]["table"])
-        self.out.mkdir(parents=True, exist_ok=True)
-        table.save(RunDir(self.out).emulated_lengths)  # what `sim.modelled` validates the run with
-        tm = emulated.time_model(table)
-        if self.planner is not None:  # the emulated replica's time model and KV slots, as the simulator sizes them
-            from dataclasses import replace
-
-            self.planner.use_profile(tm)
-            self.planner.cfg = replace(self.planner.cfg, capacity=table.capacity)
-        return tm.source
-
-    def _use_measured_profile(self, setup: dict, backend, progress: bool) -> tuple[str | None, float]:
-        """Hand the planner this machine's decode-time profile for one-unit workers, from the cache or measured
-        now in a worker (platform set-up before the run's clock starts: not billed); (its path, seconds measuring).
-        Off with runtime.measure_profile=false, without a planner, and for vLLM decode (`devices.profile`)."""
-        if self.planner is None or not self.rt.measure_profile or self.cfg.rollout.engine != "own":
-            return None, 0.0
-        from rlhfless.runtime.devices import profile as P
-
-        key = P.profile_key(self.cfg, threads=1)  # a worker holds one unit: one torch thread
-        path = P.cache_path(P.cache_dir(self.rt.profile_cache), key)
-        measured_s, found = 0.0, P.read_cached(path, key)
-        if found is None:
-            found, measured_s = P.measure_in_worker(backend, setup, (0,), progress, self.rt.invocation_timeout_s,
-                                                    self.cfg.rollout.max_new_tokens)
-            P.write_cached(path, key, found, measured_s)
-        self.planner.use_profile(P.time_model(found, self.planner.base_time_model, str(path)))
-        P.save_for_run(found, self.out)
-        return str(path), measured_s
-
     def _backend(self, units: int):
         if self.rt.backend == "ray":
             from rlhfless.runtime.platform.raybackend import RayBackend
 
             return RayBackend(self.rt.ray_address, units, self.rt.start_method)
-        # CUDA cannot be used in a process forked from one that initialised it (this driver may have: train.device),
-        # so GPU workers start as fresh interpreters and pay the imports in their cold start
-        method = "spawn" if self.rt.device == "cuda" else self.rt.start_method
-        return LocalBackend(method, wire.preload(self.cfg.rollout.engine, self.rt.device))
+        return LocalBackend(device_setup.start_method(self.rt), wire.preload(self.cfg.rollout.engine, self.rt.device))
 
     # -- what a stage is given ------------------------------------------------------------------------------------
     def context(self, step: int) -> StepContext:
