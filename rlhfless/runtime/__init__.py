@@ -11,7 +11,7 @@ Four concerns, one floor each (tests/test_layering.py holds the order: a folder 
   * `platform/`: where workers run: `backend` (local processes), `raybackend` (Ray actors), `pool` (lifecycles,
     keep-alive as an event, the units budget);
   * `devices/`: the worker process: `worker` (cpu, cuda), `emulated` (modelled compute), one op table (`ops`), what
-    a device kind asks of the driver (`setup`), `decoding`, `ppo_worker`, `dist` (one rank-order sum), `gpus`, `profile`;
+    a device asks of the driver (`setup`), `decoding`, `ppo_worker`, `dist` (one rank-order sum), `gpus`, `profile`;
   * shared by all four: `wire` (messages, tensor files, the fork server's preload), `records` (typed records).
 Studies of runs live above: `run.compare`, `run.gantt`, `run.contention`, `bench.faults`, `sim.modelled`.
 Rule kept: nothing here imports the runner, the benchmarks, `repro` or the CLI (a test holds the boundary); the
