@@ -15,7 +15,8 @@ from rlhfless.runtime.config import MODES, available_cores
 from rlhfless.runtime.modes.policy import MODE_POLICIES, ServerlessPolicy, register_policy
 
 RUNTIME = Path(__file__).resolve().parents[1] / "rlhfless" / "runtime"
-STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py")
+STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py", "workerset.py", "ledger.py", "weights.py",
+               "clock.py")
 """Where a step's work is run: every decision in them that differs by mode must be the policy's."""
 
 
@@ -64,9 +65,7 @@ def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tm
     @register_policy
     class Pinned(ServerlessPolicy):
         name = "test-pinned"
-
-        def preempts_learners(self) -> bool:
-            return False
+        traits = replace(ServerlessPolicy.traits, preempts_learners=False)
 
     cfg = load_run_config("experiments/configs/quickstart.yaml",
                           ["train.steps=1", "rollout.prompts_per_step=2", "algo.group_size=2",

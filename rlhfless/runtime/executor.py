@@ -70,7 +70,7 @@ class Runtime:
         self.clock = StepClock(cfg, self.policy, self.rt.idle_timeout_s(), t0)
         self.workers = WorkerSet(cfg, self.policy, backend, setup, units, t0, self.clock, self.weights)
         self.ledger = Ledger(self.clock)
-        if self.policy.holds_pool:  # W workers for the whole run, started before step 1's clock
+        if self.policy.traits.holds_pool:  # W workers for the whole run, started before step 1's clock
             self.workers.start_pool()
         for hook in RUNTIME_HOOKS:
             hook(self)
@@ -95,7 +95,7 @@ class Runtime:
         if self.ppo and not self.cfg.critic.values_chunk:  # PPO streams only the value forward, in chunks
             return False
         if self.rt.overlap is None:  # auto
-            return self.policy.overlap_default()
+            return self.policy.traits.overlap_default
         return self.rt.overlap
 
     # -- steps --------------------------------------------------------------------------------------------------
@@ -157,7 +157,7 @@ class Runtime:
         # the role of its previous step's work (`meter.role_split`); busy time is clipped to the window
         recs = list(self.workers.pool.records.values())
         a, b = clock.rel(clock.step_t0), clock.rel(t1)
-        bill = bill_window(recs, ledger.invocations, a, b, b, self.price, self.policy.bills_held_pool(),
+        bill = bill_window(recs, ledger.invocations, a, b, b, self.price, self.policy.traits.bills_held_pool,
                            clock.paused, self.rules)
         m = bill.metrics()
         m.update(ledger.counters)
@@ -177,7 +177,7 @@ class Runtime:
     def calibration(self, step: int):
         """The step's measured numbers for the planner to price the next step with (`clock.Calibration`), or None
         when this mode plans no decode; the planner's owner hands them over (`loop_stages`)."""
-        if self.planner is None or not self.policy.plans_decode():
+        if self.planner is None or not self.policy.traits.plans_decode:
             return None
         return self.clock.calibration(step, self.ledger.invocations)
 
@@ -185,7 +185,7 @@ class Runtime:
     def run_bill(self):
         t = now()
         return bill_run(list(self.workers.pool.records.values()), self.ledger.invocations, self.clock.rel(t),
-                        self.price, self.policy.bills_held_pool(), self.rules, self.clock.paused)
+                        self.price, self.policy.traits.bills_held_pool, self.rules, self.clock.paused)
 
     def summary(self) -> dict:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
@@ -224,7 +224,7 @@ class Runtime:
         t, recs = now(), list(self.workers.pool.records.values())
         g = self.rt.billing_granularity_s
         return {name: bill_run(recs, self.ledger.invocations, self.clock.rel(t), self.price,
-                               self.policy.bills_held_pool(), BillingRules.metered(g, self.workers.keep_alive_s, name),
+                               self.policy.traits.bills_held_pool, BillingRules.metered(g, self.workers.keep_alive_s, name),
                                self.clock.paused).device_s
                 for name in BILLED}
 

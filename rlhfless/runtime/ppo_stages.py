@@ -57,7 +57,7 @@ class PpoStream:
         self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
         self.actor_attempt = 1
         self.files: set[Path] = set()
-        if not ctx.policy.starts_functions():  # every role has its held worker: the actor and the critic are set
+        if not ctx.policy.traits.starts_functions:  # every role has its held worker: the actor and the critic are set
             self.pool_restarted()
 
     # -- the decode stage's side (LearnerStream's interface) ----------------------------------------------------
@@ -88,7 +88,7 @@ class PpoStream:
         """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
         self.prewarm_due = True
         ctx = self.ctx
-        if ctx.policy.starts_functions() and not self._live(self.critic) and not ctx.pool.warm(CRITIC_IMAGE):
+        if ctx.policy.traits.starts_functions and not self._live(self.critic) and not ctx.pool.warm(CRITIC_IMAGE):
             ctx.workers.start_critic(must=False, prewarmed=True)
 
     def pump(self) -> None:
@@ -147,7 +147,7 @@ class PpoStream:
     def preempt(self) -> bool:
         """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
         a value function taking streamed chunks (its chunks are sent again to the next one)."""
-        if not self.ctx.policy.preempts_learners() or self.working:
+        if not self.ctx.policy.traits.preempts_learners or self.working:
             return False
         if self._live(self.actor):
             self._actor_lost(self.actor, dead=False)
@@ -180,7 +180,7 @@ class PpoStream:
     def _critic_worker(self, must: bool):
         """The value function: this step's, one kept warm or pre-warmed, else a new one (must: evicting idle
         workers; otherwise only onto a free unit, or None); the held critic worker when no function starts."""
-        if not self.ctx.policy.starts_functions():
+        if not self.ctx.policy.traits.starts_functions:
             return self.held_worker("critic")
         if self._live(self.critic):
             return self.critic
@@ -220,7 +220,7 @@ class PpoStream:
         if self.values_requested is not None:
             self.values_attempt = self._lost_attempt("values", h, self.values_requested, self.values_attempt, dead)
         self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
-        if ctx.policy.restarts_whole():
+        if ctx.policy.traits.restarts_whole:
             ctx.workers.restart_pool(dead=h if dead else None)
             self.pool_restarted()
         else:
@@ -233,7 +233,7 @@ class PpoStream:
         for g in range(len(self.prompts)):
             self.finished.setdefault(g, responses[g * self.G:(g + 1) * self.G])
         self.values_file = self._file("values")
-        if ctx.policy.starts_functions() and not self._live(self.actor):
+        if ctx.policy.traits.starts_functions and not self._live(self.actor):
             self.actor = ctx.workers.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
                 self.actor_requested = (self.actor, now(), ctx.ledger.first_use(self.actor))
@@ -311,13 +311,13 @@ class _Update:
         self.replies: dict[str, dict] = {}
         self.returns_ready = False
         ahead = stream.actor_requested
-        if ahead is not None and self.ctx.policy.starts_functions() and not stream._live(ahead[0]):
+        if ahead is not None and self.ctx.policy.traits.starts_functions and not stream._live(ahead[0]):
             stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
         self.attempt = {"learner": stream.actor_attempt, "critic": 1}
 
     def _worker(self, role: str):
         s, ctx = self.s, self.ctx
-        if not self.ctx.policy.starts_functions():
+        if not self.ctx.policy.traits.starts_functions:
             return s.held_worker(role)
         if role == "learner":
             if not s._live(s.actor):
@@ -334,7 +334,7 @@ class _Update:
 
     def _send(self, role: str) -> None:
         dead = next((x for x in self.ctx.workers.pool_workers() if not self.s._live(x)), None) \
-            if self.ctx.policy.restarts_whole() else None
+            if self.ctx.policy.traits.restarts_whole else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
         h = self._worker(role)
@@ -402,7 +402,7 @@ class _Update:
         """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
         fresh worker; `restarts_whole` (any pool worker): every worker restarts and the roles still owed re-run."""
         ctx, s = self.ctx, self.s
-        whole = ctx.policy.restarts_whole()
+        whole = ctx.policy.traits.restarts_whole
         roles = [r for r, (x, _, _) in self.sent.items() if x is h]
         if not roles and not whole:
             if s._live(h):

@@ -123,7 +123,7 @@ class DecodeStage:
         saved = ship_saves_tokens(prompts, self.split, self.G, ctx.cfg.rollout.dedup_prefill)
         tm = ctx.time_model
         # vLLM decode functions prefill in their own engine (prefix cache): shipped KV cannot enter it
-        ship = ctx.policy.may_ship_kv() and ctx.cfg.rollout.engine == "own" and should_ship(
+        ship = ctx.policy.traits.may_ship_kv and ctx.cfg.rollout.engine == "own" and should_ship(
             ctx.config.ship_prefix_kv, saved, tm.prefill_s_per_token,
             ctx.clock.cold_start("prefill", ctx.clock.cold_start("decode", 0.3)))
         ctx.ledger.count(M.RUNTIME_SHIP_KV, float(ship))
@@ -183,7 +183,7 @@ class DecodeStage:
             watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in ctx.pool.handles}
             # workers still starting (pre-warmed ranks): their `ready` gives the measured cold start pre-warm reads
             watch.update({h.worker: h for h in ctx.pool.live() if h.ready_s is None and h.worker not in self.actors})
-            if ctx.policy.roles_change_hands():  # else a learner rank is a decode actor, watched already
+            if ctx.policy.traits.roles_change_hands:  # else a learner rank is a decode actor, watched already
                 watch.update({h.worker: h for h in self.stream.handles()
                               if h.ready_s is not None and h.worker in ctx.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
@@ -201,7 +201,7 @@ class DecodeStage:
     def _handed(self, a: _Actor) -> bool:
         """Whether a's worker went on as a learner rank of this step (taken when it finished, or later, kept
         warm, by a rank whose groups were waiting): from then on its messages are the stream's."""
-        if not a.handed and a.done and self.ctx.policy.roles_change_hands() and self.stream.owns(a.handle):
+        if not a.handed and a.done and self.ctx.policy.traits.roles_change_hands and self.stream.owns(a.handle):
             a.handed = True
         return a.handed
 
@@ -342,7 +342,7 @@ class DecodeStage:
         ctx.ledger.count(M.RUNTIME_RETRIES)
         if a.attempt >= ctx.config.max_attempts:
             raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
-        if ctx.policy.restarts_whole():
+        if ctx.policy.traits.restarts_whole:
             return self._restart_all(a)
         new = ctx.workers.start_decoders(1, prewarmed=False)[0]
         b = _Actor(a.index, new, set(a.rows), now(), cold=ctx.ledger.first_use(new), attempt=a.attempt + 1,
@@ -389,7 +389,7 @@ class DecodeStage:
         stats = PrefillStats(int(computed), int(naive) or 1, pre_s)
         self.ctx.ledger.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
         self.ctx.ledger.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
-        if self.plan is not None and self.ctx.policy.plans_decode():
+        if self.plan is not None and self.ctx.policy.traits.plans_decode:
             self._measure_time_model(responses)
         return RolloutOutput(responses, truncated, stats, seconds, []), samples
 
@@ -429,7 +429,7 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
             out.unlink(missing_ok=True)
             return logp
         ctx.workers.keep_reference(None)
-        if ctx.policy.restarts_whole():  # the dead worker was a pool worker: every worker starts again
+        if ctx.policy.traits.restarts_whole:  # the dead worker was a pool worker: every worker starts again
             ctx.workers.restart_pool()
             stream = ctx.workers.stream
             if stream is not None:  # the step's learner side holds pool workers that are gone now

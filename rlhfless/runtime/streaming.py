@@ -82,7 +82,7 @@ class LearnerStream:
         self.held: list = []  # serverless: functions whose share is in, held to the update's end (`_shared`)
         # serverless ranks end with shares (`_finish_shares`), emulated ones too (`EmulatedWorker._learn_share`); the
         # pool ends together in its gloo group
-        self.shares = ctx.policy.ranks_leave_at_share()
+        self.shares = ctx.policy.traits.ranks_leave_at_share
         self._decode_pw: tuple[float, tuple | None] = (0.0, None)  # (since, next_decode_prewarm) while finishing
         self._end: dict = {}
         self._adopt_warm()
@@ -220,7 +220,7 @@ class LearnerStream:
         # a death after learn_end breaks a group that ends together; serverless shares need none
         ending = not self.shares and any(r.ended for r in self.ranks)
         ctx.ledger.count(M.RUNTIME_RETRIES)
-        whole = ctx.policy.restarts_whole()
+        whole = ctx.policy.traits.restarts_whole
         victims = self.ranks if ending or whole else [dead]
         for r in victims:
             if r.handle is not None:
@@ -242,7 +242,7 @@ class LearnerStream:
         ctx = self.ctx
         ctx.ledger.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                    self.attempt, ok=False, **extra)
-        if not ctx.policy.restarts_whole():
+        if not ctx.policy.traits.restarts_whole:
             if dead:
                 ctx.pool.dead(r.handle)
             else:
@@ -252,7 +252,7 @@ class LearnerStream:
     def preempt(self) -> bool:
         """Free a unit for decode work that must start (rows with nowhere else to go): release a rank that has
         not reached the optimiser step; it restarts later and its groups are recomputed. False if none."""
-        if not self.ctx.policy.preempts_learners():
+        if not self.ctx.policy.traits.preempts_learners:
             return False
         for r in reversed(self.ranks):
             if r.handle is not None and not r.ended and not r.shared:
@@ -455,7 +455,7 @@ class LearnerStream:
             for r in self.ranks:
                 # a group formed when the workers started (`forms_learner_group` false) needs no rendezvous
                 dist = {**ctx.workers.dist_spec(r.rank, len(self.ranks), port), "announce": True} \
-                    if ctx.policy.forms_learner_group() else None
+                    if ctx.policy.traits.forms_learner_group else None
                 r.ended = True
                 self._send(r, {**end, **ctx.weights.state_setup(), "dist": dist, "leave": ctx.hybrid,
                                "state_out": str(ctx.weights.next_state_path()) if r.rank == 0 else None})

@@ -101,7 +101,7 @@ class WorkerSet:
 
     def warm_decoders(self) -> int:
         """Serverless: ready workers that can decode and are idle (kept warm); the serverful pool is not planned."""
-        if not self.policy.plans_decode():
+        if not self.policy.traits.plans_decode:
             return 0
         return sum(1 for h in self.pool.warm(self.image("decode"))
                    if h.ready_s is not None and h.worker in self.pool.idle_since)
