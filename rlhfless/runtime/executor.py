@@ -105,6 +105,8 @@ class Runtime:
         self.workers.pool.expire()
 
     def rollout(self, groups, seed: int, plan, step: int):
+        """Decode (+ reward) of the step: (the rollout, its scored samples, the step's learner stream), the stream
+        handed back to `values` and `learn`."""
         from rlhfless.runtime.ppo_stages import PpoStream
         from rlhfless.runtime.stages import DecodeStage
         from rlhfless.runtime.streaming import LearnerStream
@@ -114,8 +116,9 @@ class Runtime:
         prompts = [g.token_ids for g in groups]
         ctx = self.context(step)
         stream = PpoStream(ctx, prompts) if self.ppo else LearnerStream(ctx, prompts, seed, self.overlaps())
-        self.workers.stream = stream
-        return DecodeStage(ctx, groups, seed, plan, stream).run()
+        self.workers.stream = stream  # its ranks waiting for groups may give their units up (`WorkerSet.claim`)
+        out, samples = DecodeStage(ctx, groups, seed, plan, stream).run()
+        return out, samples, stream
 
     def reference(self, prompts, responses, step: int) -> torch.Tensor | None:
         """The reference function's log-probs of the step; None when overlapping: then each learner rank runs the
@@ -127,16 +130,16 @@ class Runtime:
             return None
         return run_reference(self.context(step), prompts, responses)
 
-    def values(self, responses) -> torch.Tensor:
+    def values(self, stream, responses) -> torch.Tensor:
         """PPO: the value function's V(s_t) of the step's rollout, before any update (`ppo_stages`)."""
-        return self.workers.stream.values(responses)
+        return stream.values(responses)
 
-    def learn(self, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:
-        """The optimiser step of the step's stream (its groups were fed during decode when overlapping); PPO: the
+    def learn(self, stream, prompts, responses, rewards: torch.Tensor, ref_logp, step: int) -> dict[str, float]:
+        """The optimiser step of the step's `stream` (its groups were fed during decode when overlapping); PPO: the
         actor and critic functions."""
         t0 = now()
         w = self.workers
-        stream, w.stream = w.stream, None
+        w.stream = None
         try:
             metrics = stream.finish(responses, rewards, ref_logp)
         finally:
@@ -224,8 +227,8 @@ class Runtime:
         t, recs = now(), list(self.workers.pool.records.values())
         g = self.rt.billing_granularity_s
         return {name: bill_run(recs, self.ledger.invocations, self.clock.rel(t), self.price,
-                               self.policy.traits.bills_held_pool, BillingRules.metered(g, self.workers.keep_alive_s, name),
-                               self.clock.paused).device_s
+                               self.policy.traits.bills_held_pool,
+                               BillingRules.metered(g, self.workers.keep_alive_s, name), self.clock.paused).device_s
                 for name in BILLED}
 
     def _release_summary(self, recs: list, wall: float) -> dict:

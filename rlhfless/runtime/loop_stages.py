@@ -8,6 +8,7 @@ PPO's `Critic`) is a mirror brought up to date only when the run needs the weigh
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -19,13 +20,21 @@ from rlhfless.rollout.engine import RolloutOutput
 from rlhfless.runtime.executor import Runtime
 
 
+@dataclass
+class RuntimeRollout(RolloutOutput):
+    """The rollout as the loop sees it, carrying the step's state to the stages after it: the samples the decode
+    functions scored (`score`) and the step's learner stream (`values`, `learn`), so no stage stashes them."""
+
+    samples: list[Sample] = field(default_factory=list)
+    stream: object = None
+
+
 class RuntimeStages(Stages):
     def __init__(self, cfg, learner, planner, mode: str, out: Path, reference_checkpoint: Path | None = None,
                  env=None, progress: bool = False, critic=None):
         super().__init__(cfg, learner, None, planner, env, critic)
         self.runtime = Runtime(cfg, mode, learner, out, reference_checkpoint, planner, self.env, progress, critic)
         self.step = 0
-        self._samples: list[Sample] = []
 
     def begin_step(self, step: int) -> None:
         self.step = step
@@ -44,12 +53,12 @@ class RuntimeStages(Stages):
                       M.RUNTIME_TIME_MODEL_SCALE: cal.time_scale or 1.0})
         return m
 
-    def rollout(self, groups: list[PromptGroup], seed: int, plan=None) -> RolloutOutput:
-        out, self._samples = self.runtime.rollout(groups, seed, plan, self.step)
-        return out
+    def rollout(self, groups: list[PromptGroup], seed: int, plan=None) -> RuntimeRollout:
+        out, samples, stream = self.runtime.rollout(groups, seed, plan, self.step)
+        return RuntimeRollout(**{f.name: getattr(out, f.name) for f in fields(out)}, samples=samples, stream=stream)
 
-    def score(self, groups: list[PromptGroup], out: RolloutOutput) -> list[Sample]:
-        return self._samples
+    def score(self, groups: list[PromptGroup], out: RuntimeRollout) -> list[Sample]:
+        return out.samples
 
     def reference_logprobs(self, groups: list[PromptGroup], out: RolloutOutput) -> torch.Tensor | None:
         if self.cfg.algo.kl_coef <= 0:
@@ -57,13 +66,14 @@ class RuntimeStages(Stages):
         return self.runtime.reference([g.token_ids for g in groups], out.responses, self.step)
 
     def values(self, groups: list[PromptGroup], out: RolloutOutput) -> torch.Tensor | None:
-        return self.runtime.values(out.responses) if self.critic is not None else None
+        return self.runtime.values(out.stream, out.responses) if self.critic is not None else None
 
     def learn(self, groups, out, samples, ref_logp, values=None) -> dict[str, float]:
         """GRPO: the learner stream's optimiser step; PPO (`values` given): the actor and critic functions, which
         read the values from the value function's file, not from `values`."""
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-        return self.runtime.learn([g.token_ids for g in groups], out.responses, rewards, ref_logp, self.step)
+        return self.runtime.learn(out.stream, [g.token_ids for g in groups], out.responses, rewards, ref_logp,
+                                  self.step)
 
     def sync_learner(self) -> None:
         self.runtime.weights.sync_learner(self.learner)
