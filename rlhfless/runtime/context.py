@@ -1,8 +1,8 @@
 """`StepContext`: what a stage of one step is given, instead of the whole `Runtime`.
 
 A stage (decode, the learner stream, PPO's stream and update, the reference) reads the run's fixed parts here
-(the configs, the mode's policy, the pool and the backend, the scratch folder, the step) and changes the run's
-state only through the four collaborators that own it: the worker set (start / keep / release), the ledger
+(the configs, the mode's policy, the scratch folder, the step) and changes the run's state only through the four
+collaborators that own it: the worker set (the pool and the backend; start / keep / release), the ledger
 (invocations, counts), the weight store (versions) and the step clock (history, pre-warm times).
 """
 
@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.runtime.modes.policy import ModePolicy
-from rlhfless.runtime.platform.pool import Pool
 
 if TYPE_CHECKING:  # annotations only: the collaborators import nothing of the stages
     from rlhfless.config import RunConfig
@@ -32,8 +31,6 @@ class StepContext:
     cfg: RunConfig  # the algorithm, plan, rollout, critic and train sections
     config: RuntimeConfig  # runtime.*
     policy: ModePolicy  # every decision that differs by mode
-    pool: Pool  # the workers and their lifecycles (the worker set's)
-    backend: object  # LocalBackend or RayBackend: send, poll, kill
     scratch: Path  # tmpfs folder of the weight, batch and share files
     keep_alive_s: float
     hybrid: bool  # decode and learner functions share one image (a function can go on in the other role)

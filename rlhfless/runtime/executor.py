@@ -86,7 +86,7 @@ class Runtime:
     def context(self, step: int) -> StepContext:
         """Step `step`'s view of the run for its stages (`runtime.context`)."""
         w = self.workers
-        return StepContext(step, self.cfg, self.rt, self.policy, w.pool, w.backend, self.weights.scratch,
+        return StepContext(step, self.cfg, self.rt, self.policy, self.weights.scratch,
                            w.keep_alive_s, w.hybrid, self.planner, self.planner_time_model, self.env.tok,
                            self.overlaps(), w, self.ledger, self.weights, self.clock)
 

@@ -62,7 +62,7 @@ class PpoStream:
 
     # -- the decode stage's side (LearnerStream's interface) ----------------------------------------------------
     def _live(self, h) -> bool:
-        return h is not None and h.worker in self.ctx.pool.handles
+        return h is not None and h.worker in self.ctx.workers.pool.handles
 
     def group_done(self, g: int, responses: list[list[int]], rewards) -> None:
         """All G rows of group g are scored: with overlap, a chunk whose groups are all in goes to the value
@@ -76,19 +76,21 @@ class PpoStream:
         ctx = self.ctx
         if self._live(self.actor) or not getattr(h, "home", True):
             return False
-        if any(x is not h and "decode" in x.kinds and x.worker in ctx.pool.working for x in ctx.pool.live()):
+        pool = ctx.workers.pool
+        if any(x is not h and "decode" in x.kinds and x.worker in pool.working for x in pool.live()):
             return False  # others still decode: an actor taken now would sit idle, billed, through the tail
         self.actor = h
         # its time from here on is the actor's (as GRPO's ranks)
         self.actor_requested = (h, now(), ctx.ledger.first_use(h))
-        ctx.pool.busy(h)
+        ctx.workers.pool.busy(h)
         return True
 
     def prewarm(self) -> None:
         """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
         self.prewarm_due = True
         ctx = self.ctx
-        if ctx.policy.traits.starts_functions and not self._live(self.critic) and not ctx.pool.warm(CRITIC_IMAGE):
+        if (ctx.policy.traits.starts_functions and not self._live(self.critic)
+                and not ctx.workers.pool.warm(CRITIC_IMAGE)):
             ctx.workers.start_critic(must=False, prewarmed=True)
 
     def pump(self) -> None:
@@ -125,7 +127,7 @@ class PpoStream:
         if self.actor_requested is not None and self.actor_requested[0] is h:
             self.actor_attempt = self._lost_attempt("learner", h, self.actor_requested[1:], self.actor_attempt, dead)
             self.actor_requested = None
-        ctx.pool.dead(h) if dead else ctx.pool.release(h)
+        ctx.workers.pool.dead(h) if dead else ctx.workers.pool.release(h)
         self.actor = None if h is self.actor else self.actor
 
     def _lost_attempt(self, kind: str, h, requested: tuple[float, bool], attempt: int, dead: bool,
@@ -184,12 +186,12 @@ class PpoStream:
             return self.held_worker("critic")
         if self._live(self.critic):
             return self.critic
-        warm = self.ctx.pool.warm(CRITIC_IMAGE)
+        warm = self.ctx.workers.pool.warm(CRITIC_IMAGE)
         for h in warm[1:]:
-            self.ctx.pool.release(h)
+            self.ctx.workers.pool.release(h)
         self.critic = warm[0] if warm else self.ctx.workers.start_critic(must=must)
         if self.critic is not None:
-            self.ctx.pool.busy(self.critic)  # invoked from now on: nothing may evict it (`preempt` may)
+            self.ctx.workers.pool.busy(self.critic)  # invoked from now on: nothing may evict it (`preempt` may)
         return self.critic
 
     def _send_chunk(self, h, k: int) -> bool:
@@ -203,7 +205,7 @@ class PpoStream:
         if self.values_requested is None:
             self.values_requested = (now(), self.ctx.ledger.first_use(h))
         try:
-            self.ctx.backend.send(h, {"op": "values_chunk", "step": self.step, "k": k, "batch": str(path),
+            self.ctx.workers.backend.send(h, {"op": "values_chunk", "step": self.step, "k": k, "batch": str(path),
                                       **self.ctx.weights.critic_setup()})
         except WorkerDied:
             self._critic_lost(h, dead=True)
@@ -224,7 +226,7 @@ class PpoStream:
             ctx.workers.restart_pool(dead=h if dead else None)
             self.pool_restarted()
         else:
-            ctx.pool.dead(h) if dead else ctx.pool.release(h)
+            ctx.workers.pool.dead(h) if dead else ctx.workers.pool.release(h)
 
     def values(self, responses: list[list[int]]) -> torch.Tensor:
         """[B*G, T] the critic's values of the rollout: the chunks not streamed yet, then `values_end` (the
@@ -237,7 +239,7 @@ class PpoStream:
             self.actor = ctx.workers.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
                 self.actor_requested = (self.actor, now(), ctx.ledger.first_use(self.actor))
-                ctx.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
+                ctx.workers.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
         self._old_ahead(responses)
         while True:  # until a value function replies: one found dead is replaced and sent every chunk again
             h = self._critic_worker(must=True)
@@ -258,14 +260,15 @@ class PpoStream:
         if self.actor_requested is None or self.actor_requested[0] is not h:
             self.actor_requested = (h, now(), ctx.ledger.first_use(h))
         try:
-            ctx.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path), **ctx.weights.state_setup()})
+            ctx.workers.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path),
+                                         **ctx.weights.state_setup()})
         except WorkerDied:
             pass
 
     def _values_end(self, h) -> dict | None:
         ctx = self.ctx
         try:
-            ctx.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
+            ctx.workers.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
                                  "out": str(self.values_file)})
             reply = await_reply(ctx, h, "valued")
         except WorkerDied:
@@ -327,7 +330,7 @@ class _Update:
         return s._critic_worker(must=True)
 
     def _room(self, start):
-        if not self.ctx.pool.make_room(1):
+        if not self.ctx.workers.pool.make_room(1):
             raise RuntimeError("runtime: no free unit for PPO's actor after the rollout (a bug: only the critic "
                                "holds one now)")
         return start()
@@ -342,9 +345,9 @@ class _Update:
         self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.ctx.ledger.first_use(h))
         if role == "learner":
             self.s.actor_requested = None  # from now on a death is this update's to record
-        self.ctx.pool.busy(h)
+        self.ctx.workers.pool.busy(h)
         try:
-            self.ctx.backend.send(h, self.msgs[role])
+            self.ctx.workers.backend.send(h, self.msgs[role])
         except WorkerDied:
             self._died(h)
 
@@ -361,7 +364,7 @@ class _Update:
                 ctx.workers.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
             watch = []
-            for h in [h for h, _, _ in self.sent.values()] + [h for h in ctx.pool.live() if h.ready_s is None]:
+            for h in [h for h, _, _ in self.sent.values()] + [h for h in ctx.workers.pool.live() if h.ready_s is None]:
                 if self.s._live(h) and h not in watch:  # a pool of one worker: the actor is the critic
                     watch.append(h)
             # wake at the decode pre-warm time, and at least every second for the timeout check below
@@ -369,7 +372,7 @@ class _Update:
                 self._on(h, msg)
             for role, (h, requested, _) in list(self.sent.items()):
                 if now() - requested > ctx.config.invocation_timeout_s and self.s._live(h):
-                    ctx.backend.kill(h)  # over time: treated as a death on the next poll
+                    ctx.workers.backend.kill(h)  # over time: treated as a death on the next poll
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
             ctx.workers.start_decoders(pw[1], prewarmed=True)
         return self.replies
@@ -406,7 +409,7 @@ class _Update:
         roles = [r for r, (x, _, _) in self.sent.items() if x is h]
         if not roles and not whole:
             if s._live(h):
-                ctx.pool.dead(h)
+                ctx.workers.pool.dead(h)
             return
         for role in (("learner", "critic") if whole else roles):
             if role not in self.sent:
@@ -419,6 +422,6 @@ class _Update:
             ctx.workers.restart_pool(dead=h)
             s.pool_restarted()
             return
-        ctx.pool.dead(h)
+        ctx.workers.pool.dead(h)
         s.actor = None if h is s.actor else s.actor
         s.critic = None if h is s.critic else s.critic

@@ -112,7 +112,7 @@ class DecodeStage:
                "stream": self.stream.overlap,
                **self.ctx.weights.state_setup()}
         try:
-            self.ctx.backend.send(a.handle, msg)
+            self.ctx.workers.backend.send(a.handle, msg)
         except WorkerDied:
             self._died(a.handle)
 
@@ -137,7 +137,7 @@ class DecodeStage:
             msg = _call(ctx, "prefill", h, msg_in, "prefilled", attempt)
             if msg is not None:
                 self.prefill = list(msg["prefill"])
-                ctx.pool.release(h)
+                ctx.workers.pool.release(h)
                 return msg["files"]
         raise fail(f"prefill function of step {self.step}", ctx.config.max_attempts)
 
@@ -167,11 +167,11 @@ class DecodeStage:
             a = _Actor(i, h, rows, now(), cold=ctx.ledger.first_use(h), groups=set(gs))
             self.actors[h.worker] = a
             if rows:
-                ctx.pool.busy(h)
+                ctx.workers.pool.busy(h)
                 self._send(a, "decode", rows, kv[i] if kv else None)
             else:
                 a.done = True
-                ctx.policy.no_rows(ctx.pool, h)
+                ctx.policy.no_rows(ctx.workers.pool, h)
         ctx.clock.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
@@ -180,12 +180,13 @@ class DecodeStage:
                 self.stream.prewarm()  # into free units only
                 pw = None
             timeout = None if pw is None else max(0.0, t_start + pw - now())
-            watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in ctx.pool.handles}
+            pool = ctx.workers.pool
+            watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in pool.handles}
             # workers still starting (pre-warmed ranks): their `ready` gives the measured cold start pre-warm reads
-            watch.update({h.worker: h for h in ctx.pool.live() if h.ready_s is None and h.worker not in self.actors})
+            watch.update({h.worker: h for h in pool.live() if h.ready_s is None and h.worker not in self.actors})
             if ctx.policy.traits.roles_change_hands:  # else a learner rank is a decode actor, watched already
                 watch.update({h.worker: h for h in self.stream.handles()
-                              if h.ready_s is not None and h.worker in ctx.pool.handles})
+                              if h.ready_s is not None and h.worker in ctx.workers.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
             for h, msg in ctx.workers.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
                 a = self.actors.get(h.worker)
@@ -288,7 +289,7 @@ class DecodeStage:
         for src in {m.src for m in moves.moves}:
             s = by_index[src]
             try:
-                self.ctx.backend.send(s.handle, {"op": "cut", "step": self.step})
+                self.ctx.workers.backend.send(s.handle, {"op": "cut", "step": self.step})
             except WorkerDied:  # it finished and released meanwhile: nothing to cut
                 continue
             s.cut = True
@@ -302,7 +303,7 @@ class DecodeStage:
         for row, tokens in rows:
             self.prefix[row] = tokens
             src.rows.discard(row)
-            dst = destination(moves.get(row), list(self.actors.values()), self.ctx.pool.handles)
+            dst = destination(moves.get(row), list(self.actors.values()), self.ctx.workers.pool.handles)
             if dst is None:
                 dst = self._spare()
             elif dst.done:
@@ -318,21 +319,21 @@ class DecodeStage:
         """A finished function whose worker is still warm (keep-alive) takes migrated rows: a new invocation on a
         warm worker, recorded when it is done like any other."""
         a.done, a.requested, a.cold, a.extra = False, now(), False, {}
-        self.ctx.pool.busy(a.handle)
+        self.ctx.workers.pool.busy(a.handle)
 
     def _spare(self) -> _Actor:
         """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
         h = self.ctx.workers.start_decoders(1, prewarmed=False)[0]
         a = _Actor(len(self.actors), h, set(), now(), cold=self.ctx.ledger.first_use(h))
         self.actors[h.worker] = a
-        self.ctx.pool.busy(h)
+        self.ctx.workers.pool.busy(h)
         return a
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _died(self, h) -> None:
         ctx = self.ctx
         a = self.actors.get(h.worker)
-        ctx.pool.dead(h)
+        ctx.workers.pool.dead(h)
         if a is None or a.done and not a.rows:
             return
         ctx.ledger.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
@@ -349,7 +350,7 @@ class DecodeStage:
                    groups=a.groups)
         del self.actors[h.worker]
         self.actors[new.worker] = b
-        ctx.pool.busy(new)
+        ctx.workers.pool.busy(new)
         self._send(b, "decode", b.rows)
 
     def _restart_all(self, a: _Actor) -> None:
@@ -372,7 +373,7 @@ class DecodeStage:
         for a in list(self.actors.values()):
             if a.done:
                 continue
-            if a.handle.worker not in self.ctx.pool.handles or now() - a.requested > limit:
+            if a.handle.worker not in self.ctx.workers.pool.handles or now() - a.requested > limit:
                 self._died(a.handle)
 
     # -- result -------------------------------------------------------------------------------------------------
@@ -421,8 +422,8 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
                     "referenced", attempt)
         if msg is not None:
             # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
-            ctx.policy.no_work_now(ctx.pool, h, ctx.keep_alive_s)
-            if h.worker not in ctx.pool.handles:
+            ctx.policy.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)
+            if h.worker not in ctx.workers.pool.handles:
                 ctx.workers.keep_reference(None)
             logp = wire.read_tensors(out)["ref_logp"]
             batch.unlink(missing_ok=True)
@@ -442,9 +443,9 @@ def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int
     is found dead on sending) is recorded as a failed attempt and reaped; returns None then."""
     step = ctx.step
     requested, cold = now(), ctx.ledger.first_use(h)
-    ctx.pool.busy(h)
+    ctx.workers.pool.busy(h)
     try:
-        ctx.backend.send(h, msg)
+        ctx.workers.backend.send(h, msg)
         reply = await_reply(ctx, h, reply_op)
     except WorkerDied:
         reply = None
@@ -452,7 +453,7 @@ def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int
         ctx.ledger.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
         return reply
     ctx.ledger.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
-    ctx.pool.dead(h)
+    ctx.workers.pool.dead(h)
     ctx.ledger.count(M.RUNTIME_RETRIES)
     return None
 
@@ -461,12 +462,12 @@ def await_reply(ctx: StepContext, h, op: str) -> dict | None:
     """The reply `op` from h (None if it died); other workers' ready messages are handled meanwhile."""
     t0 = now()
     while now() - t0 < ctx.config.invocation_timeout_s:
-        watch = [h] + [x for x in ctx.pool.live() if x.ready_s is None and x is not h]
+        watch = [h] + [x for x in ctx.workers.pool.live() if x.ready_s is None and x is not h]
         for x, msg in ctx.workers.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
             if msg is None:
                 if x is h:
                     return None
-                ctx.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
+                ctx.workers.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
             elif msg["op"] == "ready":
                 ctx.workers.on_ready(x, msg)
             elif x is h and msg["op"] == op:

@@ -124,7 +124,7 @@ class LearnerStream:
 
     def _assign(self, r: _Rank, h) -> None:
         r.handle, r.requested, r.cold = h, now(), self.ctx.ledger.first_use(h)
-        self.ctx.pool.busy(h)
+        self.ctx.workers.pool.busy(h)
         self.ctx.workers.add_learner(h)
 
     def prewarm(self) -> None:
@@ -170,7 +170,7 @@ class LearnerStream:
         come it is held but idle (the meter counts only its compute intervals as busy)."""
         ctx = self.ctx
         # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
-        warm = [h for h in ctx.pool.warm_idle(ctx.workers.image("learner"))
+        warm = [h for h in ctx.workers.pool.warm_idle(ctx.workers.image("learner"))
                 if getattr(h, "home", True)] if ctx.hybrid else []
         h = warm[0] if warm and not prewarmed else ctx.workers.start_learner(prewarmed)
         if h is None:
@@ -192,7 +192,7 @@ class LearnerStream:
         if r.requested == 0.0:
             r.requested = now()
         try:
-            self.ctx.backend.send(r.handle, msg)
+            self.ctx.workers.backend.send(r.handle, msg)
         except WorkerDied:
             self.on_death(r.handle)
 
@@ -244,9 +244,9 @@ class LearnerStream:
                    self.attempt, ok=False, **extra)
         if not ctx.policy.traits.restarts_whole:
             if dead:
-                ctx.pool.dead(r.handle)
+                ctx.workers.pool.dead(r.handle)
             else:
-                ctx.pool.stop(r.handle) if stop else ctx.pool.release(r.handle)
+                ctx.workers.pool.stop(r.handle) if stop else ctx.workers.pool.release(r.handle)
         ctx.workers.drop_learner(r.handle)
 
     def preempt(self) -> bool:
@@ -344,7 +344,7 @@ class LearnerStream:
             late = [r for r in self.ranks if r.ended and not r.shared and r.handle is not None
                     and now() - r.requested > ctx.config.invocation_timeout_s]
             for r in late[:1]:  # over time: killed, so its death re-runs it
-                ctx.backend.kill(r.handle)
+                ctx.workers.backend.kill(r.handle)
         last = self.ranks[reducer(order)]
         reply = self._reduce(last, replies[last.rank])
         self._prewarm_decode(final=True)
@@ -365,7 +365,7 @@ class LearnerStream:
         """After the rollout every rank without a worker starts now (evicting idle capacity when none is free)."""
         self.pump(start_all=True)
         while any(r.handle is None and not r.shared for r in self.ranks):
-            if not self.ctx.pool.make_room(1):
+            if not self.ctx.workers.pool.make_room(1):
                 raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
                                    "this step's learner ranks are busy now)")
             self.pump(start_all=True)
@@ -383,10 +383,10 @@ class LearnerStream:
         if ctx.hybrid and ctx.clock.holds_after_share():  # held to the update's end: warm for the next step's decode
             self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
             return
-        ctx.pool.idle(r.handle)
+        ctx.workers.pool.idle(r.handle)
         nxt = ctx.clock.next_work_after_share()
         if release_after_share(nxt, ctx.keep_alive_s):
-            ctx.pool.release(r.handle, early=True)
+            ctx.workers.pool.release(r.handle, early=True)
 
     def _reduce(self, r: _Rank, share: dict) -> dict:
         """The last rank in sums every share in rank order, steps and writes the next state version. Its
@@ -406,21 +406,21 @@ class LearnerStream:
                 return reply
             ctx.ledger.count(M.RUNTIME_RETRIES)
             if self.held:  # a held function's unit is the first to give up for the reduction
-                ctx.pool.release(self.held.pop(), reason="evicted")
+                ctx.workers.pool.release(self.held.pop(), reason="evicted")
             h = ctx.workers.start_learner(prewarmed=False)
             if h is None:
                 raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
             r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
-            ctx.pool.busy(h)
+            ctx.workers.pool.busy(h)
         raise fail(f"learner of step {self.step} (its reduction)", ctx.config.max_attempts)
 
     def _reduce_once(self, r: _Rank, msg: dict) -> dict | None:
         """Send the reduction to r's worker and wait for its reply; None when the worker died."""
         ctx = self.ctx
         try:
-            ctx.backend.send(r.handle, msg)
+            ctx.workers.backend.send(r.handle, msg)
         except WorkerDied:
-            ctx.pool.dead(r.handle)
+            ctx.workers.pool.dead(r.handle)
             return None
         t0 = now()
         while True:
@@ -428,21 +428,22 @@ class LearnerStream:
                 if h is not r.handle:
                     self._other(h, m)
                 elif m is None:
-                    ctx.pool.dead(h)
+                    ctx.workers.pool.dead(h)
                     return None
                 elif m["op"] == "ready":
                     ctx.workers.on_ready(h, m)
                 elif m["op"] == "learned" and m.get("step") == self.step:
                     return m
             if now() - t0 > ctx.config.invocation_timeout_s:
-                ctx.backend.kill(r.handle)  # over time: its death (next poll) re-runs the reduction on a fresh one
+                # over time: its death (next poll) re-runs the reduction on a fresh one
+                ctx.workers.backend.kill(r.handle)
 
     def _finish_once(self, end: dict) -> dict[int, dict] | None:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
         ctx = self.ctx
         self.pump(start_all=True)
         while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
-            if not ctx.pool.make_room(1):
+            if not ctx.workers.pool.make_room(1):
                 raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
                                    "this step's learner ranks are busy now)")
             self.pump(start_all=True)
@@ -471,13 +472,13 @@ class LearnerStream:
     def _watch(self) -> list:
         """This step's ranks and the workers still starting (a pre-warmed decode function says ready meanwhile)."""
         hs = self.handles()
-        return hs + [h for h in self.ctx.pool.live() if h.ready_s is None and h not in hs]
+        return hs + [h for h in self.ctx.workers.pool.live() if h.ready_s is None and h not in hs]
 
     def _other(self, h, msg: dict | None) -> None:
         """A message from a worker that is not a rank of this step: its ready, or its death (a pre-warmed decode
         worker died: the next rollout starts another)."""
         if msg is None:
-            self.ctx.pool.dead(h)
+            self.ctx.workers.pool.dead(h)
         elif msg["op"] == "ready":
             self.ctx.workers.on_ready(h, msg)
 
@@ -497,7 +498,7 @@ class LearnerStream:
                 if self.attempt != attempt:
                     return False
             if now() - t0 > ctx.config.invocation_timeout_s:
-                ctx.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
+                ctx.workers.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
 
     def _await_learned(self, attempt: int) -> dict[int, dict] | None:
         """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""
@@ -522,7 +523,7 @@ class LearnerStream:
                     replies[next(r.rank for r in self.ranks if r.handle is h)] = reply
             if now() - t0 > ctx.config.invocation_timeout_s:
                 # over time: one kill is enough, a death after learn_end resets every rank and the update is tried again
-                ctx.backend.kill(self.ranks[0].handle)
+                ctx.workers.backend.kill(self.ranks[0].handle)
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
             ctx.workers.start_decoders(pw[1], prewarmed=True)
         return replies

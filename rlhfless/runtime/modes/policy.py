@@ -250,12 +250,12 @@ class ServerlessPolicy(ModePolicy):
 
     def decoders(self, ctx, n: int) -> list:
         """Warm idle functions of the decode image first (no cold start), then new ones."""
-        available = ctx.pool.warm(ctx.workers.image("decode"))
+        available = ctx.workers.pool.warm(ctx.workers.image("decode"))
         warm = available[:n]
         for h in warm:  # taken: the cold starts below may evict idle workers, never these
-            ctx.pool.busy(h)
+            ctx.workers.pool.busy(h)
         for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
-            ctx.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
+            ctx.workers.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
         cold = ctx.workers.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
@@ -265,7 +265,7 @@ class ServerlessPolicy(ModePolicy):
     def decoder_done(self, ctx, stream, h) -> bool:
         if ctx.hybrid and stream.take(h):
             return True  # a rank has work now: warm, at this step's weights, the function goes on as it
-        self.no_work_now(ctx.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
+        self.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
         stream.pump()  # its unit may now host a learner rank with finished groups waiting
         return False
 
@@ -289,10 +289,10 @@ class ServerlessPolicy(ModePolicy):
         if len(live) == len(ranks):
             for r, h in zip(ranks, live):
                 r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
-                ctx.pool.busy(h)
+                ctx.workers.pool.busy(h)
         else:
             for h in live:
-                ctx.pool.release(h, reason="regroup")
+                ctx.workers.pool.release(h, reason="regroup")
             ctx.workers.forget_learners()
 
 
