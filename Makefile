@@ -37,7 +37,7 @@ config-reference: $(STAMP)
 	$(BIN)/rlhfless config reference --write
 
 demo: $(STAMP)
-	WANDB_MODE=offline $(BIN)/rlhfless train --config experiments/configs/quickstart.yaml --out $(OUT) $(ARGS)
+	WANDB_MODE=offline RLHFLESS_VIA=make-demo $(BIN)/rlhfless train --config experiments/configs/quickstart.yaml --out $(OUT) $(ARGS)
 
 test: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)

@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # the disk, not the program: a full disk, a read-only mount, a symlink loop
         if exc.errno is None:  # raised by code, not reported by the OS (a bare TimeoutError): a program error
             raise
-        print(short_message(f"rlhfless: error: {os_error_message(exc)}"), file=sys.stderr)
+        train = getattr(args, "command", None) == "train"  # only train's hint names --resume
+        print(short_message(f"rlhfless: error: {os_error_message(exc, train)}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         stop = exc if isinstance(exc, Interrupted) else Interrupted(signal.SIGINT)

@@ -170,13 +170,16 @@ class RunConfig:
 
         a = self.algo
         require(a.estimator in ADVANTAGE_ESTIMATORS, "algo.adv_estimator",
-                f"unknown estimator {a.adv_estimator!r}; registered: {sorted(ADVANTAGE_ESTIMATORS)}")
+                f"must be auto or a registered estimator: {', '.join(sorted(ADVANTAGE_ESTIMATORS))} "
+                f"(got {a.adv_estimator!r})")
         needs = ADVANTAGE_ESTIMATORS[a.estimator].needs_critic
         require(needs == (a.name == "ppo"), "algo.adv_estimator",
-                f"{a.estimator} {'needs a' if needs else 'has no'} critic, so it runs with algo.name="
-                f"{'ppo' if needs else 'grpo'} (got algo.name={a.name})")
+                "one that needs a critic "
+                f"({', '.join(sorted(k for k, e in ADVANTAGE_ESTIMATORS.items() if e.needs_critic))}) runs with "
+                f"algo.name=ppo, the others with grpo (got {a.estimator}, which "
+                f"{'needs a' if needs else 'has no'} critic, with algo.name={a.name})")
         require(a.policy_loss in POLICY_LOSSES, "algo.policy_loss",
-                f"unknown policy loss {a.policy_loss!r}; registered: {sorted(POLICY_LOSSES)}")
+                f"must be a registered policy loss: {', '.join(sorted(POLICY_LOSSES))} (got {a.policy_loss!r})")
 
     def check_machine(self) -> None:
         """Reject, before any work, a setting this machine cannot run: the runtime's units and devices, and the
@@ -225,8 +228,8 @@ class RunConfig:
                 require(not wants_cuda(spec), name, f"PPO runs on the CPU only for now (got {name}={spec}); use "
                         f"{name}=cpu")
         if self.runtime.device == "emulated" and self.runtime.executes:
-            require(self.rollout.engine == "own", "rollout.engine", "must be own with runtime.device=emulated "
-                    f"(no engine runs: the compute is modelled; got {self.rollout.engine!r})")
+            require(self.rollout.engine == "own", "rollout.engine", "must be own with runtime.device=emulated: "
+                    f"no engine runs, the compute is modelled (got {self.rollout.engine!r})")
         if self.algo.name == "ppo" and self.runtime.executes:
             self._check_ppo_runtime()
         if self.runtime.executes:

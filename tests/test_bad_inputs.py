@@ -94,6 +94,13 @@ def _trace_row(**kw) -> dict:
     return {**row, **kw}
 
 
+def _rollout_row(**kw) -> dict:
+    """A row of a run's traces/rollouts.jsonl (what `runtime.length_trace` replays)."""
+    row = {"prompt_id": "p0", "prompt": "7+3=", "epoch": 0, "step": 1, "sample": 0, "prompt_len": 4,
+           "response_len": 5, "truncated": False, "reward": 1.0}
+    return {**row, **kw}
+
+
 def _make(d: Path) -> None:
     for name, text in CONFIG_FILES.items():
         (d / name).write_text(text)
@@ -119,6 +126,11 @@ def _make(d: Path) -> None:
         (d / name / "checkpoints" / "last").mkdir(parents=True)
         (d / name / "config.yaml").write_text((run / "config.yaml").read_text())
         (d / name / "checkpoints" / "last" / "state.json").write_text(json.dumps(state))
+    for name in ("run_dangling", "run_incomplete"):  # a run that had a checkpoint, now a dead link or half gone
+        (d / name / "checkpoints").mkdir(parents=True)
+        (d / name / "config.yaml").write_text((run / "config.yaml").read_text())
+    os.symlink(d / "run_dangling" / "checkpoints" / "gone", d / "run_dangling" / "checkpoints" / "last")
+    (d / "run_incomplete" / "checkpoints" / "last").mkdir()
     (d / "run_nockpt").mkdir()
     (d / "run_nockpt" / "config.yaml").write_text((run / "config.yaml").read_text())
     (d / "run_badcfg" / "checkpoints").mkdir(parents=True)
@@ -133,6 +145,12 @@ def _make(d: Path) -> None:
     (d / "prices_nan.yaml").write_text("H100: {ondemand_usd_per_h: .nan}\n")
     (d / "prices_list.yaml").write_text("- H100\n")
     (d / "notjson.jsonl").write_text("{oops\n")
+    (d / "random.bin").write_bytes(bytes((i * 7919 + 13) % 256 for i in range(3000)))  # bytes, not text
+    (d / "nonint_len.jsonl").write_text(json.dumps(_rollout_row(response_len="long")) + "\n")
+    (d / "frac_len.jsonl").write_text(json.dumps(_rollout_row(response_len=2.5)) + "\n")
+    # a task whose every prompt is longer than the checkpoint's whole context (512 tokens)
+    (d / "longq.jsonl").write_text("".join(json.dumps({"question": f"what is {i}+" + "1+" * 400 + "1",
+                                                       "answer": "401"}) + "\n" for i in range(40)))
     (d / "list.jsonl").write_text("[1, 2]\n")
     (d / "missing_field.jsonl").write_text(json.dumps({"step": 1}) + "\n")
     (d / "neg_len.jsonl").write_text(json.dumps(_trace_row(response_length=-3)) + "\n")
@@ -519,6 +537,40 @@ CASES += [
                                      "{d}/c.json"], "notjson.jsonl"),
 ]
 
+# issue 42: every input checked before the run folder exists (dry run and real run alike), nothing silently unused
+EMULATED = ["runtime.device=emulated", "runtime.units=4", "plan.max_actors=4", "runtime.mode=serverless"]
+BAD_TRACES = {"nope.jsonl": "does not exist", "empty.jsonl": "empty.jsonl", "random.bin": "random.bin",
+              "adir": "is a folder", "nonint_len.jsonl": "nonint_len.jsonl", "frac_len.jsonl": "frac_len.jsonl"}
+for name, expect in BAD_TRACES.items():
+    CASES.append(C(f"length-trace-dry-{name}", [*DRY, *EMULATED, f"runtime.length_trace={{d}}/{name}"], expect))
+    CASES.append(C(f"length-trace-run-{name}", ["train", "--no-progress", "--out", "{d}/em-" + name, *EMULATED,
+                                                f"runtime.length_trace={{d}}/{name}"], expect))
+CASES += [
+    C("emulated-inline", [*DRY, "runtime.device=emulated", "runtime.units=4", "runtime.mode=inline"],
+      "runtime.mode"),
+    C("emulated-inline-run", ["train", "--no-progress", "--out", "{d}/em-inline", "runtime.device=emulated",
+                              "runtime.units=4", "runtime.mode=inline"], "runtime.mode"),
+    # messages that fit the case: "not found" only of what does not exist, keys as typed, counts never negative
+    C("validate-a-file", ["simulate", "--validate", str(REPO / "README.md")], "is a file"),
+    C("trace-stats-a-folder", ["data", "trace-stats", "--trace", "{d}/adir"], "is a folder"),
+    C("predictor-compare-a-folder", ["predictor", "compare", "--data", "{d}/adir", "--json", "{d}/c.json"],
+      "is a folder"),
+    C("simulate-billing-unknown", ["simulate", "--scenario", "quick", "billing=aws"], "runpod, modal"),
+    C("simulate-lengths-as-typed", ["simulate", "--scenario", "quick", "lengths.median=-5"], "lengths.median"),
+    C("prompt-longer-than-context", [*DRY, "task.name=jsonl", "task.jsonl.path={d}/longq.jsonl",
+                                     "task.jsonl.num_eval=4", "train.eval_prompts=0"], "no response fits"),
+    C("resume-dangling-last", [*DRY, "--resume", "--out", "{d}/run_dangling"], "a link to nothing"),
+    C("resume-incomplete-last", [*DRY, "--resume", "--out", "{d}/run_incomplete"], "incomplete (no state.json)"),
+    C("bench-engine-checkpoint-missing", ["bench", "engine", "--json", "{d}/e.json", "--checkpoint", "{d}/nope"],
+      "--checkpoint"),
+    C("bench-engine-checkpoint-empty", ["bench", "engine", "--json", "{d}/e.json", "--checkpoint",
+                                        "{d}/ckpt_empty"], "--checkpoint"),
+    C("bench-prefill-checkpoint-file", ["bench", "prefill", "--json", "{d}/p.json", "--checkpoint", "{d}/afile"],
+      "--checkpoint"),
+    C("length-trace-compare", ["train", "--no-progress", "--out", "{d}/em-cmp", *EMULATED[:3], "runtime.mode=compare",
+                               "runtime.length_trace={d}/empty.jsonl"], "empty.jsonl"),
+]
+
 
 def _snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns)
@@ -635,6 +687,110 @@ def test_overrides_may_stand_anywhere_among_the_options():
     args = parse(build_parser(), ["train", "--config", "C", "train.steps=2", "--out", "D", "train.eval_prompts=0",
                                   "--no-progress", "algo.group_size=4"])
     assert args.overrides == ["train.steps=2", "train.eval_prompts=0", "algo.group_size=4"] and args.out == "D"
+
+
+def test_a_refused_trace_leaves_nothing_and_the_fixed_command_runs(tmp_path, capsys, monkeypatch):
+    """Issue 42: each bad `runtime.length_trace` is refused by the real run before OUT exists, and the very same
+    command succeeds once the file is fixed (no "holds an earlier run")."""
+    import shutil
+
+    monkeypatch.chdir(REPO)
+    trace, out = tmp_path / "lengths.jsonl", tmp_path / "run"
+    argv = ["train", "--no-progress", "--out", str(out), *EMULATED, f"runtime.length_trace={trace}",
+            "runtime.time_scale=0.05", "train.steps=2", "train.eval_prompts=0", "tracking.mode=disabled",
+            "runtime.gantt_every=0", "rollout.prompts_per_step=8", "algo.group_size=4", "runtime.migrate=never"]
+    for bad in (None, b"", bytes(range(256)), "folder", json.dumps(_rollout_row(response_len="long")).encode()):
+        if bad == "folder":
+            trace.mkdir()
+        elif bad is not None:
+            trace.write_bytes(bad)
+        rc, err = _run(argv, capsys)
+        assert rc == 2 and "Traceback" not in err and not out.exists(), err[-500:]
+        shutil.rmtree(trace) if trace.is_dir() else trace.unlink(missing_ok=True)
+    with gzip.open(REPO / "data" / "traces" / "quickstart.jsonl.gz", "rb") as f:
+        trace.write_bytes(f.read())
+    assert main(argv) == 0 and json.loads((out / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.fixture(scope="module")
+def emulated_runs(tmp_path_factory) -> Path:
+    """A 2-step emulated run (seconds), and copies of it without workers.jsonl and without invocations.jsonl."""
+    import shutil
+
+    d = tmp_path_factory.mktemp("emulated-runs")
+    assert main(["train", "--no-progress", "--out", str(d / "run"), *EMULATED, "runtime.time_scale=0.05",
+                 "train.steps=2", "train.eval_prompts=0", "tracking.mode=disabled", "runtime.gantt_every=0",
+                 "rollout.prompts_per_step=8", "algo.group_size=4", "runtime.migrate=never"]) == 0
+    for name in ("workers", "invocations"):
+        shutil.copytree(d / "run", d / f"no-{name}")
+        (d / f"no-{name}" / f"{name}.jsonl").unlink()
+    return d
+
+
+EMULATED_RUN_CASES = [
+    C("validate-emulated-calibrate-missing", ["simulate", "--validate", "{e}/run", "--calibrate-from", "/nonexistent"],
+      "--calibrate-from"),
+    C("validate-emulated-calibrate-run", ["simulate", "--validate", "{e}/run", "--calibrate-from", "{e}/run"],
+      "--calibrate-from"),
+    C("validate-emulated-no-workers", ["simulate", "--validate", "{e}/no-workers"], "workers.jsonl not found"),
+    C("validate-emulated-no-invocations", ["simulate", "--validate", "{e}/no-invocations"],
+      "invocations.jsonl not found"),
+]
+
+
+@pytest.mark.parametrize("case", EMULATED_RUN_CASES, ids=[c.id for c in EMULATED_RUN_CASES])
+def test_what_would_be_silently_unused_is_refused(case, emulated_runs, capsys):
+    """Issue 42: `--calibrate-from` where the emulated validation does not use it, and a missing record file, were
+    accepted with rc 0 (the report's numbers silently changed); now one line, exit 2."""
+    argv = [a.replace("{e}", str(emulated_runs)) for a in case.argv]
+    before = _snapshot(emulated_runs)
+    rc, err = _run(argv, capsys)
+    _check(rc, err, case.expect)
+    assert _snapshot(emulated_runs) == before
+
+
+def test_hints_name_the_command_the_user_ran(corpus_dir, capsys, monkeypatch):
+    """Issue 42: a plain `rlhfless train` is never told `make demo ARGS=--resume`; a full disk under `simulate` is
+    never told `--resume` (only train's runs resume)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("RLHFLESS_VIA", raising=False)
+    rc, err = _run(["train", "--out", str(corpus_dir / "run")], capsys)
+    assert rc == 2 and "--resume" in err and "make demo" not in err
+    rc, err = _run(["train", "--out", str(corpus_dir / "run_nockpt"), "train.steps=1"], capsys)
+    assert rc == 2 and "make" not in err
+    monkeypatch.setenv("RLHFLESS_VIA", "make-demo")  # what the Makefile's demo target sets
+    rc, err = _run(["train", "--out", str(corpus_dir / "run")], capsys)
+    assert rc == 2 and "make demo ARGS=--resume" in err
+    rc, err = _run(["simulate", "--scenario", "quick", "--steps", "2", "--json", "/dev/full"], capsys)
+    assert rc == 2 and "no space left" in err and "--resume" not in err
+
+
+def test_run_all_names_the_extra_and_a_failed_notebook_in_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 42: notebooks/run_all.py without the notebooks extra says which to install (was a raw
+    ModuleNotFoundError); a notebook whose input is missing ends in one line naming the cell and the fix (was a
+    53-line coloured cell traceback)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_all", REPO / "notebooks" / "run_all.py")
+    run_all = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_all)
+    monkeypatch.setattr(run_all, "EXTRA", ("nbformat", "no_such_module_for_test"))
+    assert run_all.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no_such_module_for_test" in err[0] and "'.[notebooks]'" in err[0]
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"),
+                                         nbformat.v4.new_code_cell(f"open({str(tmp_path / 'nope.jsonl')!r})")])
+    path = tmp_path / "broken.ipynb"
+    nbformat.write(nb, path)
+    before = path.read_bytes()
+    monkeypatch.setattr(run_all, "EXTRA", ())
+    assert run_all.main([str(path)]) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "broken.ipynb: FAILED in cell 2" in err[0] and "FileNotFoundError" in err[0], err
+    assert "Fix: make the input" in err[0] and "\x1b" not in err[0] and path.read_bytes() == before
 
 
 def test_out_accepts_a_new_path_an_empty_folder_and_a_run_to_resume(corpus_dir, tmp_path):

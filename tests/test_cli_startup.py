@@ -57,3 +57,13 @@ def test_the_probe_sees_an_import():
     """The check above would catch a heavy import: one made before the help shows up."""
     found = _probe("--help", first="import torch")
     assert found["code"] == 0 and "torch" in found["heavy"]
+
+
+@pytest.mark.parametrize("argv", [["config", "show"], ["config", "show", "train.steps"], ["config", "show", "runtime"],
+                                  ["config", "show", "algo.group_size"], ["config", "show", "runtime.keep_alive_s"],
+                                  ["config", "show", "task"]])
+def test_config_show_imports_no_torch(argv):
+    """Issue 42: the command the docs send newcomers to costs no torch (1.7-2.3 s of CPU before). Only a key whose
+    allowed values are a torch-backed registry (algo.adv_estimator, algo.policy_loss, the algo section) loads it."""
+    found = _probe(*argv)
+    assert found["code"] == 0 and "torch" not in found["heavy"], found

@@ -80,3 +80,29 @@ def test_an_unknown_key_is_one_line_naming_close_ones(key, close, capsys):
     assert main(["config", "show", key]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"unknown key '{key}'" in err and close in err
+
+
+def test_every_allowed_value_is_rendered_in_the_page():
+    """Issue 42: no check's message may reach the page as an f-string template (`{low}`, `{sorted(REGISTRY)}`):
+    the allowed column of every row holds values, taken from the registries and enums themselves."""
+    import re
+
+    assert {f.key: a for f in fields_of(RunConfig) for a in f.allowed if "{" in a or "}" in a} == {}
+    rows = [ln for ln in PAGE.read_text().splitlines() if ln.startswith("| `")]
+    cells = [re.split(r"(?<!\\)\|", ln)[1:-1] for ln in rows]
+    assert len(cells) == len(fields_of(RunConfig)) and all(len(c) == 5 for c in cells)
+    assert [c[0] for c in cells if "{" in c[3] or "}" in c[3]] == []
+    allowed = {c[0].strip(" `"): c[3] for c in cells}
+    assert "custom" in allowed["runtime.design"] and "paper" in allowed["runtime.design"]
+    assert "gae, grpo, rloo" in allowed["algo.adv_estimator"] and "clip, dual_clip" in allowed["algo.policy_loss"]
+
+
+def test_the_registered_variants_are_read_from_the_registries():
+    from rlhfless.algo.registry import POLICY_LOSSES, register_policy_loss
+    from rlhfless.run.configref import all_rules
+
+    register_policy_loss("zz_test_loss")(lambda *a: None)
+    try:
+        assert "zz_test_loss" in " ".join(all_rules(RunConfig)["algo.policy_loss"])
+    finally:
+        POLICY_LOSSES.pop("zz_test_loss")

@@ -463,7 +463,7 @@ def test_config_rejects_bad_values(kwargs, field):
 def test_config_defaults_and_from_dict():
     cfg = GRPOConfig()
     assert (cfg.scale_adv_by_std, cfg.kl_coef, cfg.loss_agg, cfg.inner_epochs) == (True, 0.0, "token_mean", 1)
-    assert "must be >= 2 (got 1)" in _message(lambda: GRPOConfig(group_size=1))
+    assert "must be >= 2 with algo.name=grpo" in _message(lambda: GRPOConfig(group_size=1))
     built = from_dict(GRPOConfig, {"group_size": 4, "loss_agg": "seq_mean_token_sum_norm", "max_seq_len_norm": 256},
                       prefix="algo")
     assert built.group_size == 4 and built.max_seq_len_norm == 256

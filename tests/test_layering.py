@@ -110,7 +110,8 @@ MAY_IMPORT = {
     "config": ("core", "algo", "tasks", "plan", "predictor", "learn", "runtime"),
     "step": BELOW_STEP,
     "runtime": BELOW_STEP + ("step", "sim"),  # sim: emulated devices run on the simulator's performance model
-    "run": BELOW_STEP + ("step", "sim", "runtime"),  # sim: the comparison reports emulated arms in modelled seconds
+    # sim: the emulated length table, checked before OUT exists; the comparison's emulated arms in modelled seconds
+    "run": BELOW_STEP + ("step", "runtime", "sim"),
     "bench": BELOW_STEP + ("step", "runtime", "run", "sim"),
     "repro": BELOW_STEP + ("step", "runtime", "run", "sim", "bench"),
     "cli": ("core",),  # subcommands are found by module name, so `--help` imports none of them

@@ -148,6 +148,30 @@ def test_bad_input_is_a_clear_error():
 
 
 @settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8), st.lists(st.floats(0, 4096, allow_nan=False), min_size=8, max_size=8),
+                          st.integers(0, 50)), min_size=1, max_size=12), st.data())
+def test_taken_arrays_are_the_arrays_of_the_jobs_taken(spec, data):
+    """`JobArrays.take` gathers the arrays `from_jobs` builds of the same jobs in that order, bit for bit."""
+    jobs = [PlanJob(f"g{i}", n, tuple(lens[:n]), p) for i, (n, lens, p) in enumerate(spec)]
+    idx = data.draw(st.lists(st.integers(0, len(jobs) - 1), max_size=2 * len(jobs)))
+    taken, built = B.JobArrays.from_jobs(jobs).take(idx), B.JobArrays.from_jobs([jobs[i] for i in idx])
+    assert taken.jobs == built.jobs
+    for field in ("sizes", "prompt_len", "work", "mean_len", "seq_len", "offsets"):
+        a, b = getattr(taken, field), getattr(built, field)
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), field
+
+
+@given(st.text(max_size=5), st.integers(1, 4), st.floats(0, 500, allow_nan=False), st.integers(0, 50), st.booleans())
+def test_trusted_job_is_the_checked_one(gid, n, length, prompt, per_seq):
+    """`PlanJob.trusted` (unchecked, for the simulator's own jobs) builds the record the checked constructor
+    builds from the same valid values: equal, the same hash, the same lengths and tokens."""
+    x = tuple(length + k for k in range(n)) if per_seq else length
+    checked, trusted = PlanJob(gid, n, x, prompt), PlanJob.trusted(gid, n, x, prompt)
+    assert trusted == checked and hash(trusted) == hash(checked) and repr(trusted) == repr(checked)
+    assert trusted.lengths() == checked.lengths() and trusted.tokens == checked.tokens
+
+
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0, 40.0, 300.0]) | st.floats(0, 1000, allow_nan=False),
                 min_size=1, max_size=40), st.lists(st.integers(1, 9), min_size=1, max_size=6, unique=True))
 def test_lpt_for_many_candidates_at_once_equals_the_heap(work, ns):

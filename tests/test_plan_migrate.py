@@ -144,32 +144,73 @@ def test_decision_equals_the_scan_over_destinations(spec, tau):
     assert list(mp.released) == released
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.floats(0.0, 50.0), min_size=0, max_size=12), st.lists(st.floats(0.0, 60.0), max_size=6),
-       st.floats(0.0, 40.0))
-def test_live_max_remaining_equals_listing_every_sequence(running, queued, it):
-    """The simulation's view of an actor gives the longest predicted remaining without listing its sequences:
-    the same value as the maximum over `_running` (each raised to 1) and the queued predictions."""
+def _simulated(spec):
+    """Simulated actors and their sequences from spec: per actor (finished, running preds, queued preds, clock);
+    few distinct predictions and start points, so equal remainders (ties in a cut's order) are common."""
     import heapq
 
-    from rlhfless.plan.migrate import _Actor, _Live, _Seqs
+    from rlhfless.plan.migrate import _Actor, _Seqs
 
-    if not running and not queued:
-        return
-    seqs, act = _Seqs(), _Actor(0)
-    act.it = it
-    for k, pred in enumerate(running + queued):
-        seqs.job.append(0)
-        seqs.true.append(pred)
-        seqs.pred.append(pred)
-        seqs.plen.append(3)
-        seqs.start_it.append(it * (k % 3) / 3)  # generated 0 .. 2/3 of the clock so far
-    seqs.group.append("g")
-    seqs.first.append(0)
-    for sid in range(len(running)):
-        heapq.heappush(act.heap, (seqs.start_it[sid] + seqs.true[sid], sid))
-    if queued:
-        act.queue.append(list(range(len(running), len(running) + len(queued))))
-    live = _Live(act, 16, seqs)
-    _, _, rem = live._running()
-    assert live.max_remaining == max(rem + [seqs.pred[s] for job in act.queue for s in job])
+    seqs, actors = _Seqs(), []
+    for a, (finished, running, queued, it) in enumerate(spec):
+        act = _Actor(a)
+        act.it, act.finished = float(it), finished
+        for k, pred in enumerate(running + queued):
+            sid = len(seqs.pred)
+            seqs.group.append(f"g{a}_{k}")
+            seqs.first.append(sid)
+            seqs.plen.append(3 + k)
+            seqs.pred.append(float(pred))
+            seqs.true.append(float(pred))
+            seqs.start_it.append(float(it) * (k % 3) / 3)  # generated 0 .. 2/3 of the clock so far
+            if k < len(running):
+                heapq.heappush(act.heap, (seqs.start_it[sid] + seqs.true[sid] * (1 + k % 2), sid))
+            else:
+                act.queue.append([sid])
+        act.total = finished + len(running) + len(queued)
+        actors.append(act)
+    return actors, seqs
+
+
+def _progress(act, capacity, seqs):
+    """The actor as a runtime reports it: every unfinished sequence listed (running in heap order, each
+    remaining raised to 1 token, then queued), the form `plan_migrations` reads."""
+    out = []
+    for _, sid in act.heap:
+        gen = act.it - seqs.start_it[sid]
+        rem = seqs.pred[sid] - gen
+        out.append(SeqProgress(seqs.name(sid), int(gen), rem if rem > 1.0 else 1.0, seqs.plen[sid]))
+    out += [SeqProgress(seqs.name(s), 0, seqs.pred[s], seqs.plen[s]) for job in act.queue for s in job]
+    return ActorProgress(act.aid, act.finished, tuple(out), capacity - len(act.heap))
+
+
+_ACTORS = st.lists(st.tuples(st.integers(0, 12), st.lists(st.sampled_from([0.5, 4.0, 8.0, 20.0]), max_size=8),
+                             st.lists(st.sampled_from([4.0, 8.0, 30.0]), max_size=3), st.sampled_from([0, 3, 6])),
+                   min_size=1, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ACTORS, st.floats(0.05, 1.0))
+def test_simulation_decision_equals_plan_migrations(spec, tau):
+    """The simulation decides cuts on its own actors with integer sids (`_decide`): the same moves, in the same
+    order, and the same released actors as `plan_migrations` on the progress a runtime would report."""
+    from rlhfless.plan.migrate import _decide
+
+    actors, seqs = _simulated(spec)
+    cuts, released = _decide(actors, tau, 8, seqs)
+    mp, _ = plan_migrations([_progress(a, 8, seqs) for a in actors], tau)
+    assert [(seqs.name(sid), src, dst) for sid, src, dst in cuts] == [(m.seq_id, m.src, m.dst) for m in mp.moves]
+    assert released == list(mp.released)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ACTORS)
+def test_simulated_max_remaining_equals_listing_every_sequence(spec):
+    """The simulation's longest predicted remaining of an actor, without listing its sequences: the value
+    `ActorProgress.max_remaining` gives over every sequence listed."""
+    from rlhfless.plan.migrate import _max_remaining
+
+    actors, seqs = _simulated(spec)
+    for act in actors:
+        listed = _progress(act, 8, seqs)
+        assert _max_remaining(act, seqs) == (listed.max_remaining if listed.unfinished else None)

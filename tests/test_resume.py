@@ -176,7 +176,7 @@ def _damage(run: Path, last: Path, how: str) -> str:
         return "rollouts.jsonl"
     for state in (run / "checkpoints").glob("*/state.json"):
         state.unlink()
-    return "no run checkpoint to resume"
+    return "checkpoint is incomplete (no state.json)"  # it had one: not "stopped before its first" (issue 42)
 
 
 def test_config_changes_ignore_only_the_keys_that_cannot_change_results():

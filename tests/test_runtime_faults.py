@@ -89,9 +89,11 @@ EMULATED = ["runtime.device=emulated", "runtime.units=4", "runtime.emulated_mode
 EVENTS = ["sent decode step 2", "sent learn_end step 3"]
 
 
-def _bench_at_events(tmp_path: Path, mode: str, overrides: list[str], learner_op: str = "learn_end") -> dict:
+def _bench_at_events(tmp_path: Path, mode: str, overrides: list[str], learner_op: str = "learn_end",
+                     rules: tuple | None = None) -> dict:
     """The bench in `mode` on the headline comparison's config (keep-alive 2 s, hybrid), killing a worker just
-    sent its decode (step 2) and a rank just sent the optimiser step (step 3): protocol events, no clock."""
+    sent its decode (step 2) and a rank just sent the optimiser step (step 3), or at `rules` (`KillRule` fields):
+    protocol events, no clock."""
     from rlhfless.bench.faults_cli import HEADLINE_CONFIG
     from rlhfless.config import load_run_config
     from rlhfless.run.launch import train
@@ -101,8 +103,9 @@ def _bench_at_events(tmp_path: Path, mode: str, overrides: list[str], learner_op
     if available_cores() < 2:
         pytest.skip("the runtime needs 2 cores")
     cfg = load_run_config(HEADLINE_CONFIG, overrides)
-    chaos = lambda kills, interval_s, seed: KillOn(KillRule("sent", "decode", 2), KillRule("sent", learner_op, 3))
-    return run_fault_bench(cfg, tmp_path, train, kills=2, progress=False, mode=mode, chaos=chaos)
+    rules = rules or (("sent", "decode", 2), ("sent", learner_op, 3))
+    chaos = lambda kills, step_s, seed: KillOn(*(KillRule(*r) for r in rules))
+    return run_fault_bench(cfg, tmp_path, train, kills=len(rules), progress=False, mode=mode, chaos=chaos)
 
 
 def _recovered_by_the_records(run_dir: Path, killed: list[dict], steps: int) -> None:
@@ -152,3 +155,99 @@ def test_the_bench_refuses_a_mode_it_does_not_know(tmp_path):
 
     with pytest.raises(ValueError, match="mode: one of serverless, serverful"):
         run_fault_bench(None, tmp_path, None, mode="compare")
+
+
+# ---- what a death costs: the rule of attempts, the pool killed while it restarts, the bench's verdict -----------
+def test_only_consecutive_failures_of_running_work_use_its_attempts():
+    from rlhfless.core.errors import TrainingError
+    from rlhfless.runtime.attempts import Attempts, running
+
+    assert running(sent=True, ready_s=1.0) and not running(sent=True, ready_s=None)
+    assert not running(sent=False, ready_s=1.0)
+    tries = Attempts("decode function 0 of step 5", limit=3)
+    assert tries.failed(was_running=True) and tries.number == 2
+    for _ in range(2):  # its worker died twice while starting: a restart is not a failed attempt
+        assert not tries.failed(was_running=False)
+    assert tries.number == 2
+    tries.succeeded()  # done: a later failure (the step restarted from its start) starts a new count
+    assert tries.failed(True) and tries.failed(True) and tries.number == 3
+    with pytest.raises(TrainingError, match="decode function 0 of step 5 failed 3 times"):
+        tries.failed(True)
+    starts = Attempts("learner rank 1 of step 2", limit=2)
+    starts.failed(False)
+    with pytest.raises(TrainingError, match="died before it could start"):  # a worker that never starts stops
+        starts.failed(False)
+
+
+def test_the_kill_schedule_is_step_relative_and_spread_over_the_run():
+    from rlhfless.bench.faults import kill_schedule
+
+    s = kill_schedule(20, 20, seed=0)
+    assert [step for step, _ in s] == list(range(1, 21))  # one kill per step when kills == steps
+    assert all(0 <= f < 1 for _, f in s) and s == kill_schedule(20, 20, seed=0) != kill_schedule(20, 20, seed=1)
+    assert sorted(kill_schedule(60, 20, seed=3)) == kill_schedule(60, 20, seed=3)
+    assert [step for step, _ in kill_schedule(60, 20, seed=3)] == [k // 3 + 1 for k in range(60)]
+
+
+def test_a_serverful_worker_killed_while_the_pool_restarts_still_finishes_the_step(tmp_path):
+    """A pool worker killed just sent its decode (step 2) restarts the pool; a worker of the new pool killed as it
+    says ready fails that start, not the step's work. With runtime.max_attempts=2 the code before issue 43
+    charged the second death to the decode function too and stopped the run ("decode function 1 of step 2
+    failed 2 times"); now the pool starts again and the step finishes with the undisturbed run's samples."""
+    from rlhfless.core.rundir import RunDir
+
+    rules = (("sent", "decode", 2), ("received", "ready", None))
+    r = _bench_at_events(tmp_path, "serverful", TINY + ["runtime.max_attempts=2"], rules=rules)
+    killed = r["pairs"][0]["killed"]
+    assert [k["event"] for k in killed] == ["sent decode step 2", "received ready step None"]
+    assert r["runs_stopped"] == 0 and r["lost_steps"] == 0 and r["samples_identical"]
+    run = RunDir(tmp_path / "faulty-1")
+    workers = {w["worker"]: w for w in run.read_workers()}
+    assert all(workers[k["worker"]]["killed"] for k in killed)
+    decode2 = [i for i in run.read_invocations() if i["step"] == 2 and i["kind"] == "decode"]
+    # the first kill used one attempt of its function's work; the restart's death none
+    assert max(i["attempt"] for i in decode2) == 2 and all(i["ok"] for i in decode2 if i["attempt"] == 2)
+    # the step restarted from its start: every function's rows decoded again on the last pool
+    assert len([i for i in decode2 if i["ok"]]) >= 2
+
+
+def test_a_serverful_restart_charges_no_attempt_to_the_functions_that_did_not_fail(tmp_path):
+    """Decode function 0's worker killed just sent its work (step 2, the 1st decode sent), then, on the restarted
+    pool, function 1's (the 4th: 0 and 1 before the restart, 0 and 1 after). Each failed once while it ran. With
+    runtime.max_attempts=2 the code before issue 43 had charged function 1 for function 0's death (every function
+    still owed was at attempt 2 after the restart) and stopped the run."""
+    from rlhfless.core.rundir import RunDir
+
+    rules = (("sent", "decode", 2), ("sent", "decode", 2, 4))
+    r = _bench_at_events(tmp_path, "serverful", TINY + ["runtime.max_attempts=2"], rules=rules)
+    assert r["kills"] == 2 and r["runs_stopped"] == 0 and r["lost_steps"] == 0 and r["samples_identical"]
+    inv = [i for i in RunDir(tmp_path / "faulty-1").read_invocations() if i["step"] == 2 and i["kind"] == "decode"]
+    assert sorted(i["attempt"] for i in inv if i["ok"]) == [2, 2]  # both failed once; neither was charged twice
+
+
+def test_the_bench_fails_when_a_faulty_run_stops(tmp_path, capsys):
+    """runtime.max_attempts=1: the decode function killed just sent its work (step 2) has no attempt left, so the
+    faulty run stops. The report counts the stopped run and the bench's exit status is 1, with one line naming
+    the mode and the run."""
+    from rlhfless.bench.faults_cli import verdict
+
+    r = _bench_at_events(tmp_path, "serverless", TINY + ["runtime.max_attempts=1"], rules=(("sent", "decode", 2),))
+    assert r["runs_stopped"] == 1 and r["lost_steps"] == 2 and not r["samples_identical"]
+    assert verdict({"serverless": r}) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("rlhfless: bench faults: 1 of 1 faulty runs failed: serverless faulty-1: stopped, 2 of 3")
+    assert "decode function" in line and "failed 1 times" in line
+
+
+def test_the_verdict_names_every_failed_run_and_passes_identical_ones(capsys):
+    from rlhfless.bench.faults_cli import verdict
+
+    ok = {"pairs": [_pair(100.0, 110.0)]}
+    assert verdict({"serverless": ok, "serverful": ok}) == 0 and capsys.readouterr().err == ""
+    diverged = {**_pair(100.0, 110.0), "samples_identical": False, "first_divergent_step": 4}
+    stopped = {**_pair(100.0, None), "stopped": "runtime: x failed 3 times", "steps_compared": 20}
+    assert verdict({"serverless": ok, "serverful": {"pairs": [diverged, stopped]}}) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 of 3 faulty runs failed" in err
+    assert "serverful faulty-1: samples differ from its undisturbed run's from step 4" in err
+    assert "serverful faulty-2: stopped, 3 of 20 steps lost: runtime: x failed 3 times" in err

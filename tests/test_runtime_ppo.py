@@ -237,13 +237,15 @@ def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
     critic start early (before, the reply raised KeyError and the returns counted)."""
     from types import SimpleNamespace
 
+    from rlhfless.runtime.attempts import Attempts
     from rlhfless.runtime.modes.policy import ServerfulPolicy
     from rlhfless.runtime.ppo_stages import _Update
 
     records = []
     ledger = SimpleNamespace(record=lambda *a, **k: records.append(a[1]))
     stream = SimpleNamespace(ctx=SimpleNamespace(ledger=ledger, policy=ServerfulPolicy()), step=2, actor_requested=None,
-                             actor_attempt=1, _live=lambda h: True)
+                             actor_tries=Attempts("PPO actor of step 2", 3), _live=lambda h: True,
+                             tries=lambda kind: Attempts(f"{kind} of step 2", 3))
     update = _Update(stream, {"op": "ppo_actor"}, {"op": "critic_learn"})
     old, actor, critic = object(), object(), object()
     update.sent = {"learner": (actor, 1.0, False), "critic": (critic, 1.5, False)}

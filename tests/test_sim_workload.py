@@ -45,9 +45,9 @@ def test_synthetic_visits_every_prompt_once_per_epoch(n_prompts, per_step, monke
 
 
 def test_length_dist_and_synthetic_validate_their_fields():
-    with pytest.raises(ConfigError, match="^workload.median"):
+    with pytest.raises(ConfigError, match="^lengths.median"):
         LengthDist(median=0)
-    with pytest.raises(ConfigError, match="^workload.prompts_per_step"):
+    with pytest.raises(ConfigError, match="^prompts_per_step"):
         synthetic(LengthDist(), 8, 16, 4, 2)
 
 
@@ -81,5 +81,5 @@ def test_published_length_evidence_is_replayed_by_the_fitted_workload():
     for scen in ("paper-testbed", "paper-sim"):
         cfg = case_configs(scen, 2, ["lengths.fit_to=verl-gsm8k-grpo"])[0]
         assert cfg.lengths.max_response == 1024 and "fitted to verl-gsm8k-grpo" in workload(cfg)[1]
-    with pytest.raises(ConfigError, match="^workload.fit_to: must be '' or one of verl-gsm8k-grpo"):
+    with pytest.raises(ConfigError, match="^lengths.fit_to: must be '' or one of verl-gsm8k-grpo"):
         LengthDist(fit_to="my-log")

@@ -1,40 +1,35 @@
 """GRPO and PPO math as pure tensor functions (no model code, no optimisers).
 
-Importing the package registers every variant (`registry`: advantage estimators grpo, rloo, gae; policy losses
-clip, dual_clip)."""
+Importing a name from the package registers every variant (`registry`: advantage estimators grpo, rloo, gae;
+policy losses clip, dual_clip). The names load on first use (PEP 562), so `rlhfless.algo.config`, which the run
+config imports, costs no torch: `rlhfless config show` and the config's own checks of plain fields stay fast."""
 
-from rlhfless.algo.config import LOSS_AGG_MODES, GRPOConfig
-from rlhfless.algo.gae import gae_advantages
-from rlhfless.algo.grpo import (
-    GroupAdvantages,
-    aggregate,
-    apply_group_skip,
-    clipped_surrogate,
-    group_advantages,
-    grpo_loss,
-    kl_k3,
-    loss_denominator,
-)
-from rlhfless.algo.logprobs import entropy_from_logits, token_logprobs
-from rlhfless.algo.ppo import gae_estimator  # noqa: F401  (registers gae)
-from rlhfless.algo.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, advantage_estimator, policy_loss
+from __future__ import annotations
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "POLICY_LOSSES",
-    "advantage_estimator",
-    "policy_loss",
-    "LOSS_AGG_MODES",
-    "GRPOConfig",
-    "GroupAdvantages",
-    "aggregate",
-    "apply_group_skip",
-    "clipped_surrogate",
-    "entropy_from_logits",
-    "gae_advantages",
-    "group_advantages",
-    "grpo_loss",
-    "kl_k3",
-    "loss_denominator",
-    "token_logprobs",
-]
+import importlib
+
+_WHERE = {
+    "LOSS_AGG_MODES": "config", "GRPOConfig": "config",
+    "gae_advantages": "gae",
+    "GroupAdvantages": "grpo", "aggregate": "grpo", "apply_group_skip": "grpo", "clipped_surrogate": "grpo",
+    "group_advantages": "grpo", "grpo_loss": "grpo", "kl_k3": "grpo", "loss_denominator": "grpo",
+    "entropy_from_logits": "logprobs", "token_logprobs": "logprobs",
+    "ADVANTAGE_ESTIMATORS": "registry", "POLICY_LOSSES": "registry", "advantage_estimator": "registry",
+    "policy_loss": "registry",
+}
+VARIANT_MODULES = ("rlhfless.algo.grpo", "rlhfless.algo.ppo")
+"""The modules whose decorated functions fill the registries (imported before a registry is handed out)."""
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'rlhfless.algo' has no attribute {name!r}")
+    if _WHERE[name] == "registry":
+        for m in VARIANT_MODULES:
+            importlib.import_module(m)
+    value = getattr(importlib.import_module(f"rlhfless.algo.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_WHERE)

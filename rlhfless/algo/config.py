@@ -91,8 +91,8 @@ class GRPOConfig:
         if self.group_size is None:
             self.group_size = DEFAULT_GROUP_SIZE[self.name]
         low = 2 if self.name == "grpo" else 1
-        require(self.group_size >= low, "algo.group_size",
-                f"must be >= {low} (got {self.group_size}) with algo.name={self.name}")
+        require(self.group_size >= low, "algo.group_size", "must be >= 2 with algo.name=grpo (advantages need a "
+                f"group's spread), >= 1 with ppo (got {self.group_size} with algo.name={self.name})")
         require(self.kl_in in ("auto", "reward", "loss"), "algo.kl_in",
                 f"must be auto, reward or loss (got {self.kl_in!r})")
         require(self.name == "ppo" or self.kl_in != "reward", "algo.kl_in",

@@ -86,9 +86,25 @@ def _write(report: dict, path: str) -> None:
     print(f"wrote {write_json(report, path)}")
 
 
+def check_checkpoint(path: str) -> None:
+    """Before any work: a --checkpoint the user names must be a policy folder. Only the default may be absent
+    (a fresh model is then used and the report says so: `engine_bench.load_policy`)."""
+    from pathlib import Path
+
+    from rlhfless.config import DEFAULT_CHECKPOINT
+    from rlhfless.core.errors import ConfigError
+
+    p = Path(path)
+    if (p / "model.safetensors").is_file() or path == DEFAULT_CHECKPOINT:
+        return
+    why = "does not exist" if not p.exists() else "is a file" if not p.is_dir() else "holds no model.safetensors"
+    raise ConfigError(f"--checkpoint: {path} {why}; name a policy checkpoint folder (default {DEFAULT_CHECKPOINT})")
+
+
 def _prefill(args: argparse.Namespace) -> int:
     from rlhfless.bench.engine_bench import PrefillBenchConfig, bench_prefill
 
+    check_checkpoint(args.checkpoint)
     cfg = PrefillBenchConfig(prompts=args.prompts, group_size=args.group_size, repeats=args.repeats,
                              gsm8k_path=args.gsm8k, gsm8k_prompts=args.gsm8k_prompts, gsm8k_shots=args.gsm8k_shots,
                              checkpoint=args.checkpoint, threads=args.threads)
@@ -99,6 +115,7 @@ def _prefill(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
+    check_checkpoint(args.checkpoint)  # before the imports and the workloads (seconds to minutes of work)
     from rlhfless.bench.engine_bench import EngineBenchConfig, bench_engine
     from rlhfless.bench.engineprogress import describe
 

@@ -1,11 +1,13 @@
 """`rlhfless bench faults`: kill random workers with SIGKILL during a short run; nothing may be lost.
 
 Each mode (serverless, or the serverful control) runs `repeats` times undisturbed and `repeats` times under a chaos
-thread that kills a random busy worker, alternating so a shared machine's drift hits both alike; the runtime
-notices each death, bills the lost time and re-runs the work from the same random streams. The report (kills,
-lost steps, sample identity, extra cost and time with their noise, lost device-seconds):
-docs/internals.md#benchfaultspy. What it checks: no step is lost and every faulty run's samples equal the
-undisturbed run's. `KillOn` is the chaos the tests use instead: a kill at a protocol event, no clock.
+thread that kills a random busy worker at the points of one step-relative schedule, the same for both modes
+(`kill_schedule`), alternating so a shared machine's drift hits both alike; the runtime notices each death, bills
+the lost time and re-runs the work from the same random streams. The report (kills, lost steps, runs stopped,
+sample identity, extra cost and time with their noise, lost device-seconds): docs/internals.md#benchfaultspy.
+What it checks: no run stops, no step is lost and every faulty run's samples equal the undisturbed run's
+(`failed_runs`: the CLI exits 1 otherwise). `KillOn` is the chaos the tests use instead: a kill at a protocol
+event, no clock.
 """
 
 from __future__ import annotations
@@ -25,19 +27,46 @@ from rlhfless.core.rundir import RunDir
 from rlhfless.runtime import executor
 
 
-class Chaos:
-    """Kills a random busy worker of the runtime every `interval_s` until `kills` are done or it is stopped."""
+def kill_schedule(kills: int, steps: int, seed: int) -> list[tuple[int, float]]:
+    """Where each kill lands, in step-relative time: (step, fraction of that step's undisturbed window). Kill k
+    lies at a uniform point of the k-th of `kills` equal slices of the run's `steps`, so kills spread evenly over
+    the run whatever its speed; the same schedule for every mode (it depends on nothing else). Pure."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(kills):
+        pos = (k + rng.random()) * steps / kills  # in [0, steps)
+        step = min(int(pos), steps - 1)
+        out.append((step + 1, pos - step))
+    return out
 
-    def __init__(self, kills: int, interval_s: float, seed: int):
-        self.target, self.interval_s = kills, interval_s
+
+class Chaos:
+    """Kills a random busy worker (else a random live one) at each point of a `kill_schedule`: kill (s, f) lands
+    f x (step s's window in the undisturbed run of this mode) after step s began in the faulty run. Both modes
+    get the same schedule in step-relative time, so a mode's speed does not change where its kills land."""
+
+    def __init__(self, kills: int, step_s: list[float], seed: int):
+        self.schedule = kill_schedule(kills, len(step_s), seed) if step_s else []
+        self.step_s = step_s
         self.rng = random.Random(seed)
         self.killed: list[dict] = []
         self.runtime = None
+        self.begun: dict[int, float] = {}  # step -> when it began in the faulty run (`StepClock.step_t0`)
+        self._cv = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def attach(self, runtime) -> None:
         self.runtime = runtime
+        begin = runtime.begin_step
+
+        def begun(step: int) -> None:
+            begin(step)
+            with self._cv:
+                self.begun[step] = runtime.clock.step_t0
+                self._cv.notify_all()
+
+        runtime.begin_step = begun
         if not self._thread.is_alive():
             self._thread.start()
 
@@ -52,8 +81,12 @@ class Chaos:
         return self.rng.choice(cands) if cands else None
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s * self.rng.uniform(0.5, 1.5)):
-            if len(self.killed) >= self.target:
+        for step, frac in self.schedule:
+            with self._cv:
+                while step not in self.begun and not self._stop.is_set():
+                    self._cv.wait()
+            at = self.begun.get(step, 0.0) + frac * self.step_s[step - 1]
+            if self._stop.wait(max(0.0, at - time.monotonic())):
                 return
             h = self._victim()
             if h is None:
@@ -62,19 +95,24 @@ class Chaos:
                 os.kill(h.pid, signal.SIGKILL)
             except ProcessLookupError:
                 continue
-            self.killed.append({"worker": h.worker, "pid": h.pid, "t": time.monotonic()})
+            self.killed.append({"worker": h.worker, "pid": h.pid, "step": step, "fraction": round(frac, 4),
+                                "t": time.monotonic()})
 
     def stop(self) -> None:
         self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
 
 
 @dataclass(frozen=True)
 class KillRule:
-    """Kill the worker the driver just sent `op` to ("sent"), or just received `op` from ("received"), in `step`."""
+    """Kill the worker the driver just sent `op` to ("sent"), or just received `op` from ("received"), in `step`
+    (None: a message that names no step, such as a worker's `ready`); at the `nth` such message."""
 
     when: str
     op: str
-    step: int
+    step: int | None
+    nth: int = 1
 
 
 class KillOn:
@@ -86,6 +124,7 @@ class KillOn:
     def __init__(self, *rules: KillRule):
         self.rules = list(rules)
         self.fired: list[tuple[KillRule, str]] = []
+        self.seen: dict[int, int] = {}  # rule (by id) -> messages it matched so far
 
     @property
     def killed(self) -> list[dict]:
@@ -113,9 +152,12 @@ class KillOn:
         backend.send, backend.poll = sent, polled
 
     def _maybe_kill(self, when: str, h, msg: dict) -> None:
-        for rule in self.rules:
-            if rule.when == when and rule.op == msg.get("op") and rule.step == msg.get("step"):
-                self.rules.remove(rule)
+        matched = [r for r in self.rules if r.when == when and r.op == msg.get("op") and r.step == msg.get("step")]
+        for rule in matched:
+            self.seen[id(rule)] = self.seen.get(id(rule), 0) + 1
+        for rule in matched:
+            if self.seen[id(rule)] == rule.nth:
+                self.rules = [r for r in self.rules if r is not rule]
                 try:
                     os.kill(h.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -134,7 +176,8 @@ def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progr
     mode and the run's shape (device, keep-alive, hybrid) at its head.
 
     train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime).
-    chaos: `(kills, interval_s, seed) -> chaos` (`attach`, `stop`, `killed`); default a `Chaos` thread."""
+    chaos: `(kills, step_s, seed) -> chaos` (`attach`, `stop`, `killed`; step_s: the undisturbed run's step
+    windows, step 1 first); default a `Chaos` thread on `kill_schedule`."""
     if mode not in MODES:
         raise ValueError(f"mode: one of {', '.join(MODES)} (got {mode!r})")
     cfg = replace(cfg, runtime=replace(cfg.runtime, mode=mode))
@@ -149,21 +192,45 @@ def _pair(cfg, out: Path, train, i: int, kills: int, seed: int, progress: bool, 
 
     clean_dir, faulty_dir = out / f"undisturbed-{i}", out / f"faulty-{i}"
     clean = train(cfg, clean_dir, progress=progress)
-    chaos = make_chaos(kills, max(0.05, clean["runtime"]["loop_wall_s"] / (kills + 2)), seed)
+    chaos = make_chaos(kills, _step_windows(clean_dir), seed)
     executor.RUNTIME_HOOKS.append(chaos.attach)
-    lost = 0
+    lost, stopped = 0, None
     try:
         faulty = train(cfg, faulty_dir, progress=progress)
     except TrainingError as exc:
-        faulty, lost = None, cfg.train.steps - _steps_done(faulty_dir)
-        print(f"rlhfless: bench faults: faulty run {i} stopped: {exc}")
+        faulty, lost, stopped = None, cfg.train.steps - _steps_done(faulty_dir), str(exc)
+        print(f"rlhfless: bench faults: {cfg.runtime.mode} faulty-{i} stopped: {exc}")
     finally:
         chaos.stop()
         executor.RUNTIME_HOOKS.remove(chaos.attach)
     identical, first_diff, n = samples_match(clean_dir, faulty_dir)
     return {"undisturbed": clean["runtime"], "faulty": (faulty or {}).get("runtime", {}), "lost_steps": lost,
-            "samples_identical": identical and lost == 0, "first_divergent_step": first_diff, "steps_compared": n,
-            "lost_device_s": _lost_device_s(faulty_dir), "killed": chaos.killed}
+            "stopped": stopped, "samples_identical": identical and lost == 0, "first_divergent_step": first_diff,
+            "steps_compared": n, "lost_device_s": _lost_device_s(faulty_dir), "killed": chaos.killed}
+
+
+def _step_windows(run_dir: Path) -> list[float]:
+    """Each step's window in seconds (`runtime/window_s`), step 1 first: the scale of step-relative kill times."""
+    rows = RunDir(run_dir).read_step_metrics()
+    return [float(rows[s].get("runtime/window_s", rows[s]["timing_s/step"])) for s in sorted(rows)]
+
+
+def failed_runs(modes: dict[str, dict]) -> list[str]:
+    """One line per faulty run that stopped, lost a step or diverged from its undisturbed twin, naming its mode
+    and run (`modes`: mode -> `run_fault_bench` report); empty when every faulty run equals its twin."""
+    lines = []
+    for mode, report in modes.items():
+        for i, p in enumerate(report["pairs"], 1):
+            if p.get("stopped"):
+                what = f"stopped, {p['lost_steps']} of {p['steps_compared']} steps lost: {p['stopped']}"
+            elif p["lost_steps"]:
+                what = f"lost {p['lost_steps']} steps"
+            elif not p["samples_identical"]:
+                what = f"samples differ from its undisturbed run's from step {p['first_divergent_step']}"
+            else:
+                continue
+            lines.append(f"{mode} faulty-{i}: {what}")
+    return lines
 
 
 def spread(values: list[float]) -> dict:
@@ -192,6 +259,7 @@ def fault_report(pairs: list[dict], kills: int) -> dict:
         "kills": sum(len(p["killed"]) for p in pairs),
         "kills_requested": kills * len(pairs),
         "lost_steps": sum(p["lost_steps"] for p in pairs),
+        "runs_stopped": sum(1 for p in pairs if p.get("stopped")),
         "samples_identical": all(p["samples_identical"] for p in pairs),
         "retries": sum(p["faulty"].get("retries", 0) for p in done),
         "extra_cost_fraction": cost,

@@ -12,7 +12,8 @@ FAULTS_CONFIG = "experiments/configs/faults.yaml"
 HEADLINE_CONFIG = "experiments/configs/serverless_vs_serverful.yaml"
 # the headline comparison's shape (keep-alive 2 s, hybrid functions) at a bench's length: no evaluation, no charts
 HEADLINE_OVERRIDES = ["train.steps=20", "train.eval_prompts=0", "runtime.gantt_every=0"]
-SUMMARY = ("mode", "device", "keep_alive_s", "hybrid", "repeats", "kills", "lost_steps", "samples_identical",
+SUMMARY = ("mode", "device", "keep_alive_s", "hybrid", "repeats", "kills", "kills_requested", "lost_steps",
+           "runs_stopped", "samples_identical",
            "retries", "extra_cost_fraction", "extra_cost_resolved", "undisturbed_noise_fraction", "lost_device_s",
            "extra_time_fraction")
 
@@ -74,4 +75,19 @@ def _faults(args: argparse.Namespace) -> int:
                                                 progress=not args.no_progress, repeats=args.repeats, mode=mode)
         write_json(report, Path(args.json))
     print(json.dumps({m: {k: r[k] for k in SUMMARY} for m, r in report["modes"].items()}, indent=1))
-    return 0
+    return verdict(report["modes"])
+
+
+def verdict(modes: dict[str, dict]) -> int:
+    """The bench's exit status: 1, with a one-line summary on stderr naming each failed run's mode and run, when
+    any faulty run stopped, lost a step or diverged from its undisturbed twin (a script reading the exit code must
+    not see success); else 0."""
+    import sys
+
+    from rlhfless.bench.faults import failed_runs
+
+    lines = failed_runs(modes)
+    if lines:
+        runs = sum(len(r["pairs"]) for r in modes.values())
+        print(f"rlhfless: bench faults: {len(lines)} of {runs} faulty runs failed: {'; '.join(lines)}", file=sys.stderr)
+    return 1 if lines else 0

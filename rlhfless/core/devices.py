@@ -7,7 +7,8 @@ field)` is the machine check every entry point runs before any work, also `--dry
 CUDA device is one `ConfigError` naming the field); `syntax_problem` is the part that needs no machine.
 The rule it keeps: the CPU path is the reference: `place(model, cpu, float32)` returns the model untouched and
 every added `.to(device)` is a no-op on a CPU tensor, so a CPU run is bitwise the run it was before devices
-existed (checked on the quickstart; docs/gpu.md).
+existed (checked on the quickstart; docs/gpu.md). torch is imported where a function needs it, so the config's
+syntax checks (`syntax_problem`) cost no torch (`rlhfless config show`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from __future__ import annotations
 import os
 import re
 from contextlib import contextmanager
-
-import torch
+from typing import TYPE_CHECKING
 
 from rlhfless.core.errors import ConfigError
 
+if TYPE_CHECKING:
+    import torch
+
 DEVICES = ("auto", "cpu", "cuda", "cuda:k")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = ("float32", "bfloat16")
+"""train.dtype's values, each the name of a torch dtype."""
 _CUDA = re.compile(r"cuda(:(\d{1,3}))?")
 
 
@@ -38,10 +42,14 @@ def wants_cuda(spec: str) -> bool:
 
 def cuda_visible() -> int:
     """CUDA devices torch can see (0 on a CPU build or when none is visible)."""
+    import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def no_cuda_message() -> str:
+    import torch
+
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     why = "this torch build has no CUDA" if torch.version.cuda is None else "torch.cuda.is_available() is False"
     return f"no CUDA device is visible ({why}; CUDA_VISIBLE_DEVICES={cvd!r})"
@@ -64,15 +72,19 @@ def check_device(spec: str, field: str) -> None:
 
 def resolve_device(spec: str) -> torch.device:
     """The torch device a checked setting names (auto: cuda:0 when visible, else cpu)."""
+    import torch
+
     if spec == "auto":
         return torch.device("cuda:0" if cuda_visible() else "cpu")
     return torch.device("cuda:0" if spec == "cuda" else spec)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
+    import torch
+
     if name not in DTYPES:
         raise ConfigError(f"dtype: must be one of {list(DTYPES)} (got {name!r})")
-    return DTYPES[name]
+    return getattr(torch, name)
 
 
 def model_device(model) -> torch.device:
@@ -91,6 +103,8 @@ def place(model, device: torch.device, dtype: torch.dtype):
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels on `device` (a no-op on CPU), so a wall-clock time covers the work."""
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
 
 
@@ -100,6 +114,8 @@ def as_cpu_float32(model):
 
     Moves the parameters in place (`Module.to` keeps the Parameter objects, so an optimizer holding them stays
     valid); bfloat16 -> float32 -> bfloat16 is exact. A CPU float32 model is not touched."""
+    import torch
+
     p = next(model.parameters())
     device, dtype = p.device, p.dtype
     if device.type == "cpu" and dtype == torch.float32:

@@ -76,10 +76,8 @@ _OS_ADVICE = {
     "EROFS": ("is on a read-only file system", "name a path you can write, e.g. under runs/ or /tmp"),
     "EACCES": ("permission denied", "name a path this user can write, or fix its permissions"),
     "EPERM": ("operation not permitted", "name a path this user can write, or fix its permissions"),
-    "ENOSPC": ("no space left on the device", "free space or name another folder, then run again (a training "
-               "run continues from its last complete checkpoint with --resume)"),
-    "EDQUOT": ("disk quota exceeded", "free space or name another folder, then run again (a training run "
-               "continues from its last complete checkpoint with --resume)"),
+    "ENOSPC": ("no space left on the device", "free space or name another folder, then run again"),
+    "EDQUOT": ("disk quota exceeded", "free space or name another folder, then run again"),
     "ELOOP": ("a symlink loop (a link on the path points back to itself)", "fix or remove the link"),
     "ENAMETOOLONG": ("the name is too long for the file system", "name a shorter path"),
     "ENOENT": ("no such file or folder", "check the path"),
@@ -89,14 +87,21 @@ _OS_ADVICE = {
 }
 
 
-def os_error_message(exc: OSError) -> str:
-    """One line for an OS error the user can act on: the path, what failed and what to do."""
+RESUMABLE = ("ENOSPC", "EDQUOT")
+"""Errors after which a training run continues from its last checkpoint (`os_error_message(..., train=True)`)."""
+
+
+def os_error_message(exc: OSError, train: bool = False) -> str:
+    """One line for an OS error the user can act on: the path, what failed and what to do (`train`: the command
+    was `rlhfless train`, whose run continues with --resume; no other command's hint names it)."""
     import errno
 
     name = errno.errorcode.get(exc.errno or -1, "")
     what, todo = _OS_ADVICE.get(name, (" ".join((exc.strerror or str(exc)).split()), "check the path and the disk"))
     path = exc.filename if exc.filename is not None else exc.filename2
     where = f"{quote(str(path), 160)}: " if path is not None else ""
+    if train and name in RESUMABLE:
+        todo += " (the run continues from its last complete checkpoint with --resume)"
     return f"{where}{what} ({name or type(exc).__name__}); {todo}"
 
 

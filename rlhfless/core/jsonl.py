@@ -30,8 +30,9 @@ def iter_jsonl(path: str | Path, kind: str = "data") -> Iterator[tuple[str, dict
     from rlhfless.core.errors import DataError
 
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{kind} file not found: {p}")
+    if not p.is_file():  # "not found" only of what does not exist
+        raise DataError(f"{kind} file: {p} is a folder, not a file" if p.is_dir() else
+                        f"{kind} file not found: {p}" if not p.exists() else f"{kind} file: {p} is not a regular file")
     with open_text(p) as fh:
         lineno = 0
         while True:

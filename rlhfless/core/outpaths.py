@@ -133,18 +133,34 @@ def check_run_dir(path: str, resume: bool, earlier_run_ok: bool = False) -> Path
             return p
         if is_run_dir(p) and not _has_checkpoint(p):
             raise ConfigError(f"--out {quote(path)}: holds a run that stopped before its first checkpoint, so it "
-                              f"cannot be resumed; {START_OVER.format(out=path)}")
-        if is_run_dir(p):
+                              f"cannot be resumed; {start_over(path)}")
+        if is_run_dir(p) and via_make_demo():
             raise ConfigError(f"--out {quote(path)}: holds an earlier run; continue it with --resume (make demo "
                               "ARGS=--resume; a larger train.steps extends it), or start over: name a new folder "
                               f"(OUT=runs/other) or rm -r {quote(path)} (make clean-runs removes runs/)")
+        if is_run_dir(p):
+            raise ConfigError(f"--out {quote(path)}: holds an earlier run; continue it with the same command and "
+                              "--resume (a larger train.steps extends it), or start over: name a new --out or rm -r "
+                              f"{quote(path)}")
         raise ConfigError(f"--out {quote(path)}: is a folder with other files, not a run; name a new or empty folder")
     return p
 
 
-START_OVER = ("to start over, name a new folder (--out runs/other; make demo OUT=runs/other) or remove this one "
-              "(rm -r {out}; make clean-runs removes runs/)")
-"""How to start over, in every message about a run folder that cannot continue (no circular advice)."""
+VIA = "RLHFLESS_VIA"
+"""Set by the Makefile's targets (`make demo`: make-demo), so a hint names the command the user ran."""
+
+
+def via_make_demo() -> bool:
+    return os.environ.get(VIA) == "make-demo"
+
+
+def start_over(out) -> str:
+    """How to start over, in every message about a run folder that cannot continue (no circular advice), in the
+    words of the command the user ran (`make demo` or `rlhfless train`)."""
+    if via_make_demo():
+        return f"to start over, name a new folder (make demo OUT=runs/other) or remove this one (rm -r {out}; " \
+               "make clean-runs removes runs/)"
+    return f"to start over, name a new folder (--out runs/other) or remove this one (rm -r {out})"
 
 
 def _has_checkpoint(p: Path) -> bool:

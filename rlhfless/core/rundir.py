@@ -8,6 +8,7 @@ run did not write (a mode that has no workers, a run stopped before its first st
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +145,49 @@ class RunDir:
 
     def read_comparison(self) -> dict | None:
         return read_json_file(self.comparison)
+
+    def next_segment(self) -> Segment:
+        """Where the records of the runtime starting now continue the ones already in the folder (`Segment`)."""
+        return next_segment(self.read_workers(), self.read_invocations())
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One start of a run's runtime: the first, or one `--resume` (the records of every segment stay in
+    workers.jsonl and invocations.jsonl, appended, so the Gantt charts and the simulator's validation read them all).
+
+    index: 0 for the first start, k for the k-th resume. prefix: put before this segment's worker names so they
+    are unique across segments ("" in the first, "s1." after the first resume). offset_s: added to this segment's
+    run-relative times so they follow the earlier segments' records instead of overlapping them (0 in the first)."""
+
+    index: int = 0
+    offset_s: float = 0.0
+
+    @property
+    def prefix(self) -> str:
+        return f"s{self.index}." if self.index else ""
+
+
+SEGMENT_NAME = re.compile(r"^s(\d+)\.")
+TIME_KEYS = ("spawned_s", "ready_s", "released_s", "requested_s", "started_s", "finished_s")
+
+
+def segment_of(worker: str) -> int:
+    """The segment a worker name belongs to (`Segment.prefix`; 0 for an unprefixed name)."""
+    m = SEGMENT_NAME.match(worker)
+    return int(m.group(1)) if m else 0
+
+
+def next_segment(workers: list[dict], invocations: list[dict]) -> Segment:
+    """The segment after the ones these records hold (pure): index one above the highest seen, times after the
+    latest instant recorded. No records: the first segment. Workers are written when a segment ends and
+    invocations as they finish, so a segment killed outright (SIGKILL) still counts through its invocations."""
+    rows = [*workers, *invocations]
+    if not rows:
+        return Segment()
+    index = 1 + max(segment_of(r["worker"]) for r in rows)
+    last = max((r[k] for r in rows for k in TIME_KEYS if isinstance(r.get(k), (int, float))), default=0.0)
+    return Segment(index, float(last))
 
 
 def _rows(path: Path, kind: str) -> list[dict]:

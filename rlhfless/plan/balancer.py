@@ -63,6 +63,18 @@ class JobArrays:
         work = np.add.reduceat(seq_len, offsets[:-1]) if len(jobs) else np.zeros(0)
         return cls(jobs, sizes, prompt, work, work / np.maximum(sizes, 1), seq_len, offsets)
 
+    def take(self, idx: Sequence[int]) -> JobArrays:
+        """The jobs at positions `idx`, in that order: the arrays `from_jobs` builds of them, gathered rather than
+        read job by job again (the scaler plays each candidate's order of one outcome's jobs)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        sizes = self.sizes[idx]
+        before = np.cumsum(sizes) - sizes
+        seq_len = self.seq_len[np.repeat(self.offsets[idx] - before, sizes) + np.arange(int(sizes.sum()))]
+        offsets = np.concatenate(([0], np.cumsum(sizes)))
+        work = np.add.reduceat(seq_len, offsets[:-1]) if len(idx) else np.zeros(0)  # as `from_jobs` sums
+        jobs = tuple(self.jobs[i] for i in idx.tolist())
+        return JobArrays(jobs, sizes, self.prompt_len[idx], work, work / np.maximum(sizes, 1), seq_len, offsets)
+
 
 def validate_jobs(ja: JobArrays, n_actors: int, capacity: int) -> None:
     if isinstance(n_actors, bool) or not isinstance(n_actors, (int, np.integer)) or n_actors < 1:

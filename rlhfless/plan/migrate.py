@@ -16,9 +16,11 @@ Deviations from the paper:
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
-from operator import attrgetter
+from itertools import accumulate, chain
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -47,9 +49,8 @@ def _check_tau(tau: float) -> None:
 def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[MigrationPlan, dict[str, float]]:
     """Decide which unfinished sequences move where (rule in the module header). Pure; returns (plan, metrics).
 
-    It reads of each actor only actor_id, finished, free_slots, n_unfinished, finished_fraction, max_remaining
-    (destinations) and unfinished (sources it cuts), so the simulation passes views that build a sequence list
-    only for a source it cuts (`_Live`); the runtime passes `ActorProgress`."""
+    The runtime passes `ActorProgress`; the simulation decides with `_decide`, the same rule on its own actors
+    with integer sids (tests/test_plan_migrate.py holds the two equal)."""
     _check_tau(tau)
     free = {p.actor_id: p.free_slots for p in progress
             if p.n_unfinished and p.finished_fraction < tau and p.free_slots > 0}
@@ -83,35 +84,24 @@ def plan_migrations(progress: Sequence[ActorProgress], tau: float) -> tuple[Migr
 
 
 class _Seqs:
-    """Per-sequence facts of a simulation, indexed by an integer sid; a sequence's id (`<group>/<k>`, as in the
-    moves) is built only when it moves (`name`)."""
+    """Per-sequence facts of a simulation, indexed by an integer sid (job-major, in the plan's order); a
+    sequence's id (`<group>/<k>`, as in the moves) is built only for the result (`name`): the decisions and
+    moves inside the simulation carry sids, and per-job facts are found by bisection (`job`)."""
 
     def __init__(self) -> None:
         self.group: list[str] = []  # per job: its group id
         self.first: list[int] = []  # per job: its first sid
-        self.job: list[int] = []  # per sid: its job
+        self.plen: list[int] = []  # per job: its prompt tokens
         self.true: list[float] = []
         self.pred: list[float] = []
-        self.plen: list[int] = []
         self.start_it: list[float] = []  # actor iteration counter value at which the seq had 0 tokens
-        self._job_of: dict[str, int] | None = None  # group id -> job, built at the first move (`sid`)
-        self._sid_of: dict[str, int] = {}  # every name `name` built -> its sid (a move's id is read back once)
+
+    def job(self, sid: int) -> int:
+        return bisect_right(self.first, sid) - 1
 
     def name(self, sid: int) -> str:
-        j = self.job[sid]
-        out = f"{self.group[j]}/{sid - self.first[j]}"
-        self._sid_of[out] = sid
-        return out
-
-    def sid(self, name: str) -> int:
-        """The sid `name` was built from (group ids are unique within a plan; k never holds a slash)."""
-        hit = self._sid_of.get(name)
-        if hit is not None:
-            return hit
-        if self._job_of is None:
-            self._job_of = {g: j for j, g in enumerate(self.group)}
-        group, _, k = name.rpartition("/")
-        return self.first[self._job_of[group]] + int(k)
+        j = self.job(sid)
+        return f"{self.group[j]}/{sid - self.first[j]}"
 
 
 class _Actor:
@@ -120,6 +110,8 @@ class _Actor:
     `it` counts iterations this actor has run (fractional between events); a running seq is stored as
     (iteration at which it finishes, sid) in a heap, so advancing the clock is O(1) and an event O(log n).
     """
+
+    __slots__ = ("aid", "it", "t", "heap", "queue", "finished", "total", "end")  # read at every event
 
     def __init__(self, aid: int) -> None:
         self.aid = aid
@@ -135,7 +127,8 @@ class _Actor:
         queue, heap = self.queue, self.heap
         if not queue or len(queue[0]) > capacity - len(heap):
             return
-        # locals: this runs for every job admitted in every simulated step (the same pushes in the same order)
+        # locals: this runs for every job admitted in every simulated step (the same pushes in the same order:
+        # the heap's layout orders equal remainders in a cut)
         it, start, true, push = self.it, seqs.start_it, seqs.true, heapq.heappush
         while queue and len(queue[0]) <= capacity - len(heap):
             for sid in queue.popleft():
@@ -155,87 +148,113 @@ class _Actor:
         return self.t + max(self.heap[0][0] - self.it, 0.0) * f[len(self.heap)]
 
 
-class _Live:
-    """What `plan_migrations` reads of one simulated actor (`ActorProgress`'s fields and properties), each built
-    when first read: at a cut check most actors are neither a source that is cut (the only ones whose
-    sequences are listed) nor a destination (the only ones whose longest remaining is needed), and listing
-    every sequence of every actor was the simulator's innermost loop. Same values as listing them all."""
+Cut = tuple[int, int, int]
+"""One move inside the simulation: (sid, source actor, destination actor); a `Migration` (named) only in the
+result, so a cut decided and applied builds no string and no record per sequence."""
 
-    def __init__(self, act: _Actor, capacity: int, seqs: _Seqs) -> None:
-        self.actor_id, self.finished, self.free_slots = act.aid, act.finished, capacity - len(act.heap)
-        self.n_unfinished = len(act.heap) + sum(len(job) for job in act.queue)
-        total = self.finished + self.n_unfinished
-        self.finished_fraction = self.finished / total if total else 1.0
-        self._act, self._seqs = act, seqs
+_FIRST = itemgetter(0)
 
-    def _running(self) -> tuple[list[int], list[float], list[float]]:
-        """(sids, generated, predicted remaining >= 1) of the running sequences, in heap order."""
-        it, start, pred = self._act.it, self._seqs.start_it, self._seqs.pred
-        sids = [sid for _, sid in self._act.heap]
-        gen = [it - start[sid] for sid in sids]
-        rem = [pred[sid] - g for sid, g in zip(sids, gen)]
-        return sids, gen, [r if r > 1.0 else 1.0 for r in rem]
 
-    @property
-    def max_remaining(self) -> float:
-        it, start, pred = self._act.it, self._seqs.start_it, self._seqs.pred
-        # the largest of the running sequences' remaining, each raised to 1 (`_running`), and the queued ones'
-        heap, queue = self._act.heap, self._act.queue
-        # lists, not generators, into max: the same values, read at every cut check for every destination
-        run = max([pred[sid] - (it - start[sid]) for _, sid in heap]) if heap else None
-        queued = [pred[s] for job in queue for s in job]
-        queued = max(queued) if queued else None
-        if run is None:
-            return queued
-        run = run if run > 1.0 else 1.0
-        return run if queued is None else max(run, queued)
+def _max_remaining(act: _Actor, seqs: _Seqs) -> float | None:
+    """`ActorProgress.max_remaining` of a simulated actor: the largest predicted remaining of its running
+    sequences (the largest raised to 1, as each one is listed by `_unfinished`) and of its queued ones."""
+    it, start, pred = act.it, seqs.start_it, seqs.pred
+    heap, queue = act.heap, act.queue
+    # lists, not generators, into max: the same values, read at every cut check for every destination
+    run = max([pred[sid] - (it - start[sid]) for _, sid in heap]) if heap else None
+    queued = [pred[s] for job in queue for s in job]
+    queued = max(queued) if queued else None
+    if run is None:
+        return queued
+    run = run if run > 1.0 else 1.0
+    return run if queued is None else max(run, queued)
 
-    @property
-    def unfinished(self) -> tuple[SeqProgress, ...]:
-        seqs = self._seqs
-        sids, gen, rem = self._running()
-        out = [SeqProgress(seqs.name(s), int(g), r, seqs.plen[s]) for s, g, r in zip(sids, gen, rem)]
-        out.extend(SeqProgress(seqs.name(s), 0, seqs.pred[s], seqs.plen[s]) for job in self._act.queue for s in job)
-        return tuple(out)
+
+def _unfinished(act: _Actor, seqs: _Seqs) -> list[tuple[float, int]]:
+    """(predicted remaining, sid) of an actor's unfinished sequences, listed as `ActorProgress.unfinished` lists
+    them: the running ones in heap order (remaining raised to 1 token), then the queued ones (their prediction)."""
+    it, start, pred = act.it, seqs.start_it, seqs.pred
+    out = []
+    for _, sid in act.heap:
+        r = pred[sid] - (it - start[sid])
+        out.append((r if r > 1.0 else 1.0, sid))
+    out.extend([(pred[s], s) for job in act.queue for s in job])
+    return out
+
+
+def _decide(cand: list[_Actor], tau: float, capacity: int, seqs: _Seqs) -> tuple[list[Cut], list[int]]:
+    """`plan_migrations` on the simulation's own actors, with sids: the same rule, the same moves in the same
+    order (tests/test_plan_migrate.py checks it against `plan_migrations`), without a `SeqProgress` per
+    unfinished sequence or a `Migration` per move (building them was most of a cut check's time). Only a
+    source that is cut lists its sequences; only a destination needs its longest remaining."""
+    dests, sources, n_free = [], [], 0
+    for b in cand:
+        n_unf = len(b.heap) + sum(map(len, b.queue))
+        if not n_unf:
+            continue
+        free = capacity - len(b.heap)
+        if b.finished / (b.finished + n_unf) >= tau:
+            sources.append((n_unf, b.aid, b))
+        elif free > 0:
+            # destinations keyed (predicted free at, -free slots, id), the least first (`plan_migrations`)
+            dests.append((_max_remaining(b, seqs), -free, b.aid))
+            n_free += free
+    heapq.heapify(dests)
+    sources.sort(key=itemgetter(0, 1))
+    cuts: list[Cut] = []
+    released: list[int] = []
+    pop, push = heapq.heappop, heapq.heappush
+    for n_unf, src, b in sources:
+        if n_unf > n_free:  # all or nothing (`plan_migrations`)
+            continue
+        # longest first; a stable sort keeps equal lengths in their listed order, as `plan_migrations` does
+        for rem, sid in sorted(_unfinished(b, seqs), key=_FIRST, reverse=True):
+            avail, neg_free, dst = pop(dests)
+            if neg_free < -1:
+                push(dests, (max(avail, rem), neg_free + 1, dst))
+            cuts.append((sid, src, dst))
+        n_free -= n_unf
+        released.append(src)
+    return cuts, released
 
 
 def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[list[_Actor], _Seqs]:
-    truth = {j.group_id: j for j in true_jobs} if true_jobs is not None else {}
     seqs, actors = _Seqs(), []
-    # locals: this runs once per sequence of every simulated step and candidate
-    group, firsts, job_of, plen = seqs.group, seqs.first, seqs.job, seqs.plen
-    true_all, pred_all = seqs.true, seqs.pred
+    # whole lists at once: this runs for every sequence of every simulated step and candidate
+    flat = [j for jobs in plan.actor_jobs for j in jobs]
+    sizes = [j.n_seqs for j in flat]
+    seqs.group = [j.group_id for j in flat]
+    seqs.plen = [j.prompt_len for j in flat]
+    seqs.first = firsts = list(accumulate(sizes, initial=0))[:-1]
+    seqs.pred = list(chain.from_iterable([j.lengths() for j in flat]))
+    if true_jobs:
+        truth = {j.group_id: j for j in true_jobs}
+        seqs.true = list(chain.from_iterable([truth[g].lengths() for g in seqs.group]))
+    else:
+        seqs.true = seqs.pred  # read only
+    k = 0
     for a, jobs in enumerate(plan.actor_jobs):
         act = _Actor(a)
-        queue = act.queue
-        for j in jobs:
-            n, pred = j.n_seqs, j.lengths()
-            first = len(true_all)
-            job_of.extend([len(group)] * n)
-            group.append(j.group_id)
-            firsts.append(first)
-            true_all.extend(truth[j.group_id].lengths() if truth else pred)
-            pred_all.extend(pred)
-            plen.extend([j.prompt_len] * n)
-            queue.append(list(range(first, first + n)))
-            act.total += n
+        act.queue.extend([list(range(firsts[i], firsts[i] + sizes[i])) for i in range(k, k + len(jobs))])
+        act.total = sum(sizes[k:k + len(jobs)])
+        k += len(jobs)
         actors.append(act)
-    seqs.start_it = [0.0] * len(true_all)
+    seqs.start_it = [0.0] * len(seqs.true)
     for act in actors:
         act.admit(plan.capacity, seqs)
     return actors, seqs
 
 
-def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seqs: _Seqs,
+def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float, tm: TimeModel, seqs: _Seqs,
            f: list[float]) -> None:
     """Move sequences (running or queued); each destination stalls for the KV transfer."""
-    sources = {actors[m.src] for m in mp.moves}
+    sources = {actors[src] for _, src, _ in cuts}
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     moved = set()
-    sid_of, start, true, plen, push = seqs.sid, seqs.start_it, seqs.true, seqs.plen, heapq.heappush
+    start, true, plen, job_of, push = seqs.start_it, seqs.true, seqs.plen, seqs.job, heapq.heappush
     kv = tm.kv_transfer_s_per_token
-    for m in mp.moves:
-        sid, src, dst = sid_of(m.seq_id), actors[m.src], actors[m.dst]
+    for sid, s, d in cuts:
+        src, dst = actors[s], actors[d]
         finish = finish_of.get(sid)
         gen = src.it - start[sid] if finish is not None else 0.0
         rem = finish - src.it if finish is not None else true[sid]
@@ -243,13 +262,13 @@ def _apply(mp: MigrationPlan, actors: list[_Actor], t: float, tm: TimeModel, seq
         start[sid] = dst.it - gen
         push(dst.heap, (dst.it + rem, sid))
         dst.total += 1
-        dst.t += kv * (plen[sid] + gen)  # the destination stalls for the KV
+        dst.t += kv * (plen[job_of(sid)] + gen)  # the destination stalls for the KV
         moved.add(sid)
     for act in sources:
         act.heap = [x for x in act.heap if x[1] not in moved]
         heapq.heapify(act.heap)
         act.queue = deque(job for job in ([s for s in j if s not in moved] for j in act.queue) if job)
-    for a in mp.released:
+    for a in released:
         actors[a].end = t
 
 
@@ -265,10 +284,37 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
                             true_jobs: Sequence[PlanJob] | None = None) -> tuple[MigrationResult, dict[str, float]]:
     """Simulate `plan` with cut-and-migrate at `tau`; decisions use the plan's predicted lengths, execution uses
     `true_jobs` (matched by group_id; None = the predictions are the truth). Returns (result, metrics)."""
+    return play_with_migration(plan, time_model, tau, true_jobs).named()
+
+
+class Played:
+    """A plan played with cuts (`play_with_migration`): each actor's busy seconds and the number of moves, and
+    the named result (`simulate_with_migration`'s, a `Migration` per move) only when asked: most callers (the
+    scaler's outcome draws, a cut row it declines) read only busy seconds and the count."""
+
+    def __init__(self, plan: AssignmentPlan, tm: TimeModel, actors: list[_Actor], seqs: _Seqs, cuts: list[Cut],
+                 released: list[int]) -> None:
+        self.busy_s = _busy(plan, actors, tm)
+        self.n_moves = len(cuts)
+        self._state = (plan, tm, actors, seqs, cuts, released)
+
+    def named(self) -> tuple[MigrationResult, dict[str, float]]:
+        plan, tm, actors, seqs, cuts, released = self._state
+        name = seqs.name
+        return _result(plan, actors, tm, [Migration(name(sid), a, b) for sid, a, b in cuts], released)
+
+    def metrics(self) -> dict[str, float]:
+        """`simulate_with_migration`'s metrics (balancer/*), no move named."""
+        return _metrics(self.busy_s, self.n_moves, len(self._state[-1]))
+
+
+def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
+                        true_jobs: Sequence[PlanJob] | None = None) -> Played:
+    """`simulate_with_migration`, its moves named only on request (`Played.named`)."""
     _check_tau(tau)
     f = time_model.iter_seconds(np.arange(plan.capacity + 1)).tolist()
     actors, seqs = _load(plan, true_jobs)
-    moves: list[Migration] = []
+    moves: list[Cut] = []
     released: list[int] = []
     nxt = [a.next_event(f) for a in actors] or [np.inf]
     pop, inf, cap = heapq.heappop, np.inf, plan.capacity
@@ -298,11 +344,11 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
             # the decision reads only sources (at or above tau) and destinations (free slots): actors that are
             # neither (below tau and full, e.g. still queueing) need no per-sequence progress
             cand = [b for b in live if b.finished / b.total >= tau or len(b.heap) < plan.capacity]
-            mp, _ = plan_migrations([_Live(b, plan.capacity, seqs) for b in cand], tau)
-            if mp.moves:
-                _apply(mp, actors, t, time_model, seqs, f)
-                moves.extend(mp.moves)
-                released.extend(mp.released)
+            cuts, cut_free = _decide(cand, tau, cap, seqs)
+            if cuts:
+                _apply(cuts, cut_free, actors, t, time_model, seqs, f)
+                moves.extend(cuts)
+                released.extend(cut_free)
                 for b in live:
                     nxt[b.aid] = b.next_event(f)
         heap = act.heap  # `_Actor.next_event`, inlined (a cut replaces the heap and may release this actor)
@@ -311,20 +357,30 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
         else:
             wait = heap[0][0] - act.it
             nxt[a] = act.t + (wait if wait > 0.0 else 0.0) * f[len(heap)]
-    return _result(plan, actors, time_model, moves, released)
+    return Played(plan, time_model, actors, seqs, moves, released)
 
 
-def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: list[Migration],
-            released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
+def _busy(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel) -> list[float]:
     busy = []
     for act, jobs in zip(actors, plan.actor_jobs):
         # prefill and fixed overhead are added after the decode simulation, as in the plan
         prefill = sum(j.prompt_len for j in jobs) * tm.prefill_s_per_token
         busy.append(tm.actor_fixed_s + prefill + (act.end or 0.0) if jobs else 0.0)
-    makespan = max(busy) if busy else 0.0
-    res = MigrationResult(tuple(busy), makespan, float(sum(makespan - b for b in busy)), tuple(moves),
+    return busy
+
+
+def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: list[Migration],
+            released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
+    busy = _busy(plan, actors, tm)
+    metrics = _metrics(busy, len(moves), len(released))
+    res = MigrationResult(tuple(busy), metrics[M.BAL_MAKESPAN_S], metrics[M.BAL_IDLE_DEVICE_S], tuple(moves),
                           tuple(released), tuple(a.finished for a in actors))
+    return res, metrics
+
+
+def _metrics(busy: list[float], n_moves: int, n_released: int) -> dict[str, float]:
+    makespan = max(busy) if busy else 0.0
     mean = sum(busy) / len(busy) if busy else 0.0
-    return res, {M.BAL_MIGRATIONS: float(len(moves)), M.BAL_RELEASED_ACTORS: float(len(released)),
-                 M.BAL_MAKESPAN_S: makespan, M.BAL_IDLE_DEVICE_S: res.idle_device_s,
-                 M.BAL_IMBALANCE: makespan / mean if mean > 0 else 1.0}
+    return {M.BAL_MIGRATIONS: float(n_moves), M.BAL_RELEASED_ACTORS: float(n_released), M.BAL_MAKESPAN_S: makespan,
+            M.BAL_IDLE_DEVICE_S: float(sum(makespan - b for b in busy)),
+            M.BAL_IMBALANCE: makespan / mean if mean > 0 else 1.0}

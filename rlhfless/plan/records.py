@@ -52,6 +52,16 @@ class PlanJob:
                     f"PlanJob {self.group_id!r}: predicted lengths must be finite numbers >= 0 tokens (got {x!r})"
                 )
 
+    @classmethod
+    def trusted(cls, group_id: str, n_seqs: int, predicted_len: float | tuple[float, ...],
+                prompt_len: int = 0) -> PlanJob:
+        """The record `PlanJob(...)` builds, without `__post_init__`'s checks: only for jobs the planner's callers
+        build from values already checked (a simulated step's groups, a predictor's means raised to 1 token,
+        outcomes drawn and clipped to [1, cap]), tens of thousands per simulated step. Never for user input."""
+        job = object.__new__(cls)
+        job.__dict__.update(group_id=group_id, n_seqs=n_seqs, predicted_len=predicted_len, prompt_len=prompt_len)
+        return job
+
     def lengths(self) -> tuple[float, ...]:
         """Per-sequence predicted lengths in tokens, always n_seqs entries."""
         if isinstance(self.predicted_len, tuple):

@@ -25,7 +25,7 @@ import rlhfless.plan.sweep as sw
 from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
-from rlhfless.plan.migrate import simulate_with_migration
+from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
 from rlhfless.plan.overlap import job_learner_tokens, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
@@ -147,14 +147,27 @@ def _plan_labels(plan: AssignmentPlan) -> np.ndarray:
     return np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
 
 
-def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel) -> tuple[list[float], JobArrays,
-                                                                                   np.ndarray]:
+def _outcome_arrays(outcome: Sequence[PlanJob], memo: dict | None) -> tuple[JobArrays, dict[str, int]]:
+    """An outcome's jobs as arrays and each group's position (the last job of a group id, as a dict by id
+    keeps), once per outcome in `memo` (every candidate plays the same outcomes)."""
+    key = ("outcome", id(outcome))
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is outcome:
+        return hit[1], hit[2]
+    ja, index = JobArrays.from_jobs(outcome), {j.group_id: i for i, j in enumerate(outcome)}
+    if memo is not None:
+        memo[key] = (outcome, ja, index)  # the outcome itself: its id stays its own while the memo holds it
+    return ja, index
+
+
+def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
+          memo: dict | None = None) -> tuple[list[float], JobArrays, np.ndarray]:
     """The plan's placement and admission order played with an outcome's lengths (matched by group_id), once:
     (each actor's busy seconds, the jobs in the plan's order with those lengths, (J,) each job's finish on its
     actor). Busy = its last job's finish (`labels_finish_s` charges the fixed overhead and prefill first, as
-    `build_plan`), 0 for an idle actor."""
-    by_id = {j.group_id: j for j in outcome}
-    ja = JobArrays.from_jobs([by_id[j.group_id] for js in plan.actor_jobs for j in js])
+    `build_plan`), 0 for an idle actor. `memo`: the outcome's arrays, shared with the other candidates."""
+    base, index = _outcome_arrays(outcome, memo)
+    ja = base.take([index[j.group_id] for js in plan.actor_jobs for j in js])
     labels = _plan_labels(plan)
     own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm)
     busy = np.zeros(plan.n_actors)
@@ -163,7 +176,7 @@ def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel) -> tu
 
 
 def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
-         draws: Sequence[Sequence[PlanJob]], cuts: MigrationResult | None = None, wide: WideActor | None = None,
+         draws: Sequence[Sequence[PlanJob]], cuts: Played | None = None, wide: WideActor | None = None,
          memo: dict | None = None) -> ScalingCandidate:
     """T and C of a plan (with its cuts at tau when `cuts`, the predicted cut simulation; its straggler on the
     wide engine when `wide`). With `draws` (outcomes of the step's lengths drawn from the prediction): the means
@@ -176,7 +189,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
         busy = list(cuts.busy_s if cuts is not None else plan.busy_s)
         if wide is not None:
             busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
-        return _costed(plan, busy, len(cuts.moves) if cuts is not None else 0, cfg, n_warm, tm, on)
+        return _costed(plan, busy, cuts.n_moves if cuts is not None else 0, cfg, n_warm, tm, on)
     rows = []
     # the placement: each actor's groups in admission order (the same order split differently plays differently)
     placed = (tuple(tuple([j.group_id for j in js]) for js in plan.actor_jobs), plan.capacity)
@@ -186,13 +199,13 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
             busy, ja, own = memo[key]
             busy = list(busy)
         else:
-            busy, ja, own = _play(plan, d, tm)
+            busy, ja, own = _play(plan, d, tm, memo)
             if key is not None:
                 memo[key] = (tuple(busy), ja, own)
         moves = 0
         if cuts is not None:
-            res, _ = simulate_with_migration(plan, tm, cfg.tau, d)
-            busy, moves = list(res.busy_s), len(res.moves)
+            res = play_with_migration(plan, tm, cfg.tau, d)  # busy seconds and the count: no move named
+            busy, moves = list(res.busy_s), res.n_moves
         elif wide is not None:
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
             busy[a] = on_wide(ja.jobs[first:first + len(plan.actor_jobs[a])], wide)[0]
@@ -203,11 +216,11 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
 
 
 def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
-              draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingCandidate,
-                                                                                          MigrationResult]:
+              draws: Sequence[Sequence[PlanJob]] = (), memo: dict | None = None) -> tuple[ScalingCandidate, Played]:
     """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations; over `draws` when given)
-    and the cuts simulated on the predictions (what a runtime decides with); `memo` as in `_row`."""
-    res, _ = simulate_with_migration(plan, tm, cfg.tau)
+    and the cuts simulated on the predictions (what a runtime decides with; `Played.named()` for the moves);
+    `memo` as in `_row`."""
+    res = play_with_migration(plan, tm, cfg.tau)
     return _row(plan, cfg, tm, n_warm, draws, cuts=res, memo=memo), res
 
 
@@ -268,6 +281,20 @@ def _memo_sweep(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, memo: dict | None
     if memo is not None:
         memo[key] = (ja, tm, res)  # the objects themselves: their ids stay theirs while the memo holds them
     return res
+
+
+def _memo_plan(ja: JobArrays, res: sw.SweepResult, n: int, cfg: PlanConfig, tm: TimeModel,
+               memo: dict | None) -> AssignmentPlan:
+    """`build_plan` of the sweep's placement for n actors, once per sweep result in `memo` (a step's decision
+    and its warm pool place the same jobs alike, and the warm pool reads only the plan; plans are read only)."""
+    key = ("plan", id(res), n)
+    hit = memo.get(key) if memo is not None else None
+    if hit is not None and hit[0] is res:
+        return hit[1]
+    plan = build_plan(ja, res.labels(res.candidates.index(n)), res.rank, n, cfg.capacity, tm, cfg.policy)
+    if memo is not None:
+        memo[key] = (res, plan)  # the result itself: its id stays its own while the memo holds it
+    return plan
 
 
 def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
@@ -354,16 +381,12 @@ def _candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
         if not draws and cfg.objective == "score":
             cands, res = sweep_candidates(ja, cfg, tm, n_warm, memo)  # already scored
 
-            def built(n: int) -> AssignmentPlan:
-                r = res.candidates.index(n)
-                return build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
-            return cands, built
+            return cands, lambda n: _memo_plan(ja, res, n, cfg, tm, memo)
         # a constraint (deadline, budget) is tested on each placement played exactly, as its reference is: the
         # sweep's estimate of a queueing actor can land either side of it (a plan equal to the reference missed
         # its own deadline); the sweep still places every candidate
         res = _memo_sweep(ja, cfg, tm, memo)
-        plans = [build_plan(ja, res.labels(r), res.rank, n, cfg.capacity, tm, cfg.policy)
-                 for r, n in enumerate(res.candidates)]
+        plans = [_memo_plan(ja, res, n, cfg, tm, memo) for n in res.candidates]
         evaluated = [(_row(p, cfg, tm, n_warm, draws, memo=memo), p) for p in plans]
     plans_by_n = {c.n_actors: p for c, p in evaluated}
     return _scored([c for c, _ in evaluated], cfg), plans_by_n.__getitem__
@@ -451,7 +474,8 @@ def _decide_cuts(cands: list[ScalingCandidate], best: ScalingCandidate, plan: As
     if keep != cfg.simulate_migration:
         cands = sorted(_scored(others + [cut_row if keep else plain_row], cfg), key=lambda c: c.n_actors)
         best = next(c for c in cands if c.n_actors == plan.n_actors)
-    return cands, best, cut, (cut_res if keep else None), cut_reason(plain, cut, keep)
+    # moves named only when kept
+    return cands, best, cut, (cut_res.named()[0] if keep else None), cut_reason(plain, cut, keep)
 
 
 def cut_reason(plain: ScalingCandidate, cut: ScalingCandidate, keep: bool) -> str:

@@ -35,15 +35,18 @@ def lognormal_quantiles(mean: Sequence[float], std: Sequence[float], levels: Seq
     Lognormal rather than normal: lengths are positive and right-skewed, and a normal's low quantiles go
     negative for heavy-tailed length distributions. Floored at 1 token (a response is at least its EOS).
     """
+    # each prompt's (log-mean, log-sd) once for every level: the same operations, in the same order, per value
+    mu, sd = [], []
+    for m, s in zip(mean, std):
+        m = max(m, 1.0)
+        sigma2 = math.log1p((s / m) ** 2)
+        mu.append(math.log(m) - 0.5 * sigma2)
+        sd.append(math.sqrt(sigma2))
+    exp = math.exp
     out = {}
     for q in levels:
         z = float(ndtri(q))
-        vals = []
-        for m, s in zip(mean, std):
-            m = max(m, 1.0)
-            sigma2 = math.log1p((s / m) ** 2)
-            vals.append(max(1.0, math.exp(math.log(m) - 0.5 * sigma2 + z * math.sqrt(sigma2))))
-        out[q] = tuple(vals)
+        out[q] = tuple([max(1.0, exp(a + z * b)) for a, b in zip(mu, sd)])
     return out
 
 
@@ -58,7 +61,7 @@ class RunningStats:
     def add(self, values: Sequence[float]) -> None:
         self.n += len(values)
         self.total += float(sum(values))
-        self.total_sq += float(sum(v * v for v in values))
+        self.total_sq += float(sum([v * v for v in values]))
 
     def mean(self, fallback: float) -> float:
         return self.total / self.n if self.n else fallback

@@ -44,16 +44,17 @@ class EWMAPredictor:
 
     def update(self, observations: Sequence[Observation]) -> None:
         a = self.cfg.alpha
+        mean, var, count, add = self.mean, self.var, self.count, self.stats.add  # locals: once per group per step
         for obs in observations:
             pid, xs = obs.prompt_id, obs.lengths
-            prev = self.mean.get(pid)
+            prev, observed = mean.get(pid), obs.mean
             # squared error of each sample against what we would have predicted: within-group spread plus drift
-            centre = obs.mean if prev is None else prev
-            err2 = sum((x - centre) ** 2 for x in xs) / len(xs)
-            self.var[pid] = ewma_step(self.var.get(pid), err2, a)
-            self.mean[pid] = ewma_step(prev, obs.mean, a)
-            self.count[pid] = self.count.get(pid, 0) + 1
-            self.stats.add(xs)
+            centre = observed if prev is None else prev
+            err2 = sum([(x - centre) ** 2 for x in xs]) / len(xs)
+            var[pid] = ewma_step(var.get(pid), err2, a)
+            mean[pid] = ewma_step(prev, observed, a)
+            count[pid] = count.get(pid, 0) + 1
+            add(xs)
 
     def unseen_length(self) -> float:
         """Prediction for a prompt with no history (tokens)."""

@@ -50,9 +50,13 @@ def _show(args: argparse.Namespace) -> int:
     from rlhfless.config import RunConfig
     from rlhfless.run.configref import sections
 
-    secs = [s for s in sections(RunConfig) if s.key]
     if args.key is not None and "=" in args.key:  # `config show train.steps=5`: an override, no KEY
         args.overrides, args.key = [args.key, *args.overrides], None
+    key = args.key
+    # render only the checks of what is shown: a check listing a registry imports it (torch, for algo's variants)
+    keep = (lambda k: k == key or k.startswith(key + ".")) if key else (
+        None if (args.config or args.overrides) else (lambda k: False))
+    secs = [s for s in sections(RunConfig, keep=keep) if s.key]
     if args.key is None and not (args.config or args.overrides):
         for s in secs:
             print(f"{s.key:14s} {s.doc}")

@@ -19,6 +19,7 @@ import re
 import textwrap
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,12 +113,42 @@ def section_doc(cls: type) -> str:
 
 
 def _value(expr: ast.expr, scope: dict[str, Any]) -> str:
-    """`expr` of a check's message: its value when it needs only module-level names (`list(MODES)`), else the
-    expression without `self.` (`{self.algo.group_size}` -> `{algo.group_size}`)."""
-    try:
-        return str(eval(compile(ast.Expression(expr), "<check>", "eval"), dict(scope)))  # our own source
-    except Exception:  # noqa: BLE001 - it needs the instance or a local: keep the expression
-        return "{" + ast.unparse(expr).replace("self.", "") + "}"
+    """`expr` of a check's message: its value when it needs only module-level names or names the check imports
+    itself (`list(MODES)`, `sorted(ADVANTAGE_ESTIMATORS)`: the registry as it is), else the expression without
+    `self.` (`{self.algo.group_size}` -> `{algo.group_size}`; a message that needs the instance belongs in its
+    `(got ...)` part, and `tests/test_config_reference.py` fails on a `{` left in the page)."""
+    code, scope = compile(ast.Expression(expr), "<check>", "eval"), dict(scope)
+    for _ in range(8):  # one retry per name the check imports inside its method
+        try:
+            return str(eval(code, scope))  # our own source
+        except NameError as exc:
+            found = _local_import(scope, exc.name)
+            if found is None:
+                break
+            scope[exc.name] = found
+        except Exception:  # noqa: BLE001 - it needs the instance or a local: keep the expression
+            break
+    return "{" + ast.unparse(expr).replace("self.", "") + "}"
+
+
+def _local_import(scope: dict[str, Any], name: str | None) -> Any:
+    """`name` as the checking method imports it (`from rlhfless.algo import POLICY_LOSSES` inside the method),
+    else None. Imported only when a message needs it: `config show KEY` loads no more than KEY's checks need."""
+    where = scope.get(_IMPORTS, {}).get(name)
+    if where is None:
+        return None
+    import importlib
+
+    return getattr(importlib.import_module(where[0]), where[1], None)
+
+
+_IMPORTS = "__configref_imports__"
+
+
+def _method_imports(method: ast.FunctionDef) -> dict[str, tuple[str, str]]:
+    """name -> (module, attribute) of each `from M import A [as B]` inside `method`."""
+    return {(a.asname or a.name): (n.module, a.name) for n in ast.walk(method)
+            if isinstance(n, ast.ImportFrom) and n.module and not n.level for a in n.names}
 
 
 def _text(node: ast.AST, names: dict[str, str], scope: dict[str, Any]) -> str | None:
@@ -154,20 +185,26 @@ def _loops(tree: ast.AST) -> dict[ast.AST, dict[str, list[str]]]:
     return found
 
 
-def rules(cls: type) -> dict[str, list[str]]:
-    """Dotted key -> the messages of the `require(cond, KEY, MESSAGE)` checks in `__post_init__` and `_check*`."""
+def rules(cls: type, keep: Callable[[str], bool] | None = None) -> dict[str, list[str]]:
+    """Dotted key -> the messages of the `require(cond, KEY, MESSAGE)` checks in `__post_init__`, `_check*` and
+    `_resolve*`; `keep`: only the keys it accepts have their messages rendered (a registry a message lists is
+    imported to render it)."""
     found: dict[str, list[str]] = {}
-    scope = vars(inspect.getmodule(cls))
+    module_scope = vars(inspect.getmodule(cls))
     for method in _source_tree(cls).body:
-        if not (isinstance(method, ast.FunctionDef)
-                and (method.name == "__post_init__" or method.name.startswith("_check"))):
+        if not (isinstance(method, ast.FunctionDef) and (method.name == "__post_init__" or
+                                                          method.name.startswith(("_check", "_resolve")))):
             continue
+        scope = {**module_scope, _IMPORTS: _method_imports(method)}
         for node, loop in _loops(method).items():
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "require"
                     and len(node.args) == 3):
                 continue
             for values in _bindings(loop):
-                key, message = _text(node.args[1], values, scope), _text(node.args[2], values, scope)
+                key = _text(node.args[1], values, scope)
+                if key and keep is not None and not keep(key):
+                    continue
+                message = _text(node.args[2], values, scope)
                 if key and message:
                     message = _GOT.sub("", message).strip()
                     message = re.sub(r"(\b[\w.]+)=\{\1\}", r"\1", message)  # "x={x}" says x twice
@@ -190,11 +227,11 @@ def _classes(root: type) -> list[type]:
     return [root] + [c for f in dataclasses.fields(root) if is_section(hints[f.name]) for c in _classes(hints[f.name])]
 
 
-def all_rules(root: type) -> dict[str, list[str]]:
+def all_rules(root: type, keep: Callable[[str], bool] | None = None) -> dict[str, list[str]]:
     """The checks of every section under `root`, by key (a cross-section check lives in the class above)."""
     found: dict[str, list[str]] = {}
     for cls in _classes(root):
-        for key, messages in rules(cls).items():
+        for key, messages in rules(cls, keep).items():
             found.setdefault(key, []).extend(m for m in messages if m not in found[key])
     return found
 
@@ -205,9 +242,11 @@ def _restates(message: str, choices: tuple[str, ...]) -> bool:
         map(len, choices))
 
 
-def sections(root: type, prefix: str = "", checks: dict[str, list[str]] | None = None) -> list[SectionDoc]:
-    """Every section of `root` (itself first when it has fields of its own), depth first in field order."""
-    checks = all_rules(root) if checks is None else checks
+def sections(root: type, prefix: str = "", checks: dict[str, list[str]] | None = None,
+             keep: Callable[[str], bool] | None = None) -> list[SectionDoc]:
+    """Every section of `root` (itself first when it has fields of its own), depth first in field order; `keep`:
+    the keys whose checks are rendered (all by default; `config show KEY` renders KEY's)."""
+    checks = all_rules(root, keep) if checks is None else checks
     hints = typing.get_type_hints(root)
     docs = field_docstrings(root)
     own, nested = [], []

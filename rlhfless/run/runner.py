@@ -145,6 +145,8 @@ class Run:
     t_start: float
     runtime_summary: dict | None = None
     progress: bool = True
+    cutting: str | None = None
+    """What an interrupt now would cut short ("step 4", "the checkpoint after step 3"); None between them."""
 
 
 
@@ -172,8 +174,10 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     allow_config_change: resume even if the config differs in keys that change results (listed in a warning).
     """
     from rlhfless.core.outpaths import claim_run_dir
+    from rlhfless.run.inputs import check_inputs
 
     cfg.check_machine()
+    check_inputs(cfg)  # before the folder exists: a refused input leaves nothing that blocks the fixed command
     # the folder is this run's alone from here on (an earlier, finished run there is moved aside; a live one
     # refuses this call); a run that fails before writing anything leaves no folder behind
     if cfg.runtime.mode == "compare":
@@ -352,6 +356,7 @@ def _loop(run: Run, progress: bool) -> None:
                initial=st.step, total=cfg.train.steps)
     try:
         for step in bar:
+            run.cutting = f"step {step} of {cfg.train.steps}"
             epoch, groups = run.stream.next()
             report = run_step(run.stages, groups, step, epoch, seed=cfg.train.seed * 1_000_003 + step)
             run.traces.write(report.trace_rows())
@@ -364,15 +369,19 @@ def _loop(run: Run, progress: bool) -> None:
             bar.set_postfix(reward=f"{report.metrics[M.REWARD_MEAN]:.3f}",
                             len=f"{report.metrics[M.RESP_LEN_MEAN]:.0f}")
             # evaluations and checkpoints run on the driver between steps: billed to neither runtime mode
+            run.cutting = None  # the step is done: its records are written
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < cfg.train.steps:
+                run.cutting = f"the evaluation after step {step}"
                 with run.stages.off_clock():
                     run.stages.sync_learner()
                     result = run_eval(run.learner.model, run.eval_prompts, cfg, run.stages.env, progress)
                 run.tracker.log(_eval_metrics(result), step=step)
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                run.cutting = f"the checkpoint after step {step}"
                 with run.stages.off_clock():
                     run.stages.sync_learner()
                     _checkpoint(run)
+            run.cutting = None
     except TrainingError as exc:
         raise _stopped(run, exc) from None
     except KeyboardInterrupt:
@@ -388,7 +397,10 @@ def _interrupted(run: Run, exc: KeyboardInterrupt) -> Interrupted:
         done = read_state(find_checkpoint(run.out)).step
     except DataError:
         done = None
-    where = f"step {run.state.step + 1} of {run.cfg.train.steps} was cut short"
+    # the part really cut short: a step, or the evaluation or checkpoint after one (`Run.cutting`); none when the
+    # signal came between them (after a complete checkpoint, before the next step began)
+    where = (f"{run.cutting} was cut short" if run.cutting else
+             f"stopped after step {run.state.step} of {run.cfg.train.steps}, before the next began")
     if done is None:
         return Interrupted(signum, f"{where}, before the first checkpoint (train.checkpoint_every); nothing to "
                                    f"resume: start over with a new --out (or remove {run.out})")
@@ -496,6 +508,11 @@ def context_of(policy, env: TextEnv) -> int:
 def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int, env: TextEnv) -> None:
     """The longest prompt plus rollout.max_new_tokens must fit the model's context (fail before any work)."""
     longest, worst = max((len(env.encode(p)), p.prompt_id) for p in prompts)
+    if longest >= context:  # no count of new tokens fits: say so, never a negative "at most"
+        raise ConfigError(
+            f"task.{cfg.task.name}: the longest prompt ({worst}) has {longest} tokens, the checkpoint's whole context "
+            f"of {context} or more, so no response fits; make the task's prompts shorter (task.{cfg.task.name}.*) "
+            "or use a checkpoint with a longer context (policy.checkpoint)")
     if longest + cfg.rollout.max_new_tokens > context:
         raise ConfigError(
             f"rollout.max_new_tokens: the longest prompt ({worst}) has {longest} tokens, so at most "

@@ -13,6 +13,7 @@ Non-goals: multi-device optimizer sharding; resuming a run across different torc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -131,10 +132,15 @@ def find_checkpoint(out: Path) -> Path:
         d = RunDir(out).checkpoint(name)
         if (d / STATE_FILE).is_file():
             return d
-    from rlhfless.core.outpaths import START_OVER
+    from rlhfless.core.outpaths import start_over
 
+    left = [out / "checkpoints" / n for n in ("last", "last.prev") if os.path.lexists(out / "checkpoints" / n)]
+    if left:  # the run had a checkpoint: say what is wrong with it, not that it never made one
+        what = "a link to nothing" if not left[0].exists() else f"incomplete (no {STATE_FILE})"
+        raise DataError(f"{left[0]}: the run's checkpoint is {what}, so there is nothing to resume from; restore "
+                        f"it, or {start_over(out)}")
     raise DataError(f"{out}: no run checkpoint to resume (the run stopped before its first one, "
-                    f"train.checkpoint_every); {START_OVER.format(out=out)}")
+                    f"train.checkpoint_every); {start_over(out)}")
 
 
 def read_state(ckpt: Path) -> RunState:

@@ -45,8 +45,8 @@ def register(sub, bench) -> None:
                    help="with --resume: accept a config that differs in keys that change results")
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the run makes before its first step (config, machine, checkpoint, task, "
-                        "context, time profile, predictor; with --out, the run folder), print the resolved config, "
-                        "and stop")
+                        "context, time profile, predictor, emulated length trace; with --out, the run folder), "
+                        "print the resolved config, and stop")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help=f"dotted config overrides, e.g. {OVERRIDES_EXAMPLE}")
     p.set_defaults(func=_train)
@@ -139,18 +139,18 @@ def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, prog
     import yaml
 
     from rlhfless.model.factory import load_policy
-    from rlhfless.step.planner import Planner
     from rlhfless.core.progress import phases
+    from rlhfless.run.inputs import check_inputs
     from rlhfless.run.runner import build_parts, check_resume, ensure_policy
 
     # cheap checks first (the machine, the predictor and time profile, the run folder), then the checkpoint's seconds
-    names = ["machine", "planner"] + (["run folder"] if resume and out else []) + ["checkpoint", "task, learner"]
+    names = ["machine", "planner, input files"] + (["run folder"] if resume and out else []) + [
+        "checkpoint", "task, learner"]
     with phases(names, "dry-run checks", progress) as step:
         step("machine")
         cfg.check_machine()
-        step("planner")
-        if cfg.train.plan:
-            Planner(cfg.predictor, cfg.plan)
+        step("planner, input files")
+        check_inputs(cfg)  # the emulated length table, the time profile and the predictor, as `train` checks them
         ckpt = None
         if resume and out:
             step("run folder")

@@ -38,11 +38,12 @@ class Calibration:
 class StepClock:
     """Times on the run's clock (`rel`: seconds since the runtime started), step windows, pauses, and history."""
 
-    def __init__(self, cfg, policy, keep_alive_s: float | None, t0: float):
+    def __init__(self, cfg, policy, keep_alive_s: float | None, t_open: float, offset_s: float = 0.0):
         self.cfg, self.rt, self.policy, self.keep_alive_s = cfg, cfg.runtime, policy, keep_alive_s
-        self.t0 = t0
-        self.step_t0 = t0
-        self.step_t1: float | None = t0  # step 1's window opens when the runtime does (pool start included)
+        self.t_open = t_open  # when this run segment's runtime opened
+        self.t0 = t_open - offset_s  # the origin of every run-relative time (a resumed segment follows the earlier)
+        self.step_t0 = t_open
+        self.step_t1: float | None = t_open  # step 1's window opens when the runtime does (pool start included)
         self.stage_t0: float | None = None  # this step's rollout start: releases after it are mid-step
         self.last_learn_end: float | None = None
         self.paused: list[tuple[float, float]] = []  # run-relative intervals off the clock (`off_clock`)

@@ -135,7 +135,11 @@ class RuntimeConfig:
     invocation_timeout_s: float = 600.0
     """An invocation that takes longer is treated as a failed worker: killed and re-run."""
     max_attempts: int = 3
-    """Attempts per invocation before the step fails (a killed worker's work is re-run from the same streams)."""
+    """Attempts of one piece of a step's work (a decode function's rows, a learner rank's groups, the serverful
+    pool's start) before the run stops with its last good checkpoint; a killed worker's work is re-run from the
+    same streams. Only consecutive failures of that work while it runs use them: a restart because another
+    worker died uses none, and deaths before the work could run count on a separate budget of this size
+    (`runtime/attempts.py`)."""
     billing_granularity_s: float = 0.001
     """Billed worker time is rounded up to this (1 ms, as per-millisecond serverless billing); GPU platforms
     that round to 1 s set 1.0."""
@@ -195,9 +199,14 @@ class RuntimeConfig:
         if self.billing in PRESETS:
             p = PRESETS[self.billing]
             require(self.keep_alive_s in (0.0, p.keep_alive_s), "runtime.keep_alive_s",
-                    f"runtime.billing={self.billing} fixes the idle timeout at {p.keep_alive_s} s (got {self.keep_alive_s})")
+                    "a runtime.billing preset fixes the idle timeout ("
+                    f"{', '.join(f'{k}: {v.keep_alive_s:g} s' for k, v in PRESETS.items())}) (got "
+                    f"{self.keep_alive_s} with runtime.billing={self.billing}, which fixes {p.keep_alive_s} s)")
             require(self.billing_granularity_s in (0.001, p.granularity_s), "runtime.billing_granularity_s",
-                    f"runtime.billing={self.billing} fixes it at {p.granularity_s} s (got {self.billing_granularity_s})")
+                    "a runtime.billing preset fixes the granularity ("
+                    f"{', '.join(f'{k}: {v.granularity_s:g} s' for k, v in PRESETS.items())}) (got "
+                    f"{self.billing_granularity_s} with runtime.billing={self.billing}, which fixes "
+                    f"{p.granularity_s} s)")
         require(self.gantt_every >= 0, "runtime.gantt_every", f"must be >= 0 (got {self.gantt_every})")
 
     def billing_rules(self) -> BillingRules:
@@ -245,6 +254,8 @@ class RuntimeConfig:
                 f"runtime.device=emulated (got {self.units})")
         require(self.backend == "local", "runtime.backend", "emulated devices run on the local backend "
                 f"(got {self.backend!r})")
+        require(self.mode != "inline", "runtime.mode", "runtime.device=emulated needs a runtime mode (serverless, "
+                "serverful or compare); inline runs every stage in the driver, where the emulated keys go unused")
         require(self.ship_prefix_kv == "never", "runtime.ship_prefix_kv", "must be never with "
                 "runtime.device=emulated (an emulated prefill function is not built)")
 

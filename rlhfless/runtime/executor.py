@@ -64,11 +64,13 @@ class Runtime:
         self.planner_time_model = planner.time_model if planner is not None else cfg.plan.time_model()
         self.ppo = cfg.algo.name == "ppo"
         self.weights = WeightStore(scratch, learner, critic if self.ppo else None)
-        t0 = now()
+        segment = RunDir(out).next_segment()  # resumed: names and times follow the earlier records
+        t_open = now()
         self.rules = billing_rules(self.rt)
         self.price = price(cfg.plan.gpu_kind)
-        self.clock = StepClock(cfg, self.policy, self.rt.idle_timeout_s(), t0)
-        self.workers = WorkerSet(cfg, self.policy, backend, setup, units, t0, self.clock, self.weights)
+        self.clock = StepClock(cfg, self.policy, self.rt.idle_timeout_s(), t_open, segment.offset_s)
+        self.workers = WorkerSet(cfg, self.policy, backend, setup, units, self.clock.t0, self.clock, self.weights,
+                                 segment.prefix)
         self.ledger = Ledger(self.clock)
         if self.policy.traits.holds_pool:  # W workers for the whole run, started before step 1's clock
             self.workers.start_pool()
@@ -194,7 +196,7 @@ class Runtime:
         """The run's bill and what explains it (call after close(): every lifetime has ended)."""
         bill = self.run_bill()
         recs = list(self.workers.pool.records.values())
-        wall = (self.clock.step_t1 or self.clock.t0) - self.clock.t0 - self.clock.paused_s()
+        wall = (self.clock.step_t1 or self.clock.t_open) - self.clock.t_open - self.clock.paused_s()
         cold: dict[str, list[float]] = {}
         for r in recs:
             if r.ready_s is not None:
@@ -236,7 +238,7 @@ class Runtime:
         with nothing held (from the first worker's start to the end), and held device-seconds by role spent busy,
         held idle and cold-starting (`meter.usage_window`)."""
         rows = [r.to_json() for r in recs]
-        end = self.clock.rel(self.clock.step_t1 or self.clock.t0)
+        end = self.clock.rel(self.clock.step_t1 or self.clock.t_open)
         first = min((r["spawned_s"] for r in rows), default=end)
         zeros = zero_held(rows, first, end)
         usage = usage_window(recs, self.ledger.invocations, float("-inf"), end, end, self.clock.paused)
@@ -250,7 +252,7 @@ class Runtime:
         """Release every worker (billing ends) and write the records; the scratch files stay for sync_learner."""
         self.workers.pool.release_all()
         self.ledger.write(RunDir(self.out).invocations)
-        with RunDir(self.out).workers.open("w") as f:
+        with RunDir(self.out).workers.open("a") as f:  # appended: a resumed run keeps every segment's workers
             for rec in self.workers.pool.records.values():
                 f.write(json.dumps(rec.to_json()) + "\n")
 

@@ -22,9 +22,10 @@ from rlhfless.core import metrics as M
 from rlhfless.learn.critic import value_chunks
 from rlhfless.learn.ppo_update import needs_old_logprobs
 from rlhfless.runtime import wire
+from rlhfless.runtime.attempts import Attempts, running
 from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
-from rlhfless.runtime.records import CRITIC_IMAGE, fail, now
+from rlhfless.runtime.records import CRITIC_IMAGE, now
 from rlhfless.runtime.stages import await_reply
 
 
@@ -48,14 +49,14 @@ class PpoStream:
         self.sent: set[int] = set()  # chunks the current value function has been sent
         self.streamed: set[int] = set()  # ... of which while some group still decoded
         self.values_requested: tuple[float, bool] | None = None  # (first chunk sent, cold) of its invocation
-        self.values_attempt = 1
+        self.values_tries = self.tries("values")
         self.actor = None
         self.critic = None
         self.rollout_end: float | None = None
         self.prewarm_due = False
         self.working = False  # the update was sent: neither worker may be preempted any more
         self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
-        self.actor_attempt = 1
+        self.actor_tries = self.tries("learner")
         self.files: set[Path] = set()
         if not ctx.policy.traits.starts_functions:  # every role has its held worker: the actor and the critic are set
             self.pool_restarted()
@@ -125,26 +126,31 @@ class PpoStream:
         failed attempt (a death counts a retry); the update goes to a new actor."""
         ctx = self.ctx
         if self.actor_requested is not None and self.actor_requested[0] is h:
-            self.actor_attempt = self._lost_attempt("learner", h, self.actor_requested[1:], self.actor_attempt, dead)
+            self._lost_attempt("learner", h, self.actor_requested[1:], self.actor_tries, dead)
             self.actor_requested = None
         ctx.workers.pool.dead(h) if dead else ctx.workers.pool.release(h)
         self.actor = None if h is self.actor else self.actor
 
-    def _lost_attempt(self, kind: str, h, requested: tuple[float, bool], attempt: int, dead: bool,
-                      retry: bool = True) -> int:
+    def tries(self, kind: str) -> Attempts:
+        """The attempts of this step's `kind` work (`runtime.attempts`)."""
+        return Attempts(f"{ROLE_NAMES[kind]} of step {self.step}", self.ctx.config.max_attempts)
+
+    def _lost_attempt(self, kind: str, h, requested: tuple[float, bool], tries: Attempts, dead: bool,
+                      retry: bool = True, charged: bool = True) -> None:
         """Record the invocation of `kind` that h held since `requested` (when, cold) as failed, preempted unless
-        `dead`; a death counts a retry (unless the caller counts it: `retry`) and ends the step past
-        runtime.max_attempts. Returns the next attempt."""
+        `dead`; a death counts a retry (unless the caller counts it: `retry`) and, when h was running the work
+        (`charged`: not a survivor of a pool restarted for another worker's death), uses one of its attempts
+        (`runtime.attempts`: past runtime.max_attempts the step ends)."""
         ctx = self.ctx
-        ctx.ledger.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], attempt, ok=False,
-                   **({} if dead else {"preempted": 1}))
+        extra = {"preempted": 1} if not dead else {} if charged else {"restarted": 1}
+        ctx.ledger.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], tries.number, ok=False,
+                   **extra)
         if not dead:
-            return attempt
+            return
         if retry:
             ctx.ledger.count(M.RUNTIME_RETRIES)
-        if attempt + 1 > ctx.config.max_attempts:
-            raise fail(f"{ROLE_NAMES[kind]} of step {self.step}", ctx.config.max_attempts)
-        return attempt + 1
+        if charged:
+            tries.failed(running(sent=True, ready_s=getattr(h, "ready_s", None)))
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
@@ -159,8 +165,11 @@ class PpoStream:
             return True
         return False
 
-    def pool_restarted(self) -> None:
-        """The held workers (re)started: pool worker 0 is the actor, the last the critic; nothing was sent yet."""
+    def pool_restarted(self, from_step_start: bool = False) -> None:
+        """The held workers (re)started: pool worker 0 is the actor, the last the critic; nothing was sent yet
+        (`from_step_start`: the rollout starts over too, so no group is finished yet)."""
+        if from_step_start:
+            self.finished.clear()
         hs = self.ctx.workers.pool_workers()
         self.actor, self.critic = hs[0], hs[-1]
         self.sent, self.streamed, self.values_requested, self.actor_requested = set(), set(), None, None
@@ -220,7 +229,7 @@ class PpoStream:
         is sent every chunk again (`restarts_whole`: every worker restarts)."""
         ctx = self.ctx
         if self.values_requested is not None:
-            self.values_attempt = self._lost_attempt("values", h, self.values_requested, self.values_attempt, dead)
+            self._lost_attempt("values", h, self.values_requested, self.values_tries, dead)
         self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
         if ctx.policy.traits.restarts_whole:
             ctx.workers.restart_pool(dead=h if dead else None)
@@ -278,7 +287,7 @@ class PpoStream:
             return None
         requested, cold = self.values_requested
         ctx.ledger.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold,
-                          self.values_attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"],
+                          self.values_tries.number, sync_s=reply["sync_s"], compute_s=reply["compute_s"],
                           chunks=len(self.chunks))
         return reply
 
@@ -316,7 +325,7 @@ class _Update:
         ahead = stream.actor_requested
         if ahead is not None and self.ctx.policy.traits.starts_functions and not stream._live(ahead[0]):
             stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
-        self.attempt = {"learner": stream.actor_attempt, "critic": 1}
+        self.attempt = {"learner": stream.actor_tries, "critic": stream.tries("critic")}
 
     def _worker(self, role: str):
         s, ctx = self.s, self.ctx
@@ -393,8 +402,8 @@ class _Update:
             _, requested, cold = self.sent.pop(role)
             self.replies[role] = msg
             extra = {"old_ahead": float(msg["old_ahead"])} if role == "learner" else {}
-            ctx.ledger.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold, self.attempt[role],
-                       sync_s=msg["sync_s"], **extra)
+            ctx.ledger.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold,
+                       self.attempt[role].number, sync_s=msg["sync_s"], **extra)
 
     def _holds(self, h, role: str) -> bool:
         """Whether h was sent `role`'s work and still owes it (a message polled together with a death that
@@ -415,8 +424,9 @@ class _Update:
             if role not in self.sent:
                 continue
             x, requested, cold = self.sent.pop(role)
-            self.attempt[role] = s._lost_attempt(role, x, (requested, cold), self.attempt[role], dead=True,
-                                                 retry=False)
+            # only the role the dead worker held uses an attempt: the other one restarts with the pool
+            s._lost_attempt(role, x, (requested, cold), self.attempt[role], dead=True, retry=False,
+                            charged=role in roles)
         ctx.ledger.count(M.RUNTIME_RETRIES)  # one death, one retry (whole: both roles re-run)
         if whole:  # the roles that replied keep their results (their state files are written)
             ctx.workers.restart_pool(dead=h)

@@ -21,10 +21,11 @@ from rlhfless.plan import ActorProgress, SeqProgress, plan_migrations
 from rlhfless.core.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
+from rlhfless.runtime.attempts import Attempts, running
 from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.modes.policy import ship_saves_tokens, should_ship
-from rlhfless.runtime.records import fail, now
+from rlhfless.runtime.records import now
 
 
 @dataclass
@@ -36,7 +37,9 @@ class _Actor:
     rows: set[int]
     requested: float
     cold: bool
-    attempt: int = 1
+    tries: Attempts | None = None
+    """The attempts of this function's work (its index's rows): kept by the actors that re-run it
+    (`runtime.attempts`: only its own failures while it runs use one)."""
     done: bool = False
     cut: bool = False
     progress: tuple[int, list] = (0, [])
@@ -86,6 +89,7 @@ class DecodeStage:
             if plan is not None else {}
         self.migrated = 0
         self.prefill = [0, 0, 0.0]
+        self.restarts = 0  # serverful: times the step's rollout started over (`_restart_step`)
 
     # -- requests -----------------------------------------------------------------------------------------------
     def _items(self, rows: set[int]) -> list[dict]:
@@ -132,14 +136,18 @@ class DecodeStage:
             return None
         msg_in = {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))), "actors": self.split,
                   "out_prefix": str(ctx.scratch / f"kv-{self.step}"), **ctx.weights.state_setup()}
-        for attempt in range(1, ctx.config.max_attempts + 1):
+        tries = Attempts(f"prefill function of step {self.step}", ctx.config.max_attempts)
+        while True:
             h = ctx.workers.start_single("prefill")
-            msg = _call(ctx, "prefill", h, msg_in, "prefilled", attempt)
+            msg = _call(ctx, "prefill", h, msg_in, "prefilled", tries.number)
             if msg is not None:
                 self.prefill = list(msg["prefill"])
                 ctx.workers.pool.release(h)
                 return msg["files"]
-        raise fail(f"prefill function of step {self.step}", ctx.config.max_attempts)
+            tries.failed(running(sent=True, ready_s=h.ready_s))
+
+    def _tries(self, index: int) -> Attempts:
+        return Attempts(f"decode function {index} of step {self.step}", self.ctx.config.max_attempts)
 
     def _handles(self, n: int) -> list:
         return self.ctx.policy.decoders(self.ctx, n)
@@ -164,11 +172,13 @@ class DecodeStage:
         handles = self._by_locality(self._handles(len(self.split)))
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
-            a = _Actor(i, h, rows, now(), cold=ctx.ledger.first_use(h), groups=set(gs))
+            a = _Actor(i, h, rows, now(), cold=ctx.ledger.first_use(h), tries=self._tries(i), groups=set(gs))
             self.actors[h.worker] = a
             if rows:
                 ctx.workers.pool.busy(h)
                 self._send(a, "decode", rows, kv[i] if kv else None)
+                if self.restarts:  # found dead on sending: the pool restarted and every function was sent
+                    break
             else:
                 a.done = True
                 ctx.policy.no_rows(ctx.workers.pool, h)
@@ -189,6 +199,8 @@ class DecodeStage:
                               if h.ready_s is not None and h.worker in ctx.workers.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
             for h, msg in ctx.workers.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
+                if msg is not None and h.worker not in ctx.workers.pool.handles:
+                    continue  # read together with a death that restarted the pool: its work is re-run
                 a = self.actors.get(h.worker)
                 if (a is None or self._handed(a)) and self.stream.owns(h):
                     self.stream.on_message(h, msg)
@@ -259,7 +271,7 @@ class DecodeStage:
         if msg.get("prefill"):
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
         ctx.ledger.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
-                   a.attempt, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
+                   a.tries.number, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
                    sync_s=msg["sync_s"], **a.extra)
         a.groups, a.finished = set(), 0
         ctx.ledger.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
@@ -268,6 +280,7 @@ class DecodeStage:
             a.requested, a.cold, a.extra = now(), False, {}
             return
         a.done = True
+        a.tries.succeeded()
         if ctx.policy.decoder_done(ctx, self.stream, a.handle):  # it goes on as a learner rank now
             a.handed = True
 
@@ -324,47 +337,66 @@ class DecodeStage:
     def _spare(self) -> _Actor:
         """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
         h = self.ctx.workers.start_decoders(1, prewarmed=False)[0]
-        a = _Actor(len(self.actors), h, set(), now(), cold=self.ctx.ledger.first_use(h))
+        i = len(self.actors)
+        a = _Actor(i, h, set(), now(), cold=self.ctx.ledger.first_use(h), tries=self._tries(i))
         self.actors[h.worker] = a
         self.ctx.workers.pool.busy(h)
         return a
 
     # -- faults -------------------------------------------------------------------------------------------------
     def _died(self, h) -> None:
+        """A decode worker died: its invocation is recorded as failed and its rows re-run, on a fresh function
+        (serverless), or with every row of the step on a new pool (`restarts_whole`: `_restart_step`). Only its own
+        work's attempts can be used, and only if it was running it (`runtime.attempts`)."""
         ctx = self.ctx
         a = self.actors.get(h.worker)
         ctx.workers.pool.dead(h)
         if a is None or a.done and not a.rows:
             return
-        ctx.ledger.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.attempt, ok=False)
+        ctx.ledger.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.tries.number, ok=False)
         if not a.rows:  # it died after streaming its last rows: nothing to re-run
             a.done = True
             return
         ctx.ledger.count(M.RUNTIME_RETRIES)
-        if a.attempt >= ctx.config.max_attempts:
-            raise fail(f"decode function {a.index} of step {self.step}", a.attempt)
+        a.tries.failed(running(sent=True, ready_s=h.ready_s))
         if ctx.policy.traits.restarts_whole:
-            return self._restart_all(a)
+            return self._restart_step(a)
         new = ctx.workers.start_decoders(1, prewarmed=False)[0]
-        b = _Actor(a.index, new, set(a.rows), now(), cold=ctx.ledger.first_use(new), attempt=a.attempt + 1,
-                   groups=a.groups)
+        b = _Actor(a.index, new, set(a.rows), now(), cold=ctx.ledger.first_use(new), tries=a.tries, groups=a.groups)
         del self.actors[h.worker]
         self.actors[new.worker] = b
         ctx.workers.pool.busy(new)
         self._send(b, "decode", b.rows)
 
-    def _restart_all(self, a: _Actor) -> None:
-        """The pool restarts whole (its workers share a data-parallel group); every unfinished row is re-run."""
+    def _restart_step(self, dead: _Actor) -> None:
+        """The pool restarts whole (its workers share a data-parallel group), and the step's rollout starts over
+        from its start, as a verl job resumed from the step's checkpoint would: every row is decoded again from its
+        prompt on the new pool (the same random streams: the same tokens). The survivors' interrupted invocations
+        are recorded as failed (`restarted`); their attempts are not used (`runtime.attempts`)."""
         ctx = self.ctx
-        owed = {w: x for w, x in self.actors.items() if x.rows}
+        for x in self.actors.values():
+            if x is not dead and not x.done and x.handle.worker in ctx.workers.pool.handles:
+                ctx.ledger.record(self.step, "decode", x.handle, x.requested, x.requested, now(), x.cold,
+                                  x.tries.number, ok=False, restarted=1)
+        tries = {x.index: x.tries for x in self.actors.values()}
+        self.restarts += 1
+        gen = self.restarts
         ctx.workers.restart_pool()
-        self.stream.pool_restarted()
-        self.actors = {}
-        for (w, x), h in zip(owed.items(), ctx.workers.pool_workers()):
-            b = _Actor(x.index, h, set(x.rows), now(), cold=ctx.ledger.first_use(h), attempt=x.attempt + 1,
-                       groups=x.groups)
+        self.stream.pool_restarted(from_step_start=True)
+        self.actors, self.streamed_groups = {}, set()
+        self.results.clear()
+        self.prefill = [0, 0, 0.0]  # counted again as the rows are prefilled again
+        for i, (h, gs) in enumerate(zip(self._by_locality(ctx.workers.pool_workers()), self.split)):
+            rows = {g * self.G + s for g in gs for s in range(self.G)}
+            b = _Actor(i, h, rows, now(), cold=ctx.ledger.first_use(h), tries=tries[i], groups=set(gs))
             self.actors[h.worker] = b
-            self._send(b, "decode", b.rows)
+            if rows:
+                ctx.workers.pool.busy(h)
+                self._send(b, "decode", rows)
+                if self.restarts != gen:  # found dead on sending: restarted again, and sent, in there
+                    return
+            else:
+                b.done = True
 
     def _check_timeouts(self) -> None:
         """Re-run the rows of an actor that is over time, or whose worker left the pool without a reply (nobody
@@ -416,10 +448,11 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
     step = ctx.step
     batch, out = ctx.scratch / f"ref-in-{step}.safetensors", ctx.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
-    for attempt in range(1, ctx.config.max_attempts + 1):
+    tries = Attempts(f"reference of step {step}", ctx.config.max_attempts)
+    while True:
         h = ctx.policy.reference_function(ctx)
         msg = _call(ctx, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
-                    "referenced", attempt)
+                    "referenced", tries.number)
         if msg is not None:
             # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
             ctx.policy.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)
@@ -430,12 +463,12 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
             out.unlink(missing_ok=True)
             return logp
         ctx.workers.keep_reference(None)
+        tries.failed(running(sent=True, ready_s=h.ready_s))
         if ctx.policy.traits.restarts_whole:  # the dead worker was a pool worker: every worker starts again
             ctx.workers.restart_pool()
             stream = ctx.workers.stream
             if stream is not None:  # the step's learner side holds pool workers that are gone now
                 stream.pool_restarted()
-    raise fail(f"reference of step {step}", ctx.config.max_attempts)
 
 
 def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:

@@ -23,10 +23,11 @@ from rlhfless.core import metrics as M
 from rlhfless.plan.ranks import reducer, release_after_share
 from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
+from rlhfless.runtime.attempts import Attempts, running
 from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.devices.dist import reserve_port
-from rlhfless.runtime.records import fail, now
+from rlhfless.runtime.records import now
 
 
 @dataclass
@@ -41,6 +42,8 @@ class _Rank:
     requested: float = 0.0
     cold: bool = False
     ended: bool = False
+    tries: Attempts | None = None
+    """The attempts of this rank's work (`runtime.attempts`: only its own failures while it runs use one)."""
     shared: bool = False
     """Serverless: its share of the update is written (`dist.share_all_reduce`); it is no rank of the step any
     more (released, or kept warm for its keep-alive) and its share stays valid whatever happens after."""
@@ -68,13 +71,16 @@ class LearnerStream:
         self.G = ctx.cfg.algo.group_size
         world = ctx.policy.learner_world(ctx.config)
         self.plan = microbatches(len(prompts), ctx.config.learner_microbatch_groups, world)
-        self.ranks = [_Rank(r, [g for c in chunks for g in c]) for r, chunks in enumerate(self.plan)]
+        self.ranks = [_Rank(r, [g for c in chunks for g in c],
+                            tries=Attempts(f"learner rank {r} of step {self.step}", ctx.config.max_attempts))
+                      for r, chunks in enumerate(self.plan)]
         self.owner = {g: r.rank for r in self.ranks for g in r.groups}
         self.with_ref = ctx.cfg.algo.kl_coef > 0
         self.finished: dict[int, tuple[list[list[int]], list[float]]] = {}
         self.files: dict[int, str] = {}
         self.ref: torch.Tensor | None = None
-        self.attempt = 1
+        self.generation = 1
+        """Bumped whenever a death resets ranks: a loop that sent to the old workers starts over."""
         self.rollout_end: float | None = None
         self.prewarm_due = False
         self.starting_all = False  # finish: every rank starts now (all groups are in)
@@ -142,7 +148,7 @@ class LearnerStream:
             self.prewarm()
         if not (self.overlap or start_all):
             return
-        attempt = self.attempt
+        gen = self.generation
         for r in self.ranks:
             todo = [g for g in r.groups if g in self.finished and g not in r.sent]
             if r.handle is None and (todo or start_all) and not self._start(r, prewarmed=False):
@@ -154,11 +160,11 @@ class LearnerStream:
                 self._send(r, {"op": "learn_begin", "step": self.step, "seed": self.step, "with_ref": self.with_ref,
                                "chunks": self.plan[r.rank], **self.ctx.weights.state_setup()})
             for g in todo:
-                if self.attempt != attempt:
+                if self.generation != gen:
                     break
                 self._send(r, {"op": "learn_group", "step": self.step, "g": g, "batch": self._file(g)})
                 r.sent.add(g)
-            if self.attempt != attempt:
+            if self.generation != gen:
                 # a rank died on a send just now and was reset (restarts_whole: every rank, on new workers); what was
                 # computed here for the old workers no longer holds, so start over: a new worker gets learn_begin
                 # before any group (never a group first, which it could not add to an update it does not have)
@@ -194,7 +200,7 @@ class LearnerStream:
         try:
             self.ctx.workers.backend.send(r.handle, msg)
         except WorkerDied:
-            self.on_death(r.handle)
+            self.on_death(r.handle, sent=msg["op"] != "learn_begin")
 
     # -- messages and faults ------------------------------------------------------------------------------------
     def owns(self, h) -> bool:
@@ -211,12 +217,14 @@ class LearnerStream:
             return msg
         return None
 
-    def on_death(self, h) -> None:
-        """A rank died. Before the optimiser step it restarts alone (its groups are re-sent); after `learn_end`
-        every rank restarts (their gloo group is broken). A policy that restarts whole (`restarts_whole`): every
-        worker restarts."""
+    def on_death(self, h, sent: bool = True) -> None:
+        """A rank died (`sent`: False when found dead on sending it its first message). Before the optimiser step
+        it restarts alone (its groups are re-sent); after `learn_end` every rank restarts (their gloo group is
+        broken). A policy that restarts whole (`restarts_whole`): every worker restarts. Only the dead rank's
+        attempts can be used, and only if it was running its work (`runtime.attempts`)."""
         ctx = self.ctx
         dead = next(r for r in self.ranks if r.handle is h and not r.shared)
+        was_running = running(sent=dead.begun and sent, ready_s=h.ready_s)
         # a death after learn_end breaks a group that ends together; serverless shares need none
         ending = not self.shares and any(r.ended for r in self.ranks)
         ctx.ledger.count(M.RUNTIME_RETRIES)
@@ -225,9 +233,8 @@ class LearnerStream:
         for r in victims:
             if r.handle is not None:
                 self._drop(r, dead=r is dead, stop=ending)
-        self.attempt += 1
-        if self.attempt > ctx.config.max_attempts:
-            raise fail(f"learner of step {self.step}", self.attempt - 1)
+        self.generation += 1
+        dead.tries.failed(was_running)
         if whole:
             ctx.workers.restart_pool(dead=h)
             return self.pool_restarted()
@@ -241,7 +248,7 @@ class LearnerStream:
         gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
         ctx = self.ctx
         ctx.ledger.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
-                   self.attempt, ok=False, **extra)
+                   r.tries.number, ok=False, **extra)
         if not ctx.policy.traits.restarts_whole:
             if dead:
                 ctx.workers.pool.dead(r.handle)
@@ -261,10 +268,13 @@ class LearnerStream:
                 return True
         return False
 
-    def pool_restarted(self) -> None:
-        """Serverful: the pool restarted whole (a worker died), so every rank starts over on the new workers."""
+    def pool_restarted(self, from_step_start: bool = False) -> None:
+        """Serverful: the pool restarted whole (a worker died), so every rank starts over on the new workers from
+        the step's starting state; `from_step_start`: the rollout starts over too, so no group is finished yet."""
         for r in self.ranks:
             r.reset()
+        if from_step_start:
+            self.finished.clear()
         self._adopt_warm()
 
     # -- the optimiser step -------------------------------------------------------------------------------------
@@ -303,7 +313,7 @@ class LearnerStream:
 
     def _record(self, r: _Rank, reply: dict) -> None:
         self.ctx.ledger.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
-                            self.attempt, sync_s=reply["sync_s"], compute_s=reply["compute_s"], groups=r.groups,
+                            r.tries.number, sync_s=reply["sync_s"], compute_s=reply["compute_s"], groups=r.groups,
                             busy=reply["busy"])
 
     # -- serverless: shares through files, reduced by the last rank -----------------------------------------------
@@ -320,14 +330,14 @@ class LearnerStream:
         self._decode_pw = (now(), ctx.clock.next_decode_prewarm())  # timed from here, the start of the learner's end
         while len(replies) < world:
             self._start_missing()
-            attempt = self.attempt
+            gen = self.generation
             for r in self.ranks:
                 if r.shared or r.ended or r.handle is None:
                     continue
                 r.ended = True
                 self._send(r, {**end, **ctx.weights.state_setup(), "share": {"rank": r.rank, "world": world,
                                                                      "out": str(self._share_path(r.rank))}})
-                if self.attempt != attempt:  # that rank was found dead and reset: the next pass restarts it
+                if self.generation != gen:  # that rank was found dead and reset: the next pass restarts it
                     break
             for h, msg in ctx.workers.poll(self._watch(), self._prewarm_decode()):
                 if not self.owns(h):
@@ -396,7 +406,8 @@ class LearnerStream:
         msg = {**self._end, **ctx.weights.state_setup(), "with_ref": self.with_ref,
                "state_out": str(ctx.weights.next_state_path()),
                "share": {"rank": 0, "world": world, "shares": [str(self._share_path(k)) for k in range(world)]}}
-        for attempt in range(1, ctx.config.max_attempts + 1):
+        tries = Attempts(f"learner of step {self.step} (its reduction)", ctx.config.max_attempts)
+        while True:
             reply = self._reduce_once(r, msg)
             if reply is not None:
                 self._record(r, {**share, "t_end": reply["t_end"], "busy": share["busy"] + reply["busy"],
@@ -405,6 +416,7 @@ class LearnerStream:
                     ctx.clock.observe_share_tail(now() - self.first_share)
                 return reply
             ctx.ledger.count(M.RUNTIME_RETRIES)
+            tries.failed(running(sent=True, ready_s=r.handle.ready_s))
             if self.held:  # a held function's unit is the first to give up for the reduction
                 ctx.workers.pool.release(self.held.pop(), reason="evicted")
             h = ctx.workers.start_learner(prewarmed=False)
@@ -412,7 +424,6 @@ class LearnerStream:
                 raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
             r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
             ctx.workers.pool.busy(h)
-        raise fail(f"learner of step {self.step} (its reduction)", ctx.config.max_attempts)
 
     def _reduce_once(self, r: _Rank, msg: dict) -> dict | None:
         """Send the reduction to r's worker and wait for its reply; None when the worker died."""
@@ -450,7 +461,7 @@ class LearnerStream:
         # taken after pump: a death inside it restarted the ranks and pump sent the new workers all they need. Taken
         # before, a restart there looked like a death during learn_end, whose first send had already gone to a new
         # rank: it got learn_end twice and crashed on the second (an extra death, an extra retry)
-        attempt = self.attempt
+        gen = self.generation
         port, held = reserve_port()  # held until the ranks have joined: every reply is in, or a rank died
         try:
             for r in self.ranks:
@@ -460,12 +471,12 @@ class LearnerStream:
                 r.ended = True
                 self._send(r, {**end, **ctx.weights.state_setup(), "dist": dist, "leave": ctx.hybrid,
                                "state_out": str(ctx.weights.next_state_path()) if r.rank == 0 else None})
-                if self.attempt != attempt:  # found dead on the send: every rank was reset, the caller tries again
+                if self.generation != gen:  # found dead on the send: every rank was reset, the caller tries again
                     return None
                 # the others connect once rank 0 listens: early, they are refused and back off (dist.init_group)
-                if r.rank == 0 and dist is not None and len(self.ranks) > 1 and not self._await_open(attempt):
+                if r.rank == 0 and dist is not None and len(self.ranks) > 1 and not self._await_open(gen):
                     return None
-            return self._await_learned(attempt)
+            return self._await_learned(gen)
         finally:
             held.close()
 
@@ -482,7 +493,7 @@ class LearnerStream:
         elif msg["op"] == "ready":
             self.ctx.workers.on_ready(h, msg)
 
-    def _await_open(self, attempt: int) -> bool:
+    def _await_open(self, gen: int) -> bool:
         """Wait for rank 0's `rendezvous_open` (it may first finish the groups it was sent); False when a rank
         died meanwhile (the attempt is over)."""
         ctx, rank0 = self.ctx, self.ranks[0].handle
@@ -495,12 +506,12 @@ class LearnerStream:
                     self._other(h, msg)
                     continue
                 self.on_message(h, msg)
-                if self.attempt != attempt:
+                if self.generation != gen:
                     return False
             if now() - t0 > ctx.config.invocation_timeout_s:
                 ctx.workers.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
 
-    def _await_learned(self, attempt: int) -> dict[int, dict] | None:
+    def _await_learned(self, gen: int) -> dict[int, dict] | None:
         """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""
         ctx = self.ctx
         replies: dict[int, dict] = {}
@@ -517,7 +528,7 @@ class LearnerStream:
                     self._other(h, msg)
                     continue
                 reply = self.on_message(h, msg)
-                if self.attempt != attempt:
+                if self.generation != gen:
                     return None
                 if reply is not None:
                     replies[next(r.rank for r in self.ranks if r.handle is h)] = reply

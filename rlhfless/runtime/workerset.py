@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.platform.pool import Pool
-from rlhfless.runtime.records import CRITIC_IMAGE, HYBRID, KINDS_ALL, fail, now, role
+from rlhfless.runtime.attempts import Attempts
+from rlhfless.runtime.records import CRITIC_IMAGE, HYBRID, KINDS_ALL, now, role
 
 
 class WorkerSet:
     """Placement and start / keep / release of the run's functions, on `backend`'s units."""
 
-    def __init__(self, cfg, policy, backend, setup: dict, units: int, t0: float, clock, weights):
+    def __init__(self, cfg, policy, backend, setup: dict, units: int, t0: float, clock, weights, prefix: str = ""):
         self.cfg, self.rt, self.policy, self.backend, self.units = cfg, cfg.runtime, policy, backend, units
         self.hybrid = policy.hybrid_image(self.rt.hybrid)
         self.keep_alive_s = self.rt.idle_timeout_s()
         """Idle seconds before a serverless function is released (runtime.keep_alive_s or the billing preset's)."""
-        self.pool = Pool(backend, setup, t0, units, policy.keep_alive(self.keep_alive_s))
+        # prefix: the run segment's (`core.rundir.Segment`): worker names unique across resumes
+        self.pool = Pool(backend, setup, t0, units, policy.keep_alive(self.keep_alive_s), prefix)
         self.clock, self.weights = clock, weights
         self.ppo = cfg.algo.name == "ppo"
         self.pool_handles: list = []
@@ -110,11 +112,14 @@ class WorkerSet:
     def start_pool(self) -> None:
         """Serverful: W colocated workers, one core each, one data-parallel group, held until close(). The
         rendezvous port is reserved until the group has formed (`dist.reserve_port`); a worker that dies while
-        starting anyway fails the attempt: the others are stopped and the group forms again on a new port."""
+        starting anyway fails the start: the others are stopped and the group forms again on a new port. The start
+        has its own `runtime.max_attempts` consecutive attempts (`runtime.attempts`): a death while the pool
+        restarts is never charged to the step's work."""
         from rlhfless.runtime.devices.dist import reserve_port
 
         W = self.rt.workers()
-        for attempt in range(1, self.rt.max_attempts + 1):
+        tries = Attempts("the serverful pool's start", self.rt.max_attempts)
+        while True:
             port, held = reserve_port()
             # W <= units (check_machine): one unit each; PPO's critic lives on the last worker (`ppo_stages`)
             hs = [self.pool.start(KINDS_ALL, (r,), {**self.weights.state_setup(), "dist": self.dist_spec(r, W, port),
@@ -122,15 +127,36 @@ class WorkerSet:
                   for r in range(W)]
             try:
                 self.pool.await_ready(hs)
+                self._roll_call(hs)
             except WorkerDied as died:
                 for h in hs:
                     self.pool.dead(h) if h is died.handle else self.pool.stop(h)
+                tries.failed(was_running=True)
                 continue
             finally:
                 held.close()
             self.pool_handles = hs
             return
-        raise fail("the serverful pool's start", self.rt.max_attempts)
+
+    def _roll_call(self, hs: list) -> None:
+        """Every pool worker answers once all are ready (a `cut` for no step: an idle worker replies at once that
+        it has no rows), so a worker killed while the pool was (re)starting is found here, failing the start, and
+        never later as a death of the step's work (`runtime.attempts`). WorkerDied for a death or no answer."""
+        for h in hs:
+            self.backend.send(h, {"op": "cut", "step": None})
+        waiting, other, t0 = {h.worker: h for h in hs}, [], now()
+        while waiting:
+            for h, msg in self.backend.poll(list(waiting.values()), 1.0):
+                if msg is None:
+                    raise WorkerDied(h)
+                if msg["op"] == "cut_rows":
+                    waiting.pop(h.worker, None)
+                else:
+                    other.append((h, msg))
+            if waiting and now() - t0 > self.rt.invocation_timeout_s:
+                raise WorkerDied(next(iter(waiting.values())))
+        for h, msg in other:  # read after the roll call, in order
+            h.pending.append(msg)
 
     def _critic_holder(self) -> dict:
         return {"holds_critic": True, **self.weights.critic_setup()}

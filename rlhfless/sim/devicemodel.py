@@ -140,8 +140,11 @@ def build_table(cfg, steps: int, n_train: int = 0) -> LengthTable:
         epochs = -(-max(1, steps) * batch // (n_train or n)) + 1  # the epochs the run reaches, and one more
         sim = SimConfig(**{**keep, **base, "n_prompts": n, "steps": min(epochs * -(-n // batch), MAX_SIM_STEPS)})
     else:
-        require(Path(rt.length_trace).is_file(), "runtime.length_trace",
-                f"must be paper-testbed or an existing trace file (got {rt.length_trace!r})")
+        trace = Path(rt.length_trace)
+        require(not trace.is_dir(), "runtime.length_trace",
+                f"{rt.length_trace!r} is a folder; give a trace file (a run's traces/rollouts.jsonl) or paper-testbed")
+        require(trace.is_file(), "runtime.length_trace",
+                f"must be paper-testbed or an existing trace file ({rt.length_trace!r} does not exist)")
         sim = SimConfig(**base, steps=MAX_SIM_STEPS, workload="trace", trace=rt.length_trace)
     work, note = workload(sim)
     cluster = build_cluster(sim, 1, work)

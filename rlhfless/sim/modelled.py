@@ -311,6 +311,10 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
                                                                                  rows))
     kinds = PPO_KINDS if run["algo"] == "ppo" else KINDS
     rd = RunDir(p)
+    for f in (rd.workers, rd.invocations):  # without them the bill's terms change silently: refused, not guessed
+        if not f.is_file():
+            raise DataError(f"validate: {f} not found (the runtime writes it; a run folder without it cannot be "
+                            "validated: copy the whole folder)")
     trace = rd.rollouts
     if trace is None:
         raise DataError(f"validate: no trace at {rd.trace}")

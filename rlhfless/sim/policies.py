@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rlhfless.core import metrics as M
 from rlhfless.plan import (
     AssignmentPlan,
     MigrationResult,
@@ -31,10 +32,10 @@ from rlhfless.plan import (
     assign,
     choose,
     realized_plan,
-    simulate_with_migration,
 )
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.cost import BillingRules
+from rlhfless.plan.migrate import play_with_migration
 from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.wide import WideActor, on_wide
 from rlhfless.predictor import Observation, build_predictor
@@ -145,7 +146,10 @@ def learner_split(c: Cluster) -> tuple[float, float]:
 
 
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
-    return [PlanJob(g.prompt_id, len(g.lengths), x, prompt_of(g)) for g, x in zip(step.groups, lengths)]
+    """One job per group; lengths: per group, a float for every sample or a tuple of floats per sample (true,
+    predicted >= 1, or drawn in [1, cap]): checked where they were made, so built unchecked (`PlanJob.trusted`)."""
+    trusted = PlanJob.trusted
+    return [trusted(g.prompt_id, len(g.lengths), x, prompt_of(g)) for g, x in zip(step.groups, lengths)]
 
 
 _TRUE_CACHE: dict[tuple, tuple[StepWork, list[PlanJob]]] = {}
@@ -172,6 +176,25 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
     return jobs
 
 
+def prime_true_jobs(pols: list, work: list[StepWork]) -> None:
+    """Build the true jobs of every step of `work` for every key the policies read (`true_keys`) into
+    `true_jobs`' cache, where it holds them all: before the processes that play the policies fork, so they
+    share one copy instead of each building its own (the same records either way)."""
+    keys: dict = {}
+    for pol in pols:
+        keys.update(pol.true_keys())
+    if len(work) * len(keys) > TRUE_CACHE_SIZE:
+        return
+    for key, prompt_of in keys.items():
+        for step in work:
+            true_jobs(step, prompt_of, key)
+
+
+def _engine_prompt_of(c: Cluster):
+    """Prompt tokens a serverful engine prefills per group: the prompt less the template its engine caches."""
+    return lambda g: max(g.prompt_len - c.template_tokens, 0)
+
+
 class Verl:
     """The serverful colocated baseline (docs/internals.md#simpoliciespy)."""
 
@@ -180,9 +203,13 @@ class Verl:
         self.c, self.overlap = c, overlap
         self.name = name or ("verl-overlap" if overlap else ("verl-paper" if c.setting == "paper" else "verl"))
 
+    def true_keys(self) -> dict:
+        """{key: prompt_of} of the true jobs `decide` reads (`true_jobs`)."""
+        return {f"engine{self.c.template_tokens}": _engine_prompt_of(self.c)}
+
     def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm = self.c, self.c.perf
-        jobs = true_jobs(step, lambda g: max(g.prompt_len - c.template_tokens, 0), f"engine{c.template_tokens}")
+        jobs = true_jobs(step, _engine_prompt_of(c), f"engine{c.template_tokens}")
         plan, metrics = assign(jobs, c.replicas, c.capacity, c.time_model, "round_robin")
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True) + c.kv_rebuild_s
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(plan.busy_s) if b > 0)
@@ -208,14 +235,15 @@ class RLHFuse(Verl):
 
     def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm = self.c, self.c.perf
-        prompt_of = lambda g: max(g.prompt_len - c.template_tokens, 0)  # noqa: E731
+        prompt_of = _engine_prompt_of(c)
         flat = _jobs(step, [self.mean_len] * len(step.groups), prompt_of)
         plan, _ = assign(flat, c.replicas, c.capacity, c.time_model, "round_robin")
-        res, metrics = simulate_with_migration(plan, c.time_model, self.tau,
-                                               true_jobs(step, prompt_of, f"engine{c.template_tokens}"))
+        # busy seconds and metrics only: no move named
+        res = play_with_migration(plan, c.time_model, self.tau, true_jobs(step, prompt_of, f"engine{c.template_tokens}"))
+        metrics = res.metrics()
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True)
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(res.busy_s) if b > 0)
-        freed = sum(res.makespan_s - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
+        freed = sum(metrics[M.BAL_MAKESPAN_S] - b for b in res.busy_s) * pm.tp  # device-seconds idle in the tail
         ref = pm.forward_s(step.tokens, 1)  # the reference forward's device-seconds (PPO's value forward stays)
         fused = min(freed, 0.5 * ref)  # half the reference forward needs the tail's samples
         metrics["rlhfuse/fused_s"] = fused / c.n_devices
@@ -276,6 +304,10 @@ class RLHFless:
         """Prompt tokens a decode actor prefills itself: none with dedup (the prefill function did), else the
         group's prompt less the template its engine caches."""
         return 0 if self.sw.dedup else max(g.prompt_len - self.c.template_tokens, 0)
+
+    def true_keys(self) -> dict:
+        """{key: prompt_of} of the true jobs `decide` reads (`true_jobs`)."""
+        return {"dedup" if self.sw.dedup else f"engine{self.c.template_tokens}": self._prompt_of}
 
     def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm, sw = self.c, self.c.perf, self.sw

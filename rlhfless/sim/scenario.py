@@ -41,7 +41,7 @@ from rlhfless.sim.overheads import (
     PAPER_VERL_TP_LARGE,
 )
 from rlhfless.sim.perf import FITTED, PPO_MODELS, PerfModel, smallest_tp
-from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl
+from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl, prime_true_jobs
 from rlhfless.sim.shapley import EXTRAS, SUB_PLAYERS, target_players, terms
 from rlhfless.sim.step import play_step
 from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, replay_trace, synthetic
@@ -585,6 +585,7 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
             done(p.name)
         return out
     global _FORKED
+    prime_true_jobs(pols, work)  # shared by the forked processes, not built in each
     _FORKED = (pols, work, keep_timelines)
     order = sorted(range(len(pols)), key=lambda i: -_play_cost(pols[i]))
     out = [None] * len(pols)
@@ -641,6 +642,20 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     return out
 
 
+def _billing(value):
+    """`billing=NAME`: a platform preset's rules (`plan.billing.PRESETS`); a mapping is taken as fields."""
+    from dataclasses import asdict
+
+    from rlhfless.plan.billing import PRESETS
+
+    if not isinstance(value, str):
+        return value
+    if value not in PRESETS:
+        raise ConfigError(f"billing: must be a preset ({', '.join(PRESETS)}) or fields such as "
+                          f"billing.granularity_s=1 (got {value!r})")
+    return asdict(PRESETS[value])
+
+
 def case_configs(name: str, steps: int | None, overrides: list[str]) -> list[SimConfig]:
     """The scenario's cases with --steps and key=value overrides applied (unknown scenario: ConfigError)."""
     from rlhfless.core.configbase import apply_overrides
@@ -652,6 +667,7 @@ def case_configs(name: str, steps: int | None, overrides: list[str]) -> list[Sim
         data = apply_overrides(base, overrides, example="lam=0.7")
         if steps is not None:
             data["steps"] = steps
+        data["billing"] = _billing(data.get("billing", {}))
         out.append(from_dict(SimConfig, data))
     return out
 

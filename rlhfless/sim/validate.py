@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlhfless.core.errors import DataError
+from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.core.rundir import RunDir
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.sim.calibrate import cpu_decode_model, fit_linear
@@ -96,8 +96,9 @@ def run_algo(config: dict, cfg_path: Path, mode: str) -> str:
 def load_runs(path: str | Path) -> dict[str, RunData]:
     """A comparison dir (serverless/ and serverful/ sub-runs) or a single run, keyed by mode."""
     p = Path(path)
-    if not p.is_dir():
-        raise DataError(f"validate: run dir not found: {p}")
+    if not p.is_dir():  # "not found" only of what does not exist
+        raise DataError(f"validate: run dir not found: {p}" if not p.exists() else
+                        f"validate: {p} is a file; give a run folder (the --out of `rlhfless train`)")
     subs = [p / m for m in ("serverless", "serverful", "serverful-overlap", "inline")
             if RunDir(p / m).config.is_file()]
     runs = [load_run(s) for s in subs] if subs else [load_run(p)]
@@ -485,6 +486,9 @@ def validate(run_dir: str | Path, calibrate_from: str | Path | None = None) -> d
     from rlhfless.sim.modelled import emulated_dirs, validate_dir
 
     if Path(run_dir).is_dir() and emulated_dirs(run_dir):  # runtime.device=emulated: the perf model, not a fit
+        if calibrate_from is not None:  # refused, not ignored: the flag would change nothing in the report
+            raise ConfigError(f"--calibrate-from: {run_dir} holds emulated runs, validated against the "
+                              "performance model they ran on (no fit to calibrate); drop --calibrate-from")
         return validate_dir(run_dir)
     runs = load_runs(run_dir)
     calib = load_runs(calibrate_from) if calibrate_from else {}

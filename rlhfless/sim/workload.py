@@ -99,7 +99,7 @@ def fit_lognormal(ev: LengthEvidence, fixed_sigma: float) -> tuple[float, float]
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if capped_mean(mid) > ev.mean else (lo, mid)
     s = (lo + hi) / 2
-    require(s > fixed_sigma, "workload.fit_to", f"{ev.name}: the evidence's spread {s:.2f} is below the fixed "
+    require(s > fixed_sigma, "lengths.fit_to", f"{ev.name}: the evidence's spread {s:.2f} is below the fixed "
             f"within-group and epoch spread {fixed_sigma:.2f}")
     return float(ev.cap * np.exp(-s * z)), float(np.sqrt(s * s - fixed_sigma ** 2))
 
@@ -126,12 +126,12 @@ class LengthDist:
     fit_to: str = ""
 
     def __post_init__(self) -> None:
-        require(self.median >= 1, "workload.median", f"must be >= 1 token (got {self.median})")
+        require(self.median >= 1, "lengths.median", f"must be >= 1 token (got {self.median})")
         for f in ("prompt_sigma", "within_sigma", "epoch_sigma"):
-            require(getattr(self, f) >= 0, f"workload.{f}", f"must be >= 0 (got {getattr(self, f)})")
-        require(self.max_response >= 1, "workload.max_response", f"must be >= 1 (got {self.max_response})")
-        require(self.max_prompt >= 1, "workload.max_prompt", f"must be >= 1 (got {self.max_prompt})")
-        require(self.fit_to in ("", *PUBLISHED_LENGTHS), "workload.fit_to",
+            require(getattr(self, f) >= 0, f"lengths.{f}", f"must be >= 0 (got {getattr(self, f)})")
+        require(self.max_response >= 1, "lengths.max_response", f"must be >= 1 (got {self.max_response})")
+        require(self.max_prompt >= 1, "lengths.max_prompt", f"must be >= 1 (got {self.max_prompt})")
+        require(self.fit_to in ("", *PUBLISHED_LENGTHS), "lengths.fit_to",
                 f"must be '' or one of {', '.join(PUBLISHED_LENGTHS)} (got {self.fit_to!r})")
         if self.fit_to:  # frozen: the fitted fields replace the given ones once, here, so every reader agrees
             ev = PUBLISHED_LENGTHS[self.fit_to]
@@ -184,7 +184,7 @@ def synthetic(dist: LengthDist, n_prompts: int, prompts_per_step: int, group_siz
     prompt_tokens: a pool of prompt lengths (e.g. GSM8K's) to draw each prompt's length from; None = lognormal
     around 120 tokens (assumed) plus the template.
     """
-    require(n_prompts >= prompts_per_step >= 1, "workload.prompts_per_step",
+    require(n_prompts >= prompts_per_step >= 1, "prompts_per_step",
             f"must lie in 1..n_prompts={n_prompts} (got {prompts_per_step})")
     epochs = -(-steps * prompts_per_step // n_prompts) + 1
     params = dist.params(n_prompts, epochs, group_size, prompts_per_step)

@@ -95,8 +95,28 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def drop_forkserver_alive_fd() -> None:
+    """Close this worker's copy of the fork server's "alive" pipe. CPython hands every child of the fork server
+    the write end whose EOF tells the server its driver is gone; a worker holding it keeps the server alive after
+    the driver's exit for as long as the worker lives, so the worker's parent-death signal (the server's exit)
+    never comes: one blocked in a gloo rendezvous outlived its driver by 60+ s (issue 42). Closed, the driver
+    holds the only copy: its exit ends the server, and the kernel then ends every worker."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return
+    server._forkserver_alive_fd = None  # this worker starts no process through the driver's fork server
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def local_main(conn, setup_json: str, driver_pid: int) -> None:
     """Entry point of a `LocalBackend` worker: `main`, ended by the kernel if its driver goes."""
+    drop_forkserver_alive_fd()
     die_with_parent(driver_pid)
     main(conn, setup_json)
 

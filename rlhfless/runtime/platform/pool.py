@@ -31,7 +31,7 @@ class Pool:
     """Workers by id, their records (times relative to the run's start `t0`), and who is idle since when."""
 
     def __init__(self, backend: LocalBackend, setup: dict, t0: float, units: int,
-                 keep_alive_s: float | None = None):
+                 keep_alive_s: float | None = None, prefix: str = ""):
         self.backend = backend
         self.keep_alive_s = keep_alive_s
         """Idle seconds before an idle worker is released (`expire`); None: never (the serverful pool)."""
@@ -49,6 +49,7 @@ class Pool:
         self.working: set[str] = set()
         self.waiting: set[str] = set()  # pre-warmed, not yet invoked: keep-alive starts after a first invocation
         self._ids = itertools.count()
+        self.prefix = prefix  # the run segment's (`core.rundir.Segment`): names unique across resumes
 
     def rel(self, t: float) -> float:
         return t - self.t0
@@ -56,7 +57,7 @@ class Pool:
     # -- lifecycle ----------------------------------------------------------------------------------------------
     def start(self, kinds: tuple[str, ...], cores: tuple[int, ...], extra: dict | None = None,
               prewarmed: bool = False) -> Handle:
-        wid = f"{role(kinds)}-{next(self._ids)}"
+        wid = f"{self.prefix}{role(kinds)}-{next(self._ids)}"
         h = self.backend.start(wid, kinds, cores, {**self.setup, **(extra or {})})
         self.handles[wid] = h
         # its pid comes with `ready` (reading it here would wait for the fork the backend runs behind `start`)
