@@ -26,7 +26,6 @@ from rlhfless.runtime.attempts import Attempts, running
 from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.records import CRITIC_IMAGE, now
-from rlhfless.runtime.stages import await_reply
 
 
 ROLE_NAMES = {"learner": "PPO actor", "critic": "PPO critic", "values": "value function"}
@@ -279,7 +278,7 @@ class PpoStream:
         try:
             ctx.workers.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
                                  "out": str(self.values_file)})
-            reply = await_reply(ctx, h, "valued")
+            reply = ctx.workers.await_reply(h, "valued")
         except WorkerDied:
             reply = None
         if reply is None:

@@ -479,7 +479,7 @@ def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int
     ctx.workers.pool.busy(h)
     try:
         ctx.workers.backend.send(h, msg)
-        reply = await_reply(ctx, h, reply_op)
+        reply = ctx.workers.await_reply(h, reply_op)
     except WorkerDied:
         reply = None
     if reply is not None:
@@ -488,21 +488,4 @@ def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int
     ctx.ledger.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
     ctx.workers.pool.dead(h)
     ctx.ledger.count(M.RUNTIME_RETRIES)
-    return None
-
-
-def await_reply(ctx: StepContext, h, op: str) -> dict | None:
-    """The reply `op` from h (None if it died); other workers' ready messages are handled meanwhile."""
-    t0 = now()
-    while now() - t0 < ctx.config.invocation_timeout_s:
-        watch = [h] + [x for x in ctx.workers.pool.live() if x.ready_s is None and x is not h]
-        for x, msg in ctx.workers.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
-            if msg is None:
-                if x is h:
-                    return None
-                ctx.workers.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
-            elif msg["op"] == "ready":
-                ctx.workers.on_ready(x, msg)
-            elif x is h and msg["op"] == op:
-                return msg
     return None

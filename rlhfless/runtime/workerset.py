@@ -43,6 +43,23 @@ class WorkerSet:
         self.pool.expire()
         return out
 
+    def await_reply(self, h, op: str) -> dict | None:
+        """The reply `op` from h (None if it died or the invocation timed out); other workers' ready messages are
+        handled meanwhile."""
+        t0 = now()
+        while now() - t0 < self.rt.invocation_timeout_s:
+            watch = [h] + [x for x in self.pool.live() if x.ready_s is None and x is not h]
+            for x, msg in self.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
+                if msg is None:
+                    if x is h:
+                        return None
+                    self.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
+                elif msg["op"] == "ready":
+                    self.on_ready(x, msg)
+                elif x is h and msg["op"] == op:
+                    return msg
+        return None
+
     # -- starting functions -------------------------------------------------------------------------------------
     def claim(self, must: bool) -> tuple[int, ...] | None:
         """A free unit for a new function. `must` (work is waiting for it): idle workers are evicted first, then a
