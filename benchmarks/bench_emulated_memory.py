@@ -12,8 +12,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlhfless.runtime.backend import LocalBackend
-from rlhfless.runtime.emulated import PRELOAD, LengthTable
+from rlhfless.runtime.platform.backend import LocalBackend
+from rlhfless.runtime.devices.emulated import LengthTable
+from rlhfless.runtime.wire import EMULATED_PRELOAD as PRELOAD
 
 
 def _kib(pid: int, key: str, name: str = "status") -> int:

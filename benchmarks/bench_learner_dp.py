@@ -4,7 +4,7 @@ usage: python benchmarks/bench_learner_dp.py [--repeats 3] [--json out.json]
 Batch: 32 prompts x G=8 on data/checkpoints/sft, prompt 15-30 tokens, response lengths ~ Gamma(2, mean 50)
 clipped to [1, 192], 0/1 rewards (most groups have variance). Each configuration runs one warm-up update, then
 `repeats` timed updates (median reported); the DP ranks are separate interpreters joined by
-`rlhfless.runtime.dist` (gloo on 127.0.0.1), timed from a barrier to the end of rank 0's update, so the time
+`rlhfless.runtime.devices.dist` (gloo on 127.0.0.1), timed from a barrier to the end of rank 0's update, so the time
 includes the all-reduce but not process start or group init (reported separately). Name the CPU beside results.
 """
 
@@ -60,7 +60,7 @@ def timed_updates(threads: int, repeats: int, shard=None, barrier=None) -> list[
 def rank_main(rank: int, world: int, port: int, repeats: int, out: Path) -> None:
     torch.set_num_threads(1)
     from rlhfless.learn.dataparallel import Shard
-    from rlhfless.runtime.dist import destroy_group, init_group
+    from rlhfless.runtime.devices.dist import destroy_group, init_group
 
     t0 = time.perf_counter()
     all_reduce = init_group(rank, world, port, timeout_s=120)
@@ -81,7 +81,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.rank is not None:
         return rank_main(a.rank, 2, a.port, a.repeats, a.out)
-    from rlhfless.runtime.dist import free_port
+    from rlhfless.runtime.devices.dist import free_port
 
     _, responses, rewards = batch()
     lens = [len(r) for r in responses]

@@ -1,7 +1,7 @@
 """How close the planner's predicted device-seconds come to the billed ones, on the comparison config's serverless arm.
 
 Runs `experiments/configs/serverless_vs_serverful.yaml` as `runtime.mode=serverless` (shortened with --steps), then
-prints `planner_accuracy` (`rlhfless.runtime.compare`: predicted and billed summed over the same steps past the
+prints `planner_accuracy` (`rlhfless.run.compare`: predicted and billed summed over the same steps past the
 calibration) beside the planner's time-model scale at the end and how much of the machine other processes took
 while it ran (`CpuWindow`). Billed seconds are measured: they follow this machine's speed and load, so this is a
 measurement, never a test's assertion. Name the CPU beside the numbers.
@@ -30,10 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
-    from rlhfless.runtime.compare import run_planner_accuracy
-    from rlhfless.runtime.contention import CpuWindow
-    from rlhfless.runtime.profile import cpu_name
+    from rlhfless.run.launch import train
+    from rlhfless.run.compare import run_planner_accuracy
+    from rlhfless.run.contention import CpuWindow
+    from rlhfless.runtime.devices.profile import cpu_name
 
     cfg = load_run_config(str(CONFIG), ["runtime.mode=serverless", f"train.steps={args.steps}",
                                         "train.eval_prompts=0", "train.checkpoint_every=0",

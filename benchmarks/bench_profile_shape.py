@@ -71,7 +71,7 @@ def predicted(tm, shapes) -> list[float]:
 def runtime_ratios() -> list[float]:
     """Billed decode busy seconds per step, N=2 over N=1, from two real serverless runs (same samples)."""
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     per_step = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,7 +104,7 @@ def main() -> None:
     from rlhfless.model.factory import load_policy
     from rlhfless.plan.timemodel import TimeModel
     from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, measure_profile
-    from rlhfless.runtime.profile import cpu_name
+    from rlhfless.runtime.devices.profile import cpu_name
     from rlhfless.step.textenv import make_env
 
     cores = os.sched_getaffinity(0)

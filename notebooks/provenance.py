@@ -56,7 +56,7 @@ def rel(path: Path) -> str:
 
 def cpu_name() -> str:
     """The CPU model (absolute times mean little without it): the runtime's own reading of it."""
-    from rlhfless.runtime.profile import cpu_name as runtime_cpu_name
+    from rlhfless.runtime.devices.profile import cpu_name as runtime_cpu_name
 
     return runtime_cpu_name()
 

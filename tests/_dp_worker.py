@@ -26,7 +26,7 @@ def main(rank: int, world: int, port: int, dead_port: int, work: Path) -> None:
     from rlhfless.learn.dataparallel import Shard
     from rlhfless.learn.learner import Learner, save_learner_state
     from rlhfless.model.factory import load_checkpoint
-    from rlhfless.runtime.dist import destroy_group, init_group
+    from rlhfless.runtime.devices.dist import destroy_group, init_group
 
     spec = json.loads((work / "spec.json").read_text())
     refs = load_file(str(work / "ref.safetensors"))

@@ -45,7 +45,7 @@ def only_loopback() -> bool:
 
 def run(out: Path, name: str, extra: list[str]) -> dict:
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     t0 = time.monotonic()
     summary = train(load_run_config(str(ROOT / "experiments/configs/quickstart.yaml"), TINY + extra), out / name,
@@ -61,9 +61,9 @@ def kill_a_busy_decode_actor(killed: list):
         def loop():
             t_end = time.monotonic() + 300
             while not killed and time.monotonic() < t_end:
-                for h in list(runtime.pool.handles.values()):
-                    stream = runtime.stream  # a hybrid function that went on as a learner rank is not decoding
-                    if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.pool.working
+                for h in list(runtime.workers.pool.handles.values()):
+                    stream = runtime.workers.stream  # a hybrid function that went on as a learner rank is not decoding
+                    if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.workers.pool.working
                             and not (stream is not None and stream.owns(h))):
                         ray.kill(h.actor, no_restart=True)
                         killed.append(h.worker)

@@ -76,7 +76,7 @@ def test_rloo_changes_the_update_and_grpo_is_the_default(tmp_path):
     calls), and naming grpo explicitly is bitwise the default."""
     from safetensors.torch import load_file
 
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     tiny = ["train.steps=2", "rollout.prompts_per_step=4", "algo.group_size=4", "rollout.max_new_tokens=32",
             "train.eval_prompts=0", "tracking.mode=disabled", "task.arith.k_max=4", "train.table_every=0"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multiprocessing import forkserver
 
-from rlhfless.runtime.backend import LocalBackend
+from rlhfless.runtime.platform.backend import LocalBackend
 
 
 def test_a_run_with_another_preload_list_gets_a_fork_server_that_imports_it():

@@ -1,4 +1,4 @@
-"""Other processes' share of the machine during a window (rlhfless.runtime.contention), on real processes."""
+"""Other processes' share of the machine during a window (rlhfless.run.contention), on real processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rlhfless.runtime.contention import CpuWindow, tree_cpu_s
+from rlhfless.run.contention import CpuWindow, tree_cpu_s
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
 

@@ -16,7 +16,7 @@ from rlhfless.core.devices import as_cpu_float32, cuda_visible, place, resolve_d
 from rlhfless.core.errors import ConfigError
 from rlhfless.model.factory import load_policy, save_checkpoint
 from rlhfless.rollout.engine import SamplingParams, generate
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 
 SMALL = ["train.steps=2", "train.eval_prompts=0", "rollout.prompts_per_step=4", "algo.group_size=4",
          "rollout.max_new_tokens=12", "train.threads=1", "tracking.mode=disabled", "train.checkpoint_every=0"]

@@ -14,8 +14,8 @@ import pytest
 from rlhfless.config import load_run_config
 from rlhfless.core.errors import ConfigError
 from rlhfless.runtime.config import RuntimeConfig
-from rlhfless.runtime.emulated import tokens
-from rlhfless.sim.emulation import LengthTable, perf_model
+from rlhfless.runtime.devices.emulated import tokens
+from rlhfless.sim.devicemodel import LengthTable, perf_model
 
 SMALL = ["runtime.device=emulated", "runtime.units=4", "runtime.emulated_model=qwen2.5-3b", "runtime.time_scale=0.05",
          "plan.max_actors=4", "train.steps=3", "rollout.prompts_per_step=8", "algo.group_size=4",
@@ -86,7 +86,7 @@ def test_emulated_worker_is_light_and_replays_lengths(tmp_path):
     """A real worker process (spawned: a fresh interpreter) imports no torch, stays small, and decodes the table's
     lengths in no less than the modelled time, scaled."""
     from rlhfless.runtime import wire
-    from rlhfless.runtime.backend import LocalBackend
+    from rlhfless.runtime.platform.backend import LocalBackend
 
     scale = 0.02
     setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": scale, "algo": "grpo", "G": 4,
@@ -125,8 +125,8 @@ def test_starts_return_before_the_fork_and_a_released_unit_is_free_first(tmp_pat
     order: a worker released to make room has exited before the fork of the one started after it."""
     import threading
 
-    from rlhfless.runtime.backend import LocalBackend
-    from rlhfless.runtime.emulated import PRELOAD
+    from rlhfless.runtime.platform.backend import LocalBackend
+    from rlhfless.runtime.wire import EMULATED_PRELOAD as PRELOAD
 
     setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": 0.01, "algo": "grpo", "G": 4,
                           "max_new_tokens": 1024, "skip_zero_variance": False}, "version": 0}
@@ -153,7 +153,7 @@ def test_starts_return_before_the_fork_and_a_released_unit_is_free_first(tmp_pat
 # ---- a small comparison end to end, and the simulator's prediction of it --------------------------------------
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("emulated") / "cmp"
     train(load_run_config("experiments/configs/quickstart.yaml", SMALL), out, progress=False)
@@ -207,7 +207,7 @@ def test_emulated_learner_ranks_leave_at_their_share(compared):
     """As real serverless ranks (`runtime.streaming`): every rank but the last in writes its share and its
     invocation ends there; the paper design's separate learner functions (no decode to go on to) are let go at
     once, and the simulator bills each from its share, not from the step's end."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     rows = [x for x in _rows(compared / "serverless-paper" / "metrics.jsonl") if "timing_s/step" in x]
     assert sum(x.get("runtime/ranks_released_early") or 0 for x in rows[1:]) > 0
@@ -225,7 +225,7 @@ def test_releases_are_recorded_and_the_simulator_reads_them(compared):
     are the ones the step metrics count, each a learner rank whose last invocation was its share; with keep-alive 0
     a function with no work is released at its (zero) keep-alive's lapse; and the validation's ranks released at
     their share are exactly the recorded ones, step by step."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     for arm in ("serverless", "serverless-paper"):
         ws = _rows(compared / arm / "workers.jsonl")
@@ -252,7 +252,7 @@ def test_a_run_recorded_before_release_reasons_is_refused_not_guessed(compared, 
     import shutil
 
     from rlhfless.core.errors import DataError
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     for arm in ("serverless-paper", "serverful"):
         old = tmp_path / arm
@@ -285,7 +285,7 @@ def test_simulator_predicts_each_emulated_arm(compared, arm):
     """Step time and billed device-seconds within 10%, or the difference explained term by term: what the model
     leaves out is the control plane's real seconds (cold-start overhead beyond the model's, release lag, the
     driver's milliseconds per step), which the time scale magnifies 20x here."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     v = validate_emulated(compared / arm)
     st, cost = v["step_time_s"], v["cost_device_s"]
@@ -300,10 +300,10 @@ def test_faults_on_emulated_devices_recover_to_the_same_samples(compared, tmp_pa
     the runtime's recovery re-runs them, and the samples equal the undisturbed serverless arm's. Not a rank just
     sent learn_end: an emulated share costs no modelled time, so that rank may have written its share already,
     which rightly needs no retry (`EmulatedWorker._learn_share`)."""
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
     from rlhfless.runtime import executor
-    from rlhfless.runtime.compare import samples_match
-    from rlhfless.runtime.faults import KillOn, KillRule
+    from rlhfless.run.compare import samples_match
+    from rlhfless.bench.faults import KillOn, KillRule
 
     chaos = KillOn(KillRule("sent", "decode", 2), KillRule("sent", "learn_group", 3))
     executor.RUNTIME_HOOKS.append(chaos.attach)
@@ -320,8 +320,8 @@ def test_faults_on_emulated_devices_recover_to_the_same_samples(compared, tmp_pa
 def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
     """Cut-and-migrate at a low tau between two emulated decode functions: rows really move (progress, cut,
     adopt over the real messages) and continue the same tokens, so the samples equal the undisturbed arm's."""
-    from rlhfless.run.runner import train
-    from rlhfless.runtime.compare import samples_match
+    from rlhfless.run.launch import train
+    from rlhfless.run.compare import samples_match
 
     over = ["runtime.mode=serverless", "plan.scale=false", "plan.max_actors=2", "plan.migrate=true",
             "runtime.migrate=always", "plan.tau=0.3", "runtime.progress_every=8"]
@@ -335,7 +335,7 @@ def test_migration_on_emulated_devices_keeps_the_samples(compared, tmp_path):
 def test_a_trace_the_user_brings_is_replayed(tmp_path):
     """runtime.length_trace=PATH: the table holds that whole trace's lengths and rewards, prompt by prompt and epoch
     by epoch (the simulator's replay_trace), and the capacity and context the simulator sizes from it."""
-    from rlhfless.sim.emulation import build_table, by_prompt, prompt_index
+    from rlhfless.sim.devicemodel import build_table, by_prompt, prompt_index
     from rlhfless.sim.workload import replay_trace
 
     trace = "data/traces/quickstart.jsonl.gz"
@@ -360,7 +360,7 @@ PPO_SMALL = [x for x in SMALL if not x.startswith("algo.group_size")] + [
 
 @pytest.fixture(scope="module")
 def ppo_compared(tmp_path_factory):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("emulated-ppo") / "cmp"
     train(load_run_config("experiments/configs/quickstart_ppo.yaml", PPO_SMALL), out, progress=False)
@@ -386,7 +386,7 @@ def test_ppo_on_emulated_devices_runs_every_arm_on_identical_samples(ppo_compare
 def test_the_simulators_value_chunks_are_the_runtimes():
     """sim/ restates `learn.critic.value_chunks` (it imports no torch): the two must cut the batch alike."""
     from rlhfless.learn.critic import value_chunks
-    from rlhfless.sim.emulated import _chunks
+    from rlhfless.sim.modelled import _chunks
 
     for n, G, c in [(8, 1, 2), (512, 1, 64), (16, 8, 8), (7, 4, 9), (5, 2, 0)]:
         assert _chunks(n, G, c) == value_chunks(n, G, c)
@@ -395,7 +395,7 @@ def test_the_simulators_value_chunks_are_the_runtimes():
 def test_emulated_ppo_sleeps_the_simulators_ppo_learner():
     """The value function, the actor and the critic together sleep the simulator's PPO learner per token: two
     forwards and two training passes (`sim.perf.PPO_MODELS`)."""
-    from rlhfless.sim.emulation import ppo_split
+    from rlhfless.sim.devicemodel import ppo_split
 
     pm = perf_model("L40S", "qwen2.5-7b")
     fwd, train = ppo_split(pm)
@@ -408,7 +408,7 @@ def test_simulator_predicts_each_emulated_ppo_arm(ppo_compared, arm):
     """As for GRPO (`test_simulator_predicts_each_emulated_arm`): step time and billed device-seconds within 10%,
     or the difference explained (the control plane's real seconds, magnified 20x by the time scale); the roles of
     PPO's critic image (values, critic) are predicted too."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     v = validate_emulated(ppo_compared / arm)
     st, cost = v["step_time_s"], v["cost_device_s"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.sim.emulated import _held
+from rlhfless.sim.modelled import _held
 
 from test_emulated import SMALL
 
@@ -41,7 +41,7 @@ def test_held_bills_a_kept_worker_from_the_step_start():
 
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("emulated-keep")
     for design in ("extended", "paper"):
@@ -67,7 +67,7 @@ def test_simulator_bills_workers_held_across_a_step_start(kept, design):
     kept worker only from its request in the step and dropped a keep-alive that lapsed in the next step's window:
     the extended arm's bill was 25% short (12 device-s a step unexplained), the paper arm's 9% short with 18%
     unexplained behind an eviction billed as a full keep-alive."""
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     run = kept / design
     assert _held_across_a_step_start(run) > 0

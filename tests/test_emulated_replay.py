@@ -1,4 +1,4 @@
-"""Emulated lengths replayed by prompt id across epochs (`sim.emulation`): the run's prompt i replays the trace's
+"""Emulated lengths replayed by prompt id across epochs (`sim.devicemodel`): the run's prompt i replays the trace's
 prompt i, its epoch-e visit the trace's epoch e, whatever order the run draws it in; the real predictor then sees
 each prompt's history, and `predictor/kendall_tau` is a number from the second epoch on. The run here is one
 serverless arm, 32 prompts of 4 on 4 emulated L40S, each step one epoch (about 20 s on 2 loaded cores)."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.sim.emulation import LengthTable, build_table, prompt_index
+from rlhfless.sim.devicemodel import LengthTable, build_table, prompt_index
 
 RUN = ["runtime.device=emulated", "runtime.mode=serverless", "runtime.units=4", "runtime.emulated_model=qwen2.5-3b",
        "runtime.time_scale=0.02", "plan.max_actors=4", "train.steps=3", "rollout.prompts_per_step=32",
@@ -67,7 +67,7 @@ def test_a_table_written_before_replays_by_step_and_row(tmp_path):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("replay") / "run"
     train(load_run_config("experiments/configs/quickstart.yaml", RUN), out, progress=False)

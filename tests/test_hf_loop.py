@@ -14,7 +14,7 @@ from rlhfless.config import load_run_config
 from rlhfless.model.factory import load_policy
 from rlhfless.model.hf import HFTokenizer, TinyHFConfig, build_tiny_hf
 from rlhfless.model.tokenizer import load_tokenizer
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.runtime.config import available_cores
 
 REPO = Path(__file__).resolve().parents[1]

@@ -110,7 +110,8 @@ MAY_IMPORT = {
     "config": ("core", "algo", "tasks", "plan", "predictor", "learn", "runtime"),
     "step": BELOW_STEP,
     "runtime": BELOW_STEP + ("step", "sim"),  # sim: emulated devices run on the simulator's performance model
-    "run": BELOW_STEP + ("step", "runtime", "sim"),  # sim: the emulated length table, checked before OUT exists
+    # sim: the emulated length table, checked before OUT exists; the comparison's emulated arms in modelled seconds
+    "run": BELOW_STEP + ("step", "runtime", "sim"),
     "bench": BELOW_STEP + ("step", "runtime", "run", "sim"),
     "repro": BELOW_STEP + ("step", "runtime", "run", "sim", "bench"),
     "cli": ("core",),  # subcommands are found by module name, so `--help` imports none of them
@@ -191,10 +192,62 @@ def test_the_boundary_check_sees_a_deliberate_break():
     """The table is not vacuous: a simulator module importing the runtime, a planner module importing the
     rollout, and `plan` not catching `planning`-like names are each seen (or not) as they should be."""
     graph = {m: set(d) for m, d in _graph().items()}
-    graph["rlhfless.sim.events"].add("rlhfless.runtime.pool")
+    graph["rlhfless.sim.events"].add("rlhfless.runtime.platform.pool")
     graph["rlhfless.plan.cost"].add("rlhfless.rollout.engine")
-    assert ("rlhfless.sim.events", "rlhfless.runtime.pool") in _boundary_breaks(graph)
+    assert ("rlhfless.sim.events", "rlhfless.runtime.platform.pool") in _boundary_breaks(graph)
     assert ("rlhfless.plan.cost", "rlhfless.rollout.engine") in _boundary_breaks(graph)
     assert not _under("rlhfless.planning_glue", "rlhfless.plan") and _under("rlhfless.plan.cost", "rlhfless.plan")
     reached = _reach(graph, {m for m in graph if _part(m) == "sim"})
-    assert "rlhfless.runtime.pool" in reached
+    assert "rlhfless.runtime.platform.pool" in reached
+
+
+# The inside of the runtime, one row per folder (the driver is the runtime's own modules; `wire` and `records` are
+# the vocabulary all four share). Read top to bottom: a folder imports only the folders its row names.
+RUNTIME_SHARED = ("rlhfless.runtime.wire", "rlhfless.runtime.records")
+RUNTIME_MAY_IMPORT = {
+    "shared": (),
+    "devices": ("shared",),  # the worker process knows no mode, platform or driver
+    "modes": ("shared",),  # a mode decides from what it is given: it reaches no worker, platform or driver
+    "platform": ("shared", "devices"),  # it starts worker processes: their entry point is the device's
+    "driver": ("shared", "devices", "modes", "platform"),
+}
+
+
+def _runtime_part(module: str) -> str | None:
+    """shared, devices, modes, platform or driver for a module of `rlhfless.runtime`; None outside it."""
+    parts = module.split(".")
+    if parts[:2] != ["rlhfless", "runtime"] or len(parts) < 3:
+        return None
+    if module in RUNTIME_SHARED:
+        return "shared"
+    return parts[2] if parts[2] in RUNTIME_MAY_IMPORT else "driver"
+
+
+def _runtime_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    bad = []
+    for mod, deps in graph.items():
+        part = _runtime_part(mod)
+        for d in deps:
+            other = _runtime_part(d)
+            if part and other and other != part and other not in RUNTIME_MAY_IMPORT[part]:
+                bad.append((mod, d))
+    return sorted(bad)
+
+
+def test_the_runtime_folders_import_only_the_folders_below_them():
+    assert _runtime_breaks(_graph()) == []
+
+
+def test_the_runtime_check_sees_a_deliberate_break():
+    """A device asking a mode, a mode reaching the pool, and the platform reaching the driver are each seen; the
+    driver using all four is not a break."""
+    graph = {m: set(d) for m, d in _graph().items()}
+    graph["rlhfless.runtime.devices.worker"].add("rlhfless.runtime.modes.policy")
+    graph["rlhfless.runtime.modes.policy"].add("rlhfless.runtime.platform.pool")
+    graph["rlhfless.runtime.platform.pool"].add("rlhfless.runtime.executor")
+    bad = _runtime_breaks(graph)
+    assert ("rlhfless.runtime.devices.worker", "rlhfless.runtime.modes.policy") in bad
+    assert ("rlhfless.runtime.modes.policy", "rlhfless.runtime.platform.pool") in bad
+    assert ("rlhfless.runtime.platform.pool", "rlhfless.runtime.executor") in bad
+    assert not [b for b in bad if b[0] == "rlhfless.runtime.executor"]
+    assert _runtime_part("rlhfless.runtime.wire") == "shared" and _runtime_part("rlhfless.runtime.stages") == "driver"

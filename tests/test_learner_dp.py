@@ -33,7 +33,7 @@ from rlhfless.learn.dataparallel import Shard, split_groups
 from rlhfless.learn.learner import Learner, load_learner_state, save_learner_state
 from rlhfless.model.factory import load_checkpoint
 from rlhfless.rollout.forward import response_logprobs
-from rlhfless.runtime.dist import free_port
+from rlhfless.runtime.devices.dist import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CKPT = REPO / "data" / "checkpoints" / "sft"

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfless.config import load_run_config
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 
 OVERRIDES = [
     "task.arith.k_min=7", "task.arith.k_max=8", "task.arith.num_train=16", "task.arith.num_eval=16", "rollout.prompts_per_step=16",

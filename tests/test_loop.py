@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from rlhfless.cli import main
 from rlhfless.config import load_run_config
 from rlhfless.core.errors import DataError, TrainingError
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.core.traces import read_trace
 
 SMALL = ["train.steps=2", "train.eval_prompts=6", "rollout.prompts_per_step=4", "algo.group_size=2",

@@ -1,6 +1,6 @@
-"""The learner's width as a plan decision (plan/ranks.py) and the one reduction both modes use (runtime/dist.py):
-a rank whose share is done goes unless work comes inside its keep-alive, and the shares summed from files equal
-the serverful pool's gathered sum bit for bit."""
+"""The learner's width as a plan decision (plan/ranks.py) and the one reduction both modes use
+(runtime/devices/dist.py): a rank whose share is done goes unless work comes inside its keep-alive, and the shares
+summed from files equal the serverful pool's gathered sum bit for bit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless.plan.ranks import next_work_after_share, reducer, release_after_share
-from rlhfless.runtime.dist import ShareWritten, rank_order_sum, share_all_reduce
+from rlhfless.runtime.devices.dist import ShareWritten, rank_order_sum, share_all_reduce
 
 seconds = st.floats(0.0, 1e4, allow_nan=False)
 

@@ -11,11 +11,12 @@ import threading
 
 import pytest
 
-from rlhfless.runtime.backend import Handle, LocalBackend
-from rlhfless.runtime.pool import Pool
+from rlhfless.runtime.platform.backend import Handle, LocalBackend
+from rlhfless.runtime.platform.pool import Pool
 from rlhfless.runtime.records import WorkerRecord, now
 from rlhfless.runtime import wire
-from rlhfless.runtime.worker import GROUP_BROKEN_EXIT, LEFT, leave_broken_group
+from rlhfless.runtime.devices.worker import leave_broken_group
+from rlhfless.runtime.wire import GROUP_BROKEN_EXIT, LEFT
 
 
 def _serve(conn, code: int | None) -> None:
@@ -116,8 +117,8 @@ def test_a_serverful_pool_whose_rendezvous_port_was_taken_starts_again_on_anothe
     import socket
 
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
-    from rlhfless.runtime import dist
+    from rlhfless.run.launch import train
+    from rlhfless.runtime.devices import dist
     from rlhfless.runtime.config import available_cores
 
     taken = socket.socket()
@@ -144,7 +145,7 @@ def test_a_reserved_port_is_refused_to_others_and_taken_by_rank_0():
     listens on it and forms the group (a world of one here)."""
     import socket
 
-    from rlhfless.runtime.dist import destroy_group, init_group, reserve_port
+    from rlhfless.runtime.devices.dist import destroy_group, init_group, reserve_port
 
     port, held = reserve_port()
     try:
@@ -167,13 +168,13 @@ def test_rank_0_announces_its_rendezvous_before_the_others_join():
     """init_group's on_listening: rank 0 calls it once its store listens and before it waits for the others,
     so a driver can send the other ranks their learn_end then (early, they are refused and back off 0.3 s+)."""
     ctx = mp.get_context("fork")
-    from rlhfless.runtime.dist import reserve_port
+    from rlhfless.runtime.devices.dist import reserve_port
 
     port, held = reserve_port()
     ours, theirs = ctx.Pipe()
 
     def rank(r: int) -> None:
-        from rlhfless.runtime.dist import destroy_group, init_group
+        from rlhfless.runtime.devices.dist import destroy_group, init_group
 
         import torch
 
@@ -206,7 +207,7 @@ def _rank_whose_all_reduce_broke(conn) -> None:
 
 
 def test_a_worker_whose_all_reduce_broke_says_left_then_exits_with_its_status():
-    """What the worker does in `_learn_end` when gloo raises: LEFT on the pipe, then GROUP_BROKEN_EXIT, so the
+    """What the worker does in `op_learn_end` when gloo raises: LEFT on the pipe, then GROUP_BROKEN_EXIT, so the
     pool above records it as released however late its exit status arrives."""
     ctx = mp.get_context("fork")
     ours, theirs = ctx.Pipe(duplex=True)

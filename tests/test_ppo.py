@@ -20,7 +20,7 @@ from rlhfless.algo.config import GRPOConfig
 from rlhfless.model.factory import load_policy
 from rlhfless.learn.ppo_update import ppo_update
 from rlhfless.rollout.forward import response_logprobs
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 
 PROMPTS = [[3, 10, 11, 12], [3, 20, 21], [3, 30, 31, 32, 33]]
 RESPONSES = [[40, 41, 42, 1], [50, 51, 1], [60, 61, 62, 63, 64, 1]]

@@ -11,7 +11,7 @@ import pytest
 
 from rlhfless.core import metrics as M
 from rlhfless.config import load_run_config
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 
 OVERRIDES = [
     "algo.name=ppo", "algo.group_size=4", "algo.ppo_epochs=2", "algo.ppo_mini_batches=2",

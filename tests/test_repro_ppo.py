@@ -18,7 +18,7 @@ def _case(algo: str, G: int, speedup: float, cost_reduction: float, step: float 
           update: float = 1.0) -> dict:
     pol = {"step_time_s": step, "rollout_s": step - score - update, "score_s": score, "update_s": update,
            "cost_device_s": 100.0}
-    return {"algo": algo, "G": G, "policies": {p: dict(pol) for p in A.POLICIES},
+    return {"algo": algo, "G": G, "policies": {p: dict(pol) for p in A.SIM_POLICIES},
             "baselines": {b: {"speedup": speedup, "cost_reduction": cost_reduction} for b in ("paper", "tuned")}}
 
 

@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from rlhfless.config import load_run_config
 from rlhfless.core.errors import ConfigError, DataError
 from rlhfless.model.tokenizer import ByteTokenizer
-from rlhfless.run.runner import PromptStream, train
+from rlhfless.run.launch import train
+from rlhfless.run.runner import PromptStream
 from rlhfless.run.runstate import RESUME_SAFE_KEYS, config_changes
 from rlhfless.tasks.arith import ArithTask, ArithTaskConfig, make_splits
 from rlhfless.step.textenv import TextEnv

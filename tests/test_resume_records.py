@@ -41,7 +41,7 @@ def test_next_segment_follows_the_records_it_reads():
 
 def _segments(out: Path, extra: list[str]) -> list[tuple[str, str]]:
     """The run trained to 2, then resumed to 3 and to 4 steps; (workers.jsonl, invocations.jsonl) after each."""
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     texts = []
     for steps, resume in ((2, False), (3, True), (4, True)):
@@ -65,7 +65,7 @@ def _check_every_segment_kept(out: Path, texts: list[tuple[str, str]]) -> None:
     for seg in (1, 2):  # each segment's records follow the earlier ones': lanes never overlap in time
         before = max(w["released_s"] for w in workers if segment_of(w["worker"]) < seg)
         assert min(w["spawned_s"] for w in workers if segment_of(w["worker"]) == seg) >= before
-    from rlhfless.runtime.gantt import plot_steps
+    from rlhfless.run.gantt import plot_steps
 
     for step in (1, 4):
         assert plot_steps({"serverless": out}, step, out / "gantt" / f"step-{step}.png") is not None

@@ -4,7 +4,7 @@ import pytest
 
 from rlhfless.config import load_run_config
 from rlhfless.core.errors import ConfigError
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.runtime.config import RuntimeConfig, available_cores
 
 QS = "experiments/configs/quickstart.yaml"

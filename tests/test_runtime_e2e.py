@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from rlhfless.config import load_run_config
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.runtime import executor
-from rlhfless.runtime.compare import read_digests, samples_match
+from rlhfless.run.compare import read_digests, samples_match
 from rlhfless.runtime.config import available_cores
-from rlhfless.runtime.faults import KillOn, KillRule
+from rlhfless.bench.faults import KillOn, KillRule
 
 pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
 
@@ -63,9 +63,9 @@ def runs(tmp_path_factory):
         def loop():
             t_end = time.monotonic() + 120
             while not killed and time.monotonic() < t_end:
-                for h in list(runtime.pool.handles.values()):
-                    stream = runtime.stream  # a hybrid function that went on as a learner rank is not decoding
-                    if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.pool.working
+                for h in list(runtime.workers.pool.handles.values()):
+                    stream = runtime.workers.stream  # a hybrid function that went on as a learner rank is not decoding
+                    if ("decode" in h.kinds and h.ready_s is not None and h.worker in runtime.workers.pool.working
                             and not (stream is not None and stream.owns(h))):
                         os.kill(h.pid, signal.SIGKILL)
                         killed.append(h.worker)
@@ -87,7 +87,7 @@ def runs(tmp_path_factory):
         def loop():
             t_end = time.monotonic() + 120
             while not killed_ranks and time.monotonic() < t_end:
-                stream = runtime.stream
+                stream = runtime.workers.stream
                 for r in list(stream.ranks) if stream is not None else []:
                     h = r.handle
                     if h is not None and r.begun and r.sent and not r.ended:
@@ -215,7 +215,7 @@ def test_the_reference_forward_streams_with_overlap_and_gives_the_same_kl_and_we
     """kl > 0: the reference function after the rollout (serverful; serverless without overlap) and the learner
     ranks' own per-group reference forward while the rest decodes (serverless, overlap auto) give the same KL term
     to the last bit, so the same samples and the same final weights."""
-    from rlhfless.runtime.compare import weights_digest
+    from rlhfless.run.compare import weights_digest
 
     kl = ["algo.kl_coef=0.05", "train.steps=2", "plan.max_actors=2"]
     a, _ = _run(tmp_path, "kl_serverful", ["runtime.mode=serverful"] + kl)
@@ -371,7 +371,7 @@ def test_peak_units_counts_overlaps_and_not_handovers():
 def test_planner_accuracy_sums_predicted_and_billed_over_the_same_steps():
     """The one definition (`compare` reports it, the benchmark measures it): steps past the calibration that logged
     both numbers, predicted and billed summed over exactly those steps."""
-    from rlhfless.runtime.compare import planner_accuracy
+    from rlhfless.run.compare import planner_accuracy
 
     rows = [{"step": 1, "plan/predicted_device_s": 9.0, "function/decode/billed_s": 1.0, "cost/device_seconds": 3.0},
             {"step": 2, "plan/predicted_device_s": 2.0, "function/decode/billed_s": 4.0, "cost/device_seconds": 6.0},
@@ -392,8 +392,8 @@ def test_the_planner_prices_the_decode_functions_every_step_and_follows_the_meas
     the bill of what it priced; the bill is the workers' lifetimes split by role; and the time-model scale the
     planner prices with is the smoothed ratio of the measured decode busy seconds (the invocations') to what its
     base model predicts for the same placement, replayed here from the log alone."""
-    from rlhfless.runtime.compare import priced_key
-    from rlhfless.runtime.executor import smoothed_scale
+    from rlhfless.run.compare import priced_key
+    from rlhfless.runtime.clock import smoothed_scale
 
     out, summary = runs["serverless"]
     rows = _rows(out / "metrics.jsonl")
@@ -415,7 +415,7 @@ def test_the_planner_prices_the_decode_functions_every_step_and_follows_the_meas
 
 
 def test_compare_runs_three_arms_with_identical_samples_and_weights_and_explains_the_gap(tmp_path):
-    from rlhfless.runtime.compare import run_planner_accuracy
+    from rlhfless.run.compare import run_planner_accuracy
 
     cfg = load_run_config("experiments/configs/quickstart.yaml", TINY + ["runtime.mode=compare"])
     c = train(cfg, tmp_path / "cmp", progress=False)
@@ -474,12 +474,13 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
             evals.clear()
             out, summary = _run(tmp_path, mode, [f"runtime.mode={mode}", "train.eval_every=1", "train.eval_prompts=8"])
             rt, s = runtimes[-1], summary["runtime"]
-            mid = [(a - rt.t0, b - rt.t0) for a, b in evals[1:-1]]  # the first and last are the initial and final
+            # the first and last are the initial and final
+            mid = [(a - rt.clock.t0, b - rt.clock.t0) for a, b in evals[1:-1]]
             assert len(mid) == 2 and all(b > a for a, b in mid)
             # the runtime's own off-clock intervals (each evaluation, with the driver's weight sync before it): every
             # evaluation lies inside one, and the bills are checked against exactly those intervals, not against
             # the test's own timing of the evaluation (on a loaded machine the sync alone can take 20 ms)
-            paused = list(rt.paused)
+            paused = list(rt.clock.paused)
             assert len(paused) == 2 and all(any(pa <= a and b <= pb for pa, pb in paused) for a, b in mid)
             off_s = sum(b - a for a, b in paused)
             workers = _rows(out / "workers.jsonl")
@@ -494,7 +495,7 @@ def test_a_mid_run_evaluation_is_billed_to_neither_mode(tmp_path, monkeypatch):
             # billing rounds each lifetime up to its granularity (1 ms here)
             assert s["cost_device_s"] == pytest.approx(lifetimes - held_in_paused, abs=0.001 * len(workers) + 1e-9), mode
             assert s["off_clock_s"] == pytest.approx(off_s, rel=1e-9)
-            assert s["loop_wall_s"] == pytest.approx(rt.step_t1 - rt.t0 - off_s, rel=1e-9)
+            assert s["loop_wall_s"] == pytest.approx(rt.clock.step_t1 - rt.clock.t0 - off_s, rel=1e-9)
     finally:
         executor.RUNTIME_HOOKS.remove(runtimes.append)
 

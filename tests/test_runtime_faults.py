@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfless.runtime.faults import fault_report, resolved, spread
+from rlhfless.bench.faults import fault_report, resolved, spread
 
 
 def test_spread_is_the_plain_mean_sample_std_and_range():
@@ -57,9 +57,9 @@ def test_a_stopped_faulty_run_counts_as_lost_steps_not_as_a_cost():
 @pytest.mark.slow
 def test_the_bench_repeats_pairs_and_loses_nothing(tmp_path):
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
     from rlhfless.runtime.config import available_cores
-    from rlhfless.runtime.faults import run_fault_bench
+    from rlhfless.bench.faults import run_fault_bench
 
     if available_cores() < 2:
         pytest.skip("the runtime needs 2 cores")
@@ -96,9 +96,9 @@ def _bench_at_events(tmp_path: Path, mode: str, overrides: list[str], learner_op
     protocol events, no clock."""
     from rlhfless.bench.faults_cli import HEADLINE_CONFIG
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
     from rlhfless.runtime.config import available_cores
-    from rlhfless.runtime.faults import KillOn, KillRule, run_fault_bench
+    from rlhfless.bench.faults import KillOn, KillRule, run_fault_bench
 
     if available_cores() < 2:
         pytest.skip("the runtime needs 2 cores")
@@ -151,7 +151,7 @@ def test_the_bench_in_each_mode_recovers_on_emulated_devices(tmp_path, mode):
 
 
 def test_the_bench_refuses_a_mode_it_does_not_know(tmp_path):
-    from rlhfless.runtime.faults import run_fault_bench
+    from rlhfless.bench.faults import run_fault_bench
 
     with pytest.raises(ValueError, match="mode: one of serverless, serverful"):
         run_fault_bench(None, tmp_path, None, mode="compare")
@@ -180,7 +180,7 @@ def test_only_consecutive_failures_of_running_work_use_its_attempts():
 
 
 def test_the_kill_schedule_is_step_relative_and_spread_over_the_run():
-    from rlhfless.runtime.faults import kill_schedule
+    from rlhfless.bench.faults import kill_schedule
 
     s = kill_schedule(20, 20, seed=0)
     assert [step for step, _ in s] == list(range(1, 21))  # one kill per step when kills == steps

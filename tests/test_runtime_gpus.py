@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfless.core.errors import ConfigError
-from rlhfless.runtime.gpus import ENV, MEMORY_FRACTION, GpuLayout, parse_visible, visible_gpus
-from rlhfless.runtime.pool import claim_units, free_units
-from rlhfless.runtime.worker import bind_device
+from rlhfless.runtime.devices.gpus import ENV, MEMORY_FRACTION, GpuLayout, parse_visible, visible_gpus
+from rlhfless.runtime.platform.pool import claim_units, free_units
+from rlhfless.runtime.devices.worker import bind_device
 
 
 @pytest.mark.parametrize("value, gpus", [

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from rlhfless.runtime.config import MODES, available_cores
-from rlhfless.runtime.policy import POLICIES, ServerlessPolicy, register_policy
+from rlhfless.runtime.modes.policy import MODE_POLICIES, ServerlessPolicy, register_policy
 
 RUNTIME = Path(__file__).resolve().parents[1] / "rlhfless" / "runtime"
-STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py")
+STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py", "workerset.py", "ledger.py", "weights.py",
+               "clock.py")
 """Where a step's work is run: every decision in them that differs by mode must be the policy's."""
 
 
@@ -64,9 +65,7 @@ def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tm
     @register_policy
     class Pinned(ServerlessPolicy):
         name = "test-pinned"
-
-        def preempts_learners(self) -> bool:
-            return False
+        traits = replace(ServerlessPolicy.traits, preempts_learners=False)
 
     cfg = load_run_config("experiments/configs/quickstart.yaml",
                           ["train.steps=1", "rollout.prompts_per_step=2", "algo.group_size=2",
@@ -76,15 +75,15 @@ def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tm
     try:
         rt = Runtime(cfg, "test-pinned", Learner(load_policy(cfg.policy.resolved()), cfg.optim, cfg.algo), tmp_path)
         assert isinstance(rt.policy, Pinned)
-        h = rt.start_learner(prewarmed=False)
-        rt.pool.await_ready([h])
+        h = rt.workers.start_learner(prewarmed=False)
+        rt.workers.pool.await_ready([h])
         for policy, lets_go in ((rt.policy, False), (ServerlessPolicy(), True)):
             stream = LearnerStream(replace(rt.context(1), policy=policy), [[1, 2, 3], [4, 5]], seed=0, overlap=False)
             stream._assign(stream.ranks[0], h)  # rank 0 holds the worker, its groups not in yet
             assert stream.preempt() is lets_go, policy.name
             assert (stream.ranks[0].handle is None) is lets_go
-            assert (h.worker in rt.pool.handles) is not lets_go, "the pinned rank keeps its worker"
+            assert (h.worker in rt.workers.pool.handles) is not lets_go, "the pinned rank keeps its worker"
     finally:
-        POLICIES.pop("test-pinned", None)
+        MODE_POLICIES.pop("test-pinned", None)
         if rt is not None:
             rt.cleanup()

@@ -3,7 +3,7 @@
 import pytest
 
 from rlhfless.plan import PlanConfig, TimeModel
-from rlhfless.runtime.policy import (
+from rlhfless.runtime.modes.policy import (
     History,
     prewarm_decode,
     prewarm_learner,
@@ -80,12 +80,12 @@ def test_time_model_scale_rejects_nonsense():
 
 
 def test_the_mode_is_a_policy_object_the_stages_ask():
-    """runtime.policy.ModePolicy: what the serverless runtime and the serverful pool decide differently."""
+    """runtime.modes.policy.ModePolicy: what the serverless runtime and the serverful pool decide differently."""
     from rlhfless.runtime.config import RuntimeConfig
-    from rlhfless.runtime.policy import ServerfulPolicy, ServerlessPolicy, policy_for
+    from rlhfless.runtime.modes.policy import ServerfulPolicy, ServerlessPolicy, policy_for
 
     sl, sf = policy_for("serverless"), policy_for("serverful")
-    assert isinstance(sl, ServerlessPolicy) and isinstance(sf, ServerfulPolicy) and sf.holds_pool
+    assert isinstance(sl, ServerlessPolicy) and isinstance(sf, ServerfulPolicy) and sf.traits.holds_pool
     assert sl.keep_alive(2.0) == 2.0 and sf.keep_alive(2.0) is None  # the pool is never idle-released
     assert sf.decode_split(5, None, 2) == [[0, 1, 2], [3, 4]]  # verl's contiguous split by count
     assert not sf.migrates("always", None) and sl.migrates("always", None)

@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import load_file
 
 from rlhfless.config import load_run_config
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.runtime import executor
-from rlhfless.runtime.compare import samples_match, weights_digest
+from rlhfless.run.compare import samples_match, weights_digest
 from rlhfless.runtime.config import available_cores
-from rlhfless.runtime.faults import KillOn, KillRule
+from rlhfless.bench.faults import KillOn, KillRule
 
 pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
 
@@ -238,12 +238,12 @@ def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
     from types import SimpleNamespace
 
     from rlhfless.runtime.attempts import Attempts
-    from rlhfless.runtime.policy import ServerfulPolicy
+    from rlhfless.runtime.modes.policy import ServerfulPolicy
     from rlhfless.runtime.ppo_stages import _Update
 
     records = []
-    run = SimpleNamespace(record=lambda *a, **k: records.append(a[1]))
-    stream = SimpleNamespace(ctx=SimpleNamespace(run=run, policy=ServerfulPolicy()), step=2, actor_requested=None,
+    ledger = SimpleNamespace(record=lambda *a, **k: records.append(a[1]))
+    stream = SimpleNamespace(ctx=SimpleNamespace(ledger=ledger, policy=ServerfulPolicy()), step=2, actor_requested=None,
                              actor_tries=Attempts("PPO actor of step 2", 3), _live=lambda h: True,
                              tries=lambda kind: Attempts(f"{kind} of step 2", 3))
     update = _Update(stream, {"op": "ppo_actor"}, {"op": "critic_learn"})

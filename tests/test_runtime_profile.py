@@ -16,7 +16,7 @@ import pytest
 from rlhfless.model.factory import load_policy
 from rlhfless.plan.timemodel import check_profile_rows
 from rlhfless.rollout.tpot import measure_profile
-from rlhfless.runtime import profile as P
+from rlhfless.runtime.devices import profile as P
 from rlhfless.runtime.config import available_cores
 
 
@@ -83,7 +83,7 @@ def _fake_profile(shape: str) -> dict:
 @pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")
 @pytest.mark.parametrize("shape, actors", [("flat", 1), ("steep", 2)])
 def test_the_planner_prices_with_the_cached_profile_of_this_machine(tmp_path, shape, actors):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     cache = tmp_path / "cache"
     cfg = _cfg(

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlhfless.plan.cost import price
-from rlhfless.runtime.compare import samples_match
+from rlhfless.run.compare import samples_match
 from rlhfless.runtime.meter import bill_run
 from rlhfless.runtime.records import InvocationRecord, WorkerRecord
 
@@ -113,7 +113,7 @@ def test_a_ray_killed_actor_is_a_dead_worker_whose_work_is_re_run(runs):
 def test_overlap_streams_groups_on_ray_and_ends_with_the_local_backends_weights(runs):
     """runtime.overlap is on (serverless, kl 0): finished groups reach the learner during decode on Ray too, on one
     node and across two, and the final weights equal the local backend's byte for byte."""
-    from rlhfless.runtime.compare import weights_digest
+    from rlhfless.run.compare import weights_digest
 
     out, _ = runs
     for name in ("ray", "two_node"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from rlhfless.runtime.raybackend import RayBackend, RayHandle
+from rlhfless.runtime.platform.raybackend import RayBackend, RayHandle
 
 
 def _backend(nodes: list[str], home: str) -> RayBackend:

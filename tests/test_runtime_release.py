@@ -12,7 +12,7 @@ from rlhfless.core.errors import ConfigError
 from rlhfless.plan import billing as B
 from rlhfless.plan.cost import billed_seconds, price
 from rlhfless.plan.records import Invocation
-from rlhfless.runtime.compare import safetensors_digest, states_match
+from rlhfless.run.compare import safetensors_digest, states_match
 from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.runtime.meter import bill_run, bill_window, billing_rules, usage_window
 from rlhfless.runtime.records import InvocationRecord, WorkerRecord, zero_held

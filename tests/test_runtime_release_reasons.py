@@ -11,10 +11,10 @@ import signal
 import pytest
 
 from rlhfless.core.errors import DataError
-from rlhfless.runtime.backend import LocalBackend
-from rlhfless.runtime.pool import Pool
+from rlhfless.runtime.platform.backend import LocalBackend
+from rlhfless.runtime.platform.pool import Pool
 from rlhfless.runtime.records import RELEASE_REASONS, WorkerRecord, now
-from rlhfless.sim.emulation import LengthTable
+from rlhfless.sim.devicemodel import LengthTable
 
 
 def test_a_record_rejects_an_unknown_release_reason_and_old_rows_default_to_none():
@@ -33,7 +33,7 @@ def _await_death(pool: Pool, h) -> None:
 
 
 def test_the_pool_records_why_it_released_each_worker(tmp_path):
-    from rlhfless.runtime.emulated import PRELOAD
+    from rlhfless.runtime.wire import EMULATED_PRELOAD as PRELOAD
 
     t = LengthTable([[[30, 40, 5, 12]]], None, "L40S", "qwen2.5-3b", 512, 400.0, "test")
     t.save(tmp_path / "lengths.json")

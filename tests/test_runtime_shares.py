@@ -10,7 +10,7 @@ import pytest
 from rlhfless.config import load_run_config
 from rlhfless.core import metrics as M
 from rlhfless.core.rundir import RunDir
-from rlhfless.run.runner import train
+from rlhfless.run.launch import train
 from rlhfless.runtime.config import available_cores
 
 pytestmark = pytest.mark.skipif(available_cores() < 2, reason="the runtime tests need 2 cores")

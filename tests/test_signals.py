@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from rlhfless.runtime.backend import Handle, LocalBackend
-from rlhfless.runtime.pool import Pool
+from rlhfless.runtime.platform.backend import Handle, LocalBackend
+from rlhfless.runtime.platform.pool import Pool
 from rlhfless.runtime.records import WorkerRecord, now
-from rlhfless.runtime.worker import die_with_parent, drop_forkserver_alive_fd
+from rlhfless.runtime.devices.worker import die_with_parent, drop_forkserver_alive_fd
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = ["task.arith.num_train=48", "rollout.prompts_per_step=4", "algo.group_size=4", "rollout.max_new_tokens=48",

@@ -7,7 +7,7 @@ import pytest
 from rlhfless.core.errors import DataError
 from rlhfless.plan.cost import BillingRules, cost_step, price
 from rlhfless.sim.events import PRIO_OTHER, PRIO_RELEASE, PRIO_START, EventLoop, Timeline
-from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepPlan, play_step
+from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepSchedule, play_step
 
 
 def test_events_run_by_time_then_priority_then_scheduling_order():
@@ -30,12 +30,12 @@ def test_events_refuse_the_past_and_stop_at_until():
         loop.at(0.5, PRIO_OTHER, lambda lp: None)
 
 
-def _plan(serverful: bool, overlap: bool = True) -> StepPlan:
+def _plan(serverful: bool, overlap: bool = True) -> StepSchedule:
     actors = (ActorRun(0, 2, 4.0, 1.0, 2.0, 0.5, 10.0), ActorRun(1, 2, 0.0, 1.0, 3.0, 0.0, 6.0, prewarm_s=4.0))
     # groups: two on actor 1 (done 2 s and 6 s into its decode, 4 device-s of learner work each), one on actor 0
     # (done 10 s in, 6 device-s); 8 devices in all, learner blocks of 2, 1 s learner cold start, 1 s optimizer
     learner = LearnerPlan(overlap, (1, 1, 0), (2.0, 6.0, 10.0), (4.0, 4.0, 6.0), 8.0, 2.0, 1.0, True, 1.0)
-    return StepPlan(serverful, 8, actors, FnRun("prefill", 2, 0.0, 3.0), learner)
+    return StepSchedule(serverful, 8, actors, FnRun("prefill", 2, 0.0, 3.0), learner)
 
 
 def test_overlapped_step_timeline_by_hand_serverless():
@@ -88,7 +88,7 @@ def test_step_timeline_serverful_bills_the_pool_only():
 
 def test_step_without_actors_goes_straight_to_scoring():
     learner = LearnerPlan(True, (), (), (), 1.0, 1.0, 0.0, True, 1.0)
-    plan = StepPlan(False, 0, (), FnRun("prefill", 1, 1.0, 2.0), learner)
+    plan = StepSchedule(False, 0, (), FnRun("prefill", 1, 1.0, 2.0), learner)
     loop, tl = EventLoop(), Timeline()
     res = play_step(loop, tl, 0.0, plan, 0)
     loop.run()

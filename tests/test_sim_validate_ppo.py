@@ -40,7 +40,7 @@ TINY_PPO = ["algo.name=ppo", "algo.group_size=1", "algo.ppo_mini_batches=2", "al
 def ppo_run(sft_checkpoint, tmp_path_factory) -> Path:
     """Six real PPO steps from the SFT checkpoint, inline, with a reference forward (kl_coef > 0)."""
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     out = tmp_path_factory.mktemp("ppo") / "run"
     train(load_run_config(None, TINY_PPO + [f"policy.checkpoint={sft_checkpoint}"]), out, progress=False)

@@ -20,9 +20,9 @@ from rlhfless.step.textenv import TextEnv, make_env
 REPO = Path(__file__).resolve().parents[1]
 # Every module of the step loop and of the runtime that executes it: none may name a task or a tokenizer.
 LOOP_MODULES = ["step/loop.py", "run/runner.py", "step/heldout.py", "bench/loop_bench.py", "run/train_cli.py",
-                "runtime/decoding.py",
-                "runtime/stages.py", "runtime/loop_stages.py", "runtime/executor.py", "runtime/worker.py",
-                "runtime/compare.py"]
+                "runtime/devices/decoding.py",
+                "runtime/stages.py", "runtime/loop_stages.py", "runtime/executor.py", "runtime/devices/worker.py",
+                "run/compare.py"]
 FORBIDDEN = ("rlhfless.tasks.arith", "rlhfless.tasks.gsm8k", "rlhfless.tasks.jsonl_task")
 
 

@@ -62,7 +62,7 @@ def offline_wandb(tmp_path, monkeypatch):
 
 
 def test_a_run_logged_offline_reads_back_from_wandb(offline_wandb, sft_checkpoint):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     cfg = load_run_config(None, [
         f"policy.checkpoint={sft_checkpoint}", "train.steps=3", "rollout.prompts_per_step=4", "algo.group_size=4",

@@ -53,7 +53,7 @@ def test_each_rollout_runs_the_learners_current_weights():
 
 
 def test_grpo_steps_run_on_the_vllm_engine(tmp_path):
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     summary = train(load_run_config(REPO / "experiments/configs/quickstart.yaml", TINY), tmp_path / "run",
                     progress=False)

@@ -132,7 +132,7 @@ def _digest(responses: list[list[int]]) -> str:
 def run(tmp_path_factory, engine):
     """Serverless with vLLM decode functions: step 1, its weights kept aside, then step 2 (a resume)."""
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
     from rlhfless.runtime.config import available_cores
 
     if available_cores() < 2:
@@ -164,7 +164,7 @@ def test_step_2_samples_come_from_the_learners_weights_after_step_1(run, engine,
     """Step 2's rows equal the inline vLLM engine's on the weights after step 1 (the same per-row streams), and
     differ from what the starting weights give: without the weight load into the workers' engines this fails."""
     from rlhfless.run.runner import PromptStream
-    from rlhfless.runtime.compare import read_digests
+    from rlhfless.run.compare import read_digests
     from rlhfless.step.textenv import make_env
 
     cfg, out, after_1, _ = run
@@ -192,8 +192,8 @@ def test_serverful_pool_workers_decode_with_vllm_the_same_samples(run, tmp_path)
     so both modes give the same samples step for step."""
     from dataclasses import replace
 
-    from rlhfless.run.runner import train
-    from rlhfless.runtime.compare import samples_match
+    from rlhfless.run.launch import train
+    from rlhfless.run.compare import samples_match
 
     cfg, serverless, _, _ = run
     out = tmp_path / "serverful"

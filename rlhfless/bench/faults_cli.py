@@ -1,4 +1,4 @@
-"""`rlhfless bench faults`: the runtime's fault-recovery benchmark (see rlhfless.runtime.faults) on whole runs."""
+"""`rlhfless bench faults`: the runtime's fault-recovery benchmark (see rlhfless.bench.faults) on whole runs."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def _faults(args: argparse.Namespace) -> int:
     from rlhfless.config import REPO_ROOT, load_run_config
     from rlhfless.core.errors import ConfigError
     from rlhfless.core.jsonl import write_json
-    from rlhfless.run.runner import train
-    from rlhfless.runtime.faults import MODES, run_fault_bench
+    from rlhfless.run.launch import train
+    from rlhfless.bench.faults import MODES, run_fault_bench
 
     if args.kills < 1:
         raise ConfigError(f"--kills: must be >= 1 (got {args.kills})")
@@ -84,7 +84,7 @@ def verdict(modes: dict[str, dict]) -> int:
     not see success); else 0."""
     import sys
 
-    from rlhfless.runtime.faults import failed_runs
+    from rlhfless.bench.faults import failed_runs
 
     lines = failed_runs(modes)
     if lines:

@@ -50,7 +50,7 @@ def inline_grpo(device: str, steps: int, small: bool) -> dict:
     from rlhfless.core import metrics as M
     from rlhfless.core.rundir import RunDir
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     over = [f"train.steps={steps}", "train.eval_prompts=0", "tracking.mode=disabled", f"train.device={device}",
             "train.checkpoint_every=0", "train.table_every=0"]
@@ -78,7 +78,7 @@ def inline_grpo(device: str, steps: int, small: bool) -> dict:
 def compare(device: str, small: bool) -> dict:
     """The three-arm comparison on the GPU (4 functions per GPU) or, on the CPU, on 2 cores."""
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     over = ["runtime.mode=compare", "plan.max_actors=2", "train.steps=2", "rollout.prompts_per_step=6",
             "algo.group_size=4", "rollout.max_new_tokens=48", "train.eval_prompts=0", "train.checkpoint_every=0",

@@ -28,7 +28,7 @@ LABELS = {"engine": ("own", "vllm")}
 
 
 @dataclass
-class Arm:
+class LoopArm:
     name: str
     stages: object
     times: dict[str, list[float]]
@@ -36,7 +36,7 @@ class Arm:
     lengths: list[list[int]]
 
 
-def _arm(name: str, config: str | None, overrides: list[str]) -> Arm:
+def _arm(name: str, config: str | None, overrides: list[str]) -> LoopArm:
     from rlhfless.config import load_run_config
     from rlhfless.learn.learner import Learner
     from rlhfless.step.loop import Stages
@@ -45,7 +45,7 @@ def _arm(name: str, config: str | None, overrides: list[str]) -> Arm:
     cfg = load_run_config(config, overrides)
     policy = load_policy(cfg.policy.resolved())
     learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
-    return Arm(name, Stages(cfg, learner), {}, [], [])
+    return LoopArm(name, Stages(cfg, learner), {}, [], [])
 
 
 def run_loop_bench(feature: str = "dedup_prefill", steps: int = 20, config: str | None = None,
@@ -84,7 +84,7 @@ def run_loop_bench(feature: str = "dedup_prefill", steps: int = 20, config: str 
     return _report(feature, steps, on, off)
 
 
-def _report(feature: str, steps: int, on: Arm, off: Arm) -> dict:
+def _report(feature: str, steps: int, on: LoopArm, off: LoopArm) -> dict:
     skip = 1  # the first step pays one-off warm-up costs
     med = {a.name: {k[len("timing_s/"):]: statistics.median(v[skip:]) for k, v in a.times.items()} for a in (on, off)}
     return {

@@ -168,7 +168,7 @@ def _has_checkpoint(p: Path) -> bool:
     run (which is never resumed as one)."""
     if RunDir(p).comparison.is_file() or RunDir(p).arm("serverful").config.is_file():
         return True
-    return any((p / "checkpoints" / name / "state.json").is_file() for name in ("last", "last.prev"))
+    return any((RunDir(p).checkpoint(name) / "state.json").is_file() for name in ("last", "last.prev"))
 
 
 def check_new_checkpoint(path: str) -> Path:

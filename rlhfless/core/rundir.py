@@ -25,6 +25,9 @@ ROLLOUTS = "rollouts.jsonl"
 DIGESTS = "samples_digest.jsonl"
 TABLES = "tables"
 CHECKPOINTS = "checkpoints"
+GANTT = "gantt"
+TIME_PROFILE = "time_profile.json"
+EMULATED_LENGTHS = "emulated-lengths.json"
 
 
 @dataclass(frozen=True)
@@ -73,9 +76,34 @@ class RunDir:
     def tables(self) -> Path:
         return self.root / TABLES
 
+    def table(self, name: str) -> Path:
+        return self.tables / f"{name}.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    def checkpoint(self, name: str) -> Path:
+        """One checkpoint folder: `last` (resume from), `last.prev`, `final`."""
+        return self.checkpoints / name
+
     @property
     def final_weights(self) -> Path:
-        return self.root / CHECKPOINTS / "final" / "model.safetensors"
+        return self.checkpoint("final") / "model.safetensors"
+
+    def gantt(self, step: int) -> Path:
+        """The per-function timeline of one step (`runtime.gantt_every`)."""
+        return self.root / GANTT / f"step-{step}.png"
+
+    @property
+    def time_profile(self) -> Path:
+        """The decode-time profile the run's planner priced with (loadable as `plan.time_profile`)."""
+        return self.root / TIME_PROFILE
+
+    @property
+    def emulated_lengths(self) -> Path:
+        """With emulated devices: the length table the workers replayed (the simulator validates with it)."""
+        return self.root / EMULATED_LENGTHS
 
     @property
     def trace(self) -> Path:
@@ -110,7 +138,7 @@ class RunDir:
         return {r["step"]: r["sha256"] for r in _rows(self.digests, "digests")}
 
     def read_table(self, name: str) -> list[dict]:
-        return _rows(self.tables / f"{name}.jsonl", name)
+        return _rows(self.table(name), name)
 
     def read_summary(self) -> dict | None:
         return read_json_file(self.summary)

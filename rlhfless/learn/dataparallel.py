@@ -6,7 +6,7 @@ DDP; the paper's learner is FSDP): every rank computes advantages and the zero-v
 and uses the full batch's normaliser (`algo.grpo.loss_denominator`), so rank gradients SUM to the full batch's.
 The rule it keeps: gradients, the loss and metric rows travel in ONE flat buffer all-reduced with SUM before
 clipping (`reduce_step`), and every rank steps its own AdamW on identical inputs, so the replicas stay bitwise
-equal without broadcasting weights. Transport: `Shard.all_reduce` (`rlhfless.runtime.dist` builds a gloo one).
+equal without broadcasting weights. Transport: `Shard.all_reduce` (`rlhfless.runtime.devices.dist` builds a gloo one).
 Non-goals: sharded parameters or optimiser state (FSDP/ZeRO), bucketed overlap with the backward, micro-batching.
 Deviation: results equal the single-process update up to float rounding (other summation order), not bitwise.
 """
@@ -32,7 +32,7 @@ class Shard:
     all_reduce: Callable[[torch.Tensor], None]
     """Sums a CPU floating-point tensor (the parameters' dtype) in place across all ranks (blocking; every rank
     calls it the same number of times with the same shape). Must raise, not hang, when a peer is gone (see
-    `runtime.dist`)."""
+    `runtime.devices.dist`)."""
 
     def __post_init__(self) -> None:
         if self.world < 1 or not 0 <= self.rank < self.world:

@@ -76,7 +76,7 @@ class JobArrays:
         return JobArrays(jobs, sizes, self.prompt_len[idx], work, work / np.maximum(sizes, 1), seq_len, offsets)
 
 
-def _validate(ja: JobArrays, n_actors: int, capacity: int) -> None:
+def validate_jobs(ja: JobArrays, n_actors: int, capacity: int) -> None:
     if isinstance(n_actors, bool) or not isinstance(n_actors, (int, np.integer)) or n_actors < 1:
         raise ConfigError(f"n_actors: must be an integer >= 1 (got {n_actors!r})")
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 1:
@@ -147,7 +147,7 @@ def assign(jobs: Sequence[PlanJob] | JobArrays, n_actors: int, capacity: int, ti
     if policy not in POLICIES:
         raise ConfigError(f"plan.policy: unknown assignment policy {policy!r}; allowed: {', '.join(POLICIES)}")
     ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
-    _validate(ja, n_actors, capacity)
+    validate_jobs(ja, n_actors, capacity)
     labels, rank = _labels(policy, ja, int(n_actors), int(capacity), time_model)
     plan = build_plan(ja, labels, rank, int(n_actors), int(capacity), time_model, policy)
     return plan, plan_metrics(plan)
@@ -190,7 +190,7 @@ def evaluate_plan(plan: AssignmentPlan, true_jobs: Sequence[PlanJob], time_model
     flat = [by_id[j.group_id] for jobs in plan.actor_jobs for j in jobs]
     labels = np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
     ja = JobArrays.from_jobs(flat)
-    _validate(ja, plan.n_actors, plan.capacity)
+    validate_jobs(ja, plan.n_actors, plan.capacity)
     return build_plan(ja, labels, np.arange(len(flat)), plan.n_actors, plan.capacity, time_model, plan.policy)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rlhfless.plan.balancer import JobArrays, _validate
+from rlhfless.plan.balancer import JobArrays, validate_jobs
 from rlhfless.plan.records import PlanJob
 from rlhfless.plan.timemodel import TimeModel
 
@@ -50,7 +50,7 @@ def makespan_lower_bound(jobs: Sequence[PlanJob] | JobArrays, n_actors: int, cap
     Raises ConfigError like `balancer.assign` for n_actors < 1 or a group larger than capacity.
     """
     ja = jobs if isinstance(jobs, JobArrays) else JobArrays.from_jobs(jobs)
-    _validate(ja, n_actors, capacity)
+    validate_jobs(ja, n_actors, capacity)
     if len(ja.sizes) == 0:
         return 0.0
     tm = time_model

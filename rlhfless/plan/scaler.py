@@ -22,7 +22,7 @@ import numpy as np
 
 from rlhfless.core import metrics as M
 import rlhfless.plan.sweep as sw
-from rlhfless.plan.balancer import JobArrays, _validate, assign, build_plan, evaluate_plan, labels_finish_s
+from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
@@ -377,7 +377,7 @@ def _candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
     if exact:
         evaluated = [evaluate_candidate(ja, n, cfg, tm, n_warm, draws) for n in cfg.candidates()]
     else:
-        _validate(ja, cfg.max_actors, cfg.capacity)
+        validate_jobs(ja, cfg.max_actors, cfg.capacity)
         if not draws and cfg.objective == "score":
             cands, res = sweep_candidates(ja, cfg, tm, n_warm, memo)  # already scored
 
@@ -420,7 +420,7 @@ def choose(jobs: Sequence[PlanJob] | JobArrays, cfg: PlanConfig, time_model: Tim
     ja = jobs if isinstance(jobs, JobArrays) else _memo_arrays(jobs, memo)
     ref = None
     if cfg.objective == "min_cost_at_deadline":
-        _validate(ja, cfg.max_actors, cfg.capacity)
+        validate_jobs(ja, cfg.max_actors, cfg.capacity)
         cfg, ref = _with_deadline(ja, cfg, tm, draws)
     cands, plan_of = _candidates(ja, cfg, tm, n_warm, draws, memo)
     if ref is not None:

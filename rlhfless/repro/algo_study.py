@@ -23,7 +23,7 @@ from rlhfless.repro.records import PaperRow, StudyResult
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = {"ppo": REPO / "experiments" / "configs" / "quickstart_ppo.yaml",
            "grpo": REPO / "experiments" / "configs" / "quickstart.yaml"}
-POLICIES = ("verl-paper", "verl", "rlhfless")
+SIM_POLICIES = ("verl-paper", "verl", "rlhfless")
 STAGES = ("rollout_s", "score_s", "update_s")
 WHAT_IFS = {"ppo": ["group_size=8", "prompts_per_step=64", "n_prompts=256"],
             "grpo": ["group_size=1", "prompts_per_step=1024", "n_prompts=8192"]}
@@ -42,12 +42,12 @@ def sim_cases(steps: int | None, sim: tuple[str, ...] = ()) -> list[dict]:
                                                                   True))]
     out = []
     for cfg, what_if in configs:
-        case = run_case(cfg, only=POLICIES)
+        case = run_case(cfg, only=SIM_POLICIES)
         name = f"{cfg.model}/{cfg.algo} G={cfg.group_size}" + (" (what-if)" if what_if else "")
         out.append({"name": name, "model": cfg.model, "algo": cfg.algo, "G": cfg.group_size, "what_if": what_if,
                     "seqs_per_step": case["seqs_per_step"], "baselines": case["baselines"],
                     "policies": {p: {k: case["policies"][p][k] for k in ("step_time_s", "cost_device_s", *STAGES)}
-                                 for p in POLICIES}})
+                                 for p in SIM_POLICIES}})
     return out
 
 
@@ -123,7 +123,7 @@ def real_run(ctx, algo: str, size: dict, mode: str = "inline") -> Path:
     """One quickstart run of `algo` at `size` (no held-out eval: only step times matter here), inline on one
     thread or in runtime mode `mode` (RUNTIME conditions), reused while its summary.json exists."""
     from rlhfless.config import load_run_config
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     name = algo if mode == "inline" else f"{algo}-{mode}"
     out = ctx.out / "ppo-vs-grpo" / "runs" / f"{name}-{'quick' if ctx.quick else 'full'}-seed{ctx.seed}"
@@ -142,7 +142,7 @@ def runtime_gain(serverful: Path, serverless: Path) -> dict:
     and whether the two drew the same samples every step."""
     import json
 
-    from rlhfless.runtime.compare import samples_match
+    from rlhfless.run.compare import samples_match
 
     a, b = (json.loads(RunDir(p).summary.read_text())["runtime"] for p in (serverful, serverless))
     same, _, n = samples_match(serverful, serverless)
@@ -216,7 +216,7 @@ def _figure(cases: list[dict], split: dict[str, dict], gains: dict | None, path:
                        for c in cases for p, q in c["policies"].items()])
     for ax, y, label in ((top[0], "step_time_s", "seconds per step"),
                          (top[1], "cost_device_s", "device-seconds per step")):
-        sns.barplot(data=df, x="case", y=y, hue="policy", hue_order=list(POLICIES), ax=ax)
+        sns.barplot(data=df, x="case", y=y, hue="policy", hue_order=list(SIM_POLICIES), ax=ax)
         ax.set(xlabel="", ylabel=label, title=f"{label} (simulated 16 x L40S)")
     sim_gains = pd.DataFrame([{"case": c["name"].replace(" (what-if)", "\n(what-if)"), "gain": label,
                                "vs paper verl": c["baselines"]["paper"][key] - (1.0 if key == "speedup" else 0.0)}

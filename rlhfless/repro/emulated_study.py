@@ -6,8 +6,8 @@ and design=paper, on the same samples. The real runtime runs (planner, worker pr
 keep-alive, billing); each invocation's compute is the simulator's modelled time (docs/emulated.md). It reports
 every arm in modelled seconds (`comparison.json`'s `modelled` block: steps 2.., real seconds / time scale), the
 busy / held-idle / cold-start split of each arm's bill, the simulator's prediction of each arm
-(`sim.emulated.validate_emulated`) and one step's per-function Gantt of every arm in modelled seconds.
-The workload has memory: lengths are replayed by prompt id across epochs (`sim.emulation`), the train split is one
+(`sim.modelled.validate_emulated`) and one step's per-function Gantt of every arm in modelled seconds.
+The workload has memory: lengths are replayed by prompt id across epochs (`sim.devicemodel`), the train split is one
 step's prompts, so every step after the first is a new epoch of the same prompts and the real predictor ranks them
 from their history (`predictor/kendall_tau` per step); `migrate: plan` lets the scaler keep cuts at tau, and each
 arm's summary says in how many steps it did and why not. Besides the testbed's workload (GSM8K-like lengths), the
@@ -100,8 +100,8 @@ def arm_table(cmp: dict) -> dict[str, dict]:
 
 
 def emulated_study(ctx, extra: tuple[str, ...] = (), traces: tuple[str, ...] = tuple(TRACES)) -> StudyResult:
-    from rlhfless.runtime.gantt import plot_steps
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.run.gantt import plot_steps
+    from rlhfless.sim.modelled import validate_emulated
 
     out, cmp = emulated_run(ctx, extra)
     arms = list(cmp["arms"])
@@ -142,7 +142,7 @@ def emulated_study(ctx, extra: tuple[str, ...] = (), traces: tuple[str, ...] = t
 def trace_numbers(ctx, extra: tuple[str, ...], name: str) -> dict:
     """The comparison on TRACES[name]: every arm's step and bill, cuts and tau, and the simulator's errors."""
     from rlhfless.config import load_run_config
-    from rlhfless.sim.emulated import validate_emulated
+    from rlhfless.sim.modelled import validate_emulated
 
     steps = (f"train.steps={QUICK_TRACE_STEPS}",) if ctx.quick else ()
     size = load_run_config(str(CONFIG), (QUICK if ctx.quick else []) + list(extra) + list(steps))

@@ -209,7 +209,7 @@ def comparison_once(cfg, out: Path) -> dict:
     """A runtime.mode=compare run's comparison.json: read back while it exists, else the run is made (every arm)."""
     import json
 
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     done = RunDir(out).comparison
     if done.is_file():
@@ -236,7 +236,7 @@ def _mean(by_kind: dict) -> float:
 
 
 def timeline_study(ctx) -> StudyResult:
-    from rlhfless.runtime.gantt import plot_steps
+    from rlhfless.run.gantt import plot_steps
 
     out, cmp = compare_run(ctx)
     step = max(1, cmp["steps"] // 2)

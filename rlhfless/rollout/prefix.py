@@ -203,7 +203,7 @@ def left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def _forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache):
+def cached_forward(model, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache):
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                 logits_to_keep=1)
     return out.logits[:, -1, :].float()
@@ -220,7 +220,7 @@ def run_plan(model, prompts: list[list[int]], plan: PrefillPlan):
     if plan.mode != "prefix":
         rows = prompts if plan.mode == "group" else [p for p in prompts for _ in range(G)]
         ids, mask = (t.to(model_device(model)) for t in left_pad(rows))
-        logits = _forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache)
+        logits = cached_forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache)
     else:
         mask, logits = _run_two_pass(model, prompts, plan, cache)
     if plan.mode != "naive" and G > 1:
@@ -235,7 +235,7 @@ def _run_two_pass(model, prompts: list[list[int]], plan: PrefillPlan, cache) -> 
     dev = model_device(model)
     heads = [prompts[g.members[0]][: g.length] for g in plan.groups]
     p_ids, p_mask = (t.to(dev) for t in left_pad(heads))
-    _forward(model, p_ids, p_mask, (p_mask.cumsum(-1) - 1).clamp(min=0), cache)
+    cached_forward(model, p_ids, p_mask, (p_mask.cumsum(-1) - 1).clamp(min=0), cache)
     owner = torch.full((len(prompts),), -1, dtype=torch.long)
     shared = torch.zeros(len(prompts), dtype=torch.long)
     for k, g in enumerate(plan.groups):
@@ -249,5 +249,5 @@ def _run_two_pass(model, prompts: list[list[int]], plan: PrefillPlan, cache) -> 
     # positions continue from each row's own prefix length, so the model sees exactly the unpadded prompt
     s_pos = (shared.unsqueeze(-1) + s_mask.cumsum(-1) - 1).clamp(min=0)
     mask = torch.cat([head_mask, s_mask], dim=1)
-    logits = _forward(model, s_ids, mask, s_pos, cache)
+    logits = cached_forward(model, s_ids, mask, s_pos, cache)
     return mask, logits

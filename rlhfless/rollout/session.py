@@ -28,11 +28,11 @@ from rlhfless.rollout.state import (
     PrefillState,
     PrefillStats,
     SamplingParams,
-    _row_uniforms,
+    row_uniforms,
     dynamic_cache,
     sample_tokens,
 )
-from rlhfless.rollout.prefix import _forward
+from rlhfless.rollout.prefix import cached_forward
 from rlhfless.rollout.stepper import make_stepper
 
 __all__ = ["PartialRow", "SessionProgress", "DecodeSession", "resume_prefill", "resume_session",
@@ -131,11 +131,11 @@ class DecodeSession:
         if self.params.temperature == 0:
             return None
         if len(self._offsets) == 1:
-            return _row_uniforms(self.seed, self._offsets[0] + self._it, self.n_total)[self._rid]
+            return row_uniforms(self.seed, self._offsets[0] + self._it, self.n_total)[self._rid]
         u = torch.empty(len(self._rid), dtype=torch.float64)
         for o in self._offsets:
             m = self._off == o
-            u[m] = _row_uniforms(self.seed, o + self._it, self.n_total)[self._rid[m]]
+            u[m] = row_uniforms(self.seed, o + self._it, self.n_total)[self._rid[m]]
         return u
 
     def _release(self) -> None:
@@ -256,7 +256,7 @@ def resume_prefill(model, prompts: Sequence[Sequence[int]], partials: Sequence[P
                 f"model's context is {limit}")
     ids, mask = (t.to(model_device(model)) for t in left_pad(rows))
     cache = DynamicCache(config=model.config)
-    logits = _forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache)
+    logits = cached_forward(model, ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), cache)
     n = sum(map(len, rows))
     return PrefillState(cache, mask, mask.sum(-1), logits, PrefillStats(n, n, time.perf_counter() - t0))
 

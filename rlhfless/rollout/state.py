@@ -158,7 +158,7 @@ def prefill(model, prompts: list[list[int]], group_size: int, *, dedup: bool = T
     return PrefillState(cache, mask, mask.sum(-1), logits, stats)
 
 
-def _row_uniforms(seed: int, step: int, n_rows: int) -> torch.Tensor:
+def row_uniforms(seed: int, step: int, n_rows: int) -> torch.Tensor:
     # a CPU generator in float64 on every device, one draw per ORIGINAL row: a row's number ignores the batch
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return torch.rand(n_rows, generator=g, dtype=torch.float64)

@@ -6,7 +6,7 @@ earlier run). What `train` would otherwise open only later, inside the runtime o
 * `runtime.length_trace` (emulated devices): the length table the emulated workers replay, built as the runtime
   builds it (missing, empty, unreadable, a folder, a row without integer lengths: refused naming the file);
 * `plan.time_profile` and the predictor: the planner as the run makes it.
-The policy and critic checkpoints are loaded by `runner._build` before the folder is written (seconds of loading;
+The policy and critic checkpoints are loaded by `runner.build_parts` before the folder is written (seconds of loading;
 `--dry-run` loads them too). Non-goal: checking what a resumed run's own folder holds (`runner.check_resume`).
 """
 
@@ -18,7 +18,7 @@ from rlhfless.config import RunConfig
 def check_inputs(cfg: RunConfig) -> None:
     """Raise `ConfigError`/`DataError` naming the field or file of the first bad input; writes nothing."""
     if cfg.runtime.device == "emulated" and cfg.runtime.executes:
-        from rlhfless.sim.emulation import build_table
+        from rlhfless.sim.devicemodel import build_table
 
         build_table(cfg, cfg.train.steps)
     if cfg.train.plan:

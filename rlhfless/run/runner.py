@@ -152,7 +152,7 @@ class Run:
 
 def output_files(out: Path) -> list[Path]:
     """The files steps append to: rewound to their checkpoint sizes on resume."""
-    tables = sorted((out / "tables").glob("*.jsonl")) if (out / "tables").is_dir() else []
+    tables = sorted(RunDir(out).tables.glob("*.jsonl")) if RunDir(out).tables.is_dir() else []
     return [RunDir(out).metrics, RunDir(out).trace, RunDir(out).digests,
             *tables, RunDir(out).invocations]
 
@@ -180,11 +180,9 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
     check_inputs(cfg)  # before the folder exists: a refused input leaves nothing that blocks the fixed command
     # the folder is this run's alone from here on (an earlier, finished run there is moved aside; a live one
     # refuses this call); a run that fails before writing anything leaves no folder behind
+    if cfg.runtime.mode == "compare":
+        raise ConfigError("runtime.mode=compare runs several arms: call rlhfless.run.launch.train")
     with claim_run_dir(str(out_dir), resume, earlier_run_ok=True):
-        if cfg.runtime.mode == "compare":
-            from rlhfless.runtime.compare import compare
-
-            return compare(cfg, Path(out_dir), train, progress)
         torch.set_num_threads(cfg.train.threads)
         torch.manual_seed(cfg.train.seed)
         run = _resume(cfg, Path(out_dir), allow_config_change) if resume else _start(cfg, Path(out_dir), progress)
@@ -203,7 +201,7 @@ def _plan_config(cfg: RunConfig):
     return replace(cfg.plan, billing=billing_rules(cfg.runtime, decode=not cfg.plan.learner.whole_step))
 
 
-def _build(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:
+def build_parts(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:
     """Learner, planner, PPO's critic and stages around `policy`, restored from a run checkpoint `ckpt` when given
     (the policy's optimizer is restored by the caller)."""
     critic = None
@@ -249,7 +247,7 @@ def placed(cfg: RunConfig, model):
 def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     ensure_policy(cfg, progress)
     policy = load_policy(cfg.policy.resolved())
-    learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, None)
+    learner, planner, stages, train_prompts, eval_prompts = build_parts(cfg, policy, None)
     out = out_dir  # claimed by `train`: it holds nothing but the claim's lock file
     write_atomic(RunDir(out).config, yaml.safe_dump(asdict(cfg), sort_keys=False))
     tracker = Tracker(cfg.tracking, out, asdict(cfg))
@@ -279,7 +277,7 @@ def check_resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> tuple[
 def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
     ckpt, state = check_resume(cfg, out, allow_config_change)
     policy = load_policy(ckpt)
-    learner, planner, stages, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
+    learner, planner, stages, train_prompts, eval_prompts = build_parts(cfg, policy, ckpt)
     restore_optimizer(learner.opt, ckpt, state.optimizer_groups)
     rng = read_rng(ckpt)
     check_outputs(out, state.file_sizes, state.step, output_files(out))  # every check before any file changes
@@ -291,7 +289,7 @@ def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
     kept = out / "resumed" / f"step-{state.step}"
     kept.mkdir(parents=True, exist_ok=True)
     shutil.copy2(RunDir(out).config, RunDir(kept).config)  # the config the run had before this resume
-    for done in (RunDir(out).summary, out / "checkpoints" / "final"):  # a finished run being extended
+    for done in (RunDir(out).summary, RunDir(out).checkpoint("final")):  # a finished run being extended
         if done.exists():
             done.rename(kept / done.name)
     write_atomic(RunDir(out).config, yaml.safe_dump(asdict(cfg), sort_keys=False))
@@ -344,11 +342,10 @@ def _steps(run: Run, progress: bool) -> None:
         run.stages.close()  # the runtime releases every worker, then brings run.learner up to date
     run.runtime_summary = run.stages.summary()
     if run.runtime_summary:
-        from rlhfless.runtime.compare import gantt_steps
-        from rlhfless.runtime.gantt import plot_steps
+        from rlhfless.run.gantt import gantt_steps, plot_steps
 
         for k in gantt_steps(run.cfg.train.steps, run.cfg.runtime.gantt_every):
-            plot_steps({run.cfg.runtime.mode: run.out}, k, run.out / "gantt" / f"step-{k}.png")
+            plot_steps({run.cfg.runtime.mode: run.out}, k, RunDir(run.out).gantt(k))
 
 
 def _loop(run: Run, progress: bool) -> None:
@@ -415,7 +412,7 @@ def _stopped(run: Run, exc: TrainingError) -> TrainingError:
     """Close the run's files and say where the last good weights are."""
     run.traces.close()
     run.tracker.finish()
-    kept = run.out / "checkpoints" / "last"
+    kept = RunDir(run.out).checkpoint("last")
     where = kept if kept.exists() else f"{run.cfg.policy.resolved()} (the starting weights)"
     return TrainingError(f"{exc}; stopped. Last good checkpoint: {where}")
 
@@ -436,7 +433,7 @@ def _checkpoint(run: Run) -> None:
     st.initial_eval = {k: asdict(v) for k, v in run.initial.items()}
     st.file_sizes = file_sizes(run.out, output_files(run.out))
     st.elapsed_s = time.perf_counter() - run.t_start
-    save_run_checkpoint(run.out / "checkpoints", run.learner.model, run.learner.opt, st,
+    save_run_checkpoint(RunDir(run.out).checkpoints, run.learner.model, run.learner.opt, st,
                         run.planner.predictor if run.planner is not None else None, tokenizer=run.stages.env.tok,
                         critic=run.stages.critic)
 
@@ -450,7 +447,7 @@ def _finish(run: Run) -> dict:
     run.traces.close()
     if not (cfg.train.checkpoint_every and cfg.train.steps % cfg.train.checkpoint_every == 0):
         _checkpoint(run)  # a finished run can be extended: --resume train.steps=<more>
-    final_dir, tmp = out / "checkpoints" / "final", out / "checkpoints" / "final.tmp"
+    final_dir, tmp = RunDir(out).checkpoint("final"), RunDir(out).checkpoint("final.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:  # written beside, then renamed: a full disk never leaves a half-written `final`
         save_checkpoint(run.learner.model, tmp, {"step": cfg.train.steps}, tokenizer=run.stages.env.tok)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from rlhfless.core.errors import DataError, one_line
+from rlhfless.core.rundir import RunDir
 from rlhfless.learn.optimstate import optimizer_tensors, set_optimizer_tensors
 
 STATE_FILE = "state.json"
@@ -128,7 +129,7 @@ def nonfinite_parameter(model: torch.nn.Module) -> str | None:
 def find_checkpoint(out: Path) -> Path:
     """The newest complete run checkpoint in `out` (`last`, else `last.prev` left by a kill mid-swap)."""
     for name in ("last", "last.prev"):
-        d = out / "checkpoints" / name
+        d = RunDir(out).checkpoint(name)
         if (d / STATE_FILE).is_file():
             return d
     from rlhfless.core.outpaths import start_over

@@ -119,9 +119,9 @@ class Tracker:
 
     def table(self, name: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
         """A decision table (completions, predicted vs actual lengths, scaler candidates, ...)."""
-        tdir = self.run_dir / "tables"
-        tdir.mkdir(exist_ok=True)
-        with (tdir / f"{name}.jsonl").open("a", encoding="utf-8") as fh:
+        path = RunDir(self.run_dir).table(name)
+        path.parent.mkdir(exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
             for r in rows:
                 fh.write(json_line({"step": step, **dict(zip(columns, r))}))
         if self._run is not None:

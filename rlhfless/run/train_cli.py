@@ -83,7 +83,7 @@ def _train(args: argparse.Namespace) -> int:
                           "OUT/serverless with its own config instead")
     if args.dry_run:
         return _dry_run(cfg, args.out, args.resume, args.allow_config_change, not args.no_progress)
-    from rlhfless.run.runner import train
+    from rlhfless.run.launch import train
 
     with claim_run_dir(args.out, args.resume):  # the check again, under the folder's lock: no two runs mix
         summary = train(cfg, args.out, progress=not args.no_progress, resume=args.resume,
@@ -141,7 +141,7 @@ def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, prog
     from rlhfless.model.factory import load_policy
     from rlhfless.core.progress import phases
     from rlhfless.run.inputs import check_inputs
-    from rlhfless.run.runner import _build, check_resume, ensure_policy
+    from rlhfless.run.runner import build_parts, check_resume, ensure_policy
 
     # cheap checks first (the machine, the predictor and time profile, the run folder), then the checkpoint's seconds
     names = ["machine", "planner, input files"] + (["run folder"] if resume and out else []) + [
@@ -159,7 +159,7 @@ def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, prog
         ensure_policy(cfg, progress)
         policy = load_policy(ckpt or cfg.policy.resolved())  # a resumed run starts from its own last checkpoint
         step("task, learner")
-        _, _, _, train_prompts, eval_prompts = _build(cfg, policy, ckpt)
+        _, _, _, train_prompts, eval_prompts = build_parts(cfg, policy, ckpt)
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
     print(f"rlhfless: config OK ({len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)

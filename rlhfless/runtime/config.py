@@ -3,10 +3,10 @@
 Modes: `inline` (one process runs every stage: the debugging path and the math's reference), `serverless` (every
 stage a function on its own worker process, started on demand, pre-warmed, released when idle; only lifetimes
 billed), `serverful` (the verl-like control: W workers held for the run, billed W x wall) and `compare` (the
-serverful arms then serverless, `rlhfless.runtime.compare`). A device unit is one CPU core, one GPU (or 1/k of one,
-`runtime.gpus`) or one emulated GPU (`runtime.emulated`); backends `local` (OS processes) and `ray` (Ray actors,
-`rlhfless.runtime.raybackend`). The rule it keeps: every field is checked in one line naming it. Modes and units
-in full: docs/internals.md#runtimeconfigpy.
+serverful arms then serverless, `rlhfless.run.compare`). A device unit is one CPU core, one GPU (or 1/k of one,
+`runtime.devices.gpus`) or one emulated GPU (`runtime.devices.emulated`); backends `local` (OS processes) and `ray`
+(Ray actors, `rlhfless.runtime.platform.raybackend`). The rule it keeps: every field is checked in one line naming
+it. Modes and units in full: docs/internals.md#runtimeconfigpy.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ class RuntimeConfig:
     """With backend=ray: "" starts a single-node Ray cluster for this run (stopped at its end); "auto" joins the
     cluster this machine already belongs to (`ray start` was run here); "host:port" joins that cluster's head."""
     device: str = "cpu"
-    """What a unit is: cpu (one core), cuda (one GPU per function, from a free list: `runtime.gpus`) or emulated
-    (one emulated GPU: the worker sleeps the performance model's time and replays lengths; `runtime.emulated`)."""
+    """What a unit is: cpu (one core), cuda (one GPU per function, from a free list: `runtime.devices.gpus`) or
+    emulated (one emulated GPU: the worker sleeps the performance model's time and replays lengths;
+    `runtime.devices.emulated`)."""
     emulated_gpu: str = "L40S"
     """With device=emulated: the device kind each unit emulates (`rlhfless.sim.hardware.DEVICES`)."""
     emulated_model: str = "qwen2.5-7b"
@@ -61,7 +62,7 @@ class RuntimeConfig:
     policy checkpoint only supplies the tokenizer and prompts, and no worker loads it."""
     time_scale: float = 1.0
     """With device=emulated: real seconds slept per modelled second, in (0, 1]; 0.1 runs ten times faster. Records
-    stay in real seconds; `runtime.emulated.modelled_report` divides by it (docs/emulated.md: what it distorts)."""
+    stay in real seconds; `sim.modelled.modelled_report` divides by it (docs/emulated.md: what it distorts)."""
     length_trace: str = "paper-testbed"
     """With device=emulated: the response lengths replayed, by (step, group, sample): paper-testbed (the
     simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""
@@ -96,7 +97,7 @@ class RuntimeConfig:
     critical path (the paper's pre-warming)."""
     prewarm_from: str = "plan"
     """Expected end of the rollout for the learner's pre-warm: plan = the planner's calibrated prediction for this
-    step; history = the shortest recent rollout (the paper's rule). See rlhfless.runtime.policy."""
+    step; history = the shortest recent rollout (the paper's rule). See rlhfless.runtime.modes.policy."""
     prewarm_buffer_s: float = 0.05
     """Safety margin: a pre-warmed worker is started this much earlier than the measured cold start requires."""
     ship_prefix_kv: str = "never"
@@ -127,7 +128,7 @@ class RuntimeConfig:
     measure_profile: bool = True
     """The planner prices with a decode-time profile measured on this machine with the workers' own thread count
     (at start-up, about a second, cached per CPU model, threads, model config and torch version:
-    rlhfless.runtime.profile); false = plan.time_profile as given (the shipped profile). Inline runs always use
+    rlhfless.runtime.devices.profile); false = plan.time_profile as given (the shipped profile). Inline runs always use
     plan.time_profile; rollout.engine=vllm too (not measured yet)."""
     profile_cache: str = ""
     """Folder of measured time profiles; "" = $XDG_CACHE_HOME/rlhfless/profiles, else ~/.cache/rlhfless/profiles."""
@@ -269,7 +270,7 @@ class RuntimeConfig:
         if self.device == "emulated":
             return self.units
         if self.device == "cuda":
-            from rlhfless.runtime.gpus import visible_gpus
+            from rlhfless.runtime.devices.gpus import visible_gpus
 
             return len(visible_gpus()) * self.functions_per_gpu
         return available_cores()

@@ -3,7 +3,7 @@
 The rule it keeps (per worker, both modes): a worker is billed from request to release, cold start and idle
 included, rounded up to `granularity_s`, times its device units, by `plan.cost.BillingRules`, the rules the
 planner prices with (`billing_rules(runtime_cfg)`). Per-step numbers slice lifetimes at step boundaries, unrounded;
-off-the-clock intervals (`Runtime.off_clock`) are cut from every worker's held time; a hybrid function's time is
+off-the-clock intervals (`StepClock.off_clock`) are cut from every worker's held time; a hybrid function's time is
 split by role (`role_split`). Details: docs/internals.md#runtimemeterpy.
 
 Deviations from the paper's platform (start to stop plus a few seconds of idle, rounded up to 1 s):

@@ -23,10 +23,9 @@ from rlhfless.learn.critic import value_chunks
 from rlhfless.learn.ppo_update import needs_old_logprobs
 from rlhfless.runtime import wire
 from rlhfless.runtime.attempts import Attempts, running
-from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
 from rlhfless.runtime.records import CRITIC_IMAGE, now
-from rlhfless.runtime.stages import _await
 
 
 ROLE_NAMES = {"learner": "PPO actor", "critic": "PPO critic", "values": "value function"}
@@ -39,11 +38,11 @@ class PpoStream:
     """The learner side of one PPO step; the decode stage talks to it as to GRPO's `LearnerStream`."""
 
     def __init__(self, ctx: StepContext, prompts: list[list[int]]):
-        # ctx: what the stream reads; ctx.run: the run state it changes, through methods
+        # ctx: what the stream reads, and the collaborators (workers, ledger, weights, clock) that own what it changes
         self.ctx, self.step, self.prompts = ctx, ctx.step, prompts
-        run = self.ctx.run
+        ctx = self.ctx
         self.G = ctx.cfg.algo.group_size
-        self.overlap = run.overlaps()  # the value forward's chunks stream into the value function during decode
+        self.overlap = ctx.overlap  # the value forward's chunks stream into the value function during decode
         self.chunks = value_chunks(len(prompts), self.G, ctx.cfg.critic.values_chunk)
         self.finished: dict[int, list[list[int]]] = {}
         self.sent: set[int] = set()  # chunks the current value function has been sent
@@ -58,12 +57,12 @@ class PpoStream:
         self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
         self.actor_tries = self.tries("learner")
         self.files: set[Path] = set()
-        if not ctx.policy.starts_functions():  # every role has its held worker: the actor and the critic are set
+        if not ctx.policy.traits.starts_functions:  # every role has its held worker: the actor and the critic are set
             self.pool_restarted()
 
     # -- the decode stage's side (LearnerStream's interface) ----------------------------------------------------
     def _live(self, h) -> bool:
-        return h is not None and h.worker in self.ctx.pool.handles
+        return h is not None and h.worker in self.ctx.workers.pool.handles
 
     def group_done(self, g: int, responses: list[list[int]], rewards) -> None:
         """All G rows of group g are scored: with overlap, a chunk whose groups are all in goes to the value
@@ -74,22 +73,25 @@ class PpoStream:
 
     def take(self, h) -> bool:
         """Hybrid image: the last decode function to finish goes on as the actor (warm, at the step's version)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         if self._live(self.actor) or not getattr(h, "home", True):
             return False
-        if any(x is not h and "decode" in x.kinds and x.worker in ctx.pool.working for x in ctx.pool.live()):
+        pool = ctx.workers.pool
+        if any(x is not h and "decode" in x.kinds and x.worker in pool.working for x in pool.live()):
             return False  # others still decode: an actor taken now would sit idle, billed, through the tail
         self.actor = h
-        self.actor_requested = (h, now(), run.first_use(h))  # its time from here on is the actor's (as GRPO's ranks)
-        ctx.pool.busy(h)
+        # its time from here on is the actor's (as GRPO's ranks)
+        self.actor_requested = (h, now(), ctx.ledger.first_use(h))
+        ctx.workers.pool.busy(h)
         return True
 
     def prewarm(self) -> None:
         """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
         self.prewarm_due = True
         ctx = self.ctx
-        if ctx.policy.starts_functions() and not self._live(self.critic) and not ctx.pool.warm(CRITIC_IMAGE):
-            ctx.run.start_critic(must=False, prewarmed=True)
+        if (ctx.policy.traits.starts_functions and not self._live(self.critic)
+                and not ctx.workers.pool.warm(CRITIC_IMAGE)):
+            ctx.workers.start_critic(must=False, prewarmed=True)
 
     def pump(self) -> None:
         """Pre-warm when due; with overlap, send the value function every chunk whose groups are all in (starting
@@ -116,7 +118,7 @@ class PpoStream:
         if msg is None:
             return self._critic_lost(h, dead=True) if h is self.critic else self._actor_lost(h, dead=True)
         if msg["op"] == "ready":
-            self.ctx.run.on_ready(h, msg)
+            self.ctx.workers.on_ready(h, msg)
 
     def _actor_lost(self, h, dead: bool) -> None:
         """The actor died (or was preempted) before its update was sent: its invocation so far is recorded as a
@@ -125,7 +127,7 @@ class PpoStream:
         if self.actor_requested is not None and self.actor_requested[0] is h:
             self._lost_attempt("learner", h, self.actor_requested[1:], self.actor_tries, dead)
             self.actor_requested = None
-        ctx.pool.dead(h) if dead else ctx.pool.release(h)
+        ctx.workers.pool.dead(h) if dead else ctx.workers.pool.release(h)
         self.actor = None if h is self.actor else self.actor
 
     def tries(self, kind: str) -> Attempts:
@@ -138,21 +140,21 @@ class PpoStream:
         `dead`; a death counts a retry (unless the caller counts it: `retry`) and, when h was running the work
         (`charged`: not a survivor of a pool restarted for another worker's death), uses one of its attempts
         (`runtime.attempts`: past runtime.max_attempts the step ends)."""
-        run = self.ctx.run
+        ctx = self.ctx
         extra = {"preempted": 1} if not dead else {} if charged else {"restarted": 1}
-        run.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], tries.number, ok=False,
+        ctx.ledger.record(self.step, kind, h, requested[0], requested[0], now(), requested[1], tries.number, ok=False,
                    **extra)
         if not dead:
             return
         if retry:
-            run.count(M.RUNTIME_RETRIES)
+            ctx.ledger.count(M.RUNTIME_RETRIES)
         if charged:
             tries.failed(running(sent=True, ready_s=getattr(h, "ready_s", None)))
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start: the actor taken early goes (it starts again later), else
         a value function taking streamed chunks (its chunks are sent again to the next one)."""
-        if not self.ctx.policy.preempts_learners() or self.working:
+        if not self.ctx.policy.traits.preempts_learners or self.working:
             return False
         if self._live(self.actor):
             self._actor_lost(self.actor, dead=False)
@@ -167,7 +169,7 @@ class PpoStream:
         (`from_step_start`: the rollout starts over too, so no group is finished yet)."""
         if from_step_start:
             self.finished.clear()
-        hs = self.ctx.run.pool_workers()
+        hs = self.ctx.workers.pool_workers()
         self.actor, self.critic = hs[0], hs[-1]
         self.sent, self.streamed, self.values_requested, self.actor_requested = set(), set(), None, None
 
@@ -180,24 +182,24 @@ class PpoStream:
     def held_worker(self, role: str):
         """The held pool worker of `role` (0: the actor, the last: the critic) when the policy starts no
         functions; one found dead restarts the pool whole."""
-        if not all(self._live(h) for h in self.ctx.run.pool_workers()):
-            self.ctx.run.restart_pool()
+        if not all(self._live(h) for h in self.ctx.workers.pool_workers()):
+            self.ctx.workers.restart_pool()
             self.pool_restarted()
         return self.actor if role == "learner" else self.critic
 
     def _critic_worker(self, must: bool):
         """The value function: this step's, one kept warm or pre-warmed, else a new one (must: evicting idle
         workers; otherwise only onto a free unit, or None); the held critic worker when no function starts."""
-        if not self.ctx.policy.starts_functions():
+        if not self.ctx.policy.traits.starts_functions:
             return self.held_worker("critic")
         if self._live(self.critic):
             return self.critic
-        warm = self.ctx.pool.warm(CRITIC_IMAGE)
+        warm = self.ctx.workers.pool.warm(CRITIC_IMAGE)
         for h in warm[1:]:
-            self.ctx.pool.release(h)
-        self.critic = warm[0] if warm else self.ctx.run.start_critic(must=must)
+            self.ctx.workers.pool.release(h)
+        self.critic = warm[0] if warm else self.ctx.workers.start_critic(must=must)
         if self.critic is not None:
-            self.ctx.pool.busy(self.critic)  # invoked from now on: nothing may evict it (`preempt` may)
+            self.ctx.workers.pool.busy(self.critic)  # invoked from now on: nothing may evict it (`preempt` may)
         return self.critic
 
     def _send_chunk(self, h, k: int) -> bool:
@@ -209,10 +211,10 @@ class PpoStream:
             responses = [r for g in gs for r in self.finished[g]]
             wire.write_batch(path, [self.prompts[g] for g in gs], responses, torch.zeros(len(responses)), None)
         if self.values_requested is None:
-            self.values_requested = (now(), self.ctx.run.first_use(h))
+            self.values_requested = (now(), self.ctx.ledger.first_use(h))
         try:
-            self.ctx.backend.send(h, {"op": "values_chunk", "step": self.step, "k": k, "batch": str(path),
-                                      **self.ctx.run.critic_setup()})
+            self.ctx.workers.backend.send(h, {"op": "values_chunk", "step": self.step, "k": k, "batch": str(path),
+                                      **self.ctx.weights.critic_setup()})
         except WorkerDied:
             self._critic_lost(h, dead=True)
             return False
@@ -224,87 +226,89 @@ class PpoStream:
     def _critic_lost(self, h, dead: bool) -> None:
         """The value function died (or was preempted) holding chunks: recorded as a failed attempt; the next one
         is sent every chunk again (`restarts_whole`: every worker restarts)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         if self.values_requested is not None:
             self._lost_attempt("values", h, self.values_requested, self.values_tries, dead)
         self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
-        if ctx.policy.restarts_whole():
-            run.restart_pool(dead=h if dead else None)
+        if ctx.policy.traits.restarts_whole:
+            ctx.workers.restart_pool(dead=h if dead else None)
             self.pool_restarted()
         else:
-            ctx.pool.dead(h) if dead else ctx.pool.release(h)
+            ctx.workers.pool.dead(h) if dead else ctx.workers.pool.release(h)
 
     def values(self, responses: list[list[int]]) -> torch.Tensor:
         """[B*G, T] the critic's values of the rollout: the chunks not streamed yet, then `values_end` (the
         critic update follows on the same worker)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         for g in range(len(self.prompts)):
             self.finished.setdefault(g, responses[g * self.G:(g + 1) * self.G])
         self.values_file = self._file("values")
-        if ctx.policy.starts_functions() and not self._live(self.actor):
-            self.actor = run.start_learner(prewarmed=False)  # its cold start overlaps the value forward
+        if ctx.policy.traits.starts_functions and not self._live(self.actor):
+            self.actor = ctx.workers.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
-                self.actor_requested = (self.actor, now(), run.first_use(self.actor))
-                ctx.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
+                self.actor_requested = (self.actor, now(), ctx.ledger.first_use(self.actor))
+                ctx.workers.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
         self._old_ahead(responses)
         while True:  # until a value function replies: one found dead is replaced and sent every chunk again
             h = self._critic_worker(must=True)
             if all(self._send_chunk(h, k) for k in range(len(self.chunks)) if k not in self.sent):
                 reply = self._values_end(h)
                 if reply is not None:
-                    run.count(M.RUNTIME_VALUES_STREAMED, float(len(self.streamed)))
+                    ctx.ledger.count(M.RUNTIME_VALUES_STREAMED, float(len(self.streamed)))
                     return wire.read_tensors(self.values_file)["values"]
 
     def _old_ahead(self, responses: list[list[int]]) -> None:
         """The actor computes the old log-probs while the value function runs (verl computes them in the same
         phase); its invocation starts now. A death is handled when the update is sent."""
-        ctx, run, h = self.ctx, self.ctx.run, self.actor
+        ctx, h = self.ctx, self.actor
         if not self._live(h) or not needs_old_logprobs(ctx.cfg.algo, len(responses)):
             return
         path = self._file("old")
         wire.write_batch(path, self.prompts, responses, torch.zeros(len(responses)), None)
         if self.actor_requested is None or self.actor_requested[0] is not h:
-            self.actor_requested = (h, now(), run.first_use(h))
+            self.actor_requested = (h, now(), ctx.ledger.first_use(h))
         try:
-            ctx.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path), **run.state_setup()})
+            ctx.workers.backend.send(h, {"op": "ppo_old", "step": self.step, "batch": str(path),
+                                         **ctx.weights.state_setup()})
         except WorkerDied:
             pass
 
     def _values_end(self, h) -> dict | None:
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         try:
-            ctx.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
+            ctx.workers.backend.send(h, {"op": "values_end", "step": self.step, "n_chunks": len(self.chunks),
                                  "out": str(self.values_file)})
-            reply = _await(ctx, h, "valued")
+            reply = ctx.workers.await_reply(h, "valued")
         except WorkerDied:
             reply = None
         if reply is None:
             self._critic_lost(h, dead=True)
             return None
         requested, cold = self.values_requested
-        run.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold, self.values_tries.number,
-                   sync_s=reply["sync_s"], compute_s=reply["compute_s"], chunks=len(self.chunks))
+        ctx.ledger.record(self.step, "values", h, requested, reply["t_start"], reply["t_end"], cold,
+                          self.values_tries.number, sync_s=reply["sync_s"], compute_s=reply["compute_s"],
+                          chunks=len(self.chunks))
         return reply
 
     # -- the update ---------------------------------------------------------------------------------------------
     def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
                ) -> dict[str, float]:
         """The actor and the critic update, side by side; the metrics of both once both are done."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         self.rollout_end = self.rollout_end or now()
         batch, returns = self._file("batch"), self._file("returns")
         wire.write_batch(batch, self.prompts, responses, rewards, ref_logp)
         common = {"step": self.step, "batch": str(batch), "values": str(self.values_file), "returns": str(returns),
-                  "seed": ctx.cfg.train.seed, "updates": run.updates_done()}
-        update = _Update(self, {**common, "op": "ppo_actor", "returns_out": str(returns), **run.state_setup(),
-                                "state_out": str(run.next_state_path())},
-                         {**common, "op": "critic_learn", **run.critic_setup(),
-                          "critic_out": str(run.next_critic_path())})
+                  "seed": ctx.cfg.train.seed, "updates": ctx.weights.updates_done()}
+        update = _Update(self, {**common, "op": "ppo_actor", "returns_out": str(returns), **ctx.weights.state_setup(),
+                                "state_out": str(ctx.weights.next_state_path())},
+                         {**common, "op": "critic_learn", **ctx.weights.critic_setup(),
+                          "critic_out": str(ctx.weights.next_critic_path())})
         self.working = True
         replies = update.run()
         for path in self.files:
             path.unlink(missing_ok=True)
-        run.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
+        ctx.ledger.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
         return {**replies["learner"]["metrics"], **replies["critic"]["metrics"]}
 
 
@@ -318,75 +322,76 @@ class _Update:
         self.replies: dict[str, dict] = {}
         self.returns_ready = False
         ahead = stream.actor_requested
-        if ahead is not None and self.ctx.policy.starts_functions() and not stream._live(ahead[0]):
+        if ahead is not None and self.ctx.policy.traits.starts_functions and not stream._live(ahead[0]):
             stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
         self.attempt = {"learner": stream.actor_tries, "critic": stream.tries("critic")}
 
     def _worker(self, role: str):
-        s, run = self.s, self.ctx.run
-        if not self.ctx.policy.starts_functions():
+        s, ctx = self.s, self.ctx
+        if not self.ctx.policy.traits.starts_functions:
             return s.held_worker(role)
         if role == "learner":
             if not s._live(s.actor):
-                s.actor = run.start_learner(prewarmed=False) or self._room(lambda: run.start_learner(False))
+                s.actor = (ctx.workers.start_learner(prewarmed=False)
+                           or self._room(lambda: ctx.workers.start_learner(False)))
             return s.actor
         return s._critic_worker(must=True)
 
     def _room(self, start):
-        if not self.ctx.pool.make_room(1):
+        if not self.ctx.workers.pool.make_room(1):
             raise RuntimeError("runtime: no free unit for PPO's actor after the rollout (a bug: only the critic "
                                "holds one now)")
         return start()
 
     def _send(self, role: str) -> None:
-        dead = next((x for x in self.ctx.run.pool_workers() if not self.s._live(x)), None) \
-            if self.ctx.policy.restarts_whole() else None
+        dead = next((x for x in self.ctx.workers.pool_workers() if not self.s._live(x)), None) \
+            if self.ctx.policy.traits.restarts_whole else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
         h = self._worker(role)
         ahead = self.s.actor_requested if role == "learner" else None
-        self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.ctx.run.first_use(h))
+        self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.ctx.ledger.first_use(h))
         if role == "learner":
             self.s.actor_requested = None  # from now on a death is this update's to record
-        self.ctx.pool.busy(h)
+        self.ctx.workers.pool.busy(h)
         try:
-            self.ctx.backend.send(h, self.msgs[role])
+            self.ctx.workers.backend.send(h, self.msgs[role])
         except WorkerDied:
             self._died(h)
 
     def run(self) -> dict[str, dict]:
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         t0 = now()
-        pw = run.next_decode_prewarm()
+        pw = ctx.clock.next_decode_prewarm()
         while len(self.replies) < 2:
             for role in ("learner", "critic"):
                 # the critic's update needs the returns, which the actor writes first (`ppo_returns`)
                 if role not in self.sent and role not in self.replies and (role == "learner" or self.returns_ready):
                     self._send(role)
             if pw is not None and now() >= t0 + pw[0]:
-                run.start_decoders(pw[1], prewarmed=True)  # into free units only
+                ctx.workers.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
             watch = []
-            for h in [h for h, _, _ in self.sent.values()] + [h for h in ctx.pool.live() if h.ready_s is None]:
+            for h in [h for h, _, _ in self.sent.values()] + [h for h in ctx.workers.pool.live() if h.ready_s is None]:
                 if self.s._live(h) and h not in watch:  # a pool of one worker: the actor is the critic
                     watch.append(h)
             # wake at the decode pre-warm time, and at least every second for the timeout check below
-            for h, msg in run.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
+            for h, msg in ctx.workers.poll(watch, 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))):
                 self._on(h, msg)
             for role, (h, requested, _) in list(self.sent.items()):
                 if now() - requested > ctx.config.invocation_timeout_s and self.s._live(h):
-                    ctx.backend.kill(h)  # over time: treated as a death on the next poll
+                    ctx.workers.backend.kill(h)  # over time: treated as a death on the next poll
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
-            run.start_decoders(pw[1], prewarmed=True)
+            ctx.workers.start_decoders(pw[1], prewarmed=True)
         return self.replies
 
     def _on(self, h, msg: dict | None) -> None:
-        run = self.ctx.run
+        ctx = self.ctx
         if msg is None:
             return self._died(h)
         op = msg["op"]
         if op == "ready":
-            run.on_ready(h, msg)
+            ctx.workers.on_ready(h, msg)
         elif msg.get("step") != self.s.step:
             return
         elif op == "ppo_returns" and self._holds(h, "learner"):
@@ -396,7 +401,7 @@ class _Update:
             _, requested, cold = self.sent.pop(role)
             self.replies[role] = msg
             extra = {"old_ahead": float(msg["old_ahead"])} if role == "learner" else {}
-            run.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold,
+            ctx.ledger.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold,
                        self.attempt[role].number, sync_s=msg["sync_s"], **extra)
 
     def _holds(self, h, role: str) -> bool:
@@ -407,12 +412,12 @@ class _Update:
     def _died(self, h) -> None:
         """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
         fresh worker; `restarts_whole` (any pool worker): every worker restarts and the roles still owed re-run."""
-        ctx, run, s = self.ctx, self.ctx.run, self.s
-        whole = ctx.policy.restarts_whole()
+        ctx, s = self.ctx, self.s
+        whole = ctx.policy.traits.restarts_whole
         roles = [r for r, (x, _, _) in self.sent.items() if x is h]
         if not roles and not whole:
             if s._live(h):
-                ctx.pool.dead(h)
+                ctx.workers.pool.dead(h)
             return
         for role in (("learner", "critic") if whole else roles):
             if role not in self.sent:
@@ -421,11 +426,11 @@ class _Update:
             # only the role the dead worker held uses an attempt: the other one restarts with the pool
             s._lost_attempt(role, x, (requested, cold), self.attempt[role], dead=True, retry=False,
                             charged=role in roles)
-        run.count(M.RUNTIME_RETRIES)  # one death, one retry (whole: both roles re-run)
+        ctx.ledger.count(M.RUNTIME_RETRIES)  # one death, one retry (whole: both roles re-run)
         if whole:  # the roles that replied keep their results (their state files are written)
-            run.restart_pool(dead=h)
+            ctx.workers.restart_pool(dead=h)
             s.pool_restarted()
             return
-        ctx.pool.dead(h)
+        ctx.workers.pool.dead(h)
         s.actor = None if h is s.actor else s.actor
         s.critic = None if h is s.critic else s.critic

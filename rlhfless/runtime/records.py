@@ -67,7 +67,7 @@ class WorkerRecord:
     killed: it died (kill -9 or a crash) instead of being released. stopped: the runtime ended it at once (its work
     was being discarded) instead of asking it to shut down. prewarmed: started ahead of need by the pre-warming
     policy. release_reason: why it was released (`RELEASE_REASONS`), None while alive and in records written
-    before the field existed (the simulator's validation refuses to guess it: `sim.emulated`).
+    before the field existed (the simulator's validation refuses to guess it: `sim.modelled`).
     """
 
     worker: str

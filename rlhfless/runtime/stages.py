@@ -22,9 +22,9 @@ from rlhfless.core.records import Sample
 from rlhfless.rollout.engine import PrefillStats, RolloutOutput
 from rlhfless.runtime import wire
 from rlhfless.runtime.attempts import Attempts, running
-from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
-from rlhfless.runtime.policy import ship_saves_tokens, should_ship
+from rlhfless.runtime.modes.policy import ship_saves_tokens, should_ship
 from rlhfless.runtime.records import now
 
 
@@ -73,7 +73,7 @@ def destination(planned: _Actor | None, actors: list[_Actor], pool) -> _Actor | 
 
 class DecodeStage:
     def __init__(self, ctx: StepContext, groups, seed: int, plan, stream):
-        # ctx: what the stage reads; ctx.run: the run state it changes, through methods
+        # ctx: what the stage reads, and the collaborators (workers, ledger, weights, clock) that own what it changes
         self.ctx, self.groups, self.seed, self.plan, self.step = ctx, groups, seed, plan, ctx.step
         self.stream = stream  # finished groups go to the learner as they complete (runtime.streaming)
         self.streamed_groups: set[int] = set()
@@ -114,35 +114,35 @@ class DecodeStage:
         msg = {"op": op, "step": self.step, "seed": self.seed, "n_total": self.n_rows, "items": self._items(rows),
                "report": self.migrate, "progress_every": self.ctx.config.progress_every, "kv": kv,
                "stream": self.stream.overlap,
-               **self.ctx.run.state_setup()}
+               **self.ctx.weights.state_setup()}
         try:
-            self.ctx.backend.send(a.handle, msg)
+            self.ctx.workers.backend.send(a.handle, msg)
         except WorkerDied:
             self._died(a.handle)
 
     def _ship_kv(self) -> list[dict] | None:
         """Run the prefill function when the policy says shipping its KV pays; the files per actor, or None."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         prompts = [g.token_ids for g in self.groups]
         saved = ship_saves_tokens(prompts, self.split, self.G, ctx.cfg.rollout.dedup_prefill)
         tm = ctx.time_model
         # vLLM decode functions prefill in their own engine (prefix cache): shipped KV cannot enter it
-        ship = ctx.policy.may_ship_kv() and ctx.cfg.rollout.engine == "own" and should_ship(
+        ship = ctx.policy.traits.may_ship_kv and ctx.cfg.rollout.engine == "own" and should_ship(
             ctx.config.ship_prefix_kv, saved, tm.prefill_s_per_token,
-            run.cold_start("prefill", run.cold_start("decode", 0.3)))
-        run.count(M.RUNTIME_SHIP_KV, float(ship))
-        run.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
+            ctx.clock.cold_start("prefill", ctx.clock.cold_start("decode", 0.3)))
+        ctx.ledger.count(M.RUNTIME_SHIP_KV, float(ship))
+        ctx.ledger.count(M.RUNTIME_SHIP_SAVED_TOKENS, float(saved))
         if not ship:
             return None
         msg_in = {"op": "prefill", "prompts": prompts, "groups": list(range(len(prompts))), "actors": self.split,
-                  "out_prefix": str(ctx.scratch / f"kv-{self.step}"), **run.state_setup()}
+                  "out_prefix": str(ctx.scratch / f"kv-{self.step}"), **ctx.weights.state_setup()}
         tries = Attempts(f"prefill function of step {self.step}", ctx.config.max_attempts)
         while True:
-            h = run.start_single("prefill")
+            h = ctx.workers.start_single("prefill")
             msg = _call(ctx, "prefill", h, msg_in, "prefilled", tries.number)
             if msg is not None:
                 self.prefill = list(msg["prefill"])
-                ctx.pool.release(h)
+                ctx.workers.pool.release(h)
                 return msg["files"]
             tries.failed(running(sent=True, ready_s=h.ready_s))
 
@@ -166,23 +166,23 @@ class DecodeStage:
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> tuple[RolloutOutput, list[Sample]]:
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         t_start = now()
         kv = self._ship_kv()  # first: the prefill function needs a unit, which the decode functions then take
         handles = self._by_locality(self._handles(len(self.split)))
         for i, (h, gs) in enumerate(zip(handles, self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
-            a = _Actor(i, h, rows, now(), cold=run.first_use(h), tries=self._tries(i), groups=set(gs))
+            a = _Actor(i, h, rows, now(), cold=ctx.ledger.first_use(h), tries=self._tries(i), groups=set(gs))
             self.actors[h.worker] = a
             if rows:
-                ctx.pool.busy(h)
+                ctx.workers.pool.busy(h)
                 self._send(a, "decode", rows, kv[i] if kv else None)
                 if self.restarts:  # found dead on sending: the pool restarted and every function was sent
                     break
             else:
                 a.done = True
-                ctx.policy.no_rows(ctx.pool, h)
-        run.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
+                ctx.policy.no_rows(ctx.workers.pool, h)
+        ctx.clock.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
         while len(self.results) < self.n_rows or any(not a.done for a in self.actors.values()):
@@ -190,15 +190,16 @@ class DecodeStage:
                 self.stream.prewarm()  # into free units only
                 pw = None
             timeout = None if pw is None else max(0.0, t_start + pw - now())
-            watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in ctx.pool.handles}
+            pool = ctx.workers.pool
+            watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in pool.handles}
             # workers still starting (pre-warmed ranks): their `ready` gives the measured cold start pre-warm reads
-            watch.update({h.worker: h for h in ctx.pool.live() if h.ready_s is None and h.worker not in self.actors})
-            if ctx.policy.roles_change_hands():  # else a learner rank is a decode actor, watched already
+            watch.update({h.worker: h for h in pool.live() if h.ready_s is None and h.worker not in self.actors})
+            if ctx.policy.traits.roles_change_hands:  # else a learner rank is a decode actor, watched already
                 watch.update({h.worker: h for h in self.stream.handles()
-                              if h.ready_s is not None and h.worker in ctx.pool.handles})
+                              if h.ready_s is not None and h.worker in ctx.workers.pool.handles})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
-            for h, msg in run.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
-                if msg is not None and h.worker not in ctx.pool.handles:
+            for h, msg in ctx.workers.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
+                if msg is not None and h.worker not in ctx.workers.pool.handles:
                     continue  # read together with a death that restarted the pool: its work is re-run
                 a = self.actors.get(h.worker)
                 if (a is None or self._handed(a)) and self.stream.owns(h):
@@ -207,21 +208,23 @@ class DecodeStage:
                     self._on(h, msg)
             self._check_timeouts()
         self.stream.rollout_end = now()
-        run.observe_rollout(now() - t_start, self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
+        ctx.clock.observe_rollout(now() - t_start, self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
         return self._output(now() - t_start)
 
     def _handed(self, a: _Actor) -> bool:
         """Whether a's worker went on as a learner rank of this step (taken when it finished, or later, kept
         warm, by a rank whose groups were waiting): from then on its messages are the stream's."""
-        if not a.handed and a.done and self.ctx.policy.roles_change_hands() and self.stream.owns(a.handle):
+        if not a.handed and a.done and self.ctx.policy.traits.roles_change_hands and self.stream.owns(a.handle):
             a.handed = True
         return a.handed
 
     def _learner_prewarm(self) -> float | None:
-        return self.ctx.run.learner_prewarm_after(self.plan.decision.plan.makespan_s if self.plan is not None else 0.0)
+        ctx = self.ctx
+        predicted = self.plan.decision.plan.makespan_s if self.plan is not None else 0.0
+        return ctx.clock.learner_prewarm_after(predicted, bool(ctx.workers.learners))
 
     def _on(self, h, msg: dict | None) -> None:
-        run = self.ctx.run
+        ctx = self.ctx
         if msg is None:
             return self._died(h)
         op = msg["op"]
@@ -231,7 +234,7 @@ class DecodeStage:
         if op in ("progress", "cut_rows", "done") and msg.get("step") != self.step:
             return  # a late message of an earlier step from a worker kept warm: its rows are settled
         if op == "ready":
-            run.on_ready(h, msg)
+            ctx.workers.on_ready(h, msg)
         elif op == "progress":
             a = self.actors[h.worker]
             a.progress = (msg["finished"], msg["unfinished"])
@@ -261,18 +264,18 @@ class DecodeStage:
                 self.stream.group_done(g, [self.results[r][0] for r in rows], [self.results[r][2] for r in rows])
 
     def _done(self, a: _Actor, msg: dict) -> None:
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         self._rows(a, msg["results"])
         for k in ("adopted", "iterations"):
             a.extra[k] = a.extra.get(k, 0) + msg.get(k, 0)
         if msg.get("prefill"):
             self.prefill = [x + y for x, y in zip(self.prefill, msg["prefill"])]
-        run.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
+        ctx.ledger.record(self.step, "decode", a.handle, a.requested, msg["t_start"], msg["t_decode_end"], a.cold,
                    a.tries.number, groups=list(a.groups), engine=msg.get("engine", ""), rows=a.finished,
                    sync_s=msg["sync_s"], **a.extra)
         a.groups, a.finished = set(), 0
-        run.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
-        run.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
+        ctx.ledger.record(self.step, "reward", a.handle, msg["t_decode_end"], msg["t_decode_end"], msg["t_end"], False)
+        ctx.ledger.count(M.RUNTIME_WEIGHT_SYNC_S, msg["sync_s"])
         if a.rows:  # rows adopted after it finished: a second run is on its way
             a.requested, a.cold, a.extra = now(), False, {}
             return
@@ -299,7 +302,7 @@ class DecodeStage:
         for src in {m.src for m in moves.moves}:
             s = by_index[src]
             try:
-                self.ctx.backend.send(s.handle, {"op": "cut", "step": self.step})
+                self.ctx.workers.backend.send(s.handle, {"op": "cut", "step": self.step})
             except WorkerDied:  # it finished and released meanwhile: nothing to cut
                 continue
             s.cut = True
@@ -313,7 +316,7 @@ class DecodeStage:
         for row, tokens in rows:
             self.prefix[row] = tokens
             src.rows.discard(row)
-            dst = destination(moves.get(row), list(self.actors.values()), self.ctx.pool.handles)
+            dst = destination(moves.get(row), list(self.actors.values()), self.ctx.workers.pool.handles)
             if dst is None:
                 dst = self._spare()
             elif dst.done:
@@ -329,15 +332,15 @@ class DecodeStage:
         """A finished function whose worker is still warm (keep-alive) takes migrated rows: a new invocation on a
         warm worker, recorded when it is done like any other."""
         a.done, a.requested, a.cold, a.extra = False, now(), False, {}
-        self.ctx.pool.busy(a.handle)
+        self.ctx.workers.pool.busy(a.handle)
 
     def _spare(self) -> _Actor:
         """A fresh decode function for rows that have nowhere to go (every destination already finished)."""
-        h = self.ctx.run.start_decoders(1, prewarmed=False)[0]
+        h = self.ctx.workers.start_decoders(1, prewarmed=False)[0]
         i = len(self.actors)
-        a = _Actor(i, h, set(), now(), cold=self.ctx.run.first_use(h), tries=self._tries(i))
+        a = _Actor(i, h, set(), now(), cold=self.ctx.ledger.first_use(h), tries=self._tries(i))
         self.actors[h.worker] = a
-        self.ctx.pool.busy(h)
+        self.ctx.workers.pool.busy(h)
         return a
 
     # -- faults -------------------------------------------------------------------------------------------------
@@ -345,24 +348,24 @@ class DecodeStage:
         """A decode worker died: its invocation is recorded as failed and its rows re-run, on a fresh function
         (serverless), or with every row of the step on a new pool (`restarts_whole`: `_restart_step`). Only its own
         work's attempts can be used, and only if it was running it (`runtime.attempts`)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         a = self.actors.get(h.worker)
-        ctx.pool.dead(h)
+        ctx.workers.pool.dead(h)
         if a is None or a.done and not a.rows:
             return
-        run.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.tries.number, ok=False)
+        ctx.ledger.record(self.step, "decode", h, a.requested, a.requested, now(), a.cold, a.tries.number, ok=False)
         if not a.rows:  # it died after streaming its last rows: nothing to re-run
             a.done = True
             return
-        run.count(M.RUNTIME_RETRIES)
+        ctx.ledger.count(M.RUNTIME_RETRIES)
         a.tries.failed(running(sent=True, ready_s=h.ready_s))
-        if ctx.policy.restarts_whole():
+        if ctx.policy.traits.restarts_whole:
             return self._restart_step(a)
-        new = run.start_decoders(1, prewarmed=False)[0]
-        b = _Actor(a.index, new, set(a.rows), now(), cold=run.first_use(new), tries=a.tries, groups=a.groups)
+        new = ctx.workers.start_decoders(1, prewarmed=False)[0]
+        b = _Actor(a.index, new, set(a.rows), now(), cold=ctx.ledger.first_use(new), tries=a.tries, groups=a.groups)
         del self.actors[h.worker]
         self.actors[new.worker] = b
-        ctx.pool.busy(new)
+        ctx.workers.pool.busy(new)
         self._send(b, "decode", b.rows)
 
     def _restart_step(self, dead: _Actor) -> None:
@@ -370,25 +373,25 @@ class DecodeStage:
         from its start, as a verl job resumed from the step's checkpoint would: every row is decoded again from its
         prompt on the new pool (the same random streams: the same tokens). The survivors' interrupted invocations
         are recorded as failed (`restarted`); their attempts are not used (`runtime.attempts`)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         for x in self.actors.values():
-            if x is not dead and not x.done and x.handle.worker in ctx.pool.handles:
-                run.record(self.step, "decode", x.handle, x.requested, x.requested, now(), x.cold, x.tries.number,
-                           ok=False, restarted=1)
+            if x is not dead and not x.done and x.handle.worker in ctx.workers.pool.handles:
+                ctx.ledger.record(self.step, "decode", x.handle, x.requested, x.requested, now(), x.cold,
+                                  x.tries.number, ok=False, restarted=1)
         tries = {x.index: x.tries for x in self.actors.values()}
         self.restarts += 1
         gen = self.restarts
-        run.restart_pool()
+        ctx.workers.restart_pool()
         self.stream.pool_restarted(from_step_start=True)
         self.actors, self.streamed_groups = {}, set()
         self.results.clear()
         self.prefill = [0, 0, 0.0]  # counted again as the rows are prefilled again
-        for i, (h, gs) in enumerate(zip(self._by_locality(run.pool_workers()), self.split)):
+        for i, (h, gs) in enumerate(zip(self._by_locality(ctx.workers.pool_workers()), self.split)):
             rows = {g * self.G + s for g in gs for s in range(self.G)}
-            b = _Actor(i, h, rows, now(), cold=run.first_use(h), tries=tries[i], groups=set(gs))
+            b = _Actor(i, h, rows, now(), cold=ctx.ledger.first_use(h), tries=tries[i], groups=set(gs))
             self.actors[h.worker] = b
             if rows:
-                ctx.pool.busy(h)
+                ctx.workers.pool.busy(h)
                 self._send(b, "decode", rows)
                 if self.restarts != gen:  # found dead on sending: restarted again, and sent, in there
                     return
@@ -402,7 +405,7 @@ class DecodeStage:
         for a in list(self.actors.values()):
             if a.done:
                 continue
-            if a.handle.worker not in self.ctx.pool.handles or now() - a.requested > limit:
+            if a.handle.worker not in self.ctx.workers.pool.handles or now() - a.requested > limit:
                 self._died(a.handle)
 
     # -- result -------------------------------------------------------------------------------------------------
@@ -417,9 +420,9 @@ class DecodeStage:
             samples.append(Sample(g, s, tuple(tokens), tok.decode(tokens), trunc, reward, correct, well_formed))
         computed, naive, pre_s = self.prefill
         stats = PrefillStats(int(computed), int(naive) or 1, pre_s)
-        self.ctx.run.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
-        self.ctx.run.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
-        if self.plan is not None and self.ctx.policy.plans_decode():
+        self.ctx.ledger.count(M.RUNTIME_MIGRATED_SEQS, self.migrated)
+        self.ctx.ledger.count(M.RUNTIME_DECODE_ACTORS, len(self.split))
+        if self.plan is not None and self.ctx.policy.traits.plans_decode:
             self._measure_time_model(responses)
         return RolloutOutput(responses, truncated, stats, seconds, []), samples
 
@@ -433,16 +436,16 @@ class DecodeStage:
                         j.prompt_len) for g, j in enumerate(self.plan.jobs)]
         planner = self.ctx.planner
         predicted = sum(realized_plan(self.plan.decision, true, planner.base_time_model, self.tau).busy_s)
-        measured = self.ctx.run.decode_busy_s(self.step)
+        measured = self.ctx.ledger.decode_busy_s(self.step)
         if predicted > 0 and measured > 0:
-            self.ctx.run.count(M.RUNTIME_DECODE_BUSY_S, measured)
-            self.ctx.run.count(M.RUNTIME_DECODE_BUSY_MODEL_S, predicted)
-            self.ctx.run.observe_time_scale(measured / predicted)
+            self.ctx.ledger.count(M.RUNTIME_DECODE_BUSY_S, measured)
+            self.ctx.ledger.count(M.RUNTIME_DECODE_BUSY_MODEL_S, predicted)
+            self.ctx.clock.observe_time_scale(measured / predicted)
 
 
 def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
     """Reference log-probs [B*G, T] from the worker the policy names (`ModePolicy.reference_function`)."""
-    run, step = ctx.run, ctx.step
+    step = ctx.step
     batch, out = ctx.scratch / f"ref-in-{step}.safetensors", ctx.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
     tries = Attempts(f"reference of step {step}", ctx.config.max_attempts)
@@ -452,18 +455,18 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
                     "referenced", tries.number)
         if msg is not None:
             # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
-            ctx.policy.no_work_now(ctx.pool, h, ctx.keep_alive_s)
-            if h.worker not in ctx.pool.handles:
-                run.keep_reference(None)
+            ctx.policy.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)
+            if h.worker not in ctx.workers.pool.handles:
+                ctx.workers.keep_reference(None)
             logp = wire.read_tensors(out)["ref_logp"]
             batch.unlink(missing_ok=True)
             out.unlink(missing_ok=True)
             return logp
-        run.keep_reference(None)
+        ctx.workers.keep_reference(None)
         tries.failed(running(sent=True, ready_s=h.ready_s))
-        if ctx.policy.restarts_whole():  # the dead worker was a pool worker: every worker starts again
-            run.restart_pool()
-            stream = run.active_stream()
+        if ctx.policy.traits.restarts_whole:  # the dead worker was a pool worker: every worker starts again
+            ctx.workers.restart_pool()
+            stream = ctx.workers.stream
             if stream is not None:  # the step's learner side holds pool workers that are gone now
                 stream.pool_restarted()
 
@@ -471,36 +474,18 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
 def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:
     """One invocation of a single-worker function: send, wait for `reply_op`, record it. A worker that dies (or
     is found dead on sending) is recorded as a failed attempt and reaped; returns None then."""
-    run, step = ctx.run, ctx.step
-    requested, cold = now(), run.first_use(h)
-    ctx.pool.busy(h)
+    step = ctx.step
+    requested, cold = now(), ctx.ledger.first_use(h)
+    ctx.workers.pool.busy(h)
     try:
-        ctx.backend.send(h, msg)
-        reply = _await(ctx, h, reply_op)
+        ctx.workers.backend.send(h, msg)
+        reply = ctx.workers.await_reply(h, reply_op)
     except WorkerDied:
         reply = None
     if reply is not None:
-        run.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
+        ctx.ledger.record(step, kind, h, requested, reply["t_start"], reply["t_end"], cold, attempt)
         return reply
-    run.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
-    ctx.pool.dead(h)
-    run.count(M.RUNTIME_RETRIES)
-    return None
-
-
-def _await(ctx: StepContext, h, op: str) -> dict | None:
-    """The reply `op` from h (None if it died); other workers' ready messages are handled meanwhile."""
-    run = ctx.run
-    t0 = now()
-    while now() - t0 < ctx.config.invocation_timeout_s:
-        watch = [h] + [x for x in ctx.pool.live() if x.ready_s is None and x is not h]
-        for x, msg in run.poll(watch, 1.0):  # 1 s at most: the invocation timeout is checked without a message
-            if msg is None:
-                if x is h:
-                    return None
-                ctx.pool.dead(x)  # a worker still starting (pre-warmed) died: reaped; its stage starts another
-            elif msg["op"] == "ready":
-                run.on_ready(x, msg)
-            elif x is h and msg["op"] == op:
-                return msg
+    ctx.ledger.record(step, kind, h, requested, requested, now(), cold, attempt, ok=False)
+    ctx.workers.pool.dead(h)
+    ctx.ledger.count(M.RUNTIME_RETRIES)
     return None

@@ -24,9 +24,9 @@ from rlhfless.plan.ranks import reducer, release_after_share
 from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
 from rlhfless.runtime.attempts import Attempts, running
-from rlhfless.runtime.backend import WorkerDied
+from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.context import StepContext
-from rlhfless.runtime.dist import reserve_port
+from rlhfless.runtime.devices.dist import reserve_port
 from rlhfless.runtime.records import now
 
 
@@ -65,7 +65,7 @@ def early_share(group_busy: list[list[list[float]]], rollout_end: float) -> floa
 
 class LearnerStream:
     def __init__(self, ctx: StepContext, prompts: list[list[int]], seed: int, overlap: bool):
-        # ctx: what the stream reads; ctx.run: the run state it changes, through methods
+        # ctx: what the stream reads, and the collaborators (workers, ledger, weights, clock) that own what it changes
         self.ctx, self.step, self.prompts, self.seed = ctx, ctx.step, prompts, seed
         self.overlap = overlap
         self.G = ctx.cfg.algo.group_size
@@ -88,7 +88,7 @@ class LearnerStream:
         self.held: list = []  # serverless: functions whose share is in, held to the update's end (`_shared`)
         # serverless ranks end with shares (`_finish_shares`), emulated ones too (`EmulatedWorker._learn_share`); the
         # pool ends together in its gloo group
-        self.shares = ctx.policy.ranks_leave_at_share()
+        self.shares = ctx.policy.traits.ranks_leave_at_share
         self._decode_pw: tuple[float, tuple | None] = (0.0, None)  # (since, next_decode_prewarm) while finishing
         self._end: dict = {}
         self._adopt_warm()
@@ -129,9 +129,9 @@ class LearnerStream:
         return True
 
     def _assign(self, r: _Rank, h) -> None:
-        r.handle, r.requested, r.cold = h, now(), self.ctx.run.first_use(h)
-        self.ctx.pool.busy(h)
-        self.ctx.run.add_learner(h)
+        r.handle, r.requested, r.cold = h, now(), self.ctx.ledger.first_use(h)
+        self.ctx.workers.pool.busy(h)
+        self.ctx.workers.add_learner(h)
 
     def prewarm(self) -> None:
         """The policy's pre-warm time has come: start ranks ahead of their first group, into free units only;
@@ -158,7 +158,7 @@ class LearnerStream:
             if not r.begun:
                 r.begun = True
                 self._send(r, {"op": "learn_begin", "step": self.step, "seed": self.step, "with_ref": self.with_ref,
-                               "chunks": self.plan[r.rank], **self.ctx.run.state_setup()})
+                               "chunks": self.plan[r.rank], **self.ctx.weights.state_setup()})
             for g in todo:
                 if self.generation != gen:
                     break
@@ -174,10 +174,11 @@ class LearnerStream:
         """A worker for rank r: a warm idle hybrid function (kept alive: no cold start), else a
         new one onto a free unit. Invoked from its start: nothing may evict it (`preempt` may); until its groups
         come it is held but idle (the meter counts only its compute intervals as busy)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
-        warm = [h for h in ctx.pool.warm_idle(run.image("learner")) if getattr(h, "home", True)] if ctx.hybrid else []
-        h = warm[0] if warm and not prewarmed else run.start_learner(prewarmed)
+        warm = [h for h in ctx.workers.pool.warm_idle(ctx.workers.image("learner"))
+                if getattr(h, "home", True)] if ctx.hybrid else []
+        h = warm[0] if warm and not prewarmed else ctx.workers.start_learner(prewarmed)
         if h is None:
             return False
         self._assign(r, h)
@@ -197,7 +198,7 @@ class LearnerStream:
         if r.requested == 0.0:
             r.requested = now()
         try:
-            self.ctx.backend.send(r.handle, msg)
+            self.ctx.workers.backend.send(r.handle, msg)
         except WorkerDied:
             self.on_death(r.handle, sent=msg["op"] != "learn_begin")
 
@@ -211,7 +212,7 @@ class LearnerStream:
             self.on_death(h)
             return None
         if msg["op"] == "ready":
-            self.ctx.run.on_ready(h, msg)
+            self.ctx.workers.on_ready(h, msg)
         elif msg["op"] == "learned" and msg.get("step") == self.step:
             return msg
         return None
@@ -221,13 +222,13 @@ class LearnerStream:
         it restarts alone (its groups are re-sent); after `learn_end` every rank restarts (their gloo group is
         broken). A policy that restarts whole (`restarts_whole`): every worker restarts. Only the dead rank's
         attempts can be used, and only if it was running its work (`runtime.attempts`)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         dead = next(r for r in self.ranks if r.handle is h and not r.shared)
         was_running = running(sent=dead.begun and sent, ready_s=h.ready_s)
         # a death after learn_end breaks a group that ends together; serverless shares need none
         ending = not self.shares and any(r.ended for r in self.ranks)
-        run.count(M.RUNTIME_RETRIES)
-        whole = ctx.policy.restarts_whole()
+        ctx.ledger.count(M.RUNTIME_RETRIES)
+        whole = ctx.policy.traits.restarts_whole
         victims = self.ranks if ending or whole else [dead]
         for r in victims:
             if r.handle is not None:
@@ -235,7 +236,7 @@ class LearnerStream:
         self.generation += 1
         dead.tries.failed(was_running)
         if whole:
-            run.restart_pool(dead=h)
+            ctx.workers.restart_pool(dead=h)
             return self.pool_restarted()
         for r in victims:
             r.reset()
@@ -245,20 +246,20 @@ class LearnerStream:
         worker: `restarts_whole`). `stop`: a survivor of a death after learn_end is ended at once, not asked to
         shut down: it waits inside the group's rendezvous or broken all-reduce and would read `shutdown` only at
         gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
-        ctx, run = self.ctx, self.ctx.run
-        run.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
+        ctx = self.ctx
+        ctx.ledger.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                    r.tries.number, ok=False, **extra)
-        if not ctx.policy.restarts_whole():
+        if not ctx.policy.traits.restarts_whole:
             if dead:
-                ctx.pool.dead(r.handle)
+                ctx.workers.pool.dead(r.handle)
             else:
-                ctx.pool.stop(r.handle) if stop else ctx.pool.release(r.handle)
-        run.drop_learner(r.handle)
+                ctx.workers.pool.stop(r.handle) if stop else ctx.workers.pool.release(r.handle)
+        ctx.workers.drop_learner(r.handle)
 
     def preempt(self) -> bool:
         """Free a unit for decode work that must start (rows with nowhere else to go): release a rank that has
         not reached the optimiser step; it restarts later and its groups are recomputed. False if none."""
-        if not self.ctx.policy.preempts_learners():
+        if not self.ctx.policy.traits.preempts_learners:
             return False
         for r in reversed(self.ranks):
             if r.handle is not None and not r.ended and not r.shared:
@@ -280,7 +281,7 @@ class LearnerStream:
     def finish(self, responses: list[list[int]], rewards: torch.Tensor, ref_logp: torch.Tensor | None
                ) -> dict[str, float]:
         """Send every remaining group and the optimiser step; returns rank 0's metrics once every rank is done."""
-        run = self.ctx.run
+        ctx = self.ctx
         self.rollout_end = self.rollout_end or now()
         self.starting_all = True
         self.ref = ref_logp
@@ -300,9 +301,10 @@ class LearnerStream:
             metrics = replies[0]["metrics"]
         else:
             replies, metrics = self._finish_shares(end)
-        run.count(M.RUNTIME_LEARNER_EARLY, early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
-        run.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
-        run.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
+        ctx.ledger.count(M.RUNTIME_LEARNER_EARLY,
+                         early_share([x["group_busy"] for x in replies.values()], self.rollout_end))
+        ctx.ledger.count(M.RUNTIME_LEARNER_TAIL_S, now() - self.rollout_end)
+        ctx.ledger.count(M.RUNTIME_LEARNER_BUFFERED, float(max(x["buffered_peak"] for x in replies.values())))
         for path in self.files.values():
             Path(path).unlink(missing_ok=True)
         for r in self.ranks:
@@ -310,7 +312,7 @@ class LearnerStream:
         return metrics
 
     def _record(self, r: _Rank, reply: dict) -> None:
-        self.ctx.run.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
+        self.ctx.ledger.record(self.step, "learner", r.handle, r.requested, reply["t_start"], reply["t_end"], r.cold,
                             r.tries.number, sync_s=reply["sync_s"], compute_s=reply["compute_s"], groups=r.groups,
                             busy=reply["busy"])
 
@@ -322,10 +324,10 @@ class LearnerStream:
         """Every rank writes its share as soon as its groups are done and, all but the last, goes at once
         (`_shared`); the last one in sums the shares in rank order and steps (the same sum as the serverful
         pool's all-reduce: bitwise equal updates). Returns (each rank's share reply, the update's metrics)."""
-        ctx, run, world = self.ctx, self.ctx.run, len(self.ranks)
+        ctx, world = self.ctx, len(self.ranks)
         replies: dict[int, dict] = {}
         order: list[int] = []
-        self._decode_pw = (now(), run.next_decode_prewarm())  # timed from here, the start of the learner's end
+        self._decode_pw = (now(), ctx.clock.next_decode_prewarm())  # timed from here, the start of the learner's end
         while len(replies) < world:
             self._start_missing()
             gen = self.generation
@@ -333,11 +335,11 @@ class LearnerStream:
                 if r.shared or r.ended or r.handle is None:
                     continue
                 r.ended = True
-                self._send(r, {**end, **run.state_setup(), "share": {"rank": r.rank, "world": world,
+                self._send(r, {**end, **ctx.weights.state_setup(), "share": {"rank": r.rank, "world": world,
                                                                      "out": str(self._share_path(r.rank))}})
                 if self.generation != gen:  # that rank was found dead and reset: the next pass restarts it
                     break
-            for h, msg in run.poll(self._watch(), self._prewarm_decode()):
+            for h, msg in ctx.workers.poll(self._watch(), self._prewarm_decode()):
                 if not self.owns(h):
                     self._other(h, msg)
                     continue
@@ -352,7 +354,7 @@ class LearnerStream:
             late = [r for r in self.ranks if r.ended and not r.shared and r.handle is not None
                     and now() - r.requested > ctx.config.invocation_timeout_s]
             for r in late[:1]:  # over time: killed, so its death re-runs it
-                ctx.backend.kill(r.handle)
+                ctx.workers.backend.kill(r.handle)
         last = self.ranks[reducer(order)]
         reply = self._reduce(last, replies[last.rank])
         self._prewarm_decode(final=True)
@@ -363,7 +365,7 @@ class LearnerStream:
         has come, into free units only (a rank released at its share frees one); the poll timeout until then."""
         t0, pw = self._decode_pw
         if pw is not None and (final or now() >= t0 + pw[0]):
-            self.ctx.run.start_decoders(pw[1], prewarmed=True)
+            self.ctx.workers.start_decoders(pw[1], prewarmed=True)
             self._decode_pw = (t0, None)
             return 1.0
         # wake at the pre-warm time, and at least every second: the callers check invocation timeouts between polls
@@ -373,7 +375,7 @@ class LearnerStream:
         """After the rollout every rank without a worker starts now (evicting idle capacity when none is free)."""
         self.pump(start_all=True)
         while any(r.handle is None and not r.shared for r in self.ranks):
-            if not self.ctx.pool.make_room(1):
+            if not self.ctx.workers.pool.make_room(1):
                 raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
                                    "this step's learner ranks are busy now)")
             self.pump(start_all=True)
@@ -382,27 +384,27 @@ class LearnerStream:
         """Rank r's share is in and it is not the last: its invocation ends here, and its function is released
         now, kept for its keep-alive, or held to the update's end, as the plan's rules say
         (`plan.ranks.release_after_share`, `plan.ranks.hold_after_share`)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         self._record(r, reply)
         r.shared = True
         if first:
             self.first_share = now()
-        run.drop_learner(r.handle)
-        if ctx.hybrid and run.holds_after_share():  # held to the update's end: warm for the next step's decode
+        ctx.workers.drop_learner(r.handle)
+        if ctx.hybrid and ctx.clock.holds_after_share():  # held to the update's end: warm for the next step's decode
             self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
             return
-        ctx.pool.idle(r.handle)
-        nxt = run.next_work_after_share()
+        ctx.workers.pool.idle(r.handle)
+        nxt = ctx.clock.next_work_after_share()
         if release_after_share(nxt, ctx.keep_alive_s):
-            ctx.pool.release(r.handle, early=True)
+            ctx.workers.pool.release(r.handle, early=True)
 
     def _reduce(self, r: _Rank, share: dict) -> dict:
         """The last rank in sums every share in rank order, steps and writes the next state version. Its
         invocation runs from its start to the step's end. A death here re-runs the reduction on a fresh function
         (the shares are files: nothing else is recomputed)."""
-        ctx, run, world = self.ctx, self.ctx.run, len(self.ranks)
-        msg = {**self._end, **run.state_setup(), "with_ref": self.with_ref,
-               "state_out": str(run.next_state_path()),
+        ctx, world = self.ctx, len(self.ranks)
+        msg = {**self._end, **ctx.weights.state_setup(), "with_ref": self.with_ref,
+               "state_out": str(ctx.weights.next_state_path()),
                "share": {"rank": 0, "world": world, "shares": [str(self._share_path(k)) for k in range(world)]}}
         tries = Attempts(f"learner of step {self.step} (its reduction)", ctx.config.max_attempts)
         while True:
@@ -411,47 +413,48 @@ class LearnerStream:
                 self._record(r, {**share, "t_end": reply["t_end"], "busy": share["busy"] + reply["busy"],
                                  "sync_s": share["sync_s"] + reply["sync_s"]})
                 if self.first_share is not None:
-                    run.observe_share_tail(now() - self.first_share)
+                    ctx.clock.observe_share_tail(now() - self.first_share)
                 return reply
-            run.count(M.RUNTIME_RETRIES)
+            ctx.ledger.count(M.RUNTIME_RETRIES)
             tries.failed(running(sent=True, ready_s=r.handle.ready_s))
             if self.held:  # a held function's unit is the first to give up for the reduction
-                ctx.pool.release(self.held.pop(), reason="evicted")
-            h = run.start_learner(prewarmed=False)
+                ctx.workers.pool.release(self.held.pop(), reason="evicted")
+            h = ctx.workers.start_learner(prewarmed=False)
             if h is None:
                 raise RuntimeError("runtime: no free unit to re-run the learner's reduction")
-            r.handle, r.requested, r.cold = h, now(), run.first_use(h)
-            ctx.pool.busy(h)
+            r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
+            ctx.workers.pool.busy(h)
 
     def _reduce_once(self, r: _Rank, msg: dict) -> dict | None:
         """Send the reduction to r's worker and wait for its reply; None when the worker died."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         try:
-            ctx.backend.send(r.handle, msg)
+            ctx.workers.backend.send(r.handle, msg)
         except WorkerDied:
-            ctx.pool.dead(r.handle)
+            ctx.workers.pool.dead(r.handle)
             return None
         t0 = now()
         while True:
-            for h, m in run.poll(self._watch(), self._prewarm_decode()):
+            for h, m in ctx.workers.poll(self._watch(), self._prewarm_decode()):
                 if h is not r.handle:
                     self._other(h, m)
                 elif m is None:
-                    ctx.pool.dead(h)
+                    ctx.workers.pool.dead(h)
                     return None
                 elif m["op"] == "ready":
-                    run.on_ready(h, m)
+                    ctx.workers.on_ready(h, m)
                 elif m["op"] == "learned" and m.get("step") == self.step:
                     return m
             if now() - t0 > ctx.config.invocation_timeout_s:
-                ctx.backend.kill(r.handle)  # over time: its death (next poll) re-runs the reduction on a fresh one
+                # over time: its death (next poll) re-runs the reduction on a fresh one
+                ctx.workers.backend.kill(r.handle)
 
     def _finish_once(self, end: dict) -> dict[int, dict] | None:
         """One attempt at the optimiser step; None when a rank died (the caller tries again)."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         self.pump(start_all=True)
         while any(r.handle is None for r in self.ranks):  # after the rollout every unit is free but a kept one
-            if not ctx.pool.make_room(1):
+            if not ctx.workers.pool.make_room(1):
                 raise RuntimeError("runtime: no free unit for a learner rank after the rollout (a bug: only "
                                    "this step's learner ranks are busy now)")
             self.pump(start_all=True)
@@ -463,11 +466,11 @@ class LearnerStream:
         try:
             for r in self.ranks:
                 # a group formed when the workers started (`forms_learner_group` false) needs no rendezvous
-                dist = {**run.dist_spec(r.rank, len(self.ranks), port), "announce": True} \
-                    if ctx.policy.forms_learner_group() else None
+                dist = {**ctx.workers.dist_spec(r.rank, len(self.ranks), port), "announce": True} \
+                    if ctx.policy.traits.forms_learner_group else None
                 r.ended = True
-                self._send(r, {**end, **run.state_setup(), "dist": dist, "leave": ctx.hybrid,
-                               "state_out": str(run.next_state_path()) if r.rank == 0 else None})
+                self._send(r, {**end, **ctx.weights.state_setup(), "dist": dist, "leave": ctx.hybrid,
+                               "state_out": str(ctx.weights.next_state_path()) if r.rank == 0 else None})
                 if self.generation != gen:  # found dead on the send: every rank was reset, the caller tries again
                     return None
                 # the others connect once rank 0 listens: early, they are refused and back off (dist.init_group)
@@ -480,23 +483,23 @@ class LearnerStream:
     def _watch(self) -> list:
         """This step's ranks and the workers still starting (a pre-warmed decode function says ready meanwhile)."""
         hs = self.handles()
-        return hs + [h for h in self.ctx.pool.live() if h.ready_s is None and h not in hs]
+        return hs + [h for h in self.ctx.workers.pool.live() if h.ready_s is None and h not in hs]
 
     def _other(self, h, msg: dict | None) -> None:
         """A message from a worker that is not a rank of this step: its ready, or its death (a pre-warmed decode
         worker died: the next rollout starts another)."""
         if msg is None:
-            self.ctx.pool.dead(h)
+            self.ctx.workers.pool.dead(h)
         elif msg["op"] == "ready":
-            self.ctx.run.on_ready(h, msg)
+            self.ctx.workers.on_ready(h, msg)
 
     def _await_open(self, gen: int) -> bool:
         """Wait for rank 0's `rendezvous_open` (it may first finish the groups it was sent); False when a rank
         died meanwhile (the attempt is over)."""
-        ctx, run, rank0 = self.ctx, self.ctx.run, self.ranks[0].handle
+        ctx, rank0 = self.ctx, self.ranks[0].handle
         t0 = now()
         while True:
-            for h, msg in run.poll(self._watch(), 1.0):
+            for h, msg in ctx.workers.poll(self._watch(), 1.0):
                 if h is rank0 and msg is not None and msg["op"] == "rendezvous_open":
                     return True
                 if not self.owns(h):
@@ -506,21 +509,21 @@ class LearnerStream:
                 if self.generation != gen:
                     return False
             if now() - t0 > ctx.config.invocation_timeout_s:
-                ctx.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
+                ctx.workers.backend.kill(rank0)  # over time: its death resets every rank and ends this attempt
 
     def _await_learned(self, gen: int) -> dict[int, dict] | None:
         """Every rank's `learned` reply by rank (None when a rank died), pre-warming the next decode meanwhile."""
-        ctx, run = self.ctx, self.ctx.run
+        ctx = self.ctx
         replies: dict[int, dict] = {}
         t0 = now()
-        pw = run.next_decode_prewarm()
+        pw = ctx.clock.next_decode_prewarm()
         while len(replies) < len(self.ranks):
             if pw is not None and now() >= t0 + pw[0]:
-                run.start_decoders(pw[1], prewarmed=True)  # into free units only
+                ctx.workers.start_decoders(pw[1], prewarmed=True)  # into free units only
                 pw = None
             # wake at the pre-warm time, and at least every second for the timeout check below
             timeout = 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
-            for h, msg in run.poll(self._watch(), timeout):
+            for h, msg in ctx.workers.poll(self._watch(), timeout):
                 if not self.owns(h):
                     self._other(h, msg)
                     continue
@@ -531,7 +534,7 @@ class LearnerStream:
                     replies[next(r.rank for r in self.ranks if r.handle is h)] = reply
             if now() - t0 > ctx.config.invocation_timeout_s:
                 # over time: one kill is enough, a death after learn_end resets every rank and the update is tried again
-                ctx.backend.kill(self.ranks[0].handle)
+                ctx.workers.backend.kill(self.ranks[0].handle)
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
-            run.start_decoders(pw[1], prewarmed=True)
+            ctx.workers.start_decoders(pw[1], prewarmed=True)
         return replies

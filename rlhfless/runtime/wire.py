@@ -16,8 +16,38 @@ from typing import TYPE_CHECKING
 
 from rlhfless.core.errors import DataError
 
-if TYPE_CHECKING:  # torch is imported where tensors are: an emulated worker (`runtime.emulated`) never loads it
+if TYPE_CHECKING:  # torch is imported where tensors are: an emulated worker (`runtime.devices.emulated`) never loads it
     import torch
+
+# ---- the vocabulary the driver, the platform and the worker share ------------------------------------------
+GROUP_BROKEN_EXIT = 75
+"""The exit status of a learner rank that leaves on its own because a peer died inside the all-reduce: the
+driver records it as ended by the restart (released), not as a death of its own (`Pool.dead`)."""
+LEFT = "left"
+"""The op of the last message such a rank sends before it exits: the driver learns why it ended from the pipe, in
+order, before the pipe's EOF. The exit status alone arrived too late on a loaded machine (the pipe closes before
+the process has exited, and a bounded wait for the status expired), which counted the rank as a second death."""
+
+
+# Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
+PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
+           "rlhfless.rollout.session", "rlhfless.learn.learner", "rlhfless.runtime.devices.dist",
+           "rlhfless.tasks.config", "rlhfless.step.textenv", "rlhfless.config", "rlhfless.learn.dataparallel",
+           "safetensors.torch"]
+# rollout.engine=vllm: vLLM's import (about 10 s here) moves out of the cold start too; importing it starts no
+# thread, so forking after it is safe. The local backend only: a Ray node's fork server preloads PRELOAD.
+VLLM_PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "rlhfless.rollout.vllm_engine"]
+
+
+def preload(engine: str, device: str = "cpu") -> list[str]:
+    """Modules the fork server imports once for a run with this rollout engine (emulated devices: no torch)."""
+    if device == "emulated":
+        return EMULATED_PRELOAD
+    return PRELOAD + (VLLM_PRELOAD if engine == "vllm" else [])
+
+
+EMULATED_PRELOAD = ["numpy", "rlhfless.runtime.devices.emulated", "rlhfless.sim.perf", "rlhfless.plan.timemodel"]
+"""What the fork server imports for emulated workers: no torch, no transformers (`preload`)."""
 
 
 def send(conn, msg: dict) -> None:

@@ -28,7 +28,7 @@ from rlhfless.core.rundir import CONFIG, INVOCATIONS, METRICS, WORKERS, RunDir
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.billing import rule_set
-from rlhfless.plan.schedule import PREWARM_HISTORY, microbatches
+from rlhfless.plan.schedule import PREWARM_HISTORY, microbatches, planned_start_s, prewarm_start_s
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
@@ -101,7 +101,7 @@ class Constants:
 
 @dataclass
 class Split:
-    """One step's period and billed core-seconds, split as `runtime.compare.core_seconds_per_step`."""
+    """One step's period and billed core-seconds, split as `run.compare.core_seconds_per_step`."""
 
     period: float
     billed: float
@@ -345,9 +345,8 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], k
     finish, ends, dec_busy, dec_cold = _serverless_decode(arm, r, c, warm)
     rollout = max(ends)
     ranks = rank_groups(arm, len(r.work.groups))
-    expected = r.predicted_makespan_s * (np.mean(history) if history else 1.0)
-    prewarm_at = (max(0.0, expected - c.cold_s["learner"] - arm.prewarm_buffer_s) if arm.prewarm
-                  else float("inf"))
+    expected = planned_start_s(r.predicted_makespan_s, history)
+    prewarm_at = prewarm_start_s(expected, c.cold_s["learner"], arm.prewarm_buffer_s) if arm.prewarm else float("inf")
     if r.predicted_makespan_s > 0:  # the runtime's history: measured (here: played) rollout over the plan's
         history.append(rollout / r.predicted_makespan_s)
         del history[:-PREWARM_HISTORY]

@@ -129,7 +129,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for a in report.get("arms", {}).values():
             print(f"arm {a['arm']}: not played: {a['skipped']}" if "skipped" in a else arm_line(a))
         if "emulated" in report:
-            from rlhfless.sim.emulated import arm_line as emulated_line
+            from rlhfless.sim.modelled import arm_line as emulated_line
 
             for a in report["emulated"].values():
                 print(emulated_line(a))

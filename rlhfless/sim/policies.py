@@ -1,8 +1,8 @@
-"""Cluster policies: each turns a step's work into a `StepPlan` through the shared planner (`rlhfless.plan`).
+"""Cluster policies: each turns a step's work into a `StepSchedule` through the shared planner (`rlhfless.plan`).
 
 `verl` (serverful, tuned), `verl-paper` (verl 0.3.x as the paper ran it), `rlhfuse` (verl plus straggler migration
 and inter-stage fusion), `rlhfless` (serverless functions; switches dedup, assign, migrate, scale, prewarm, overlap,
-hybrid) and `oracle` (rlhfless fed the true lengths). `decide` returns (StepPlan, metrics); `observe` feeds the true
+hybrid) and `oracle` (rlhfless fed the true lengths). `decide` returns (StepSchedule, metrics); `observe` feeds the true
 lengths back. The rule it keeps: every policy plans with the same planner and one `PerfModel`, so a difference
 between policies is the policy's. Each policy in full: docs/internals.md#simpoliciespy.
 
@@ -42,7 +42,7 @@ from rlhfless.predictor import Observation, build_predictor
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.predictor.spread import draw_lengths
 from rlhfless.sim.perf import PerfModel
-from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepPlan, learner_schedule
+from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepSchedule, learner_schedule
 from rlhfless.sim.workload import StepWork
 
 
@@ -207,7 +207,7 @@ class Verl:
         """{key: prompt_of} of the true jobs `decide` reads (`true_jobs`)."""
         return {f"engine{self.c.template_tokens}": _engine_prompt_of(self.c)}
 
-    def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
+    def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm = self.c, self.c.perf
         jobs = true_jobs(step, _engine_prompt_of(c), f"engine{c.template_tokens}")
         plan, metrics = assign(jobs, c.replicas, c.capacity, c.time_model, "round_robin")
@@ -216,7 +216,7 @@ class Verl:
         # colocated: a finished replica's devices already hold the model; no learner cold start
         finish = job_finish_s(plan, jobs, c.time_model) if self.overlap else None
         learner = _learner(c, step, plan.actor_jobs, finish, plan.busy_s, self.overlap, 0.0, True)
-        return StepPlan(True, c.n_devices, actors, None, learner), metrics
+        return StepSchedule(True, c.n_devices, actors, None, learner), metrics
 
     def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
         """After the step: its true lengths and (rollout, score, update) seconds; the baseline learns nothing."""
@@ -233,7 +233,7 @@ class RLHFuse(Verl):
         self.name, self.tau = "rlhfuse", tau
         self.mean_len = 256.0
 
-    def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
+    def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm = self.c, self.c.perf
         prompt_of = _engine_prompt_of(c)
         flat = _jobs(step, [self.mean_len] * len(step.groups), prompt_of)
@@ -250,7 +250,7 @@ class RLHFuse(Verl):
         total = step.tokens * pm.learner_s_per_token(c.algo, c.old_logprob)
         learner = _learner(c, step, plan.actor_jobs, {g.prompt_id: 0.0 for g in step.groups}, res.busy_s, False,
                            0.0, True, work_scale=1.0 - fused / total)
-        return StepPlan(True, c.n_devices, actors, None, learner), metrics
+        return StepSchedule(True, c.n_devices, actors, None, learner), metrics
 
     def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
         self.mean_len = float(np.mean([x for g in step.groups for x in g.lengths]))
@@ -309,7 +309,7 @@ class RLHFless:
         """{key: prompt_of} of the true jobs `decide` reads (`true_jobs`)."""
         return {"dedup" if self.sw.dedup else f"engine{self.c.template_tokens}": self._prompt_of}
 
-    def decide(self, step: StepWork) -> tuple[StepPlan, dict]:
+    def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm, sw = self.c, self.c.perf, self.sw
         key = "dedup" if sw.dedup else f"engine{c.template_tokens}"
         jobs, draws = self._planned_jobs(step, key)
@@ -340,7 +340,7 @@ class RLHFless:
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
         metrics["sim/realized_makespan_s"] = real.makespan_s
         metrics["sim/hybrid_warm"] = hyb
-        plan = StepPlan(False, 0.0, actors, prefill, learner, idle_warm=idle)
+        plan = StepSchedule(False, 0.0, actors, prefill, learner, idle_warm=idle)
         self.n_hybrid = self._hybrid_after(plan) if sw.hybrid else 0
         self.n_warm = self._warm_pool(jobs, replace(cfg, hybrid_warm=self.n_hybrid), draws, len(actors), memo)
         return plan, metrics
@@ -375,7 +375,7 @@ class RLHFless:
                 finish.update({j.group_id: float(f) for j, f in zip(mine, fin.tolist())})
         return real, busy, finish
 
-    def _hybrid_after(self, plan: StepPlan) -> int:
+    def _hybrid_after(self, plan: StepSchedule) -> int:
         """Hybrid functions the step's learner ends with: each joined block holds its devices (and, after the
         optimizer step, the new weights) to the step's end; a block of k replicas' devices is k decode actors of
         the next step (the simulator plays the plan as decided, so its learner schedule is this one)."""

@@ -1,6 +1,6 @@
 """Mechanism of one synchronous RLHF step: a policy's decision played out on the event loop.
 
-`play_step(loop, timeline, t0, plan)` schedules a `StepPlan` (every duration already known from the performance
+`play_step(loop, timeline, t0, plan)` schedules a `StepSchedule` (every duration already known from the performance
 model and the planner's time model) as events and records spans: the prefill function, each decode actor (cold
 start, weight sync, KV, decode, release), the learner (`LearnerPlan`, the model of `rlhfless.plan.overlap`) and one
 optimizer step, whose end is the step's end. The rule it keeps: no decisions here; serverless bills every function
@@ -97,7 +97,7 @@ class LearnerPlan:
 
 
 @dataclass(frozen=True)
-class StepPlan:
+class StepSchedule:
     """Everything a policy decided for one step (durations known up front)."""
 
     serverful: bool
@@ -120,7 +120,7 @@ class StepResult:
     blocks_joined: int = 0
 
 
-def _span(tl: Timeline, plan: StepPlan, step: int, kind: str, inst: int, start: float, end: float, devices: float,
+def _span(tl: Timeline, plan: StepSchedule, step: int, kind: str, inst: int, start: float, end: float, devices: float,
           stage: str, cold_s: float) -> None:
     tl.add(Span(kind, inst, start, end, devices, stage, cold_s > 0, cold_s, step, billed=not plan.serverful))
 
@@ -130,7 +130,7 @@ def _decode_start(a: ActorRun) -> float:
     return max(a.cold_s + a.sync_s, a.kv_ready_s) + a.prefill_s
 
 
-def learner_schedule(plan: StepPlan, prefill_end: float) -> tuple[float, Blocks, np.ndarray]:
+def learner_schedule(plan: StepSchedule, prefill_end: float) -> tuple[float, Blocks, np.ndarray]:
     """(work end, learner blocks, joined) of a step, seconds after t0, from `rlhfless.plan.overlap`."""
     lp = plan.learner
     start = {a.instance: _decode_start(a) for a in plan.actors}
@@ -161,7 +161,7 @@ def learner_schedule(plan: StepPlan, prefill_end: float) -> tuple[float, Blocks,
     return max(end, rollout_end), b, joined
 
 
-def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepPlan, step: int) -> StepResult:
+def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepSchedule, step: int) -> StepResult:
     """Schedule `plan` from t0 on `loop`; returns a StepResult filled in as the loop runs."""
     res = StepResult(t0)
     prefill_end = t0

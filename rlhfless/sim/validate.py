@@ -483,7 +483,7 @@ def tpot_profile_decode(run: RunData, steps: list[StepWork], ctx: float) -> floa
 def validate(run_dir: str | Path, calibrate_from: str | Path | None = None) -> dict:
     """The `--validate` report: per mode, and the largest step-time and cost errors over modes."""
     from rlhfless.sim.armmodel import arm_dirs, validate_arms
-    from rlhfless.sim.emulated import emulated_dirs, validate_dir
+    from rlhfless.sim.modelled import emulated_dirs, validate_dir
 
     if Path(run_dir).is_dir() and emulated_dirs(run_dir):  # runtime.device=emulated: the perf model, not a fit
         if calibrate_from is not None:  # refused, not ignored: the flag would change nothing in the report

@@ -1,17 +1,18 @@
 """The driver's view of its workers: start (cold or pre-warmed), ready, busy, idle, released, dead.
 
 Every state change is stamped on the worker's `WorkerRecord`, so the meter bills exactly what happened. The pool
-is shared by both modes; which workers exist and when they go is the policy's decision (`rlhfless.runtime.policy`).
+is shared by both modes; which workers exist and when they go is the policy's decision
+(`rlhfless.runtime.modes.policy`).
 """
 
 from __future__ import annotations
 
 import itertools
 
-from rlhfless.runtime.backend import Handle, LocalBackend, WorkerDied  # RayBackend: the same methods
+from rlhfless.runtime.platform.backend import Handle, LocalBackend, WorkerDied  # RayBackend: the same methods
 from rlhfless.runtime.records import WorkerRecord, role
 from rlhfless.runtime.records import now
-from rlhfless.runtime.worker import GROUP_BROKEN_EXIT
+from rlhfless.runtime.wire import GROUP_BROKEN_EXIT
 
 
 def free_units(units: int, held: list[tuple[int, ...]]) -> list[int]:
@@ -22,7 +23,7 @@ def free_units(units: int, held: list[tuple[int, ...]]) -> list[int]:
 
 def claim_units(free: list[int], n: int) -> tuple[int, ...] | None:
     """The n lowest free units, or None when fewer are free (pure). With runtime.device=cuda a unit is a GPU slot
-    (`runtime.gpus.GpuLayout`), so lowest-first spreads functions over the GPUs before doubling any up."""
+    (`runtime.devices.gpus.GpuLayout`), so lowest-first spreads functions over the GPUs before doubling any up."""
     return tuple(free[:n]) if len(free) >= n else None
 
 
@@ -127,7 +128,7 @@ class Pool:
     def dead(self, h: Handle) -> None:
         """Record a worker that died (its held time until now stays billed). A learner rank that left because a
         peer died inside the all-reduce is recorded as released: the peer's death is the one to count, and which
-        of the two the driver notices first is a race. Such a rank says so on its pipe (`worker.LEFT`, read into
+        of the two the driver notices first is a race. Such a rank says so on its pipe (`wire.LEFT`, read into
         `h.left`, by `exit_status` at the latest); its exit status (GROUP_BROKEN_EXIT) is the fallback."""
         if h.worker in self.handles:
             status = None if h.left else self.backend.exit_status(h)  # reads what it sent last, LEFT included

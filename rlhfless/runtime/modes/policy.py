@@ -4,7 +4,7 @@
 functions, billing rules, the learner's degree): `ServerlessPolicy` (the planner's assignment, functions released
 after `keep_alive_s` idle, pre-warmed) and `ServerfulPolicy` (verl-like: W pool workers held all run, prompts split
 evenly, no migration). The rule it keeps: the serverful control is a policy, not a second code path. A stage is
-pre-warmed at its expected start - measured cold start - buffer. Details: docs/internals.md#runtimepolicypy.
+pre-warmed at its expected start - measured cold start - buffer. Details: docs/internals.md#runtimemodespolicypy.
 
 Deviations from the paper:
 1. The learner's expected start is this step's planned makespan x the recent measured/planned ratio
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlhfless.plan.schedule import PREWARM_HISTORY as HISTORY  # shared with the simulator
+from rlhfless.plan.schedule import planned_start_s, prewarm_start_s
 from rlhfless.rollout.prefix import plan_prefill
 from rlhfless.runtime.records import now
 from rlhfless.step.planner import StepPlan
@@ -68,16 +69,15 @@ class Prewarm:
 
 def prewarm_learner(history: History, predicted_makespan_s: float, cold_default: float, buffer_s: float,
                     source: str = "plan") -> Prewarm:
-    """When to start the learner group, in seconds after the rollout started (docs/internals.md#runtimepolicypy)."""
+    """When to start the learner group, in seconds after the rollout started
+    (docs/internals.md#runtimemodespolicypy)."""
     if source == "plan" and history.rollout_vs_plan:
-        # the plan alone runs early (a group's mean predicted length misses its longest sample): scaled by the
-        # recent ratio of measured rollout time to predicted makespan
-        expected = predicted_makespan_s * sum(history.rollout_vs_plan) / len(history.rollout_vs_plan)
+        expected = planned_start_s(predicted_makespan_s, history.rollout_vs_plan)
     elif history.rollout_s:
         expected = min(history.rollout_s)  # the paper's rule ("history"), or "plan" before a ratio is measured
     else:
         expected = predicted_makespan_s  # step 1: nothing measured yet
-    return Prewarm(max(0.0, expected - history.cold("learner", cold_default) - buffer_s))
+    return Prewarm(prewarm_start_s(expected, history.cold("learner", cold_default), buffer_s))
 
 
 def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Prewarm:
@@ -85,7 +85,7 @@ def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Pr
         return Prewarm(None)  # no update measured yet: decode is pre-warmed from step 2 on
     # the shortest recent update, plus the driver's gap between steps
     expected = min(history.learn_s) + (min(history.between_s) if history.between_s else 0.0)
-    return Prewarm(max(0.0, expected - history.cold("decode", cold_default) - buffer_s))
+    return Prewarm(prewarm_start_s(expected, history.cold("decode", cold_default), buffer_s))
 
 
 def ship_saves_tokens(prompts: list[list[int]], split: list[list[int]], group_size: int, dedup: bool) -> int:
@@ -104,19 +104,55 @@ def should_ship(mode: str, saved_tokens: int, prefill_s_per_token: float, cold_s
     return saved_tokens * prefill_s_per_token > cold_start_s
 
 
+@dataclass(frozen=True)
+class ModeTraits:
+    """What a mode is, as data: the facts about it the stages read (each a field, not a method to call)."""
+
+    holds_pool: bool
+    """W workers started with the run and held to its end, each decoding and learning (verl's colocated pool)."""
+    may_ship_kv: bool
+    """Whether a prefill function may ship deduplicated prefix KV to the decode functions."""
+    plans_decode: bool
+    """Whether the planner's decision runs (and is calibrated by what ran)."""
+    overlap_default: bool
+    """`runtime.overlap` when left to auto: stream finished groups into the learner during decode."""
+    roles_change_hands: bool
+    """Whether a function goes from one role to another within a step (a finished decode function becomes a learner
+    rank: its messages and its death are the learner's from then on). False: each worker holds every role at once,
+    so a decode worker is watched and handled as one thing."""
+    starts_functions: bool
+    """Whether a role's function is started when its work comes (the value function, PPO's actor, a pre-warmed
+    critic). False: every role has its held worker for the whole run."""
+    ranks_leave_at_share: bool
+    """Whether a learner rank writes its share and goes (the last one in reduces) instead of all ranks ending
+    together in one group (`streaming._finish_shares`)."""
+    forms_learner_group: bool
+    """Whether ranks that end together form their data-parallel group per step (False: the group formed when the
+    workers started and lasts the run)."""
+    restarts_whole: bool
+    """Whether one worker's death restarts every worker (they share one data-parallel group) and re-runs what each
+    still owed, instead of replacing only the dead function."""
+    preempts_learners: bool
+    """Whether a learner function that has not reached its optimiser step may be let go to free a unit for decode
+    work that must start (it restarts later from the same inputs)."""
+    bills_held_pool: bool
+    """Whether the bill is a held pool's (a VM: its lifetime at the on-demand price, whatever `runtime.billing`
+    says) rather than functions' (`runtime.meter`)."""
+
+
 # -- the mode as a policy object: every decision that differs by mode, behind one interface ----------------------
 class ModePolicy(ABC):
     """What differs between the serverless runtime and the serverful control, asked by the stages instead of
-    branching on the mode: which functions start and when (`holds_pool`, `prewarms`, `may_ship_kv`,
-    `starts_functions`), how a step's groups are split (`decode_split`, `migrates`), which function takes which
-    role (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`), what a function with no work now
-    does (`no_work_now`: kept for its keep-alive or released, or simply held), what a death restarts
-    (`restarts_whole`), and what is billed (`keep_alive`, `billing_name`, `bills_held_pool`). A new platform
-    policy is a subclass, registered under its name (`register_policy`): `Runtime(cfg, name, ...)` runs with it."""
+    branching on the mode. What the mode is, as data: `traits` (one frozen `ModeTraits`: holds a pool, ships KV,
+    starts functions, what a death restarts, what is billed, ...). What it decides, from the step's inputs: when
+    functions start (`prewarms`), how a step's groups are split (`decode_split`, `migrates`), which function takes
+    which role (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`), what a function with no work
+    now does (`no_work_now`), and what is billed (`keep_alive`, `billing_name`). A new platform policy is a
+    subclass, registered under its name (`register_policy`): `Runtime(cfg, name, ...)` runs with it."""
 
     name = ""
-    holds_pool = False
-    """W workers started with the run and held to its end, each decoding and learning (verl's colocated pool)."""
+    traits: ModeTraits
+    """What the mode is, as data (`ModeTraits`): each subclass sets its record."""
 
     @abstractmethod
     def keep_alive(self, keep_alive_s: float) -> float | None:
@@ -131,20 +167,8 @@ class ModePolicy(ABC):
         """Whether rows are cut and migrated live (`runtime.migrate`: always / plan / never)."""
 
     @abstractmethod
-    def may_ship_kv(self) -> bool:
-        """Whether a prefill function may ship deduplicated prefix KV to the decode functions."""
-
-    @abstractmethod
-    def plans_decode(self) -> bool:
-        """Whether the planner's decision runs (and is calibrated by what ran)."""
-
-    @abstractmethod
     def prewarms(self, enabled: bool) -> bool:
         """Whether functions are started ahead of need from the invocation history (`runtime.prewarm`)."""
-
-    @abstractmethod
-    def overlap_default(self) -> bool:
-        """`runtime.overlap` when left to auto: stream finished groups into the learner during decode."""
 
     @abstractmethod
     def no_work_now(self, pool, h, keep_alive_s: float) -> None:
@@ -174,17 +198,6 @@ class ModePolicy(ABC):
         """Whether new decode and learner functions share one image (`runtime.hybrid`, resolved)."""
 
     @abstractmethod
-    def roles_change_hands(self) -> bool:
-        """Whether a function goes from one role to another within a step (a finished decode function becomes a
-        learner rank: its messages and its death are the learner's from then on). False: each worker holds
-        every role at once, so a decode worker is watched and handled as one thing."""
-
-    @abstractmethod
-    def starts_functions(self) -> bool:
-        """Whether a role's function is started when its work comes (the value function, PPO's actor, a
-        pre-warmed critic). False: every role has its held worker for the whole run."""
-
-    @abstractmethod
     def decoder_done(self, ctx, stream, h) -> bool:
         """A decode function whose rows are all done: True when it goes on now as a learner rank of `stream`;
         otherwise it is kept, released or held as the policy says."""
@@ -202,36 +215,15 @@ class ModePolicy(ABC):
         """Whether this step's learner functions stay this run's learner group for the next step."""
 
     # -- how the learner's ranks meet ------------------------------------------------------------------------------
-    @abstractmethod
-    def ranks_leave_at_share(self) -> bool:
-        """Whether a learner rank writes its share and goes (the last one in reduces) instead of all ranks
-        ending together in one group (`streaming._finish_shares`)."""
-
-    @abstractmethod
-    def forms_learner_group(self) -> bool:
-        """Whether ranks that end together form their data-parallel group per step (False: the group formed
-        when the workers started and lasts the run)."""
-
     # -- faults and preemption ---------------------------------------------------------------------------------
-    @abstractmethod
-    def restarts_whole(self) -> bool:
-        """Whether one worker's death restarts every worker (they share one data-parallel group) and re-runs
-        what each still owed, instead of replacing only the dead function."""
-
-    @abstractmethod
-    def preempts_learners(self) -> bool:
-        """Whether a learner function that has not reached its optimiser step may be let go to free a unit for
-        decode work that must start (it restarts later from the same inputs)."""
-
     # -- what is billed ------------------------------------------------------------------------------------------
-    @abstractmethod
-    def bills_held_pool(self) -> bool:
-        """Whether the bill is a held pool's (a VM: its lifetime at the on-demand price, whatever
-        `runtime.billing` says) rather than functions' (`runtime.meter`)."""
-
 
 class ServerlessPolicy(ModePolicy):
     name = "serverless"
+    traits = ModeTraits(holds_pool=False, may_ship_kv=True, plans_decode=True, overlap_default=True,
+                        roles_change_hands=True, starts_functions=True, ranks_leave_at_share=True,
+                        forms_learner_group=True, restarts_whole=False, preempts_learners=True,
+                        bills_held_pool=False)
 
     def keep_alive(self, keep_alive_s: float) -> float | None:
         return keep_alive_s
@@ -242,17 +234,8 @@ class ServerlessPolicy(ModePolicy):
     def migrates(self, setting: str, plan) -> bool:
         return setting == "always" or setting == "plan" and plan.decision.migration is not None
 
-    def may_ship_kv(self) -> bool:
-        return True
-
-    def plans_decode(self) -> bool:
-        return True
-
     def prewarms(self, enabled: bool) -> bool:
         return enabled
-
-    def overlap_default(self) -> bool:
-        return True
 
     def no_work_now(self, pool, h, keep_alive_s: float) -> None:
         pool.idle(h)  # its keep-alive runs from now: released at the lapse unless work comes first
@@ -267,28 +250,22 @@ class ServerlessPolicy(ModePolicy):
 
     def decoders(self, ctx, n: int) -> list:
         """Warm idle functions of the decode image first (no cold start), then new ones."""
-        available = ctx.pool.warm(ctx.run.image("decode"))
+        available = ctx.workers.pool.warm(ctx.workers.image("decode"))
         warm = available[:n]
         for h in warm:  # taken: the cold starts below may evict idle workers, never these
-            ctx.pool.busy(h)
+            ctx.workers.pool.busy(h)
         for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
-            ctx.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
-        cold = ctx.run.start_decoders(n - len(warm), prewarmed=False)
+            ctx.workers.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
+        cold = ctx.workers.start_decoders(n - len(warm), prewarmed=False)
         return warm + cold
 
     def hybrid_image(self, setting: bool) -> bool:
         return setting
 
-    def roles_change_hands(self) -> bool:
-        return True
-
-    def starts_functions(self) -> bool:
-        return True
-
     def decoder_done(self, ctx, stream, h) -> bool:
         if ctx.hybrid and stream.take(h):
             return True  # a rank has work now: warm, at this step's weights, the function goes on as it
-        self.no_work_now(ctx.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
+        self.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
         stream.pump()  # its unit may now host a learner rank with finished groups waiting
         return False
 
@@ -296,8 +273,8 @@ class ServerlessPolicy(ModePolicy):
         pool.idle(h)  # its keep-alive runs (idle, never released here: it may take cut rows)
 
     def reference_function(self, ctx):
-        h = ctx.run.kept_reference() or ctx.run.start_single("reference")  # kept: not evicted since
-        ctx.run.keep_reference(h)
+        h = ctx.workers.kept_reference() or ctx.workers.start_single("reference")  # kept: not evicted since
+        ctx.workers.keep_reference(h)
         return h
 
     def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
@@ -305,38 +282,35 @@ class ServerlessPolicy(ModePolicy):
         # critic are no group; keep-alive 0 keeps nothing
         return not (keep_alive_s == 0 or hybrid or ppo)
 
-    def ranks_leave_at_share(self) -> bool:
-        return True
-
-    def forms_learner_group(self) -> bool:
-        return True
-
-    def restarts_whole(self) -> bool:
-        return False
-
-    def preempts_learners(self) -> bool:
-        return True
-
-    def bills_held_pool(self) -> bool:
-        return False
-
     def learner_ranks(self, ctx, ranks: list) -> None:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
         data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
-        live = ctx.run.kept_learners()
+        live = ctx.workers.kept_learners()
         if len(live) == len(ranks):
             for r, h in zip(ranks, live):
-                r.handle, r.requested, r.cold = h, now(), ctx.run.first_use(h)
-                ctx.pool.busy(h)
+                r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
+                ctx.workers.pool.busy(h)
         else:
             for h in live:
-                ctx.pool.release(h, reason="regroup")
-            ctx.run.forget_learners()
+                ctx.workers.pool.release(h, reason="regroup")
+            ctx.workers.forget_learners()
 
 
 class ServerfulPolicy(ModePolicy):
     name = "serverful"
-    holds_pool = True
+    # holds_pool: verl's colocated pool
+    # may_ship_kv: each pool worker prefills its own groups once
+    # overlap_default: verl: the update starts after the rollout
+    # roles_change_hands: pool worker r decodes and is learner rank r at once
+    # starts_functions: the control never starts functions: PPO's actor is pool worker 0, its critic the last
+    # ranks_leave_at_share: the pool's ranks end together in their gloo group
+    # forms_learner_group: formed once, when the pool started (`WorkerSet.start_pool`)
+    # restarts_whole: a dead pool worker breaks the pool's data-parallel group
+    # preempts_learners: nothing ever needs a unit: the pool holds them all
+    traits = ModeTraits(holds_pool=True, may_ship_kv=False, plans_decode=False, overlap_default=False,
+                        roles_change_hands=False, starts_functions=False, ranks_leave_at_share=False,
+                        forms_learner_group=False, restarts_whole=True, preempts_learners=False,
+                        bills_held_pool=True)
 
     def keep_alive(self, keep_alive_s: float) -> float | None:
         return None  # the pool is a VM: held from the run's start to its end
@@ -347,17 +321,8 @@ class ServerfulPolicy(ModePolicy):
     def migrates(self, setting: str, plan) -> bool:
         return False
 
-    def may_ship_kv(self) -> bool:
-        return False  # each pool worker prefills its own groups once
-
-    def plans_decode(self) -> bool:
-        return False
-
     def prewarms(self, enabled: bool) -> bool:
         return False
-
-    def overlap_default(self) -> bool:
-        return False  # verl: the update starts after the rollout
 
     def no_work_now(self, pool, h, keep_alive_s: float) -> None:
         return None  # held by the pool: never idle-released nor evicted
@@ -369,16 +334,10 @@ class ServerfulPolicy(ModePolicy):
         return rt_cfg.workers()  # every pool worker is a rank
 
     def decoders(self, ctx, n: int) -> list:
-        return ctx.run.pool_workers()  # every pool worker decodes its chunk
+        return ctx.workers.pool_workers()  # every pool worker decodes its chunk
 
     def hybrid_image(self, setting: bool) -> bool:
         return False  # a pool worker runs every kind already
-
-    def roles_change_hands(self) -> bool:
-        return False  # pool worker r decodes and is learner rank r at once
-
-    def starts_functions(self) -> bool:
-        return False  # the control never starts functions: PPO's actor is pool worker 0, its critic the last
 
     def decoder_done(self, ctx, stream, h) -> bool:
         return False  # held: it is a learner rank already
@@ -387,40 +346,25 @@ class ServerfulPolicy(ModePolicy):
         return None  # held by the pool: never idle
 
     def reference_function(self, ctx):
-        ctx.run.keep_reference(None)
-        return ctx.run.pool_workers()[0]  # pool worker 0's reference replica
+        ctx.workers.keep_reference(None)
+        return ctx.workers.pool_workers()[0]  # pool worker 0's reference replica
 
     def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
         return True  # its ranks are the pool's workers: there is nothing to forget
 
-    def ranks_leave_at_share(self) -> bool:
-        return False  # the pool's ranks end together in their gloo group
-
-    def forms_learner_group(self) -> bool:
-        return False  # formed once, when the pool started (`Runtime._start_pool`)
-
-    def restarts_whole(self) -> bool:
-        return True  # a dead pool worker breaks the pool's data-parallel group
-
-    def preempts_learners(self) -> bool:
-        return False  # nothing ever needs a unit: the pool holds them all
-
-    def bills_held_pool(self) -> bool:
-        return True
-
     def learner_ranks(self, ctx, ranks: list) -> None:
-        workers = ctx.run.pool_workers()
+        workers = ctx.workers.pool_workers()
         for r in ranks:  # pool worker r is rank r for the whole run
             r.handle = workers[r.rank]
 
 
-POLICIES: dict[str, type[ModePolicy]] = {}
+MODE_POLICIES: dict[str, type[ModePolicy]] = {}
 """Platform policies by name (`register_policy`): a new platform is a subclass registered under its name."""
 
 
 def register_policy(cls: type[ModePolicy]) -> type[ModePolicy]:
     """Class decorator: make `cls` the policy of runtime mode `cls.name`."""
-    POLICIES[cls.name] = cls
+    MODE_POLICIES[cls.name] = cls
     return cls
 
 
@@ -430,4 +374,4 @@ register_policy(ServerfulPolicy)
 
 def policy_for(mode: str) -> ModePolicy:
     """The policy of a runtime mode (a registered name; any other mode, e.g. inline, runs serverless)."""
-    return POLICIES.get(mode, ServerlessPolicy)()
+    return MODE_POLICIES.get(mode, ServerlessPolicy)()

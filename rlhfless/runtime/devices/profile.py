@@ -5,7 +5,7 @@ one-thread workers slow down far more with batch size here, and the per-step sca
 (`runtime.measure_profile`, own engine only) a profile keyed by CPU, threads, model, torch and workload is looked up
 under `runtime.profile_cache`, measured in a worker started like a decode function on a miss (not billed), priced
 with (`Planner.use_profile`) and kept as `time_profile.json`. The rule it keeps: the per-step scale calibration runs
-on top of it. Why, the cache key and the measured shape: docs/internals.md#runtimeprofilepy.
+on top of it. Why, the cache key and the measured shape: docs/internals.md#runtimedevicesprofilepy.
 
 Deviations:
 1. Prefill seconds per token come from the rollout's deduplicated prefill; the per-actor fixed and KV-transfer
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from rlhfless.core.errors import DataError
+from rlhfless.core.rundir import RunDir
 from rlhfless.plan.timemodel import TimeModel, check_profile_rows
 from rlhfless.rollout.tpot import PROFILE_GROUP, PROFILE_PROMPTS, PROFILE_ROLLOUTS
 
@@ -118,7 +119,7 @@ def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bo
     it measure (`Worker.handle("profile")`), release it; returns (profile, seconds including its start)."""
     from rlhfless.core.errors import TrainingError
     from rlhfless.core.progress import count_bar
-    from rlhfless.runtime.worker import now
+    from rlhfless.runtime.devices.worker import now
 
     t0 = now()
     h = backend.start("profile-0", ("decode",), cores, setup)
@@ -146,7 +147,7 @@ def measure_in_worker(backend, setup: dict, cores: tuple[int, ...], progress: bo
 
 def save_for_run(profile: dict, out: Path) -> Path:
     """OUT/time_profile.json: what the run's planner priced with, loadable as `plan.time_profile`."""
-    path = out / "time_profile.json"
+    path = RunDir(out).time_profile
     path.write_text(json.dumps({"rows": profile["rows"], "prefill_s_per_token": profile["prefill_s_per_token"]},
                                indent=1))
     return path

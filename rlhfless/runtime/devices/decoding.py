@@ -4,7 +4,7 @@ Rows arrive as items (group index, prompt, answer, row ids, and a prefix per mig
 sessions through one factory per engine (`open_sessions`: `rollout.engine`, own or vllm), so `run_decode` calls the
 same session methods whichever engine is behind them. The rule it keeps: with the own engine a migrated row
 continues exactly (mode-vs-mode sample identity); with vllm a migrated row samples from a stream of its own. Items
-and both engines in full: docs/internals.md#runtimedecodingpy.
+and both engines in full: docs/internals.md#runtimedevicesdecodingpy.
 
 Deviation from a paged-KV engine (own engine): an adopted batch is stepped in turn beside the running one, not
 merged into it, so on a CPU core adopted rows cost almost their own stream of iterations (the migration's cost is

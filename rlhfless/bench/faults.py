@@ -4,7 +4,7 @@ Each mode (serverless, or the serverful control) runs `repeats` times undisturbe
 thread that kills a random busy worker at the points of one step-relative schedule, the same for both modes
 (`kill_schedule`), alternating so a shared machine's drift hits both alike; the runtime notices each death, bills
 the lost time and re-runs the work from the same random streams. The report (kills, lost steps, runs stopped,
-sample identity, extra cost and time with their noise, lost device-seconds): docs/internals.md#runtimefaultspy.
+sample identity, extra cost and time with their noise, lost device-seconds): docs/internals.md#benchfaultspy.
 What it checks: no run stops, no step is lost and every faulty run's samples equal the undisturbed run's
 (`failed_runs`: the CLI exits 1 otherwise). `KillOn` is the chaos the tests use instead: a kill at a protocol
 event, no clock.
@@ -51,7 +51,7 @@ class Chaos:
         self.rng = random.Random(seed)
         self.killed: list[dict] = []
         self.runtime = None
-        self.begun: dict[int, float] = {}  # step -> when it began in the faulty run (`Runtime.step_t0`)
+        self.begun: dict[int, float] = {}  # step -> when it began in the faulty run (`StepClock.step_t0`)
         self._cv = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -63,7 +63,7 @@ class Chaos:
         def begun(step: int) -> None:
             begin(step)
             with self._cv:
-                self.begun[step] = runtime.step_t0
+                self.begun[step] = runtime.clock.step_t0
                 self._cv.notify_all()
 
         runtime.begin_step = begun
@@ -71,7 +71,7 @@ class Chaos:
             self._thread.start()
 
     def _victim(self):
-        pool = self.runtime.pool
+        pool = self.runtime.workers.pool
         try:
             live = [h for h in list(pool.handles.values()) if h.ready_s is not None]
             busy = [h for h in live if h.worker in pool.working]
@@ -135,7 +135,7 @@ class KillOn:
         """Nothing runs between events (the bench stops a `Chaos` thread here)."""
 
     def attach(self, runtime) -> None:
-        backend = runtime.backend
+        backend = runtime.workers.backend
         send, poll = backend.send, backend.poll
 
         def sent(h, msg: dict) -> None:
@@ -172,7 +172,7 @@ MODES = ("serverless", "serverful")
 def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progress: bool = True,
                     repeats: int = 1, mode: str = "serverless", chaos=None) -> dict:
     """`repeats` pairs of runs in `mode` (undisturbed, then under `kills` SIGKILLs with chaos seed `seed + i`)
-    into out/undisturbed-<i> and out/faulty-<i>; returns the report (docs/internals.md#runtimefaultspy) with the
+    into out/undisturbed-<i> and out/faulty-<i>; returns the report (docs/internals.md#benchfaultspy) with the
     mode and the run's shape (device, keep-alive, hybrid) at its head.
 
     train: the runner's `train(cfg, out_dir, progress=...)` (the runner sits above the runtime).
@@ -188,7 +188,7 @@ def run_fault_bench(cfg, out: Path, train, kills: int = 20, seed: int = 0, progr
 
 
 def _pair(cfg, out: Path, train, i: int, kills: int, seed: int, progress: bool, make_chaos) -> dict:
-    from rlhfless.runtime.compare import samples_match
+    from rlhfless.run.compare import samples_match
 
     clean_dir, faulty_dir = out / f"undisturbed-{i}", out / f"faulty-{i}"
     clean = train(cfg, clean_dir, progress=progress)

@@ -15,6 +15,11 @@ KIND_COLOURS = {"decode": "#4C72B0", "reward": "#DD8452", "reference": "#55A868"
                 "prefill": "#8172B3", "values": "#937860", "critic": "#DA8BC3"}
 
 
+def gantt_steps(steps: int, every: int) -> list[int]:
+    """The steps drawn: the first, then every `every`-th (`runtime.gantt_every`; 0: the first only)."""
+    return sorted({1, *(range(every, steps + 1, every) if every else ())} & set(range(1, steps + 1)))
+
+
 def read_records(run_dir: Path) -> tuple[list[dict], list[dict]]:
     """(workers, invocations) of a runtime run folder ([] for a file the run did not write)."""
     run = RunDir(run_dir)

@@ -4,7 +4,7 @@
 server process that imported torch, transformers and the engine once (a snapshot-restored cold start: fork +
 model load); with "spawn" every worker starts a fresh interpreter and imports everything (a full cold start).
 The fork server's own start (the imports, about as long as one spawn) is platform set-up: measured and
-reported (`platform_start_s`), not billed to either mode. The Ray backend (`runtime.raybackend`) implements
+reported (`platform_start_s`), not billed to either mode. The Ray backend (`runtime.platform.raybackend`) implements
 the same methods.
 
 `start` returns at once and the fork happens on one starter thread, as a platform's start call returns before the
@@ -30,7 +30,8 @@ from multiprocessing.connection import wait
 
 from rlhfless.core.errors import interrupts_held
 from rlhfless.runtime import wire
-from rlhfless.runtime.worker import LEFT, PRELOAD, local_main, now
+from rlhfless.runtime.devices.worker import local_main, now
+from rlhfless.runtime.wire import LEFT, PRELOAD
 
 
 STOP_GRACE_S = 3.0
@@ -53,7 +54,7 @@ class Handle:
     pending: list[dict] = field(default_factory=list)
     """Messages that arrived while the driver was waiting for something else (kept in order)."""
     left: bool = False
-    """It said it is leaving because its learner group broke (`worker.LEFT`): its end is the restart's doing."""
+    """It said it is leaving because its learner group broke (`wire.LEFT`): its end is the restart's doing."""
     starting: Future | None = None
     """The fork still under way on the backend's starter thread (done once the process exists); None: started."""
 
@@ -81,7 +82,7 @@ class WorkerDied(Exception):
 
 
 @contextmanager
-def _without_main():
+def without_main():
     """Hide the driver's __main__ while a worker starts: multiprocessing would re-run the driver's script (a
     user's script, pytest, a notebook kernel) in every worker, and workers need nothing from it."""
     main = sys.modules.get("__main__")
@@ -98,7 +99,7 @@ def _without_main():
 
 
 def noted(h, msg: dict) -> dict | None:
-    """A message as the driver's code sees it: `worker.LEFT` is the backend's business (it marks the handle and
+    """A message as the driver's code sees it: `wire.LEFT` is the backend's business (it marks the handle and
     is consumed); every other message passes through. Both backends read every message through this."""
     if msg.get("op") == LEFT:
         h.left = True
@@ -108,7 +109,7 @@ def noted(h, msg: dict) -> dict | None:
 
 def _closed(h: Handle, most: int = 1000) -> bool:
     """Whether the worker's end of the pipe is closed (EOF after what it had sent, which is read and dropped but
-    for `worker.LEFT`: the worker is being recorded as dead). `most` messages at most, for one that still writes."""
+    for `wire.LEFT`: the worker is being recorded as dead). `most` messages at most, for one that still writes."""
     try:
         for _ in range(most):
             if not h.conn.poll():
@@ -138,7 +139,7 @@ def _launch(proc, theirs) -> None:
     """The fork, on the starter thread (an interrupt reaches the main thread only, so the hand-over of the new
     worker's file descriptors to the fork server is never cut); the driver's end of the child's pipe closes after."""
     try:
-        with _without_main():
+        with without_main():
             proc.start()
     finally:
         theirs.close()
@@ -146,12 +147,12 @@ def _launch(proc, theirs) -> None:
 
 class LocalBackend:
     def __init__(self, start_method: str = "forkserver", preload: list[str] | None = None):
-        """preload: the modules the fork server imports once (default `worker.PRELOAD`; `worker.preload(engine)`
+        """preload: the modules the fork server imports once (default `wire.PRELOAD`; `wire.preload(engine)`
         adds vLLM's for rollout.engine=vllm)."""
         self.start_method = start_method
         self.ctx = mp.get_context(start_method)
         self.platform_start_s = 0.0
-        self._starter: ThreadPoolExecutor | None = None  # one thread: `_without_main` is process-wide state
+        self._starter: ThreadPoolExecutor | None = None  # one thread: `without_main` is process-wide state
         if start_method == "forkserver":
             _use_forkserver_preload(PRELOAD if preload is None else preload)
 
@@ -161,7 +162,7 @@ class LocalBackend:
             return 0.0
         t0 = now()
         p = self.ctx.Process(target=os.getpid)
-        with _without_main(), interrupts_held():
+        with without_main(), interrupts_held():
             p.start()
         p.join()
         self.platform_start_s = now() - t0
@@ -172,7 +173,7 @@ class LocalBackend:
         meanwhile wait in the pipe, and `await_ready` or `poll` sees its `ready`."""
         ours, theirs = self.ctx.Pipe(duplex=True)
         t = now()
-        # spawned_t: an emulated device's cold start runs from the request (`runtime.emulated.Clock`)
+        # spawned_t: an emulated device's cold start runs from the request (`runtime.devices.emulated.Clock`)
         payload = json.dumps({**setup, "kinds": list(kinds), "cores": list(cores), "spawned_t": t})
         proc = self.ctx.Process(target=local_main, args=(theirs, payload, os.getpid()), daemon=True,
                                 name=f"rlhfless-{worker}")

@@ -4,7 +4,9 @@
 (`sim.perf.PerfModel`, its time model and KV capacity) and puts the period and billed device-seconds per role
 beside what the runtime measured and billed (divided by `runtime.time_scale`), term by term. The rule it keeps:
 decisions come from the record, durations from the model, never the other way round. Decisions, durations, billing
-and PPO's play: docs/internals.md#simemulatedpy.
+and PPO's play: docs/internals.md#simmodelledpy.
+`modelled_report(out, arms, scale)` is what a comparison on emulated devices reports (its `modelled` block): every
+arm per step in modelled seconds, its bill split into cold starts, busy and held idle, by role.
 Non-goals: migrations (a step with migrated rows is played without them), retries.
 """
 
@@ -27,9 +29,9 @@ critic)."""
 
 
 def _perf(run: Path):
-    from rlhfless.sim.emulation import LengthTable, perf_model
+    from rlhfless.sim.devicemodel import LengthTable, perf_model
 
-    p = run / "emulated-lengths.json"
+    p = RunDir(run).emulated_lengths
     if not p.is_file():
         raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
     t = LengthTable.load(p)
@@ -54,7 +56,7 @@ def _kept(g: GroupWork, skip: bool) -> bool:
 
 def _cold_ready(run: dict, i: dict, rel, engine: bool) -> float:
     """When an invocation's function can start it: its request, or, on its first use, the end of its cold start,
-    which runs from its spawn (`runtime.emulated.Clock`: earlier than the request when it was pre-warmed)."""
+    which runs from its spawn (`runtime.devices.emulated.Clock`: earlier than the request when it was pre-warmed)."""
     t = rel(i["requested_s"])
     if i["cold"]:
         spawned = run.get("spawn", {}).get(i["worker"], i["requested_s"])
@@ -99,7 +101,7 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
 def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset,
           shares: bool = False, early: frozenset = frozenset(), cut: dict | None = None
           ) -> tuple[dict[str, float], dict[str, float]]:
-    """Serverless device-seconds by role (docs/internals.md#simemulatedpy): each worker from its request to its last
+    """Serverless device-seconds by role (docs/internals.md#simmodelledpy): each worker from its request to its last
     invocation's end (a rank's: the optimiser step's; with `shares`, a rank but the reducer's: its share, the end
     of its groups or of the rollout, whichever is later: the share needs every reward), plus the keep-alive when
     released in the step (none when released at its share: `early`; to its release, if sooner, when the runtime let
@@ -172,12 +174,12 @@ def _chunks(n_groups: int, G: int, chunk_seqs: int) -> list[list[int]]:
 
 def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, ends: dict, serverful: bool,
               overlap: bool) -> tuple[float, dict[str, float]]:
-    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.emulation.ppo_split`):
+    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.devicemodel.ppo_split`):
     the value function's chunks (sent as their groups finish with overlap, else after the rollout), the actor's old
     log-probs ahead from the rollout's end, the actor's update once the values are in (its returns, then its
     training and optimiser steps), the critic's once the returns are. Returns (the step's learn end, each
     invocation's predicted end by worker and kind)."""
-    from rlhfless.sim.emulation import ppo_split
+    from rlhfless.sim.devicemodel import ppo_split
 
     pm, rollout = run["pm"], max(ends.values())
     fwd, train = ppo_split(pm)
@@ -243,7 +245,7 @@ def _ahead(spawned_next: dict, rel, learn_end: float) -> float:
 def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: float,
                  released: frozenset = frozenset(), spawned: dict | None = None,
                  spawned_next: dict | None = None, early: frozenset = frozenset(), held: dict | None = None) -> dict:
-    """One step played (docs/internals.md#simemulatedpy); every time in modelled seconds from the step's first decode
+    """One step played (docs/internals.md#simmodelledpy); every time in modelled seconds from the step's first decode
     request. `released`: the workers the runtime released within the step (a decision, read from the record): each is
     billed to its last invocation's end plus the keep-alive, as a platform whose idle timeout is an event bills it
     (the runtime's difference is the `release_lag_s` term); the others are held to the step's end when kept
@@ -287,7 +289,7 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
 
 
 def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
-    """Predicted beside measured per step (docs/internals.md#simemulatedpy); step 1 is skipped by default (the
+    """Predicted beside measured per step (docs/internals.md#simmodelledpy); step 1 is skipped by default (the
     platform's first cold starts and the fork server's warm-up)."""
     from rlhfless.core.configbase import load_yaml
 
@@ -302,7 +304,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
            "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo"),
            "shares": shares and rt.get("mode") != "serverful"}
-    if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.emulated.ppo_steps`)
+    if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.devices.emulated.ppo_steps`)
         rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
         run.update(ppo_epochs=int(algo.get("ppo_epochs", 1)), values_chunk=int((cfg.get("critic") or {}).get(
             "values_chunk", 0)), ppo_steps=int(algo.get("ppo_epochs", 1)) * min(int(algo.get("ppo_mini_batches", 1)),
@@ -542,3 +544,89 @@ def arm_line(a: dict) -> str:
     return (f"emulated {a['arm']}: step {r(a['step_time_s'])} s ({a['step_time_s']['rel_error']:.1%}), billed "
             f"{r(a['cost_device_s'])} device-s ({a['cost_device_s']['rel_error']:.1%}); terms: {t}; control plane "
             f"{a['control_plane_real_ms_per_step']:.0f} real ms/step (simulated/measured, modelled s per step)")
+
+
+# ---- the post-run report of a comparison on emulated devices (comparison.json's `modelled` block) ------------
+def step_split(run_dir: Path) -> dict[int, dict]:
+    """Per step, from an arm's records (real seconds): its wall time, its bill (all, by role), and the bill split
+    into cold starts (workers spawned in the step's window), busy time by invocation kind (clipped to the window)
+    and held idle (the rest: warm, waiting for work or for release)."""
+    run = RunDir(run_dir)
+    rows, workers, invs = run.read_metrics(), run.read_workers(), run.read_invocations()
+    out = {}
+    for m in rows:
+        if "timing_s/step" not in m or "runtime/window_s" not in m:
+            continue
+        a, b = m["runtime/window_start_s"], m["runtime/window_start_s"] + m["runtime/window_s"]
+        busy: dict[str, float] = {}
+        for i in invs:
+            t = max(0.0, min(b, i["finished_s"]) - max(a, i["started_s"])) * i["units"]
+            if t > 0:
+                busy[i["kind"]] = busy.get(i["kind"], 0.0) + t
+        started = [w for w in workers if w.get("ready_s") is not None and a <= w["spawned_s"] < b]
+        cold = sum(w["cold_start_s"] * w["units"] for w in started)
+        billed = m["cost/device_seconds"]
+        roles = {k.split("/")[1]: v for k, v in m.items() if k.startswith("function/") and k.endswith("/billed_s")}
+        out[m["step"]] = {"step_time_s": m["timing_s/step"], "billed_device_s": billed, "by_role": roles,
+                          "cold_start_device_s": cold, "busy_device_s": busy,
+                          "held_idle_device_s": billed - cold - sum(busy.values()),
+                          "roles": _role_split(roles, busy, started, invs)}
+    return out
+
+
+def _role_split(billed: dict[str, float], busy: dict[str, float], started: list[dict], invs: list[dict]) -> dict:
+    """The bill of each role (the meter's `function/<role>/billed_s`) split into cold starts, busy and held idle:
+    a worker's cold start is the role of its first invocation (a hybrid function started for decode is decode's,
+    as the meter bills it); reward runs on the decode function. The serverful pool is one role."""
+    first: dict[str, tuple[float, str]] = {}
+    for i in invs:
+        if i["worker"] not in first or i["started_s"] < first[i["worker"]][0]:
+            first[i["worker"]] = (i["started_s"], i["kind"])
+
+    def kinds(role: str) -> tuple[str, ...]:
+        return tuple(busy) if role == "pool" else (role, "reward") if role == "decode" else (role,)
+
+    out = {}
+    for role, bill in billed.items():
+        cold = sum(w["cold_start_s"] * w["units"] for w in started
+                   if role == "pool" or first.get(w["worker"], (0, "decode"))[1] in kinds(role))
+        out[role] = {"billed": bill, "cold": cold, "busy": sum(v for k, v in busy.items() if k in kinds(role))}
+    for r in out.values():
+        r["held_idle"] = r["billed"] - r["cold"] - r["busy"]
+    return out
+
+
+def modelled_arm(run_dir: Path, scale: float) -> dict:
+    """One arm per step in modelled seconds (real / time_scale): the mean over steps 2.. (step 1 starts every
+    worker of the platform cold; it is kept apart as `first_step`)."""
+    steps = step_split(run_dir)
+    later = [v for k, v in steps.items() if k > 1] or list(steps.values())
+
+    def mean(f) -> float:
+        return float(np.mean([f(v) for v in later])) / scale
+
+    kinds = sorted({k for v in later for k in v["busy_device_s"]})
+    roles = sorted({k for v in later for k in v["by_role"]})
+    first = steps.get(1)
+    return {"steps_averaged": [k for k in steps if k > 1] or list(steps),
+            "step_time_s": mean(lambda v: v["step_time_s"]), "billed_device_s": mean(lambda v: v["billed_device_s"]),
+            "billed_device_s_by_role": {r: mean(lambda v: v["by_role"].get(r, 0.0)) for r in roles},
+            "cold_start_device_s": mean(lambda v: v["cold_start_device_s"]),
+            "busy_device_s": {k: mean(lambda v: v["busy_device_s"].get(k, 0.0)) for k in kinds},
+            "held_idle_device_s": mean(lambda v: v["held_idle_device_s"]),
+            "per_role": {r: {k: mean(lambda v: v["roles"].get(r, {}).get(k, 0.0)) for k in
+                             ("billed", "cold", "busy", "held_idle")} for r in sorted({r for v in later
+                                                                                      for r in v["roles"]})},
+            "first_step": None if first is None else {"step_time_s": first["step_time_s"] / scale,
+                                                      "billed_device_s": first["billed_device_s"] / scale}}
+
+
+def modelled_report(out: Path, arms: list[str], scale: float) -> dict:
+    """Every arm of a comparison in modelled seconds per step, and its ratios over the serverful control."""
+    per = {a: modelled_arm(out / a, scale) for a in arms}
+    base = per.get("serverful")
+    if base:
+        for m in per.values():
+            m["step_time_ratio"] = m["step_time_s"] / base["step_time_s"]
+            m["cost_ratio"] = m["billed_device_s"] / base["billed_device_s"]
+    return {"time_scale": scale, "per_step": per}

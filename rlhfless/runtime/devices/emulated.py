@@ -5,7 +5,7 @@ only what a worker computes is replaced: `worker.main` hands an emulated setup t
 answers `worker.Worker`'s requests with the same replies and sleeps the modelled time (`sim.scenario.build_cluster`'s
 perf model for `runtime.emulated_model` on one `runtime.emulated_gpu`, scaled by `runtime.time_scale`). The rule it
 keeps: sleeping is deadline based, so a worker's own overhead is absorbed, not added. Each request's model:
-docs/internals.md#runtimeemulatedpy. Non-goals: the prefill function, vLLM.
+docs/internals.md#runtimedevicesemulatedpy. Non-goals: the prefill function, vLLM.
 
 Deviations:
 1. The all-reduce is not emulated: a rank that ends early returns at once (the driver waits for every rank, so the
@@ -25,20 +25,17 @@ import numpy as np
 
 from rlhfless.core.errors import ConfigError, require
 from rlhfless.runtime import wire
+from rlhfless.runtime.devices import ops
 from rlhfless.runtime.records import now
-from rlhfless.sim.emulation import LengthTable, _mix, build_table, perf_model, ppo_split, time_model
+from rlhfless.sim.devicemodel import LengthTable, mix, build_table, perf_model, ppo_split, time_model
 
-PPO_OPS = ("values_chunk", "values_end", "ppo_old", "ppo_actor", "critic_learn")
-"""PPO's requests (`runtime.ppo_worker`), emulated below with the simulator's split of `learner_s_per_token("ppo")`."""
-PRELOAD = ["numpy", "rlhfless.runtime.emulated", "rlhfless.sim.perf", "rlhfless.plan.timemodel"]
-"""What the fork server imports for emulated workers: no torch, no transformers (`worker.preload`)."""
 TOKEN_BASE, TOKEN_SPAN = 97, 26
 """Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
 
 
 def tokens(seed: int, row: int, start: int, stop: int) -> list[int]:
     """Token ids of `row` at positions start..stop-1: a pure function of (seed, row, position)."""
-    off = _mix(seed, row, 1)
+    off = mix(seed, row, 1)
     return [TOKEN_BASE + (off + 7 * t) % TOKEN_SPAN for t in range(start, stop)]
 
 
@@ -46,7 +43,7 @@ def setup_for(cfg, scratch: Path, steps: int) -> dict:
     """The driver's part: write the length table once into the scratch folder; the worker setup's `emulated`."""
     from rlhfless.tasks.config import make_task
 
-    # replay is keyed by prompt: the train split's size places each draw in its epoch (`sim.emulation`)
+    # replay is keyed by prompt: the train split's size places each draw in its epoch (`sim.devicemodel`)
     table = build_table(cfg, steps, n_train=len(make_task(cfg.task).splits()[0]))
     path = scratch / "emulated-lengths.json"
     table.save(path)
@@ -61,94 +58,6 @@ def ppo_steps(cfg) -> int:
     """PPO's optimiser steps per update (actor and critic alike): epochs x mini-batches (`ppo_update.ppo_schedule`)."""
     a = cfg.algo
     return a.ppo_epochs * min(a.ppo_mini_batches, cfg.rollout.prompts_per_step * a.group_size)
-
-
-# ---- reporting -------------------------------------------------------------------------------------------
-def step_split(run_dir: Path) -> dict[int, dict]:
-    """Per step, from an arm's records (real seconds): its wall time, its bill (all, by role), and the bill split
-    into cold starts (workers spawned in the step's window), busy time by invocation kind (clipped to the window)
-    and held idle (the rest: warm, waiting for work or for release)."""
-    from rlhfless.core.rundir import RunDir
-
-    run = RunDir(run_dir)
-    rows, workers, invs = run.read_metrics(), run.read_workers(), run.read_invocations()
-    out = {}
-    for m in rows:
-        if "timing_s/step" not in m or "runtime/window_s" not in m:
-            continue
-        a, b = m["runtime/window_start_s"], m["runtime/window_start_s"] + m["runtime/window_s"]
-        busy: dict[str, float] = {}
-        for i in invs:
-            t = max(0.0, min(b, i["finished_s"]) - max(a, i["started_s"])) * i["units"]
-            if t > 0:
-                busy[i["kind"]] = busy.get(i["kind"], 0.0) + t
-        started = [w for w in workers if w.get("ready_s") is not None and a <= w["spawned_s"] < b]
-        cold = sum(w["cold_start_s"] * w["units"] for w in started)
-        billed = m["cost/device_seconds"]
-        roles = {k.split("/")[1]: v for k, v in m.items() if k.startswith("function/") and k.endswith("/billed_s")}
-        out[m["step"]] = {"step_time_s": m["timing_s/step"], "billed_device_s": billed, "by_role": roles,
-                          "cold_start_device_s": cold, "busy_device_s": busy,
-                          "held_idle_device_s": billed - cold - sum(busy.values()),
-                          "roles": _role_split(roles, busy, started, invs)}
-    return out
-
-
-def _role_split(billed: dict[str, float], busy: dict[str, float], started: list[dict], invs: list[dict]) -> dict:
-    """The bill of each role (the meter's `function/<role>/billed_s`) split into cold starts, busy and held idle:
-    a worker's cold start is the role of its first invocation (a hybrid function started for decode is decode's,
-    as the meter bills it); reward runs on the decode function. The serverful pool is one role."""
-    first: dict[str, tuple[float, str]] = {}
-    for i in invs:
-        if i["worker"] not in first or i["started_s"] < first[i["worker"]][0]:
-            first[i["worker"]] = (i["started_s"], i["kind"])
-
-    def kinds(role: str) -> tuple[str, ...]:
-        return tuple(busy) if role == "pool" else (role, "reward") if role == "decode" else (role,)
-
-    out = {}
-    for role, bill in billed.items():
-        cold = sum(w["cold_start_s"] * w["units"] for w in started
-                   if role == "pool" or first.get(w["worker"], (0, "decode"))[1] in kinds(role))
-        out[role] = {"billed": bill, "cold": cold, "busy": sum(v for k, v in busy.items() if k in kinds(role))}
-    for r in out.values():
-        r["held_idle"] = r["billed"] - r["cold"] - r["busy"]
-    return out
-
-
-def modelled_arm(run_dir: Path, scale: float) -> dict:
-    """One arm per step in modelled seconds (real / time_scale): the mean over steps 2.. (step 1 starts every
-    worker of the platform cold; it is kept apart as `first_step`)."""
-    steps = step_split(run_dir)
-    later = [v for k, v in steps.items() if k > 1] or list(steps.values())
-
-    def mean(f) -> float:
-        return float(np.mean([f(v) for v in later])) / scale
-
-    kinds = sorted({k for v in later for k in v["busy_device_s"]})
-    roles = sorted({k for v in later for k in v["by_role"]})
-    first = steps.get(1)
-    return {"steps_averaged": [k for k in steps if k > 1] or list(steps),
-            "step_time_s": mean(lambda v: v["step_time_s"]), "billed_device_s": mean(lambda v: v["billed_device_s"]),
-            "billed_device_s_by_role": {r: mean(lambda v: v["by_role"].get(r, 0.0)) for r in roles},
-            "cold_start_device_s": mean(lambda v: v["cold_start_device_s"]),
-            "busy_device_s": {k: mean(lambda v: v["busy_device_s"].get(k, 0.0)) for k in kinds},
-            "held_idle_device_s": mean(lambda v: v["held_idle_device_s"]),
-            "per_role": {r: {k: mean(lambda v: v["roles"].get(r, {}).get(k, 0.0)) for k in
-                             ("billed", "cold", "busy", "held_idle")} for r in sorted({r for v in later
-                                                                                      for r in v["roles"]})},
-            "first_step": None if first is None else {"step_time_s": first["step_time_s"] / scale,
-                                                      "billed_device_s": first["billed_device_s"] / scale}}
-
-
-def modelled_report(out: Path, arms: list[str], scale: float) -> dict:
-    """Every arm of a comparison in modelled seconds per step, and its ratios over the serverful control."""
-    per = {a: modelled_arm(out / a, scale) for a in arms}
-    base = per.get("serverful")
-    if base:
-        for m in per.values():
-            m["step_time_ratio"] = m["step_time_s"] / base["step_time_s"]
-            m["cost_ratio"] = m["billed_device_s"] / base["billed_device_s"]
-    return {"time_scale": scale, "per_step": per}
 
 
 # ---- the worker ------------------------------------------------------------------------------------------
@@ -176,7 +85,7 @@ class _Row:
 
 
 class _Job:
-    """One emulated decode invocation's rows (the emulated `runtime.decoding._Job`)."""
+    """One emulated decode invocation's rows (the emulated `runtime.devices.decoding._Job`)."""
 
     def __init__(self, w: EmulatedWorker, step: int, seed: int):
         self.w, self.step, self.seed = w, step, seed
@@ -195,7 +104,7 @@ class _Job:
             for k, r in enumerate(it["rows"]):
                 done = len(prefix[k]) if prefix is not None else 0
                 naive += plen + done
-                pid = it.get("pid")  # the lengths and reward of this prompt's visit (`sim.emulation`)
+                pid = it.get("pid")  # the lengths and reward of this prompt's visit (`sim.devicemodel`)
                 self.rows.append(_Row(r, w.table.length(self.step, r, w.G, w.cap, pid), done, pid))
             self.adopted += len(it["rows"]) if prefix is not None else 0
         s = tok * w.tm.prefill_s_per_token
@@ -225,7 +134,7 @@ class _Job:
 
 
 class EmulatedWorker:
-    """`worker.Worker`'s requests on an emulated device (docs/internals.md#runtimeemulatedpy)."""
+    """`worker.Worker`'s requests on an emulated device (docs/internals.md#runtimedevicesemulatedpy)."""
 
     def __init__(self, setup: dict):
         e = setup["emulated"]
@@ -262,34 +171,33 @@ class EmulatedWorker:
         self.version = msg["version"]
         return now() - t0
 
-    def handle(self, msg: dict, conn) -> dict | None:
-        op = msg["op"]
-        if op in ("decode", "adopt"):
-            return self._decode(msg, conn, self._sync(msg))
-        if op == "cut":
-            return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
-        if op == "learn_begin":
-            t0 = now()
-            sync_s = self._sync(msg)
-            # busy / group_busy: the intervals it computed in, as the real rank reports them (`worker._learn_begin`)
-            self.update = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
-                           "busy": [[t0, now()]] if sync_s > 0 else []}
-            return None
-        if op == "learn_group":
-            return self._learn_group(msg)
-        if op == "learn_end":
-            return self._learn_end(msg, conn)
-        if op == "reference":
-            return self._reference(msg)
-        if op in PPO_OPS:
-            return getattr(self, "_" + op)(msg, conn)
-        raise ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (prefill and profile "
-                          "functions are not built yet)")
+    handle = ops.dispatch  # the one op table (`devices.ops`), as `worker.Worker`'s
+
+    def unsupported(self, op: str) -> Exception:
+        return ConfigError(f"runtime.device=emulated: request {op!r} is not emulated (prefill and profile "
+                           "functions are not built yet)")
+
+    def op_decode(self, msg: dict, conn) -> dict:  # decode and adopt
+        return self._decode(msg, conn, self._sync(msg))
+
+    def op_cut(self, msg: dict, conn) -> dict:
+        return ops.late_cut(msg)
+
+    def op_learn_begin(self, msg: dict, conn) -> None:
+        t0 = now()
+        sync_s = self._sync(msg)
+        # busy / group_busy: the intervals it computed in, as the real rank reports them (`worker.op_learn_begin`)
+        self.update = {"t_start": now(), "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
+                       "busy": [[t0, now()]] if sync_s > 0 else []}
+        return None
+
+    def op_ppo(self, msg: dict, conn) -> dict | None:  # emulated with the simulator's split of PPO's learner time
+        return getattr(self, "_" + msg["op"])(msg, conn)
 
     # -- decode ---------------------------------------------------------------------------------------------
     def _decode(self, msg: dict, conn, sync_s: float) -> dict:
-        """The decode contract of `runtime.decoding.run_decode`, on modelled time
-        (docs/internals.md#runtimeemulatedpy)."""
+        """The decode contract of `runtime.devices.decoding.run_decode`, on modelled time
+        (docs/internals.md#runtimedevicesemulatedpy)."""
         t0 = now()
         self.clock.start()
         job = _Job(self, msg["step"], msg["seed"])
@@ -345,7 +253,7 @@ class EmulatedWorker:
         n_resp, plen = len(resp_o) - 1, int(prom_o[-1])
         return int(resp_o[-1]) + plen * n_resp, t["rewards"].tolist()
 
-    def _learn_group(self, msg: dict) -> None:
+    def op_learn_group(self, msg: dict, conn=None) -> None:
         t0 = now()
         self.clock.start()
         tok, rewards = self._group_tokens(msg["batch"])
@@ -356,7 +264,7 @@ class EmulatedWorker:
         self.update["busy"].append([t0, now()])
         return None
 
-    def _learn_end(self, msg: dict, conn) -> dict:
+    def op_learn_end(self, msg: dict, conn=None) -> dict:
         t_end0 = now()
         if msg.get("share"):
             return self._learn_share(msg, t_end0)
@@ -396,10 +304,10 @@ class EmulatedWorker:
         sync_s = self._sync(msg)
         self.update = {"t_start": t_end0, "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
                        "busy": [[t_end0, now()]] if sync_s > 0 else []}
-        reply = self._learn_end({k: v for k, v in msg.items() if k not in ("share", "dist")}, None)
+        reply = self.op_learn_end({k: v for k, v in msg.items() if k not in ("share", "dist")}, None)
         return {**reply, "shared": None}
 
-    def _reference(self, msg: dict) -> dict:
+    def op_reference(self, msg: dict, conn=None) -> dict:
         from safetensors.numpy import load_file, save_file
 
         t0 = now()
@@ -414,7 +322,7 @@ class EmulatedWorker:
         os.replace(tmp, msg["out"])
         return {"op": "referenced", "t_start": t0, "t_end": now()}
 
-    # -- PPO: the value function, the actor and the critic (`runtime.ppo_worker`'s contract) -------------------
+    # -- PPO: the value function, the actor and the critic (`runtime.devices.ppo_worker`'s contract) -------------------
     def _batch_tokens(self, path: str) -> tuple[int, int]:
         """(prompt + response tokens of every row, rows) of a batch file, as `_reference` counts them."""
         from safetensors.numpy import load_file

@@ -6,7 +6,7 @@ safetensors files; it knows nothing of modes, plans or billing. The rule it keep
 samples from its own stream (seed, decode step, row id), so where a row runs never changes its tokens; every
 `progress_every` iterations it reports and obeys `cut` (hand back unfinished rows) and `adopt` (re-prefill and
 decode migrated rows as a second batch). With `rollout.engine=vllm` the contract holds for fresh rows only.
-Details: docs/internals.md#runtimeworkerpy.
+Details: docs/internals.md#runtimedevicesworkerpy.
 """
 
 from __future__ import annotations
@@ -19,27 +19,13 @@ import sys
 from pathlib import Path
 
 from rlhfless.runtime import wire
+from rlhfless.runtime.devices import ops
+from rlhfless.runtime.wire import GROUP_BROKEN_EXIT, LEFT
 from rlhfless.runtime.records import now
 
-# Imported in the fork server once, so a forked worker's cold start is fork + model load, not imports.
-PRELOAD = ["torch", "transformers", "transformers.models.qwen2.modeling_qwen2", "rlhfless.rollout.engine",
-           "rlhfless.rollout.session", "rlhfless.learn.learner", "rlhfless.runtime.dist", "rlhfless.tasks.config",
-           "rlhfless.step.textenv", "rlhfless.config", "rlhfless.learn.dataparallel", "safetensors.torch"]
-# rollout.engine=vllm: vLLM's import (about 10 s here) moves out of the cold start too; importing it starts no
-# thread, so forking after it is safe. The local backend only: a Ray node's fork server preloads PRELOAD.
-VLLM_PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "rlhfless.rollout.vllm_engine"]
 VLLM_KV_GIB = 0.25
 """KV cache of a decode worker's vLLM engine (rollout.engine=vllm), GiB: a step's rows of the tiny policy need
 a few MiB; vLLM reserves what it is given, once per worker."""
-
-
-def preload(engine: str, device: str = "cpu") -> list[str]:
-    """Modules the fork server imports once for a run with this rollout engine (emulated devices: no torch)."""
-    if device == "emulated":
-        from rlhfless.runtime.emulated import PRELOAD as EMULATED
-
-        return EMULATED
-    return PRELOAD + (VLLM_PRELOAD if engine == "vllm" else [])
 
 
 def bind_device(setup: dict) -> str:
@@ -47,33 +33,21 @@ def bind_device(setup: dict) -> str:
 
     runtime.device=cpu: its units are cores, pinned (the Ray backend pins only on the driver's node: core ids are
     that node's). runtime.device=cuda (`setup["gpu_layout"]`): its units are GPU slots; only their GPUs are made
-    visible, so its GPU is cuda:0 (`runtime.gpus`); it runs on whatever cores the OS gives it."""
+    visible, so its GPU is cuda:0 (`runtime.devices.gpus`); it runs on whatever cores the OS gives it."""
     layout = setup.get("gpu_layout")
     if layout is None:
         if setup.get("pin", True):
             os.sched_setaffinity(0, setup["cores"])
         return "cpu"
-    from rlhfless.runtime.gpus import GpuLayout, apply_worker_env
+    from rlhfless.runtime.devices.gpus import GpuLayout, apply_worker_env
 
     setup["gpu_env"] = GpuLayout.from_json(layout).worker_env(setup["cores"])
     apply_worker_env(setup["gpu_env"])
     return "cuda:0"
 
 
-PPO_OPS = ("values_chunk", "values_end", "ppo_old", "ppo_actor", "critic_learn")
-"""Requests handled by `runtime.ppo_worker` (algo.name=ppo)."""
-
-GROUP_BROKEN_EXIT = 75
-"""The exit status of a learner rank that leaves on its own because a peer died inside the all-reduce: the
-driver records it as ended by the restart (released), not as a death of its own (`Pool.dead`)."""
-LEFT = "left"
-"""The op of the last message such a rank sends before it exits: the driver learns why it ended from the pipe, in
-order, before the pipe's EOF. The exit status alone arrived too late on a loaded machine (the pipe closes before
-the process has exited, and a bounded wait for the status expired), which counted the rank as a second death."""
-
-
 def leave_broken_group(conn, step: int, exc: Exception) -> None:
-    """A peer died inside the all-reduce (runtime.dist: survivors raise at once). The driver restarts the group
+    """A peer died inside the all-reduce (runtime.devices.dist: survivors raise at once). The driver restarts the group
     from the same state, so this is expected under faults: one line on stderr, not a traceback; `LEFT` on the
     pipe, then exit with GROUP_BROKEN_EXIT. Never returns."""
     import sys
@@ -164,7 +138,7 @@ def main(conn, setup_json: str) -> None:
 def _serve(conn, setup_json: str) -> None:
     setup = json.loads(setup_json)
     if "emulated" in setup:  # runtime.device=emulated: the same loop, modelled compute, no torch
-        from rlhfless.runtime.emulated import serve
+        from rlhfless.runtime.devices.emulated import serve
 
         return serve(conn, setup)
     setup["torch_device"] = bind_device(setup)
@@ -172,7 +146,7 @@ def _serve(conn, setup_json: str) -> None:
 
     torch.set_num_threads(len(setup["cores"]))
     if "gpu_env" in setup:
-        from rlhfless.runtime.gpus import limit_memory
+        from rlhfless.runtime.devices.gpus import limit_memory
 
         limit_memory(setup["gpu_env"])
     from transformers.utils import logging as hf_logging
@@ -205,7 +179,7 @@ class Worker:
         self.update_info: dict = {}
         self.critic = None  # PPO's critic (algo.name=ppo): the critic image, or the serverful pool's critic worker
         self.critic_version = -1
-        self.values_step: dict | None = None  # the value forward's chunks of the current step (runtime.ppo_worker)
+        self.values_step: dict | None = None  # the value forward's chunks of the current step (`ppo_worker`)
         self.ppo_old: dict | None = None  # the old log-probs computed ahead for the current step (ppo_worker)
         if {"decode", "learner", "prefill"} & set(self.kinds):
             self._load_policy(setup.get("state_path"), setup.get("version", 0))
@@ -217,7 +191,7 @@ class Worker:
 
             self.reference = self._placed(load_policy(setup["reference_checkpoint"])).eval().requires_grad_(False)
         if "critic" in self.kinds or setup.get("holds_critic"):
-            from rlhfless.runtime.ppo_worker import load_critic_model
+            from rlhfless.runtime.devices.ppo_worker import load_critic_model
 
             load_critic_model(self, setup)
         if setup.get("dist"):
@@ -227,7 +201,7 @@ class Worker:
         """Join the learner's data-parallel group (blocks until every rank has joined); rank 0 calls
         `on_listening` once its rendezvous listens (the driver sends the other ranks their learn_end then)."""
         from rlhfless.learn.dataparallel import Shard
-        from rlhfless.runtime.dist import init_group
+        from rlhfless.runtime.devices.dist import init_group
 
         self.shard = Shard(d["rank"], d["world"], init_group(d["rank"], d["world"], d["port"],
                                                              timeout_s=d["timeout_s"], on_listening=on_listening))
@@ -302,36 +276,35 @@ class Worker:
         return now() - t0
 
     # -- requests -----------------------------------------------------------------------------------------------
-    def handle(self, msg: dict, conn) -> dict:
+    handle = ops.dispatch  # the one op table (`devices.ops`): which request runs which method below
+
+    def unsupported(self, op: str) -> Exception:
+        return ValueError(f"worker: unknown request {op!r}")
+
+    def op_decode(self, msg: dict, conn) -> dict:  # decode and adopt
+        from rlhfless.runtime.devices.decoding import run_decode
+
+        sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+        # vLLM's reload is part of this invocation's weight sync (timed into sync_s)
+        return run_decode(self, msg, conn, sync_s + self._engine_sync())
+
+    def op_prefill(self, msg: dict, conn) -> dict:
+        from rlhfless.runtime.devices.decoding import run_prefill
+
+        sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
+        return run_prefill(self, msg, sync_s)
+
+    def op_profile(self, msg: dict, conn) -> dict:  # the planner's decode-time profile with this worker's threads
+        return self._profile(conn)
+
+    def op_cut(self, msg: dict, conn) -> dict:
+        return ops.late_cut(msg)
+
+    def op_ppo(self, msg: dict, conn) -> dict | None:
+        from rlhfless.runtime.devices import ppo_worker
+
         op = msg["op"]
-        if op in ("decode", "adopt"):
-            from rlhfless.runtime.decoding import run_decode
-
-            sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
-            # vLLM's reload is part of this invocation's weight sync (timed into sync_s)
-            return run_decode(self, msg, conn, sync_s + self._engine_sync())
-        if op == "prefill":
-            from rlhfless.runtime.decoding import run_prefill
-
-            sync_s = self._sync(msg["state_path"], msg["version"]) if msg.get("state_path") else 0.0
-            return run_prefill(self, msg, sync_s)
-        if op == "profile":  # the planner's decode-time profile with this worker's threads (runtime.profile)
-            return self._profile(conn)
-        if op == "cut":  # arrived after this worker had finished: nothing left to hand over
-            return {"op": "cut_rows", "step": msg.get("step"), "rows": [], "late": True}
-        if op == "learn_begin":
-            return self._learn_begin(msg)
-        if op == "learn_group":
-            return self._learn_group(msg)
-        if op == "learn_end":
-            return self._learn_end(msg, conn)
-        if op == "reference":
-            return self._reference(msg)
-        if op in PPO_OPS:
-            from rlhfless.runtime import ppo_worker
-
-            return ppo_worker.ppo_actor(self, msg, conn) if op == "ppo_actor" else getattr(ppo_worker, op)(self, msg)
-        raise ValueError(f"worker: unknown request {op!r}")
+        return ppo_worker.ppo_actor(self, msg, conn) if op == "ppo_actor" else getattr(ppo_worker, op)(self, msg)
 
     def _profile(self, conn) -> dict:
         """Time rollouts of the run's own workload (its task's first train prompts, its sampling settings): the
@@ -346,7 +319,7 @@ class Worker:
         return {"op": "profiled", "rows": rows, "prefill_s_per_token": prefill_s}
 
     # -- the learner: one accumulated update per step, fed group by group (rlhfless.learn.accumulate) ----------------
-    def _learn_begin(self, msg: dict) -> None:
+    def op_learn_begin(self, msg: dict, conn=None) -> None:
         """Start the step's update: weights (and AdamW) at the step's version, the seed, this rank's chunks."""
         import torch
 
@@ -362,7 +335,7 @@ class Worker:
                             "busy": [[t0, now()]] if sync_s > 0 else []}
         return None
 
-    def _learn_group(self, msg: dict) -> None:
+    def op_learn_group(self, msg: dict, conn=None) -> None:
         """Forward/backward of a finished group's micro-batch (once all of its groups are in); no reply."""
         from rlhfless.learn.accumulate import GroupBatch
 
@@ -376,7 +349,7 @@ class Worker:
         self.update_info["busy"].append([t0, now()])
         return None
 
-    def _learn_end(self, msg: dict, conn=None) -> dict:
+    def op_learn_end(self, msg: dict, conn=None) -> dict:
         """The optimiser step (all-reduce across ranks), the next state version written by rank 0."""
         import torch
 
@@ -402,7 +375,7 @@ class Worker:
         if msg.get("state_out"):
             save_learner_state(self.learner, msg["state_out"])
         if msg.get("leave"):  # a hybrid function: its next step may be a decode, or a rank of another group
-            from rlhfless.runtime.dist import destroy_group
+            from rlhfless.runtime.devices.dist import destroy_group
 
             destroy_group()
             self.shard = None
@@ -424,7 +397,7 @@ class Worker:
         from rlhfless.learn.accumulate import AccumulatedUpdate
         from rlhfless.learn.dataparallel import Shard
         from rlhfless.learn.learner import save_learner_state
-        from rlhfless.runtime.dist import ShareWritten, share_all_reduce
+        from rlhfless.runtime.devices.dist import ShareWritten, share_all_reduce
 
         sh = msg["share"]
         if sh.get("out"):
@@ -453,7 +426,7 @@ class Worker:
                 "busy": info["busy"] + [[t_end0, t_end]], "group_busy": info["group_busy"],
                 "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
-    def _reference(self, msg: dict) -> dict:
+    def op_reference(self, msg: dict, conn=None) -> dict:
         import torch
 
         t0 = now()
@@ -482,6 +455,6 @@ class Worker:
         if self.vllm is not None:
             self.vllm.close()
         if self.shard is not None:
-            from rlhfless.runtime.dist import destroy_group
+            from rlhfless.runtime.devices.dist import destroy_group
 
             destroy_group()

@@ -3,10 +3,10 @@
 `RayBackend` has `LocalBackend`'s interface (`boot`, `start`, `send`, `poll`, `release`, `kill`, `close`), so the
 pool, the policy, the stages and the meter run unchanged: a worker is a `FunctionHost` actor requesting `num_cpus`
 = its units, created by `start` and killed by `release`, that connects back to the driver's authkey-protected
-listener and runs `rlhfless.runtime.worker.main` there. The rule it keeps: the same JSON messages as the local
+listener and runs `rlhfless.runtime.devices.worker.main` there. The rule it keeps: the same JSON messages as the local
 backend, so the same requests give the same tokens; a dead actor is reported as (handle, None), like a dead local
 process. Cold starts (per-node fork servers), death, placement, CPU pinning and tensors:
-docs/internals.md#runtimeraybackendpy.
+docs/internals.md#runtimeplatformraybackendpy.
 Non-goals: moving tensors through Ray's object store; GPU requests (a unit is one CPU); restarting a dead cluster.
 """
 
@@ -24,8 +24,9 @@ from multiprocessing.connection import Client, Listener, wait
 
 from rlhfless.core.errors import ConfigError
 from rlhfless.runtime import wire
-from rlhfless.runtime.backend import WorkerDied, _without_main, noted
-from rlhfless.runtime.worker import PRELOAD, main, now
+from rlhfless.runtime.platform.backend import WorkerDied, without_main, noted
+from rlhfless.runtime.devices.worker import main, now
+from rlhfless.runtime.wire import PRELOAD
 
 POLL_SLICE_S = 0.2
 """How often `poll` looks at the actors' task refs while no message arrives (a dead node sends no EOF)."""
@@ -47,7 +48,7 @@ class NodeForkServer:
     def boot(self) -> float:
         t0 = now()
         p = self.ctx.Process(target=os.getpid)
-        with _without_main():  # a Ray worker's __main__ must not be re-run in the fork server
+        with without_main():  # a Ray worker's __main__ must not be re-run in the fork server
             p.start()
         p.join()
         return now() - t0
@@ -56,7 +57,7 @@ class NodeForkServer:
         self.children = [p for p in self.children if p.is_alive()]
         p = self.ctx.Process(target=_forked_worker, args=(address, authkey_hex, hello, setup_json, guardian),
                              daemon=True, name=f"rlhfless-{hello['worker']}")
-        with _without_main():
+        with without_main():
             p.start()
         self.children.append(p)
         return p.pid
@@ -144,7 +145,7 @@ class RayHandle:
     outbox: list[dict] = field(default_factory=list)
     """Requests sent before the actor connected (a pipe would have buffered them)."""
     left: bool = False
-    """It said it is leaving because its learner group broke (`worker.LEFT`, read through `backend.noted`)."""
+    """It said it is leaving because its learner group broke (`wire.LEFT`, read through `backend.noted`)."""
 
     @property
     def alive(self) -> bool:
@@ -386,7 +387,7 @@ class RayBackend:
 
     def exit_status(self, h: RayHandle) -> int | None:
         """Unknown here (the worker's process lives inside its actor); what it sent last is read (dropped), so a
-        rank that said `worker.LEFT` is known by `h.left`, and every other ended worker counts as a death."""
+        rank that said `wire.LEFT` is known by `h.left`, and every other ended worker counts as a death."""
         if h.conn is not None and not h.dead:
             self._drain(h)
         return None

@@ -5,7 +5,7 @@ environment a worker sets before it touches CUDA.
 to GPUs (k slots per GPU, interleaved); `layout.worker_env(units)` gives a worker its GPUs through
 CUDA_VISIBLE_DEVICES plus its memory fraction (1/k), applied by `apply_worker_env`. The rule it keeps: a worker sets
 its GPUs before any CUDA call and is spawned, never forked (CUDA reads the variable once and a process that
-initialised CUDA cannot be forked safely). Details: docs/internals.md#runtimegpuspy.
+initialised CUDA cannot be forked safely). Details: docs/internals.md#runtimedevicesgpuspy.
 Not built: Ray actors asking for num_gpus, NCCL for the learner group, weights moved device to device.
 """
 

@@ -7,7 +7,7 @@ serverless buys) and `serverless`; PPO runs the overlap arm only when its value 
 samples, weights and final state, scaling, the planner's accuracy, the cost gap by component) and side-by-side
 Gantt charts. The rule it keeps: every arm runs the same seed and prompts, so samples, weights and final state
 compare byte for byte; the arms run one after another, so the ratios are clean only when `other_cpu_fraction_max`
-is near 0. The fields of comparison.json: docs/internals.md#runtimecomparepy.
+is near 0. The fields of comparison.json: docs/internals.md#runcomparepy.
 Its scaling fields count learner ranks let go at their share (`ranks_released_early`) among mid-step releases.
 """
 
@@ -21,8 +21,9 @@ from pathlib import Path
 
 from rlhfless.core.jsonl import write_json
 from rlhfless.core.rundir import RunDir
-from rlhfless.runtime.contention import CpuWindow
-from rlhfless.runtime.gantt import plot_steps, read_records
+from rlhfless.run.contention import CpuWindow
+from rlhfless.run.gantt import gantt_steps, plot_steps, read_records
+from rlhfless.run.runner import train
 
 ARMS = ("serverful", "serverful-overlap", "serverless")
 BASE, TREATED = "serverful", "serverless"
@@ -38,10 +39,6 @@ def samples_match(a: Path, b: Path) -> tuple[bool, int | None, int]:
     steps = sorted(set(da) | set(db))
     diff = [s for s in steps if da.get(s) != db.get(s)]
     return (not diff and bool(steps)), (diff[0] if diff else None), len(steps)
-
-
-def gantt_steps(steps: int, every: int) -> list[int]:
-    return sorted({1, *(range(every, steps + 1, every) if every else ())} & set(range(1, steps + 1)))
 
 
 PAPER_ARM = "serverless-paper"
@@ -88,7 +85,7 @@ def safetensors_digest(path: Path) -> str:
 def state_digests(run_dir: Path) -> dict[str, str]:
     """Content digest (`safetensors_digest`) of each learned-state file of the run's last checkpoint (those it
     has; {} if none)."""
-    ckpt = run_dir / "checkpoints" / "last"
+    ckpt = RunDir(run_dir).checkpoint("last")
     return {f: safetensors_digest(ckpt / f) for f in STATE_FILES if (ckpt / f).is_file()}
 
 
@@ -100,7 +97,7 @@ def states_match(digests: dict[str, dict[str, str]]) -> bool:
 
 def weights_digest(run_dir: Path) -> str | None:
     """SHA-256 of the final checkpoint's weight file (None if the run wrote none)."""
-    p = run_dir / "checkpoints" / "final" / "model.safetensors"
+    p = RunDir(run_dir).final_weights
     return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
 
 
@@ -152,9 +149,9 @@ def core_seconds_per_step(run_dir: Path, runtime: dict) -> dict:
             "held_idle": billed - cold - sum(busy.values())}
 
 
-def compare(cfg, out: Path, train, progress: bool = True) -> dict:
-    """train: the runner's `train(cfg, out_dir, progress=...)`, passed in because the runner sits above the
-    runtime (it calls this module for `runtime.mode=compare`)."""
+def compare(cfg, out: Path, progress: bool = True) -> dict:
+    """Every arm of `cfg` run by the runner into OUT/<arm>, then OUT/comparison.json (module header); called by
+    `run.launch.train`, which claims OUT."""
     out.mkdir(parents=True, exist_ok=True)
     summaries, machine = {}, {}
     for arm in arms(cfg):
@@ -197,13 +194,13 @@ def compare(cfg, out: Path, train, progress: bool = True) -> dict:
     result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
-        p = plot_steps({arm: out / arm for arm in ran}, k, out / "gantt" / f"step-{k}.png",
+        p = plot_steps({arm: out / arm for arm in ran}, k, RunDir(out).gantt(k),
                        cfg.runtime.time_scale if cfg.runtime.device == "emulated" else 1.0)  # modelled seconds
         if p is not None:
             charts.append(str(p))
     result["gantt"] = charts
     if cfg.runtime.device == "emulated":  # the same numbers in modelled seconds (runtime.time_scale undone)
-        from rlhfless.runtime.emulated import modelled_report
+        from rlhfless.sim.modelled import modelled_report
 
         result["modelled"] = modelled_report(out, ran, cfg.runtime.time_scale)
     write_json(result, RunDir(out).comparison)

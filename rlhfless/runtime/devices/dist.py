@@ -4,7 +4,7 @@
 blocking in-place SUM all-reduce the learner needs; `destroy_group` leaves it; `free_port` picks a port. The rule it
 keeps: everything binds to 127.0.0.1 only, and a failure (a dead peer, a peer that never reduces, a rank that never
 arrives) raises within `timeout_s`, never hangs; the caller tears the group down and starts a new one on a new port.
-Failure semantics as measured: docs/internals.md#runtimedistpy.
+Failure semantics as measured: docs/internals.md#runtimedevicesdistpy.
 Non-goals: several groups per process, groups across machines, NCCL tuning (backend="nccl" is untested here).
 Both modes reduce the learner's shares with one rank-order sum (`rank_order_sum`): over gloo in the pool, as
 files for the serverless learner (`share_all_reduce`), so a rank that wrote its share can leave early.

@@ -1,7 +1,7 @@
 """What an emulated device is (`runtime.device=emulated`): the replayed length table and the performance model.
 
-The runtime's emulated workers (`runtime.emulated`) sleep by these numbers and the simulator's validation of an
-emulated run (`sim.emulated`) plays by the same ones, so both read them from here, below both. Lengths come from
+The runtime's emulated workers (`runtime.devices.emulated`) sleep by these numbers and the simulator's validation of an
+emulated run (`sim.modelled`) plays by the same ones, so both read them from here, below both. Lengths come from
 the simulator's paper-testbed workload or a trace a user brings; the perf model, its time model and the KV
 capacity are the simulator's for one device of the configured kind (TP 1: one unit is one device).
 
@@ -43,7 +43,7 @@ class LengthTable:
     source: str
     shares: bool = False
     """The run's emulated learner ranks leave at their share (`runtime.streaming`'s serverless end), as real ones
-    do; False in a table written before they did (every rank then ended with the optimiser step: `sim.emulated`
+    do; False in a table written before they did (every rank then ended with the optimiser step: `sim.modelled`
     plays such a run that way)."""
     prompts: list | None = None
     prompt_rewards: list | None = None
@@ -79,7 +79,7 @@ class LengthTable:
             g = s[(row // G) % len(s)]
         if g:
             return float(g[(row % G) % len(g)])
-        return float(_mix(seed, row, 0x5EED) & 1)
+        return float(mix(seed, row, 0x5EED) & 1)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.__dict__))
@@ -109,7 +109,7 @@ def by_prompt(work) -> tuple[list, list | None]:
     return lengths, ([[rw for _, rw in hist[p]] for p in ids] if has else None)
 
 
-def _mix(seed: int, row: int, salt: int) -> int:
+def mix(seed: int, row: int, salt: int) -> int:
     """A 32-bit hash of (seed, row, salt) (splitmix-like), stable across processes and Python versions."""
     x = (seed * 0x9E3779B1 + row * 0x85EBCA77 + salt * 0xC2B2AE3D) & 0xFFFFFFFF
     x ^= x >> 16
