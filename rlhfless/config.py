@@ -164,22 +164,23 @@ class RunConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def _check_algo_variant(self) -> None:
-        """The named advantage estimator and policy loss are registered, and the estimator fits the algorithm
-        (one that needs a critic only with algo.name=ppo, and the reverse)."""
-        from rlhfless.algo import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+        """The named advantage estimator and policy loss are declared variants, and the estimator fits the
+        algorithm (one that needs a critic only with algo.name=ppo, and the reverse). The names come from the
+        torch-free `algo.variants`, which the implementations register against: no torch for a config check."""
+        from rlhfless.algo.variants import ESTIMATOR_NAMES, POLICY_LOSS_NAMES
 
         a = self.algo
-        require(a.estimator in ADVANTAGE_ESTIMATORS, "algo.adv_estimator",
-                f"must be auto or a registered estimator: {', '.join(sorted(ADVANTAGE_ESTIMATORS))} "
+        require(a.estimator in ESTIMATOR_NAMES, "algo.adv_estimator",
+                f"must be auto or a registered estimator: {', '.join(sorted(ESTIMATOR_NAMES))} "
                 f"(got {a.adv_estimator!r})")
-        needs = ADVANTAGE_ESTIMATORS[a.estimator].needs_critic
+        needs = ESTIMATOR_NAMES[a.estimator].needs_critic
         require(needs == (a.name == "ppo"), "algo.adv_estimator",
                 "one that needs a critic "
-                f"({', '.join(sorted(k for k, e in ADVANTAGE_ESTIMATORS.items() if e.needs_critic))}) runs with "
+                f"({', '.join(sorted(k for k, e in ESTIMATOR_NAMES.items() if e.needs_critic))}) runs with "
                 f"algo.name=ppo, the others with grpo (got {a.estimator}, which "
                 f"{'needs a' if needs else 'has no'} critic, with algo.name={a.name})")
-        require(a.policy_loss in POLICY_LOSSES, "algo.policy_loss",
-                f"must be a registered policy loss: {', '.join(sorted(POLICY_LOSSES))} (got {a.policy_loss!r})")
+        require(a.policy_loss in POLICY_LOSS_NAMES, "algo.policy_loss",
+                f"must be a registered policy loss: {', '.join(sorted(POLICY_LOSS_NAMES))} (got {a.policy_loss!r})")
 
     def check_machine(self) -> None:
         """Reject, before any work, a setting this machine cannot run: the runtime's units and devices, and the

@@ -18,6 +18,24 @@ def test_every_shipped_variant_is_registered():
     assert ADVANTAGE_ESTIMATORS["gae"].needs_critic and not ADVANTAGE_ESTIMATORS["rloo"].needs_critic
 
 
+def test_the_torch_free_names_are_the_registries():
+    """Issue 42: the config checks and `config show` read `algo.variants` (no torch); the torch functions
+    register against it. One source of truth: every declared name has its function, and no function more."""
+    from rlhfless.algo.variants import ESTIMATOR_NAMES, POLICY_LOSS_NAMES
+
+    assert set(ESTIMATOR_NAMES) == set(ADVANTAGE_ESTIMATORS) and set(POLICY_LOSS_NAMES) == set(POLICY_LOSSES)
+    assert {k: v.needs_critic for k, v in ESTIMATOR_NAMES.items()} == {
+        k: e.needs_critic for k, e in ADVANTAGE_ESTIMATORS.items()}
+    assert all(v.doc for v in (*ESTIMATOR_NAMES.values(), *POLICY_LOSS_NAMES.values()))
+
+
+def test_an_undeclared_name_cannot_register():
+    """A function registered under a name the config would refuse is refused at import, naming the list."""
+    with pytest.raises(ValueError, match="not declared: add it to rlhfless.algo.variants.ESTIMATOR_NAMES"):
+        register_advantage("zz_undeclared")(lambda *a: None)
+    assert "zz_undeclared" not in ADVANTAGE_ESTIMATORS
+
+
 def test_rloo_is_reward_minus_the_mean_of_the_other_responses():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0])
     groups, metrics = advantage_estimator("rloo").fn(rewards, 4, GRPOConfig())

@@ -103,3 +103,41 @@ def test_checkpoint_metadata_must_be_a_json_object(tmp_path, checkpoint):
     (d / "rlhfless.json").write_text("{")
     with pytest.raises(DataError, match="rlhfless.json: not valid JSON"):
         read_meta(d)
+
+
+@pytest.mark.parametrize("sizes, head_dim", [
+    (ModelConfig(), None),  # the tiny model's defaults
+    (ModelConfig(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32), None),
+    (ModelConfig(hidden_size=64, num_layers=3, num_heads=8, num_kv_heads=8), None),
+    (ModelConfig(hidden_size=64, num_heads=4, num_kv_heads=2), 8),  # head_dim != 64 // 4
+])
+def test_the_written_out_shapes_are_transformers_own(sizes, head_dim):
+    """`expected_tensors` (torch-free, so a checkpoint is checked without torch) names every tensor of
+    transformers' Qwen2ForCausalLM with its shape, lm_head left out as it is tied."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlhfless.model.factory import expected_tensors, hf_config
+
+    raw = {**hf_config(sizes).to_dict(), **({"head_dim": head_dim} if head_dim else {})}
+    with torch.device("meta"):
+        ref = Qwen2ForCausalLM(Qwen2Config.from_dict(raw))
+    assert expected_tensors(raw) == {k: list(v.shape) for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+
+
+def test_the_weights_check_needs_no_torch(checkpoint):
+    """The config and weights checks read config.json and the safetensors header only: in a fresh interpreter
+    they pass on a good checkpoint and refuse a bad one, importing neither torch nor transformers."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from rlhfless.model.factory import check_weights, read_config_json as r\n"
+             f"p = {str(checkpoint)!r}; check_weights(p, r(p))\n"
+             "bad = {**r(p), 'intermediate_size': 64}\n"
+             "try:\n    check_weights(p, bad)\nexcept Exception as e:\n    print(e)\n"
+             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    refusal, heavy = done.stdout.strip().splitlines()
+    assert "gate_proj.weight' has shape [32, 16] but config.json implies [64, 16]" in refusal and heavy == "[]"

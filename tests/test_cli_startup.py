@@ -61,9 +61,13 @@ def test_the_probe_sees_an_import():
 
 @pytest.mark.parametrize("argv", [["config", "show"], ["config", "show", "train.steps"], ["config", "show", "runtime"],
                                   ["config", "show", "algo.group_size"], ["config", "show", "runtime.keep_alive_s"],
-                                  ["config", "show", "task"]])
+                                  ["config", "show", "task"], ["config", "show", "algo"],
+                                  ["config", "show", "algo.adv_estimator"], ["config", "show", "algo.policy_loss"],
+                                  ["config", "show", "algo.name"],
+                                  ["config", "show", "algo.policy_loss", "--config",
+                                   "experiments/configs/quickstart.yaml", "algo.policy_loss=dual_clip"]])
 def test_config_show_imports_no_torch(argv):
-    """Issue 42: the command the docs send newcomers to costs no torch (1.7-2.3 s of CPU before). Only a key whose
-    allowed values are a torch-backed registry (algo.adv_estimator, algo.policy_loss, the algo section) loads it."""
+    """Issue 42: the command the docs send newcomers to costs no torch (1.7-2.3 s of CPU before), the algo
+    variants' keys included: their allowed values are the torch-free declared names (`algo.variants`)."""
     found = _probe(*argv)
     assert found["code"] == 0 and "torch" not in found["heavy"], found

@@ -99,10 +99,13 @@ def test_every_allowed_value_is_rendered_in_the_page():
 
 def test_the_registered_variants_are_read_from_the_registries():
     from rlhfless.algo.registry import POLICY_LOSSES, register_policy_loss
+    from rlhfless.algo.variants import POLICY_LOSS_NAMES, declare_policy_loss
     from rlhfless.run.configref import all_rules
 
+    declare_policy_loss("zz_test_loss", "a loss declared by this test")
     register_policy_loss("zz_test_loss")(lambda *a: None)
     try:
         assert "zz_test_loss" in " ".join(all_rules(RunConfig)["algo.policy_loss"])
     finally:
+        POLICY_LOSS_NAMES.pop("zz_test_loss")
         POLICY_LOSSES.pop("zz_test_loss")

@@ -2,7 +2,9 @@
 
 Importing a name from the package registers every variant (`registry`: advantage estimators grpo, rloo, gae;
 policy losses clip, dual_clip). The names load on first use (PEP 562), so `rlhfless.algo.config`, which the run
-config imports, costs no torch: `rlhfless config show` and the config's own checks of plain fields stay fast."""
+config imports, costs no torch: `rlhfless config show` and the config's own checks of plain fields stay fast.
+The variants' names (what a config may say) are declared in the torch-free `variants`, which the config checks
+read; the registries hold the torch functions registered against them."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ _WHERE = {
     "group_advantages": "grpo", "grpo_loss": "grpo", "kl_k3": "grpo", "loss_denominator": "grpo",
     "entropy_from_logits": "logprobs", "token_logprobs": "logprobs",
     "ADVANTAGE_ESTIMATORS": "registry", "POLICY_LOSSES": "registry", "advantage_estimator": "registry",
-    "policy_loss": "registry",
+    "policy_loss": "registry", "ESTIMATOR_NAMES": "variants", "POLICY_LOSS_NAMES": "variants",
 }
 VARIANT_MODULES = ("rlhfless.algo.grpo", "rlhfless.algo.ppo")
 """The modules whose decorated functions fill the registries (imported before a registry is handed out)."""

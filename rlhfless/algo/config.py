@@ -33,7 +33,7 @@ class GRPOConfig:
     """G: responses sampled per prompt; None = 8 for grpo, 1 for ppo. GRPO normalises within each group of G
     (>= 2); PPO takes any G >= 1 (its advantages come from the critic, not the group)."""
     adv_estimator: str = "auto"
-    """Advantage estimator by its registered name (`rlhfless.algo.registry`): grpo (group-normalised outcome
+    """Advantage estimator by its declared name (`rlhfless.algo.variants`): grpo (group-normalised outcome
     rewards), rloo (leave-one-out baseline), gae (PPO's, from the critic); auto = grpo for name grpo, gae for ppo.
     An estimator without a critic needs name grpo; gae needs name ppo."""
     policy_loss: str = "clip"

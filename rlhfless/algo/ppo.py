@@ -71,7 +71,7 @@ def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     return centred * torch.rsqrt(var + eps)
 
 
-@register_advantage("gae", needs_critic=True)
+@register_advantage("gae")
 def gae_estimator(rewards: Tensor, values: Tensor, mask: Tensor, cfg) -> tuple[Tensor, Tensor, dict[str, float]]:
     """The registered `gae` estimator: `ppo_advantages` with the config's gamma, lambda and whitening."""
     return ppo_advantages(rewards, values, mask, cfg.gamma, cfg.lam, cfg.whiten_advantages)

@@ -10,6 +10,8 @@ function, so a new variant keeps the modes bitwise equal. Two kinds of estimator
   -> (advantages [N, T], returns [N, T], metrics)`.
 A policy loss is `fn(logp [N, T], old_logp [N, T], advantages [N] or [N, T], mask [N, T], cfg)
 -> (per-token loss [N, T], 0 off the mask; metrics)`; `grpo_loss` adds the KL term and aggregates it.
+A name is registered only when `variants` declares it (the torch-free list the config checks and `config show`
+reads); an estimator's `needs_critic` comes from that declaration.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlhfless.algo.variants import ESTIMATOR_NAMES, POLICY_LOSS_NAMES
 from rlhfless.core.errors import ConfigError
 
 
@@ -31,24 +34,31 @@ ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {}
 POLICY_LOSSES: dict[str, Callable] = {}
 
 
-def register_advantage(name: str, needs_critic: bool = False) -> Callable[[Callable], Callable]:
-    """Decorator: register `fn` as the advantage estimator `name` (a name is registered once)."""
+def register_advantage(name: str) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn` as the advantage estimator `name`, declared in `variants.ESTIMATOR_NAMES`
+    (a name is registered once)."""
     def wrap(fn: Callable) -> Callable:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ADVANTAGE_ESTIMATORS[name] = Estimator(name, fn, needs_critic)
+        _check_new(name, ESTIMATOR_NAMES, ADVANTAGE_ESTIMATORS, "advantage estimator", "ESTIMATOR_NAMES")
+        ADVANTAGE_ESTIMATORS[name] = Estimator(name, fn, ESTIMATOR_NAMES[name].needs_critic)
         return fn
     return wrap
 
 
 def register_policy_loss(name: str) -> Callable[[Callable], Callable]:
-    """Decorator: register `fn` as the policy loss `name` (a name is registered once)."""
+    """Decorator: register `fn` as the policy loss `name`, declared in `variants.POLICY_LOSS_NAMES` (a name is
+    registered once)."""
     def wrap(fn: Callable) -> Callable:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is registered twice")
+        _check_new(name, POLICY_LOSS_NAMES, POLICY_LOSSES, "policy loss", "POLICY_LOSS_NAMES")
         POLICY_LOSSES[name] = fn
         return fn
     return wrap
+
+
+def _check_new(name: str, declared: dict, registered: dict, kind: str, table: str) -> None:
+    if name not in declared:
+        raise ValueError(f"{kind} {name!r} is not declared: add it to rlhfless.algo.variants.{table} first")
+    if name in registered:
+        raise ValueError(f"{kind} {name!r} is registered twice")
 
 
 def advantage_estimator(name: str) -> Estimator:

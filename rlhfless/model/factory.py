@@ -143,7 +143,9 @@ def load_checkpoint(directory: str | Path):
             "run `rlhfless pretrain --out DIR` to make one, or point policy.checkpoint at an existing one"
         )
     ByteTokenizer.load(path)
-    check_weights(path, read_hf_config(path))
+    raw = read_config_json(path)
+    _qwen2_config(raw, path / "config.json")  # transformers' checks too, before the weights' (as they run)
+    check_weights(path, raw)
     try:
         with _no_hf_bars():
             model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -188,8 +190,23 @@ def check_finite(named_tensors, source: Path) -> None:
 
 def read_hf_config(directory: str | Path):
     """The checked Qwen2Config of a checkpoint's ``config.json`` (what is refused: docs/internals.md#modelfactorypy)."""
+    return _qwen2_config(read_config_json(directory), Path(directory) / "config.json")
+
+
+def _qwen2_config(raw: dict, p: Path):
+    """transformers' own checks of a ``config.json`` that passed rlhfless' (`read_config_json`)."""
     from transformers import Qwen2Config
 
+    try:
+        return Qwen2Config.from_dict(raw)
+    except Exception as exc:  # noqa: BLE001  (transformers' own checks raise several types, not all ValueError)
+        raise DataError(f"{p}: transformers rejects this config ({one_line(exc)})") from None
+
+
+def read_config_json(directory: str | Path) -> dict:
+    """A checkpoint's ``config.json`` with rlhfless' own checks (a qwen2 with tied embeddings, float32, the byte
+    vocabulary, integer sizes that `ModelConfig` accepts), read without torch or transformers; transformers' own
+    checks of the fields it alone reads are `read_hf_config`'s."""
     p = Path(directory) / "config.json"
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
@@ -204,10 +221,10 @@ def read_hf_config(directory: str | Path):
         ModelConfig(*(raw.get(k) for k in keys))
     except (ConfigError, TypeError) as exc:
         raise DataError(f"{p}: {exc} (fields {', '.join(keys)} must be integers)") from None
-    try:
-        return Qwen2Config.from_dict(raw)
-    except Exception as exc:  # noqa: BLE001  (transformers' own checks raise several types, not all ValueError)
-        raise DataError(f"{p}: transformers rejects this config ({one_line(exc)})") from None
+    head_dim = raw.get("head_dim")
+    if head_dim is not None and (type(head_dim) is not int or head_dim < 1):
+        raise DataError(f"{p}: head_dim must be a positive integer or null (got {head_dim!r})")
+    return raw
 
 
 def _config_problem(raw: object) -> str | None:
@@ -225,16 +242,35 @@ def _config_problem(raw: object) -> str | None:
     return None
 
 
-def check_weights(directory: str | Path, hf_cfg) -> None:
-    """Every tensor ``config.json`` implies is in ``model.safetensors`` with that shape and dtype F32, and no other."""
-    import torch
+def expected_tensors(raw: dict) -> dict[str, list[int]]:
+    """Name -> shape of every tensor a tied Qwen2ForCausalLM of the checked ``config.json`` `raw`
+    (`read_config_json`) saves, ``lm_head`` omitted as it is tied. Written out rather than read from a meta-device
+    model so that checking a checkpoint needs no torch (`--dry-run`); `tests/test_model.py` holds it equal to
+    transformers' own model for several shapes. Qwen2: biases on q, k and v only; head_dim defaults to
+    hidden_size // num_attention_heads."""
+    h, inter, vocab = raw["hidden_size"], raw["intermediate_size"], raw["vocab_size"]
+    head = raw.get("head_dim") or h // raw["num_attention_heads"]
+    q, kv = raw["num_attention_heads"] * head, raw["num_key_value_heads"] * head
+    shapes = {"model.embed_tokens.weight": [vocab, h]}
+    for i in range(raw["num_hidden_layers"]):
+        a, m = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        shapes.update({
+            f"{a}.q_proj.weight": [q, h], f"{a}.q_proj.bias": [q], f"{a}.k_proj.weight": [kv, h],
+            f"{a}.k_proj.bias": [kv], f"{a}.v_proj.weight": [kv, h], f"{a}.v_proj.bias": [kv],
+            f"{a}.o_proj.weight": [h, q], f"{m}.gate_proj.weight": [inter, h], f"{m}.up_proj.weight": [inter, h],
+            f"{m}.down_proj.weight": [h, inter], f"model.layers.{i}.input_layernorm.weight": [h],
+            f"model.layers.{i}.post_attention_layernorm.weight": [h]})
+    shapes["model.norm.weight"] = [h]
+    return shapes
+
+
+def check_weights(directory: str | Path, raw: dict) -> None:
+    """Every tensor ``config.json`` (`raw`, checked by `read_config_json`) implies is in ``model.safetensors`` with
+    that shape and dtype F32, and no other. Reads the file's header only, without torch."""
     from safetensors import SafetensorError, safe_open
-    from transformers import Qwen2ForCausalLM
 
     p = Path(directory) / "model.safetensors"
-    with torch.device("meta"):  # shapes only: no memory, no initialisation
-        ref = Qwen2ForCausalLM(hf_cfg)
-    expected = {k: list(v.shape) for k, v in ref.state_dict().items() if k != "lm_head.weight"}
+    expected = expected_tensors(raw)
     try:
         with safe_open(p, framework="np") as fh:
             found = {k: (fh.get_slice(k).get_shape(), fh.get_slice(k).get_dtype()) for k in fh.keys()}
