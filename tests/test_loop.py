@@ -118,7 +118,7 @@ def test_an_earlier_run_in_the_same_folder_is_moved_aside_by_the_library_and_ref
     assert len(aside) == 2 and all((p / "summary.json").is_file() for p in aside)
     before = {p: p.read_bytes() for p in (tmp_path / "same").rglob("*") if p.is_file()}
     assert main(["train", "--out", str(tmp_path / "same"), f"policy.checkpoint={tiny_checkpoint}", *SMALL]) == 2
-    assert "holds an earlier run; continue it with --resume" in capsys.readouterr().err
+    assert "holds an earlier run; continue it with the same command and --resume" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in (tmp_path / "same").rglob("*") if p.is_file()} == before
 
 
