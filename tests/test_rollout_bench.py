@@ -23,10 +23,10 @@ def test_bench_prefill_reports_ratios_and_skips_missing_gsm8k(tmp_path):
     assert "skipped" in r["workloads"]["gsm8k"]
 
 
-def test_bench_engine_cli_writes_report_and_tpot_profile(tmp_path):
+def test_bench_engine_cli_writes_report_and_tpot_profile(tmp_path, tiny_checkpoint):
     out = tmp_path / "engine.json"
     rc = main(["bench", "engine", "--json", str(out), "--prompts", "2", "--group-size", "2",
-               "--max-new-tokens", "4", "--repeats", "1", "--no-hf-step", "--checkpoint", str(tmp_path / "none"),
+               "--max-new-tokens", "4", "--repeats", "1", "--no-hf-step", "--checkpoint", str(tiny_checkpoint),
                "--gsm8k-prompts", "0"])
     assert rc == 0
     r = json.loads(out.read_text())
@@ -40,13 +40,13 @@ def test_bench_engine_cli_writes_report_and_tpot_profile(tmp_path):
     assert build_parser().parse_args(["bench", "prefill", "--json", "x.json"]).func.__name__ == "_prefill"
 
 
-def test_bench_engine_runs_the_chosen_engines_and_says_why_vllm_was_skipped(tmp_path, monkeypatch, capsys):
+def test_bench_engine_runs_the_chosen_engines_and_says_why_vllm_was_skipped(tmp_path, tiny_checkpoint, monkeypatch, capsys):
     import rlhfless.rollout.vllm_engine as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: "no vLLM in this test")
     out = tmp_path / "engine.json"
     rc = main(["bench", "engine", "--json", str(out), "--prompts", "2", "--group-size", "2", "--max-new-tokens", "4",
-               "--repeats", "1", "--engines", "own,vllm", "--checkpoint", str(tmp_path / "none"),
+               "--repeats", "1", "--engines", "own,vllm", "--checkpoint", str(tiny_checkpoint),
                "--gsm8k-prompts", "2", "--gsm8k-max-new-tokens", "3"])
     assert rc == 0
     r, printed = json.loads(out.read_text()), capsys.readouterr().out
@@ -94,7 +94,7 @@ def test_bench_loop_runs_both_arms_on_the_same_prompts_and_finds_identical_curve
     assert "s on vs" in capsys.readouterr().out
 
 
-def test_bench_engine_says_what_runs_and_shows_progress_per_workload_and_arm(tmp_path, capsys):
+def test_bench_engine_says_what_runs_and_shows_progress_per_workload_and_arm(tmp_path, tiny_checkpoint, capsys):
     from rlhfless.runtime.config import available_cores
 
     gsm = tmp_path / "gsm.jsonl"  # a tiny GSM8K-format file: the second workload runs without ../shared
@@ -102,7 +102,7 @@ def test_bench_engine_says_what_runs_and_shows_progress_per_workload_and_arm(tmp
                                        "answer": f"{i}+{i + 1}={2 * i + 1}\n#### {2 * i + 1}"}) + "\n"
                            for i in range(8)))
     args = ["bench", "engine", "--json", str(tmp_path / "engine.json"), "--prompts", "2", "--group-size", "2",
-            "--max-new-tokens", "4", "--repeats", "2", "--no-hf-step", "--checkpoint", str(tmp_path / "none"),
+            "--max-new-tokens", "4", "--repeats", "2", "--no-hf-step", "--checkpoint", str(tiny_checkpoint),
             "--gsm8k", str(gsm), "--gsm8k-prompts", "1", "--gsm8k-max-new-tokens", "2"]
     assert main(args) == 0
     err = capsys.readouterr().err
@@ -136,7 +136,7 @@ def test_bench_engine_estimate_grows_with_the_work_and_shrinks_with_threads(tmp_
     assert [w.name for w in runs] == ["arith"] and skipped["gsm8k"].startswith("no file at ")
 
 
-def test_bench_engine_progress_counts_the_vllm_start_and_warm_up(tmp_path, monkeypatch, capsys):
+def test_bench_engine_progress_counts_the_vllm_start_and_warm_up(tmp_path, tiny_checkpoint, monkeypatch, capsys):
     """With the vLLM arm on (a stand-in engine here: the own engine behind vLLM's interface), the bar still adds up
     to its total and names the untimed start and warm-up calls."""
     import rlhfless.bench.engine_bench as bench
@@ -166,7 +166,7 @@ def test_bench_engine_progress_counts_the_vllm_start_and_warm_up(tmp_path, monke
     monkeypatch.setattr(bench, "_start_vllm", start)
     rc = main(["bench", "engine", "--json", str(tmp_path / "engine.json"), "--prompts", "2", "--group-size", "2",
                "--max-new-tokens", "4", "--repeats", "1", "--engines", "own,vllm", "--checkpoint",
-               str(tmp_path / "none"), "--gsm8k-prompts", "0", "--threads", "1"])
+               str(tiny_checkpoint), "--gsm8k-prompts", "0", "--threads", "1"])
     assert rc == 0
     err = capsys.readouterr().err
     assert "arms own, vllm;" in err and "arith starting vLLM" in err and "arith greedy vllm warm-up" in err
