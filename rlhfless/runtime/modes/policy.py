@@ -214,10 +214,6 @@ class ModePolicy(ABC):
     def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
         """Whether this step's learner functions stay this run's learner group for the next step."""
 
-    # -- how the learner's ranks meet ------------------------------------------------------------------------------
-    # -- faults and preemption ---------------------------------------------------------------------------------
-    # -- what is billed ------------------------------------------------------------------------------------------
-
 class ServerlessPolicy(ModePolicy):
     name = "serverless"
     traits = ModeTraits(holds_pool=False, may_ship_kv=True, plans_decode=True, overlap_default=True,
