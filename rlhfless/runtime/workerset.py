@@ -146,8 +146,8 @@ class WorkerSet:
                 self.pool.await_ready(hs)
                 self._roll_call(hs)
             except WorkerDied as died:
-                for h in hs:
-                    self.pool.dead(h) if h is died.handle else self.pool.stop(h)
+                for h in hs:  # a worker already gone died too (killed, or left the broken rendezvous)
+                    self.pool.dead(h) if h is died.handle or not h.alive else self.pool.stop(h)
                 tries.failed(was_running=True)
                 continue
             finally:

@@ -46,13 +46,17 @@ def bind_device(setup: dict) -> str:
     return "cuda:0"
 
 
-def leave_broken_group(conn, step: int, exc: Exception) -> None:
-    """A peer died inside the all-reduce (runtime.devices.dist: survivors raise at once). The driver restarts the group
-    from the same state, so this is expected under faults: one line on stderr, not a traceback; `LEFT` on the
-    pipe, then exit with GROUP_BROKEN_EXIT. Never returns."""
+class GroupNotFormed(RuntimeError):
+    """The data-parallel group could not form as this worker started: a peer died in the rendezvous."""
+
+
+def leave_broken_group(conn, step: int | None, exc: Exception, where: str = "the learner's all-reduce") -> None:
+    """A peer died inside the all-reduce (runtime.devices.dist: survivors raise at once) or the rendezvous (`where`).
+    The driver restarts the group from the same state, so this is expected under faults: one line on stderr, not
+    a traceback; `LEFT` on the pipe, then exit with GROUP_BROKEN_EXIT. Never returns."""
     import sys
 
-    print(f"rlhfless worker: the learner's all-reduce broke ({str(exc).splitlines()[0][:100]}); "
+    print(f"rlhfless worker: {where} broke ({str(exc).splitlines()[0][:100]}); "
           "exiting for the driver to restart the group", file=sys.stderr, flush=True)
     if conn is not None:
         try:
@@ -152,7 +156,11 @@ def _serve(conn, setup_json: str) -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per cold start would drown the driver's output
-    wire.serve(Worker(setup), conn)
+    try:
+        worker = Worker(setup)
+    except GroupNotFormed as exc:  # a peer died while the group formed: the peer's death is the one to count
+        leave_broken_group(conn, None, exc.__cause__ or exc, where="the learner group's rendezvous")
+    wire.serve(worker, conn)
 
 
 class Worker:
@@ -203,8 +211,11 @@ class Worker:
         from rlhfless.learn.dataparallel import Shard
         from rlhfless.runtime.devices.dist import init_group
 
-        self.shard = Shard(d["rank"], d["world"], init_group(d["rank"], d["world"], d["port"],
-                                                             timeout_s=d["timeout_s"], on_listening=on_listening))
+        try:
+            group = init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"], on_listening=on_listening)
+        except RuntimeError as exc:  # torch's DistNetworkError included: a peer gone mid-rendezvous, a port taken
+            raise GroupNotFormed(str(exc)) from exc
+        self.shard = Shard(d["rank"], d["world"], group)
 
     @functools.cached_property
     def env(self):
