@@ -12,6 +12,7 @@ import pytest
 from rlhfless.cli import main
 from rlhfless.config import RunConfig
 from rlhfless.run.configref import REFERENCE_PAGE, fields_of, reference_markdown, rules
+from rlhfless.sim.scenario import SimConfig
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = REPO / REFERENCE_PAGE
@@ -90,11 +91,21 @@ def test_every_allowed_value_is_rendered_in_the_page():
     assert {f.key: a for f in fields_of(RunConfig) for a in f.allowed if "{" in a or "}" in a} == {}
     rows = [ln for ln in PAGE.read_text().splitlines() if ln.startswith("| `")]
     cells = [re.split(r"(?<!\\)\|", ln)[1:-1] for ln in rows]
-    assert len(cells) == len(fields_of(RunConfig)) and all(len(c) == 5 for c in cells)
+    assert len(cells) == len(fields_of(RunConfig)) + len(fields_of(SimConfig)) and all(len(c) == 5 for c in cells)
     assert [c[0] for c in cells if "{" in c[3] or "}" in c[3]] == []
     allowed = {c[0].strip(" `"): c[3] for c in cells}
     assert "custom" in allowed["runtime.design"] and "paper" in allowed["runtime.design"]
     assert "gae, grpo, rloo" in allowed["algo.adv_estimator"] and "clip, dual_clip" in allowed["algo.policy_loss"]
+
+
+def test_the_simulator_keys_are_in_the_page_after_the_run_config():
+    """Issue 41: `rlhfless simulate KEY=VALUE` keys (SimConfig) have their own part, each with its type and
+    checks, e.g. the iteration source switch and the published length fits."""
+    text = PAGE.read_text()
+    sim = text[text.index("# Simulator keys"):]
+    assert all(f"| `{f.key}` |" in sim for f in fields_of(SimConfig))
+    assert "| `iteration` | one of: vllm, kernels | `vllm` |" in sim
+    assert "verl-gsm8k-grpo" in next(ln for ln in sim.splitlines() if ln.startswith("| `lengths.fit_to`"))
 
 
 def test_the_registered_variants_are_read_from_the_registries():

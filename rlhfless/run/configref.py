@@ -296,8 +296,27 @@ def reference_markdown() -> str:
         "Sections: " + ", ".join(f"[`{s.key}`](#{s.key.replace('.', '')})" for s in secs) + ".",
     ]
     for s in secs:
-        lines += ["", f"## {s.key}", "", s.doc, "", "| key | type | default | allowed | description |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| `{f.key}` | {_cell(f.type)} | `{_cell(f.default)}` | {_cell('; '.join(f.allowed)) or '-'} "
-                  f"| {_cell(f.doc)} |" for f in s.fields]
-    return "\n".join(lines) + "\n"
+        lines += _section_lines(s, s.key)
+    return "\n".join(lines + _simulator_lines()) + "\n"
+
+
+def _section_lines(s: SectionDoc, heading: str) -> list[str]:
+    lines = ["", f"## {heading}", "", s.doc, "", "| key | type | default | allowed | description |",
+             "|---|---|---|---|---|"]
+    return lines + [f"| `{f.key}` | {_cell(f.type)} | `{_cell(f.default)}` | {_cell('; '.join(f.allowed)) or '-'} "
+                    f"| {_cell(f.doc)} |" for f in s.fields]
+
+
+def _simulator_lines() -> list[str]:
+    """The simulator's case config (`rlhfless.sim.scenario.SimConfig`): the keys of `rlhfless simulate KEY=VALUE`,
+    apart from the run config's (a case is not a run)."""
+    from rlhfless.sim.scenario import SimConfig
+
+    secs = sections(SimConfig)
+    lines = ["", "# Simulator keys", "",
+             f"`rlhfless simulate --scenario NAME KEY=VALUE ...` overrides these keys of each simulated case "
+             f"({sum(len(s.fields) for s in secs)} fields in {len(secs)} sections; `rlhfless.sim.scenario."
+             f"SimConfig`); they are not run-config keys."]
+    for s in secs:
+        lines += _section_lines(s, f"simulate.{s.key}" if s.key else "simulate")
+    return lines

@@ -94,6 +94,30 @@ within 15%; it is within 2%): the overhead is host-side (scheduling, sampling), 
 No whole-iteration measurement at batch ~64 or a clean prefill at ~2,048 tokens was found (docs/overheads.md lists
 what was tried); the layer time there is checked against Vidur's measured layers instead."""
 
+ITERATION_SOURCES = ("vllm", "kernels")
+"""Which source a decode iteration follows (`iteration_efficiency`, `SimConfig.iteration`; the two side by side:
+`rlhfless.sim.itersources`, docs/reproduction.md). vllm (default): vLLM's measured whole iterations
+(`ITERATION_MEASUREMENTS`: CUDA graphs, per-step scheduling, input preparation, logits and sampling), what a
+vLLM 0.8 decode step costs. kernels: Vidur's accounting, the sum of the GPU kernels only: no per-iteration
+overhead (Vidur's default `skip_cpu_overhead_modeling`) and NCCL's all-reduce latency (eager NCCL, not vLLM's
+in-graph custom all-reduce)."""
+
+NCCL_ALLREDUCE_LATENCY_S = 26e-6
+"""NCCL all-reduce latency on 8 H100s in one node: `calibrate.fit_allreduce_latency(..., max_bytes=2e6)` on
+../shared/data/vidur-profiles/network/h100_dgx/all_reduce.csv (the median after the bandwidth term; A100 DGX 35 us,
+not applied: one constant, as the fitted one)."""
+
+
+def iteration_efficiency(eff: Efficiency, source: str) -> Efficiency:
+    """`eff` for a decode iteration from `source` (`ITERATION_SOURCES`): vllm keeps the whole-iteration fit;
+    kernels drops the per-iteration overhead and takes NCCL's all-reduce latency."""
+    require(source in ITERATION_SOURCES, "iteration", f"must be one of {list(ITERATION_SOURCES)} (got {source!r})")
+    if source == "vllm":
+        return eff
+    return replace(eff, iter_overhead_s=0.0, allreduce_latency_s=NCCL_ALLREDUCE_LATENCY_S,
+                   source=f"{eff.source}; kernels only (Vidur's accounting)")
+
+
 # Fitted by `rlhfless.sim.calibrate.fit_vidur` on ../shared/data/vidur-profiles (Vidur commit 7d47513, MIT): the
 # four matmuls of every layer, every model, TP 1/2/4/8, num_tokens 1..4096 of that GPU; median |relative error|
 # and p90 of the fit are in the comment (tests/test_sim_perf.py refits and checks the tolerance).
@@ -187,21 +211,36 @@ class PerfModel:
         """Seconds of one decode iteration at `batch` running sequences of mean `context` tokens (0 at batch 0)."""
         b = np.asarray(batch, dtype=np.float64)
         m = self.model
-        kv = b * context * m.kv_bytes_per_token / self.tp / (self.device.mem_bw * self.eff.mem_eff)
-        head = 2.0 * b * m.hidden * m.vocab / self.tp / (self.device.peak_flops * self.eff.compute_eff)
-        t = m.layers * (self.matmul_s(b) + 2 * self._allreduce_s(b)) + kv + head + self.eff.iter_overhead_s
+        t = (m.layers * (self.matmul_s(b) + 2 * self._allreduce_s(b)) + self.decode_attention_s(b, context)
+             + self.lm_head_s(b) + self.eff.iter_overhead_s)
         if self.eager_layer_s > 0:  # without CUDA graphs the CPU launches every kernel; the GPU waits for it
             t = np.maximum(t, m.layers * self.eager_layer_s + self.eff.iter_overhead_s)
         return np.where(b > 0, t, 0.0)
+
+    def decode_attention_s(self, batch: np.ndarray | float, context: float) -> np.ndarray:
+        """Seconds of one decode iteration's attention over all layers: reading `batch` x `context` tokens of KV
+        at the matmuls' memory efficiency (the attention kernel's own profile is not in Vidur's public data)."""
+        b = np.asarray(batch, dtype=np.float64)
+        return b * context * self.model.kv_bytes_per_token / self.tp / (self.device.mem_bw * self.eff.mem_eff)
+
+    def lm_head_s(self, batch: np.ndarray | float) -> np.ndarray:
+        """Seconds of the logits of `batch` sequences (hidden x vocab per token, split over TP)."""
+        b, m = np.asarray(batch, dtype=np.float64), self.model
+        return 2.0 * b * m.hidden * m.vocab / self.tp / (self.device.peak_flops * self.eff.compute_eff)
+
+    def prefill_attention_s(self, tokens: float, context: float | None = None) -> float:
+        """Seconds of a prefill's attention over all layers: 4 x tokens x context x heads x head_dim FLOPs
+        (QK^T and PV) at the matmuls' compute efficiency (context: mean attended keys, default tokens/2)."""
+        m, c = self.model, tokens / 2 if context is None else context
+        return 4.0 * tokens * c * m.heads * m.head_dim / self.tp / (self.device.peak_flops * self.eff.compute_eff)
 
     def prefill_s(self, tokens: float, context: float | None = None) -> float:
         """Seconds to prefill `tokens` prompt tokens in one pass (context: mean attended keys, default tokens/2)."""
         if tokens <= 0:
             return 0.0
-        m, c = self.model, tokens / 2 if context is None else context
-        n = np.array([float(tokens)])
-        attn = 4.0 * tokens * c * m.heads * m.head_dim / self.tp / (self.device.peak_flops * self.eff.compute_eff)
-        return float(m.layers * (self.matmul_s(n)[0] + 2 * self._allreduce_s(n)[0] + attn / m.layers))
+        n, layers = np.array([float(tokens)]), self.model.layers
+        attn = self.prefill_attention_s(tokens, context)
+        return float(layers * (self.matmul_s(n)[0] + 2 * self._allreduce_s(n)[0] + attn / layers))
 
     # ---- whole stages ---------------------------------------------------------------------------------
     def forward_s(self, tokens: float, n_devices: float) -> float:

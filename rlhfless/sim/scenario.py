@@ -40,7 +40,7 @@ from rlhfless.sim.overheads import (
     PAPER_VERL_TP,
     PAPER_VERL_TP_LARGE,
 )
-from rlhfless.sim.perf import FITTED, PPO_MODELS, PerfModel, smallest_tp
+from rlhfless.sim.perf import FITTED, ITERATION_SOURCES, PPO_MODELS, PerfModel, iteration_efficiency, smallest_tp
 from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl, prime_true_jobs
 from rlhfless.sim.shapley import EXTRAS, SUB_PLAYERS, target_players, terms
 from rlhfless.sim.step import play_step
@@ -172,6 +172,10 @@ class SimConfig:
     steps), the paper's comparison; single_step = ours (one optimizer step, no recompute), an algorithmic change
     applied to every system alike so that it is never counted as RLHFless's gain (reported apart)."""
     paper_verl: PaperVerl = field(default_factory=PaperVerl)
+    iteration: Literal["vllm", "kernels"] = "vllm"
+    """The source a decode iteration follows (`perf.ITERATION_SOURCES`): vllm = vLLM's measured whole iterations
+    (kernels + per-step scheduling and sampling, in-graph all-reduce); kernels = Vidur's kernel sum (no
+    per-iteration overhead, NCCL all-reduce latency). `eff.*` below still replaces either's constants."""
     eff: EffOverrides = field(default_factory=EffOverrides)
     """Per-case replacements of the fitted efficiency constants (`eff.iter_overhead_s=0.001`, ...)."""
     shapley: bool = False
@@ -237,6 +241,8 @@ class SimConfig:
         require(self.host_gbps > 0, "host_gbps", f"must be > 0 (got {self.host_gbps})")
         require(self.deadline_ratio > 0, "deadline_ratio", f"must be > 0 (got {self.deadline_ratio})")
         require(0 < self.net_eff <= 1, "net_eff", f"must lie in (0, 1] (got {self.net_eff})")
+        require(self.iteration in ITERATION_SOURCES, "iteration",
+                f"must be one of {list(ITERATION_SOURCES)} (got {self.iteration!r})")
         require(self.baseline in BASELINES, "baseline", f"must be one of {list(BASELINES)} (got {self.baseline!r})")
         require(self.prefill_actors >= 1, "prefill_actors", f"must be >= 1 (got {self.prefill_actors})")
         for f in ("hybrid_optimizer_move", "hybrid_ref_load"):
@@ -291,7 +297,7 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
     case's learner (`SimConfig.learner`); `paper`: the engine settings of verl as the paper ran it
     (`SimConfig.paper_verl`: memory share, CUDA graphs, the KV cache between rollouts, the resharding path)."""
     dev, shape = hw.device(cfg.device), hw.model(cfg.model)
-    eff, pv = cfg.eff.apply(FITTED[dev.name]), cfg.paper_verl
+    eff, pv = cfg.eff.apply(iteration_efficiency(FITTED[dev.name], cfg.iteration)), cfg.paper_verl
     if paper:
         eff = replace(eff, kv_mem_frac=pv.mem_frac)
     eager = cfg.eager_layer_s if paper and not pv.cuda_graphs else 0.0
