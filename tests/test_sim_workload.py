@@ -83,3 +83,55 @@ def test_published_length_evidence_is_replayed_by_the_fitted_workload():
         assert cfg.lengths.max_response == 1024 and "fitted to verl-gsm8k-grpo" in workload(cfg)[1]
     with pytest.raises(ConfigError, match="^lengths.fit_to: must be '' or one of verl-gsm8k-grpo"):
         LengthDist(fit_to="my-log")
+
+
+NEW_FITS = ("verl-qwen2.5-3b-gsm8k-grpo", "verl-qwen2.5-7b-gsm8k-grpo", "verl-qwen2.5-3b-math-grpo",
+            "verl-qwen2.5-7b-math-grpo")
+
+
+@pytest.mark.parametrize("name", NEW_FITS)
+def test_each_verl_data_log_is_replayed_by_its_fit(name):
+    """Issue 41 item 5: the Qwen2.5 GSM8K / MATH GRPO logs (64 prompts x 5 a step, as drawn here): the drawn mean
+    is the log's; a MATH log's cap share is its clip_ratio; a GSM8K log (none at the 1,024 cap) draws almost none
+    at the cap and its steps' longest response is the log's within 15% (the tail the fit keeps)."""
+    from rlhfless.sim.workload import PUBLISHED_LENGTHS
+
+    ev, dist = PUBLISHED_LENGTHS[name], LengthDist(fit_to=name)
+    steps = synthetic(dist, 4096, 64, 5, 40, seed=3)
+    lens = np.array([x for s in steps for g in s.groups for x in g.lengths])
+    assert dist.max_response == ev.cap and lens.mean() == pytest.approx(ev.mean, rel=0.05)
+    if ev.clip_ratio > 0:
+        assert abs(float(np.mean(lens >= ev.cap)) - ev.clip_ratio) < 0.02
+    else:
+        longest = np.median([max(x for g in s.groups for x in g.lengths) for s in steps])
+        assert longest == pytest.approx(ev.maximum, rel=0.15) and float(np.mean(lens >= ev.cap)) < 0.005
+
+
+def test_spreads_share_the_fitted_total_and_shrink_together_when_it_is_tight():
+    """split_spread by hand: a total of 1.0 over within 0.35 and epoch 0.15 leaves sqrt(1 - 0.145) = 0.9247 per
+    prompt; a total of 0.3 under them scales (0.5, 0.35, 0.15) by 0.3 / 0.62849 = 0.47733."""
+    from rlhfless.sim.workload import split_spread
+
+    assert split_spread(1.0, 0.5, 0.35, 0.15) == pytest.approx((0.92466, 0.35, 0.15), abs=1e-5)
+    p, w, e = split_spread(0.3, 0.5, 0.35, 0.15)
+    assert (p, w, e) == pytest.approx((0.23866, 0.16706, 0.07160), abs=1e-5)
+    assert float(np.sqrt(p * p + w * w + e * e)) == pytest.approx(0.3, abs=1e-12)
+    # the published GSM8K steps are tighter than the assumed within-group and epoch spread: all three shrink
+    d = LengthDist(fit_to="verl-qwen2.5-3b-gsm8k-grpo")
+    assert d.within_sigma < 0.35 and d.prompt_sigma / d.within_sigma == pytest.approx(0.5 / 0.35)
+
+
+def test_the_tail_fit_solves_its_equation_and_bad_evidence_is_refused():
+    from statistics import NormalDist
+
+    from rlhfless.sim.workload import LengthEvidence, PUBLISHED_LENGTHS, tail_spread
+
+    ev = PUBLISHED_LENGTHS["verl-qwen2.5-3b-gsm8k-grpo"]
+    median, s = tail_spread(ev)
+    z = NormalDist().inv_cdf((320 - 0.375) / 320.25)
+    assert np.log(811.0 / 304.462) == pytest.approx(s * z - s * s / 2, abs=1e-12)
+    assert median == pytest.approx(304.462 * np.exp(-s * s / 2), abs=1e-9)
+    with pytest.raises(ConfigError, match="without responses at the cap"):
+        LengthEvidence("x", "y", cap=1024, mean=300.0, clip_ratio=0.0, minimum=100.0)
+    with pytest.raises(ConfigError, match="min <= mean <= cap"):
+        LengthEvidence("x", "y", cap=256, mean=300.0, clip_ratio=0.1, minimum=100.0)

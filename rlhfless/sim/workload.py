@@ -7,7 +7,7 @@ the same lengths, as the paper's replayed baseline does. Details: docs/internals
 
 Deviations from the paper:
 1. The paper's response lengths (its GSM8K / GPQA / LiveCodeBench runs) are not public; the defaults below are
-   assumptions, stated per field (`fit_to` replays the one published log found instead).
+   assumptions, stated per field (`fit_to` replays a published log's step instead: `PUBLISHED_LENGTHS`).
 2. GSM8K prompts are tokenised as characters / 4 (a common rule of thumb for English BPE vocabularies; assumed).
 """
 
@@ -57,8 +57,9 @@ class StepWork:
 
 @dataclass(frozen=True)
 class LengthEvidence:
-    """Response-length statistics of one published RL training log (tokens): the generation cap, the mean
-    response, the share of responses at the cap (verl's `response_length/clip_ratio`) and the shortest one."""
+    """Response-length statistics of one step of a published RL training log (tokens): the generation cap, the
+    mean response, the share of responses at the cap (verl's `response_length/clip_ratio`), the shortest and the
+    longest one (0 = the cap) and how many responses the step drew (0 = not stated; needed when none hit the cap)."""
 
     name: str
     source: str
@@ -66,8 +67,21 @@ class LengthEvidence:
     mean: float
     clip_ratio: float
     minimum: float
+    maximum: float = 0.0
+    responses: int = 0
+
+    def __post_init__(self) -> None:
+        require(0 < self.minimum <= self.mean <= self.cap, f"evidence {self.name}", "needs 0 < min <= mean <= cap")
+        require(0 <= self.clip_ratio < 1, f"evidence {self.name}", "needs a cap share in [0, 1)")
+        require(self.clip_ratio > 0 or (self.minimum < self.maximum < self.cap and self.responses >= 2),
+                f"evidence {self.name}", "without responses at the cap, needs min < max < cap and the count")
 
 
+# The four verl-data logs: github.com/eric-haibin-lin/verl-data, the training logs verl's "Algorithm Baselines"
+# docs page links (verl GRPO, LoRA rank 32 on all linear layers, lr 3e-5, 64 prompts x 5 samples a step, vLLM
+# rollouts at temperature 1, one epoch); each entry is the last step's console line (`step:116` / `step:117`,
+# 320 responses: perf/total_num_tokens / (prompt + response mean)), the policy as its config dump names it.
+_VERL_DATA = "github.com/eric-haibin-lin/verl-data"
 PUBLISHED_LENGTHS = {
     # llm-d-incubation/py-inference-scheduler, integration/verl/README.md ("Verifying Results"): a verl 0.7.1 GRPO
     # run on GSM8K with vLLM rollouts, step 1 of its console log: response_length/mean 424.5, max 1024 (= the
@@ -76,15 +90,39 @@ PUBLISHED_LENGTHS = {
     "verl-gsm8k-grpo": LengthEvidence(
         "verl-gsm8k-grpo", "llm-d-incubation/py-inference-scheduler integration/verl/README.md (verl 0.7.1, GRPO, "
         "GSM8K, step 1)", cap=1024, mean=424.5, clip_ratio=0.0737, minimum=26.0),
+    # gsm8k/Qwen2.5-3B-bsz64_2-prompt512-resp1024-lorarank32-score0.861.log (commit bf76ddd): Qwen2.5-3B-Instruct
+    # on GSM8K, step 116: response_length/mean 304.462, max 811, min 138, clip_ratio 0.000 (cap 1024)
+    "verl-qwen2.5-3b-gsm8k-grpo": LengthEvidence(
+        "verl-qwen2.5-3b-gsm8k-grpo", f"{_VERL_DATA} gsm8k/Qwen2.5-3B-bsz64_2-prompt512-resp1024-lorarank32-"
+        "score0.861.log (Qwen2.5-3B-Instruct, GRPO, GSM8K, step 116)", cap=1024, mean=304.462, clip_ratio=0.0,
+        minimum=138.0, maximum=811.0, responses=320),
+    # gsm8k/Qwen2.5-7B-bsz64_8-prompt512-resp1024-lorarank32-score0.934.log (commit cc49946): Qwen2.5-7B-Instruct
+    # on GSM8K, step 116: response_length/mean 268.550, max 749, min 130, clip_ratio 0.000 (cap 1024)
+    "verl-qwen2.5-7b-gsm8k-grpo": LengthEvidence(
+        "verl-qwen2.5-7b-gsm8k-grpo", f"{_VERL_DATA} gsm8k/Qwen2.5-7B-bsz64_8-prompt512-resp1024-lorarank32-"
+        "score0.934.log (Qwen2.5-7B-Instruct, GRPO, GSM8K, step 116)", cap=1024, mean=268.55, clip_ratio=0.0,
+        minimum=130.0, maximum=749.0, responses=320),
+    # math/Qwen2.5-3B-bsz64_2-prompt1024-resp512-score0.5702.log (commit cc49946): Qwen2.5-3B-Instruct on MATH
+    # (DigitalLearningGmbH/MATH-lighteval), step 117: response_length/mean 379.694, max 512 (= the cap), min 65,
+    # clip_ratio 0.319 (the W&B summary below it: 0.31875)
+    "verl-qwen2.5-3b-math-grpo": LengthEvidence(
+        "verl-qwen2.5-3b-math-grpo", f"{_VERL_DATA} math/Qwen2.5-3B-bsz64_2-prompt1024-resp512-score0.5702.log "
+        "(Qwen2.5-3B-Instruct, GRPO, MATH, step 117)", cap=512, mean=379.694, clip_ratio=0.31875, minimum=65.0,
+        maximum=512.0, responses=320),
+    # math/Qwen2.5-7B-bsz64_8-prompt1024-resp512-score0.6513.log (commit bcff590): Qwen2.5-7B-Instruct on MATH,
+    # step 117: response_length/mean 314.091, max 512 (= the cap), min 76, clip_ratio 0.191 (W&B: 0.19062)
+    "verl-qwen2.5-7b-math-grpo": LengthEvidence(
+        "verl-qwen2.5-7b-math-grpo", f"{_VERL_DATA} math/Qwen2.5-7B-bsz64_8-prompt1024-resp512-score0.6513.log "
+        "(Qwen2.5-7B-Instruct, GRPO, MATH, step 117)", cap=512, mean=314.091, clip_ratio=0.19062, minimum=76.0,
+        maximum=512.0, responses=320),
 }
-"""Published response-length evidence the workload can be fitted to (`LengthDist.fit_to`). Searched for and not
-found: Qwen2.5-3B/7B GSM8K length histograms or CDFs with numbers (docs/reproduction.md lists the search)."""
+"""Published response-length evidence the workload can be fitted to (`LengthDist.fit_to`); how each was found,
+and what was found but not fitted: docs/reproduction.md ("The workload")."""
 
 
-def fit_lognormal(ev: LengthEvidence, fixed_sigma: float) -> tuple[float, float]:
-    """(median, per-prompt sigma) of a capped lognormal whose cap share and capped mean match `ev`; the total
-    log-spread s solves E[min(X, cap)] = mean with ln(cap) = mu + s z, z the (1 - clip_ratio) normal quantile;
-    the per-prompt part is what s leaves over `fixed_sigma` (within-group and epoch spread, kept)."""
+def capped_spread(ev: LengthEvidence) -> tuple[float, float]:
+    """(median, total log-spread s) of the capped lognormal whose cap share and capped mean are `ev`'s: s solves
+    E[min(X, cap)] = mean with ln(cap) = mu + s z, z the (1 - clip_ratio) normal quantile. Needs clip_ratio > 0."""
     from statistics import NormalDist
 
     nd = NormalDist()
@@ -99,9 +137,49 @@ def fit_lognormal(ev: LengthEvidence, fixed_sigma: float) -> tuple[float, float]
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if capped_mean(mid) > ev.mean else (lo, mid)
     s = (lo + hi) / 2
+    return float(ev.cap * np.exp(-s * z)), s
+
+
+def tail_spread(ev: LengthEvidence) -> tuple[float, float]:
+    """(median, s) of the lognormal whose mean is `ev`'s and whose expected longest of `responses` draws is its
+    longest response (the tail the simulator's stragglers come from): ln(max / mean) = s z_n - s^2 / 2, z_n the
+    normal quantile at (n - 0.375) / (n + 0.25) (Blom's plotting position for the largest of n), the smaller root;
+    median = mean exp(-s^2 / 2). For steps where no response reached the cap (the mean is then uncapped). One
+    step's longest response is a noisy statistic; the shortest is not used (docs/reproduction.md compares it)."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf((ev.responses - 0.375) / (ev.responses + 0.25))
+    gap = float(np.log(ev.maximum / ev.mean))
+    require(z * z > 2 * gap, f"evidence {ev.name}", "its longest response is too far above its mean for a lognormal")
+    s = float(z - np.sqrt(z * z - 2 * gap))
+    return float(ev.mean * np.exp(-s * s / 2)), s
+
+
+def fit_spread(ev: LengthEvidence) -> tuple[float, float]:
+    """(median, total log-spread) of `ev`: from its cap share when some responses hit the cap, else from its
+    longest response (`tail_spread`)."""
+    return capped_spread(ev) if ev.clip_ratio > 0 else tail_spread(ev)
+
+
+def split_spread(s: float, prompt: float, within: float, epoch: float) -> tuple[float, float, float]:
+    """(prompt, within, epoch) log-spreads whose total is `s`: the within-group and epoch parts kept and the
+    per-prompt part what s leaves over them; where s does not exceed them (a tight published step), all three
+    shrink by one factor, keeping their configured proportions."""
+    fixed = float(np.hypot(within, epoch))
+    if s > fixed:
+        return float(np.sqrt(s * s - fixed ** 2)), within, epoch
+    k = s / float(np.sqrt(prompt ** 2 + within ** 2 + epoch ** 2))
+    return prompt * k, within * k, epoch * k
+
+
+def fit_lognormal(ev: LengthEvidence, fixed_sigma: float) -> tuple[float, float]:
+    """(median, per-prompt sigma) of a capped lognormal whose cap share and capped mean match `ev`
+    (`capped_spread`); the per-prompt part is what the total leaves over `fixed_sigma` (within-group and epoch
+    spread, kept). Raises when the total is below `fixed_sigma` (`split_spread` shrinks all three instead)."""
+    median, s = capped_spread(ev)
     require(s > fixed_sigma, "lengths.fit_to", f"{ev.name}: the evidence's spread {s:.2f} is below the fixed "
             f"within-group and epoch spread {fixed_sigma:.2f}")
-    return float(ev.cap * np.exp(-s * z)), float(np.sqrt(s * s - fixed_sigma ** 2))
+    return median, float(np.sqrt(s * s - fixed_sigma ** 2))
 
 
 @dataclass(frozen=True)
@@ -111,9 +189,10 @@ class LengthDist:
     Defaults (assumed; GSM8K chain-of-thought answers of Qwen2.5-3B/7B run a few hundred tokens with a long tail
     to the 2,048 cap the paper uses): median 280 tokens, per-prompt spread 0.5 and within-group spread 0.35 in log
     space, 0.15 of epoch-to-epoch jitter, the paper's caps (prompt 1,024, response 2,048 tokens).
-    fit_to: a key of `PUBLISHED_LENGTHS` replays that log instead: median, prompt_sigma and max_response become
-    the capped lognormal fitted to its cap, mean and cap share (`fit_lognormal`; within_sigma and epoch_sigma are
-    kept); "" keeps the fields as given.
+    fit_to: a key of `PUBLISHED_LENGTHS` replays that log's step instead: median and max_response become the
+    lognormal fitted to its cap, mean and cap share (or, when none hit the cap, its longest response;
+    `fit_spread`), and the spreads share its total (`split_spread`: within_sigma and epoch_sigma kept where the
+    total exceeds them); "" keeps the fields as given.
     """
 
     median: float = 280.0
@@ -135,10 +214,11 @@ class LengthDist:
                 f"must be '' or one of {', '.join(PUBLISHED_LENGTHS)} (got {self.fit_to!r})")
         if self.fit_to:  # frozen: the fitted fields replace the given ones once, here, so every reader agrees
             ev = PUBLISHED_LENGTHS[self.fit_to]
-            median, sigma = fit_lognormal(ev, float(np.hypot(self.within_sigma, self.epoch_sigma)))
-            object.__setattr__(self, "median", median)
-            object.__setattr__(self, "prompt_sigma", sigma)
-            object.__setattr__(self, "max_response", ev.cap)
+            median, s = fit_spread(ev)
+            spreads = split_spread(s, self.prompt_sigma, self.within_sigma, self.epoch_sigma)
+            for f, v in zip(("median", "prompt_sigma", "within_sigma", "epoch_sigma", "max_response"),
+                            (median, *spreads, ev.cap)):
+                object.__setattr__(self, f, v)
 
     def params(self, n_prompts: int, epochs: int, group_size: int, prompts_per_step: int) -> SyntheticParams:
         """The synthetic generator's parameters for this distribution (prompt lengths are drawn apart)."""
