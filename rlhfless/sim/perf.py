@@ -9,6 +9,9 @@ Deviations from the paper:
 1. The paper uses Vidur's measured operator tables directly; we fit the roofline's efficiency factors to those
    tables (`calibrate.fit_vidur`, fitted values below with their error), so any catalog device or model can be
    simulated, including ones Vidur never profiled (L40S: A40's fitted efficiencies on L40S peaks, an assumption).
+2. A decode iteration is vLLM's whole iteration (per-step host work, in-graph all-reduce: `ITERATION_MEASUREMENTS`),
+   where the paper's Vidur counts only the kernels (no CPU overhead, NCCL all-reduces); `ITERATION_SOURCES` makes
+   Vidur's accounting a switch, and `rlhfless.sim.itersources` sets the two side by side.
 """
 
 from __future__ import annotations
