@@ -81,9 +81,9 @@ def test_readers_on_a_written_slice(tmp_path):
 def test_tp8_all_reduces_come_from_the_nccl_profile():
     """70B at TP 8 on H100: B's all-reduce term is 2 x 80 interpolated NCCL medians, at least the profile's
     smallest (so it is not A's in-graph 8.6 us) and named as Vidur's."""
-    rows = compare(VIDUR if (VIDUR / "network/h100_dgx").is_dir() else _vidur("network/h100_dgx/all_reduce.csv"),
-                   "h100", "Llama-2-70b-hf", 8, POINTS[:1])
-    sizes, secs = read_allreduce_curve(VIDUR / "network/h100_dgx/all_reduce.csv", 8)
+    _vidur("compute/h100/meta-llama/Llama-2-70b-hf/mlp.csv")
+    sizes, secs = read_allreduce_curve(_vidur("network/h100_dgx/all_reduce.csv"), 8)
+    rows = compare(VIDUR, "h100", "Llama-2-70b-hf", 8, POINTS[:1])
     b = rows[0].b
     assert b.allreduce_source == "vidur" and b.allreduce_s >= 160 * secs.min()
     assert b.allreduce_s > 2 * rows[0].a.allreduce_s

@@ -147,7 +147,7 @@ def model_terms(pm: PerfModel, pt: Point) -> ModelTerms:
     """Source A's terms at `pt`, from the same methods the simulator schedules with."""
     n, layers = float(pt.tokens), pm.model.layers
     mm = layers * float(pm.matmul_s(n))
-    ar = layers * 2 * float(pm._allreduce_s(np.array([n]))[0])
+    ar = pm.allreduce_s(n)
     if pt.kind == "decode":
         attn, head = float(pm.decode_attention_s(n, pt.context)), float(pm.lm_head_s(n))
         return ModelTerms(mm, ar, attn, head, pm.eff.iter_overhead_s, float(pm.decode_iter_s(n, pt.context)))

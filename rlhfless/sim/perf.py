@@ -220,6 +220,10 @@ class PerfModel:
             t = np.maximum(t, m.layers * self.eager_layer_s + self.eff.iter_overhead_s)
         return np.where(b > 0, t, 0.0)
 
+    def allreduce_s(self, n_tokens: float) -> float:
+        """Seconds of one iteration's TP all-reduces over all layers (two a layer) on `n_tokens` tokens."""
+        return self.model.layers * 2 * float(self._allreduce_s(np.array([float(n_tokens)]))[0])
+
     def decode_attention_s(self, batch: np.ndarray | float, context: float) -> np.ndarray:
         """Seconds of one decode iteration's attention over all layers: reading `batch` x `context` tokens of KV
         at the matmuls' memory efficiency (the attention kernel's own profile is not in Vidur's public data)."""
