@@ -85,8 +85,8 @@ def test_published_length_evidence_is_replayed_by_the_fitted_workload():
         LengthDist(fit_to="my-log")
 
 
-NEW_FITS = ("verl-qwen2.5-3b-gsm8k-grpo", "verl-qwen2.5-7b-gsm8k-grpo", "verl-qwen2.5-3b-math-grpo",
-            "verl-qwen2.5-7b-math-grpo")
+NEW_FITS = tuple(f"verl-qwen2.5-{size}-{data}-grpo" for data in ("gsm8k", "math")
+                 for size in ("3b", "7b", "32b", "72b"))
 
 
 @pytest.mark.parametrize("name", NEW_FITS)

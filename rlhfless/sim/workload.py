@@ -77,7 +77,7 @@ class LengthEvidence:
                 f"evidence {self.name}", "without responses at the cap, needs min < max < cap and the count")
 
 
-# The four verl-data logs: github.com/eric-haibin-lin/verl-data, the training logs verl's "Algorithm Baselines"
+# The verl-data logs: github.com/eric-haibin-lin/verl-data, the training logs verl's "Algorithm Baselines"
 # docs page links (verl GRPO, LoRA rank 32 on all linear layers, lr 3e-5, 64 prompts x 5 samples a step, vLLM
 # rollouts at temperature 1, one epoch); each entry is the last step's console line (`step:116` / `step:117`,
 # 320 responses: perf/total_num_tokens / (prompt + response mean)), the policy as its config dump names it.
@@ -114,6 +114,30 @@ PUBLISHED_LENGTHS = {
     "verl-qwen2.5-7b-math-grpo": LengthEvidence(
         "verl-qwen2.5-7b-math-grpo", f"{_VERL_DATA} math/Qwen2.5-7B-bsz64_8-prompt1024-resp512-score0.6513.log "
         "(Qwen2.5-7B-Instruct, GRPO, MATH, step 117)", cap=512, mean=314.091, clip_ratio=0.19062, minimum=76.0,
+        maximum=512.0, responses=320),
+    # gsm8k/Qwen2.5-32B-bsz64_8-prompt512-resp1024-lorarank32-score0.958.log (commit cc49946): Qwen2.5-32B-Instruct
+    # (its config's tokenizer path) on GSM8K, rollout TP 8, step 116: mean 267.388, max 689, min 48, clip_ratio 0.000
+    "verl-qwen2.5-32b-gsm8k-grpo": LengthEvidence(
+        "verl-qwen2.5-32b-gsm8k-grpo", f"{_VERL_DATA} gsm8k/Qwen2.5-32B-bsz64_8-prompt512-resp1024-lorarank32-"
+        "score0.958.log (Qwen2.5-32B-Instruct, GRPO, GSM8K, step 116)", cap=1024, mean=267.388, clip_ratio=0.0,
+        minimum=48.0, maximum=689.0, responses=320),
+    # gsm8k/Qwen2.5-72B-bs64_8-prompt512-resp1024-lorarank32-score0.960.log (commit bf76ddd): Qwen2.5-72B-Instruct
+    # on GSM8K, rollout TP 8, step 116: mean 264.587, max 639, min 108, clip_ratio 0.000
+    "verl-qwen2.5-72b-gsm8k-grpo": LengthEvidence(
+        "verl-qwen2.5-72b-gsm8k-grpo", f"{_VERL_DATA} gsm8k/Qwen2.5-72B-bs64_8-prompt512-resp1024-lorarank32-"
+        "score0.960.log (Qwen2.5-72B-Instruct, GRPO, GSM8K, step 116)", cap=1024, mean=264.587, clip_ratio=0.0,
+        minimum=108.0, maximum=639.0, responses=320),
+    # math/Qwen2.5-32B-bsz64_8-prompt1024-resp512-score0.6985.log (commit cc49946): Qwen2.5-32B-Instruct (tokenizer
+    # path) on MATH, rollout TP 8, the W&B run summary (step 117): mean 253.35001, max 512, min 77, clip 0.0125
+    "verl-qwen2.5-32b-math-grpo": LengthEvidence(
+        "verl-qwen2.5-32b-math-grpo", f"{_VERL_DATA} math/Qwen2.5-32B-bsz64_8-prompt1024-resp512-score0.6985.log "
+        "(Qwen2.5-32B-Instruct, GRPO, MATH, step 117)", cap=512, mean=253.35001, clip_ratio=0.0125, minimum=77.0,
+        maximum=512.0, responses=320),
+    # math/Qwen2.5-72B-bsz64_8-prompt1024-resp512-score0.7319.log (commit bcff590): Qwen2.5-72B-Instruct on MATH,
+    # rollout TP 8, step 117: mean 288.072, max 512, min 93, clip_ratio 0.019 (W&B: 0.01875)
+    "verl-qwen2.5-72b-math-grpo": LengthEvidence(
+        "verl-qwen2.5-72b-math-grpo", f"{_VERL_DATA} math/Qwen2.5-72B-bsz64_8-prompt1024-resp512-score0.7319.log "
+        "(Qwen2.5-72B-Instruct, GRPO, MATH, step 117)", cap=512, mean=288.07187, clip_ratio=0.01875, minimum=93.0,
         maximum=512.0, responses=320),
 }
 """Published response-length evidence the workload can be fitted to (`LengthDist.fit_to`); how each was found,
