@@ -103,7 +103,7 @@ ITERATION_SOURCES = ("vllm", "kernels")
 (`ITERATION_MEASUREMENTS`: CUDA graphs, per-step scheduling, input preparation, logits and sampling), what a
 vLLM 0.8 decode step costs. kernels: Vidur's accounting, the sum of the GPU kernels only: no per-iteration
 overhead (Vidur's default `skip_cpu_overhead_modeling`) and NCCL's all-reduce latency (eager NCCL, not vLLM's
-in-graph custom all-reduce)."""
+in-graph custom all-reduce); the LM head stays (GPU work Vidur leaves out)."""
 
 NCCL_ALLREDUCE_LATENCY_S = 26e-6
 """NCCL all-reduce latency on 8 H100s in one node: `calibrate.fit_allreduce_latency(..., max_bytes=2e6)` on
