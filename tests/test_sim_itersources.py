@@ -159,3 +159,14 @@ def test_the_switch_changes_the_simulated_step():
 def test_the_switch_is_a_cli_override():
     cfg = case_configs("quick", 1, ["iteration=kernels"])[0]
     assert cfg.iteration == "kernels"
+
+
+def test_the_nccl_latency_constant_is_refitted_from_vidurs_profile():
+    """perf.NCCL_ALLREDUCE_LATENCY_S is `calibrate.fit_allreduce_latency` on the H100 DGX profile, 8 workers,
+    messages up to 2 MB (26.1 us)."""
+    from rlhfless.sim.calibrate import fit_allreduce_latency, read_allreduce
+    from rlhfless.sim.hardware import DEVICES
+
+    _vidur("network/h100_dgx/all_reduce.csv")
+    lat, _ = fit_allreduce_latency(read_allreduce(VIDUR, "h100_dgx"), DEVICES["H100"], 8, max_bytes=2e6)
+    assert lat == pytest.approx(NCCL_ALLREDUCE_LATENCY_S, rel=0.02)
