@@ -173,7 +173,7 @@ def _rows(p: Path) -> list[dict]:
 def test_emulated_compare_runs_five_arms_on_identical_samples(compared):
     r = json.loads((compared / "comparison.json").read_text())
     assert r["arms"] == ["serverful", "serverful-paper-engine", "serverful-overlap", "serverless", "serverless-paper"]
-    assert r["arm_labels"]["serverful"] == "verl (tuned engine)"
+    assert r["arm_labels"]["serverful"] == "verl (tuned engine, TP 1)"
     assert r["arm_labels"]["serverful-paper-engine"] == "verl (paper's settings)"
     assert r["samples_identical"] and r["weights_identical"]
     m = r["modelled"]["per_step"]

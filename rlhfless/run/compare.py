@@ -49,8 +49,8 @@ PAPER_ENGINE_ARM = "serverful-paper-engine"
 """With emulated devices and GRPO, verl as the paper ran it: the serverful pool with `runtime.emulated_engine=paper`
 (the simulator's paper-verl settings: verl's example TP, KV sleep and wake, full reshard), beside `serverful`, verl
 with the tuned engine. The serverless arms' ratios are reported against both."""
-ARM_LABELS = {"serverful": "verl (tuned engine)", PAPER_ENGINE_ARM: "verl (paper's settings)",
-              "serverful-overlap": "verl (tuned engine) + overlap", "serverless": "serverless (ours)",
+ARM_LABELS = {"serverful": "verl (tuned engine, TP 1)", PAPER_ENGINE_ARM: "verl (paper's settings)",
+              "serverful-overlap": "verl (tuned engine, TP 1) + overlap", "serverless": "serverless (ours)",
               PAPER_ARM: "serverless (paper's design)"}
 """What each arm is, for reports and figures (`label`); `serverless` is the configured design (ours by default)."""
 
