@@ -108,7 +108,7 @@ def plot(table: list[dict], path: Path) -> Path:
                     linestyle="none", dodge=0.2, height=3.0, aspect=1.7, sharey=False)
     for ax in g.axes.flat:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")  # as verl
-        ax.tick_params(axis="x", rotation=40)
+        plt.setp(ax.get_xticklabels(), rotation=35, ha="right", rotation_mode="anchor")
     g.set_titles("{row_name} over {col_name}")
     g.set_axis_labels("", "serverless / verl")
     g.figure.suptitle("Emulated arms over the cold-start constants and keep-alive (modelled s per step, steps 2..)")
