@@ -1,14 +1,14 @@
 """The paper's testbed on emulated devices (`runtime.device=emulated`): one compare run, a Gantt of one step per arm.
 
-The study runs `experiments/configs/emulated_testbed_7b_grpo.yaml` (16 x L40S, Qwen2.5-7B, GRPO, GSM8K-like
-lengths) as a comparison: verl with the tuned engine (serverful), verl at the paper's engine settings (TP 2, KV
-sleep and wake, full reshard: `run.compare.PAPER_ENGINE_ARM`), verl + overlap, serverless design=extended (ours)
-and design=paper, on the same samples; each arm is labelled as what it is (`run.compare.ARM_LABELS`) and the
-serverless rows are put over both verl readings (ours: the paper's settings; ours_tuned: the tuned engine). The real runtime runs (planner, worker processes, messages, cold starts,
-keep-alive, billing); each invocation's compute is the simulator's modelled time (docs/emulated.md). It reports
-every arm in modelled seconds (`comparison.json`'s `modelled` block: steps 2.., real seconds / time scale), the
-busy / held-idle / cold-start split of each arm's bill, the simulator's prediction of each arm
-(`sim.modelled.validate_emulated`) and one step's per-function Gantt of every arm in modelled seconds.
+The study runs `experiments/configs/emulated_testbed_7b_grpo.yaml` (16 x L40S, Qwen2.5-7B, GRPO, GSM8K-like lengths) as
+a comparison: verl with the tuned engine (serverful), verl at the paper's engine settings (TP 2, KV sleep and wake, full
+reshard: `run.compare.PAPER_ENGINE_ARM`), verl + overlap, serverless design=extended (ours) and design=paper, on the
+same samples; each arm is labelled as what it is (`run.compare.ARM_LABELS`) and the serverless rows are put over both
+verl readings (ours: the paper's settings; ours_tuned: the tuned engine). The real runtime runs (planner, worker
+processes, messages, cold starts, keep-alive, billing); each invocation's compute is the simulator's modelled time
+(docs/emulated.md). It reports every arm in modelled seconds (`comparison.json`'s `modelled` block: steps 2.., real
+seconds / time scale), the busy / held-idle / cold-start split of each arm's bill, the simulator's prediction of each
+arm (`sim.modelled.validate_emulated`) and one step's per-function Gantt of every arm in modelled seconds.
 The workload has memory: lengths are replayed by prompt id across epochs (`sim.devicemodel`), the train split is one
 step's prompts, so every step after the first is a new epoch of the same prompts and the real predictor ranks them
 from their history (`predictor/kendall_tau` per step); `migrate: plan` lets the scaler keep cuts at tau, and each

@@ -24,9 +24,9 @@ START_METHODS = ("forkserver", "spawn")
 DEVICES = ("cpu", "cuda", "emulated")
 DESIGNS = ("custom", "paper", "extended")
 EMULATED_GPUS = ("L40S", "A100-80G", "H100", "H200")
+"""Device kinds an emulated unit may be (`rlhfless.sim.hardware.DEVICES`, GPUs only)."""
 ENGINES = ("tuned", "paper")
 """runtime.emulated_engine: the serverful pool's engine on emulated devices (`sim.devicemodel.engine_of`)."""
-"""Device kinds an emulated unit may be (`rlhfless.sim.hardware.DEVICES`, GPUs only)."""
 SHIP_KV = ("auto", "always", "never")
 MIGRATE = ("plan", "always", "never")
 
@@ -70,10 +70,10 @@ class RuntimeConfig:
     simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""
     emulated_engine: str = "tuned"
     """With device=emulated and mode=serverful: the pool's engine (`sim.devicemodel.engine_of`). tuned: TP 1, CUDA
-    graphs, the KV cache kept between rollouts, each device's shard resharded in place (verl at its best); paper:
-    verl as the paper ran it, with the simulator's `paper_verl` settings (verl's example TP for the model's size,
-    each pool worker holding TP units; vLLM's memory share; the KV cache slept and woken every step; the whole
-    model resharded through each device's link). `compare` runs both as its two verl arms."""
+    graphs, the KV cache kept between rollouts, each device's shard resharded in place (verl's tuned engine at TP 1);
+    paper: verl as the paper ran it, with the simulator's `paper_verl` settings (verl's example TP for the model's size,
+    each pool worker holding TP units; vLLM's memory share; the KV cache slept and woken every step; the whole model
+    resharded through each device's link). `compare` runs both as its two verl arms."""
     emulated_container_start_s: float | None = None
     """With device=emulated: a function's container start, modelled s (None: the simulator's, `sim.overheads`)."""
     emulated_engine_init_s: float | None = None

@@ -12,18 +12,18 @@ epoch), whatever order the run draws its prompts in. The run's epoch of a group 
 stream over the train split's size (`run.runner.PromptStream`: every epoch visits every train prompt once, `batch`
 prompts a step). A table written before (no `prompts`) replays by (step, group, sample) as it did.
 
-The engine (`engine_of`): tuned (TP 1, CUDA graphs, the KV cache kept between rollouts, each device's shard resharded
-in place: verl at its best) for every function, or, for a serverful pool with `runtime.emulated_engine=paper`, verl
-as the paper ran it, with the simulator's `paper_verl` settings (`sim.scenario.PaperVerl`, sources in
-`sim.overheads`): verl's example TP for the model's size (a replica holds TP units), vLLM's memory share (its KV
-slots), CUDA graphs, the KV cache slept and woken every step (weights to the host and back) and the whole model
-resharded through each device's link. The learner is the same in both (one optimiser step, no old log-prob
-recompute): the algorithm is every arm's, as `SimConfig.learner=single_step` applies it to every system.
-Cold starts (`cold_start_s`): container, engine, weights from storage (`runtime.emulated_*` may replace the
-simulator's constants, for the sensitivity study) and, for a GRPO learner rank that resumes a trained policy, its
-ZeRO shard of the optimiser state from storage (12 bytes a parameter over the learner's ranks: 2.3 s at 7B over
-16 L40S). Deviation: a hybrid decode function that joins the learner pays no optimiser shard (the simulator's
-`hybrid_join_s` moves it), nor does PPO's actor (one rank today: its data-parallel update is not built).
+The engine (`engine_of`): tuned (TP 1, CUDA graphs, the KV cache kept between rollouts, each device's shard resharded in
+place) for every function, or, for a serverful pool with `runtime.emulated_engine=paper`, verl as the paper ran it, with
+the simulator's `paper_verl` settings (`sim.scenario.PaperVerl`, sources in `sim.overheads`): verl's example TP for the
+model's size (a replica holds TP units), vLLM's memory share (its KV slots), CUDA graphs, the KV cache slept and woken
+every step (weights to the host and back) and the whole model resharded through each device's link. The learner is the
+same in both (one optimiser step, no old log-prob recompute): the algorithm is every arm's, as
+`SimConfig.learner=single_step` applies it to every system. Cold starts (`cold_start_s`): container, engine, weights
+from storage (`runtime.emulated_*` may replace the simulator's constants, for the sensitivity study) and, for a GRPO
+learner rank that resumes a trained policy, its ZeRO shard of the optimiser state from storage (12 bytes a parameter
+over the learner's ranks: 2.3 s at 7B over 16 L40S). Deviation: a hybrid decode function that joins the learner pays no
+optimiser shard (the simulator's `hybrid_join_s` moves it), nor does PPO's actor (one rank today: its data-parallel
+update is not built).
 """
 
 from __future__ import annotations
@@ -197,7 +197,8 @@ def paper_engine(sim, work) -> dict:
     except ConfigError as exc:
         raise ConfigError(f"runtime.emulated_engine: verl's engine as the paper ran it (TP {tp}): {exc}") from None
     return {"tp": tp, "capacity": int(c.capacity), "mem_frac": c.perf.eff.kv_mem_frac,
-            "eager_layer_s": c.perf.eager_layer_s, "reshard_full": c.perf.reshard_full, "kv_s": kv_release_s(sim, c.perf)}
+            "eager_layer_s": c.perf.eager_layer_s, "reshard_full": c.perf.reshard_full,
+            "kv_s": kv_release_s(sim, c.perf)}
 
 
 def paper_tp(model: str) -> int:
