@@ -13,7 +13,7 @@ from typing import Callable
 
 from rlhfless.core.errors import require
 from rlhfless.repro import algo_study
-from rlhfless.repro import emulated_study
+from rlhfless.repro import emulated_sensitivity, emulated_study
 from rlhfless.repro import real_studies as real
 from rlhfless.repro import sim_studies as sim
 from rlhfless.repro.records import StudyResult
@@ -61,4 +61,6 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("sim-vs-real", real.sim_vs_real_study, "real", "the simulator's prediction of the real runs"),
     Study("emulated", emulated_study.emulated_study, "real", "the testbed on emulated L40S: every arm's step, bill "
                                                               "and one step's Gantt, and the simulator's prediction"),
+    Study("emulated-sensitivity", emulated_sensitivity.emulated_sensitivity, "real",
+          "the emulated arms over the cold-start constants and the keep-alive, against both verl readings"),
 )}

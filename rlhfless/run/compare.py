@@ -3,7 +3,8 @@
 Three arms, each a whole run in OUT/<arm>: `serverful` (a pool held for the run, work split by count, no overlap),
 `serverful-overlap` (the same with `runtime.overlap=true`, separating what streaming the tail buys from what
 serverless buys) and `serverless`; PPO runs the overlap arm only when its value forward streams in chunks
-(`critic.values_chunk`), emulated devices add `serverless-paper`. Then OUT/comparison.json (ratios, identity of
+(`critic.values_chunk`), emulated devices add `serverless-paper` and, for GRPO, `serverful-paper-engine` (verl with
+the paper's engine settings beside the tuned one: `PAPER_ENGINE_ARM`). Then OUT/comparison.json (ratios, identity of
 samples, weights and final state, scaling, the planner's accuracy, the cost gap by component) and side-by-side
 Gantt charts. The rule it keeps: every arm runs the same seed and prompts, so samples, weights and final state
 compare byte for byte; the arms run one after another, so the ratios are clean only when `other_cpu_fraction_max`
@@ -42,20 +43,38 @@ def samples_match(a: Path, b: Path) -> tuple[bool, int | None, int]:
 
 
 PAPER_ARM = "serverless-paper"
-"""With emulated devices (`runtime.device=emulated`) a fourth arm: serverless as the paper designed it
+"""With emulated devices (`runtime.device=emulated`) an arm of serverless as the paper designed it
 (`runtime.design=paper`), beside `serverless` as configured (design extended: ours)."""
+PAPER_ENGINE_ARM = "serverful-paper-engine"
+"""With emulated devices and GRPO, verl as the paper ran it: the serverful pool with `runtime.emulated_engine=paper`
+(the simulator's paper-verl settings: verl's example TP, KV sleep and wake, full reshard), beside `serverful`, verl
+with the tuned engine. The serverless arms' ratios are reported against both."""
+ARM_LABELS = {"serverful": "verl (tuned engine, TP 1)", PAPER_ENGINE_ARM: "verl (paper's settings)",
+              "serverful-overlap": "verl (tuned engine, TP 1) + overlap", "serverless": "serverless (ours)",
+              PAPER_ARM: "serverless (paper's design)"}
+"""What each arm is, for reports and figures (`label`); `serverless` is the configured design (ours by default)."""
+
+
+def label(arm: str) -> str:
+    """An arm's label (`ARM_LABELS`; the arm's name when it has none)."""
+    return ARM_LABELS.get(arm, arm)
 
 
 def arms(cfg) -> tuple[str, ...]:
     """The arms of a comparison: PPO has an overlap arm only when its value forward streams in chunks
     (critic.values_chunk > 0: nothing of its update can stream, `ppo_stages`); emulated devices add the paper's
-    design (`PAPER_ARM`)."""
+    design (`PAPER_ARM`) and, for GRPO, verl at the paper's engine settings (`PAPER_ENGINE_ARM`; PPO's update is
+    one rank, so a TP replica has no PPO path yet)."""
     out = tuple(a for a in ARMS if a != "serverful-overlap" or cfg.algo.name == "grpo" or cfg.critic.values_chunk)
-    return out + (PAPER_ARM,) if cfg.runtime.device == "emulated" else out
+    if cfg.runtime.device != "emulated":
+        return out
+    return out[:1] + ((PAPER_ENGINE_ARM,) if cfg.algo.name == "grpo" else ()) + out[1:] + (PAPER_ARM,)
 
 
 def arm_config(cfg, arm: str):
     """The run config of one arm (module header)."""
+    if arm == PAPER_ENGINE_ARM:
+        return replace(cfg, runtime=replace(cfg.runtime, mode="serverful", overlap=False, emulated_engine="paper"))
     if arm == PAPER_ARM:
         return replace(cfg, runtime=replace(cfg.runtime, mode="serverless", design="paper", overlap=None,
                                             hybrid=None))
@@ -158,6 +177,7 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
         window = CpuWindow.open()
         summaries[arm] = train(arm_config(cfg, arm), out / arm, progress=progress)
         machine[arm] = window.close()
+        _label_summary(out / arm, arm)
     ran = list(summaries)
     digests = {arm: weights_digest(out / arm) for arm in ran}
     states = {arm: state_digests(out / arm) for arm in ran}
@@ -180,7 +200,9 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
         "ranks_released_early": rs[TREATED].get("ranks_released_early"),
         "zero_held_intervals": rs[TREATED].get("zero_held_intervals"),
         "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
-        "arms": ran, "seed": cfg.train.seed, "steps": cfg.train.steps,
+        # the serverless arm against verl as the paper ran it (the ratios above are against the tuned engine)
+        "against_paper_engine": _ratios(rs[TREATED], rs[PAPER_ENGINE_ARM]) if PAPER_ENGINE_ARM in rs else None,
+        "arms": ran, "arm_labels": {arm: label(arm) for arm in ran}, "seed": cfg.train.seed, "steps": cfg.train.steps,
         **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
                  "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],
@@ -194,7 +216,7 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
     result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
-        p = plot_steps({arm: out / arm for arm in ran}, k, RunDir(out).gantt(k),
+        p = plot_steps({label(arm): out / arm for arm in ran}, k, RunDir(out).gantt(k),
                        cfg.runtime.time_scale if cfg.runtime.device == "emulated" else 1.0)  # modelled seconds
         if p is not None:
             charts.append(str(p))
@@ -205,6 +227,14 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
         result["modelled"] = modelled_report(out, ran, cfg.runtime.time_scale)
     write_json(result, RunDir(out).comparison)
     return result
+
+
+def _label_summary(run: Path, arm: str) -> None:
+    """The arm's name and label into its summary.json (what it is, for a reader of that file alone)."""
+    rd = RunDir(run)
+    s = rd.read_summary()
+    if s is not None:
+        write_json({**s, "arm": arm, "arm_label": label(arm)}, rd.summary)
 
 
 def _gap(a: dict, b: dict) -> dict:

@@ -25,6 +25,8 @@ DEVICES = ("cpu", "cuda", "emulated")
 DESIGNS = ("custom", "paper", "extended")
 EMULATED_GPUS = ("L40S", "A100-80G", "H100", "H200")
 """Device kinds an emulated unit may be (`rlhfless.sim.hardware.DEVICES`, GPUs only)."""
+ENGINES = ("tuned", "paper")
+"""runtime.emulated_engine: the serverful pool's engine on emulated devices (`sim.devicemodel.engine_of`)."""
 SHIP_KV = ("auto", "always", "never")
 MIGRATE = ("plan", "always", "never")
 
@@ -66,6 +68,19 @@ class RuntimeConfig:
     length_trace: str = "paper-testbed"
     """With device=emulated: the response lengths replayed, by (step, group, sample): paper-testbed (the
     simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""
+    emulated_engine: str = "tuned"
+    """With device=emulated and mode=serverful: the pool's engine (`sim.devicemodel.engine_of`). tuned: TP 1, CUDA
+    graphs, the KV cache kept between rollouts, each device's shard resharded in place (verl's tuned engine at TP 1);
+    paper: verl as the paper ran it, with the simulator's `paper_verl` settings (verl's example TP for the model's size,
+    each pool worker holding TP units; vLLM's memory share; the KV cache slept and woken every step; the whole model
+    resharded through each device's link). `compare` runs both as its two verl arms."""
+    emulated_container_start_s: float | None = None
+    """With device=emulated: a function's container start, modelled s (None: the simulator's, `sim.overheads`)."""
+    emulated_engine_init_s: float | None = None
+    """With device=emulated: a decoding function's inference-engine start, modelled s (None: the simulator's)."""
+    emulated_storage_gbps: float | None = None
+    """With device=emulated: GB/s per device reading weights (and a learner's optimiser shard) at a cold start
+    (None: the simulator's)."""
     design: str = "custom"
     """The serverless arm's design: paper (the paper's RLHFless: separate functions per stage, synchronous
     stages: runtime.hybrid=false, runtime.overlap=false), extended (ours: overlap + hybrid functions), custom
@@ -244,7 +259,16 @@ class RuntimeConfig:
                 f"must be paper-testbed or a trace path (got {self.length_trace!r})")
         require(self.emulated_gpu in EMULATED_GPUS, "runtime.emulated_gpu",
                 f"must be one of {list(EMULATED_GPUS)} (got {self.emulated_gpu!r})")
+        require(self.emulated_engine in ENGINES, "runtime.emulated_engine",
+                f"must be one of {list(ENGINES)} (got {self.emulated_engine!r})")
+        for k in ("emulated_container_start_s", "emulated_engine_init_s"):
+            v = getattr(self, k)
+            require(v is None or v >= 0, f"runtime.{k}", f"must be >= 0 s or null (got {v})")
+        v = self.emulated_storage_gbps
+        require(v is None or v > 0, "runtime.emulated_storage_gbps", f"must be > 0 GB/s or null (got {v})")
         if self.device != "emulated":
+            require(self.emulated_engine == "tuned", "runtime.emulated_engine",
+                    f"applies to runtime.device=emulated only (got {self.emulated_engine!r} on {self.device})")
             return
         from rlhfless.sim.hardware import MODELS
 
@@ -258,6 +282,19 @@ class RuntimeConfig:
                 "serverful or compare); inline runs every stage in the driver, where the emulated keys go unused")
         require(self.ship_prefix_kv == "never", "runtime.ship_prefix_kv", "must be never with "
                 "runtime.device=emulated (an emulated prefill function is not built)")
+        if self.emulated_engine == "paper":
+            self._check_paper_engine()
+
+    def _check_paper_engine(self) -> None:
+        """runtime.emulated_engine=paper is the serverful pool's, in replicas of TP units that fill the units."""
+        require(self.mode == "serverful", "runtime.emulated_engine", "paper is the serverful pool's engine (compare "
+                f"runs it as its own verl arm); got runtime.mode={self.mode}")
+        tp = self.pool_worker_units()
+        require(self.units % tp == 0, "runtime.units", f"must be a multiple of the paper engine's TP {tp} with "
+                f"runtime.emulated_engine=paper (got {self.units})")
+        require(self.serverful_workers in (0, self.units // tp), "runtime.serverful_workers",
+                f"must be 0 or {self.units // tp} (runtime.units / TP {tp}) with runtime.emulated_engine=paper "
+                f"(got {self.serverful_workers})")
 
     @property
     def executes(self) -> bool:
@@ -279,8 +316,16 @@ class RuntimeConfig:
         return self.units or self.machine_units()
 
     def workers(self) -> int:
-        """W of the serverful control."""
-        return self.serverful_workers or self.resolved_units()
+        """W of the serverful control (a pool worker holds `pool_worker_units` units)."""
+        return self.serverful_workers or self.resolved_units() // self.pool_worker_units()
+
+    def pool_worker_units(self) -> int:
+        """Units each serverful pool worker holds: 1, or with runtime.emulated_engine=paper one replica's TP."""
+        if self.emulated_engine != "paper":
+            return 1
+        from rlhfless.sim.devicemodel import paper_tp
+
+        return paper_tp(self.emulated_model)
 
     def learners(self) -> int:
         return self.learner_units or self.resolved_units()

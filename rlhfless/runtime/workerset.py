@@ -134,12 +134,14 @@ class WorkerSet:
         restarts is never charged to the step's work."""
         from rlhfless.runtime.devices.dist import reserve_port
 
-        W = self.rt.workers()
+        W, k = self.rt.workers(), self.rt.pool_worker_units()
         tries = Attempts("the serverful pool's start", self.rt.max_attempts)
         while True:
             port, held = reserve_port()
-            # W <= units (check_machine): one unit each; PPO's critic lives on the last worker (`ppo_stages`)
-            hs = [self.pool.start(KINDS_ALL, (r,), {**self.weights.state_setup(), "dist": self.dist_spec(r, W, port),
+            # W x k <= units (check_machine): k units each (an emulated paper-engine replica holds its TP);
+            # PPO's critic lives on the last worker (`ppo_stages`)
+            hs = [self.pool.start(KINDS_ALL, tuple(range(r * k, r * k + k)),
+                                  {**self.weights.state_setup(), "dist": self.dist_spec(r, W, port),
                                                     **(self._critic_holder() if self.ppo and r == W - 1 else {})})
                   for r in range(W)]
             try:

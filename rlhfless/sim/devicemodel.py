@@ -11,6 +11,19 @@ so a length predictor sees each prompt's history as the paper's does (lengths th
 epoch), whatever order the run draws its prompts in. The run's epoch of a group is its position in the prompt
 stream over the train split's size (`run.runner.PromptStream`: every epoch visits every train prompt once, `batch`
 prompts a step). A table written before (no `prompts`) replays by (step, group, sample) as it did.
+
+The engine (`engine_of`): tuned (TP 1, CUDA graphs, the KV cache kept between rollouts, each device's shard resharded in
+place) for every function, or, for a serverful pool with `runtime.emulated_engine=paper`, verl as the paper ran it, with
+the simulator's `paper_verl` settings (`sim.scenario.PaperVerl`, sources in `sim.overheads`): verl's example TP for the
+model's size (a replica holds TP units), vLLM's memory share (its KV slots), CUDA graphs, the KV cache slept and woken
+every step (weights to the host and back) and the whole model resharded through each device's link. The learner is the
+same in both (one optimiser step, no old log-prob recompute): the algorithm is every arm's, as
+`SimConfig.learner=single_step` applies it to every system. Cold starts (`cold_start_s`): container, engine, weights
+from storage (`runtime.emulated_*` may replace the simulator's constants, for the sensitivity study) and, for a GRPO
+learner rank that resumes a trained policy, its ZeRO shard of the optimiser state from storage (12 bytes a parameter
+over the learner's ranks: 2.3 s at 7B over 16 L40S). Deviation: a hybrid decode function that joins the learner pays no
+optimiser shard (the simulator's `hybrid_join_s` moves it), nor does PPO's actor (one rank today: its data-parallel
+update is not built).
 """
 
 from __future__ import annotations
@@ -18,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlhfless.core.errors import ConfigError, require
@@ -49,6 +62,13 @@ class LengthTable:
     prompt_rewards: list | None = None
     n_train: int = 0
     batch: int = 0
+    paper: dict | None = None
+    """With runtime.emulated_engine=paper, verl's engine as the paper ran it (`engine_of`): tp, capacity (KV slots
+    at its memory share), mem_frac, eager_layer_s (0: CUDA graphs), reshard_full, kv_s (seconds a step the KV
+    cache's sleep and wake take); None: the tuned engine."""
+    overheads: dict | None = None
+    """The cold-start constants the run set (`OVERHEAD_KEYS`: runtime.emulated_*); None or a missing key: the
+    simulator's default (`sim.overheads.DEFAULT`)."""
 
     def slot(self, step: int, group: int, prompt_id: str) -> tuple[int, int]:
         """(trace prompt, trace epoch) that the run's `prompt_id`, drawn as group `group` of step `step` (1-based),
@@ -118,6 +138,15 @@ def mix(seed: int, row: int, salt: int) -> int:
     return x
 
 
+OVERHEAD_KEYS = ("container_start_s", "engine_init_s", "storage_gbps")
+"""The cold-start constants an emulated run may set (`runtime.emulated_<key>`; the sensitivity study sweeps them)."""
+
+
+def overheads_of(rt) -> dict:
+    """The runtime config's cold-start constants that are set (`OVERHEAD_KEYS`)."""
+    return {k: getattr(rt, f"emulated_{k}") for k in OVERHEAD_KEYS if getattr(rt, f"emulated_{k}") is not None}
+
+
 def build_table(cfg, steps: int, n_train: int = 0) -> LengthTable:
     """The run's length table, keyed by prompt (module header): the simulator's paper-testbed workload for the
     run's model, batch and group size, over `n_train` prompts (the run's train split; 0 = the case's own count)
@@ -127,8 +156,9 @@ def build_table(cfg, steps: int, n_train: int = 0) -> LengthTable:
     from rlhfless.sim.scenario import SCENARIOS, SimConfig, build_cluster, workload
 
     rt, batch = cfg.runtime, cfg.rollout.prompts_per_step
+    over = overheads_of(rt)
     base = dict(device=rt.emulated_gpu, n_devices=rt.units, model=rt.emulated_model, tp=1, algo=cfg.algo.name,
-                group_size=cfg.algo.group_size, prompts_per_step=batch)
+                group_size=cfg.algo.group_size, prompts_per_step=batch, **over)
     if rt.length_trace == "paper-testbed":
         cases = [c for c in SCENARIOS["paper-testbed"] if c["model"] == rt.emulated_model]  # this algo's first
         case = next((c for c in cases if c.get("algo", "grpo") == cfg.algo.name), cases[0] if cases else None)
@@ -149,9 +179,34 @@ def build_table(cfg, steps: int, n_train: int = 0) -> LengthTable:
     work, note = workload(sim)
     cluster = build_cluster(sim, 1, work)
     lengths, rewards = by_prompt(work)
+    paper = paper_engine(sim, work) if rt.emulated_engine == "paper" else None
     return LengthTable([], None, rt.emulated_gpu, rt.emulated_model, int(cluster.capacity),
                        float(_ctx(cluster.time_model.source)), f"{rt.length_trace}: {note}", shares=True,
-                       prompts=lengths, prompt_rewards=rewards, n_train=n_train or len(lengths), batch=batch)
+                       prompts=lengths, prompt_rewards=rewards, n_train=n_train or len(lengths), batch=batch,
+                       paper=paper, overheads=over or None)
+
+
+def paper_engine(sim, work) -> dict:
+    """verl's engine as the paper ran it for this workload (`LengthTable.paper`): the simulator's paper-verl
+    cluster at `paper_tp` (verl's example TP for the model's size), which must fit (a ConfigError otherwise)."""
+    from rlhfless.sim.scenario import build_cluster, kv_release_s
+
+    tp = paper_tp(sim.model)
+    try:
+        c = build_cluster(sim, tp, work, paper=True, whole_nodes=False)
+    except ConfigError as exc:
+        raise ConfigError(f"runtime.emulated_engine: verl's engine as the paper ran it (TP {tp}): {exc}") from None
+    return {"tp": tp, "capacity": int(c.capacity), "mem_frac": c.perf.eff.kv_mem_frac,
+            "eager_layer_s": c.perf.eager_layer_s, "reshard_full": c.perf.reshard_full,
+            "kv_s": kv_release_s(sim, c.perf)}
+
+
+def paper_tp(model: str) -> int:
+    """verl's example rollout TP for `model` (`sim.scenario.paper_tp` at the simulator's paper-verl defaults): the
+    units one replica of the paper-settings engine holds."""
+    from rlhfless.sim.scenario import SimConfig, paper_tp as sim_paper_tp
+
+    return sim_paper_tp(SimConfig(model=model))
 
 
 def _ctx(source: str) -> float:
@@ -159,20 +214,70 @@ def _ctx(source: str) -> float:
     return float(source.rsplit("ctx", 1)[1])
 
 
-def perf_model(gpu: str, model: str):
-    """One emulated unit's `PerfModel`: the simulator's fitted efficiencies and overheads, TP 1."""
+def perf_model(gpu: str, model: str, overheads: dict | None = None, tp: int = 1, **engine):
+    """One emulated replica's `PerfModel`: the simulator's fitted efficiencies, its overheads (or `overheads`:
+    `OVERHEAD_KEYS`), TP `tp` (1: one unit is one device); `engine`: kv_mem_frac, eager_layer_s, reshard_full
+    (`engine_of`'s paper engine)."""
     from rlhfless.sim import hardware as hw
+    from rlhfless.sim.overheads import DEFAULT
     from rlhfless.sim.perf import FITTED, PerfModel
 
+    ov = {**{k: DEFAULT[k] for k in OVERHEAD_KEYS}, **(overheads or {})}
+    eff = FITTED[gpu]
+    if "kv_mem_frac" in engine:
+        eff = replace(eff, kv_mem_frac=engine.pop("kv_mem_frac"))
     try:
-        return PerfModel(hw.device(gpu), hw.model(model), 1, FITTED[gpu])
+        return PerfModel(hw.device(gpu), hw.model(model), tp, eff, ov["container_start_s"], ov["engine_init_s"],
+                         ov["storage_gbps"] * 1e9, **engine)
     except ConfigError as exc:
         raise ConfigError(f"runtime.emulated_model: one unit is one device: {exc}") from None
 
 
+@dataclass(frozen=True)
+class Engine:
+    """What an emulated replica runs (module header): its perf model and decode time model, KV slots, units (TP),
+    and the seconds a step its KV cache's sleep and wake take (paper engine; 0 tuned)."""
+
+    pm: object
+    tm: object
+    capacity: int
+    tp: int
+    kv_s: float
+    name: str
+
+
+def engine_of(table: LengthTable, paper: bool = False) -> Engine:
+    """The engine of a function of this run: the tuned one, or with `paper` (a pool worker of a run whose table
+    has `paper`) verl's as the paper ran it."""
+    if paper and table.paper is not None:
+        p = table.paper
+        pm = perf_model(table.gpu, table.model, table.overheads, p["tp"], kv_mem_frac=p["mem_frac"],
+                        eager_layer_s=p["eager_layer_s"], reshard_full=p["reshard_full"])
+        return Engine(pm, pm.time_model(p["capacity"], table.ctx), p["capacity"], p["tp"], p["kv_s"], "paper")
+    pm = perf_model(table.gpu, table.model, table.overheads)
+    return Engine(pm, pm.time_model(table.capacity, table.ctx), table.capacity, 1, 0.0, "tuned")
+
+
 def time_model(table: LengthTable):
-    """The decode time model every emulated worker sleeps by and the planner prices with."""
-    return perf_model(table.gpu, table.model).time_model(table.capacity, table.ctx)
+    """The decode time model every emulated worker sleeps by and the planner prices with (the tuned engine's: the
+    serverful pool does not plan)."""
+    return engine_of(table).tm
+
+
+def optimizer_shard_s(pm, learner_ranks: int) -> float:
+    """Seconds a learner rank reads its ZeRO shard of the optimiser state (`OPTIM_BYTES_PER_PARAM` a parameter,
+    over `learner_ranks` ranks of pm.tp devices each) from storage at pm's per-device bandwidth."""
+    from rlhfless.sim.overheads import OPTIM_BYTES_PER_PARAM
+
+    return OPTIM_BYTES_PER_PARAM * pm.model.params / (max(learner_ranks, 1) * pm.tp * pm.storage_bw)
+
+
+def cold_start_s(pm, kinds, learner_ranks: int = 0) -> float:
+    """A fresh emulated function's modelled cold start (module header): container, inference engine (an image
+    that decodes), weights from storage, and with `learner_ranks` > 0 (a GRPO learner rank resuming a trained
+    policy) its optimiser shard."""
+    base = pm.cold_start_s(engine=bool({"decode", "prefill"} & set(kinds)))
+    return base + (optimizer_shard_s(pm, learner_ranks) if learner_ranks > 0 else 0.0)
 
 
 def ppo_split(pm) -> tuple[float, float]:

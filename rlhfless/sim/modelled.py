@@ -28,15 +28,16 @@ PPO_KINDS = ("decode", "learner", "values", "critic")
 critic)."""
 
 
-def _perf(run: Path):
-    from rlhfless.sim.devicemodel import LengthTable, perf_model
+def _perf(run: Path, paper: bool = False):
+    """The run's engine (`sim.devicemodel.engine_of`: with `paper`, a serverful pool of the paper's verl) and
+    whether its ranks leave at their share."""
+    from rlhfless.sim.devicemodel import LengthTable, engine_of
 
     p = RunDir(run).emulated_lengths
     if not p.is_file():
         raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
     t = LengthTable.load(p)
-    pm = perf_model(t.gpu, t.model)
-    return pm, pm.time_model(t.capacity, t.ctx), t.capacity, t.shares
+    return engine_of(t, paper), t.shares
 
 
 def _decode(tm, cap: int, work: StepWork, groups: list[int]) -> tuple[float, dict[int, float]]:
@@ -60,8 +61,17 @@ def _cold_ready(run: dict, i: dict, rel, engine: bool) -> float:
     t = rel(i["requested_s"])
     if i["cold"]:
         spawned = run.get("spawn", {}).get(i["worker"], i["requested_s"])
-        t = max(t, rel(spawned) + run["pm"].cold_start_s(engine=engine))
+        t = max(t, rel(spawned) + _cold_s(run, i["kind"], i["step"], engine))
     return t
+
+
+def _cold_s(run: dict, first_kind: str, step: int, engine: bool) -> float:
+    """A function's modelled cold start (`sim.devicemodel.cold_start_s`): a GRPO learner rank started in a step
+    after the first (first invoked as a learner then) resumes a trained policy and reads its optimiser shard."""
+    from rlhfless.sim.devicemodel import cold_start_s
+
+    resumes = run["algo"] == "grpo" and first_kind == "learner" and step > 1
+    return cold_start_s(run["pm"], ("decode",) if engine else (), run["learners"] if resumes else 0)
 
 
 def _play_decode(run: dict, work: StepWork, dec: list[dict], rel, serverful: bool) -> tuple[dict, dict, dict]:
@@ -90,7 +100,7 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
         t = max(_cold_ready(run, i, rel, engine=bool(run["hybrid"])), ends.get(i["worker"], 0.0))
         for g in sorted(i["groups"], key=lambda g: finish.get(g, rollout)):
             gw = work.groups[g]
-            work_s = pm.learner_s_per_token("grpo") * gw.tokens if _kept(gw, run["skip_zero"]) else 0.0
+            work_s = pm.learner_s_per_token("grpo") * gw.tokens / pm.tp if _kept(gw, run["skip_zero"]) else 0.0
             t = max(t, finish.get(g, rollout) if overlap else rollout) + work_s
         out.append(t)
         first = spans.get(i["worker"], [rel(i["requested_s"]), 0.0, "learner"])[0]
@@ -266,17 +276,17 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
         end_of.update({(w, "decode"): e for w, e in ends.items()})
         out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
         if serverful:
-            return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
+            return {**out, "billed": len({i["worker"] for i in invs}) * pm.tp * learn_end, "by_role": None}
         billed, lapse = _bill_segments(invs, rel, end_of, learn_end, keep, released,
                                        {w: rel(t) for w, t in spawned.items()}, cut)
     else:
         rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
                                  overlap)
-        opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
+        opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) + run["kv_s"] if serverful else 0.0)
         learn_end = max(rank_end, default=rollout) + opt
         out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
-        if serverful:  # the pool: W x the period
-            return {**out, "billed": len({i["worker"] for i in invs}) * learn_end, "by_role": None}
+        if serverful:  # the pool: W replicas of TP units x the period
+            return {**out, "billed": len({i["worker"] for i in invs}) * pm.tp * learn_end, "by_role": None}
         billed, lapse = _bill(spans, ends, learn_end, keep, released, run.get("shares", False), early, cut)
     billed["decode"] = billed.get("decode", 0.0) + _ahead(spawned_next or {}, rel, learn_end)
     first: dict[str, float] = {}
@@ -299,9 +309,11 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     if rt.get("device") != "emulated":
         raise DataError(f"validate: {p} is not a runtime.device=emulated run")
     scale = float(rt.get("time_scale", 1.0))
-    pm, tm, cap, shares = _perf(p)
+    eng, shares = _perf(p, rt.get("mode") == "serverful" and rt.get("emulated_engine", "tuned") == "paper")
+    pm = eng.pm
     algo = cfg.get("algo") or {}
-    run = {"pm": pm, "tm": tm, "cap": cap, "rt": rt, "hybrid": rt.get("hybrid", True),
+    run = {"pm": pm, "tm": eng.tm, "cap": eng.capacity, "kv_s": eng.kv_s, "rt": rt, "hybrid": rt.get("hybrid", True),
+           "learners": int(rt.get("learner_units") or rt.get("units") or 1),
            "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo"),
            "shares": shares and rt.get("mode") != "serverful"}
     if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.devices.emulated.ppo_steps`)
@@ -357,10 +369,11 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         meas = {"period": m["timing_s/step"] / scale, "billed": m["cost/device_seconds"] / scale,
                 "by_role": {k: float(m.get(f"function/{k}/billed_s") or 0.0) / scale for k in kinds}}
         gap = max(0.0, m.get("runtime/window_s", m["timing_s/step"]) - m["timing_s/step"])
-        terms = _terms(workers, invs, pm, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0), early,
+        terms = _terms(workers, invs, run, scale, ws, end, gap, float(rt.get("keep_alive_s") or 0.0), early,
                        run["algo"] == "ppo", t0, frozenset(held["cut"]))
         if rt.get("mode") == "serverful":  # the pool holds every unit through the step's unmodelled seconds
-            terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * (meas["period"] - pred["period"])
+            terms["control_plane_in_step_s"] = len({i["worker"] for i in invs}) * pm.tp * (meas["period"] -
+                                                                                       pred["period"])
         else:
             terms.update(_boundary_terms(workers, invs, scale, t0, end, prev_last, held))
         rows.append({"step": s, "predicted": pred, "measured": meas, "terms": terms, "released_at_share": sorted(early),
@@ -415,7 +428,7 @@ def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: floa
             "in_step_s": meas["period"] - pred["period"] - before - after}
 
 
-def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b: float, gap: float,
+def _terms(workers: list[dict], invs: list[dict], run: dict, scale: float, a: float, b: float, gap: float,
            keep_alive_s: float = 0.0, early: frozenset = frozenset(), billed_from_spawn: bool = False,
            t0: float | None = None, cut: frozenset = frozenset()) -> dict:
     """The control plane's share of the bill in one step's window [a, b), in modelled seconds (real / scale):
@@ -439,7 +452,15 @@ def _terms(workers: list[dict], invs: list[dict], pm, scale: float, a: float, b:
     last: dict[str, float] = {}
     for i in invs:
         last[i["worker"]] = max(last.get(i["worker"], 0.0), i["finished_s"])
-    cold = sum(w["cold_start_s"] / scale - pm.cold_start_s(engine="decode" in w["kinds"]) for w in workers
+    opened: dict[str, dict] = {}  # each worker's first invocation of the step (its cold one, if any)
+    for i in sorted(invs, key=lambda i: i["requested_s"]):
+        opened.setdefault(i["worker"], i)
+
+    def modelled(w: dict) -> float:
+        i = opened.get(w["worker"], {"kind": "decode" if "decode" in w["kinds"] else "", "step": 1})
+        return _cold_s(run, i["kind"], i["step"], "decode" in w["kinds"])
+
+    cold = sum(w["cold_start_s"] / scale - modelled(w) for w in workers
                if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
     def tail(w: dict) -> float:  # real seconds past what the model bills after its last invocation
         t = w["released_s"] - last[w["worker"]] - (0.0 if w["worker"] in early else keep_alive_s)
@@ -622,11 +643,13 @@ def modelled_arm(run_dir: Path, scale: float) -> dict:
 
 
 def modelled_report(out: Path, arms: list[str], scale: float) -> dict:
-    """Every arm of a comparison in modelled seconds per step, and its ratios over the serverful control."""
+    """Every arm of a comparison in modelled seconds per step, and its ratios over the serverful control (verl with
+    the tuned engine: step_time_ratio, cost_ratio) and over verl as the paper ran it (arm `serverful-paper-engine`,
+    when run: step_time_ratio_paper_engine, cost_ratio_paper_engine)."""
     per = {a: modelled_arm(out / a, scale) for a in arms}
-    base = per.get("serverful")
-    if base:
-        for m in per.values():
-            m["step_time_ratio"] = m["step_time_s"] / base["step_time_s"]
-            m["cost_ratio"] = m["billed_device_s"] / base["billed_device_s"]
+    for base, suffix in ((per.get("serverful"), ""), (per.get("serverful-paper-engine"), "_paper_engine")):
+        if base:
+            for m in per.values():
+                m["step_time_ratio" + suffix] = m["step_time_s"] / base["step_time_s"]
+                m["cost_ratio" + suffix] = m["billed_device_s"] / base["billed_device_s"]
     return {"time_scale": scale, "per_step": per}

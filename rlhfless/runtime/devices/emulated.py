@@ -11,6 +11,11 @@ Deviations:
 1. The all-reduce is not emulated: a rank that ends early returns at once (the driver waits for every rank, so the
    step's time is the same; the wait shows as held idle instead of busy).
 2. An emulated worker imports neither torch nor the model (a few tens of MB).
+3. A serverful pool worker with `runtime.emulated_engine=paper` is one TP replica of verl as the paper ran it
+   (`sim.devicemodel.engine_of`): it holds TP units, decodes with that engine's time model and KV slots, trains and
+   scores its share on its TP devices, and after each optimiser step reshards the whole model and sleeps and wakes
+   its KV cache. A GRPO learner rank cold-started on a trained policy also reads its optimiser shard
+   (`sim.devicemodel.cold_start_s`).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from rlhfless.core.errors import ConfigError, require
 from rlhfless.runtime import wire
 from rlhfless.runtime.devices import ops
 from rlhfless.runtime.records import now
-from rlhfless.sim.devicemodel import LengthTable, mix, build_table, perf_model, ppo_split, time_model
+from rlhfless.sim.devicemodel import LengthTable, build_table, cold_start_s, engine_of, mix, ppo_split, time_model
 
 TOKEN_BASE, TOKEN_SPAN = 97, 26
 """Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
@@ -47,8 +52,11 @@ def setup_for(cfg, scratch: Path, steps: int) -> dict:
     table = build_table(cfg, steps, n_train=len(make_task(cfg.task).splits()[0]))
     path = scratch / "emulated-lengths.json"
     table.save(path)
-    a = cfg.algo
-    return {"table": str(path), "time_scale": cfg.runtime.time_scale, "algo": a.name, "G": a.group_size,
+    a, rt = cfg.algo, cfg.runtime
+    require(rt.emulated_engine == "tuned" or a.name == "grpo", "runtime.emulated_engine",
+            "paper is built for GRPO only (PPO's update runs on one rank)")
+    return {"table": str(path), "time_scale": rt.time_scale, "algo": a.name, "G": a.group_size,
+            "engine": rt.emulated_engine, "learners": rt.learners(),
             "max_new_tokens": cfg.rollout.max_new_tokens,
             "skip_zero_variance": bool(getattr(a, "skip_zero_variance_groups", False)),
             **({"ppo_epochs": a.ppo_epochs, "ppo_steps": ppo_steps(cfg)} if a.name == "ppo" else {})}
@@ -140,13 +148,13 @@ class EmulatedWorker:
         e = setup["emulated"]
         self.setup, self.kinds = setup, tuple(setup["kinds"])
         self.table = LengthTable.load(e["table"])
-        self.perf = perf_model(self.table.gpu, self.table.model)
-        self.tm = self.perf.time_model(self.table.capacity, self.table.ctx)
+        self.pool_worker = bool(setup.get("dist"))  # the serverful pool: colocated, updates its replica in place
+        eng = engine_of(self.table, paper=self.pool_worker and e.get("engine") == "paper")
+        self.perf, self.tm, self.capacity, self.tp, self.kv_s = eng.pm, eng.tm, eng.capacity, eng.tp, eng.kv_s
         self.G, self.algo, self.cap = e["G"], e["algo"], e["max_new_tokens"]
         self.skip_zero = e["skip_zero_variance"]
         # the modelled cold start (container, engine, weights) runs from the request: the fork is part of it
         self.clock = Clock(e["time_scale"], setup.get("spawned_t"))
-        self.pool_worker = bool(setup.get("dist"))  # the serverful pool: colocated, updates its replica in place
         self.version = setup.get("version", 0)
         self.deferred: list[dict] = []
         self.update: dict | None = None
@@ -158,7 +166,9 @@ class EmulatedWorker:
         self.ppo_old: dict | None = None
         self.epochs, self.minibatches = e.get("ppo_epochs", 1), e.get("ppo_steps", 1)
         self.fwd_tok, self.train_tok = ppo_split(self.perf)
-        self.clock.sleep(self.perf.cold_start_s(engine=bool({"decode", "prefill"} & set(self.kinds))))
+        # a GRPO learner rank resuming a trained policy reads its optimiser shard too (none exists before step 1)
+        resumes = self.algo == "grpo" and setup.get("role") == "learner" and self.version > 0
+        self.clock.sleep(cold_start_s(self.perf, self.kinds, e.get("learners", 1) if resumes else 0))
 
     def _sync(self, msg: dict) -> float:
         """A replica behind the step's version loads it over the network (serverless), or reshards it from the
@@ -231,7 +241,7 @@ class EmulatedWorker:
         their modelled seconds; returns the iterations run."""
         live = [x for x in rows if x.done < x.target]
         left = np.array([x.target - x.done for x in live], dtype=np.int64)
-        cap = self.table.capacity
+        cap = self.capacity
         k = 0
         total = 0.0
         while k < n and left.size and (left > 0).any():
@@ -258,7 +268,7 @@ class EmulatedWorker:
         self.clock.start()
         tok, rewards = self._group_tokens(msg["batch"])
         if not (self.skip_zero and len(set(rewards)) <= 1):
-            self.clock.sleep(self.perf.learner_s_per_token(self.algo) * tok)
+            self.clock.sleep(self.perf.learner_s_per_token(self.algo) * tok / self.tp)  # on its TP devices
         self.update["compute_s"] += now() - t0
         self.update["group_busy"].append([t0, now()])
         self.update["busy"].append([t0, now()])
@@ -273,8 +283,8 @@ class EmulatedWorker:
             wire.send(conn, {"op": "rendezvous_open", "step": msg["step"]})
         self.clock.start()
         opt = self.perf.update_fixed_s(self.algo)
-        if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine
-            opt += self.perf.weight_sync_s(colocated=True)
+        if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine (and with
+            opt += self.perf.weight_sync_s(colocated=True) + self.kv_s  # the paper engine, its KV's sleep and wake)
         self.clock.sleep(opt)
         self.version = msg["version"] + 1
         if msg.get("state_out"):  # weights never change: the next version is the same file
@@ -316,7 +326,7 @@ class EmulatedWorker:
         resp_o, prom_o = t["resp_offsets"], t["prompt_offsets"]
         lens = np.diff(resp_o)
         tok = int(resp_o[-1]) + int(prom_o[-1]) * self.G
-        self.clock.sleep(self.perf.forward_s(tok, 1))
+        self.clock.sleep(self.perf.forward_s(tok, self.tp))
         tmp = msg["out"] + ".tmp"
         save_file({"ref_logp": np.zeros((len(lens), int(lens.max(initial=1))), np.float32)}, tmp)
         os.replace(tmp, msg["out"])
