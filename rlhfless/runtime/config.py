@@ -290,11 +290,11 @@ class RuntimeConfig:
         require(self.mode == "serverful", "runtime.emulated_engine", "paper is the serverful pool's engine (compare "
                 f"runs it as its own verl arm); got runtime.mode={self.mode}")
         tp = self.pool_worker_units()
-        require(self.units % tp == 0, "runtime.units", f"must be a multiple of the paper engine's TP {tp} with "
-                f"runtime.emulated_engine=paper (got {self.units})")
+        require(self.units % tp == 0, "runtime.units", "must be a multiple of the paper engine's TP with "
+                f"runtime.emulated_engine=paper (got {self.units}, TP {tp})")
         require(self.serverful_workers in (0, self.units // tp), "runtime.serverful_workers",
-                f"must be 0 or {self.units // tp} (runtime.units / TP {tp}) with runtime.emulated_engine=paper "
-                f"(got {self.serverful_workers})")
+                "must be 0 or runtime.units / TP (one pool worker per replica) with runtime.emulated_engine=paper "
+                f"(got {self.serverful_workers}, units / TP = {self.units // tp})")
 
     @property
     def executes(self) -> bool:
