@@ -5,7 +5,8 @@ layers, 4 heads, 2 KV heads, 0.53M parameters, tied embeddings). A checkpoint fo
 ``config.json``, ``model.safetensors`` (float32, ``lm_head`` omitted as it is tied), ``tokenizer.json`` and
 ``rlhfless.json``; `load_policy` takes such a folder or any local Hugging Face causal-LM folder (`model.hf`).
 The rule it keeps: checkpoints are shared, so `load_checkpoint` checks every file before transformers sees it,
-refuses with one line naming the file, and checks that the weight tie survived the load.
+refuses with one line naming the file, and checks that the weight tie survived the load; `check_policy` makes the
+same checks without torch where rlhfless wrote the files (`train --dry-run`).
 What it refuses: docs/internals.md#modelfactorypy.
 """
 
