@@ -34,7 +34,7 @@ print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}), 
 
 # a PPO run small enough to take seconds: its checkpoint carries the critic state and the predictor
 PPO = ["algo.name=ppo", "algo.group_size=2", "task.arith.num_train=48", "rollout.prompts_per_step=2",
-       "rollout.max_new_tokens=16", "train.eval_prompts=2", "train.threads=1", "tracking.mode=disabled",
+       "rollout.max_new_tokens=16", "train.eval_prompts=0", "train.threads=1", "tracking.mode=disabled",
        "predictor.name=ewma", "train.checkpoint_every=1", f"policy.checkpoint={SFT}"]
 
 
@@ -240,3 +240,15 @@ def test_the_written_files_table_is_what_save_checkpoint_writes(sizes, tmp_path)
     assert list(value_model_shapes(raw)) == [n for n, _ in critic.named_parameters()]
     assert not written_by_rlhfless(path, {**raw, "rms_norm_eps": 1e-5})
     assert not written_by_rlhfless(path, {**raw, "tie_word_embeddings": 1})  # JSON's 1 is not true
+
+
+def test_a_run_whose_records_were_cut_after_its_checkpoint_is_refused_by_the_dry_run_as_by_the_run(ppo_run, capsys,
+                                                                                                   tmp_path):
+    """The resumed run's output files must still hold what the checkpoint recorded (`runfolder.check_outputs`)."""
+    run = tmp_path / "run"
+    shutil.copytree(ppo_run, run)
+    (run / "metrics.jsonl").write_text("")
+    args = ["--resume", "--out", str(run), *PPO, "train.steps=2"]
+    dry = _error_line(capsys, ["train", "--dry-run", "--no-progress", *args])
+    real = _error_line(capsys, ["train", "--no-progress", *args])
+    assert dry == real and "metrics.jsonl: 0 bytes but the checkpoint at step 1 recorded" in real, (dry, real)
