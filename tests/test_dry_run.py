@@ -252,3 +252,55 @@ def test_a_run_whose_records_were_cut_after_its_checkpoint_is_refused_by_the_dry
     dry = _error_line(capsys, ["train", "--dry-run", "--no-progress", *args])
     real = _error_line(capsys, ["train", "--no-progress", *args])
     assert dry == real and "metrics.jsonl: 0 bytes but the checkpoint at step 1 recorded" in real, (dry, real)
+
+
+def _edit_tensors(path: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, str(path))
+
+
+def _edit_state(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _optim_shape(t) -> None:
+    import torch
+
+    t["0/exp_avg"] = torch.zeros(2, 2)
+
+
+def _rng_dtype(t) -> None:
+    t["cpu"] = t["cpu"].float()
+
+
+RESUME_CASES = {
+    "optimizer-missing": (lambda last: (last / "optimizer.safetensors").unlink(), "missing from the run checkpoint"),
+    "optimizer-truncated": (lambda last: _truncate_file(last / "optimizer.safetensors"), "corrupt or truncated"),
+    "optimizer-shape": (lambda last: _edit_tensors(last / "optimizer.safetensors", _optim_shape),
+                        "optimizer state does not match the model's parameters (index 0)"),
+    # AdamW's own check of the param groups (state.json): only torch judges it, so the dry run loads it for real
+    "optimizer-groups": (lambda last: _edit_state(last / "state.json", optimizer_groups=[]),
+                         "optimizer state does not load"),
+    "rng-dtype": (lambda last: _edit_tensors(last / "rng.safetensors", _rng_dtype), "no 1-D uint8 'cpu'"),
+    "rng-missing": (lambda last: (last / "rng.safetensors").unlink(), "rng.safetensors: missing"),
+}
+
+
+def _truncate_file(f: Path) -> None:
+    f.write_bytes(f.read_bytes()[: f.stat().st_size - 10])
+
+
+@pytest.mark.parametrize("case", RESUME_CASES)
+def test_a_bad_optimizer_or_generator_file_is_refused_by_the_dry_run_as_by_the_resumed_run(case, ppo_run, capsys,
+                                                                                          tmp_path):
+    damage, expect = RESUME_CASES[case]
+    run = tmp_path / "run"
+    shutil.copytree(ppo_run, run)
+    damage(run / "checkpoints" / "last")
+    args = ["--resume", "--out", str(run), *PPO, "train.steps=2"]
+    dry = _error_line(capsys, ["train", "--dry-run", "--no-progress", *args])
+    real = _error_line(capsys, ["train", "--no-progress", *args])
+    assert dry == real and expect in real, (dry, real)

@@ -13,8 +13,9 @@ Where only transformers or torch can judge (a Hugging Face folder: transformers 
 config and tokenizer; a byte checkpoint whose files are not as rlhfless writes them; a critic state numpy cannot
 read), the dry run loads that part for real, as the run would, so a refusal is always the run's own line.
 Deviations from the run: `policy.build` building the policy folder first is a real action the run would take
-first, and imports torch (its progress phase says so). Not checked by either before the first step's seconds of
-loading, as before: a resumed run's optimizer and generator state files.
+first, and imports torch (its progress phase says so). A resumed run's optimizer and generator files are checked
+as `runner._resume` checks them, then its records (`runfolder.check_outputs`); not checked: the initial
+evaluation kept in its state.json (`runner._initial_eval`, which needs the evaluation's types).
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int, env:
             f"{context - longest} new tokens fit the checkpoint's context of {context} (got "
             f"{cfg.rollout.max_new_tokens}); lower rollout.max_new_tokens, or make the task's prompts shorter "
             f"(task.{cfg.task.name}.*)")
+
+
+def placed(cfg: RunConfig, model):
+    """`model` on `train.device` in `train.dtype` (the same object on cpu/float32, the default)."""
+    from rlhfless.core.devices import place, resolve_device, resolve_dtype
+
+    return place(model, resolve_device(cfg.train.device), resolve_dtype(cfg.train.dtype))
 
 
 def must_build(cfg: RunConfig) -> bool:
@@ -170,7 +178,8 @@ def dry_run(cfg: RunConfig, out: str | None, resume: bool, allow_config_change: 
         policy = check_checkpoint(ckpt or cfg.policy.resolved())  # a resumed run starts from its own checkpoint
         step("critic, reference, task")
         prompts = _parts(cfg, policy, ckpt)
-        if ckpt is not None:
+        if ckpt is not None:  # then `runner._resume`'s own checks: the optimizer, the generator, the records
+            _check_tensor_files(cfg, policy, ckpt, state)
             check_outputs_of(Path(out), state)
     return prompts
 
@@ -201,6 +210,24 @@ def _parts(cfg: RunConfig, policy: Checked, ckpt: Path | None) -> tuple[list[Pro
     return train_prompts, eval_prompts
 
 
+def _check_tensor_files(cfg: RunConfig, policy: Checked, ckpt: Path, state) -> None:
+    """`restore_optimizer` and `read_rng` of a resumed run: torch-free where the files allow, else for real."""
+    from rlhfless.run.runfolder import check_tensor_files
+
+    if policy.raw is not None:
+        from rlhfless.model.factory import expected_tensors
+
+        if check_tensor_files(ckpt, state, list(expected_tensors(policy.raw).values())):
+            return
+    from rlhfless.learn.learner import Learner
+    from rlhfless.model.factory import load_policy
+    from rlhfless.run.runstate import read_rng, restore_optimizer
+
+    learner = Learner(placed(cfg, load_policy(ckpt)), cfg.optim, cfg.algo)
+    restore_optimizer(learner.opt, ckpt, state.optimizer_groups)
+    read_rng(ckpt)
+
+
 def _check_critic(cfg: RunConfig, policy: Checked, ckpt: Path | None) -> None:
     """`critic.load_critic` and, resuming, `load_critic_state`: their refusals, torch-free where the files allow."""
     from rlhfless.learn import critic_files
@@ -219,4 +246,4 @@ def _check_critic(cfg: RunConfig, policy: Checked, ckpt: Path | None) -> None:
 
 
 __all__ = ["BUILD_PHASE", "Checked", "check_checkpoint", "check_fits_context", "context_limit", "context_of",
-           "dry_run", "ensure_policy", "held_out", "must_build", "plan_config"]
+           "dry_run", "ensure_policy", "held_out", "must_build", "placed", "plan_config"]

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 
 STATE_FILE = "state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+RNG_FILE = "rng.safetensors"
 FORMAT = "rlhfless-run-checkpoint"
 FORMAT_VERSION = 1
 
@@ -169,3 +171,46 @@ def check_outputs(out: Path, sizes: dict[str, int], step: int, outputs: list[Pat
 def check_outputs_of(out: Path, state: RunState) -> None:
     """`check_outputs` of the run in `out` against its checkpoint's `state`."""
     check_outputs(out, state.file_sizes, state.step, output_files(out))
+
+
+# --- the checkpoint's tensor files, read without torch (`train --dry-run --resume`) ------------------------------
+def require_in_checkpoint(path: Path) -> None:
+    if not path.is_file():
+        raise DataError(f"{path}: missing from the run checkpoint")
+
+
+def no_rng(path: Path) -> DataError:
+    return DataError(f"{path}: no 1-D uint8 'cpu' generator state")
+
+
+def check_tensor_files(ckpt: Path, state: RunState, param_shapes: list[list[int]]) -> bool:
+    """`runstate.restore_optimizer`'s and `read_rng`'s checks of a run checkpoint whose policy has parameters of
+    `param_shapes` (in order), without torch, in their order: True when all passed; False when only the real
+    load can judge (a file safetensors' numpy reader refuses, AdamW's own check of the param groups)."""
+    from safetensors import SafetensorError, safe_open
+
+    import numpy as np
+
+    from rlhfless.learn.optimstate import check_optimizer_layout
+
+    opt, rng = ckpt / OPTIMIZER_FILE, ckpt / RNG_FILE
+    require_in_checkpoint(opt)
+    try:  # opening checks the header and that the file holds every byte it names: no tensor need be read
+        with safe_open(str(opt), framework="np") as fh:
+            shapes = {k: fh.get_slice(k).get_shape() for k in fh.keys()}
+    except (SafetensorError, OSError, ValueError):
+        return False
+    check_optimizer_layout(shapes, param_shapes, opt)
+    groups = state.optimizer_groups
+    if not (isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict)
+            and isinstance(groups[0].get("params"), list) and len(groups[0]["params"]) == len(param_shapes)):
+        return False
+    require_in_checkpoint(rng)
+    try:
+        with safe_open(str(rng), framework="np") as fh:
+            t = fh.get_tensor("cpu") if "cpu" in fh.keys() else None
+    except (SafetensorError, OSError, ValueError):
+        return False
+    if t is None or t.dtype != np.uint8 or t.ndim != 1:
+        raise no_rng(rng)
+    return True

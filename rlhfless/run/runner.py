@@ -42,6 +42,7 @@ from rlhfless.run.preflight import (
     context_of,
     ensure_policy,
     held_out,
+    placed,
     plan_config,
 )
 from rlhfless.run.runfolder import RunState, check_resume, find_checkpoint, output_files, read_state
@@ -214,13 +215,6 @@ def build_parts(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Pla
     if cfg.runtime.device != "emulated":  # emulated workers model another model's context; the checkpoint's is moot
         check_fits_context(train_prompts + eval_prompts, cfg, context_of(policy, env), env)
     return learner, planner, Stages(cfg, learner, reference, planner, env, critic), train_prompts, eval_prompts
-
-
-def placed(cfg: RunConfig, model):
-    """`model` on `train.device` in `train.dtype` (the same object on cpu/float32, the default)."""
-    from rlhfless.core.devices import place, resolve_device, resolve_dtype
-
-    return place(model, resolve_device(cfg.train.device), resolve_dtype(cfg.train.dtype))
 
 
 def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:

@@ -24,14 +24,18 @@ from rlhfless.learn.optimstate import optimizer_tensors, set_optimizer_tensors
 from rlhfless.run.runfolder import (  # noqa: F401  (the torch-free half, re-exported: one import for callers)
     FORMAT,
     FORMAT_VERSION,
+    OPTIMIZER_FILE,
     RESUME_SAFE_KEYS,
+    RNG_FILE,
     STATE_FILE,
     RunState,
     check_outputs,
     config_changes,
     find_checkpoint,
     flat_config,
+    no_rng,
     read_state,
+    require_in_checkpoint,
 )
 
 # --- writing ---------------------------------------------------------------------------------------------
@@ -48,9 +52,9 @@ def save_run_checkpoint(ckpt_root: Path, policy, opt, state: RunState, predictor
     try:  # a full disk stops here: `last` stays whole, and the partial copy is removed to give the space back
         save_checkpoint(policy, tmp, {"kind": "grpo", "step": state.step}, tokenizer=tokenizer)
         tensors, state.optimizer_groups = optimizer_tensors(opt)
-        with os_errors(tmp / "optimizer.safetensors"):
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
-            save_file({"cpu": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        with os_errors(tmp / OPTIMIZER_FILE):
+            save_file(tensors, str(tmp / OPTIMIZER_FILE))
+            save_file({"cpu": torch.get_rng_state()}, str(tmp / RNG_FILE))
         if predictor is not None:
             predictor.save(tmp / "predictor")
         if critic is not None:
@@ -90,8 +94,7 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    if not path.is_file():
-        raise DataError(f"{path}: missing from the run checkpoint")
+    require_in_checkpoint(path)
     try:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -100,16 +103,16 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def restore_optimizer(opt: torch.optim.Optimizer, ckpt: Path, groups: list[dict]) -> None:
     """Load optimizer.safetensors into `opt`; a tensor set that does not fit the model raises `DataError`."""
-    path = ckpt / "optimizer.safetensors"
+    path = ckpt / OPTIMIZER_FILE
     set_optimizer_tensors(opt, load_tensors(path), groups, path)
 
 
 def read_rng(ckpt: Path) -> torch.Tensor:
     """The saved global generator state (set it with `torch.set_rng_state` once set-up is done)."""
-    path = ckpt / "rng.safetensors"
+    path = ckpt / RNG_FILE
     t = load_tensors(path).get("cpu")
     if t is None or t.dtype != torch.uint8 or t.dim() != 1:
-        raise DataError(f"{path}: no 1-D uint8 'cpu' generator state")
+        raise no_rng(path)
     return t
 
 
