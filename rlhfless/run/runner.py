@@ -191,7 +191,8 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
 
 def build_parts(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:
     """Learner, planner, PPO's critic and stages around `policy`, restored from a run checkpoint `ckpt` when given
-    (the policy's optimizer is restored by the caller)."""
+    (the policy's optimizer is restored by the caller). `preflight.dry_run` makes the same checks in the same order
+    without torch: a check added here belongs there too (tests/test_dry_run.py compares their refusals)."""
     critic = None
     if cfg.algo.name == "ppo":
         from rlhfless.learn.critic import STATE_FILE as CRITIC_FILE, load_critic, load_critic_state
