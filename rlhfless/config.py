@@ -195,8 +195,11 @@ class RunConfig:
         if cap is not None:  # after the runtime's own checks: a machine it refuses is named first
             self._cap_actors(cap)
         check_device(self.train.device, "train.device")
-        # train.device=auto passes __post_init__'s check and may only resolve to a GPU here
-        require(self.algo.name != "ppo" or resolve_device(self.train.device).type == "cpu", "train.device",
+        # train.device=auto passes __post_init__'s check and may only resolve to a GPU here (cpu is cpu: no torch
+        # imported to say so, for `--dry-run`)
+        ppo_on_cpu = self.algo.name != "ppo" or self.train.device == "cpu" or \
+            resolve_device(self.train.device).type == "cpu"
+        require(ppo_on_cpu, "train.device",
                 f"{self.train.device} resolves to a GPU here, and PPO runs on the CPU only for now; use "
                 "train.device=cpu")
         if self.algo.name == "ppo" and self.runtime.mode in ("serverless", "compare"):

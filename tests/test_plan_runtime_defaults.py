@@ -12,14 +12,14 @@ import pytest
 
 from rlhfless.config import load_run_config
 from rlhfless.step.planner import Planner
-from rlhfless.run.runner import _plan_config
+from rlhfless.run.preflight import plan_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "experiments" / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_run_configs_keep_the_runtime_planner_decode_only_without_warm_bills_or_hybrids(path):
-    plan = _plan_config(load_run_config(path))
+    plan = plan_config(load_run_config(path))
     assert not plan.learner.whole_step
     assert (plan.warm_bill_s, plan.hybrid_warm, plan.hybrid_sync_s) == (0.0, 0, 0.0)
     assert plan.learner.release_cold_s is None and plan.learner.prewarm_bill_s is None

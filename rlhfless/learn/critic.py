@@ -23,13 +23,12 @@ from torch import nn
 
 from rlhfless.core import metrics as M
 from rlhfless.learn.config import CriticConfig
-from rlhfless.core.errors import ConfigError, DataError, TrainingError
+from rlhfless.core.errors import DataError, TrainingError
+from rlhfless.learn import critic_files
+from rlhfless.learn.critic_files import STATE_FILE, STATE_FORMAT, STATE_VERSION  # noqa: F401  (this module's names)
 from rlhfless.rollout.engine import left_pad
 from rlhfless.rollout.forward import pad_responses
 
-STATE_FORMAT = "rlhfless-critic-state"
-STATE_VERSION = "1"
-STATE_FILE = "critic.safetensors"
 
 
 class ValueModel(nn.Module):
@@ -143,15 +142,9 @@ def load_critic(cfg: CriticConfig, policy_checkpoint: Path, vocab_size: int | No
 
     vocab_size: the policy's; a critic trunk with another vocabulary would read the policy's token ids as other
     tokens, so it is refused naming critic.checkpoint."""
-    path = cfg.resolved(policy_checkpoint)
-    if cfg.checkpoint and not path.is_dir():
-        raise ConfigError(f"critic.checkpoint: no folder at {path}; name a policy folder (rlhfless pretrain or "
-                          "build-hf-model make one) or leave it null to start from policy.checkpoint")
+    path = critic_files.trunk_folder(cfg.checkpoint, cfg.resolved(policy_checkpoint))
     model = build_value_model(path)
-    got = int(model.trunk.config.vocab_size)
-    if vocab_size is not None and got != vocab_size:
-        raise ConfigError(f"critic.checkpoint: {path} has a vocabulary of {got} tokens, the policy {vocab_size}; "
-                          "the critic reads the policy's token ids, so it needs the policy's tokenizer")
+    critic_files.check_vocab(path, int(model.trunk.config.vocab_size), vocab_size)
     return Critic(model, cfg)
 
 
@@ -176,25 +169,18 @@ def load_critic_state(critic: Critic, path: Path) -> None:
 
     from rlhfless.learn.optimstate import set_optimizer_tensors
 
-    if not path.is_file():
-        raise DataError(f"{path}: missing; this run uses algo.name=ppo, so its checkpoint must carry the critic")
+    critic_files.require_state(path)
     try:
         with safe_open(str(path), framework="pt") as fh:
             meta = fh.metadata() or {}
             flat = {k: fh.get_tensor(k) for k in fh.keys()}
     except (SafetensorError, OSError, ValueError) as exc:
         raise DataError(f"{path}: not a readable critic state ({exc})") from None
-    if meta.get("format") != STATE_FORMAT or meta.get("version") != STATE_VERSION:
-        raise DataError(f"{path}: not an rlhfless critic state v{STATE_VERSION} (format {meta.get('format')!r})")
+    critic_files.check_format(path, meta)
     weights = {k[len("model/"):]: v for k, v in flat.items() if k.startswith("model/")}
-    own = critic.model.state_dict()
-    if set(weights) != set(own) or any(weights[k].shape != own[k].shape for k in own):
-        raise DataError(f"{path}: critic weights do not fit the critic model (is critic.checkpoint the same?)")
-    try:
-        updates, norm = int(meta["updates"]), json.loads(meta["last_grad_norm"])
-        groups = json.loads(meta["optimizer_groups"])
-    except (KeyError, ValueError) as exc:
-        raise DataError(f"{path}: corrupt critic state metadata ({exc})") from None
+    critic_files.check_fit(path, {k: tuple(v.shape) for k, v in weights.items()},
+                           {k: tuple(v.shape) for k, v in critic.model.state_dict().items()})
+    updates, norm, groups = critic_files.parse_meta(path, meta)
     from rlhfless.model.factory import check_finite
 
     check_finite(weights.items(), path)

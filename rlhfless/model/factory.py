@@ -5,7 +5,8 @@ layers, 4 heads, 2 KV heads, 0.53M parameters, tied embeddings). A checkpoint fo
 ``config.json``, ``model.safetensors`` (float32, ``lm_head`` omitted as it is tied), ``tokenizer.json`` and
 ``rlhfless.json``; `load_policy` takes such a folder or any local Hugging Face causal-LM folder (`model.hf`).
 The rule it keeps: checkpoints are shared, so `load_checkpoint` checks every file before transformers sees it,
-refuses with one line naming the file, and checks that the weight tie survived the load.
+refuses with one line naming the file, and checks that the weight tie survived the load; `check_policy` makes the
+same checks without torch where rlhfless wrote the files (`train --dry-run`).
 What it refuses: docs/internals.md#modelfactorypy.
 """
 
@@ -133,15 +134,11 @@ def save_checkpoint(model, directory: str | Path, meta: dict | None = None, toke
 
 def load_checkpoint(directory: str | Path):
     """Load a checkpoint written by `save_checkpoint`; anything missing, foreign or inconsistent raises `DataError`."""
+    path = Path(directory)
+    _require_files(path)
     import torch
     from transformers import Qwen2ForCausalLM
 
-    path = Path(directory)
-    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise DataError(
-            f"checkpoint not found at {path} (expected config.json and model.safetensors); "
-            "run `rlhfless pretrain --out DIR` to make one, or point policy.checkpoint at an existing one"
-        )
     ByteTokenizer.load(path)
     raw = read_config_json(path)
     _qwen2_config(raw, path / "config.json")  # transformers' checks too, before the weights' (as they run)
@@ -149,23 +146,35 @@ def load_checkpoint(directory: str | Path):
     try:
         with _no_hf_bars():
             model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError, RuntimeError) as exc:  # e.g. a malformed generation_config.json
+    except Exception as exc:  # noqa: BLE001  (a malformed generation_config.json; an unknown rope_type: KeyError)
         raise DataError(f"{path}: transformers cannot load this checkpoint ({one_line(exc)})") from None
     if model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr():
         raise DataError(f"{path}: lm_head is not tied to the embeddings after loading")
     return model
 
 
-def load_policy(directory: str | Path):
-    """The policy model of a checkpoint folder: a rlhfless byte checkpoint (strict `load_checkpoint`) or any local
-    Hugging Face causal-LM folder (`rlhfless.model.hf.load_hf_model`, float32)."""
-    path = Path(directory)
+def _require_files(path: Path) -> None:
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise DataError(
+            f"checkpoint not found at {path} (expected config.json and model.safetensors); "
+            "run `rlhfless pretrain --out DIR` to make one, or point policy.checkpoint at an existing one"
+        )
+
+
+def _require_folder(path: Path) -> None:
     if not path.is_dir():
         raise DataError(
             f"policy.checkpoint: no folder at {path}; it expects a rlhfless checkpoint (`rlhfless pretrain --out DIR` "
             "makes one) or a local Hugging Face causal-LM folder with config.json, model.safetensors and tokenizer "
             "files (`rlhfless build-hf-model --out DIR` makes a small one)"
         )
+
+
+def load_policy(directory: str | Path):
+    """The policy model of a checkpoint folder: a rlhfless byte checkpoint (strict `load_checkpoint`) or any local
+    Hugging Face causal-LM folder (`rlhfless.model.hf.load_hf_model`, float32)."""
+    path = Path(directory)
+    _require_folder(path)
     if is_byte_tokenizer(path):
         model = load_checkpoint(path)
     else:
@@ -184,8 +193,101 @@ def check_finite(named_tensors, source: Path) -> None:
     with torch.no_grad():
         for name, t in named_tensors:
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise DataError(f"{source}: tensor '{name}' holds NaN or infinite values; these weights cannot be "
-                                "trained from: start from an earlier checkpoint")
+                raise nonfinite_error(source, name)
+
+
+def check_finite_np(named_arrays, source: Path) -> None:
+    """`check_finite` over numpy arrays (safetensors' numpy framework): the same refusal, without torch."""
+    import numpy as np
+
+    for name, a in named_arrays:
+        if np.issubdtype(a.dtype, np.floating) and not bool(np.isfinite(a).all()):
+            raise nonfinite_error(source, name)
+
+
+def nonfinite_error(source: Path, name: str) -> DataError:
+    return DataError(f"{source}: tensor '{name}' holds NaN or infinite values; these weights cannot be trained "
+                     "from: start from an earlier checkpoint")
+
+
+# --- checking a byte checkpoint without torch (`train --dry-run`) ---------------------------------------------
+# Every key of the config.json `save_checkpoint` writes under transformers 5.19 besides the sizes `read_config_json`
+# checks, with the value `hf_config` gives it (layer_types: one "full_attention" per layer; transformers_version:
+# any string). A config.json holding only these is one transformers' own checks (`_qwen2_config`, `from_pretrained`)
+# accept once rlhfless' have passed; tests/test_dry_run.py holds this table to what `save_checkpoint` writes.
+WRITTEN_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": ByteTokenizer.bos_id,
+    "dtype": "float32", "eos_token_id": ByteTokenizer.eos_id, "hidden_act": "silu", "initializer_range": 0.02,
+    "max_window_layers": 28, "model_type": "qwen2", "pad_token_id": ByteTokenizer.pad_id, "rms_norm_eps": 1e-06,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}, "sliding_window": None,
+    "tie_word_embeddings": True, "use_cache": True, "use_sliding_window": False,
+    "vocab_size": ByteTokenizer.vocab_size}
+SIZE_KEYS = ("hidden_size", "intermediate_size", "max_position_embeddings", "num_attention_heads",
+             "num_hidden_layers", "num_key_value_heads")
+WRITTEN_GENERATION = {"_from_model_config": True, "bos_token_id": ByteTokenizer.bos_id,
+                      "eos_token_id": ByteTokenizer.eos_id, "output_attentions": False,
+                      "output_hidden_states": False, "pad_token_id": ByteTokenizer.pad_id, "use_cache": True}
+
+
+def written_by_rlhfless(directory: str | Path, raw: dict) -> bool:
+    """Whether a byte checkpoint's files are exactly as `save_checkpoint` writes them, so that transformers' own
+    checks can refuse nothing that rlhfless' (`read_config_json`, `check_weights`, `check_finite`) accept: config.json
+    (`raw`) holds only `WRITTEN_CONFIG`'s values and the sizes, generation_config.json is absent or holds only
+    `WRITTEN_GENERATION`'s, and no adapter_config.json sends transformers to PEFT."""
+    path = Path(directory)
+    layers = ["full_attention"] * raw["num_hidden_layers"]
+    config_ok = all(k in SIZE_KEYS or (k == "transformers_version" and isinstance(v, str)) or
+                    (k == "layer_types" and v == layers) or (k in WRITTEN_CONFIG and _same(v, WRITTEN_CONFIG[k]))
+                    for k, v in raw.items())
+    if not config_ok or (path / "adapter_config.json").exists():
+        return False
+    gen = path / "generation_config.json"
+    if not gen.exists():
+        return True
+    try:
+        doc = json.loads(gen.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and all(
+        (k == "transformers_version" and isinstance(v, str)) or (k in WRITTEN_GENERATION and
+                                                                 _same(v, WRITTEN_GENERATION[k]))
+        for k, v in doc.items())
+
+
+def _same(a, b) -> bool:
+    """Equal and of the same JSON type (JSON's true is not the integer 1 here)."""
+    if isinstance(b, dict):
+        return isinstance(a, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in b)
+    if isinstance(b, list):
+        return isinstance(a, list) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def check_policy(directory: str | Path) -> dict | None:
+    """Every check `load_policy` makes of a byte checkpoint (`load_checkpoint`'s), without torch or transformers:
+    the same refusals, raised by the same functions in the same order. Returns the checked config.json, or None
+    when the folder holds what only transformers can judge (a Hugging Face folder, `written_by_rlhfless` false, or
+    safetensors' numpy reader failing where the header read did not): then the caller loads it for real
+    (`load_policy`), whose refusal is the run's."""
+    path = Path(directory)
+    _require_folder(path)
+    if not is_byte_tokenizer(path):
+        return None  # a Hugging Face folder: transformers 5 imports torch to read even its config and tokenizer
+    _require_files(path)
+    ByteTokenizer.load(path)
+    raw = read_config_json(path)
+    if not written_by_rlhfless(path, raw):
+        return None
+    check_weights(path, raw)
+    from safetensors import SafetensorError, safe_open
+
+    p = path / "model.safetensors"
+    try:
+        with safe_open(p, framework="np") as fh:  # the model's parameter order: the first bad tensor is named
+            check_finite_np(((name, fh.get_tensor(name)) for name in expected_tensors(raw)), p)
+    except (SafetensorError, OSError, ValueError):
+        return None
+    return raw
 
 
 def read_hf_config(directory: str | Path):

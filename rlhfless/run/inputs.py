@@ -7,7 +7,7 @@ earlier run). What `train` would otherwise open only later, inside the runtime o
   builds it (missing, empty, unreadable, a folder, a row without integer lengths: refused naming the file);
 * `plan.time_profile` and the predictor: the planner as the run makes it.
 The policy and critic checkpoints are loaded by `runner.build_parts` before the folder is written (seconds of loading;
-`--dry-run` loads them too). Non-goal: checking what a resumed run's own folder holds (`runner.check_resume`).
+`--dry-run` reads them without torch: `preflight.dry_run`). A resumed run's own folder: `runfolder.check_resume`.
 """
 
 from __future__ import annotations

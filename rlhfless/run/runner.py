@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -29,7 +29,7 @@ import yaml
 
 from rlhfless.core import metrics as M
 from rlhfless.config import RunConfig
-from rlhfless.core.errors import ConfigError, DataError, Interrupted, TrainingError, quote
+from rlhfless.core.errors import ConfigError, DataError, Interrupted, TrainingError
 from rlhfless.step.heldout import EvalResult, evaluate
 from rlhfless.core.jsonl import write_atomic, write_json
 from rlhfless.learn.learner import Learner
@@ -37,15 +37,20 @@ from rlhfless.step.loop import Stages, StepReport, run_step
 from rlhfless.model.factory import load_policy, save_checkpoint
 from rlhfless.step.planner import Planner, cut_report, tau_per_step
 from rlhfless.core.records import Prompt, PromptGroup
+from rlhfless.run.preflight import (
+    check_fits_context,
+    context_of,
+    ensure_policy,
+    held_out,
+    placed,
+    plan_config,
+)
+from rlhfless.run.runfolder import RunState, check_resume, find_checkpoint, output_files, read_state
 from rlhfless.run.runstate import (
-    RunState,
     check_outputs,
-    config_changes,
     file_sizes,
-    find_checkpoint,
     nonfinite_parameter,
     read_rng,
-    read_state,
     restore_optimizer,
     rewind_outputs,
     save_run_checkpoint,
@@ -150,13 +155,6 @@ class Run:
 
 
 
-def output_files(out: Path) -> list[Path]:
-    """The files steps append to: rewound to their checkpoint sizes on resume."""
-    tables = sorted(RunDir(out).tables.glob("*.jsonl")) if RunDir(out).tables.is_dir() else []
-    return [RunDir(out).metrics, RunDir(out).trace, RunDir(out).digests,
-            *tables, RunDir(out).invocations]
-
-
 def write_digest(out: Path, step: int, report: StepReport) -> None:
     """One SHA-256 over the step's responses (row order), so two runs can be checked sample for sample."""
     h = hashlib.sha256()
@@ -191,19 +189,10 @@ def train(cfg: RunConfig, out_dir: str | Path, progress: bool = True, resume: bo
         return _finish(run)
 
 
-def _plan_config(cfg: RunConfig):
-    """The planner prices with the rules the runtime's meter bills with (one set of billing rules), so its
-    predicted device-seconds (`plan/predicted_device_s`) can be read beside the billed ones every step."""
-    if not cfg.runtime.executes:
-        return cfg.plan
-    from rlhfless.runtime.meter import billing_rules
-
-    return replace(cfg.plan, billing=billing_rules(cfg.runtime, decode=not cfg.plan.learner.whole_step))
-
-
 def build_parts(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Planner | None, Stages, list, list]:
     """Learner, planner, PPO's critic and stages around `policy`, restored from a run checkpoint `ckpt` when given
-    (the policy's optimizer is restored by the caller)."""
+    (the policy's optimizer is restored by the caller). `preflight.dry_run` makes the same checks in the same order
+    without torch: a check added here belongs there too (tests/test_dry_run.py compares their refusals)."""
     critic = None
     if cfg.algo.name == "ppo":
         from rlhfless.learn.critic import STATE_FILE as CRITIC_FILE, load_critic, load_critic_state
@@ -216,7 +205,7 @@ def build_parts(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Pla
         reference = placed(cfg, load_policy(cfg.policy.resolved())).eval().requires_grad_(False)
     policy = placed(cfg, policy)  # before the optimizer is made: AdamW's state follows the parameters
     learner = Learner(policy, cfg.optim, cfg.algo, reuse_prefix=cfg.rollout.reuse_prefix_forward)
-    planner = Planner(cfg.predictor, _plan_config(cfg)) if cfg.train.plan else None
+    planner = Planner(cfg.predictor, plan_config(cfg)) if cfg.train.plan else None
     if ckpt is not None and planner is not None:
         from rlhfless.predictor import load_predictor
 
@@ -227,21 +216,6 @@ def build_parts(cfg: RunConfig, policy, ckpt: Path | None) -> tuple[Learner, Pla
     if cfg.runtime.device != "emulated":  # emulated workers model another model's context; the checkpoint's is moot
         check_fits_context(train_prompts + eval_prompts, cfg, context_of(policy, env), env)
     return learner, planner, Stages(cfg, learner, reference, planner, env, critic), train_prompts, eval_prompts
-
-
-def held_out(split: list[Prompt], n: int | None, task: str) -> list[Prompt]:
-    """The first `n` prompts of the held-out `split` (all when None); more than it holds is refused, not cut."""
-    if n is not None and n > len(split):
-        raise ConfigError(f"train.eval_prompts: the {task} task's held-out split has {len(split)} prompts (got "
-                          f"{quote(n)}); set at most {len(split)}, null for all of them, or 0 to skip the evaluation")
-    return split if n is None else split[:n]
-
-
-def placed(cfg: RunConfig, model):
-    """`model` on `train.device` in `train.dtype` (the same object on cpu/float32, the default)."""
-    from rlhfless.core.devices import place, resolve_device, resolve_dtype
-
-    return place(model, resolve_device(cfg.train.device), resolve_dtype(cfg.train.dtype))
 
 
 def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
@@ -261,17 +235,6 @@ def _start(cfg: RunConfig, out_dir: Path, progress: bool = True) -> Run:
     if run.initial:
         tracker.log(_eval_metrics(run.initial), step=0)
     return run
-
-
-def check_resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> tuple[Path, RunState]:
-    """The checks of `--resume` that need no model: a complete checkpoint, its state, the config, the steps."""
-    ckpt = find_checkpoint(out)
-    state = read_state(ckpt)
-    _check_resume_config(cfg, out, allow_config_change)
-    if state.step >= cfg.train.steps:
-        raise ConfigError(f"train.steps: the run in {out} already has {state.step} steps; "
-                          f"set train.steps above {state.step} to extend it")
-    return ckpt, state
 
 
 def _resume(cfg: RunConfig, out: Path, allow_config_change: bool) -> Run:
@@ -307,23 +270,6 @@ def _initial_eval(state: RunState, ckpt: Path) -> dict[str, EvalResult]:
                 for k, v in state.initial_eval.items()}
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise DataError(f"{ckpt / 'state.json'}: corrupt initial evaluation ({exc!r})") from None
-
-
-def _check_resume_config(cfg: RunConfig, out: Path, allow: bool) -> None:
-    from rlhfless.core.configbase import load_yaml
-
-    path = RunDir(out).config
-    try:
-        saved = load_yaml(path)  # bounded loader: size, depth and aliases (a run folder may come from elsewhere)
-    except ConfigError as exc:
-        raise DataError(f"cannot read the run's config: {exc}") from None
-    changes = config_changes(saved, asdict(cfg))
-    if changes and not allow:
-        raise ConfigError(f"--resume: the config differs from the run in {out} in {', '.join(changes)}, which would "
-                          "change results; resume with the same config, or pass --allow-config-change to accept it")
-    if changes:
-        print(f"rlhfless: warning: resuming with changed {', '.join(changes)}; results differ from an "
-              "uninterrupted run from here on", file=sys.stderr)
 
 
 def _steps(run: Run, progress: bool) -> None:
@@ -497,61 +443,6 @@ def log_step(tracker: Tracker, report: StepReport, table_every: int) -> None:
             cols = list(report.invocations[0])
             tracker.table("invocations", cols, [[json.dumps(v) if isinstance(v, (dict, list)) else v
                                                  for v in r.values()] for r in report.invocations], report.step)
-
-
-def context_of(policy, env: TextEnv) -> int:
-    """Longest sequence the policy may see: the model's positions, or less where the tokenizer says so."""
-    context = int(policy.config.max_position_embeddings)
-    return min(context, env.tok.max_length) if env.tok.max_length else context
-
-
-def check_fits_context(prompts: list[Prompt], cfg: RunConfig, context: int, env: TextEnv) -> None:
-    """The longest prompt plus rollout.max_new_tokens must fit the model's context (fail before any work)."""
-    longest, worst = max((len(env.encode(p)), p.prompt_id) for p in prompts)
-    if longest >= context:  # no count of new tokens fits: say so, never a negative "at most"
-        raise ConfigError(
-            f"task.{cfg.task.name}: the longest prompt ({worst}) has {longest} tokens, the checkpoint's whole context "
-            f"of {context} or more, so no response fits; make the task's prompts shorter (task.{cfg.task.name}.*) "
-            "or use a checkpoint with a longer context (policy.checkpoint)")
-    if longest + cfg.rollout.max_new_tokens > context:
-        raise ConfigError(
-            f"rollout.max_new_tokens: the longest prompt ({worst}) has {longest} tokens, so at most "
-            f"{context - longest} new tokens fit the checkpoint's context of {context} (got "
-            f"{cfg.rollout.max_new_tokens}); lower rollout.max_new_tokens, or make the task's prompts shorter "
-            f"(task.{cfg.task.name}.*)")
-
-
-def ensure_policy(cfg: RunConfig, progress: bool = True) -> None:
-    """Build the policy folder first when it is missing and `policy.build` says how (see `PolicyConfig.build`)."""
-    path = cfg.policy.resolved()
-    if cfg.policy.build == "none" or (path / "config.json").is_file():
-        return
-    from rlhfless.model.hf import TinyHFConfig, ensure_tiny_hf
-    from rlhfless.tasks.config import corpus_problem, tokenizer_corpus
-
-    why = corpus_problem(cfg.task)
-    if why:  # before announcing a build that cannot start
-        raise DataError(why)
-    label = cfg.task.gsm8k.path if cfg.task.name == "gsm8k" else None
-    print(f"rlhfless: building the policy {path} (policy.build={cfg.policy.build})", file=sys.stderr)
-    after = (lambda folder: _warm_start(cfg, folder, progress)) if cfg.policy.build_sft_steps else None
-    # the corpus is read only when the folder must be built
-    ensure_tiny_hf(path, lambda: tokenizer_corpus(cfg.task), TinyHFConfig(seed=cfg.train.seed), label=label,
-                   after=after)
-
-
-def _warm_start(cfg: RunConfig, folder: Path, progress: bool) -> dict:
-    """Supervised warm start of a freshly built policy folder on the task's train solutions (`model.warmstart`)."""
-    from rlhfless.run.warmstart import WarmStartConfig, solution_pairs, warm_start
-
-    torch.set_num_threads(cfg.train.threads)
-    model = load_policy(folder)
-    env = make_env(cfg, folder)
-    pairs = solution_pairs(env, env.task.splits()[0], context_of(model, env))
-    done = warm_start(model, pairs, WarmStartConfig(steps=cfg.policy.build_sft_steps, seed=cfg.train.seed), progress)
-    model.save_pretrained(folder, safe_serialization=True)
-    print(f"rlhfless: warm start: {done}", file=sys.stderr)
-    return {"warm_start": done}
 
 
 def _eval_metrics(res: dict[str, EvalResult]) -> dict[str, float]:

@@ -44,9 +44,10 @@ def register(sub, bench) -> None:
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept a config that differs in keys that change results")
     p.add_argument("--dry-run", action="store_true",
-                   help="make every check the run makes before its first step (config, machine, checkpoint, task, "
-                        "context, time profile, predictor, emulated length trace; with --out, the run folder), "
-                        "print the resolved config, and stop")
+                   help="make every check the run makes before its first step (config, machine, checkpoint, "
+                        "critic, task, context, time profile, predictor, emulated length trace; with --out, the run "
+                        "folder), print the resolved config, and stop; reads the checkpoints without importing "
+                        "torch, except to build the policy folder first when policy.build says so, as the run would")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help=f"dotted config overrides, e.g. {OVERRIDES_EXAMPLE}")
     p.set_defaults(func=_train)
@@ -126,40 +127,17 @@ def _print_comparison(c: dict) -> None:
 
 
 def _dry_run(cfg, out: str | None, resume: bool, allow_config_change: bool, progress: bool) -> int:
-    """Every check `train` makes before its first step, in the same functions, without writing anything.
-
-    The machine (`RunConfig.check_machine`: units, devices), the planner (predictor, time profile), with --out
-    --resume the run's checkpoint (its weights, critic and predictor too) and config, the checkpoint (built first
-    when `policy.build` says so, as a run would), the task's splits, the context fit, the learner and the
-    reference. A progress bar names the check running.
-    """
+    """Every check `train` makes before its first step, with its refusals, without writing anything and without
+    importing torch (`rlhfless.run.preflight.dry_run`: checkpoints are read, not loaded), then the resolved config.
+    Building the policy folder first, when `policy.build` says so, is a real action the run would take first: it
+    imports torch, and its progress phase says so. A progress bar names the check running."""
     from dataclasses import asdict
-    from pathlib import Path
 
     import yaml
 
-    from rlhfless.model.factory import load_policy
-    from rlhfless.core.progress import phases
-    from rlhfless.run.inputs import check_inputs
-    from rlhfless.run.runner import build_parts, check_resume, ensure_policy
+    from rlhfless.run.preflight import dry_run
 
-    # cheap checks first (the machine, the predictor and time profile, the run folder), then the checkpoint's seconds
-    names = ["machine", "planner, input files"] + (["run folder"] if resume and out else []) + [
-        "checkpoint", "task, learner"]
-    with phases(names, "dry-run checks", progress) as step:
-        step("machine")
-        cfg.check_machine()
-        step("planner, input files")
-        check_inputs(cfg)  # the emulated length table, the time profile and the predictor, as `train` checks them
-        ckpt = None
-        if resume and out:
-            step("run folder")
-            ckpt, _ = check_resume(cfg, Path(out), allow_config_change)
-        step("checkpoint")
-        ensure_policy(cfg, progress)
-        policy = load_policy(ckpt or cfg.policy.resolved())  # a resumed run starts from its own last checkpoint
-        step("task, learner")
-        _, _, _, train_prompts, eval_prompts = build_parts(cfg, policy, ckpt)
+    train_prompts, eval_prompts = dry_run(cfg, out, resume, allow_config_change, progress)
     print(yaml.safe_dump(asdict(cfg), sort_keys=False), end="")
     print(f"rlhfless: config OK ({len(train_prompts)} train / {len(eval_prompts)} eval prompts, "
           f"checkpoint {cfg.policy.resolved()})", file=sys.stderr)

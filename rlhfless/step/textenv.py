@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlhfless.model.tokenizer import TextTokenizer, load_tokenizer
 from rlhfless.core.records import Prompt
-from rlhfless.rollout.engine import SamplingParams
 from rlhfless.tasks.base import Score, Task
+
+if TYPE_CHECKING:  # the engine imports torch; `train --dry-run` encodes prompts without it
+    from rlhfless.rollout.engine import SamplingParams
 
 
 @dataclass
@@ -37,6 +40,8 @@ class TextEnv:
 
     def sampling(self, max_new_tokens: int, temperature: float, top_p: float = 1.0) -> SamplingParams:
         """Sampling parameters that stop at this tokenizer's stop ids."""
+        from rlhfless.rollout.engine import SamplingParams
+
         return SamplingParams(max_new_tokens, temperature, top_p, stop_ids=tuple(self.tok.stop_ids))
 
 
