@@ -477,3 +477,34 @@ def test_simulator_predicts_each_emulated_ppo_arm(ppo_compared, arm):
     if arm.startswith("serverless"):
         assert set(v["by_role"]) == {"decode", "learner", "values", "critic"}
         assert v["by_role"]["critic"]["simulated"] > 0
+
+
+@pytest.mark.parametrize("mode", ["share", "pool"])
+def test_every_emulated_learner_rank_spends_the_gradient_exchange(tmp_path, mode):
+    """Each data-parallel rank is charged its part of the gradient all-reduce (issue 39 item 5): a serverless
+    rank before its share is written, a pool rank in its optimiser step; the modelled seconds are
+    `PerfModel.grad_exchange_s` over the world (0 for one rank), slept at the run's time scale. Before, a share
+    cost nothing and the exchange was free."""
+    from rlhfless.runtime.devices.emulated import EmulatedWorker
+
+    scale = 0.02
+    pm = perf_model("L40S", "qwen2.5-3b")
+    assert pm.grad_exchange_s(1) == 0.0 < pm.grad_exchange_s(2) < pm.grad_exchange_s(16)
+    world, src = 4, tmp_path / "state"
+    src.write_bytes(b"")
+    setup = {"emulated": {"table": str(_table(tmp_path)), "time_scale": scale, "algo": "grpo", "G": 4,
+                          "max_new_tokens": 1024, "skip_zero_variance": False}, "version": 0,
+             "kinds": ["decode", "learner"]}
+    if mode == "pool":
+        setup["dist"] = {"rank": 1, "world": world, "port": 0, "timeout_s": 1.0}
+    w = EmulatedWorker(setup)
+    w.op_learn_begin({"step": 1}, None)
+    end = {"op": "learn_end", "step": 1, "version": 0, "state_path": str(src), "rewards": [], "lengths": []}
+    if mode == "share":
+        end["share"] = {"rank": 1, "world": world, "out": str(tmp_path / "share")}
+        floor = pm.grad_exchange_s(world)
+    else:
+        floor = pm.grad_exchange_s(world) + pm.update_fixed_s("grpo") + pm.weight_sync_s(colocated=True)
+    reply = w.op_learn_end(end, None)
+    t0, t1 = reply["busy"][-1]
+    assert t1 - t0 >= floor * scale

@@ -9,7 +9,7 @@ Deviations from verl:
 1. The KL reward penalty is verl's `kl` estimator with a fixed coefficient (no adaptive KL controller).
 2. Whitening: unbiased masked variance, rsqrt(var + 1e-8), mean shifted back; one valid token is only centred.
 3. The value loss is 0.5 * max of the clipped and unclipped squared errors, aggregated like the actor's loss;
-   `critic/vf_clipfrac` counts tokens where the clipped branch is strictly larger (so it has no gradient).
+   `critic/vf_clipfrac` counts tokens where the clamp acts and the clipped branch is strictly larger (no gradient).
 """
 
 from __future__ import annotations
@@ -136,7 +136,9 @@ def value_loss(vpred: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
     with torch.no_grad():
         metrics = {
             M.VF_LOSS: loss.item(),
-            M.VF_CLIPFRAC: _masked_mean((l2 > l1).to(vpred.dtype), m).item(),
+            # only where the clamp acts: inside the range `old + (vpred - old)` can differ from vpred by one
+            # rounding, and counting that noise made the metric depend on the batch's padding (data parallelism)
+            M.VF_CLIPFRAC: _masked_mean(((l2 > l1) & ((vpred - old).abs() > clip)).to(vpred.dtype), m).item(),
             M.VPRED_MEAN: _masked_mean(vpred, m).item(),
         }
     return loss, metrics

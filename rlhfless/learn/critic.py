@@ -26,6 +26,7 @@ from rlhfless.learn.config import CriticConfig
 from rlhfless.core.errors import DataError, TrainingError
 from rlhfless.learn import critic_files
 from rlhfless.learn.critic_files import STATE_FILE, STATE_FORMAT, STATE_VERSION  # noqa: F401  (this module's names)
+from rlhfless.learn.dataparallel import CRITIC_ROW, Shard, reduce_step
 from rlhfless.rollout.engine import left_pad
 from rlhfless.rollout.forward import pad_responses
 
@@ -44,7 +45,8 @@ class ValueModel(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids) -> torch.Tensor:
         hidden = self.trunk(input_ids=input_ids, attention_mask=attention_mask,
                             position_ids=position_ids).last_hidden_state
-        return self.head(hidden.float()).squeeze(-1)
+        # the head's dtype (float32 as built; a float64 test replica stays float64 throughout)
+        return self.head(hidden.to(self.head.weight.dtype)).squeeze(-1)
 
 
 def build_value_model(checkpoint: Path) -> ValueModel:
@@ -132,6 +134,29 @@ class Critic:
         self.last_grad_norm = norm
         self.opt.step()
         return norm
+
+    def step_shard(self, loss: torch.Tensor | None, local: dict[str, float], n_tok: int,
+                   shard: Shard) -> tuple[dict[str, float], float]:
+        """One data-parallel step: backward this rank's share (loss computed with the mini-batch's global
+        normaliser; None on a rank with no rows), all-reduce the gradients and metric rows (`reduce_step` with
+        `CRITIC_ROW`), clip, step. Returns (the mini-batch's metrics, the gradient norm), the same on every rank.
+        A non-finite local loss is not raised before the all-reduce (the peers would wait in it): it poisons the
+        summed loss, so every rank raises after."""
+        for g in self.opt.param_groups:
+            g["lr"] = self.lr()
+        self.opt.zero_grad(set_to_none=True)
+        if loss is not None:
+            loss.backward()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        metrics = reduce_step(params, shard, local, n_tok, with_kl=False, layout=CRITIC_ROW)
+        if not math.isfinite(metrics[M.VF_LOSS]):
+            raise TrainingError(f"non-finite critic loss ({metrics[M.VF_LOSS]}) at update {self.updates}")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip).item()
+        if not math.isfinite(norm):
+            raise TrainingError(f"non-finite critic gradient norm at update {self.updates}")
+        self.last_grad_norm = norm
+        self.opt.step()
+        return metrics, norm
 
     def metrics(self) -> dict[str, float]:
         return {M.CRITIC_LR: self.lr()}

@@ -65,31 +65,54 @@ def split_groups(weights: list[int], world: int) -> list[tuple[int, int]]:
     return [(bounds[r], bounds[r + 1]) for r in range(world)]
 
 
-# Per-rank metric row: the rank's valid-token count, its loss shares (sum across ranks = full-batch loss) and
-# its token-mean metrics (combined as token-weighted means; ratio min/max as min/max over ranks with tokens).
-_SHARES = (M.LOSS, M.PG_LOSS)
-_MEANS = (M.CLIP_FRAC, M.PPO_KL, M.RATIO_MEAN, M.ENTROPY, M.KL)
-_ROW = (*_SHARES, *_MEANS, M.RATIO_MIN, M.RATIO_MAX)
-_EMPTY = {M.CLIP_FRAC: 0.0, M.PPO_KL: 0.0, M.RATIO_MEAN: 1.0, M.ENTROPY: 0.0, M.KL: 0.0,
-          M.RATIO_MIN: 1.0, M.RATIO_MAX: 1.0}
-"""What `grpo_loss` reports over zero valid tokens (its `_masked_mean` clamps, ratio stats default to 1)."""
+@dataclass(frozen=True)
+class RowLayout:
+    """Which metrics a rank's row carries and how the rows combine: `shares` sum across ranks (loss shares of
+    the full batch, computed with its normaliser), `means` are token-weighted means, `mins` / `maxs` are taken
+    over ranks with tokens; `empty` is what the single process reports over zero valid tokens."""
+
+    shares: tuple[str, ...]
+    means: tuple[str, ...]
+    mins: tuple[str, ...] = ()
+    maxs: tuple[str, ...] = ()
+    empty: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (*self.shares, *self.means, *self.mins, *self.maxs)
+
+    def with_means(self, *keys: str) -> RowLayout:
+        """This layout with more token-mean metrics (e.g. dual_clip's actor/pg_clipfrac_lower)."""
+        return RowLayout(self.shares, (*self.means, *keys), self.mins, self.maxs,
+                         (*self.empty, *((k, 0.0) for k in keys)))
+
+
+POLICY_ROW = RowLayout((M.LOSS, M.PG_LOSS), (M.CLIP_FRAC, M.PPO_KL, M.RATIO_MEAN, M.ENTROPY, M.KL),
+                       (M.RATIO_MIN,), (M.RATIO_MAX,),
+                       ((M.CLIP_FRAC, 0.0), (M.PPO_KL, 0.0), (M.RATIO_MEAN, 1.0), (M.ENTROPY, 0.0), (M.KL, 0.0),
+                        (M.RATIO_MIN, 1.0), (M.RATIO_MAX, 1.0)))
+"""`grpo_loss`'s metrics (the empty values: its `_masked_mean` clamps, ratio stats default to 1)."""
+CRITIC_ROW = RowLayout((M.VF_LOSS,), (M.VF_CLIPFRAC, M.VPRED_MEAN), empty=((M.VF_CLIPFRAC, 0.0), (M.VPRED_MEAN, 0.0)))
+"""`algo.ppo.value_loss`'s metrics."""
 
 
 def reduce_step(params: list[torch.nn.Parameter], shard: Shard, local: dict[str, float], n_tok: int,
-                with_kl: bool) -> dict[str, float]:
+                with_kl: bool, layout: RowLayout = POLICY_ROW) -> dict[str, float]:
     """All-reduce (SUM) gradients and metrics in one buffer; set every param's .grad to the global gradient.
 
     Args:
         params: the model's trainable parameters, same order on every rank; .grad None where this rank has none.
-        local: this rank's `grpo_loss` metrics (computed with the global denom), {} on a rank with no groups.
+        local: this rank's metrics in `layout` (`grpo_loss`'s by default, computed with the global denom), {} on
+            a rank with nothing to train.
         n_tok: this rank's valid response tokens (weights its token-mean metrics).
         with_kl: whether actor/kl is reported (a reference was given), so every rank returns the same keys.
+        layout: the metric row (`POLICY_ROW`; PPO's critic: `CRITIC_ROW`).
     Returns:
         the full-batch metrics (same on every rank). A param that no rank has a gradient for keeps .grad None,
         as in the single-process backward (AdamW then skips it there too).
     """
     sizes = [p.numel() for p in params]
-    n_grad, n_par, width = sum(sizes), len(params), 1 + len(_ROW)
+    n_grad, n_par, width = sum(sizes), len(params), 1 + len(layout.keys)
     dtypes = {p.dtype for p in params}
     if len(dtypes) > 1:
         raise ValueError(f"one flat buffer needs one parameter dtype (got {sorted(map(str, dtypes))})")
@@ -104,7 +127,7 @@ def reduce_step(params: list[torch.nn.Parameter], shard: Shard, local: dict[str,
         off += sizes[i]
     row = buf[n_grad + n_par + shard.rank * width: n_grad + n_par + (shard.rank + 1) * width]
     row[0] = float(n_tok)
-    for j, key in enumerate(_ROW):
+    for j, key in enumerate(layout.keys):
         row[1 + j] = local.get(key, 0.0)
     shard.all_reduce(buf)
     off = 0
@@ -112,21 +135,24 @@ def reduce_step(params: list[torch.nn.Parameter], shard: Shard, local: dict[str,
         # a view of the reduced buffer: no copy; clipping scales it in place and AdamW only reads it
         p.grad = buf[off: off + sizes[i]].view_as(p) if buf[n_grad + i] > 0 else None
         off += sizes[i]
-    return _combine(buf[n_grad + n_par:].view(shard.world, width), with_kl)
+    return _combine(buf[n_grad + n_par:].view(shard.world, width), with_kl, layout)
 
 
-def _combine(rows: torch.Tensor, with_kl: bool) -> dict[str, float]:
-    """Full-batch metrics from the gathered [world, 1 + len(_ROW)] rows (float64 arithmetic, same on all ranks)."""
+def _combine(rows: torch.Tensor, with_kl: bool, layout: RowLayout) -> dict[str, float]:
+    """Full-batch metrics from the gathered [world, 1 + len(layout.keys)] rows (float64, same on all ranks)."""
     rows = rows.double()
     n = rows[:, 0]
-    col = {key: rows[:, 1 + j] for j, key in enumerate(_ROW)}
-    out = {key: col[key].sum().item() for key in _SHARES}
+    col = {key: rows[:, 1 + j] for j, key in enumerate(layout.keys)}
+    empty = dict(layout.empty)
+    out = {key: col[key].sum().item() for key in layout.shares}
     total = n.sum().item()
     has = n > 0
-    for key in _MEANS:
-        out[key] = (col[key] * n).sum().item() / total if total else _EMPTY[key]
-    out[M.RATIO_MIN] = col[M.RATIO_MIN][has].min().item() if total else _EMPTY[M.RATIO_MIN]
-    out[M.RATIO_MAX] = col[M.RATIO_MAX][has].max().item() if total else _EMPTY[M.RATIO_MAX]
+    for key in layout.means:
+        out[key] = (col[key] * n).sum().item() / total if total else empty[key]
+    for key in layout.mins:
+        out[key] = col[key][has].min().item() if total else empty[key]
+    for key in layout.maxs:
+        out[key] = col[key][has].max().item() if total else empty[key]
     if not with_kl:
-        del out[M.KL]
+        out.pop(M.KL, None)
     return out

@@ -26,7 +26,7 @@ import torch
 from rlhfless.core import metrics as M
 from rlhfless.algo import GRPOConfig, advantage_estimator, grpo_loss
 from rlhfless.learn.config import OptimConfig
-from rlhfless.learn.dataparallel import Shard, reduce_step, split_groups
+from rlhfless.learn.dataparallel import POLICY_ROW, RowLayout, Shard, reduce_step, split_groups
 from rlhfless.core.errors import DataError, TrainingError
 from rlhfless.rollout.forward import response_logprobs
 
@@ -99,7 +99,7 @@ class Learner:
             if shard is None:
                 self._step(loss)
             else:
-                m = self._step_shard(loss, m, n_tok, shard, with_kl=ref_logp is not None)
+                m = self.step_shard(loss, m, n_tok, shard, with_kl=ref_logp is not None)
             metrics.update(m)
         metrics[M.GRAD_NORM] = self.last_grad_norm
         metrics[M.LR] = self._lr()
@@ -129,21 +129,22 @@ class Learner:
         self.last_grad_norm = norm.item()
         self.opt.step()
 
-    def _step_shard(self, loss: torch.Tensor | None, local: dict[str, float], n_tok: int, shard: Shard,
-                    with_kl: bool) -> dict[str, float]:
+    def step_shard(self, loss: torch.Tensor | None, local: dict[str, float], n_tok: int, shard: Shard,
+                   with_kl: bool, layout: RowLayout = POLICY_ROW) -> dict[str, float]:
         """Backward this rank's share, all-reduce gradients + metrics, then clip and step like `_step`."""
         self.opt.zero_grad(set_to_none=True)
         if loss is not None:
             # a non-finite local loss is not raised here: the other ranks would wait in the all-reduce until
             # their timeout; it poisons the summed loss instead, so every rank raises below
             loss.backward()
-        return self.step_reduced(local, n_tok, shard, with_kl)
+        return self.step_reduced(local, n_tok, shard, with_kl, layout)
 
-    def step_reduced(self, local: dict[str, float], n_tok: int, shard: Shard, with_kl: bool) -> dict[str, float]:
+    def step_reduced(self, local: dict[str, float], n_tok: int, shard: Shard, with_kl: bool,
+                     layout: RowLayout = POLICY_ROW) -> dict[str, float]:
         """All-reduce the gradients already in .grad (+ this rank's metric row), then clip and step like `_step`
         (also the end of `accumulate.AccumulatedUpdate`)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
-        metrics = reduce_step(params, shard, local, n_tok, with_kl)
+        metrics = reduce_step(params, shard, local, n_tok, with_kl, layout)
         if not math.isfinite(metrics[M.LOSS]):
             raise TrainingError(f"non-finite loss ({metrics[M.LOSS]}) at update {self.updates}")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_cfg.grad_clip)

@@ -6,6 +6,13 @@ passes over `algo.ppo_mini_batches` shuffled slices, one actor step (`actor_step
 loop runs them in turn (`ppo_update`) and the runtime side by side (`runtime.ppo_stages`), bit for bit the same
 at the same thread count. Old log-probs and the timing metrics: docs/internals.md#learnppo_updatepy.
 
+Data parallelism (`shard=`, as GRPO's `Learner.update`): every rank computes the targets on the full batch (cheap
+and deterministic: no communication) and walks the same schedule; each optimiser step's global mini-batch is split
+across the ranks (`rank_rows`: contiguous, balanced by tokens), every rank's loss uses the mini-batch's normaliser,
+and gradients plus metric rows are summed in one all-reduce before clipping, for the actor and for the critic
+alike. So N ranks take the same ppo_epochs x ppo_mini_batches steps as one, on the same global mini-batches, and
+end with the one-rank weights up to float rounding (other summation order), every replica bitwise equal.
+
 Deviations from verl: 1. Mini-batches are counted (`ppo_mini_batches`), not sized. 2. Every pass reshuffles with
 a seed of (update, epoch). 3. The actor is updated before the critic (verl: critic first; only timing differs).
 """
@@ -24,7 +31,8 @@ from rlhfless.algo.ppo import mini_batches, token_rewards, value_loss
 from rlhfless.algo.registry import advantage_estimator
 from rlhfless.algo.config import GRPOConfig
 from rlhfless.learn.critic import Critic, response_values
-from rlhfless.learn.learner import Learner
+from rlhfless.learn.dataparallel import POLICY_ROW, RowLayout, Shard, split_groups
+from rlhfless.learn.learner import Learner, batch_denominator
 from rlhfless.rollout.forward import pad_responses, response_logprobs
 
 
@@ -97,23 +105,50 @@ def _means(steps: dict[str, list[float]]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in steps.items()}
 
 
+def rank_rows(rows: list[int], responses: list[list[int]], shard: Shard | None) -> list[int]:
+    """This rank's rows of a global mini-batch: the shard's contiguous slice balanced by response tokens + 1 per
+    row (`split_groups`, the same on every rank); all of them without a shard. May be empty."""
+    if shard is None:
+        return rows
+    lo, hi = split_groups([len(responses[r]) + 1 for r in rows], shard.world)[shard.rank]
+    return rows[lo:hi]
+
+
+def actor_row(cfg: GRPOConfig) -> RowLayout:
+    """The actor's metric row in a data-parallel step (`grpo_loss`'s, plus dual_clip's lower clip fraction)."""
+    return POLICY_ROW.with_means(M.CLIP_FRAC_LOWER) if cfg.policy_loss == "dual_clip" else POLICY_ROW
+
+
 def actor_steps(learner: Learner, t: PpoTargets, responses: list[list[int]], ref_logp: torch.Tensor | None,
-                schedule: list[list[int]]) -> dict[str, float]:
+                schedule: list[list[int]], shard: Shard | None = None) -> dict[str, float]:
     """The policy's optimiser steps, one per mini-batch (each cut to its own longest response); returns the actor's
-    metrics (means over the steps) and counts the update. Raises TrainingError on a non-finite loss or gradient."""
+    metrics (means over the steps) and counts the update. Raises TrainingError on a non-finite loss or gradient.
+
+    shard: this rank of a data-parallel actor (every rank passes the same targets and schedule): each global
+    mini-batch is split across the ranks (`rank_rows`), every rank's loss uses the mini-batch's normaliser, and the
+    gradients are summed across ranks before clipping (`Learner.step_shard`), so every rank steps alike and the
+    update equals the one-rank update up to float rounding (module header)."""
     cfg = learner.algo
     lr = learner.lr_for_update()
     steps: dict[str, list[float]] = defaultdict(list)
     for rows in schedule:
-        sub_p, sub_r = [t.rows_prompts[r] for r in rows], [responses[r] for r in rows]
-        learner.model.train()
-        out = response_logprobs(learner.model, sub_p, sub_r, 1, with_entropy=True)
-        T = out.logp.shape[1]
-        ref = ref_logp[rows, :T] if ref_logp is not None else None
-        old = out.logp.detach() if t.old is None else t.old[rows, :T]
-        loss, metrics = grpo_loss(out.logp, old, ref, t.advantages[rows, :T], t.mask[rows, :T], cfg,
-                                  entropy=out.entropy)
-        learner.step_loss(loss)
+        mine = rank_rows(rows, responses, shard)
+        loss, metrics, n_tok = None, {}, 0
+        if mine:  # a rank with no rows of this mini-batch still joins the all-reduce, with zeros
+            sub_p, sub_r = [t.rows_prompts[r] for r in mine], [responses[r] for r in mine]
+            learner.model.train()
+            out = response_logprobs(learner.model, sub_p, sub_r, 1, with_entropy=True)
+            T = out.logp.shape[1]
+            ref = ref_logp[mine, :T] if ref_logp is not None else None
+            old = out.logp.detach() if t.old is None else t.old[mine, :T]
+            denom = None if shard is None else batch_denominator([len(responses[r]) for r in rows], cfg.loss_agg)
+            loss, metrics = grpo_loss(out.logp, old, ref, t.advantages[mine, :T], t.mask[mine, :T], cfg,
+                                      entropy=out.entropy, denom=denom)
+            n_tok = int(t.mask[mine, :T].sum().item())
+        if shard is None:
+            learner.step_loss(loss)
+        else:
+            metrics = learner.step_shard(loss, metrics, n_tok, shard, ref_logp is not None, actor_row(cfg))
         metrics[M.GRAD_NORM] = learner.last_grad_norm
         for k, v in metrics.items():
             steps[k].append(v)
@@ -122,21 +157,32 @@ def actor_steps(learner: Learner, t: PpoTargets, responses: list[list[int]], ref
 
 
 def critic_steps(critic: Critic, cfg: GRPOConfig, rows_prompts: list[list[int]], responses: list[list[int]],
-                 values: torch.Tensor, returns: torch.Tensor, schedule: list[list[int]]) -> dict[str, float]:
+                 values: torch.Tensor, returns: torch.Tensor, schedule: list[list[int]],
+                 shard: Shard | None = None) -> dict[str, float]:
     """The critic's optimiser steps on the same mini-batches; returns its metrics (means over the steps, its
-    learning rate, and `timing_s/update_critic`: the seconds of the steps) and counts the update."""
+    learning rate, and `timing_s/update_critic`: the seconds of the steps) and counts the update. shard: a
+    data-parallel critic rank, split and reduced as `actor_steps` (`Critic.step_shard`)."""
     mask = pad_responses(responses)[1].bool()
     steps: dict[str, list[float]] = defaultdict(list)
     lr = critic.metrics()
     t0 = time.perf_counter()
     for rows in schedule:
-        sub_p, sub_r = [rows_prompts[r] for r in rows], [responses[r] for r in rows]
-        critic.model.train()
-        vpred = response_values(critic.model, sub_p, sub_r, 1)
-        T = vpred.shape[1]
-        vloss, vm = value_loss(vpred, values[rows, :T], returns[rows, :T], mask[rows, :T], cfg.value_clip,
-                               cfg.loss_agg, cfg.max_seq_len_norm)
-        vm[M.CRITIC_GRAD_NORM] = critic.step(vloss)
+        mine = rank_rows(rows, responses, shard)
+        vloss, vm, n_tok = None, {}, 0
+        if mine:
+            sub_p, sub_r = [rows_prompts[r] for r in mine], [responses[r] for r in mine]
+            critic.model.train()
+            vpred = response_values(critic.model, sub_p, sub_r, 1)
+            T = vpred.shape[1]
+            denom = None if shard is None else batch_denominator([len(responses[r]) for r in rows], cfg.loss_agg)
+            vloss, vm = value_loss(vpred, values[mine, :T], returns[mine, :T], mask[mine, :T], cfg.value_clip,
+                                   cfg.loss_agg, cfg.max_seq_len_norm, denom)
+            n_tok = int(mask[mine, :T].sum().item())
+        if shard is None:
+            vm[M.CRITIC_GRAD_NORM] = critic.step(vloss)
+        else:
+            vm, norm = critic.step_shard(vloss, vm, n_tok, shard)
+            vm[M.CRITIC_GRAD_NORM] = norm
         for k, v in vm.items():
             steps[k].append(v)
     critic.updates += 1
@@ -145,14 +191,15 @@ def critic_steps(critic: Critic, cfg: GRPOConfig, rows_prompts: list[list[int]],
 
 def ppo_update(learner: Learner, critic: Critic, prompts: list[list[int]], responses: list[list[int]],
                rewards: torch.Tensor, values: torch.Tensor, ref_logp: torch.Tensor | None = None,
-               seed: int = 0) -> dict[str, float]:
-    """One PPO update in this process (the inline loop). Arguments as `ppo_targets`; seed: the run's seed.
+               seed: int = 0, shard: Shard | None = None) -> dict[str, float]:
+    """One PPO update in this process (the inline loop). Arguments as `ppo_targets`; seed: the run's seed;
+    shard: this rank of a data-parallel actor and critic (`actor_steps`; every rank passes the same batch).
 
     Raises TrainingError on a non-finite loss or gradient (policy or critic), before that optimiser's step.
     """
     t = ppo_targets(learner, prompts, responses, rewards, values, ref_logp)
     schedule = ppo_schedule(learner.algo, len(responses), seed, learner.updates)
     metrics = dict(t.metrics)
-    metrics.update(actor_steps(learner, t, responses, ref_logp, schedule))
-    metrics.update(critic_steps(critic, learner.algo, t.rows_prompts, responses, values, t.returns, schedule))
+    metrics.update(actor_steps(learner, t, responses, ref_logp, schedule, shard))
+    metrics.update(critic_steps(critic, learner.algo, t.rows_prompts, responses, values, t.returns, schedule, shard))
     return metrics

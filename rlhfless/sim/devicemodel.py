@@ -58,6 +58,9 @@ class LengthTable:
     """The run's emulated learner ranks leave at their share (`runtime.streaming`'s serverless end), as real ones
     do; False in a table written before they did (every rank then ended with the optimiser step: `sim.modelled`
     plays such a run that way)."""
+    exchange: bool = False
+    """The run's emulated learner ranks spend the gradient exchange per rank (`PerfModel.grad_exchange_s`); False
+    in a table written before they did (`sim.modelled` then plays the exchange as free, as it was)."""
     prompts: list | None = None
     prompt_rewards: list | None = None
     n_train: int = 0
@@ -182,6 +185,7 @@ def build_table(cfg, steps: int, n_train: int = 0) -> LengthTable:
     paper = paper_engine(sim, work) if rt.emulated_engine == "paper" else None
     return LengthTable([], None, rt.emulated_gpu, rt.emulated_model, int(cluster.capacity),
                        float(_ctx(cluster.time_model.source)), f"{rt.length_trace}: {note}", shares=True,
+                       exchange=True,
                        prompts=lengths, prompt_rewards=rewards, n_train=n_train or len(lengths), batch=batch,
                        paper=paper, overheads=over or None)
 

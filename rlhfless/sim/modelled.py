@@ -37,7 +37,7 @@ def _perf(run: Path, paper: bool = False):
     if not p.is_file():
         raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
     t = LengthTable.load(p)
-    return engine_of(t, paper), t.shares
+    return engine_of(t, paper), t.shares, t.exchange
 
 
 def _decode(tm, cap: int, work: StepWork, groups: list[int]) -> tuple[float, dict[int, float]]:
@@ -109,11 +109,12 @@ def _play_learner(run: dict, work: StepWork, lrn: list[dict], rel, finish: dict,
 
 
 def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: frozenset,
-          shares: bool = False, early: frozenset = frozenset(), cut: dict | None = None
+          shares: bool = False, early: frozenset = frozenset(), cut: dict | None = None, exchange_s: float = 0.0
           ) -> tuple[dict[str, float], dict[str, float]]:
     """Serverless device-seconds by role (docs/internals.md#simmodelledpy): each worker from its request to its last
     invocation's end (a rank's: the optimiser step's; with `shares`, a rank but the reducer's: its share, the end
-    of its groups or of the rollout, whichever is later: the share needs every reward), plus the keep-alive when
+    of its groups or of the rollout, whichever is later: the share needs every reward, plus its part of the
+    gradient exchange `exchange_s`), plus the keep-alive when
     released in the step (none when released at its share: `early`; to its release, if sooner, when the runtime let
     it go for another reason: `cut`, modelled seconds), to the step's end when kept alive; a hybrid worker's time is
     decode's to its decode end, the learner's after. Returns (billed by role, each kept worker's keep-alive lapse)."""
@@ -125,7 +126,7 @@ def _bill(spans: dict, ends: dict, learn_end: float, keep: float, released: froz
     rollout = max(ends.values(), default=0.0)  # learn_end (with every reward: the normaliser) follows the rollout
     for worker, (a, b, role) in spans.items():
         if role != "decode":
-            b = learn_end if not shares or worker == reducer else max(b, rollout)
+            b = learn_end if not shares or worker == reducer else max(b, rollout) + exchange_s
         end = _end(worker, b, learn_end, keep, released, early, cut)
         if worker not in released:
             lapse[worker] = b + keep
@@ -283,11 +284,13 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
         rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
                                  overlap)
         opt = pm.update_fixed_s("grpo") + (pm.weight_sync_s(colocated=True) + run["kv_s"] if serverful else 0.0)
-        learn_end = max(rank_end, default=rollout) + opt
+        # every rank's share (serverless) or the pool's all-reduce carries the exchange before the step
+        learn_end = max(rank_end, default=rollout) + run["exchange_s"] + opt
         out = {"period": learn_end, "rollout": rollout, "learn_end": learn_end}
         if serverful:  # the pool: W replicas of TP units x the period
             return {**out, "billed": len({i["worker"] for i in invs}) * pm.tp * learn_end, "by_role": None}
-        billed, lapse = _bill(spans, ends, learn_end, keep, released, run.get("shares", False), early, cut)
+        billed, lapse = _bill(spans, ends, learn_end, keep, released, run.get("shares", False), early, cut,
+                              run["exchange_s"])
     billed["decode"] = billed.get("decode", 0.0) + _ahead(spawned_next or {}, rel, learn_end)
     first: dict[str, float] = {}
     for i in invs:
@@ -309,13 +312,20 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     if rt.get("device") != "emulated":
         raise DataError(f"validate: {p} is not a runtime.device=emulated run")
     scale = float(rt.get("time_scale", 1.0))
-    eng, shares = _perf(p, rt.get("mode") == "serverful" and rt.get("emulated_engine", "tuned") == "paper")
+    eng, shares, exchange = _perf(p, rt.get("mode") == "serverful" and rt.get("emulated_engine", "tuned") == "paper")
     pm = eng.pm
     algo = cfg.get("algo") or {}
     run = {"pm": pm, "tm": eng.tm, "cap": eng.capacity, "kv_s": eng.kv_s, "rt": rt, "hybrid": rt.get("hybrid", True),
            "learners": int(rt.get("learner_units") or rt.get("units") or 1),
            "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo"),
-           "shares": shares and rt.get("mode") != "serverful"}
+           "shares": shares and rt.get("mode") != "serverful", "exchange_s": 0.0}
+    if exchange:  # each learner rank's part of the gradient all-reduce (`runtime.devices.emulated`)
+        units = int(rt.get("units") or 1)
+        if rt.get("mode") == "serverful":  # the pool's data-parallel group: one rank per replica of TP units
+            world = int(rt.get("serverful_workers") or units // pm.tp)
+        else:
+            world = int(rt.get("learner_units") or units)
+        run["exchange_s"] = pm.grad_exchange_s(world)
     if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.devices.emulated.ppo_steps`)
         rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
         run.update(ppo_epochs=int(algo.get("ppo_epochs", 1)), values_chunk=int((cfg.get("critic") or {}).get(

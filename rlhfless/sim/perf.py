@@ -278,6 +278,24 @@ class PerfModel:
         """The optimizer step(s) of one step: policy (PPO: and critic), once per mini-batch."""
         return self.eff.train_fixed_s * (PPO_MODELS if algo == "ppo" else 1) * minibatches
 
+    def grad_exchange_s(self, world: int) -> float:
+        """One optimizer step's gradient exchange between `world` data-parallel ranks of TP 1, as each rank spends
+        it (the emulated runtime charges it per rank: `runtime.devices.emulated`): an all-reduce of the bf16
+        gradients (the model's bytes), hierarchical as NCCL runs it across nodes: a ring reduce-scatter and
+        all-gather inside each node over the link (2 (k-1)/k of the bytes, k ranks a node), and the node's
+        1/k slice all-reduced between the n nodes through each device's NIC share (2 (n-1)/n of bytes/k) at
+        net_eff. FSDP's reduce-scatter + all-gather moves the same bytes. 0 for one rank. The simulator's arms
+        still fold it into `train_fixed_s` (assumed)."""
+        if world <= 1:
+            return 0.0
+        per_node = min(world, self.device.devices_per_node)
+        nodes = -(-world // per_node)
+        grads = self.model.params * self.model.bytes_per_param
+        intra = 2.0 * (per_node - 1) / per_node * grads / self.device.link_bw
+        nic = (self.device.nic_bw or self.device.net_bw / self.device.devices_per_node) * self.net_eff
+        inter = 2.0 * (nodes - 1) / nodes * grads / per_node / nic if nodes > 1 else 0.0
+        return intra + inter
+
     def weight_sync_s(self, colocated: bool) -> float:
         """New weights into a rollout replica: resharding over the node link (colocated: each device's TP shard,
         or with `reshard_full` the whole model gathered through every device's link, as verl's FSDP -> vLLM

@@ -8,8 +8,10 @@ keeps: sleeping is deadline based, so a worker's own overhead is absorbed, not a
 docs/internals.md#runtimedevicesemulatedpy. Non-goals: the prefill function, vLLM.
 
 Deviations:
-1. The all-reduce is not emulated: a rank that ends early returns at once (the driver waits for every rank, so the
-   step's time is the same; the wait shows as held idle instead of busy).
+1. The all-reduce is modelled, not run: each rank sleeps `PerfModel.grad_exchange_s` for its part of it (the
+   pool's ranks in the optimiser step, a serverless rank before its share), but a rank that ends early returns
+   without waiting for its peers (the driver waits for every rank, so the step's time is the same; the wait shows
+   as held idle instead of busy).
 2. An emulated worker imports neither torch nor the model (a few tens of MB).
 3. A serverful pool worker with `runtime.emulated_engine=paper` is one TP replica of verl as the paper ran it
    (`sim.devicemodel.engine_of`): it holds TP units, decodes with that engine's time model and KV slots, trains and
@@ -274,7 +276,15 @@ class EmulatedWorker:
         self.update["busy"].append([t0, now()])
         return None
 
-    def op_learn_end(self, msg: dict, conn=None) -> dict:
+    def _world(self, msg: dict) -> int:
+        """The learner's data-parallel ranks this update: the share's world (serverless), the group's (a
+        rendezvous per update), or the pool's (formed when the workers started)."""
+        for d in (msg.get("share"), msg.get("dist"), self.setup.get("dist")):
+            if d:
+                return int(d["world"])
+        return 1
+
+    def op_learn_end(self, msg: dict, conn=None, exchange: bool = True) -> dict:
         t_end0 = now()
         if msg.get("share"):
             return self._learn_share(msg, t_end0)
@@ -283,6 +293,8 @@ class EmulatedWorker:
             wire.send(conn, {"op": "rendezvous_open", "step": msg["step"]})
         self.clock.start()
         opt = self.perf.update_fixed_s(self.algo)
+        if exchange:  # every rank of the pool spends the gradient all-reduce (the reducer's was its share's)
+            opt += self.perf.grad_exchange_s(self._world(msg))
         if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine (and with
             opt += self.perf.weight_sync_s(colocated=True) + self.kv_s  # the paper engine, its KV's sleep and wake)
         self.clock.sleep(opt)
@@ -304,17 +316,21 @@ class EmulatedWorker:
     def _learn_share(self, msg: dict, t_end0: float) -> dict:
         """The serverless learner's end, as `worker._learn_share`: `share.out`, a rank writes its share and is free
         at once (its replica stays at the step's version); `share.shares`, the last rank in syncs if behind and
-        steps. A share costs no modelled time: the simulator's rank is its groups' compute, and the gradient
-        exchange is inside the optimiser step's `update_fixed_s`, which the reducer alone pays (as the reducer
-        alone steps); the share file holds nothing (no weights or gradients exist)."""
+        steps. A share costs the rank its part of the gradient exchange (`PerfModel.grad_exchange_s` over the
+        share's world: the all-reduce a real data-parallel rank sits in, charged per rank); the optimiser step's
+        `update_fixed_s` the reducer alone pays (as the reducer alone steps); the share file holds nothing (no
+        weights or gradients exist)."""
         sh = msg["share"]
         if sh.get("out"):
+            self.clock.start()
+            self.clock.sleep(self.perf.grad_exchange_s(self._world(msg)))  # its part of the all-reduce
             Path(sh["out"]).write_bytes(b"")
             return self._learned(msg, t_end0, shared=sh["out"])
         sync_s = self._sync(msg)
         self.update = {"t_start": t_end0, "sync_s": sync_s, "compute_s": 0.0, "group_busy": [],
                        "busy": [[t_end0, now()]] if sync_s > 0 else []}
-        reply = self.op_learn_end({k: v for k, v in msg.items() if k not in ("share", "dist")}, None)
+        reply = self.op_learn_end({k: v for k, v in msg.items() if k not in ("share", "dist")}, None,
+                                  exchange=False)
         return {**reply, "shared": None}
 
     def op_reference(self, msg: dict, conn=None) -> dict:
