@@ -2,8 +2,9 @@
 
 The straightforward forms live here: the cut-and-migrate simulation that lists every live actor's sequences as
 `ActorProgress` at each cut check and decides with the public `plan_migrations` (moves by name, every move
-named), the checked `PlanJob` constructor, and a plan built anew on every request. A short paper-sim case (both designs) played with
-them patched in must give the shipped report bit for bit.
+named), the checked `PlanJob` constructor, a plan and a whole-step tail built anew on every request, and the
+learner sized by a binary search that drains each count on its own. A short paper-sim case (both designs) played
+with them patched in must give the shipped report bit for bit.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import numpy as np
 import pytest
 
 import rlhfless.plan.scaler as scaler
+import rlhfless.plan.overlap as overlap
 import rlhfless.sim.policies as policies
+import rlhfless.sim.step as step
 from rlhfless.plan import balancer
 from rlhfless.plan.migrate import _result, plan_migrations, simulate_with_migration
 from rlhfless.plan.records import ActorProgress, PlanJob, SeqProgress
@@ -165,6 +168,30 @@ def _built_anew(ja, res, n, cfg, tm, memo):
     return balancer.build_plan(ja, res.labels(res.candidates.index(n)), res.rank, n, cfg.capacity, tm, cfg.policy)
 
 
+def _tail_anew(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm, memo):
+    return scaler._tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
+
+
+def _size_blocks_by_drains(arrive_s, work_ds, b, slack):
+    """`size_blocks` as a binary search that drains each count it tries on its own."""
+    order = np.argsort(b.ready_s, kind="stable")
+    if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
+        return b
+    w = overlap._Arrivals.of(arrive_s, work_ds)
+    limit = overlap._drain(w, b.ready_s, b.devices)[0] * (1.0 + slack) + 1e-12
+    lo, hi = 1, len(order)
+    while lo < hi:
+        k = (lo + hi) // 2
+        keep = order[:k]
+        if float(np.sum(b.devices[keep])) > 0 and \
+                overlap._drain(w, b.ready_s[keep], b.devices[keep], presorted=True)[0] <= limit:
+            hi = k
+        else:
+            lo = k + 1
+    keep = np.sort(order[:lo])
+    return overlap.Blocks(b.ready_s[keep], b.devices[keep], b.cold_s[keep])
+
+
 def _report(cfg) -> str:
     out = run_case(cfg, jobs=1)
     return json.dumps(out, sort_keys=True)
@@ -180,6 +207,9 @@ def test_report_equals_the_straightforward_implementation(design, steps, monkeyp
     monkeypatch.setattr(policies, "play_with_migration", _ReferencePlayed)
     monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
     monkeypatch.setattr(scaler, "_memo_plan", _built_anew)
+    monkeypatch.setattr(scaler, "_memo_tail", _tail_anew)
+    monkeypatch.setattr(overlap, "size_blocks", _size_blocks_by_drains)
+    monkeypatch.setattr(step, "size_blocks", _size_blocks_by_drains)
     assert _report(cfg) == shipped
 
 
