@@ -218,28 +218,20 @@ def _decide(cand: list[_Actor], tau: float, capacity: int, seqs: _Seqs) -> tuple
     return cuts, released
 
 
-def _facts(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> _Seqs:
-    """The plan's sequences by sid: group, first sid and prompt per job; true and predicted length per sid."""
-    seqs = _Seqs()
+def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[list[_Actor], _Seqs]:
+    seqs, actors = _Seqs(), []
     # whole lists at once: this runs for every sequence of every simulated step and candidate
     flat = [j for jobs in plan.actor_jobs for j in jobs]
     sizes = [j.n_seqs for j in flat]
     seqs.group = [j.group_id for j in flat]
     seqs.plen = [j.prompt_len for j in flat]
-    seqs.first = list(accumulate(sizes, initial=0))[:-1]
+    seqs.first = firsts = list(accumulate(sizes, initial=0))[:-1]
     seqs.pred = list(chain.from_iterable([j.lengths() for j in flat]))
     if true_jobs:
         truth = {j.group_id: j for j in true_jobs}
         seqs.true = list(chain.from_iterable([truth[g].lengths() for g in seqs.group]))
     else:
         seqs.true = seqs.pred  # read only
-    return seqs
-
-
-def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[list[_Actor], _Seqs]:
-    seqs, actors = _facts(plan, true_jobs), []
-    firsts = seqs.first
-    sizes = [j.n_seqs for jobs in plan.actor_jobs for j in jobs]
     k = 0
     for a, jobs in enumerate(plan.actor_jobs):
         act = _Actor(a)
@@ -392,185 +384,3 @@ def _metrics(busy: list[float], n_moves: int, n_released: int) -> dict[str, floa
     return {M.BAL_MIGRATIONS: float(n_moves), M.BAL_RELEASED_ACTORS: float(n_released), M.BAL_MAKESPAN_S: makespan,
             M.BAL_IDLE_DEVICE_S: float(sum(makespan - b for b in busy)),
             M.BAL_IMBALANCE: makespan / mean if mean > 0 else 1.0}
-
-
-MIGRATION_SIMS = ("exact", "closed")
-"""How `play_migration` plays cuts: `exact`, the event simulation (`play_with_migration`); `closed`, the closed
-form (`play_closed`), within the tolerance docs/simulator.md states."""
-
-
-def play_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
-                   true_jobs: Sequence[PlanJob] | None = None, how: str = "exact") -> Played:
-    """`play_with_migration` (how="exact") or `play_closed` (how="closed")."""
-    if how == "closed":
-        return play_closed(plan, time_model, tau, true_jobs)
-    if how != "exact":
-        raise ConfigError(f"plan.migration_sim: one of {', '.join(MIGRATION_SIMS)} (got {how!r})")
-    return play_with_migration(plan, time_model, tau, true_jobs)
-
-
-class _Run:
-    """One actor of the closed form between two cut instants: its clock (t, it) and its running sequences as
-    arrays sorted by the iteration they finish at (fin, sid), with each one's finish second (`sec`, from t on:
-    the batch falls by one at each finish, so the clock is a cumulative sum of iterations x seconds per
-    iteration at that batch)."""
-
-    __slots__ = ("aid", "t", "it", "fin", "sid", "sec", "finished", "total", "end")
-
-    def __init__(self, aid: int, fin: np.ndarray, sid: np.ndarray, total: int) -> None:
-        self.aid, self.t, self.it, self.finished, self.total, self.end = aid, 0.0, 0.0, 0, total, None
-        self.fin, self.sid, self.sec = fin, sid, None
-
-    def clock(self, f: np.ndarray) -> None:
-        """Each running sequence's finish second from the actor's clock (t, it)."""
-        n = len(self.fin)
-        steps = np.diff(self.fin, prepend=self.it).clip(min=0.0)
-        self.sec = self.t + np.cumsum(steps * f[n - np.arange(n)])
-
-    def to(self, t: float, done: int, f: np.ndarray) -> None:
-        """The clock moved to t, the first `done` sequences finished."""
-        prev_it, prev_t = (self.fin[done - 1], self.sec[done - 1]) if done else (self.it, self.t)
-        left = len(self.fin) - done
-        if not left:  # ended at its last finish
-            self.end = float(prev_t)
-        self.it = prev_it + ((t - prev_t) / f[left] if left and t > prev_t else 0.0)
-        self.t, self.finished = t, self.finished + done
-        self.fin, self.sid, self.sec = self.fin[done:], self.sid[done:], self.sec[done:]
-
-
-def _closed_checks(live: list[_Run], tau: float, cap: int) -> tuple[float, int] | None:
-    """The first instant an actor at or above tau finishes sequences while the actors below it have room for
-    all its unfinished ones (the event simulation's `_room` test at that actor's event): (t, the actor's index
-    in live), or None. Every actor's candidate instants at once, every other actor's state at each of them by
-    a search in its finish seconds."""
-    ts, who, need = [], [], []
-    for i, r in enumerate(live):
-        n = len(r.sec)
-        last = np.flatnonzero(np.diff(r.sec, append=np.inf) > 0)  # the last sequence of each finish instant
-        last = last[last < n - 1]  # after its last instant an actor ends: no check
-        k = last[(r.finished + last + 1) / r.total >= tau]
-        ts.append(r.sec[k])
-        who.append(np.full(len(k), i))
-        need.append(r.total - r.finished - (k + 1))
-    t, who, need = np.concatenate(ts), np.concatenate(who), np.concatenate(need)
-    if not len(t):
-        return None
-    order = np.lexsort((who, t))
-    t, who, need = t[order], who[order], need[order]
-    room = np.zeros(len(t))
-    for i, r in enumerate(live):
-        done = np.searchsorted(r.sec, t, side="right")
-        run = len(r.sec) - done
-        dest = (run > 0) & ((r.finished + done) / r.total < tau) & (who != i)
-        room += np.where(dest, cap - run, 0)
-    hit = np.flatnonzero(room >= need)
-    return (float(t[hit[0]]), int(who[hit[0]])) if len(hit) else None
-
-
-def _closed_decide(live: list[_Run], tau: float, cap: int, pred: np.ndarray,
-                   start: np.ndarray) -> tuple[list[Cut], list[int], dict[int, np.ndarray]]:
-    """`_decide`'s rule on the closed form's actors (remaining predicted tokens as arrays): the cuts, the
-    released actors and each cut source's sequences in move order."""
-    dests, sources, n_free = [], [], 0
-    for r in live:
-        n_unf = len(r.fin)
-        if not n_unf:
-            continue
-        if r.finished / (r.finished + n_unf) >= tau:
-            sources.append((n_unf, r.aid, r))
-        elif cap - n_unf > 0:
-            top = float(np.max(pred[r.sid] - (r.it - start[r.sid])))
-            dests.append((top if top > 1.0 else 1.0, n_unf - cap, r.aid))
-            n_free += cap - n_unf
-    heapq.heapify(dests)
-    sources.sort(key=itemgetter(0, 1))
-    cuts, released, moved = [], [], {}
-    for n_unf, src, r in sources:
-        if n_unf > n_free:
-            continue
-        rem = np.maximum(pred[r.sid] - (r.it - start[r.sid]), 1.0)
-        order = np.argsort(-rem, kind="stable")
-        for x, s in zip(rem[order].tolist(), r.sid[order].tolist()):
-            avail, neg_free, dst = heapq.heappop(dests)
-            if neg_free < -1:
-                heapq.heappush(dests, (max(avail, x), neg_free + 1, dst))
-            cuts.append((s, src, dst))
-        moved[src] = order
-        n_free -= n_unf
-        released.append(src)
-    return cuts, released, moved
-
-
-def _closed_apply(cuts: list[Cut], moved: dict[int, np.ndarray], runs: dict[int, _Run], t: float, tm: TimeModel,
-                  start: np.ndarray, plen: np.ndarray, f: np.ndarray) -> None:
-    """Move every cut source's running sequences to their destinations (tokens generated kept, the rest of
-    the true length to go); each destination stalls for the KV it receives; sources end at t."""
-    dst_all = np.array([d for _, _, d in cuts])
-    k = 0
-    for src, order in moved.items():
-        r = runs[src]
-        sid, gen, rem = r.sid[order], r.it - start[r.sid[order]], r.fin[order] - r.it
-        dst = dst_all[k:k + len(order)]
-        k += len(order)
-        for d in np.unique(dst).tolist():
-            m, b = dst == d, runs[d]
-            start[sid[m]] = b.it - gen[m]
-            fin = np.concatenate((b.fin, b.it + rem[m]))
-            o = np.argsort(fin, kind="stable")
-            b.fin, b.sid = fin[o], np.concatenate((b.sid, sid[m]))[o]
-            b.total += int(m.sum())
-            b.t += tm.kv_transfer_s_per_token * float(np.sum(plen[sid[m]] + gen[m]))
-        r.fin, r.sid, r.end = r.fin[:0], r.sid[:0], t
-
-
-def play_closed(plan: AssignmentPlan, time_model: TimeModel, tau: float,
-                true_jobs: Sequence[PlanJob] | None = None) -> Played:
-    """`play_with_migration` in closed form, where no actor queues (else the event simulation itself): between
-    two cut instants every actor runs on its own, so its finish seconds are a cumulative sum (`_Run.clock`);
-    the cut checks of every actor's instants are read from those at once (`_closed_checks`), and a cut applies
-    the same rule (`_closed_decide`). Not bit for bit the event simulation: its float sums differ, and it
-    orders sequences of equal remaining length by finish, not by the heap's layout (error: docs/simulator.md)."""
-    _check_tau(tau)
-    cap = plan.capacity
-    if any(sum(j.n_seqs for j in jobs) > cap for jobs in plan.actor_jobs):
-        return play_with_migration(plan, time_model, tau, true_jobs)
-    f = time_model.iter_seconds(np.arange(cap + 1))
-    seqs = _facts(plan, true_jobs)
-    true, pred = np.asarray(seqs.true, float), np.asarray(seqs.pred, float)
-    start = np.zeros(len(true))
-    plen = np.repeat(np.asarray(seqs.plen, float), np.diff(np.append(seqs.first, len(true))).astype(int))
-    runs, k = {}, 0
-    for a, jobs in enumerate(plan.actor_jobs):
-        n = sum(j.n_seqs for j in jobs)
-        sid = np.arange(k, k + n)
-        o = np.argsort(true[sid], kind="stable")
-        runs[a] = _Run(a, true[sid][o], sid[o], n)
-        k += n
-    cuts_all, released_all = [], []
-    live = [r for r in runs.values() if len(r.fin)]
-    for r in live:
-        r.clock(f)
-    while live:
-        hit = _closed_checks(live, tau, cap)
-        if hit is None:
-            break
-        t, i = hit
-        for r in live:
-            r.to(t, int(np.searchsorted(r.sec, t, side="right")), f)
-        cuts, released, moved = _closed_decide(live, tau, cap, pred, start)
-        if not cuts:
-            break
-        _closed_apply(cuts, moved, runs, t, time_model, start, plen, f)
-        cuts_all += cuts
-        released_all += released
-        for d in {d for _, _, d in cuts}:
-            runs[d].clock(f)
-        live = [r for r in live if r.end is None and len(r.fin)]
-    actors = []
-    for a, r in runs.items():
-        act = _Actor(a)
-        if r.end is None and len(r.fin):  # runs to its last finish
-            r.end, r.finished = float(r.sec[-1]), r.finished + len(r.fin)
-        act.end, act.finished, act.total = r.end, r.finished, r.total
-        actors.append(act)
-    return Played(plan, time_model, actors, seqs, cuts_all, released_all)
