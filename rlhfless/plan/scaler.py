@@ -198,6 +198,19 @@ def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
     return busy.tolist(), ja, own
 
 
+def _placement(plan: AssignmentPlan, memo: dict | None) -> tuple:
+    """The plan's placement (each actor's groups in admission order: the same order split differently plays
+    differently) and capacity, the key of its plays; once per plan object in `memo` (a step's decision and its
+    warm pool cost the same plans)."""
+    hit = memo.get(("placed", id(plan))) if memo is not None else None
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    placed = (tuple(tuple([j.group_id for j in js]) for js in plan.actor_jobs), plan.capacity)
+    if memo is not None:
+        memo[("placed", id(plan))] = (plan, placed)  # the plan itself: its id stays its own while the memo holds it
+    return placed
+
+
 def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
          draws: Sequence[Sequence[PlanJob]], cuts: Played | None = None, wide: WideActor | None = None,
          memo: dict | None = None) -> ScalingCandidate:
@@ -214,8 +227,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
             busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
         return _costed(plan, busy, cuts.n_moves if cuts is not None else 0, cfg, n_warm, tm, on)
     rows = []
-    # the placement: each actor's groups in admission order (the same order split differently plays differently)
-    placed = (tuple(tuple([j.group_id for j in js]) for js in plan.actor_jobs), plan.capacity)
+    placed = _placement(plan, memo)
     for d in draws:
         key = (id(d), placed) if memo is not None else None
         if key is not None and key in memo:
