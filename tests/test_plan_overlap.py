@@ -15,6 +15,7 @@ from rlhfless.plan.overlap import (
     learner_blocks,
     learner_drain,
     learner_invocations,
+    sequential_tails,
     size_blocks,
     whole_step_tail,
 )
@@ -108,6 +109,7 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
     `learner_invocations`."""
     from rlhfless.plan.overlap import (
         _sequential_tail,
+        _sequential_top,
         learner_drain,
         learner_invocations,
         prewarm_billed,
@@ -121,10 +123,11 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
     arrive, w = np.full(len(work), rollout_end), work
     if after > 0:
         arrive, w = np.append(arrive, rollout_end), np.append(work, after)
-    fast = _sequential_tail(rollout_end, work, budget, lc, after)
+    top = _sequential_top(work, budget, after)
     if float(w.sum()) <= 0:
-        assert fast is None
+        assert top is None
         return
+    fast = _sequential_tail(rollout_end, top, budget, lc)
     work_end, joined = learner_drain(arrive, w, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + upd
     assert fast == (end, learner_invocations(b, joined, end))
@@ -132,6 +135,10 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
     rel = np.array([rollout_end * 0.5, rollout_end])
     step, invs = whole_step_tail(rel, np.zeros(len(work)), work, 1.0, budget, lc, None, 0, after)
     assert (step, invs[-len(fast[1]):] if fast[1] else []) == (fast[0], fast[1])
+    # and for several rollout ends at once (the scaler's candidates), each as whole_step_tail gives it alone
+    ends = [rollout_end, rollout_end * 0.5, rollout_end + 1.0]
+    assert sequential_tails(ends, work, budget, lc, after) == \
+        [whole_step_tail(np.array([e]), np.zeros(len(work)), work, 1.0, budget, lc, None, 0, after) for e in ends]
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -13,6 +13,7 @@ Deviations from the paper:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -306,37 +307,64 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         if lc.size_slack is not None:
             b = size_blocks(arrive, work_ds, b, lc.size_slack)
     else:
-        fast = _sequential_tail(rollout_end, work_ds, budget, lc, after_ds)
-        if fast is not None:
-            end, learner = fast
-            return end, invs + learner
-        b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
-        b = prewarm_billed(b, 0, lc.prewarm, lc.prewarm_bill_s)
-        arrive = np.full(len(work_ds), rollout_end)
-        if after_ds > 0:
-            arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
+        return sequential_tails([rollout_end], work_ds, budget, lc, after_ds)[0]
     work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + lc.update_fixed_s
     return end, invs + learner_invocations(b, joined, end)
 
 
-def _sequential_tail(rollout_end: float, work_ds: np.ndarray, budget: float, lc: LearnerCosts,
-                     after_ds: float) -> tuple[float, list[Invocation]] | None:
-    """`whole_step_tail` without overlap in scalars, the same floats: every group arrives at the rollout's end
-    on the one block of every device (`sequential_blocks`), so `learner_drain`'s fluid queue reduces to one
-    segment, C(t) = t * budget - budget * ready: the work ends where C reaches C(rollout_end) plus all the work
-    (the suffix sum over every arrival, its largest; each rounding is monotone, so the maximum over arrivals is
-    this one), never before the rollout's end. The scaler prices every candidate of every step with it (as
-    numpy on arrays of one block it was most of the sweep). None where the general path must decide: no work,
-    no device, or a value that is not finite."""
+def sequential_tails(rollout_ends: Sequence[float], work_ds: np.ndarray, budget: float, lc: LearnerCosts,
+                     after_ds: float = 0.0) -> list[tuple[float, list[Invocation]]]:
+    """`whole_step_tail` without overlap (lc.overlap False) of the same work after each of several rollout ends
+    (the scaler's candidates: only the rollout's end differs between them), the work side summed once."""
+    invs = [Invocation("prefill", 0, 0.0, lc.prefill_s, False, lc.prefill_devices)] \
+        if lc.prefill_s > 0 and lc.prefill_devices > 0 else []
+    top = _sequential_top(work_ds, budget, after_ds)
+    out = []
+    for rollout_end in rollout_ends:
+        fast = _sequential_tail(rollout_end, top, budget, lc) if top is not None else None
+        if fast is None:
+            fast = _sequential_drain(rollout_end, work_ds, budget, lc, after_ds)
+        out.append((fast[0], invs + fast[1]))
+    return out
+
+
+def _sequential_drain(rollout_end: float, work_ds: np.ndarray, budget: float, lc: LearnerCosts,
+                      after_ds: float) -> tuple[float, list[Invocation]]:
+    """The learner's end and invocations without overlap, through the general fluid queue."""
+    b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
+    b = prewarm_billed(b, 0, lc.prewarm, lc.prewarm_bill_s)
+    arrive = np.full(len(work_ds), rollout_end)
+    if after_ds > 0:
+        arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
+    work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
+    end = max(work_end, rollout_end) + lc.update_fixed_s
+    return end, learner_invocations(b, joined, end)
+
+
+def _sequential_top(work_ds: np.ndarray, budget: float, after_ds: float) -> float | None:
+    """The work side of `_sequential_tail`: all the work, summed as `_Arrivals` sums it (None where the general
+    path must decide: no work, no device, negative or not finite)."""
     work = np.asarray(work_ds, float)
     if after_ds > 0:
         work = np.append(work, after_ds)
     if len(work) == 0 or not budget > 0 or not float(work.sum()) > 0 or float(work.min()) < 0:
         return None
     top = float(np.cumsum(work[::-1])[-1])  # the work arriving at or after the first arrival, summed as _Arrivals
+    return top if top > 0 and np.isfinite(top) else None
+
+
+def _sequential_tail(rollout_end: float, top: float, budget: float,
+                     lc: LearnerCosts) -> tuple[float, list[Invocation]] | None:
+    """`whole_step_tail` without overlap in scalars, the same floats: every group arrives at the rollout's end
+    on the one block of every device (`sequential_blocks`), so `learner_drain`'s fluid queue reduces to one
+    segment, C(t) = t * budget - budget * ready: the work ends where C reaches C(rollout_end) plus all the work
+    (`top`: the suffix sum over every arrival, its largest; each rounding is monotone, so the maximum over
+    arrivals is this one), never before the rollout's end. The scaler prices every candidate of every step with
+    it (as numpy on arrays of one block it was most of the sweep). Returns (end, the learner's invocations), or
+    None where the general path must decide (a ready time that is not finite)."""
     ready = rollout_end + (0.0 if lc.prewarm else lc.cold_start_s)
-    if not (top > 0 and np.isfinite(top) and np.isfinite(ready)):
+    if not np.isfinite(ready):
         return None
     budget = float(budget)
     offset = budget * ready

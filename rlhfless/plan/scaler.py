@@ -26,7 +26,7 @@ from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan,
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
-from rlhfless.plan.overlap import job_learner_tokens, whole_step_tail
+from rlhfless.plan.overlap import job_learner_tokens, sequential_tails, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
     Invocation,
@@ -375,6 +375,20 @@ def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, activ
     """Whole-step T and device-seconds of every swept candidate (decode's already in gpu_s), as `_costed`;
     `memo`: tails already costed (`_memo_tail`)."""
     step, total = np.empty(len(res.candidates)), gpu_s.copy()
+    if not cfg.learner.overlap:  # every candidate's tail is the same work after its own rollout end (`_tail`)
+        lc = cfg.learner
+        tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
+        ends = []
+        for r, n in enumerate(res.candidates):
+            d = np.where(active[r], dur[r], 0.0)[:n]
+            rel = d[d > 0]
+            ends.append(float(rel.max()) if len(rel) else lc.prefill_s)
+        tails = sequential_tails(ends, tokens * lc.s_per_token, _budget(cfg), lc,
+                                 float(tokens.sum()) * lc.after_s_per_token)
+        for r, (end, invs) in enumerate(tails):
+            step[r] = end
+            total[r] += cost_step(invs, price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
+        return step, total
     for r, n in enumerate(res.candidates):
         d = np.where(active[r], dur[r], 0.0)[:n]
         step[r], invs = _memo_tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm, None, None,
