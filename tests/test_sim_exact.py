@@ -3,8 +3,11 @@
 The straightforward forms live here: the cut-and-migrate simulation that lists every live actor's sequences as
 `ActorProgress` at each cut check and decides with the public `plan_migrations` (moves by name, every move
 named), the checked `PlanJob` constructor, a plan and a whole-step tail built anew on every request (each of the
-sweep's candidates on its own), and the learner sized by a binary search that drains each count on its own. A short paper-sim case (both designs) played
-with them patched in must give the shipped report bit for bit.
+sweep's candidates on its own), and the learner sized by a binary search that drains each count on its own. A
+short paper-sim case (both designs) played with them patched in must give the shipped report bit for bit, and
+every scaling decision of it (each candidate row, which the report does not show) the same rows. The reference
+is built here from that code path each run, never read from a stored file: a change to the model itself (a
+bill, a time) moves both sides alike.
 """
 
 from __future__ import annotations
