@@ -3,11 +3,11 @@
 The straightforward forms live here: the cut-and-migrate simulation that lists every live actor's sequences as
 `ActorProgress` at each cut check and decides with the public `plan_migrations` (moves by name, every move
 named), the checked `PlanJob` constructor, a plan and a whole-step tail built anew on every request (each of the
-sweep's candidates on its own), and the learner sized by a binary search that drains each count on its own. A
-short paper-sim case (both designs) played with them patched in must give the shipped report bit for bit, and
-every scaling decision of it (each candidate row, which the report does not show) the same rows. The reference
-is built here from that code path each run, never read from a stored file: a change to the model itself (a
-bill, a time) moves both sides alike.
+sweep's candidates on its own), the learner sized by a binary search that drains each count on its own, and
+each job's finish from every entry and finish event sorted together. A short paper-sim case (both designs)
+played with them patched in must give the shipped report bit for bit, and every scaling decision of it (each
+candidate row, which the report does not show) the same rows. The reference is built here from that code path
+each run, never read from a stored file: a change to the model itself (a bill, a time) moves both sides alike.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pytest
 
 import rlhfless.plan.scaler as scaler
 import rlhfless.plan.overlap as overlap
+import rlhfless.plan.timemodel as timemodel
 import rlhfless.sim.policies as policies
 import rlhfless.sim.step as step
 from rlhfless.plan import balancer
@@ -221,6 +222,7 @@ def _patch_plain(monkeypatch):
     monkeypatch.setattr(scaler, "_sweep_whole_step", _sweep_tails_one_by_one)
     monkeypatch.setattr(overlap, "size_blocks", _size_blocks_by_drains)
     monkeypatch.setattr(step, "size_blocks", _size_blocks_by_drains)
+    monkeypatch.setattr(timemodel, "finish_seconds", timemodel._finish_seconds_events)
 
 
 @pytest.mark.parametrize("design,steps", [("paper", 3), ("extended", 2)])
