@@ -6,7 +6,8 @@ load hits both alike. A run's CPU is the subprocess's user + system seconds toge
 (`resource.getrusage(RUSAGE_CHILDREN)`: the processes that play the policies), the figure the issue's targets
 name. It prints each design's least CPU over the repeats, old/new ratios, and whether the two JSON reports are
 byte-identical once `sim_wall_s` (the wall time the report records of itself) is dropped. Needs git; times are
-never asserted (tests/test_sim_speed.py holds the report to a stored digest).
+never asserted (tests/test_sim_exact.py holds short cases equal to the straightforward implementation, built in
+the test from that code path, not from a stored file).
 
 usage: python benchmarks/bench_sim_speed.py [--old 39957bb] [--steps 100] [--designs paper extended] [--repeats 1]
 """

@@ -15,6 +15,7 @@ from rlhfless.plan.overlap import (
     learner_blocks,
     learner_drain,
     learner_invocations,
+    sequential_tails,
     size_blocks,
     whole_step_tail,
 )
@@ -108,6 +109,7 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
     `learner_invocations`."""
     from rlhfless.plan.overlap import (
         _sequential_tail,
+        _sequential_top,
         learner_drain,
         learner_invocations,
         prewarm_billed,
@@ -121,10 +123,11 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
     arrive, w = np.full(len(work), rollout_end), work
     if after > 0:
         arrive, w = np.append(arrive, rollout_end), np.append(work, after)
-    fast = _sequential_tail(rollout_end, work, budget, lc, after)
+    top = _sequential_top(work, budget, after)
     if float(w.sum()) <= 0:
-        assert fast is None
+        assert top is None
         return
+    fast = _sequential_tail(rollout_end, top, budget, lc)
     work_end, joined = learner_drain(arrive, w, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + upd
     assert fast == (end, learner_invocations(b, joined, end))
@@ -132,3 +135,28 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
     rel = np.array([rollout_end * 0.5, rollout_end])
     step, invs = whole_step_tail(rel, np.zeros(len(work)), work, 1.0, budget, lc, None, 0, after)
     assert (step, invs[-len(fast[1]):] if fast[1] else []) == (fast[0], fast[1])
+    # and for several rollout ends at once (the scaler's candidates), each as whole_step_tail gives it alone
+    ends = [rollout_end, rollout_end * 0.5, rollout_end + 1.0]
+    assert sequential_tails(ends, work, budget, lc, after) == \
+        [whole_step_tail(np.array([e]), np.zeros(len(work)), work, 1.0, budget, lc, None, 0, after) for e in ends]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_prefix_end_at_once_equals_the_drain_of_that_prefix(seed):
+    """`size_blocks` reads the work end of every count of blocks from one array computation (`_prefix_ends`):
+    bit for bit `_drain` on the first k blocks, zero-device blocks and ties in ready time included."""
+    from rlhfless.plan.overlap import _Arrivals, _drain, _prefix_ends
+
+    rng = np.random.default_rng(seed)
+    g, k = int(rng.integers(1, 60)), int(rng.integers(1, 25))
+    arrive = np.round(rng.uniform(0, 50, g), int(rng.integers(0, 3)))
+    work = rng.uniform(0, 40, g) * (rng.random(g) > 0.1)
+    ready = np.sort(np.round(rng.uniform(0, 60, k), 1))
+    devices = rng.choice([0.0, 1.0, 8.0, 3.5], k)
+    w = _Arrivals.of(arrive, work)
+    ends = _prefix_ends(w, ready, devices)
+    for n in range(1, k + 1):
+        if float(np.sum(devices[:n])) > 0:
+            assert ends[n - 1] == _drain(w, ready[:n], devices[:n], presorted=True)[0]
+        else:
+            assert np.isnan(ends[n - 1]) or w.total <= 0 or len(w.arr) == 0

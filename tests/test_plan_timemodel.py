@@ -161,3 +161,17 @@ def test_shipped_profile_loads_through_both_readers():
     p = Path(__file__).parents[1] / "data" / "profiles" / "tpot_tiny_cpu.json"
     assert len(load_profile(p)) == len(json.loads(p.read_text()))
     assert TimeModel.from_json(p).s_per_iter[0] > 0
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_finish_seconds_without_a_queue_equals_the_sort_of_every_event(seed):
+    """Where every sequence enters at iteration 0, `finish_seconds` sorts the finishes alone; bit for bit what
+    sorting every entry and finish together gives (ties, rounded lengths, actors unordered or empty)."""
+    rng = np.random.default_rng(seed)
+    tm = TimeModel(batch_sizes=(1, 8, 64, 256), s_per_iter=(0.01, 0.012, 0.02, 0.05))
+    n_actors, n = int(rng.integers(1, 25)), int(rng.integers(1, 400))
+    actor = rng.integers(0, n_actors, n) if seed % 2 else np.sort(rng.integers(0, n_actors, n))
+    finish = rng.uniform(1, 3000, n)
+    finish = [finish, np.round(finish), np.round(finish / 50) * 50][seed % 3]
+    fast = T.finish_seconds(np.zeros(n), finish, actor, n_actors, tm)
+    assert np.array_equal(fast, T._finish_seconds_events(np.zeros(n), finish, actor, n_actors, tm))

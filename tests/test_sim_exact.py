@@ -2,8 +2,12 @@
 
 The straightforward forms live here: the cut-and-migrate simulation that lists every live actor's sequences as
 `ActorProgress` at each cut check and decides with the public `plan_migrations` (moves by name, every move
-named), the checked `PlanJob` constructor, and a plan built anew on every request. A short paper-sim case (both designs) played with
-them patched in must give the shipped report bit for bit.
+named), the checked `PlanJob` constructor, a plan and a whole-step tail built anew on every request (each of the
+sweep's candidates on its own), the learner sized by a binary search that drains each count on its own, and
+each job's finish from every entry and finish event sorted together. A short paper-sim case (both designs)
+played with them patched in must give the shipped report bit for bit, and every scaling decision of it (each
+candidate row, which the report does not show) the same rows. The reference is built here from that code path
+each run, never read from a stored file: a change to the model itself (a bill, a time) moves both sides alike.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import numpy as np
 import pytest
 
 import rlhfless.plan.scaler as scaler
+import rlhfless.plan.overlap as overlap
+import rlhfless.plan.timemodel as timemodel
 import rlhfless.sim.policies as policies
+import rlhfless.sim.step as step
 from rlhfless.plan import balancer
 from rlhfless.plan.migrate import _result, plan_migrations, simulate_with_migration
 from rlhfless.plan.records import ActorProgress, PlanJob, SeqProgress
@@ -165,9 +172,57 @@ def _built_anew(ja, res, n, cfg, tm, memo):
     return balancer.build_plan(ja, res.labels(res.candidates.index(n)), res.rank, n, cfg.capacity, tm, cfg.policy)
 
 
+def _tail_anew(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm, memo):
+    return scaler._tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
+
+
+def _sweep_tails_one_by_one(ja, res, dur, active, gpu_s, cfg, tm, n_warm=0, memo=None):
+    """`_sweep_whole_step` with each candidate's tail costed on its own (`_tail`)."""
+    step, total = np.empty(len(res.candidates)), gpu_s.copy()
+    for r, n in enumerate(res.candidates):
+        d = np.where(active[r], dur[r], 0.0)[:n]
+        step[r], invs = scaler._tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm, n_warm=n_warm)
+        total[r] += scaler.cost_step(invs, scaler.price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
+    return step, total
+
+
+def _size_blocks_by_drains(arrive_s, work_ds, b, slack):
+    """`size_blocks` as a binary search that drains each count it tries on its own."""
+    order = np.argsort(b.ready_s, kind="stable")
+    if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
+        return b
+    w = overlap._Arrivals.of(arrive_s, work_ds)
+    limit = overlap._drain(w, b.ready_s, b.devices)[0] * (1.0 + slack) + 1e-12
+    lo, hi = 1, len(order)
+    while lo < hi:
+        k = (lo + hi) // 2
+        keep = order[:k]
+        if float(np.sum(b.devices[keep])) > 0 and \
+                overlap._drain(w, b.ready_s[keep], b.devices[keep], presorted=True)[0] <= limit:
+            hi = k
+        else:
+            lo = k + 1
+    keep = np.sort(order[:lo])
+    return overlap.Blocks(b.ready_s[keep], b.devices[keep], b.cold_s[keep])
+
+
 def _report(cfg) -> str:
     out = run_case(cfg, jobs=1)
     return json.dumps(out, sort_keys=True)
+
+
+def _patch_plain(monkeypatch):
+    """The straightforward forms (module docstring) in place of the shipped ones."""
+    monkeypatch.setattr(scaler, "simulate_with_migration", reference_simulation)
+    monkeypatch.setattr(scaler, "play_with_migration", _ReferencePlayed)
+    monkeypatch.setattr(policies, "play_with_migration", _ReferencePlayed)
+    monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
+    monkeypatch.setattr(scaler, "_memo_plan", _built_anew)
+    monkeypatch.setattr(scaler, "_memo_tail", _tail_anew)
+    monkeypatch.setattr(scaler, "_sweep_whole_step", _sweep_tails_one_by_one)
+    monkeypatch.setattr(overlap, "size_blocks", _size_blocks_by_drains)
+    monkeypatch.setattr(step, "size_blocks", _size_blocks_by_drains)
+    monkeypatch.setattr(timemodel, "finish_seconds", timemodel._finish_seconds_events)
 
 
 @pytest.mark.parametrize("design,steps", [("paper", 3), ("extended", 2)])
@@ -175,12 +230,38 @@ def test_report_equals_the_straightforward_implementation(design, steps, monkeyp
     cfg = case_configs("paper-sim", steps, [f"design={design}"])[0]
     shipped = _report(cfg)
     policies._TRUE_CACHE.clear()
-    monkeypatch.setattr(scaler, "simulate_with_migration", reference_simulation)
-    monkeypatch.setattr(scaler, "play_with_migration", _ReferencePlayed)
-    monkeypatch.setattr(policies, "play_with_migration", _ReferencePlayed)
-    monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
-    monkeypatch.setattr(scaler, "_memo_plan", _built_anew)
+    _patch_plain(monkeypatch)
     assert _report(cfg) == shipped
+
+
+@pytest.mark.parametrize("design", ["paper", "extended"])
+def test_every_scaling_decision_equals_the_straightforward_one(design, monkeypatch):
+    """Each decision of a short case whole, every candidate row's step time and bill included (the report
+    shows only the chosen ones): replayed with the plain forms patched in, each call with the memo its step
+    shared, it must be equal field for field."""
+    calls, choose = [], scaler.choose
+
+    def recording(*args, **kw):
+        calls.append((args, kw))
+        return choose(*args, **kw)
+
+    with monkeypatch.context() as m:
+        m.setattr(policies, "choose", recording)
+        run_case(case_configs("paper-sim", 2, [f"design={design}"])[0], jobs=1)
+    shipped = _replay(calls)
+    _patch_plain(monkeypatch)
+    plain = _replay(calls)
+    assert len(shipped) >= 4 and shipped == plain
+
+
+def _replay(calls):
+    """`choose` of each recorded call in order; the calls that shared a memo share a fresh one."""
+    memos, out = {}, []
+    for args, kw in calls:
+        memo = kw.get("memo")
+        kw = dict(kw, memo=memos.setdefault(id(memo), {}) if memo is not None else None)
+        out.append(scaler.choose(*args, **kw)[0])
+    return out
 
 
 def test_reference_simulation_cuts_on_paper_sim():

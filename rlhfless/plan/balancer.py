@@ -72,7 +72,7 @@ class JobArrays:
         seq_len = self.seq_len[np.repeat(self.offsets[idx] - before, sizes) + np.arange(int(sizes.sum()))]
         offsets = np.concatenate(([0], np.cumsum(sizes)))
         work = np.add.reduceat(seq_len, offsets[:-1]) if len(idx) else np.zeros(0)  # as `from_jobs` sums
-        jobs = tuple(self.jobs[i] for i in idx.tolist())
+        jobs = tuple(map(self.jobs.__getitem__, idx.tolist()))  # in C: every candidate and draw gathers ~500
         return JobArrays(jobs, sizes, self.prompt_len[idx], work, work / np.maximum(sizes, 1), seq_len, offsets)
 
 

@@ -275,8 +275,9 @@ def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float,
 def _room(actors: list[_Actor], tau: float, capacity: int, a: int) -> bool:
     """Cheap pre-check: could destinations take all of actor a's unfinished sequences now?"""
     need = actors[a].total - actors[a].finished
-    free = sum(capacity - len(b.heap) for b in actors
-               if b.aid != a and b.end is None and b.heap and b.finished / b.total < tau)
+    # a list, not a generator, into sum: this runs at every event of an actor at or above tau
+    free = sum([capacity - len(b.heap) for b in actors
+                if b.aid != a and b.end is None and b.heap and b.finished / b.total < tau])
     return free >= need
 
 

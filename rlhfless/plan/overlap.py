@@ -13,6 +13,7 @@ Deviations from the paper:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,22 +153,51 @@ def _drain(w: _Arrivals, ready_s: np.ndarray, devices: np.ndarray,
     return end, ready < end - 1e-12
 
 
+def _prefix_ends(w: _Arrivals, r: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """(K,) `_drain`'s work end on the first k blocks of ascending ready times r with devices d, for every k in
+    1..K at once, the same floats: a prefix's cumulative sums are the full ones' prefix (np.cumsum adds in
+    order), and a search in a prefix is the full search capped at k. NaN where the first k blocks hold no
+    device (`_drain` refuses those; `size_blocks` never asks)."""
+    k_all = len(r)
+    if len(w.arr) == 0 or w.total <= 0:
+        return np.full(k_all, w.last)
+    rate, offset = np.cumsum(d), np.cumsum(d * r)
+    at_ready = r * rate - offset
+    ks = np.arange(1, k_all + 1)[:, None]  # (K, 1): the prefix length
+    m = np.minimum(np.searchsorted(r, w.arr, side="right")[None, :], ks) - 1  # cap(t) on each prefix
+    mm = np.maximum(m, 0)
+    y = np.where(m >= 0, w.arr * rate[mm] - offset[mm], 0.0) + w.suffix
+    m = np.maximum(np.minimum(np.searchsorted(at_ready, y, side="left"), ks) - 1, 0)  # inverse(y) on each
+    valid = rate > 0  # the prefix's last cumulative rate: some device among its blocks
+    while True:  # a zero-rate segment cannot carry work: step to the next with a rate, as `_drain`
+        bad = (rate[m] <= 0) & valid[:, None]
+        if not bad.any():
+            break
+        m = np.where(bad, np.minimum(m + 1, k_all - 1), m)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ends = np.max((y + offset[m]) / rate[m], axis=1)
+    return np.where(valid, np.maximum(ends, w.last), np.nan)
+
+
 def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: float) -> Blocks:
     """The fewest blocks, earliest ready first, whose work ends at most `slack` x the work end with every block
     later (a learner that starts only what its backlog needs: a block ready but idle until the optimizer step is
-    billed for nothing). Binary search over the count; the work end never falls as blocks are removed."""
+    billed for nothing). Binary search over the count; the work end never falls as blocks are removed. The work
+    end of every count comes from one array computation (`_prefix_ends`; the scaler sizes the learner of every
+    candidate and draw), equal to `_drain` on each count."""
     order = np.argsort(b.ready_s, kind="stable")
     if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
         return b
     w = _Arrivals.of(arrive_s, work_ds)  # the work side is the same for every count tried
-    end_all, _ = _drain(w, b.ready_s, b.devices)
+    ends = _prefix_ends(w, np.asarray(b.ready_s, float)[order], np.asarray(b.devices, float)[order])
+    end_all = float(ends[-1])  # every block: `_drain(w, b.ready_s, b.devices)`
+    if not np.isfinite(end_all):
+        end_all, _ = _drain(w, b.ready_s, b.devices)  # no device at all: `_drain` says so
     limit = end_all * (1.0 + slack) + 1e-12
     lo, hi = 1, len(order)
     while lo < hi:
         k = (lo + hi) // 2
-        keep = order[:k]
-        if float(np.sum(b.devices[keep])) > 0 and \
-                _drain(w, b.ready_s[keep], b.devices[keep], presorted=True)[0] <= limit:  # keep: by ready
+        if float(np.sum(b.devices[order[:k]])) > 0 and float(ends[k - 1]) <= limit:
             hi = k
         else:
             lo = k + 1
@@ -277,37 +307,64 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         if lc.size_slack is not None:
             b = size_blocks(arrive, work_ds, b, lc.size_slack)
     else:
-        fast = _sequential_tail(rollout_end, work_ds, budget, lc, after_ds)
-        if fast is not None:
-            end, learner = fast
-            return end, invs + learner
-        b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
-        b = prewarm_billed(b, 0, lc.prewarm, lc.prewarm_bill_s)
-        arrive = np.full(len(work_ds), rollout_end)
-        if after_ds > 0:
-            arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
+        return sequential_tails([rollout_end], work_ds, budget, lc, after_ds)[0]
     work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + lc.update_fixed_s
     return end, invs + learner_invocations(b, joined, end)
 
 
-def _sequential_tail(rollout_end: float, work_ds: np.ndarray, budget: float, lc: LearnerCosts,
-                     after_ds: float) -> tuple[float, list[Invocation]] | None:
-    """`whole_step_tail` without overlap in scalars, the same floats: every group arrives at the rollout's end
-    on the one block of every device (`sequential_blocks`), so `learner_drain`'s fluid queue reduces to one
-    segment, C(t) = t * budget - budget * ready: the work ends where C reaches C(rollout_end) plus all the work
-    (the suffix sum over every arrival, its largest; each rounding is monotone, so the maximum over arrivals is
-    this one), never before the rollout's end. The scaler prices every candidate of every step with it (as
-    numpy on arrays of one block it was most of the sweep). None where the general path must decide: no work,
-    no device, or a value that is not finite."""
+def sequential_tails(rollout_ends: Sequence[float], work_ds: np.ndarray, budget: float, lc: LearnerCosts,
+                     after_ds: float = 0.0) -> list[tuple[float, list[Invocation]]]:
+    """`whole_step_tail` without overlap (lc.overlap False) of the same work after each of several rollout ends
+    (the scaler's candidates: only the rollout's end differs between them), the work side summed once."""
+    invs = [Invocation("prefill", 0, 0.0, lc.prefill_s, False, lc.prefill_devices)] \
+        if lc.prefill_s > 0 and lc.prefill_devices > 0 else []
+    top = _sequential_top(work_ds, budget, after_ds)
+    out = []
+    for rollout_end in rollout_ends:
+        fast = _sequential_tail(rollout_end, top, budget, lc) if top is not None else None
+        if fast is None:
+            fast = _sequential_drain(rollout_end, work_ds, budget, lc, after_ds)
+        out.append((fast[0], invs + fast[1]))
+    return out
+
+
+def _sequential_drain(rollout_end: float, work_ds: np.ndarray, budget: float, lc: LearnerCosts,
+                      after_ds: float) -> tuple[float, list[Invocation]]:
+    """The learner's end and invocations without overlap, through the general fluid queue."""
+    b = sequential_blocks(rollout_end + (0.0 if lc.prewarm else lc.cold_start_s), budget, lc.cold_start_s)
+    b = prewarm_billed(b, 0, lc.prewarm, lc.prewarm_bill_s)
+    arrive = np.full(len(work_ds), rollout_end)
+    if after_ds > 0:
+        arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
+    work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
+    end = max(work_end, rollout_end) + lc.update_fixed_s
+    return end, learner_invocations(b, joined, end)
+
+
+def _sequential_top(work_ds: np.ndarray, budget: float, after_ds: float) -> float | None:
+    """The work side of `_sequential_tail`: all the work, summed as `_Arrivals` sums it (None where the general
+    path must decide: no work, no device, negative or not finite)."""
     work = np.asarray(work_ds, float)
     if after_ds > 0:
         work = np.append(work, after_ds)
     if len(work) == 0 or not budget > 0 or not float(work.sum()) > 0 or float(work.min()) < 0:
         return None
     top = float(np.cumsum(work[::-1])[-1])  # the work arriving at or after the first arrival, summed as _Arrivals
+    return top if top > 0 and np.isfinite(top) else None
+
+
+def _sequential_tail(rollout_end: float, top: float, budget: float,
+                     lc: LearnerCosts) -> tuple[float, list[Invocation]] | None:
+    """`whole_step_tail` without overlap in scalars, the same floats: every group arrives at the rollout's end
+    on the one block of every device (`sequential_blocks`), so `learner_drain`'s fluid queue reduces to one
+    segment, C(t) = t * budget - budget * ready: the work ends where C reaches C(rollout_end) plus all the work
+    (`top`: the suffix sum over every arrival, its largest; each rounding is monotone, so the maximum over
+    arrivals is this one), never before the rollout's end. The scaler prices every candidate of every step with
+    it (as numpy on arrays of one block it was most of the sweep). Returns (end, the learner's invocations), or
+    None where the general path must decide (a ready time that is not finite)."""
     ready = rollout_end + (0.0 if lc.prewarm else lc.cold_start_s)
-    if not (top > 0 and np.isfinite(top) and np.isfinite(ready)):
+    if not np.isfinite(ready):
         return None
     budget = float(budget)
     offset = budget * ready

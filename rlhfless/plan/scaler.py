@@ -26,7 +26,7 @@ from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan,
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
-from rlhfless.plan.overlap import job_learner_tokens, whole_step_tail
+from rlhfless.plan.overlap import job_learner_tokens, sequential_tails, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
     Invocation,
@@ -108,14 +108,36 @@ def _tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.n
                            cfg.gpus_per_actor, warm_spare, after_ds)
 
 
+def _memo_tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur: np.ndarray, head: np.ndarray,
+               cfg: PlanConfig, tm: TimeModel, wide: tuple[WideActor, int] | None, own: np.ndarray | None,
+               n_warm: int | None, memo: dict | None) -> tuple[float, list[Invocation]]:
+    """`_tail`, once per distinct input in `memo`: a step's decision and its warm pool cost every (candidate,
+    draw) with their own warm instances, and where those leave every actor's duration and the warm spare alike
+    (4 in 10 of extended's tails) the tail is the same; read only (callers concatenate the invocations)."""
+    if memo is None:
+        return _tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
+    warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)  # all _tail reads of n_warm
+    key = ("tail", id(ja), id(tm), id(cfg.learner), id(wide[0]) if wide else None, wide[1] if wide else None, n,
+           cfg.capacity, cfg.gpus_per_actor, _budget(cfg), warm_spare, labels.tobytes(), rank.tobytes(),
+           dur.tobytes(), head.tobytes(), None if own is None else own.tobytes())
+    hit = memo.get(key)
+    objs = (ja, tm, cfg.learner, wide[0] if wide else None)
+    if hit is not None and all(a is b for a, b in zip(hit[0], objs)):  # the objects themselves: ids stay theirs
+        return hit[1]
+    out = _tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
+    memo[key] = (objs, out)
+    return out
+
+
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
             n_warm: int | None, tm: TimeModel, wide: tuple[WideActor, int] | None = None,
-            played: tuple[JobArrays, np.ndarray] | None = None) -> ScalingCandidate:
+            played: tuple[JobArrays, np.ndarray] | None = None, memo: dict | None = None) -> ScalingCandidate:
     """T and C of a plan whose actors are busy `busy_s` (score filled in later by `choose`); `wide`: (engine,
     actor) when that actor runs on the wide engine (busy_s already its wide busy time); `played`: (jobs in the
     plan's order with an outcome's lengths, each job's finish on its actor) from `_play` (None = the plan's own
     predictions, simulated here). The warm
-    actors are the plan's predicted busiest either way (what a runtime knows when it starts them)."""
+    actors are the plan's predicted busiest either way (what a runtime knows when it starts them). `memo`: tails
+    already costed (`_memo_tail`)."""
     invs = decode_invocations(plan, busy_s, n_warm, cfg, warm_by=plan.busy_s)
     if wide is not None:
         w, a = wide
@@ -135,7 +157,8 @@ def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg:
         labels = _plan_labels(plan)
         ja, own = played if played is not None else (JobArrays.from_jobs([j for js in plan.actor_jobs for j in js]),
                                                      None)
-        step, tail = _tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide, own, n_warm)
+        step, tail = _memo_tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide, own,
+                                n_warm, memo)
         invs = invs + tail
     cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
     return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
@@ -175,6 +198,19 @@ def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
     return busy.tolist(), ja, own
 
 
+def _placement(plan: AssignmentPlan, memo: dict | None) -> tuple:
+    """The plan's placement (each actor's groups in admission order: the same order split differently plays
+    differently) and capacity, the key of its plays; once per plan object in `memo` (a step's decision and its
+    warm pool cost the same plans)."""
+    hit = memo.get(("placed", id(plan))) if memo is not None else None
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    placed = (tuple(tuple([j.group_id for j in js]) for js in plan.actor_jobs), plan.capacity)
+    if memo is not None:
+        memo[("placed", id(plan))] = (plan, placed)  # the plan itself: its id stays its own while the memo holds it
+    return placed
+
+
 def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
          draws: Sequence[Sequence[PlanJob]], cuts: Played | None = None, wide: WideActor | None = None,
          memo: dict | None = None) -> ScalingCandidate:
@@ -191,8 +227,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
             busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
         return _costed(plan, busy, cuts.n_moves if cuts is not None else 0, cfg, n_warm, tm, on)
     rows = []
-    # the placement: each actor's groups in admission order (the same order split differently plays differently)
-    placed = (tuple(tuple([j.group_id for j in js]) for js in plan.actor_jobs), plan.capacity)
+    placed = _placement(plan, memo)
     for d in draws:
         key = (id(d), placed) if memo is not None else None
         if key is not None and key in memo:
@@ -209,7 +244,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
         elif wide is not None:
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
             busy[a] = on_wide(ja.jobs[first:first + len(plan.actor_jobs[a])], wide)[0]
-        rows.append(_costed(plan, busy, moves, cfg, n_warm, tm, on, (ja, own)))
+        rows.append(_costed(plan, busy, moves, cfg, n_warm, tm, on, (ja, own), memo))
     return ScalingCandidate(plan.n_actors, plan.active_actors, float(np.mean([r.step_s for r in rows])),
                             float(np.mean([r.gpu_seconds for r in rows])), float(np.mean([r.cost_usd for r in rows])),
                             float("nan"), True, int(round(float(np.mean([r.migrations for r in rows])))))
@@ -326,7 +361,7 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
         gpu_s = gpu_s + np.maximum(n_warm - h - fresh_used, 0) * idle * cfg.gpus_per_actor
     step = np.where(active, dur, 0.0).max(axis=1)
     if cfg.learner.whole_step:
-        step, gpu_s = _sweep_whole_step(ja, res, dur, active, gpu_s, cfg, tm, n_warm)
+        step, gpu_s = _sweep_whole_step(ja, res, dur, active, gpu_s, cfg, tm, n_warm, memo)
     usd = gpu_s * price(cfg.gpu_kind).serverless_usd_per_s
     n_active = active.sum(axis=1)
     rows = zip(res.candidates, n_active.tolist(), step.tolist(), gpu_s.tolist(), usd.tolist(),
@@ -335,12 +370,29 @@ def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
 
 
 def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, active: np.ndarray, gpu_s: np.ndarray,
-                      cfg: PlanConfig, tm: TimeModel, n_warm: int | None = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Whole-step T and device-seconds of every swept candidate (decode's already in gpu_s), as `_costed`."""
+                      cfg: PlanConfig, tm: TimeModel, n_warm: int | None = 0,
+                      memo: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Whole-step T and device-seconds of every swept candidate (decode's already in gpu_s), as `_costed`;
+    `memo`: tails already costed (`_memo_tail`)."""
     step, total = np.empty(len(res.candidates)), gpu_s.copy()
+    if not cfg.learner.overlap:  # every candidate's tail is the same work after its own rollout end (`_tail`)
+        lc = cfg.learner
+        tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
+        ends = []
+        for r, n in enumerate(res.candidates):
+            d = np.where(active[r], dur[r], 0.0)[:n]
+            rel = d[d > 0]
+            ends.append(float(rel.max()) if len(rel) else lc.prefill_s)
+        tails = sequential_tails(ends, tokens * lc.s_per_token, _budget(cfg), lc,
+                                 float(tokens.sum()) * lc.after_s_per_token)
+        for r, (end, invs) in enumerate(tails):
+            step[r] = end
+            total[r] += cost_step(invs, price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
+        return step, total
     for r, n in enumerate(res.candidates):
         d = np.where(active[r], dur[r], 0.0)[:n]
-        step[r], invs = _tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm, n_warm=n_warm)
+        step[r], invs = _memo_tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm, None, None,
+                                   n_warm, memo)
         total[r] += cost_step(invs, price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
     return step, total
 

@@ -429,9 +429,17 @@ def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray,
     """(S,) decode seconds from its actor's start at which each sequence finishes: the same piecewise-constant
     batch segments as `_segments`, accumulated per actor up to the sequence's finish event (ties: an exit and an
     entry at one instant cost nothing, so any order among them gives the same time)."""
-    n = len(entry)
-    if n == 0:
+    if len(entry) == 0:
         return np.zeros(0)
+    if not entry.any():  # no actor queued (the scaler's usual play): the entries need no sort
+        return _finish_seconds_unqueued(finish, seq_actor, n_actors, tm)
+    return _finish_seconds_events(entry, finish, seq_actor, n_actors, tm)
+
+
+def _finish_seconds_events(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
+                           tm: TimeModel) -> np.ndarray:
+    """`finish_seconds` from every entry and finish event sorted together (any entries)."""
+    n = len(entry)
     times = np.concatenate((entry, finish))
     delta = np.concatenate((np.ones(n), -np.ones(n)))
     actor = np.concatenate((seq_actor, seq_actor))
@@ -450,3 +458,28 @@ def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray,
     out = np.empty(2 * n)
     out[order] = at_event
     return out[n:]
+
+
+def _finish_seconds_unqueued(finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
+                             tm: TimeModel) -> np.ndarray:
+    """`finish_seconds` where every sequence enters at iteration 0, the same floats from half the events: sorted
+    by the same key, an actor's entries come first (key actor x span, below every finish of the actor and above
+    every event of the actor before), so its j-th finish follows its (j-1)-th (its last entry for j = 0) at
+    batch (the actor's sequences - j); the entries' segments cost exactly 0, and adding 0.0 leaves the running
+    sum as it was, so the running sum over the finishes alone takes the same values."""
+    n = len(finish)
+    span = float(finish.max()) + 1.0
+    fkey = seq_actor * span + finish
+    order = np.argsort(fkey, kind="stable")
+    key, a = fkey[order], seq_actor[order]
+    first = np.concatenate(([True], a[1:] != a[:-1]))
+    prev = np.where(first, a * span + 0.0, np.concatenate(([0.0], key[:-1])))  # the last entry's key for j = 0
+    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))  # each actor's first finish
+    batch = np.bincount(seq_actor, minlength=n_actors)[a] - (np.arange(n) - start)
+    seg = key - prev
+    cost = np.where(seg > 0, seg * tm.iter_seconds(batch), 0.0)
+    run = np.cumsum(cost)
+    at = run - np.where(start > 0, run[start - 1], 0.0)
+    out = np.empty(n)
+    out[order] = at
+    return out
