@@ -365,8 +365,14 @@ class LearnerStream:
         has come, into free units only (a rank released at its share frees one); the poll timeout until then."""
         t0, pw = self._decode_pw
         if pw is not None and (final or now() >= t0 + pw[0]):
-            self.ctx.workers.start_decoders(pw[1], prewarmed=True)
-            self._decode_pw = (t0, None)
+            # the functions the next rollout will find warm count against it (`plan.lifecycle`: a pre-warm only
+            # for what keep-alive does not already keep); the rest retried as units free up, a rank's at its share
+            pool = self.ctx.workers.pool
+            warm = [h for h in pool.warm(self.ctx.workers.image("decode")) if h.worker not in pool.working]
+            need = pw[1] - len(warm) - len(self.held)
+            started = self.ctx.workers.start_decoders(max(0, need), prewarmed=True)
+            left = need - len(started)
+            self._decode_pw = (t0, None if left <= 0 or final else (pw[0], pw[1]))
             return 1.0
         # wake at the pre-warm time, and at least every second: the callers check invocation timeouts between polls
         return 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
@@ -389,14 +395,22 @@ class LearnerStream:
         r.shared = True
         if first:
             self.first_share = now()
-        ctx.workers.drop_learner(r.handle)
         if ctx.hybrid and ctx.clock.holds_after_share():  # held to the update's end: warm for the next step's decode
+            ctx.workers.drop_learner(r.handle)
             self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
             return
         ctx.workers.pool.idle(r.handle)
-        nxt = ctx.clock.next_work_after_share()
-        if release_after_share(nxt, ctx.keep_alive_s):
+        # a hybrid function's next work is the next step's decode; a separate learner image's, the next update
+        nxt = ctx.clock.next_work_after_share() if ctx.hybrid else ctx.clock.next_learner_work_after_share()
+        if release_after_share(nxt, ctx.keep_alive_s) or not ctx.hybrid and self._decode_pw[1] is not None \
+                and not ctx.workers.pool.free_cores():
+            # no work for it inside its keep-alive, or the next step's decode pre-warm waits for a unit: it takes
+            # the one being released (`plan.lifecycle`)
+            ctx.workers.drop_learner(r.handle)
             ctx.workers.pool.release(r.handle, early=True)
+        elif ctx.hybrid:
+            ctx.workers.drop_learner(r.handle)
+        # else kept warm as this run's learner, for the next step's update (`ModePolicy.learner_ranks` reuses it)
 
     def _reduce(self, r: _Rank, share: dict) -> dict:
         """The last rank in sums every share in rank order, steps and writes the next state version. Its

@@ -391,14 +391,16 @@ def _held_record(workers: list[dict], invs: list[dict], ws: float, t0: float, en
 
 def _released_at_share(run_dir: Path, workers: list[dict], gone: frozenset) -> frozenset:
     """The step's workers released by its end (`gone`) that the runtime let go at their share
-    (`plan.ranks.release_after_share`): the decision as the pool recorded it (`WorkerRecord.release_reason`).
+    (`plan.ranks.release_after_share`), or at their invocation's end (`plan.lifecycle.release_now`, reason
+    "plan"): the decision as the pool recorded it (`WorkerRecord.release_reason`).
     A run folder written before that field existed is refused, not guessed from timestamps: a guess misreads
     under load or at another time scale (issue 30); re-run it to validate it."""
     if any(w.get("released_s") is not None and w.get("release_reason") is None for w in workers):
         raise DataError(f"validate: {run_dir}: workers.jsonl records no release_reason (written before the runtime "
                         "recorded why it released a worker); re-run it: the ranks let go at their share are read "
                         "from the record, never guessed from timing")
-    return frozenset(w["worker"] for w in workers if w["worker"] in gone and w.get("release_reason") == "share")
+    return frozenset(w["worker"] for w in workers
+                     if w["worker"] in gone and w.get("release_reason") in ("share", "plan"))
 
 
 def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: float, start: float, end: float) -> dict:

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlhfless.plan.schedule import PREWARM_HISTORY as HISTORY  # shared with the simulator
-from rlhfless.plan.schedule import planned_start_s, prewarm_start_s
+from rlhfless.plan import lifecycle  # a function's life: the one model the simulator calls too
+from rlhfless.plan.lifecycle import PREWARM_HISTORY as HISTORY  # shared with the simulator
+from rlhfless.plan.lifecycle import planned_start_s
 from rlhfless.rollout.prefix import plan_prefill
 from rlhfless.runtime.records import now
 from rlhfless.step.planner import StepPlan
@@ -77,7 +78,7 @@ def prewarm_learner(history: History, predicted_makespan_s: float, cold_default:
         expected = min(history.rollout_s)  # the paper's rule ("history"), or "plan" before a ratio is measured
     else:
         expected = predicted_makespan_s  # step 1: nothing measured yet
-    return Prewarm(prewarm_start_s(expected, history.cold("learner", cold_default), buffer_s))
+    return Prewarm(lifecycle.prewarm_start_s(expected, history.cold("learner", cold_default), buffer_s))
 
 
 def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Prewarm:
@@ -85,7 +86,7 @@ def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Pr
         return Prewarm(None)  # no update measured yet: decode is pre-warmed from step 2 on
     # the shortest recent update, plus the driver's gap between steps
     expected = min(history.learn_s) + (min(history.between_s) if history.between_s else 0.0)
-    return Prewarm(prewarm_start_s(expected, history.cold("decode", cold_default), buffer_s))
+    return Prewarm(lifecycle.prewarm_start_s(expected, history.cold("decode", cold_default), buffer_s))
 
 
 def ship_saves_tokens(prompts: list[list[int]], split: list[list[int]], group_size: int, dedup: bool) -> int:
@@ -262,6 +263,11 @@ class ServerlessPolicy(ModePolicy):
         if ctx.hybrid and stream.take(h):
             return True  # a rank has work now: warm, at this step's weights, the function goes on as it
         self.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
+        if not ctx.hybrid and h.worker in ctx.workers.pool.handles and \
+                lifecycle.release_now(ctx.clock.next_decode_work_after_done(), ctx.keep_alive_s):
+            # a separate decode image's next work is the next step's rollout, past its keep-alive: kept, it would
+            # bill the keep-alive and lapse first; let go now, its unit takes a learner rank's pre-warm
+            ctx.workers.pool.release(h, reason="plan")
         stream.pump()  # its unit may now host a learner rank with finished groups waiting
         return False
 

@@ -1,0 +1,142 @@
+"""A serverless function's life, written once: the runtime's serverless policy and the simulator both call it.
+
+A function is COLD (none exists), STARTING (requested: its cold start runs), BUSY (an invocation runs), WARM_IDLE
+(ready, no invocation: its keep-alive runs) or RELEASED (its keep-alive lapsed, or it was let go). What it decides:
+  * keep-alive buys warmth: a function invoked again within its keep-alive of its last invocation is warm (no cold
+    start) and, under lifetime billing, is billed the gap, not a fresh keep-alive per invocation (`idle_billed_s`,
+    `life_billed_s`);
+  * hold or release: with work predicted `next_work_s` ahead, a function is kept when the gap is inside its
+    keep-alive, else let go at once (kept, it would bill the keep-alive and lapse before the work anyway);
+  * pre-warm that reaches its stage: start at the predicted end of the stage before - cold start - buffer, floored
+    only at now (never at the stage before's start: a cold start longer than that stage then came too late);
+    `prewarm_start_s`; retried by the caller as units free up;
+  * the device budget: never more devices held than exist (`peak_devices`, the invariant both sides test).
+Pure, numpy-free, no I/O. Times are seconds on any one clock.
+
+Deviations from the paper: its platform keeps a function "a few seconds" after each invocation; here the keep-alive
+is the platform's rule (`plan.billing.BillingRules.keep_alive_s`), and releasing a function early, when the plan
+knows its next work is past its keep-alive, is ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+
+from rlhfless.plan.billing import BillingRules
+
+
+class State(str, Enum):
+    COLD = "cold"
+    STARTING = "starting"
+    WARM_IDLE = "warm_idle"
+    BUSY = "busy"
+    RELEASED = "released"
+
+
+def billed_in(state: State, rules: BillingRules) -> bool:
+    """Whether seconds spent in `state` are billed under `rules`: busy always; starting when cold starts are billed;
+    warm and idle under lifetime billing only; cold and released never."""
+    if state is State.BUSY:
+        return True
+    if state is State.STARTING:
+        return rules.bill_cold_start
+    if state is State.WARM_IDLE:
+        return rules.billed == "lifetime"
+    return False
+
+
+def warm_after(gap_s: float, keep_alive_s: float) -> bool:
+    """Whether a function idle `gap_s` seconds after its last invocation is still warm (keep-alive buys warmth)."""
+    if keep_alive_s < 0:
+        raise ValueError(f"keep_alive_s must be >= 0 (got {keep_alive_s})")
+    return keep_alive_s > 0 and 0.0 <= gap_s <= keep_alive_s
+
+
+def idle_billed_s(gap_s: float | None, rules: BillingRules) -> float:
+    """Idle seconds billed after an invocation (per device, before rounding): the gap to the function's next
+    invocation when it comes inside the keep-alive (kept warm through it), else the whole keep-alive (then released);
+    `gap_s` None: no next invocation (released at the lapse). None under per-invocation billing."""
+    if rules.billed != "lifetime":
+        return 0.0
+    if gap_s is not None and warm_after(gap_s, rules.keep_alive_s):
+        return max(0.0, gap_s)
+    return rules.keep_alive_s
+
+
+def release_now(next_work_s: float | None, keep_alive_s: float) -> bool:
+    """Whether an idle function is let go now: its next work is predicted past its keep-alive (kept, it would bill
+    the keep-alive and lapse first). Unknown next work: kept (the platform's own rule releases it at the lapse)."""
+    if keep_alive_s < 0:
+        raise ValueError(f"keep_alive_s must be >= 0 (got {keep_alive_s})")
+    if next_work_s is None:
+        return keep_alive_s == 0
+    return not warm_after(next_work_s, keep_alive_s)
+
+
+def life_billed_s(spans: list[tuple[float, float]], cold_s: float, rules: BillingRules) -> float:
+    """Billed seconds (per device) of one function's life: its invocations `spans` [(start, end)] in order, the
+    first of which began with a cold start of `cold_s` seconds (0: it was warm), each gap idle-billed by
+    `idle_billed_s`. A gap past the keep-alive ends a life (released: the next span would be another function's
+    cold start, which the caller bills as such). Lifetime billing rounds each life once; per-invocation billing
+    rounds each invocation (a single span equals `plan.cost.billed_seconds` of that invocation)."""
+    if not spans:
+        return 0.0
+    if rules.billed != "lifetime":
+        return sum(rules.bill_held(b - a, cold_s if k == 0 else 0.0) for k, (a, b) in enumerate(spans))
+    total, held, cold = 0.0, 0.0, cold_s
+    for k, (a, b) in enumerate(spans):
+        held += b - a
+        gap = spans[k + 1][0] - b if k + 1 < len(spans) else None
+        held += idle_billed_s(gap, rules)
+        if gap is None or not warm_after(gap, rules.keep_alive_s):
+            total += rules.bill_held(held, cold)
+            held, cold = 0.0, 0.0
+    return total
+
+
+PREWARM_HISTORY = 3
+"""Steps of measured durations and cold starts the pre-warm rules read (the runtime's `policy.History`)."""
+
+
+def planned_start_s(predicted_makespan_s: float, ratios) -> float:
+    """A stage's expected start from the plan: the predicted makespan x the mean recent measured / predicted
+    ratio (the plan alone runs early: a group's mean predicted length misses its longest sample); x 1 before any
+    ratio is measured."""
+    return predicted_makespan_s * sum(ratios) / len(ratios) if ratios else predicted_makespan_s
+
+
+def prewarm_start_s(expected_s: float, cold_s: float, buffer_s: float, now_s: float = 0.0) -> float:
+    """When to start a function so it is ready at its stage's expected start `expected_s` (the predicted end of the
+    stage before, on the caller's clock): expected - its cold start - a buffer, floored only at `now_s` (start at
+    once when that is already past). The one copy of the pre-warm rule (the runtime's modes, the simulator)."""
+    return max(now_s, expected_s - cold_s - buffer_s)
+
+
+def prewarm_idle_s(expected_s: float, ready_s: float) -> float:
+    """Seconds a pre-warmed function waits warm and idle (held) between its ready time and its stage's start."""
+    return max(0.0, expected_s - ready_s)
+
+
+def prewarm_pays(idle_s: float, cold_s: float, rules: BillingRules) -> bool:
+    """Whether warming a function ahead of its stage is predicted to cost less than the cold start it takes off the
+    critical path: the idle it holds (billed only under lifetime billing) against a cold start's seconds, which
+    every one of the stage's devices would otherwise wait."""
+    billed_idle = idle_s if billed_in(State.WARM_IDLE, rules) else 0.0
+    return billed_idle < cold_s
+
+
+def peak_devices(spans: Iterable[tuple[float, float, float]]) -> float:
+    """The most devices held at once over intervals [(start, end, devices)] (an end frees its devices before a
+    start at the same instant takes them: a unit handed over is not held twice)."""
+    events = sorted([(a, 1, d) for a, b, d in spans if b > a] + [(b, 0, -d) for a, b, d in spans if b > a])
+    held = peak = 0.0
+    for _, _, d in events:
+        held += d
+        peak = max(peak, held)
+    return peak
+
+
+def within_budget(spans: Iterable[tuple[float, float, float]], n_devices: float) -> bool:
+    """The device-count invariant: never more devices held (or billed) at once than exist (1e-9: float sums)."""
+    return peak_devices(spans) <= n_devices + 1e-9
