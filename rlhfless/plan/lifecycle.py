@@ -74,6 +74,14 @@ def release_now(next_work_s: float | None, keep_alive_s: float) -> bool:
     return not warm_after(next_work_s, keep_alive_s)
 
 
+def hold_pays(gap_s: float, cold_s: float, keep_alive_s: float) -> bool:
+    """Whether a function idle for a gap of `gap_s` seconds before its next work is held through it (warm, billed
+    the gap) rather than released at once and started again (billed a cold start of `cold_s`, which a pre-warm
+    keeps off the critical path): only when its keep-alive covers the gap and the gap bills less than the cold
+    start. The planner's hold-or-release, on the numbers it bills."""
+    return warm_after(gap_s, keep_alive_s) and gap_s < cold_s
+
+
 def life_billed_s(spans: list[tuple[float, float]], cold_s: float, rules: BillingRules) -> float:
     """Billed seconds (per device) of one function's life: its invocations `spans` [(start, end)] in order, the
     first of which began with a cold start of `cold_s` seconds (0: it was warm), each gap idle-billed by
