@@ -134,10 +134,17 @@ def prewarm_pays(idle_s: float, cold_s: float, rules: BillingRules) -> bool:
     return billed_idle < cold_s
 
 
+def free_devices(n_devices: float, held: float) -> float:
+    """Devices a function may take (pre-warm, or be kept on) while others hold `held` of the `n_devices`."""
+    return max(0.0, n_devices - held)
+
+
 def peak_devices(spans: Iterable[tuple[float, float, float]]) -> float:
     """The most devices held at once over intervals [(start, end, devices)] (an end frees its devices before a
     start at the same instant takes them: a unit handed over is not held twice)."""
-    events = sorted([(a, 1, d) for a, b, d in spans if b > a] + [(b, 0, -d) for a, b, d in spans if b > a])
+    # instants within a nanosecond are one (a hand-over computed along two float paths differs in the last bit)
+    events = sorted([(round(a, 9), 1, d) for a, b, d in spans if b > a] +
+                    [(round(b, 9), 0, -d) for a, b, d in spans if b > a])
     held = peak = 0.0
     for _, _, d in events:
         held += d

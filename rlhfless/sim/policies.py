@@ -284,6 +284,7 @@ class RLHFless:
         self.n_hybrid = 0  # hybrid functions the last step's learner ended with (warm, holding the new weights)
         self.n_kept = 0  # separate decode functions the last step left warm: their keep-alive covered their gap
         self.prefill_kept = self.learner_kept = False  # likewise the prefill function, every learner block
+        self.prefill_warm = sw.prewarm  # this step's prefill function is warm at t0 (pre-warmed or kept)
         self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
 
     def _hybrid_sync_s(self) -> float:
@@ -318,13 +319,18 @@ class RLHFless:
         jobs, draws = self._planned_jobs(step, key)
         hyb = self.n_hybrid if sw.hybrid else 0
         kept = 0 if sw.hybrid else self.n_kept  # kept warm by their keep-alive (`plan.lifecycle`), no pre-warm
-        n_warm = max(self.n_warm if sw.prewarm else 0, hyb, kept)  # the hybrid, kept and fresh pre-warmed ones
+        # a pre-warm before t0 holds devices during the last step's update: only those its learner leaves free
+        room = self._room()
+        pre = (self.n_warm if room == float("inf") else min(self.n_warm, int(room // pm.tp))) if sw.prewarm else 0
+        n_warm = max(pre, hyb, kept)  # the hybrid, kept and fresh pre-warmed ones
         prefill = None
         if sw.dedup:
             work = self._prefill_s(step, self._unique_tokens(step)) / self.prefill_actors
-            warm = sw.prewarm or self.prefill_kept  # kept: warm, its gap billed last step (`keeps`)
+            # kept: warm, its gap billed last step (`keeps`); pre-warmed: where the budget leaves room for it
+            warm = sw.prewarm and room - pre * pm.tp >= pm.tp * self.prefill_actors or self.prefill_kept
+            self.prefill_warm = warm
             prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if warm else pm.cold_start_s(), work,
-                            0.0 if self.prefill_kept else self._prewarm(pm.cold_start_s(), self.gaps[0]))
+                            self._prewarm(pm.cold_start_s(), self.gaps[0]) if warm and not self.prefill_kept else 0.0)
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill),
                       warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]), hybrid_warm=hyb)
         memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
@@ -342,7 +348,7 @@ class RLHFless:
             tuple(FnRun("decode", pm.tp, 0.0, 0.0, c.billing.keep_alive_s) for _ in range(unused_kept))
         lk = self.learner_kept and not sw.hybrid  # kept warm from the last step: no join, nothing more billed
         learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap,
-                           0.0 if lk else pm.learner_join_s(), sw.prewarm or lk,
+                           0.0 if lk else pm.learner_join_s(), self._learner_prewarms() or lk,
                            prewarm_bill_s=0.0 if lk else self._prewarm(pm.learner_join_s(), self.gaps[1]),
                            size_slack=self._size_slack(),
                            release_cold_s=self._hybrid_join_s() if sw.hybrid else None,
@@ -414,7 +420,7 @@ class RLHFless:
         return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices), s_per_token=stream,
                             after_s_per_token=after, update_fixed_s=pm.update_fixed_s(c.algo, c.minibatches),
                             cold_start_s=pm.learner_join_s(),
-                            prewarm=sw.prewarm,
+                            prewarm=self._learner_prewarms(),
                             prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]) if sw.prewarm else None,
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
@@ -447,7 +453,7 @@ class RLHFless:
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill = self._prewarm(cold_s, self.gaps[0])
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
-        t_prefill = 0.0 if sw.prewarm or not sw.dedup else cold_s
+        t_prefill = 0.0 if self.prefill_warm or not sw.dedup else cold_s
         out = []
         for a in sorted(active, key=lambda a: -predicted[a]):  # the prefill function serves the busiest first
             toks = sum(plen[j.group_id] for j in actor_jobs[a])
@@ -472,6 +478,20 @@ class RLHFless:
                                 warm_bill if is_warm and a not in kept else 0.0))
         return tuple(sorted(out, key=lambda r: r.instance))
 
+    def _learner_prewarms(self) -> bool:
+        """Whether the learner is pre-warmed to be ready at the rollout's end: with overlap its blocks start on
+        devices decode functions have freed; without, it is one block of every device, and the devices of the
+        last decode function to end free only then (a pre-warm before would hold more devices than exist), so
+        its cold start is on the path."""
+        return self.sw.prewarm and (self.sw.overlap or self.sw.hybrid)
+
+    def _room(self) -> float:
+        """Devices free before t0 for the next step's functions (pre-warmed or kept warm): none with separate
+        images, whose learner holds every device to the step's end (`plan.lifecycle.free_devices`; never more
+        devices held than exist); the hybrid design's warm functions are the learner's own blocks."""
+        c = self.c
+        return float("inf") if self.sw.hybrid else lifecycle.free_devices(c.n_devices, float(c.n_devices))
+
     def keeps(self, gaps: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
         """After the step is played: each function's idle seconds to its next work ((kind, instance) -> gap:
         `scenario.kept_gaps`). Separate images (not hybrid): those whose keep-alive covers the gap stay warm into
@@ -482,7 +502,14 @@ class RLHFless:
         cold = {"decode": pm.cold_start_s(), "prefill": pm.cold_start_s(), "learner": pm.learner_join_s()}
         if self.sw.hybrid or rules.billed != "lifetime":
             return {}
-        kept = {k: g for k, g in gaps.items() if lifecycle.hold_pays(g, cold.get(k[0], 0.0), rules.keep_alive_s)}
+        pays = {k: g for k, g in gaps.items() if lifecycle.hold_pays(g, cold.get(k[0], 0.0), rules.keep_alive_s)}
+        # held through the gap, a function holds its devices there: a decode or prefill function over the update,
+        # which holds every device here, a learner block over the next rollout; only within the device budget
+        room = self._room() / self.c.perf.tp  # hybrid (inf) returned above
+        kept = {}
+        for k in sorted(pays, key=lambda k: pays[k]):
+            if k[0] != "learner" and len(kept) + 1 <= room:
+                kept[k] = pays[k]
         self.n_kept = sum(1 for k in kept if k[0] == "decode")
         self.prefill_kept = any(k[0] == "prefill" for k in kept)
         learner = [k for k in gaps if k[0] == "learner"]
