@@ -60,3 +60,33 @@ def test_decode_functions_are_warm_at_the_next_steps_start(paper):
         if i["kind"] == "decode" and i["step"] > 1:
             w = ws[i["worker"]]
             assert w["ready_s"] is not None and w["ready_s"] <= i["requested_s"] + 1e-6, (i["step"], w["worker"])
+
+
+TIGHT = [x for x in PAPER if not x.startswith(("runtime.units=", "runtime.learner_units=", "runtime.keep_alive_s=",
+                                               "runtime.billing_granularity_s="))] + ["runtime.units=4"]
+"""Four units and four learner ranks (every unit a rank during the update), keep-alive 0: nothing stays warm."""
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    from rlhfless.run.launch import train
+
+    out = tmp_path_factory.mktemp("lifecycle") / "tight"
+    train(load_run_config("experiments/configs/quickstart.yaml", TIGHT), out, progress=False)
+    return out
+
+
+def test_the_next_steps_decode_is_prewarmed_into_a_unit_a_rank_frees_at_its_share(tight):
+    """Every unit is a learner rank when the update begins, so the next step's decode pre-warm finds none free
+    then; it is retried as ranks write their shares and take their units (`plan.lifecycle`): from step 3 on (step
+    2's update is the first with a measured one before it) every decode function was started during the update
+    before (before: tried once, into free units only, and never started). Units never exceed the budget."""
+    ws = {w["worker"]: w for w in _rows(tight / "workers.jsonl")}
+    spans = [(w["spawned_s"], w["released_s"], w["units"]) for w in ws.values()]
+    assert lifecycle.within_budget(spans, 4)
+    invs = _rows(tight / "invocations.jsonl")
+    for step in (3, 4):
+        t0 = min(i["requested_s"] for i in invs if i["kind"] == "decode" and i["step"] == step)
+        learn = [i for i in invs if i["kind"] == "learner" and i["step"] == step - 1]
+        dec = [ws[i["worker"]] for i in invs if i["kind"] == "decode" and i["step"] == step]
+        assert dec and all(w["prewarmed"] and min(i["started_s"] for i in learn) < w["spawned_s"] < t0 for w in dec)
