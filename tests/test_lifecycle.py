@@ -51,9 +51,13 @@ def test_a_prewarm_is_timed_from_the_predicted_end_of_the_stage_before_and_floor
     assert L.prewarm_start_s(30.0, 22.0, 0.5) == 7.5
     # the stage before (its start at 10) is shorter than the cold start: start at once, not at that stage's start
     assert L.prewarm_start_s(20.0, 22.0, 0.5, now_s=12.0) == 12.0
-    assert L.prewarm_idle_s(30.0, 25.0) == 5.0 and L.prewarm_idle_s(30.0, 31.0) == 0.0
-    assert L.prewarm_pays(5.0, 22.0, LIFE) and not L.prewarm_pays(30.0, 22.0, LIFE)
-    assert L.prewarm_pays(30.0, 22.0, PER_INV)  # idle is not billed per invocation
+
+
+
+def test_a_function_is_held_through_a_gap_only_inside_its_keep_alive_and_when_that_bills_less_than_a_cold_start():
+    assert L.hold_pays(10.0, 22.0, 30.0)
+    assert not L.hold_pays(25.0, 22.0, 30.0)  # the gap bills more than the cold start it saves
+    assert not L.hold_pays(10.0, 22.0, 5.0)  # it lapses first
 
 
 def test_the_device_budget_counts_a_handed_over_unit_once():

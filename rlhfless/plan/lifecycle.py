@@ -6,11 +6,16 @@ A function is COLD (none exists), STARTING (requested: its cold start runs), BUS
     start) and, under lifetime billing, is billed the gap, not a fresh keep-alive per invocation (`idle_billed_s`,
     `life_billed_s`);
   * hold or release: with work predicted `next_work_s` ahead, a function is kept when the gap is inside its
-    keep-alive, else let go at once (kept, it would bill the keep-alive and lapse before the work anyway);
+    keep-alive, else let go at once (kept, it would bill the keep-alive and lapse before the work anyway)
+    (`release_now`); the simulator's planner also lets go one whose held gap would bill more than the cold start
+    it saves (`hold_pays`);
   * pre-warm that reaches its stage: start at the predicted end of the stage before - cold start - buffer, floored
     only at now (never at the stage before's start: a cold start longer than that stage then came too late);
     `prewarm_start_s`; retried by the caller as units free up;
-  * the device budget: never more devices held than exist (`peak_devices`, the invariant both sides test).
+  * the device budget: never more devices held than exist (`free_devices`, `peak_devices`: the invariant both
+    sides test). Who calls what: the runtime's modes (`prewarm_start_s`, `release_now`), `runtime.streaming` (the
+    decode pre-warm retried into units ranks free at their share), `plan.cost` (`idle_billed_s`), the simulator's
+    `RLHFless` (`hold_pays`, `warm_after`, `free_devices`) and arm model (`prewarm_start_s`).
 Pure, numpy-free, no I/O. Times are seconds on any one clock.
 
 Deviations from the paper: its platform keeps a function "a few seconds" after each invocation; here the keep-alive
@@ -119,19 +124,6 @@ def prewarm_start_s(expected_s: float, cold_s: float, buffer_s: float, now_s: fl
     stage before, on the caller's clock): expected - its cold start - a buffer, floored only at `now_s` (start at
     once when that is already past). The one copy of the pre-warm rule (the runtime's modes, the simulator)."""
     return max(now_s, expected_s - cold_s - buffer_s)
-
-
-def prewarm_idle_s(expected_s: float, ready_s: float) -> float:
-    """Seconds a pre-warmed function waits warm and idle (held) between its ready time and its stage's start."""
-    return max(0.0, expected_s - ready_s)
-
-
-def prewarm_pays(idle_s: float, cold_s: float, rules: BillingRules) -> bool:
-    """Whether warming a function ahead of its stage is predicted to cost less than the cold start it takes off the
-    critical path: the idle it holds (billed only under lifetime billing) against a cold start's seconds, which
-    every one of the stage's devices would otherwise wait."""
-    billed_idle = idle_s if billed_in(State.WARM_IDLE, rules) else 0.0
-    return billed_idle < cold_s
 
 
 def free_devices(n_devices: float, held: float) -> float:

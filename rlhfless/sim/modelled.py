@@ -614,6 +614,9 @@ def modelled_arm(run_dir: Path, scale: float) -> dict:
             "step_time_s": mean(lambda v: v["step_time_s"]), "billed_device_s": mean(lambda v: v["billed_device_s"]),
             "billed_device_s_by_role": {r: mean(lambda v: v["by_role"].get(r, 0.0)) for r in roles},
             "cold_start_device_s": mean(lambda v: v["cold_start_device_s"]),
+            # the same run on a platform that bills no cold start (snapshot restore: `plan.lifecycle.billed_in`,
+            # STARTING not billed): the bill less its cold starts, the step time unchanged
+            "billed_without_cold_device_s": mean(lambda v: v["billed_device_s"] - v["cold_start_device_s"]),
             "busy_device_s": {k: mean(lambda v: v["busy_device_s"].get(k, 0.0)) for k in kinds},
             "held_idle_device_s": mean(lambda v: v["held_idle_device_s"]),
             "per_role": {r: {k: mean(lambda v: v["roles"].get(r, {}).get(k, 0.0)) for k in
