@@ -362,7 +362,8 @@ class LearnerStream:
 
     def _prewarm_decode(self, final: bool = False) -> float:
         """Start the next step's decode functions when the policy's pre-warm time (since the learner's end began)
-        has come, into free units only (a rank released at its share frees one); the poll timeout until then."""
+        has come, into free units only, and again at every later poll until as many are warm or starting as the
+        next rollout needs (a rank released at its share frees a unit: `_shared`); the poll timeout until then."""
         t0, pw = self._decode_pw
         if pw is not None and (final or now() >= t0 + pw[0]):
             # the functions the next rollout will find warm count against it (`plan.lifecycle`: a pre-warm only
