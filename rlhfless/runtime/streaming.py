@@ -175,10 +175,13 @@ class LearnerStream:
         new one onto a free unit. Invoked from its start: nothing may evict it (`preempt` may); until its groups
         come it is held but idle (the meter counts only its compute intervals as busy)."""
         ctx = self.ctx
-        # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
+        # a warm function of the learner's image, kept from an earlier step (`plan.lifecycle`: reuse), when no
+        # group binds it to its old rank (ranks that leave at their share); a hybrid one only for work that
+        # waits (pre-warmed, the rank would take a decode function that may still get cut rows)
+        reuse = ctx.hybrid or ctx.policy.traits.ranks_leave_at_share
         warm = [h for h in ctx.workers.pool.warm_idle(ctx.workers.image("learner"))
-                if getattr(h, "home", True)] if ctx.hybrid else []
-        h = warm[0] if warm and not prewarmed else ctx.workers.start_learner(prewarmed)
+                if getattr(h, "home", True)] if reuse else []
+        h = warm[0] if warm and (not prewarmed or not ctx.hybrid) else ctx.workers.start_learner(prewarmed)
         if h is None:
             return False
         self._assign(r, h)
@@ -396,8 +399,8 @@ class LearnerStream:
         r.shared = True
         if first:
             self.first_share = now()
+        ctx.workers.drop_learner(r.handle)
         if ctx.hybrid and ctx.clock.holds_after_share():  # held to the update's end: warm for the next step's decode
-            ctx.workers.drop_learner(r.handle)
             self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
             return
         ctx.workers.pool.idle(r.handle)
@@ -407,11 +410,8 @@ class LearnerStream:
                 and not ctx.workers.pool.free_cores():
             # no work for it inside its keep-alive, or the next step's decode pre-warm waits for a unit: it takes
             # the one being released (`plan.lifecycle`)
-            ctx.workers.drop_learner(r.handle)
             ctx.workers.pool.release(r.handle, early=True)
-        elif ctx.hybrid:
-            ctx.workers.drop_learner(r.handle)
-        # else kept warm as this run's learner, for the next step's update (`ModePolicy.learner_ranks` reuses it)
+        # else kept warm: a rank of a later step takes it (`_start`), or idle capacity yields to work that waits
 
     def _reduce(self, r: _Rank, share: dict) -> dict:
         """The last rank in sums every share in rank order, steps and writes the next state version. Its

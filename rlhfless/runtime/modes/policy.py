@@ -280,9 +280,9 @@ class ServerlessPolicy(ModePolicy):
         return h
 
     def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
-        # hybrid: the ranks left their group and stay warm as the next step's decode functions; PPO's actor and
-        # critic are no group; keep-alive 0 keeps nothing
-        return not (keep_alive_s == 0 or hybrid or ppo)
+        # ranks leave at their share: no group to keep whole; a function kept warm is reused one by one, as an idle
+        # function of the learner's image (`LearnerStream._start`), never held through the rollout as a rank
+        return False
 
     def learner_ranks(self, ctx, ranks: list) -> None:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
