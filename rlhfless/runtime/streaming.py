@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from rlhfless.core import metrics as M
+from rlhfless.plan import lifecycle
 from rlhfless.plan.ranks import reducer, release_after_share
 from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
@@ -404,12 +405,16 @@ class LearnerStream:
             self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
             return
         ctx.workers.pool.idle(r.handle)
-        # a hybrid function's next work is the next step's decode; a separate learner image's, the next update
-        nxt = ctx.clock.next_work_after_share() if ctx.hybrid else ctx.clock.next_learner_work_after_share()
-        if release_after_share(nxt, ctx.keep_alive_s) or not ctx.hybrid and self._decode_pw[1] is not None \
-                and not ctx.workers.pool.free_cores():
-            # no work for it inside its keep-alive, or the next step's decode pre-warm waits for a unit: it takes
-            # the one being released (`plan.lifecycle`)
+        if ctx.hybrid:  # its next work is the next step's decode
+            go = release_after_share(ctx.clock.next_work_after_share(), ctx.keep_alive_s)
+        else:  # a separate learner image's next work is the next update: held through the rollout only when that
+            # bills less than the cold start it saves (`plan.lifecycle.hold_pays`; a pre-warm hides the cold start),
+            # and never while the next step's decode pre-warm waits for the unit it would take
+            nxt = ctx.clock.next_learner_work_after_share()
+            go = release_after_share(nxt, ctx.keep_alive_s) or nxt is not None and not lifecycle.hold_pays(
+                nxt, ctx.clock.cold_start("learner", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s) or \
+                self._decode_pw[1] is not None and not ctx.workers.pool.free_cores()
+        if go:
             ctx.workers.pool.release(r.handle, early=True)
         # else kept warm: a rank of a later step takes it (`_start`), or idle capacity yields to work that waits
 

@@ -263,10 +263,13 @@ class ServerlessPolicy(ModePolicy):
         if ctx.hybrid and stream.take(h):
             return True  # a rank has work now: warm, at this step's weights, the function goes on as it
         self.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
-        if not ctx.hybrid and h.worker in ctx.workers.pool.handles and \
-                lifecycle.release_now(ctx.clock.next_decode_work_after_done(), ctx.keep_alive_s):
-            # a separate decode image's next work is the next step's rollout, past its keep-alive: kept, it would
-            # bill the keep-alive and lapse first; let go now, its unit takes a learner rank's pre-warm
+        nxt = ctx.clock.next_decode_work_after_done()
+        if not ctx.hybrid and h.worker in ctx.workers.pool.handles and (
+                lifecycle.release_now(nxt, ctx.keep_alive_s) or nxt is not None and not lifecycle.hold_pays(
+                    nxt, ctx.clock.cold_start("decode", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s)):
+            # a separate decode image's next work is the next step's rollout: past its keep-alive (kept, it would
+            # bill the keep-alive and lapse first), or a gap that bills more than the cold start a pre-warm hides;
+            # let go now, its unit takes a learner rank's pre-warm
             ctx.workers.pool.release(h, reason="plan")
         stream.pump()  # its unit may now host a learner rank with finished groups waiting
         return False
