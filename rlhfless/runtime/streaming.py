@@ -10,6 +10,9 @@ Deviations from the paper (its learner is one FSDP function started after the ro
 1. Finished groups stream into the learner ranks during decode (docs/architecture.md, "Overlap").
 2. While streaming, the ranks run the reference forward (a reference function would need a spare unit).
 3. The hybrid image: a decode function that finishes goes on warm as a learner rank.
+4. Separate images (the paper's design): a rank's function is kept warm for a later step's rank only when holding
+   it through the rollout bills less than the cold start it saves (`plan.lifecycle.hold_pays`), and the next
+   step's decode pre-warm is retried into the units ranks free at their shares.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ Deviations from the paper:
 3. The rule-based GSM8K reward runs on CPU and is not billed in device-seconds.
 4. RLHFuse is reduced to migration and fusion (its fused pipeline schedule is not modelled).
 5. PPO's critic has the policy's size (an assumption).
+6. Separate images: a function is held warm into the next step only when its keep-alive covers the gap, the gap
+   bills less than its cold start (`plan.lifecycle.hold_pays`) and the device budget has room (the learner holds
+   every device to the step's end, so in practice none is); otherwise it is let go at once, billed no keep-alive.
+   A kept function unused next step is billed its whole keep-alive (at most the gap over).
 """
 
 from __future__ import annotations

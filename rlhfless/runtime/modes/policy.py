@@ -9,6 +9,9 @@ pre-warmed at its expected start - measured cold start - buffer. Details: docs/i
 Deviations from the paper:
 1. The learner's expected start is this step's planned makespan x the recent measured/planned ratio
    (`runtime.prewarm_from=plan`), not the shortest recent rollout ("history": learners start early, idle billed).
+2. Separate images: a decode function whose rows are done is let go at once when the lifecycle says holding it to
+   the next rollout buys nothing (`plan.lifecycle.release_now`, `hold_pays`), so a learner rank's pre-warm takes
+   its unit; the paper's platform keeps each function its few seconds of keep-alive.
 """
 
 from __future__ import annotations
