@@ -1,6 +1,6 @@
 """The pre-warm rule (plan.schedule): one copy, read by the runtime's modes and the simulator's arm model."""
 
-from rlhfless.plan.schedule import planned_start_s, prewarm_start_s
+from rlhfless.plan.lifecycle import planned_start_s, prewarm_start_s
 from rlhfless.runtime.modes.policy import History, prewarm_decode, prewarm_learner
 
 

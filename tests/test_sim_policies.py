@@ -71,9 +71,9 @@ def test_prewarm_keeps_functions_warm_after_the_first_step():
     pol.observe(STEP, (10.0, 1.0, 2.0))
     second, _ = pol.decide(STEP)
     assert all(a.cold_s > 0 for a in first.actors)
-    assert all(a.cold_s == 0 for a in second.actors)
-    # the gap before decode (score + update = 3 s) is shorter than a cold start: kept alive, billed 3 s
-    assert all(a.prewarm_s == pytest.approx(3.0) for a in second.actors)
+    # the separate learner holds every device to the step's end: a decode function pre-warmed (or kept) before t0
+    # would hold devices that do not exist (`plan.lifecycle`, the device budget), so none is: cold again
+    assert all(a.cold_s > 0 and a.prewarm_s == 0 for a in second.actors)
     # hybrid functions: the last step's joined learner block (one here: the sized learner dropped the other)
     # decodes the busiest actor, billed from the step's start (the learner's before); the other is pre-warmed
     hyb = RLHFless(c, Switches(scale=False), 0.5, 0.7)

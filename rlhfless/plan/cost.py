@@ -22,6 +22,7 @@ import numpy as np
 
 from rlhfless.core import metrics as M
 from rlhfless.core.errors import ConfigError, require
+from rlhfless.plan import lifecycle
 from rlhfless.plan.billing import PAPER_PLATFORM, BillingRules  # noqa: F401  (the one definition; re-exported)
 from rlhfless.plan.records import Invocation
 
@@ -91,11 +92,14 @@ class CostSummary:
         return CostSummary(self.gpu_seconds + other.gpu_seconds, self.usd + other.usd, kinds)
 
 
-def billed_seconds(inv: Invocation, rules: BillingRules) -> float:
-    """Billed seconds of one invocation (per device): its duration plus the idle billed after it (the keep-alive
-    under lifetime billing, none under per-invocation billing: `BillingRules.idle_billed_s`), through
-    `BillingRules.bill_held` (rounded up, at least the minimum; never negative)."""
-    return rules.bill_held(inv.duration_s + rules.idle_billed_s, inv.cold_start_s if inv.cold else 0.0)
+def billed_seconds(inv: Invocation, rules: BillingRules, gap_s: float | None = None) -> float:
+    """Billed seconds of one invocation (per device): its duration plus the idle billed after it, through
+    `BillingRules.bill_held` (rounded up, at least the minimum; never negative). The idle is the function's life's
+    (`plan.lifecycle.idle_billed_s`): under lifetime billing the gap `gap_s` to the same function's next invocation
+    when its keep-alive covers it (kept warm through it), else the whole keep-alive (then released; gap_s None: no
+    next invocation); none under per-invocation billing."""
+    return rules.bill_held(inv.duration_s + lifecycle.idle_billed_s(gap_s, rules),
+                           inv.cold_start_s if inv.cold else 0.0)
 
 
 def billed_seconds_array(duration_s: np.ndarray, cold: np.ndarray, cold_start_s: np.ndarray | float,
@@ -115,15 +119,17 @@ def cost_invocation(inv: Invocation, device: DevicePrice, rules: BillingRules) -
     return CostSummary(gpu_s, gpu_s * device.serverless_usd_per_s, {inv.kind: billed})
 
 
-def cost_step(invocations: Iterable[Invocation], device: DevicePrice,
-              rules: BillingRules) -> tuple[CostSummary, dict[str, float]]:
+def cost_step(invocations: Iterable[Invocation], device: DevicePrice, rules: BillingRules,
+              gaps: dict[tuple[str, int], float] | None = None) -> tuple[CostSummary, dict[str, float]]:
     """Serverless cost of one step: the sum over its invocations. Returns (summary, metrics).
 
+    gaps: (kind, instance) -> seconds to that function's next invocation, for the functions kept warm into the
+    next step (`billed_seconds`: billed the gap, not a fresh keep-alive); None or absent: released at its lapse.
     The sum of `cost_invocation`s in the same order (the same floats), without a summary per invocation: the
     scaler costs every candidate of every draw of every step with it."""
     gpu_s, usd, kinds = 0.0, 0.0, {}
     for inv in invocations:
-        billed = billed_seconds(inv, rules)
+        billed = billed_seconds(inv, rules, gaps.get((inv.kind, inv.actor_id)) if gaps else None)
         g = billed * inv.gpus
         gpu_s, usd = gpu_s + g, usd + g * device.serverless_usd_per_s
         kinds[inv.kind] = kinds.get(inv.kind, 0.0) + billed

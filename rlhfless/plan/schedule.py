@@ -1,27 +1,11 @@
-"""Fixed schedules the runtime and the simulator share: the learner's work by group index, the pre-warm rule.
+"""Fixed schedules the runtime and the simulator share: the learner's work by group index (the pre-warm rule is
+in `plan.lifecycle`, with the rest of a function's life).
 
 Both sides read these, so the simulator can model what the runtime does without importing it (or torch): a rank's
 groups are fixed by index, never by arrival, which is what keeps an overlapped update bitwise the sequential one.
 """
 
 from __future__ import annotations
-
-PREWARM_HISTORY = 3
-"""Steps of measured durations and cold starts the pre-warm rules read (the runtime's `policy.History`)."""
-
-
-def planned_start_s(predicted_makespan_s: float, ratios) -> float:
-    """A stage's expected start from the plan: the predicted makespan x the mean recent measured / predicted
-    ratio (the plan alone runs early: a group's mean predicted length misses its longest sample); x 1 before any
-    ratio is measured."""
-    return predicted_makespan_s * sum(ratios) / len(ratios) if ratios else predicted_makespan_s
-
-
-def prewarm_start_s(expected_s: float, cold_s: float, buffer_s: float) -> float:
-    """The pre-warm rule, the one copy the runtime's modes and the simulator's arm model read: a stage's workers
-    start at its expected start - their cold start - a buffer, never before the stage before it started."""
-    return max(0.0, expected_s - cold_s - buffer_s)
-
 
 def microbatches(n_groups: int, per_microbatch: int, world: int) -> list[list[list[int]]]:
     """The fixed plan of an accumulated update: [rank][chunk] -> group indices, by group index only.

@@ -117,6 +117,22 @@ class StepClock:
         pw = prewarm_decode(self.history, self.cfg.plan.cold_start_s, self.rt.prewarm_buffer_s)
         return None if pw.after_s is None else (pw.after_s, self.decode_prewarm)
 
+    def next_decode_work_after_done(self) -> float | None:
+        """Separate images: predicted seconds from a decode function's end to its image's next work (the next step's
+        rollout, after at least the shortest recent update and driver gap); None before any update is measured."""
+        h = self.history
+        if not h.learn_s:
+            return None
+        return min(h.learn_s) + (min(h.between_s) if h.between_s else 0.0)
+
+    def next_learner_work_after_share(self) -> float | None:
+        """Separate images: predicted seconds from a rank's share to its image's next work (the next step's update,
+        after the update's tail, the driver gap and the shortest recent rollout); None before any is measured."""
+        h = self.history
+        if not h.share_tail_s or not h.rollout_s:
+            return None
+        return min(h.share_tail_s) + (min(h.between_s) if h.between_s else 0.0) + min(h.rollout_s)
+
     def next_work_after_share(self) -> float | None:
         """Expected seconds from a rank's share to its function's next work (`plan.ranks`), from history."""
         return next_work_after_share(list(self.history.share_tail_s), list(self.history.between_s))

@@ -41,10 +41,13 @@ def role(kinds: tuple[str, ...]) -> str:
     return "pool" if set(kinds) == set(KINDS_ALL) else "+".join(kinds)
 
 
-RELEASE_REASONS = ("share", "lapse", "evicted", "regroup", "end", "stopped", "killed", "left", "other")
+RELEASE_REASONS = ("share", "plan", "lapse", "evicted", "regroup", "end", "stopped", "killed", "left", "other")
 """Why the runtime let a worker go (`WorkerRecord.release_reason`), each stamped where the runtime decides:
 * share: a learner rank released at its share, the plan having no work for it inside its keep-alive
   (`plan.ranks.release_after_share`);
+* plan: a separate-image function released at once when its invocation ended, the plan's next work for it (the
+  next step's stage of its kind) being past its keep-alive (`plan.lifecycle.release_now`): its unit goes to the
+  next stage's pre-warm;
 * lapse: its keep-alive lapsed idle (`Pool.expire`; with keep-alive 0 at once when it has no work:
   `policy.no_work_now`);
 * evicted: released to free units for waiting work (`Pool.make_room`; a held rank given up for a reducer retry);

@@ -10,6 +10,9 @@ Deviations from the paper (its learner is one FSDP function started after the ro
 1. Finished groups stream into the learner ranks during decode (docs/architecture.md, "Overlap").
 2. While streaming, the ranks run the reference forward (a reference function would need a spare unit).
 3. The hybrid image: a decode function that finishes goes on warm as a learner rank.
+4. Separate images (the paper's design): a rank's function is kept warm for a later step's rank only when holding
+   it through the rollout bills less than the cold start it saves (`plan.lifecycle.hold_pays`), and the next
+   step's decode pre-warm is retried into the units ranks free at their shares.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rlhfless.core import metrics as M
+from rlhfless.plan import lifecycle
 from rlhfless.plan.ranks import reducer, release_after_share
 from rlhfless.plan.schedule import microbatches
 from rlhfless.runtime import wire
@@ -175,10 +179,13 @@ class LearnerStream:
         new one onto a free unit. Invoked from its start: nothing may evict it (`preempt` may); until its groups
         come it is held but idle (the meter counts only its compute intervals as busy)."""
         ctx = self.ctx
-        # hybrid only: a kept separate-image rank is still in its gloo group under its old rank (`_adopt_warm`)
+        # a warm function of the learner's image, kept from an earlier step (`plan.lifecycle`: reuse), when no
+        # group binds it to its old rank (ranks that leave at their share); a hybrid one only for work that
+        # waits (pre-warmed, the rank would take a decode function that may still get cut rows)
+        reuse = ctx.hybrid or ctx.policy.traits.ranks_leave_at_share
         warm = [h for h in ctx.workers.pool.warm_idle(ctx.workers.image("learner"))
-                if getattr(h, "home", True)] if ctx.hybrid else []
-        h = warm[0] if warm and not prewarmed else ctx.workers.start_learner(prewarmed)
+                if getattr(h, "home", True)] if reuse else []
+        h = warm[0] if warm and (not prewarmed or not ctx.hybrid) else ctx.workers.start_learner(prewarmed)
         if h is None:
             return False
         self._assign(r, h)
@@ -362,11 +369,18 @@ class LearnerStream:
 
     def _prewarm_decode(self, final: bool = False) -> float:
         """Start the next step's decode functions when the policy's pre-warm time (since the learner's end began)
-        has come, into free units only (a rank released at its share frees one); the poll timeout until then."""
+        has come, into free units only, and again at every later poll until as many are warm or starting as the
+        next rollout needs (a rank released at its share frees a unit: `_shared`); the poll timeout until then."""
         t0, pw = self._decode_pw
         if pw is not None and (final or now() >= t0 + pw[0]):
-            self.ctx.workers.start_decoders(pw[1], prewarmed=True)
-            self._decode_pw = (t0, None)
+            # the functions the next rollout will find warm count against it (`plan.lifecycle`: a pre-warm only
+            # for what keep-alive does not already keep); the rest retried as units free up, a rank's at its share
+            pool = self.ctx.workers.pool
+            warm = [h for h in pool.warm(self.ctx.workers.image("decode")) if h.worker not in pool.working]
+            need = pw[1] - len(warm) - len(self.held)
+            started = self.ctx.workers.start_decoders(max(0, need), prewarmed=True)
+            left = need - len(started)
+            self._decode_pw = (t0, None if left <= 0 or final else (pw[0], pw[1]))
             return 1.0
         # wake at the pre-warm time, and at least every second: the callers check invocation timeouts between polls
         return 1.0 if pw is None else max(0.0, min(1.0, t0 + pw[0] - now()))
@@ -394,9 +408,18 @@ class LearnerStream:
             self.held.append(r.handle)  # busy in the pool (billed, no lapse); idled with the ranks (`learn`)
             return
         ctx.workers.pool.idle(r.handle)
-        nxt = ctx.clock.next_work_after_share()
-        if release_after_share(nxt, ctx.keep_alive_s):
+        if ctx.hybrid:  # its next work is the next step's decode
+            go = release_after_share(ctx.clock.next_work_after_share(), ctx.keep_alive_s)
+        else:  # a separate learner image's next work is the next update: held through the rollout only when that
+            # bills less than the cold start it saves (`plan.lifecycle.hold_pays`; a pre-warm hides the cold start),
+            # and never while the next step's decode pre-warm waits for the unit it would take
+            nxt = ctx.clock.next_learner_work_after_share()
+            go = release_after_share(nxt, ctx.keep_alive_s) or nxt is not None and not lifecycle.hold_pays(
+                nxt, ctx.clock.cold_start("learner", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s) or \
+                self._decode_pw[1] is not None and not ctx.workers.pool.free_cores()
+        if go:
             ctx.workers.pool.release(r.handle, early=True)
+        # else kept warm: a rank of a later step takes it (`_start`), or idle capacity yields to work that waits
 
     def _reduce(self, r: _Rank, share: dict) -> dict:
         """The last rank in sums every share in rank order, steps and writes the next state version. Its

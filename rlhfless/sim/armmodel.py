@@ -28,7 +28,9 @@ from rlhfless.core.rundir import CONFIG, INVOCATIONS, METRICS, WORKERS, RunDir
 from rlhfless.plan import PlanJob, TimeModel, assign
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.billing import rule_set
-from rlhfless.plan.schedule import PREWARM_HISTORY, microbatches, planned_start_s, prewarm_start_s
+from rlhfless.plan import lifecycle
+from rlhfless.plan.lifecycle import PREWARM_HISTORY, planned_start_s
+from rlhfless.plan.schedule import microbatches
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
 from rlhfless.sim.workload import GroupWork, StepWork, replay_trace
@@ -346,7 +348,7 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], k
     rollout = max(ends)
     ranks = rank_groups(arm, len(r.work.groups))
     expected = planned_start_s(r.predicted_makespan_s, history)
-    prewarm_at = prewarm_start_s(expected, c.cold_s["learner"], arm.prewarm_buffer_s) if arm.prewarm else float("inf")
+    prewarm_at = lifecycle.prewarm_start_s(expected, c.cold_s["learner"], arm.prewarm_buffer_s) if arm.prewarm else float("inf")
     if r.predicted_makespan_s > 0:  # the runtime's history: measured (here: played) rollout over the plan's
         history.append(rollout / r.predicted_makespan_s)
         del history[:-PREWARM_HISTORY]

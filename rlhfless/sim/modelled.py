@@ -414,14 +414,16 @@ def _held_record(workers: list[dict], invs: list[dict], ws: float, t0: float, en
 
 def _released_at_share(run_dir: Path, workers: list[dict], gone: frozenset) -> frozenset:
     """The step's workers released by its end (`gone`) that the runtime let go at their share
-    (`plan.ranks.release_after_share`): the decision as the pool recorded it (`WorkerRecord.release_reason`).
+    (`plan.ranks.release_after_share`), or at their invocation's end (`plan.lifecycle.release_now`, reason
+    "plan"): the decision as the pool recorded it (`WorkerRecord.release_reason`).
     A run folder written before that field existed is refused, not guessed from timestamps: a guess misreads
     under load or at another time scale (issue 30); re-run it to validate it."""
     if any(w.get("released_s") is not None and w.get("release_reason") is None for w in workers):
         raise DataError(f"validate: {run_dir}: workers.jsonl records no release_reason (written before the runtime "
                         "recorded why it released a worker); re-run it: the ranks let go at their share are read "
                         "from the record, never guessed from timing")
-    return frozenset(w["worker"] for w in workers if w["worker"] in gone and w.get("release_reason") == "share")
+    return frozenset(w["worker"] for w in workers
+                     if w["worker"] in gone and w.get("release_reason") in ("share", "plan"))
 
 
 def _step_terms(invs: list[dict], pred: dict, meas: dict, scale: float, t0: float, start: float, end: float) -> dict:
@@ -643,6 +645,9 @@ def modelled_arm(run_dir: Path, scale: float) -> dict:
             "step_time_s": mean(lambda v: v["step_time_s"]), "billed_device_s": mean(lambda v: v["billed_device_s"]),
             "billed_device_s_by_role": {r: mean(lambda v: v["by_role"].get(r, 0.0)) for r in roles},
             "cold_start_device_s": mean(lambda v: v["cold_start_device_s"]),
+            # the same run on a platform that bills no cold start (snapshot restore: `plan.lifecycle.billed_in`,
+            # STARTING not billed): the bill less its cold starts, the step time unchanged
+            "billed_without_cold_device_s": mean(lambda v: v["billed_device_s"] - v["cold_start_device_s"]),
             "busy_device_s": {k: mean(lambda v: v["busy_device_s"].get(k, 0.0)) for k in kinds},
             "held_idle_device_s": mean(lambda v: v["held_idle_device_s"]),
             "per_role": {r: {k: mean(lambda v: v["roles"].get(r, {}).get(k, 0.0)) for k in

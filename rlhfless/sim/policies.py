@@ -13,6 +13,10 @@ Deviations from the paper:
 3. The rule-based GSM8K reward runs on CPU and is not billed in device-seconds.
 4. RLHFuse is reduced to migration and fusion (its fused pipeline schedule is not modelled).
 5. PPO's critic has the policy's size (an assumption).
+6. Separate images: a function is held warm into the next step only when its keep-alive covers the gap, the gap
+   bills less than its cold start (`plan.lifecycle.hold_pays`) and the device budget has room (the learner holds
+   every device to the step's end, so in practice none is); otherwise it is let go at once, billed no keep-alive.
+   A kept function unused next step is billed its whole keep-alive (at most the gap over).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from rlhfless.plan import (
     choose,
     realized_plan,
 )
+from rlhfless.plan import lifecycle
 from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.cost import BillingRules
 from rlhfless.plan.migrate import play_with_migration
@@ -281,6 +286,9 @@ class RLHFless:
         self.prefill_actors = prefill_actors
         self.n_warm = 0  # decode instances pre-warmed for the next step
         self.n_hybrid = 0  # hybrid functions the last step's learner ended with (warm, holding the new weights)
+        self.n_kept = 0  # separate decode functions the last step left warm: their keep-alive covered their gap
+        self.prefill_kept = self.learner_kept = False  # likewise the prefill function, every learner block
+        self.prefill_warm = sw.prewarm  # this step's prefill function is warm at t0 (pre-warmed or kept)
         self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
 
     def _hybrid_sync_s(self) -> float:
@@ -314,12 +322,19 @@ class RLHFless:
         key = "dedup" if sw.dedup else f"engine{c.template_tokens}"
         jobs, draws = self._planned_jobs(step, key)
         hyb = self.n_hybrid if sw.hybrid else 0
-        n_warm = max(self.n_warm if sw.prewarm else 0, hyb)  # the hybrid functions and fresh pre-warmed ones
+        kept = 0 if sw.hybrid else self.n_kept  # kept warm by their keep-alive (`plan.lifecycle`), no pre-warm
+        # a pre-warm before t0 holds devices during the last step's update: only those its learner leaves free
+        room = self._room()
+        pre = (self.n_warm if room == float("inf") else min(self.n_warm, int(room // pm.tp))) if sw.prewarm else 0
+        n_warm = max(pre, hyb, kept)  # the hybrid, kept and fresh pre-warmed ones
         prefill = None
         if sw.dedup:
             work = self._prefill_s(step, self._unique_tokens(step)) / self.prefill_actors
-            prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if sw.prewarm else pm.cold_start_s(), work,
-                            self._prewarm(pm.cold_start_s(), self.gaps[0]))
+            # kept: warm, its gap billed last step (`keeps`); pre-warmed: where the budget leaves room for it
+            warm = sw.prewarm and room - pre * pm.tp >= pm.tp * self.prefill_actors or self.prefill_kept
+            self.prefill_warm = warm
+            prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if warm else pm.cold_start_s(), work,
+                            self._prewarm(pm.cold_start_s(), self.gaps[0]) if warm and not self.prefill_kept else 0.0)
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill),
                       warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]), hybrid_warm=hyb)
         memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
@@ -327,13 +342,18 @@ class RLHFless:
         real, busy, finish = self._realized(decision, true_jobs(step, self._prompt_of, key))
         # warm: the plan's predicted busiest, as the scaler assumed (the true busy times are not known ahead)
         actors = self._actors(step, decision.plan.actor_jobs, busy, list(decision.plan.busy_s), n_warm,
-                              decision.wide_actor, hyb)
-        fresh_used = min(n_warm, len(actors)) - min(hyb, len(actors))  # warm actors that are not hybrid
-        # pre-warmed (not hybrid) instances left unused: billed idle; unused hybrid ones stay learner blocks
+                              decision.wide_actor, hyb, kept)
+        fresh_used = min(n_warm, len(actors)) - min(hyb + kept, len(actors))  # warm actors neither hybrid nor kept
+        # pre-warmed (not hybrid) instances left unused: billed idle; unused hybrid ones stay learner blocks; kept
+        # ones unused lapse: billed the rest of their keep-alive (at most the keep-alive: their gap was billed)
+        unused_kept = max(kept - len(actors), 0)
         idle = tuple(FnRun("decode", pm.tp, 0.0, 0.0, self._prewarm(pm.cold_start_s(), self.gaps[0]))
-                     for _ in range(max(n_warm - hyb - fresh_used, 0)))
-        learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap, pm.learner_join_s(),
-                           sw.prewarm, prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]),
+                     for _ in range(max(n_warm - hyb - kept - max(fresh_used, 0), 0))) + \
+            tuple(FnRun("decode", pm.tp, 0.0, 0.0, c.billing.keep_alive_s) for _ in range(unused_kept))
+        lk = self.learner_kept and not sw.hybrid  # kept warm from the last step: no join, nothing more billed
+        learner = _learner(c, step, decision.plan.actor_jobs, finish, busy, sw.overlap,
+                           0.0 if lk else pm.learner_join_s(), self._learner_prewarms() or lk,
+                           prewarm_bill_s=0.0 if lk else self._prewarm(pm.learner_join_s(), self.gaps[1]),
                            size_slack=self._size_slack(),
                            release_cold_s=self._hybrid_join_s() if sw.hybrid else None,
                            warm_spare=max(hyb - len(actors), 0))
@@ -404,7 +424,7 @@ class RLHFless:
         return LearnerCosts(whole_step=True, overlap=sw.overlap, devices=float(c.n_devices), s_per_token=stream,
                             after_s_per_token=after, update_fixed_s=pm.update_fixed_s(c.algo, c.minibatches),
                             cold_start_s=pm.learner_join_s(),
-                            prewarm=sw.prewarm,
+                            prewarm=self._learner_prewarms(),
                             prewarm_bill_s=self._prewarm(pm.learner_join_s(), self.gaps[1]) if sw.prewarm else None,
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
@@ -423,7 +443,7 @@ class RLHFless:
         return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
 
     def _actors(self, step: StepWork, actor_jobs, busy: list[float], predicted: list[float], n_warm: int,
-                wide_actor: int = -1, n_hybrid: int = 0) -> tuple[ActorRun, ...]:
+                wide_actor: int = -1, n_hybrid: int = 0, n_kept: int = 0) -> tuple[ActorRun, ...]:
         """One ActorRun per active actor; the n_warm busiest by the plan's `predicted` busy seconds (narrow TP:
         what is known when they start) warm, as the scaler assumed; the n_hybrid busiest of those hybrid functions
         from the last step's learner (the in-place reshard, billed from t0); `wide_actor` on the wide engine (its
@@ -433,10 +453,11 @@ class RLHFless:
         active = [a for a, jobs in enumerate(actor_jobs) if jobs]
         by_busy = sorted(active, key=lambda a: (-predicted[a], a))[:n_warm]
         warm, hybrid = set(by_busy), set(by_busy[:min(n_hybrid, n_warm)])
+        kept = set(by_busy[:min(n_kept, n_warm)]) - hybrid  # warm by keep-alive: their gap was billed last step
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill = self._prewarm(cold_s, self.gaps[0])
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
-        t_prefill = 0.0 if sw.prewarm or not sw.dedup else cold_s
+        t_prefill = 0.0 if self.prefill_warm or not sw.dedup else cold_s
         out = []
         for a in sorted(active, key=lambda a: -predicted[a]):  # the prefill function serves the busiest first
             toks = sum(plen[j.group_id] for j in actor_jobs[a])
@@ -458,8 +479,48 @@ class RLHFless:
                 out.append(ActorRun(a, pm.tp, 0.0, self._hybrid_sync_s(), kv_ready, tmpl, busy[a], 0.0))
                 continue
             out.append(ActorRun(a, pm.tp, 0.0 if is_warm else cold_s, sync, kv_ready, tmpl, busy[a],
-                                warm_bill if is_warm else 0.0))
+                                warm_bill if is_warm and a not in kept else 0.0))
         return tuple(sorted(out, key=lambda r: r.instance))
+
+    def _learner_prewarms(self) -> bool:
+        """Whether the learner is pre-warmed to be ready at the rollout's end: with overlap its blocks start on
+        devices decode functions have freed; without, it is one block of every device, and the devices of the
+        last decode function to end free only then (a pre-warm before would hold more devices than exist), so
+        its cold start is on the path."""
+        return self.sw.prewarm and (self.sw.overlap or self.sw.hybrid)
+
+    def _room(self) -> float:
+        """Devices free before t0 for the next step's functions (pre-warmed or kept warm): none with separate
+        images, whose learner holds every device to the step's end (`plan.lifecycle.free_devices`; never more
+        devices held than exist); the hybrid design's warm functions are the learner's own blocks."""
+        c = self.c
+        return float("inf") if self.sw.hybrid else lifecycle.free_devices(c.n_devices, float(c.n_devices))
+
+    def keeps(self, gaps: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
+        """After the step is played: each function's idle seconds to its next work ((kind, instance) -> gap:
+        `scenario.kept_gaps`). Separate images (not hybrid): those whose keep-alive covers the gap stay warm into
+        the next step when holding bills less than the cold start it saves (`plan.lifecycle.hold_pays`: no cold start there) and are billed the gap, not a fresh
+        keep-alive; returns them for the bill, and remembers what the next step finds warm (decode functions by
+        count; the prefill function; the learner when every block of it is kept)."""
+        rules, pm = self.c.billing, self.c.perf
+        cold = {"decode": pm.cold_start_s(), "prefill": pm.cold_start_s(), "learner": pm.learner_join_s()}
+        if self.sw.hybrid or rules.billed != "lifetime":
+            return {}
+        pays = {k: g for k, g in gaps.items() if lifecycle.hold_pays(g, cold.get(k[0], 0.0), rules.keep_alive_s)}
+        # held through the gap, a function holds its devices there: a decode or prefill function over the update,
+        # which holds every device here, a learner block over the next rollout; only within the device budget
+        room = self._room() / self.c.perf.tp  # hybrid (inf) returned above
+        kept = {}
+        for k in sorted(pays, key=lambda k: pays[k]):
+            if k[0] != "learner" and len(kept) + 1 <= room:
+                kept[k] = pays[k]
+        self.n_kept = sum(1 for k in kept if k[0] == "decode")
+        self.prefill_kept = any(k[0] == "prefill" for k in kept)
+        learner = [k for k in gaps if k[0] == "learner"]
+        self.learner_kept = bool(learner) and all(k in kept for k in learner)
+        # the others are let go at once (`plan.lifecycle.release_now`): held, they would bill idle that buys
+        # nothing (past the keep-alive), or more than the cold start it saves; a gap of 0 bills no idle
+        return {k: kept.get(k, 0.0) for k in gaps}
 
     def observe(self, step: StepWork, stages: tuple[float, float, float]) -> None:
         """Feed the true lengths to the predictor; remember the idle gaps the pre-warm rule expects next step."""

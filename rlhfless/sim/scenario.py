@@ -418,8 +418,10 @@ def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Tim
             cost, _ = cost_serverful(c.n_devices, wall, dev)
         else:
             invs = tl.invocations(k)
-            cost, _ = cost_step(invs, dev, c.billing)
-            by_kind = _device_s_by_kind(invs, c.billing)
+            # functions kept warm into the next step are billed their gap (`plan.lifecycle`), not a keep-alive
+            gaps = kept_gaps(policy, invs, res.end_s, res.rollout_end_s - t)
+            cost, _ = cost_step(invs, dev, c.billing, gaps)
+            by_kind = _device_s_by_kind(invs, c.billing, gaps)
         rows.append({"step": k, "step_time_s": wall, "rollout_s": res.rollout_end_s - t, **by_kind,
                      "score_s": res.score_end_s - res.rollout_end_s, "update_s": res.end_s - res.score_end_s,
                      "learner_work_device_s": res.learner_work_ds, "learner_blocks": res.blocks_joined,
@@ -433,17 +435,29 @@ def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Tim
     return summary, tl, rows
 
 
+def kept_gaps(policy, invs, step_end: float, rollout_s: float) -> dict[tuple[str, int], float]:
+    """(kind, instance) -> idle gap of each function the policy keeps warm into the next step (`RLHFless.keeps`):
+    from its last span's end to its next work, the next step's start (decode, prefill) or, for a learner block,
+    the next rollout's end (taken as this step's rollout). {} for a policy that keeps nothing."""
+    if not hasattr(policy, "keeps"):
+        return {}
+    ends: dict[tuple[str, int], float] = {}
+    for i in invs:
+        ends[(i.kind, i.actor_id)] = max(ends.get((i.kind, i.actor_id), i.end_s), i.end_s)
+    return policy.keeps({k: step_end - e + (rollout_s if k[0] == "learner" else 0.0) for k, e in ends.items()})
+
+
 BILLED_KINDS = ("decode_device_s", "prefill_device_s", "learner_device_s", "cold_start_device_s")
 """Serverless device-seconds billed per step by function kind, and the cold-start seconds inside them (devices x
 cold seconds of cold invocations; pre-warmed ones included): where the bill goes. Zero for serverful policies."""
 
 
-def _device_s_by_kind(invs, rules: BillingRules) -> dict[str, float]:
+def _device_s_by_kind(invs, rules: BillingRules, gaps: dict | None = None) -> dict[str, float]:
     from rlhfless.plan.cost import billed_seconds
 
     out = dict.fromkeys(BILLED_KINDS, 0.0)
     for inv in invs:
-        out[f"{inv.kind}_device_s"] += billed_seconds(inv, rules) * inv.gpus
+        out[f"{inv.kind}_device_s"] += billed_seconds(inv, rules, (gaps or {}).get((inv.kind, inv.actor_id))) * inv.gpus
         out["cold_start_device_s"] += (inv.cold_start_s if inv.cold else 0.0) * inv.gpus
     return out
 

@@ -9,6 +9,9 @@ pre-warmed at its expected start - measured cold start - buffer. Details: docs/i
 Deviations from the paper:
 1. The learner's expected start is this step's planned makespan x the recent measured/planned ratio
    (`runtime.prewarm_from=plan`), not the shortest recent rollout ("history": learners start early, idle billed).
+2. Separate images: a decode function whose rows are done is let go at once when the lifecycle says holding it to
+   the next rollout buys nothing (`plan.lifecycle.release_now`, `hold_pays`), so a learner rank's pre-warm takes
+   its unit; the paper's platform keeps each function its few seconds of keep-alive.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlhfless.plan.schedule import PREWARM_HISTORY as HISTORY  # shared with the simulator
-from rlhfless.plan.schedule import planned_start_s, prewarm_start_s
+from rlhfless.plan import lifecycle  # a function's life: the one model the simulator calls too
+from rlhfless.plan.lifecycle import PREWARM_HISTORY as HISTORY  # shared with the simulator
+from rlhfless.plan.lifecycle import planned_start_s
 from rlhfless.rollout.prefix import plan_prefill
 from rlhfless.runtime.records import now
 from rlhfless.step.planner import StepPlan
@@ -77,7 +81,7 @@ def prewarm_learner(history: History, predicted_makespan_s: float, cold_default:
         expected = min(history.rollout_s)  # the paper's rule ("history"), or "plan" before a ratio is measured
     else:
         expected = predicted_makespan_s  # step 1: nothing measured yet
-    return Prewarm(prewarm_start_s(expected, history.cold("learner", cold_default), buffer_s))
+    return Prewarm(lifecycle.prewarm_start_s(expected, history.cold("learner", cold_default), buffer_s))
 
 
 def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Prewarm:
@@ -85,7 +89,7 @@ def prewarm_decode(history: History, cold_default: float, buffer_s: float) -> Pr
         return Prewarm(None)  # no update measured yet: decode is pre-warmed from step 2 on
     # the shortest recent update, plus the driver's gap between steps
     expected = min(history.learn_s) + (min(history.between_s) if history.between_s else 0.0)
-    return Prewarm(prewarm_start_s(expected, history.cold("decode", cold_default), buffer_s))
+    return Prewarm(lifecycle.prewarm_start_s(expected, history.cold("decode", cold_default), buffer_s))
 
 
 def ship_saves_tokens(prompts: list[list[int]], split: list[list[int]], group_size: int, dedup: bool) -> int:
@@ -262,6 +266,14 @@ class ServerlessPolicy(ModePolicy):
         if ctx.hybrid and stream.take(h):
             return True  # a rank has work now: warm, at this step's weights, the function goes on as it
         self.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
+        nxt = ctx.clock.next_decode_work_after_done()
+        if not ctx.hybrid and h.worker in ctx.workers.pool.handles and (
+                lifecycle.release_now(nxt, ctx.keep_alive_s) or nxt is not None and not lifecycle.hold_pays(
+                    nxt, ctx.clock.cold_start("decode", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s)):
+            # a separate decode image's next work is the next step's rollout: past its keep-alive (kept, it would
+            # bill the keep-alive and lapse first), or a gap that bills more than the cold start a pre-warm hides;
+            # let go now, its unit takes a learner rank's pre-warm
+            ctx.workers.pool.release(h, reason="plan")
         stream.pump()  # its unit may now host a learner rank with finished groups waiting
         return False
 
@@ -274,9 +286,9 @@ class ServerlessPolicy(ModePolicy):
         return h
 
     def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
-        # hybrid: the ranks left their group and stay warm as the next step's decode functions; PPO's actor and
-        # critic are no group; keep-alive 0 keeps nothing
-        return not (keep_alive_s == 0 or hybrid or ppo)
+        # ranks leave at their share: no group to keep whole; a function kept warm is reused one by one, as an idle
+        # function of the learner's image (`LearnerStream._start`), never held through the rollout as a rank
+        return False
 
     def learner_ranks(self, ctx, ranks: list) -> None:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
