@@ -75,7 +75,7 @@ def init_group(rank: int, world: int, port: int, backend: str = "gloo", timeout_
             listener.bind((HOST, port))
         except OSError as exc:
             listener.close()
-            raise RuntimeError(f"cannot bind the rendezvous to {HOST}:{port} ({exc}); pick another port") from exc
+            raise PortTaken(f"cannot bind the rendezvous to {HOST}:{port} ({exc}); pick another port") from exc
         listener.listen(max(world, 8))
         # our own socket bound to 127.0.0.1: a TCPStore that opened its own would listen on every interface
         store = dist.TCPStore(HOST, port, world, True, timeout, wait_for_workers=False,
@@ -132,6 +132,11 @@ def rank_order_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     for p in parts[1:]:
         out += p
     return out
+
+
+class PortTaken(RuntimeError):
+    """Rank 0 could not bind the rendezvous port: its own failure, never a peer's (`devices.worker` counts it as
+    this worker's death, where a rendezvous broken by a dead peer is the peer's)."""
 
 
 class ShareWritten(Exception):

@@ -209,11 +209,13 @@ class Worker:
         """Join the learner's data-parallel group (blocks until every rank has joined); rank 0 calls
         `on_listening` once its rendezvous listens (the driver sends the other ranks their learn_end then)."""
         from rlhfless.learn.dataparallel import Shard
-        from rlhfless.runtime.devices.dist import init_group
+        from rlhfless.runtime.devices.dist import PortTaken, init_group
 
         try:
             group = init_group(d["rank"], d["world"], d["port"], timeout_s=d["timeout_s"], on_listening=on_listening)
-        except RuntimeError as exc:  # torch's DistNetworkError included: a peer gone mid-rendezvous, a port taken
+        except PortTaken:  # rank 0's own failure: it dies, and its peers' rendezvous breaks with it
+            raise
+        except RuntimeError as exc:  # torch's DistNetworkError included: a peer gone mid-rendezvous
             raise GroupNotFormed(str(exc)) from exc
         self.shard = Shard(d["rank"], d["world"], group)
 
