@@ -475,11 +475,17 @@ def paper_tp(cfg: SimConfig) -> int:
 def _paper_tp(cfg: SimConfig, work: list[StepWork], tp: int | None = None) -> Cluster:
     """verl as the paper ran it at `tp` (default `paper_tp`), or the smallest power of two above it that holds
     the model and a group's KV at its memory share (a 70B model needs 4 on an 80 GB device)."""
+    # a TP the user set is taken as given: raised silently, paper_verl.tp=2 at 70B was tp=4 under another name
+    given = tp is None and cfg.paper_verl.tp > 0
     dev, tp = hw.device(cfg.device), tp or paper_tp(cfg)
     while tp <= min(dev.devices_per_node, cfg.n_devices):
         try:
             return build_cluster(cfg, tp, work, paper=True)
-        except ConfigError:
+        except ConfigError as exc:
+            if given:
+                raise ConfigError(f"paper_verl.tp: {cfg.model} does not fit TP {tp} of {cfg.device} at verl's "
+                                  f"memory share {cfg.paper_verl.mem_frac} (0 = verl's example for the size, "
+                                  f"raised until it fits): {str(exc).split(': ', 1)[-1]}") from None
             tp *= 2
     raise ConfigError(f"model: {cfg.model} does not fit {cfg.n_devices} x {cfg.device} at verl's memory share "
                       f"{cfg.paper_verl.mem_frac} at any TP from {tp}")
