@@ -697,16 +697,17 @@ def _systems(players: Sequence[str], build) -> dict[frozenset, object]:
     return {frozenset(c): build(frozenset(c)) for k in range(len(players) + 1) for c in combinations(players, k)}
 
 
-def _play(pols: dict[frozenset, object], work) -> dict[frozenset, dict]:
-    """Every coalition's system over the case's steps, in forked processes (`play_policies`)."""
+def _play(pols: dict[frozenset, object], work, jobs: int | None = None) -> dict[frozenset, dict]:
+    """Every coalition's system over the case's steps, in forked processes (`play_policies`; `jobs` its)."""
     keys = list(pols)
-    played = play_policies([pols[k] for k in keys], work)
+    played = play_policies([pols[k] for k in keys], work, jobs=jobs)
     return {k: summary for k, (summary, _, _) in zip(keys, played)}
 
 
-def attribution(cfg, players: Sequence[str] | None = None) -> dict:
+def attribution(cfg, players: Sequence[str] | None = None, jobs: int | None = None) -> dict:
     """The Shapley account of the case's RLHFless against its verl (docs/internals.md#simscenariopy); `players` default
-    `target_players(cfg)`. Every coalition plays the same steps; clusters are built once per engine and learner."""
+    `target_players(cfg)`. Every coalition plays the same steps; clusters are built once per engine and learner.
+    `jobs`: processes that play the coalitions (`play_policies`; 1 inside a caller's own worker process)."""
 
     players = list(players if players is not None else target_players(cfg))
     work, _ = workload(cfg)
@@ -731,10 +732,10 @@ def attribution(cfg, players: Sequence[str] | None = None) -> dict:
         return RLHFless(c, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name="coalition", objective=cfg.objective,
                         deadline_ratio=cfg.deadline_ratio, wide=cw)
 
-    return terms(_play(_systems(players, build), work), players)
+    return terms(_play(_systems(players, build), work, jobs), players)
 
 
-def mechanisms(cfg) -> dict:
+def mechanisms(cfg, jobs: int | None = None) -> dict:
     """The paper design's split over its mechanisms (docs/internals.md#simscenariopy): a game on the tuned engine and
     the case's learner, from tuned verl to the paper design."""
 
@@ -753,6 +754,6 @@ def mechanisms(cfg) -> dict:
     keyed = {frozenset(c): None for k in range(len(SUB_PLAYERS) + 1) for c in combinations(SUB_PLAYERS, k)}
     live = {s: build(s) for s in keyed if "serverless functions" in s}
     live[frozenset()] = build(frozenset())
-    played = _play(live, work)
+    played = _play(live, work, jobs)
     summaries = {s: played[s] if s in played else played[frozenset()] for s in keyed}
     return terms(summaries, SUB_PLAYERS)
