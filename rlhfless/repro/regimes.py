@@ -13,7 +13,8 @@ Conditions run in worker processes (`jobs`), one simulation each, nothing shared
 Figures: per map a heatmap of speedup, cost reduction and break-even price ratio (2 baselines), and one of the two
 Shapley terms; `regimes.json` holds every condition. A region is the cells of a map on one side of speedup 1 and
 cost cut 0 against the paper's verl; the report gives each region's mean Shapley terms and, in the full run, the
-paper design's split over its mechanisms (`scenario.mechanisms`) at the region's median cell.
+paper design's split over its mechanisms (`scenario.mechanisms`, 8 steps) at the median cell of the largest region
+of each kind (faster or slower, cheaper or dearer): the games of every region would take hours on 2 cores.
 
 Deviations from the paper: the paper reports one condition per scale; this map is ours. The price ratio is not
 simulated: serverless dollars are billed device-seconds x the serverless price, serverful ones held device-seconds
@@ -245,19 +246,31 @@ def holds(cells: list[dict], point: tuple[float, float]) -> list[dict]:
             if c[b]["speedup"] >= point[0] and c[b]["cost_reduction"] >= point[1]]
 
 
-def _mechanism_splits(regs: list[dict], steps: int, sim: tuple, jobs: int) -> list[dict]:
-    """The paper design's split over its mechanisms at each region's median cell (`scenario.mechanisms`)."""
+MECHANISM_STEPS = 8
+"""Steps of each mechanisms game (33 systems; at 24 steps one game is about 2 CPU-minutes of 70B)."""
+
+
+def _mechanism_splits(regs: list[dict], sim: tuple, jobs: int) -> dict[tuple, dict]:
+    """The paper design's split over its mechanisms (`scenario.mechanisms`) at one median cell per kind of region
+    (faster or slower, cheaper or dearer, over all maps: the largest region of each kind), MECHANISM_STEPS steps:
+    the whole grid's regions would take hours on 2 cores. Returns {(faster, cheaper): game}."""
     from rlhfless.sim.scenario import case_configs
 
     by_map = {m.name: m for m in maps()}
-    args = []
+    kinds: dict[tuple, dict] = {}
     for r in regs:
+        k = (r["faster"], r["cheaper"])
+        if k not in kinds or r["cells"] > kinds[k]["cells"]:
+            kinds[k] = r
+    args = []
+    for r in kinds.values():
         m = by_map.get(r["map"])
         ov = [*(m.fixed if m else ()), *(f"{k}={v}" for k, v in r["median"].items())]
-        args.append(case_configs("paper-sim", steps, [*sim, *BASE, *ov])[0])
-    with mp.get_context("fork").Pool(max(jobs, 1)) as pool:
+        args.append(case_configs("paper-sim", MECHANISM_STEPS, [*sim, *BASE, *ov])[0])
+    with mp.get_context("fork").Pool(max(min(jobs, len(args)), 1)) as pool:
         games = pool.map(_mechanisms_one, args, chunksize=1)
-    return games
+    return {k: {"map": r["map"], "at": r["median"], "steps": MECHANISM_STEPS, **g}
+            for (k, r), g in zip(kinds.items(), games)}
 
 
 def _mechanisms_one(cfg) -> dict:
@@ -277,14 +290,17 @@ def regimes(ctx) -> StudyResult:
     sim = tuple(ctx.sim)
     cells, timing = run_map(ctx.quick, steps, sim)
     regs = regions(cells)
-    if not ctx.quick:  # 33 systems per region: the full run only
-        for r, g in zip(regs, _mechanism_splits(regs, steps, sim, timing["jobs"])):
-            r["mechanisms"] = g
+    out = ctx.out / "regimes"
+    write_json({"timing": timing, "cells": cells, "regions": regs}, out / "regimes.json")  # before the games
+    splits = {}
+    if not ctx.quick:  # 33 systems per game: the full run only
+        t0 = time.perf_counter()
+        splits = _mechanism_splits(regs, sim, timing["jobs"])
+        timing["mechanisms_wall_s"] = time.perf_counter() - t0
     catalog = catalog_ratio()
     res = StudyResult("regimes", "Regime map: where the paper's design pays against verl (simulated, paper-sim)",
                       {"scenario": "paper-sim", "steps": steps, "base": list(BASE), "sim": list(sim),
                        "conditions": len(cells)})
-    out = ctx.out / "regimes"
     for m in maps():
         mine = [c for c in cells if c["map"] == m.name]
         if mine and any("error" not in c for c in mine):
@@ -292,7 +308,7 @@ def regimes(ctx) -> StudyResult:
             res.figures.append(_shapley_heatmaps(m, mine, out / f"{m.name}-shapley.png"))
     found = {k: holds(cells, pt) for k, pt in PAPER_POINTS.items()}
     res.numbers = {"timing": timing, "catalog_price_ratio": catalog, "cells": cells, "regions": regs,
-                   "holds": found}
+                   "holds": found, "mechanisms": [{"faster": k[0], "cheaper": k[1], **g} for k, g in splits.items()]}
     res.artifacts.append(write_json(res.numbers, out / "regimes.json"))
     ok = [c for c in cells if "error" not in c]
     for key, (sp, cut) in PAPER_POINTS.items():
