@@ -20,6 +20,10 @@ def test_the_full_map_has_200_conditions_and_the_quick_one_a_few():
     assert {"lengths.prompt_sigma", "lengths.max_response", "lengths.fit_to", "n_devices", "model",
             "engine_init_s", "container_start_s", "billing.keep_alive_s"} <= keys
     assert STUDIES["regimes"].fn is rg.regimes
+    # one map alone (notebook 08 plays cluster x model)
+    assert {m for m, _, _ in rg.conditions(False, ("cluster-model",))} == {"cluster-model"}
+    assert len(rg.conditions(False, ("cluster-model",))) == len(rg.CLUSTERS) * len(rg.MODELS)
+    assert [m for m, _, _ in rg.conditions(True, ("published-fits",))] == ["published-fits"]
 
 
 @pytest.fixture(scope="module")

@@ -93,19 +93,21 @@ def maps() -> tuple[RegimeMap, ...]:
     )
 
 
-def conditions(quick: bool) -> list[tuple[str, dict, list[str]]]:
-    """(map, {axis key: value}, overrides) of every cell; the published fits as a map of one axis."""
+def conditions(quick: bool, only: tuple[str, ...] = ()) -> list[tuple[str, dict, list[str]]]:
+    """(map, {axis key: value}, overrides) of every cell; the published fits as a map of one axis. `only`: these
+    maps alone (names of `maps()`, or "published-fits")."""
     from rlhfless.sim.workload import PUBLISHED_LENGTHS
 
     out = []
     for m in maps():
-        if quick and not m.quick:
+        if (quick and not m.quick) or (only and m.name not in only):
             continue
         xs, ys = (m.x.quick, m.y.quick) if quick else (m.x.values, m.y.values)
         for y in ys:
             for x in xs:
                 out.append((m.name, {m.x.key: x, m.y.key: y}, [*m.fixed, f"{m.x.key}={x}", f"{m.y.key}={y}"]))
-    for fit in (list(PUBLISHED_LENGTHS)[:1] if quick else PUBLISHED_LENGTHS):
+    fits = list(PUBLISHED_LENGTHS)[:1] if quick else list(PUBLISHED_LENGTHS)
+    for fit in fits if not only or "published-fits" in only else ():
         out.append(("published-fits", {"lengths.fit_to": fit}, [f"lengths.fit_to={fit}"]))
     return out
 
@@ -137,9 +139,11 @@ def _condition(args: tuple) -> dict:
     return out
 
 
-def run_map(quick: bool, steps: int, sim: tuple = (), jobs: int | None = None) -> tuple[list[dict], dict]:
-    """Every condition in `jobs` processes (default: this process's cores); returns (cells, timing)."""
-    todo = [(n, at, ov, steps, tuple(sim)) for n, at, ov in conditions(quick)]
+def run_map(quick: bool, steps: int, sim: tuple = (), jobs: int | None = None,
+            only: tuple[str, ...] = ()) -> tuple[list[dict], dict]:
+    """Every condition (`only`: of these maps) in `jobs` processes (default: this process's cores); returns
+    (cells, timing)."""
+    todo = [(n, at, ov, steps, tuple(sim)) for n, at, ov in conditions(quick, only)]
     jobs = jobs or len(os.sched_getaffinity(0))
     t0, c0 = time.perf_counter(), os.times()
     if jobs <= 1:
@@ -188,8 +192,8 @@ def _label(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _heatmaps(m: RegimeMap, cells: list[dict], path, catalog: float):
-    """speedup, cost cut and break-even price ratio against both verls, one row per baseline."""
+def heatmap_figure(m: RegimeMap, cells: list[dict], catalog: float):
+    """speedup, cost cut and break-even price ratio against both verls, one row per baseline (a pyplot figure)."""
     import pandas as pd
 
     plt, sns = theme()
@@ -212,7 +216,7 @@ def _heatmaps(m: RegimeMap, cells: list[dict], path, catalog: float):
             axes[r, k].set(title=f"{label}\nvs {title}", xlabel=m.x.label or m.x.key, ylabel=m.y.label or m.y.key)
             axes[r, k].title.set_fontsize(9)
     fig.suptitle(f"regime map '{m.name}': the paper's design vs verl (simulated, paper-sim around 160 x H100 70B)")
-    return save(fig, path)
+    return fig
 
 
 def _shapley_heatmaps(m: RegimeMap, cells: list[dict], path):
@@ -304,7 +308,7 @@ def regimes(ctx) -> StudyResult:
     for m in maps():
         mine = [c for c in cells if c["map"] == m.name]
         if mine and any("error" not in c for c in mine):
-            res.figures.append(_heatmaps(m, mine, out / f"{m.name}.png", catalog))
+            res.figures.append(save(heatmap_figure(m, mine, catalog), out / f"{m.name}.png"))
             res.figures.append(_shapley_heatmaps(m, mine, out / f"{m.name}-shapley.png"))
     found = {k: holds(cells, pt) for k, pt in PAPER_POINTS.items()}
     res.numbers = {"timing": timing, "catalog_price_ratio": catalog, "cells": cells, "regions": regs,
