@@ -323,14 +323,12 @@ class RLHFless:
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill),
                       warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]), hybrid_warm=hyb)
         memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
-        serverful_usd = None
+        t_sf = None
         if cfg.objective == "min_cost_at_deadline":  # the serverful step itself is the deadline (`_serverful`)
             t_sf = self._serverful_step_s(step, cfg)
-            od = price(pm.device.price_kind).ondemand_usd_per_h  # None: no on-demand price, compared on time only
-            serverful_usd = c.n_devices * t_sf * od / 3600.0 if od else float("inf")
             cfg = replace(cfg, objective="min_cost_under_deadline", deadline_s=cfg.deadline_ratio * t_sf)
         decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide, draws=draws, memo=memo)
-        if serverful_usd is not None and (not decision.chosen.feasible or serverful_usd < decision.chosen.cost_usd):
+        if t_sf is not None and self._runs_serverful(decision.chosen, t_sf, cfg):
             return self._serverful(step, jobs, cfg, draws, memo, metrics)
         real, busy, finish = self._realized(decision, true_jobs(step, self._prompt_of, key))
         # warm: the plan's predicted busiest, as the scaler assumed (the true busy times are not known ahead)
@@ -375,6 +373,16 @@ class RLHFless:
                       warm_bill_s=0.0, learner=learner)
         d, _ = choose(jobs, ref, c.time_model, c.replicas)
         return d.chosen.step_s
+
+    def _runs_serverful(self, chosen, t_sf: float, cfg: PlanConfig) -> bool:
+        """min_cost_at_deadline: run the step serverful when no function plan meets the deadline and serverful is
+        the faster (as the scaler takes the fastest plan then), or when it meets the deadline too (ratio >= 1) and
+        is predicted cheaper in dollars (held devices at the on-demand price; none listed: never cheaper)."""
+        if not chosen.feasible:
+            return t_sf <= chosen.step_s
+        od = price(self.c.perf.device.price_kind).ondemand_usd_per_h
+        usd = self.c.n_devices * t_sf * od / 3600.0 if od else float("inf")
+        return t_sf <= cfg.deadline_s * (1 + 1e-9) and usd < chosen.cost_usd
 
     def _serverful(self, step: StepWork, jobs, cfg: PlanConfig, draws, memo: dict, metrics: dict):
         """The step played serverful (`Verl` on this cluster: held devices, round robin, in-place reshard):
