@@ -41,6 +41,14 @@ def test_min_cost_at_deadline_meets_the_serverful_step_in_every_step(scenario):
         assert a["step_time_s"] <= b["step_time_s"] * (1 + 1e-9)
 
 
+def test_a_deadline_below_the_serverful_step_takes_the_faster_of_the_two():
+    # ratio 0.9: nothing meets it; the step runs as the faster of the fastest function plan and serverful
+    cfg = _case(3, "objective=min_cost_at_deadline", "deadline_ratio=0.9")
+    r = run_case(cfg, only=("verl", "verl-paper", "rlhfless"), jobs=1, keep_timelines=True)
+    for a, b in zip(r["_timelines"]["rlhfless"][1], r["_timelines"]["verl"][1]):
+        assert a["step_time_s"] <= b["step_time_s"] * (1 + 1e-9)
+
+
 def test_a_looser_deadline_lets_functions_run():
     cfg = _case(4, "objective=min_cost_at_deadline", "deadline_ratio=1.3")
     r = run_case(cfg, only=("verl", "verl-paper", "rlhfless"), jobs=1, keep_timelines=True)
