@@ -57,3 +57,12 @@ def test_regions_split_a_map_by_the_sides_of_the_paper_verl(cell):
     assert sum(r["cells"] for r in regs) == 2
     assert rg.holds([cell, other], (1.23, 0.387)) == [
         {"map": "tail", "at": other["at"], "baseline": "paper", "speedup": 2.0, "cost_reduction": 0.5}]
+
+
+def test_a_map_where_nothing_runs_says_why(tmp_path):
+    from rlhfless.core.errors import ConfigError
+    from rlhfless.repro.studies import ReproContext
+
+    ctx = ReproContext(out=tmp_path, quick=True, tracking="disabled", sim=("paper_verl.mem_frac=0.01",))
+    with pytest.raises(ConfigError, match="^regimes: no condition ran: model: "):
+        rg.regimes(ctx)

@@ -155,7 +155,7 @@ def run_map(quick: bool, steps: int, sim: tuple = (), jobs: int | None = None,
     timing = {"conditions": len(todo), "steps": steps, "jobs": jobs, "wall_s": time.perf_counter() - t0,
               "cpu_s": (c1.children_user + c1.children_system + c1.user + c1.system)
               - (c0.children_user + c0.children_system + c0.user + c0.system),
-              "load_avg": os.getloadavg(), "cpu_s_per_condition": sum(c.get("cpu_s", 0) for c in cells) / len(cells)}
+              "load_avg": os.getloadavg(), "cpu_s_per_condition": sum(c.get("cpu_s", 0) for c in cells) / max(len(cells), 1)}
     return cells, timing
 
 
@@ -288,11 +288,14 @@ def _mechanisms_one(cfg) -> dict:
 def regimes(ctx) -> StudyResult:
     """The regime map: heatmaps of speed and cost cut (both verls), the break-even price ratio, Shapley per
     region, and where the paper's two headline points hold in this model."""
+    from rlhfless.core.errors import ConfigError
     from rlhfless.core.jsonl import write_json
 
     steps = 3 if ctx.quick else 24
     sim = tuple(ctx.sim)
     cells, timing = run_map(ctx.quick, steps, sim)
+    if all("error" in c for c in cells):  # e.g. a bad --sim override: every cell says why; the first is enough
+        raise ConfigError(f"regimes: no condition ran: {cells[0]['error'] if cells else 'no conditions'}")
     regs = regions(cells)
     out = ctx.out / "regimes"
     write_json({"timing": timing, "cells": cells, "regions": regs}, out / "regimes.json")  # before the games
