@@ -155,7 +155,8 @@ def run_map(quick: bool, steps: int, sim: tuple = (), jobs: int | None = None,
     timing = {"conditions": len(todo), "steps": steps, "jobs": jobs, "wall_s": time.perf_counter() - t0,
               "cpu_s": (c1.children_user + c1.children_system + c1.user + c1.system)
               - (c0.children_user + c0.children_system + c0.user + c0.system),
-              "load_avg": os.getloadavg(), "cpu_s_per_condition": sum(c.get("cpu_s", 0) for c in cells) / max(len(cells), 1)}
+              "load_avg": os.getloadavg(),
+              "cpu_s_per_condition": sum(c.get("cpu_s", 0) for c in cells) / max(len(cells), 1)}
     return cells, timing
 
 
