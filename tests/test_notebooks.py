@@ -50,7 +50,7 @@ FIGURES = {
     # the full size adds timeline_gantt and sim_vs_real_stages (two training runs: `make repro-quick` in CI)
     "07_repro": {"headline_testbed", "large_scale_paper_sim", "ablation_ladder", "ablation_shapley",
                  "sensitivity_tau_lambda_n", "prefill_saving", "predictor_ewma"},
-    "08_what_if": {"recommended_mode", "step_and_cost"},
+    "08_what_if": {"recommended_mode", "step_and_cost", "regime_cluster_model"},
     "09_emulated_testbed": {"gantt", "bill_split"},
 }
 

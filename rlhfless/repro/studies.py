@@ -15,6 +15,7 @@ from rlhfless.core.errors import require
 from rlhfless.repro import algo_study
 from rlhfless.repro import emulated_sensitivity, emulated_study
 from rlhfless.repro import real_studies as real
+from rlhfless.repro import regimes
 from rlhfless.repro import sim_studies as sim
 from rlhfless.repro.records import StudyResult
 
@@ -53,6 +54,8 @@ STUDIES: dict[str, Study] = {s.name: s for s in (
     Study("overheads", sim.overhead_sensitivity, "sim", "each overhead constant halved and doubled"),
     Study("sensitivity", sim.sensitivity, "sim", "tau, lambda, and the actor-count sweet spot T(N), C(N)"),
     Study("tail-shape", sim.tail_shape, "sim", "the paper's design vs the paper's verl over the response tail"),
+    Study("regimes", regimes.regimes, "sim", "regime map: speed and cost cut over tail, cluster, model, cold "
+                                             "starts, keep-alive and price ratio, Shapley per region"),
     Study("ppo-vs-grpo", algo_study.ppo_vs_grpo, "sim+real", "RLHFless's gain on PPO vs GRPO (testbed, "
                                                              "what-ifs) and the stages it cannot shorten, measured"),
     Study("prefill", real.prefill_study, "real", "dedup prefill saving vs theory over G and shared-prefix length"),

@@ -495,11 +495,17 @@ def paper_tp(cfg: SimConfig) -> int:
 def _paper_tp(cfg: SimConfig, work: list[StepWork], tp: int | None = None) -> Cluster:
     """verl as the paper ran it at `tp` (default `paper_tp`), or the smallest power of two above it that holds
     the model and a group's KV at its memory share (a 70B model needs 4 on an 80 GB device)."""
+    # a TP the user set is taken as given: raised silently, paper_verl.tp=2 at 70B was tp=4 under another name
+    given = tp is None and cfg.paper_verl.tp > 0
     dev, tp = hw.device(cfg.device), tp or paper_tp(cfg)
     while tp <= min(dev.devices_per_node, cfg.n_devices):
         try:
             return build_cluster(cfg, tp, work, paper=True)
-        except ConfigError:
+        except ConfigError as exc:
+            if given:
+                raise ConfigError(f"paper_verl.tp: {cfg.model} does not fit TP {tp} of {cfg.device} at verl's "
+                                  f"memory share {cfg.paper_verl.mem_frac} (0 = verl's example for the size, "
+                                  f"raised until it fits): {str(exc).split(': ', 1)[-1]}") from None
             tp *= 2
     raise ConfigError(f"model: {cfg.model} does not fit {cfg.n_devices} x {cfg.device} at verl's memory share "
                       f"{cfg.paper_verl.mem_frac} at any TP from {tp}")
@@ -711,16 +717,17 @@ def _systems(players: Sequence[str], build) -> dict[frozenset, object]:
     return {frozenset(c): build(frozenset(c)) for k in range(len(players) + 1) for c in combinations(players, k)}
 
 
-def _play(pols: dict[frozenset, object], work) -> dict[frozenset, dict]:
-    """Every coalition's system over the case's steps, in forked processes (`play_policies`)."""
+def _play(pols: dict[frozenset, object], work, jobs: int | None = None) -> dict[frozenset, dict]:
+    """Every coalition's system over the case's steps, in forked processes (`play_policies`; `jobs` its)."""
     keys = list(pols)
-    played = play_policies([pols[k] for k in keys], work)
+    played = play_policies([pols[k] for k in keys], work, jobs=jobs)
     return {k: summary for k, (summary, _, _) in zip(keys, played)}
 
 
-def attribution(cfg, players: Sequence[str] | None = None) -> dict:
+def attribution(cfg, players: Sequence[str] | None = None, jobs: int | None = None) -> dict:
     """The Shapley account of the case's RLHFless against its verl (docs/internals.md#simscenariopy); `players` default
-    `target_players(cfg)`. Every coalition plays the same steps; clusters are built once per engine and learner."""
+    `target_players(cfg)`. Every coalition plays the same steps; clusters are built once per engine and learner.
+    `jobs`: processes that play the coalitions (`play_policies`; 1 inside a caller's own worker process)."""
 
     players = list(players if players is not None else target_players(cfg))
     work, _ = workload(cfg)
@@ -745,10 +752,10 @@ def attribution(cfg, players: Sequence[str] | None = None) -> dict:
         return RLHFless(c, sw, cfg.lam, cfg.tau, cfg.prefill_actors, name="coalition", objective=cfg.objective,
                         deadline_ratio=cfg.deadline_ratio, wide=cw)
 
-    return terms(_play(_systems(players, build), work), players)
+    return terms(_play(_systems(players, build), work, jobs), players)
 
 
-def mechanisms(cfg) -> dict:
+def mechanisms(cfg, jobs: int | None = None) -> dict:
     """The paper design's split over its mechanisms (docs/internals.md#simscenariopy): a game on the tuned engine and
     the case's learner, from tuned verl to the paper design."""
 
@@ -767,6 +774,6 @@ def mechanisms(cfg) -> dict:
     keyed = {frozenset(c): None for k in range(len(SUB_PLAYERS) + 1) for c in combinations(SUB_PLAYERS, k)}
     live = {s: build(s) for s in keyed if "serverless functions" in s}
     live[frozenset()] = build(frozenset())
-    played = _play(live, work)
+    played = _play(live, work, jobs)
     summaries = {s: played[s] if s in played else played[frozenset()] for s in keyed}
     return terms(summaries, SUB_PLAYERS)
