@@ -50,10 +50,16 @@ def test_a_deadline_below_the_serverful_step_takes_the_faster_of_the_two():
 
 
 def test_a_looser_deadline_lets_functions_run():
-    cfg = _case(4, "objective=min_cost_at_deadline", "deadline_ratio=1.3")
-    r = run_case(cfg, only=("verl", "verl-paper", "rlhfless"), jobs=1, keep_timelines=True)
-    fallback = [row.get("sim/serverful_fallback", 0.0) for row in r["_timelines"]["rlhfless"][1]]
-    assert 0 < sum(fallback) < len(fallback)  # the first step (no length history) serverful, then functions
+    # at ratio 1.0 no function plan meets the serverful step, so every step runs serverful; a loose enough deadline
+    # lets the functions run (how loose follows the lifecycle's cold starts: 3.0 on paper-sim since they sit on
+    # the path of a separate-image design, 1.3 before)
+    def fallback(ratio: float) -> list[float]:
+        cfg = _case(4, "objective=min_cost_at_deadline", f"deadline_ratio={ratio}")
+        r = run_case(cfg, only=("verl", "verl-paper", "rlhfless"), jobs=1, keep_timelines=True)
+        return [row.get("sim/serverful_fallback", 0.0) for row in r["_timelines"]["rlhfless"][1]]
+
+    tight, loose = fallback(1.0), fallback(3.0)
+    assert sum(tight) == len(tight) and sum(loose) < len(loose)
 
 
 def test_eager_decode_binds_only_where_a_layer_is_shorter_than_its_launches():
