@@ -215,6 +215,22 @@ def test_a_serverful_worker_killed_while_the_pool_restarts_still_finishes_the_st
     assert len([i for i in decode2 if i["ok"]]) >= 2
 
 
+def test_a_rank_found_dead_on_sending_a_group_gets_every_group_on_its_new_worker(tmp_path):
+    """A pool worker killed as it is sent learn_begin (step 1) is found dead on the next send, a learn_group: the
+    pool restarts inside that send. The group must go to the rank's new worker too: before this was fixed the
+    rank marked it sent after the restart, its new worker's update lacked it ("finish before every group
+    arrived"), and that worker crashed: a second death nobody caused (a CI flake of test_runtime_e2e)."""
+    from rlhfless.core.rundir import RunDir
+
+    rules = (("sent", "learn_begin", 1, 1, True),)
+    r = _bench_at_events(tmp_path, "serverful", TINY, rules=rules)
+    killed = r["pairs"][0]["killed"]
+    assert [k["event"] for k in killed] == ["sent learn_begin step 1"]
+    assert r["runs_stopped"] == 0 and r["lost_steps"] == 0 and r["samples_identical"]
+    workers = RunDir(tmp_path / "faulty-1").read_workers()
+    assert sorted(w["worker"] for w in workers if w["killed"]) == [killed[0]["worker"]]
+
+
 def test_a_serverful_restart_charges_no_attempt_to_the_functions_that_did_not_fail(tmp_path):
     """Decode function 0's worker killed just sent its work (step 2, the 1st decode sent), then, on the restarted
     pool, function 1's (the 4th: 0 and 1 before the restart, 0 and 1 after). Each failed once while it ran. With

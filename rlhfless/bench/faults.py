@@ -113,6 +113,9 @@ class KillRule:
     op: str
     step: int | None
     nth: int = 1
+    gone: bool = False
+    """Wait until the killed process has exited, so the driver's very next send to it fails (a death found on
+    sending, deterministically; else the next message may still land in the pipe and the death is read later)."""
 
 
 class KillOn:
@@ -162,6 +165,8 @@ class KillOn:
                     os.kill(h.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     return
+                if rule.gone and getattr(h, "process", None) is not None:
+                    h.process.join(10.0)  # an event: the exit of the process just killed
                 self.fired.append((rule, h.worker))
                 return
 

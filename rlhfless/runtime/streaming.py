@@ -167,7 +167,8 @@ class LearnerStream:
                 if self.generation != gen:
                     break
                 self._send(r, {"op": "learn_group", "step": self.step, "g": g, "batch": self._file(g)})
-                r.sent.add(g)
+                if self.generation == gen:  # found dead on this send: r was reset onto a new worker, never sent g
+                    r.sent.add(g)
             if self.generation != gen:
                 # a rank died on a send just now and was reset (restarts_whole: every rank, on new workers); what was
                 # computed here for the old workers no longer holds, so start over: a new worker gets learn_begin
