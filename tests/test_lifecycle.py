@@ -116,3 +116,15 @@ def test_the_runtime_and_the_simulator_call_the_shared_lifecycle(monkeypatch):
     monkeypatch.setattr(L, "hold_pays", lambda *a, **k: False)
     monkeypatch.setattr(L, "idle_billed_s", lambda gap, rules: 0.0)
     assert _paper_sim(300)[0]["cost_device_s"] != base
+
+
+def test_let_go_is_release_at_the_lapse_or_a_hold_that_does_not_pay():
+    # the runtime's one hold-or-release rule: the platform's keep-alive rule, else hold only when it pays
+    for nxt in (None, 0.0, 2.0, 4.0, 6.0, 30.0):
+        for cold in (1.0, 5.0, 50.0):
+            for ka in (0.0, 5.0, 60.0):
+                want = L.release_now(nxt, ka) or (nxt is not None and not L.hold_pays(nxt, cold, ka))
+                assert L.let_go(nxt, cold, ka) == want, (nxt, cold, ka)
+    assert L.let_go(4.0, 3.0, 5.0) and not L.let_go(4.0, 50.0, 5.0)  # kept warm only when the gap bills less
+    with pytest.raises(ValueError, match="keep_alive_s"):
+        L.let_go(1.0, 1.0, -1.0)

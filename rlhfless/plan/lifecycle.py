@@ -13,7 +13,7 @@ A function is COLD (none exists), STARTING (requested: its cold start runs), BUS
     only at now (never at the stage before's start: a cold start longer than that stage then came too late);
     `prewarm_start_s`; retried by the caller as units free up;
   * the device budget: never more devices held than exist (`free_devices`, `peak_devices`: the invariant both
-    sides test). Who calls what: the runtime's modes (`prewarm_start_s`, `release_now`), `runtime.streaming` (the
+    sides test). Who calls what: the runtime's modes (`prewarm_start_s`, `let_go`), `runtime.streaming` (the
     decode pre-warm retried into units ranks free at their share), `plan.cost` (`idle_billed_s`), the simulator's
     `RLHFless` (`hold_pays`, `warm_after`, `free_devices`) and arm model (`prewarm_start_s`).
 Pure, numpy-free, no I/O. Times are seconds on any one clock.
@@ -85,6 +85,18 @@ def hold_pays(gap_s: float, cold_s: float, keep_alive_s: float) -> bool:
     keeps off the critical path): only when its keep-alive covers the gap and the gap bills less than the cold
     start. The planner's hold-or-release, on the numbers it bills."""
     return warm_after(gap_s, keep_alive_s) and gap_s < cold_s
+
+
+def let_go(next_work_s: float | None, cold_s: float, keep_alive_s: float) -> bool:
+    """Whether an idle function is released now rather than held to its next work, `next_work_s` ahead (None:
+    unknown): unknown work keeps it unless there is no keep-alive (the platform releases it at the lapse); known
+    work keeps it only when holding pays (`hold_pays`: inside the keep-alive, and the gap bills less than the
+    cold start). The runtime's hold-or-release for separate-image functions."""
+    if keep_alive_s < 0:
+        raise ValueError(f"keep_alive_s must be >= 0 (got {keep_alive_s})")
+    if next_work_s is None:
+        return keep_alive_s == 0
+    return not hold_pays(next_work_s, cold_s, keep_alive_s)
 
 
 def life_billed_s(spans: list[tuple[float, float]], cold_s: float, rules: BillingRules) -> float:

@@ -150,8 +150,8 @@ class Runtime:
         held = [h for h in getattr(stream, "held", []) if h.worker in w.pool.handles]  # GRPO's (`_shared`)
         for h in stream.handles() + held:
             self.policy.no_work_now(w.pool, h, w.keep_alive_s)
-        if not self.policy.keeps_learners(w.keep_alive_s, w.hybrid, self.ppo):
-            w.forget_learners()
+        if not self.policy.traits.holds_pool:  # a pool's ranks are its workers; functions are never kept as a group:
+            w.forget_learners()  # one kept warm is reused one by one (`LearnerStream._start`), as an idle function
         self.clock.learned(t0)
         return metrics
 

@@ -414,10 +414,9 @@ class LearnerStream:
         else:  # a separate learner image's next work is the next update: held through the rollout only when that
             # bills less than the cold start it saves (`plan.lifecycle.hold_pays`; a pre-warm hides the cold start),
             # and never while the next step's decode pre-warm waits for the unit it would take
-            nxt = ctx.clock.next_learner_work_after_share()
-            go = release_after_share(nxt, ctx.keep_alive_s) or nxt is not None and not lifecycle.hold_pays(
-                nxt, ctx.clock.cold_start("learner", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s) or \
-                self._decode_pw[1] is not None and not ctx.workers.pool.free_cores()
+            cold = ctx.clock.cold_start("learner", ctx.cfg.plan.cold_start_s)
+            go = lifecycle.let_go(ctx.clock.next_learner_work_after_share(), cold, ctx.keep_alive_s) or (
+                self._decode_pw[1] is not None and not ctx.workers.pool.free_cores())
         if go:
             ctx.workers.pool.release(r.handle, early=True)
         # else kept warm: a rank of a later step takes it (`_start`), or idle capacity yields to work that waits

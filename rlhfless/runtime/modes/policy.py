@@ -10,7 +10,7 @@ Deviations from the paper:
 1. The learner's expected start is this step's planned makespan x the recent measured/planned ratio
    (`runtime.prewarm_from=plan`), not the shortest recent rollout ("history": learners start early, idle billed).
 2. Separate images: a decode function whose rows are done is let go at once when the lifecycle says holding it to
-   the next rollout buys nothing (`plan.lifecycle.release_now`, `hold_pays`), so a learner rank's pre-warm takes
+   the next rollout buys nothing (`plan.lifecycle.let_go`), so a learner rank's pre-warm takes
    its unit; the paper's platform keeps each function its few seconds of keep-alive.
 """
 
@@ -214,10 +214,6 @@ class ModePolicy(ABC):
     def reference_function(self, ctx):
         """The worker that runs this step's reference forward (and whether it is kept for the next step)."""
 
-    @abstractmethod
-    def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
-        """Whether this step's learner functions stay this run's learner group for the next step."""
-
 class ServerlessPolicy(ModePolicy):
     name = "serverless"
     traits = ModeTraits(holds_pool=False, may_ship_kv=True, plans_decode=True, overlap_default=True,
@@ -267,9 +263,8 @@ class ServerlessPolicy(ModePolicy):
             return True  # a rank has work now: warm, at this step's weights, the function goes on as it
         self.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
         nxt = ctx.clock.next_decode_work_after_done()
-        if not ctx.hybrid and h.worker in ctx.workers.pool.handles and (
-                lifecycle.release_now(nxt, ctx.keep_alive_s) or nxt is not None and not lifecycle.hold_pays(
-                    nxt, ctx.clock.cold_start("decode", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s)):
+        if not ctx.hybrid and h.worker in ctx.workers.pool.handles and lifecycle.let_go(
+                nxt, ctx.clock.cold_start("decode", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s):
             # a separate decode image's next work is the next step's rollout: past its keep-alive (kept, it would
             # bill the keep-alive and lapse first), or a gap that bills more than the cold start a pre-warm hides;
             # let go now, its unit takes a learner rank's pre-warm
@@ -284,11 +279,6 @@ class ServerlessPolicy(ModePolicy):
         h = ctx.workers.kept_reference() or ctx.workers.start_single("reference")  # kept: not evicted since
         ctx.workers.keep_reference(h)
         return h
-
-    def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
-        # ranks leave at their share: no group to keep whole; a function kept warm is reused one by one, as an idle
-        # function of the learner's image (`LearnerStream._start`), never held through the rollout as a rank
-        return False
 
     def learner_ranks(self, ctx, ranks: list) -> None:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
@@ -356,9 +346,6 @@ class ServerfulPolicy(ModePolicy):
     def reference_function(self, ctx):
         ctx.workers.keep_reference(None)
         return ctx.workers.pool_workers()[0]  # pool worker 0's reference replica
-
-    def keeps_learners(self, keep_alive_s: float, hybrid: bool, ppo: bool) -> bool:
-        return True  # its ranks are the pool's workers: there is nothing to forget
 
     def learner_ranks(self, ctx, ranks: list) -> None:
         workers = ctx.workers.pool_workers()
