@@ -207,7 +207,7 @@ RUNTIME_SHARED = ("rlhfless.runtime.wire", "rlhfless.runtime.records")
 RUNTIME_MAY_IMPORT = {
     "shared": (),
     "devices": ("shared",),  # the worker process knows no mode, platform or driver
-    "modes": ("shared",),  # a mode decides from what it is given: it reaches no worker, platform or driver
+    "modes": (),  # a mode decides from plain values and returns data: it imports nothing of the runtime
     "platform": ("shared", "devices"),  # it starts worker processes: their entry point is the device's
     "driver": ("shared", "devices", "modes", "platform"),
 }
@@ -239,15 +239,17 @@ def test_the_runtime_folders_import_only_the_folders_below_them():
 
 
 def test_the_runtime_check_sees_a_deliberate_break():
-    """A device asking a mode, a mode reaching the pool, and the platform reaching the driver are each seen; the
-    driver using all four is not a break."""
+    """A device asking a mode, a mode reaching the pool or the shared clock, and the platform reaching the driver
+    are each seen; the driver using all four is not a break."""
     graph = {m: set(d) for m, d in _graph().items()}
     graph["rlhfless.runtime.devices.worker"].add("rlhfless.runtime.modes.policy")
     graph["rlhfless.runtime.modes.policy"].add("rlhfless.runtime.platform.pool")
+    graph["rlhfless.runtime.modes.policy"].add("rlhfless.runtime.records")  # `now`: a mode that acted stamped times
     graph["rlhfless.runtime.platform.pool"].add("rlhfless.runtime.executor")
     bad = _runtime_breaks(graph)
     assert ("rlhfless.runtime.devices.worker", "rlhfless.runtime.modes.policy") in bad
     assert ("rlhfless.runtime.modes.policy", "rlhfless.runtime.platform.pool") in bad
+    assert ("rlhfless.runtime.modes.policy", "rlhfless.runtime.records") in bad
     assert ("rlhfless.runtime.platform.pool", "rlhfless.runtime.executor") in bad
     assert not [b for b in bad if b[0] == "rlhfless.runtime.executor"]
     assert _runtime_part("rlhfless.runtime.wire") == "shared" and _runtime_part("rlhfless.runtime.stages") == "driver"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlhfless.runtime.config import MODES, available_cores
-from rlhfless.runtime.modes.policy import MODE_POLICIES, ServerlessPolicy, register_policy
+from rlhfless.runtime.modes.policy import MODE_POLICIES, Keep, ServerlessPolicy, register_policy
 
 RUNTIME = Path(__file__).resolve().parents[1] / "rlhfless" / "runtime"
 STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py", "workerset.py", "ledger.py", "weights.py",
@@ -67,6 +67,9 @@ def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tm
         name = "test-pinned"
         traits = replace(ServerlessPolicy.traits, preempts_learners=False)
 
+        def no_work_now(self, keep_alive_s: float) -> Keep:
+            return Keep(release="plan")  # the worker set carries out this mode's rule, not serverless's
+
     cfg = load_run_config("experiments/configs/quickstart.yaml",
                           ["train.steps=1", "rollout.prompts_per_step=2", "algo.group_size=2",
                            "tracking.mode=disabled", "runtime.mode=serverless", "runtime.prewarm=false"])
@@ -83,7 +86,45 @@ def test_a_third_platform_policy_is_a_registered_subclass_that_the_stages_ask(tm
             assert stream.preempt() is lets_go, policy.name
             assert (stream.ranks[0].handle is None) is lets_go
             assert (h.worker in rt.workers.pool.handles) is not lets_go, "the pinned rank keeps its worker"
+        # a mode decides, the worker set acts: with no work now, serverless keeps a function for its keep-alive,
+        # this mode releases it at once, and the worker set does what the mode returned
+        h = rt.workers.start_learner(prewarmed=False)
+        rt.workers.pool.await_ready([h])
+        rt.workers.no_work_now(h)
+        assert h.worker not in rt.workers.pool.handles
+        assert rt.workers.pool.records[h.worker].release_reason == "plan"
     finally:
         MODE_POLICIES.pop("test-pinned", None)
         if rt is not None:
             rt.cleanup()
+
+
+ACTS = {"idle", "release", "busy", "unwait", "dead", "stop", "start", "start_decoders", "start_single",
+        "start_learner", "start_critic", "keep_reference", "forget_learners", "drop_learner", "add_learner", "take",
+        "pump", "restart_pool", "make_room", "claim", "send"}
+"""What changes a worker's life or the worker set's state: only the worker set (and the stages) call these."""
+
+
+def mode_acts(source: str) -> list[str]:
+    """Calls in `source` of a method that acts on workers (`ACTS`), as `line N: name`, in source order."""
+
+    calls = [n for n in ast.walk(ast.parse(source))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ACTS]
+    return [f"line {n.lineno}: {n.func.attr}" for n in sorted(calls, key=lambda n: (n.lineno, n.col_offset))]
+
+
+def test_a_mode_decides_and_never_acts():
+    """runtime/modes/ starts, keeps and releases nothing itself: its methods return decisions as data, and the worker
+    set carries them out (`WorkerSet.settle`, `decoders`, `decoder_done`, `seat_learners`, `reference_function`)."""
+    for path in sorted((RUNTIME / "modes").glob("*.py")):
+        assert mode_acts(path.read_text()) == [], f"runtime/modes/{path.name} acts on workers"
+
+
+def test_the_check_finds_a_mode_that_acts():
+    """Not vacuous: the policy as it was before its decisions became data (it idled, released, marked busy,
+    unwaited and started workers itself) is caught."""
+    acted = ("def no_work_now(self, pool, h, keep_alive_s):\n    pool.idle(h)\n"
+             "    if keep_alive_s == 0:\n        pool.release(h, reason='lapse')\n"
+             "def decoders(self, ctx, n):\n    ctx.workers.pool.busy(h)\n"
+             "    return ctx.workers.start_decoders(n, prewarmed=False)\n")
+    assert [x.split(": ")[1] for x in mode_acts(acted)] == ["idle", "release", "busy", "start_decoders"]

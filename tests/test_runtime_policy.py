@@ -93,3 +93,42 @@ def test_the_mode_is_a_policy_object_the_stages_ask():
     rt = RuntimeConfig(units=2, learner_units=2, serverful_workers=2)
     assert sl.learner_world(rt) == sf.learner_world(rt) == 2
 
+
+
+def test_each_mode_returns_its_decisions_as_frozen_data():
+    """`ModePolicy` decides and never acts: given plain values (the handles are any objects), each method returns a
+    frozen record the worker set carries out (`WorkerSet.decoders`, `settle`, `decoder_done`, `seat_learners`,
+    `reference_function`; the stages read `on_death`)."""
+    from dataclasses import FrozenInstanceError
+
+    from rlhfless.runtime.modes.policy import (HOLD, AfterDecode, DecodePick, Death, Keep, LearnerSeats,
+                                               ReferencePick, policy_for)
+
+    sl, sf = policy_for("serverless"), policy_for("serverful")
+    a, b, c = "fn-a", "fn-b", "fn-c"  # handles the mode only names, never calls
+    # a function with no work now: its keep-alive runs; a keep-alive of 0 releases it at once. The pool holds.
+    assert sl.no_work_now(2.0) == Keep(idle=True) and sl.no_work_now(0.0) == Keep(idle=True, release="lapse")
+    assert sf.no_work_now(0.0) == HOLD and sf.no_rows() == HOLD and sl.no_rows() == Keep(idle=True)
+    # decode: warm ones first, the rest cold; warm ones beyond the need are spare (their keep-alive runs)
+    assert sl.decoders(2, [a, b, c], []) == DecodePick(warm=(a, b), spare=(c,), cold=0)
+    assert sl.decoders(3, [a], []) == DecodePick(warm=(a,), cold=2)
+    assert sf.decoders(2, [c], [a, b]) == DecodePick(held=(a, b))
+    # a decode function done: hybrid, offered to a rank; separate images, let go when no next work is known and
+    # there is no keep-alive (`plan.lifecycle.let_go`), kept otherwise; the pool's worker is a rank already
+    assert sl.decoder_done(True, 2.0, None, 1.0) == AfterDecode(to_learner=True, keep=Keep(idle=True), pump=True)
+    assert sl.decoder_done(False, 0.0, None, 1.0).release == "plan"
+    assert sl.decoder_done(False, 2.0, None, 1.0).release is None
+    assert sf.decoder_done(False, 2.0, None, 1.0) == AfterDecode()
+    # learner ranks: the last step's functions when the whole group is there, else they go and a new group forms
+    assert sl.learner_ranks(2, [a, b], []) == LearnerSeats(handles=(a, b), warm=True)
+    assert sl.learner_ranks(2, [a], []) == LearnerSeats(release=(a,), forget=True)
+    assert sf.learner_ranks(2, [], [a, b, c]) == LearnerSeats(handles=(a, b))
+    # the reference: the kept function (None: start one) and keep it; the pool's worker 0, none kept
+    assert sl.reference_function(a, []) == ReferencePick(a, keep=True) and sl.reference_function(None, []).keep
+    assert sf.reference_function(c, [a, b]) == ReferencePick(a, keep=False)
+    # the death path, one method: replace the dead function, or restart the pool (decode: the rollout over)
+    assert {sl.on_death(r) for r in ("decode", "reference", "learner", "critic")} == {Death(whole=False)}
+    assert sf.on_death("decode") == Death(whole=True, rollout_over=True)
+    assert sf.on_death("learner") == sf.on_death("critic") == Death(whole=True, rollout_over=False)
+    with pytest.raises(FrozenInstanceError):
+        sl.no_work_now(0.0).release = None

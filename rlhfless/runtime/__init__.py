@@ -7,7 +7,8 @@ Four concerns, one floor each (tests/test_layering.py holds the order: a folder 
     `context` (`StepContext`: the typed view of one step a stage is given), `stages` (decode with live
     cut-and-migrate; the reference), `streaming` (the learner as a stream of finished groups), `ppo_stages`,
     `loop_stages` (the step loop's `Stages` port), `meter` (records to device-seconds), `config` (`RuntimeConfig`);
-  * `modes/`: every decision that differs by mode (`policy`: `ModePolicy` and its registry);
+  * `modes/`: every decision that differs by mode (`policy`: `ModePolicy` and its registry), returned as data
+    that `workerset` carries out (a mode never starts, keeps or releases a worker itself);
   * `platform/`: where workers run: `backend` (local processes), `raybackend` (Ray actors), `pool` (lifecycles,
     keep-alive as an event, the units budget);
   * `devices/`: the worker process: `worker` (cpu, cuda), `emulated` (modelled compute), one op table (`ops`), what

@@ -149,7 +149,7 @@ class Runtime:
         self.weights.advance()
         held = [h for h in getattr(stream, "held", []) if h.worker in w.pool.handles]  # GRPO's (`_shared`)
         for h in stream.handles() + held:
-            self.policy.no_work_now(w.pool, h, w.keep_alive_s)
+            w.no_work_now(h)
         if not self.policy.traits.holds_pool:  # a pool's ranks are its workers; functions are never kept as a group:
             w.forget_learners()  # one kept warm is reused one by one (`LearnerStream._start`), as an idle function
         self.clock.learned(t0)

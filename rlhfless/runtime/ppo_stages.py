@@ -225,12 +225,12 @@ class PpoStream:
 
     def _critic_lost(self, h, dead: bool) -> None:
         """The value function died (or was preempted) holding chunks: recorded as a failed attempt; the next one
-        is sent every chunk again (`restarts_whole`: every worker restarts)."""
+        is sent every chunk again (a mode whose deaths restart every worker: `ModePolicy.on_death`)."""
         ctx = self.ctx
         if self.values_requested is not None:
             self._lost_attempt("values", h, self.values_requested, self.values_tries, dead)
         self.sent, self.streamed, self.values_requested, self.critic = set(), set(), None, None
-        if ctx.policy.traits.restarts_whole:
+        if ctx.policy.on_death("critic").whole:
             ctx.workers.restart_pool(dead=h if dead else None)
             self.pool_restarted()
         else:
@@ -345,7 +345,7 @@ class _Update:
 
     def _send(self, role: str) -> None:
         dead = next((x for x in self.ctx.workers.pool_workers() if not self.s._live(x)), None) \
-            if self.ctx.policy.traits.restarts_whole else None
+            if self.ctx.policy.on_death(role).whole else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
         h = self._worker(role)
@@ -411,9 +411,10 @@ class _Update:
 
     def _died(self, h) -> None:
         """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
-        fresh worker; `restarts_whole` (any pool worker): every worker restarts and the roles still owed re-run."""
+        fresh worker; a mode whose deaths restart every worker (`ModePolicy.on_death`): every worker restarts and
+        the roles still owed re-run."""
         ctx, s = self.ctx, self.s
-        whole = ctx.policy.traits.restarts_whole
+        whole = ctx.policy.on_death("learner").whole
         roles = [r for r, (x, _, _) in self.sent.items() if x is h]
         if not roles and not whole:
             if s._live(h):

@@ -150,7 +150,7 @@ class DecodeStage:
         return Attempts(f"decode function {index} of step {self.step}", self.ctx.config.max_attempts)
 
     def _handles(self, n: int) -> list:
-        return self.ctx.policy.decoders(self.ctx, n)
+        return self.ctx.workers.decoders(n)
 
     def _by_locality(self, handles: list) -> list:
         """The paper's locality rule: the decode function with the most rows runs on the learner's node (the
@@ -181,7 +181,7 @@ class DecodeStage:
                     break
             else:
                 a.done = True
-                ctx.policy.no_rows(ctx.workers.pool, h)
+                ctx.workers.no_rows(h)
         ctx.clock.set_decode_prewarm(len([a for a in self.actors.values() if a.rows]))
         pw = self._learner_prewarm()
         # streamed rows can all be in before the last decode function's `done` (its record and release)
@@ -281,7 +281,7 @@ class DecodeStage:
             return
         a.done = True
         a.tries.succeeded()
-        if ctx.policy.decoder_done(ctx, self.stream, a.handle):  # it goes on as a learner rank now
+        if ctx.workers.decoder_done(a.handle, self.stream):  # it goes on as a learner rank now
             a.handed = True
 
     # -- cut-and-migrate ----------------------------------------------------------------------------------------
@@ -346,8 +346,8 @@ class DecodeStage:
     # -- faults -------------------------------------------------------------------------------------------------
     def _died(self, h) -> None:
         """A decode worker died: its invocation is recorded as failed and its rows re-run, on a fresh function
-        (serverless), or with every row of the step on a new pool (`restarts_whole`: `_restart_step`). Only its own
-        work's attempts can be used, and only if it was running it (`runtime.attempts`)."""
+        (serverless), or with every row of the step on a new pool (`ModePolicy.on_death`: `_restart_step`). Only its
+        own work's attempts can be used, and only if it was running it (`runtime.attempts`)."""
         ctx = self.ctx
         a = self.actors.get(h.worker)
         ctx.workers.pool.dead(h)
@@ -359,8 +359,9 @@ class DecodeStage:
             return
         ctx.ledger.count(M.RUNTIME_RETRIES)
         a.tries.failed(running(sent=True, ready_s=h.ready_s))
-        if ctx.policy.traits.restarts_whole:
-            return self._restart_step(a)
+        death = ctx.policy.on_death("decode")
+        if death.whole:
+            return self._restart_step(a, death.rollout_over)
         new = ctx.workers.start_decoders(1, prewarmed=False)[0]
         b = _Actor(a.index, new, set(a.rows), now(), cold=ctx.ledger.first_use(new), tries=a.tries, groups=a.groups)
         del self.actors[h.worker]
@@ -368,7 +369,7 @@ class DecodeStage:
         ctx.workers.pool.busy(new)
         self._send(b, "decode", b.rows)
 
-    def _restart_step(self, dead: _Actor) -> None:
+    def _restart_step(self, dead: _Actor, from_step_start: bool) -> None:
         """The pool restarts whole (its workers share a data-parallel group), and the step's rollout starts over
         from its start, as a verl job resumed from the step's checkpoint would: every row is decoded again from its
         prompt on the new pool (the same random streams: the same tokens). The survivors' interrupted invocations
@@ -382,7 +383,7 @@ class DecodeStage:
         self.restarts += 1
         gen = self.restarts
         ctx.workers.restart_pool()
-        self.stream.pool_restarted(from_step_start=True)
+        self.stream.pool_restarted(from_step_start)
         self.actors, self.streamed_groups = {}, set()
         self.results.clear()
         self.prefill = [0, 0, 0.0]  # counted again as the rows are prefilled again
@@ -444,18 +445,18 @@ class DecodeStage:
 
 
 def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
-    """Reference log-probs [B*G, T] from the worker the policy names (`ModePolicy.reference_function`)."""
+    """Reference log-probs [B*G, T] from the worker the mode names (`WorkerSet.reference_function`)."""
     step = ctx.step
     batch, out = ctx.scratch / f"ref-in-{step}.safetensors", ctx.scratch / f"ref-out-{step}.safetensors"
     wire.write_batch(batch, prompts, responses, torch.zeros(len(responses)), None)
     tries = Attempts(f"reference of step {step}", ctx.config.max_attempts)
     while True:
-        h = ctx.policy.reference_function(ctx)
+        h = ctx.workers.reference_function()
         msg = _call(ctx, "reference", h, {"op": "reference", "batch": str(batch), "out": str(out)},
                     "referenced", tries.number)
         if msg is not None:
             # serverless: kept warm for the next step (idle, so a function that must start may evict it), or gone
-            ctx.policy.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)
+            ctx.workers.no_work_now(h)
             if h.worker not in ctx.workers.pool.handles:
                 ctx.workers.keep_reference(None)
             logp = wire.read_tensors(out)["ref_logp"]
@@ -464,11 +465,12 @@ def run_reference(ctx: StepContext, prompts, responses) -> torch.Tensor:
             return logp
         ctx.workers.keep_reference(None)
         tries.failed(running(sent=True, ready_s=h.ready_s))
-        if ctx.policy.traits.restarts_whole:  # the dead worker was a pool worker: every worker starts again
+        death = ctx.policy.on_death("reference")
+        if death.whole:  # the dead worker was a pool worker: every worker starts again
             ctx.workers.restart_pool()
             stream = ctx.workers.stream
             if stream is not None:  # the step's learner side holds pool workers that are gone now
-                stream.pool_restarted()
+                stream.pool_restarted(death.rollout_over)
 
 
 def _call(ctx: StepContext, kind: str, h, msg: dict, reply_op: str, attempt: int) -> dict | None:

@@ -99,8 +99,12 @@ class LearnerStream:
 
     def _adopt_warm(self) -> None:
         """Which functions hold the ranks as the step starts: the mode's policy decides (the pool's workers, or
-        the last step's learner functions kept warm: `ModePolicy.learner_ranks`)."""
-        self.ctx.policy.learner_ranks(self.ctx, self.ranks)
+        the last step's learner functions kept warm: `ModePolicy.learner_ranks`, carried out by the worker set)."""
+        seats = self.ctx.workers.seat_learners(len(self.ranks))
+        for r, h in zip(self.ranks, seats.handles):
+            r.handle = h
+            if seats.warm:  # invoked now: a kept function's request and cold start are this step's
+                r.requested, r.cold = now(), self.ctx.ledger.first_use(h)
 
     # -- feeding ------------------------------------------------------------------------------------------------
     def handles(self) -> list:
@@ -170,7 +174,7 @@ class LearnerStream:
                 if self.generation == gen:  # found dead on this send: r was reset onto a new worker, never sent g
                     r.sent.add(g)
             if self.generation != gen:
-                # a rank died on a send just now and was reset (restarts_whole: every rank, on new workers); what was
+                # a rank died on a send just now and was reset (a whole restart: every rank, on new workers); what was
                 # computed here for the old workers no longer holds, so start over: a new worker gets learn_begin
                 # before any group (never a group first, which it could not add to an update it does not have)
                 return self.pump(start_all)
@@ -228,15 +232,16 @@ class LearnerStream:
     def on_death(self, h, sent: bool = True) -> None:
         """A rank died (`sent`: False when found dead on sending it its first message). Before the optimiser step
         it restarts alone (its groups are re-sent); after `learn_end` every rank restarts (their gloo group is
-        broken). A policy that restarts whole (`restarts_whole`): every worker restarts. Only the dead rank's
-        attempts can be used, and only if it was running its work (`runtime.attempts`)."""
+        broken). A mode whose deaths restart every worker (`ModePolicy.on_death`): every worker restarts. Only the
+        dead rank's attempts can be used, and only if it was running its work (`runtime.attempts`)."""
         ctx = self.ctx
         dead = next(r for r in self.ranks if r.handle is h and not r.shared)
         was_running = running(sent=dead.begun and sent, ready_s=h.ready_s)
         # a death after learn_end breaks a group that ends together; serverless shares need none
         ending = not self.shares and any(r.ended for r in self.ranks)
         ctx.ledger.count(M.RUNTIME_RETRIES)
-        whole = ctx.policy.traits.restarts_whole
+        death = ctx.policy.on_death("learner")
+        whole = death.whole
         victims = self.ranks if ending or whole else [dead]
         for r in victims:
             if r.handle is not None:
@@ -245,19 +250,19 @@ class LearnerStream:
         dead.tries.failed(was_running)
         if whole:
             ctx.workers.restart_pool(dead=h)
-            return self.pool_restarted()
+            return self.pool_restarted(death.rollout_over)
         for r in victims:
             r.reset()
 
     def _drop(self, r: _Rank, dead: bool, stop: bool = False, **extra) -> None:
         """Record the rank's unfinished invocation and let its worker go (or leave it to the restart of every
-        worker: `restarts_whole`). `stop`: a survivor of a death after learn_end is ended at once, not asked to
+        worker: `ModePolicy.on_death`). `stop`: a survivor of a death after learn_end is ended at once, not asked to
         shut down: it waits inside the group's rendezvous or broken all-reduce and would read `shutdown` only at
         gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
         ctx = self.ctx
         ctx.ledger.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                    r.tries.number, ok=False, **extra)
-        if not ctx.policy.traits.restarts_whole:
+        if not ctx.policy.on_death("learner").whole:
             if dead:
                 ctx.workers.pool.dead(r.handle)
             else:

@@ -4,7 +4,9 @@ It owns the pool (`platform.pool`: every worker's life and the units budget) and
 serverful pool's workers, the learner functions kept warm, the reference function kept warm, and the step's
 learner stream while it may be preempted for a unit. The rule it keeps: units are a budget, so a function starts
 only on a free unit; work that must start evicts idle workers first, then a learner rank that only waits for
-groups (it restarts later from the same inputs).
+groups (it restarts later from the same inputs). It is where the mode's decisions are carried out: a mode returns
+each as data (`modes.policy`: `Keep`, `DecodePick`, `AfterDecode`, `LearnerSeats`, `ReferencePick`), and the
+methods at the end of `WorkerSet` act on them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from rlhfless.runtime.platform.backend import WorkerDied
 from rlhfless.runtime.platform.pool import Pool
 from rlhfless.runtime.attempts import Attempts
+from rlhfless.runtime.modes.policy import Keep, LearnerSeats
 from rlhfless.runtime.records import CRITIC_IMAGE, HYBRID, KINDS_ALL, now, role
 
 
@@ -220,3 +223,63 @@ class WorkerSet:
 
     def forget_learners(self) -> None:
         self.learners = []
+
+    # -- carrying out what the mode decides (`modes.policy`: each method there returns data; this is where it acts)
+    def settle(self, h, keep: Keep) -> None:
+        """Carry out `keep` for h: its keep-alive runs from now, and / or it is released."""
+        if keep.idle:
+            self.pool.idle(h)
+        if keep.release is not None:
+            self.pool.release(h, reason=keep.release)
+
+    def no_work_now(self, h) -> None:
+        """h's invocation ended and the plan gives it no work now: kept for its keep-alive, released, or held."""
+        self.settle(h, self.policy.no_work_now(self.keep_alive_s))
+
+    def no_rows(self, h) -> None:
+        """h was given no rows by this step's split (it may still take cut rows)."""
+        self.settle(h, self.policy.no_rows())
+
+    def decoders(self, n: int) -> list:
+        """The n functions that take the decode role this step, in the split's order (`ModePolicy.decoders`)."""
+        pick = self.policy.decoders(n, self.pool.warm(self.image("decode")), self.pool_handles)
+        for h in pick.warm:  # taken: the cold starts below may evict idle workers, never these
+            self.pool.busy(h)
+        for h in pick.spare:
+            self.pool.unwait(h)
+        return [*pick.held, *pick.warm, *self.start_decoders(pick.cold, prewarmed=False)]
+
+    def decoder_done(self, h, stream) -> bool:
+        """A decode function whose rows are all done: True when it goes on now as a learner rank of `stream`;
+        otherwise it is kept, released or held as the mode decides (`ModePolicy.decoder_done`)."""
+        after = self.policy.decoder_done(self.hybrid, self.keep_alive_s, self.clock.next_decode_work_after_done(),
+                                         self.clock.cold_start("decode", self.cfg.plan.cold_start_s))
+        if after.to_learner and stream.take(h):
+            return True
+        self.settle(h, after.keep)
+        if after.release is not None and h.worker in self.pool.handles:
+            self.pool.release(h, reason=after.release)
+        if after.pump:
+            stream.pump()
+        return False
+
+    def seat_learners(self, n: int) -> LearnerSeats:
+        """Carry out the mode's choice of the workers that hold the n learner ranks as the step starts
+        (`ModePolicy.learner_ranks`): kept functions that do not form a whole group are released, warm ones are
+        invoked. Returns the choice: the caller seats its ranks on `handles`."""
+        seats = self.policy.learner_ranks(n, self.kept_learners(), self.pool_handles)
+        for h in seats.release:
+            self.pool.release(h, reason="regroup")
+        if seats.forget:
+            self.forget_learners()
+        for h in seats.handles if seats.warm else ():
+            self.pool.busy(h)
+        return seats
+
+    def reference_function(self):
+        """The worker that runs this step's reference forward (`ModePolicy.reference_function`): started if the
+        mode names none, remembered if the mode keeps it."""
+        pick = self.policy.reference_function(self.kept_reference(), self.pool_handles)
+        h = pick.handle or self.start_single("reference")
+        self.keep_reference(h if pick.keep else None)
+        return h

@@ -26,7 +26,6 @@ from rlhfless.plan import lifecycle  # a function's life: the one model the simu
 from rlhfless.plan.lifecycle import PREWARM_HISTORY as HISTORY  # shared with the simulator
 from rlhfless.plan.lifecycle import planned_start_s
 from rlhfless.rollout.prefix import plan_prefill
-from rlhfless.runtime.records import now
 from rlhfless.step.planner import StepPlan
 
 
@@ -133,9 +132,6 @@ class ModeTraits:
     forms_learner_group: bool
     """Whether ranks that end together form their data-parallel group per step (False: the group formed when the
     workers started and lasts the run)."""
-    restarts_whole: bool
-    """Whether one worker's death restarts every worker (they share one data-parallel group) and re-runs what each
-    still owed, instead of replacing only the dead function."""
     preempts_learners: bool
     """Whether a learner function that has not reached its optimiser step may be let go to free a unit for decode
     work that must start (it restarts later from the same inputs)."""
@@ -144,15 +140,99 @@ class ModeTraits:
     says) rather than functions' (`runtime.meter`)."""
 
 
+# -- what a mode decides, as data: the worker set (`runtime.workerset`) carries each one out ---------------------
+@dataclass(frozen=True)
+class Keep:
+    """What becomes of a function with no work now."""
+
+    idle: bool = False
+    """Its keep-alive runs from now (False: held, as a pool's worker, never idle)."""
+    release: str | None = None
+    """Released now, for this reason (`records.RELEASE_REASONS`); None: not released."""
+
+
+HOLD = Keep()
+"""A held worker: neither idle nor released."""
+
+
+@dataclass(frozen=True)
+class DecodePick:
+    """Which functions take the decode role this step, in the split's order: `held` ones, then `warm` ones, then
+    `cold` new ones."""
+
+    held: tuple = ()
+    """Workers held for the whole run (the pool's, in rank order): taken as they are."""
+    warm: tuple = ()
+    """Idle functions of the decode image taken warm: marked busy before any cold start (which may evict idle
+    workers, never these)."""
+    spare: tuple = ()
+    """Warm functions beyond the step's need: no work for them now, so their keep-alive runs (a learner rank with
+    groups waiting may still take one warm: `LearnerStream._start`)."""
+    cold: int = 0
+    """New functions to start (not pre-warmed: work waits for them)."""
+
+
+@dataclass(frozen=True)
+class AfterDecode:
+    """What becomes of a decode function whose rows are all done."""
+
+    to_learner: bool = False
+    """Offered to the learner stream first: it goes on as a rank with work now, if one has (the hybrid image)."""
+    keep: Keep = HOLD
+    """Otherwise: kept for its keep-alive, or released."""
+    release: str | None = None
+    """Then, if still in the pool, released now for this reason (None: kept as `keep` says)."""
+    pump: bool = False
+    """Then the learner stream is pumped (its unit may now host a rank with finished groups waiting)."""
+
+
+@dataclass(frozen=True)
+class LearnerSeats:
+    """Which functions hold the learner ranks when the step starts."""
+
+    handles: tuple = ()
+    """Per rank, its worker (empty: every rank starts later, when it has work)."""
+    warm: bool = False
+    """The handles are functions kept warm from the last step: each is invoked now (busy, its request time and
+    cold start recorded); False: the pool's held workers, already the ranks."""
+    release: tuple = ()
+    """Kept learner functions released (reason "regroup": a new data-parallel group forms with new workers)."""
+    forget: bool = False
+    """The kept learner functions are forgotten (none is reused as a group)."""
+
+
+@dataclass(frozen=True)
+class ReferencePick:
+    """The worker that runs this step's reference forward."""
+
+    handle: object = None
+    """This worker (None: start a reference function)."""
+    keep: bool = False
+    """Kept for the next step's reference (False: none is kept)."""
+
+
+@dataclass(frozen=True)
+class Death:
+    """What a worker's death restarts."""
+
+    whole: bool
+    """Every worker restarts from the last state (they share one data-parallel group) and re-runs what each still
+    owed; False: only the dead function is replaced, and only its work re-runs."""
+    rollout_over: bool = False
+    """The step's rollout starts over from its start on the new workers (a death during decode, `whole`)."""
+
+
 # -- the mode as a policy object: every decision that differs by mode, behind one interface ----------------------
 class ModePolicy(ABC):
     """What differs between the serverless runtime and the serverful control, asked by the stages instead of
     branching on the mode. What the mode is, as data: `traits` (one frozen `ModeTraits`: holds a pool, ships KV,
-    starts functions, what a death restarts, what is billed, ...). What it decides, from the step's inputs: when
-    functions start (`prewarms`), how a step's groups are split (`decode_split`, `migrates`), which function takes
-    which role (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`), what a function with no work
-    now does (`no_work_now`), and what is billed (`keep_alive`, `billing_name`). A new platform policy is a
-    subclass, registered under its name (`register_policy`): `Runtime(cfg, name, ...)` runs with it."""
+    starts functions, what is billed, ...). What it decides, from the step's inputs: when functions start
+    (`prewarms`), how a step's groups are split (`decode_split`, `migrates`), which function takes which role
+    (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`), what a function with no work now does
+    (`no_work_now`, `no_rows`), what a death restarts (`on_death`), and what is billed (`keep_alive`,
+    `billing_name`). A mode decides and never acts: each method returns its decision as data (`Keep`, `DecodePick`,
+    `AfterDecode`, `LearnerSeats`, `ReferencePick`, `Death`), which the worker set carries out. A new platform
+    policy is a subclass, registered under its name (`register_policy`): `Runtime(cfg, name, ...)` runs with it."""
 
     name = ""
     traits: ModeTraits
@@ -175,7 +255,7 @@ class ModePolicy(ABC):
         """Whether functions are started ahead of need from the invocation history (`runtime.prewarm`)."""
 
     @abstractmethod
-    def no_work_now(self, pool, h, keep_alive_s: float) -> None:
+    def no_work_now(self, keep_alive_s: float) -> Keep:
         """A function whose invocation ended and that the plan gives no work now."""
 
     @abstractmethod
@@ -183,14 +263,14 @@ class ModePolicy(ABC):
         """The billing rule set the bill is read under (`runtime.billing`, or the pool's lifetime)."""
 
     @abstractmethod
-    def decoders(self, ctx, n: int) -> list:
-        """Which functions take the decode role this step (n of them): handles, in the split's order (ctx: the
-        step's `runtime.context.StepContext`)."""
+    def decoders(self, n: int, warm: list, held: list) -> DecodePick:
+        """Which functions take the decode role this step (n of them). warm: live functions of the decode image,
+        idle ones first; held: the pool's workers in rank order (empty without a pool)."""
 
     @abstractmethod
-    def learner_ranks(self, ctx, ranks: list) -> None:
-        """Which functions hold the learner ranks when the step starts (`streaming._Rank.handle`; None: a rank
-        starts later, when it has work)."""
+    def learner_ranks(self, n: int, kept: list, held: list) -> LearnerSeats:
+        """Which functions hold the n learner ranks when the step starts. kept: the last step's learner functions
+        still in the pool; held: the pool's workers in rank order."""
 
     @abstractmethod
     def learner_world(self, rt_cfg) -> int:
@@ -202,23 +282,31 @@ class ModePolicy(ABC):
         """Whether new decode and learner functions share one image (`runtime.hybrid`, resolved)."""
 
     @abstractmethod
-    def decoder_done(self, ctx, stream, h) -> bool:
-        """A decode function whose rows are all done: True when it goes on now as a learner rank of `stream`;
-        otherwise it is kept, released or held as the policy says."""
+    def decoder_done(self, hybrid: bool, keep_alive_s: float, next_work_s: float | None,
+                     cold_s: float) -> AfterDecode:
+        """A decode function whose rows are all done. next_work_s: predicted seconds to its image's next work
+        (`StepClock.next_decode_work_after_done`); cold_s: the decode image's recent cold start."""
 
     @abstractmethod
-    def no_rows(self, pool, h) -> None:
+    def no_rows(self) -> Keep:
         """A decode function the split gave no rows this step (it may still take cut rows)."""
 
     @abstractmethod
-    def reference_function(self, ctx):
-        """The worker that runs this step's reference forward (and whether it is kept for the next step)."""
+    def reference_function(self, kept, held: list) -> ReferencePick:
+        """The worker that runs this step's reference forward, and whether it is kept for the next step. kept: the
+        reference function kept from an earlier step and still in the pool (None if none)."""
+
+    # -- faults -------------------------------------------------------------------------------------------------
+    @abstractmethod
+    def on_death(self, role: str) -> Death:
+        """What the death of a worker holding `role` (decode, reference, learner, critic) restarts."""
+
 
 class ServerlessPolicy(ModePolicy):
     name = "serverless"
     traits = ModeTraits(holds_pool=False, may_ship_kv=True, plans_decode=True, overlap_default=True,
                         roles_change_hands=True, starts_functions=True, ranks_leave_at_share=True,
-                        forms_learner_group=True, restarts_whole=False, preempts_learners=True,
+                        forms_learner_group=True, preempts_learners=True,
                         bills_held_pool=False)
 
     def keep_alive(self, keep_alive_s: float) -> float | None:
@@ -233,10 +321,10 @@ class ServerlessPolicy(ModePolicy):
     def prewarms(self, enabled: bool) -> bool:
         return enabled
 
-    def no_work_now(self, pool, h, keep_alive_s: float) -> None:
-        pool.idle(h)  # its keep-alive runs from now: released at the lapse unless work comes first
-        if keep_alive_s == 0:
-            pool.release(h, reason="lapse")  # scale to zero: a keep-alive of 0 lapses at once
+    def no_work_now(self, keep_alive_s: float) -> Keep:
+        # its keep-alive runs from now: released at the lapse unless work comes first; a keep-alive of 0 lapses at
+        # once (scale to zero)
+        return Keep(idle=True, release="lapse" if keep_alive_s == 0 else None)
 
     def billing_name(self, configured: str) -> str:
         return configured
@@ -244,54 +332,38 @@ class ServerlessPolicy(ModePolicy):
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.learners()
 
-    def decoders(self, ctx, n: int) -> list:
+    def decoders(self, n: int, warm: list, held: list) -> DecodePick:
         """Warm idle functions of the decode image first (no cold start), then new ones."""
-        available = ctx.workers.pool.warm(ctx.workers.image("decode"))
-        warm = available[:n]
-        for h in warm:  # taken: the cold starts below may evict idle workers, never these
-            ctx.workers.pool.busy(h)
-        for h in available[n:]:  # beyond this step's decode need: no work for it now, so its keep-alive runs
-            ctx.workers.pool.unwait(h)  # (a learner rank with groups waiting may take it warm: `LearnerStream._start`)
-        cold = ctx.workers.start_decoders(n - len(warm), prewarmed=False)
-        return warm + cold
+        return DecodePick(warm=tuple(warm[:n]), spare=tuple(warm[n:]), cold=n - len(warm[:n]))
 
     def hybrid_image(self, setting: bool) -> bool:
         return setting
 
-    def decoder_done(self, ctx, stream, h) -> bool:
-        if ctx.hybrid and stream.take(h):
-            return True  # a rank has work now: warm, at this step's weights, the function goes on as it
-        self.no_work_now(ctx.workers.pool, h, ctx.keep_alive_s)  # no work now: kept for its keep-alive, or gone
-        nxt = ctx.clock.next_decode_work_after_done()
-        if not ctx.hybrid and h.worker in ctx.workers.pool.handles and lifecycle.let_go(
-                nxt, ctx.clock.cold_start("decode", ctx.cfg.plan.cold_start_s), ctx.keep_alive_s):
-            # a separate decode image's next work is the next step's rollout: past its keep-alive (kept, it would
-            # bill the keep-alive and lapse first), or a gap that bills more than the cold start a pre-warm hides;
-            # let go now, its unit takes a learner rank's pre-warm
-            ctx.workers.pool.release(h, reason="plan")
-        stream.pump()  # its unit may now host a learner rank with finished groups waiting
-        return False
+    def decoder_done(self, hybrid: bool, keep_alive_s: float, next_work_s: float | None,
+                     cold_s: float) -> AfterDecode:
+        # hybrid: a rank with work now takes it warm, at this step's weights. A separate decode image's next work is
+        # the next step's rollout: past its keep-alive (kept, it would bill the keep-alive and lapse first), or a
+        # gap that bills more than the cold start a pre-warm hides, it is let go now and its unit takes a learner
+        # rank's pre-warm
+        let_go = not hybrid and lifecycle.let_go(next_work_s, cold_s, keep_alive_s)
+        return AfterDecode(to_learner=hybrid, keep=self.no_work_now(keep_alive_s),
+                           release="plan" if let_go else None, pump=True)
 
-    def no_rows(self, pool, h) -> None:
-        pool.idle(h)  # its keep-alive runs (idle, never released here: it may take cut rows)
+    def no_rows(self) -> Keep:
+        return Keep(idle=True)  # its keep-alive runs (idle, never released here: it may take cut rows)
 
-    def reference_function(self, ctx):
-        h = ctx.workers.kept_reference() or ctx.workers.start_single("reference")  # kept: not evicted since
-        ctx.workers.keep_reference(h)
-        return h
+    def reference_function(self, kept, held: list) -> ReferencePick:
+        return ReferencePick(handle=kept, keep=True)  # kept: not evicted since; else a new one, kept
 
-    def learner_ranks(self, ctx, ranks: list) -> None:
+    def learner_ranks(self, n: int, kept: list, held: list) -> LearnerSeats:
         """Learner workers kept warm from the last step are this step's ranks when every rank is there (their
         data-parallel group is whole); a partial set is released (a new group forms with new workers)."""
-        live = ctx.workers.kept_learners()
-        if len(live) == len(ranks):
-            for r, h in zip(ranks, live):
-                r.handle, r.requested, r.cold = h, now(), ctx.ledger.first_use(h)
-                ctx.workers.pool.busy(h)
-        else:
-            for h in live:
-                ctx.workers.pool.release(h, reason="regroup")
-            ctx.workers.forget_learners()
+        if len(kept) == n:
+            return LearnerSeats(handles=tuple(kept), warm=True)
+        return LearnerSeats(release=tuple(kept), forget=True)
+
+    def on_death(self, role: str) -> Death:
+        return Death(whole=False)  # functions share nothing a death breaks: the dead one is replaced
 
 
 class ServerfulPolicy(ModePolicy):
@@ -303,11 +375,10 @@ class ServerfulPolicy(ModePolicy):
     # starts_functions: the control never starts functions: PPO's actor is pool worker 0, its critic the last
     # ranks_leave_at_share: the pool's ranks end together in their gloo group
     # forms_learner_group: formed once, when the pool started (`WorkerSet.start_pool`)
-    # restarts_whole: a dead pool worker breaks the pool's data-parallel group
     # preempts_learners: nothing ever needs a unit: the pool holds them all
     traits = ModeTraits(holds_pool=True, may_ship_kv=False, plans_decode=False, overlap_default=False,
                         roles_change_hands=False, starts_functions=False, ranks_leave_at_share=False,
-                        forms_learner_group=False, restarts_whole=True, preempts_learners=False,
+                        forms_learner_group=False, preempts_learners=False,
                         bills_held_pool=True)
 
     def keep_alive(self, keep_alive_s: float) -> float | None:
@@ -322,8 +393,8 @@ class ServerfulPolicy(ModePolicy):
     def prewarms(self, enabled: bool) -> bool:
         return False
 
-    def no_work_now(self, pool, h, keep_alive_s: float) -> None:
-        return None  # held by the pool: never idle-released nor evicted
+    def no_work_now(self, keep_alive_s: float) -> Keep:
+        return HOLD  # held by the pool: never idle-released nor evicted
 
     def billing_name(self, configured: str) -> str:
         return "lifetime"
@@ -331,26 +402,29 @@ class ServerfulPolicy(ModePolicy):
     def learner_world(self, rt_cfg) -> int:
         return rt_cfg.workers()  # every pool worker is a rank
 
-    def decoders(self, ctx, n: int) -> list:
-        return ctx.workers.pool_workers()  # every pool worker decodes its chunk
+    def decoders(self, n: int, warm: list, held: list) -> DecodePick:
+        return DecodePick(held=tuple(held))  # every pool worker decodes its chunk
 
     def hybrid_image(self, setting: bool) -> bool:
         return False  # a pool worker runs every kind already
 
-    def decoder_done(self, ctx, stream, h) -> bool:
-        return False  # held: it is a learner rank already
+    def decoder_done(self, hybrid: bool, keep_alive_s: float, next_work_s: float | None,
+                     cold_s: float) -> AfterDecode:
+        return AfterDecode()  # held: it is a learner rank already
 
-    def no_rows(self, pool, h) -> None:
-        return None  # held by the pool: never idle
+    def no_rows(self) -> Keep:
+        return HOLD  # held by the pool: never idle
 
-    def reference_function(self, ctx):
-        ctx.workers.keep_reference(None)
-        return ctx.workers.pool_workers()[0]  # pool worker 0's reference replica
+    def reference_function(self, kept, held: list) -> ReferencePick:
+        return ReferencePick(handle=held[0])  # pool worker 0's reference replica; no function is kept
 
-    def learner_ranks(self, ctx, ranks: list) -> None:
-        workers = ctx.workers.pool_workers()
-        for r in ranks:  # pool worker r is rank r for the whole run
-            r.handle = workers[r.rank]
+    def learner_ranks(self, n: int, kept: list, held: list) -> LearnerSeats:
+        return LearnerSeats(handles=tuple(held[:n]))  # pool worker r is rank r for the whole run
+
+    def on_death(self, role: str) -> Death:
+        # a dead pool worker breaks the pool's data-parallel group; a death during decode re-runs the rollout from
+        # the step's start, as a verl job resumed from the step's checkpoint would
+        return Death(whole=True, rollout_over=role == "decode")
 
 
 MODE_POLICIES: dict[str, type[ModePolicy]] = {}
