@@ -245,7 +245,7 @@ class LearnerStream:
         victims = self.ranks if ending or whole else [dead]
         for r in victims:
             if r.handle is not None:
-                self._drop(r, dead=r is dead, stop=ending)
+                self._drop(r, dead=r is dead, stop=ending, whole=whole)
         self.generation += 1
         dead.tries.failed(was_running)
         if whole:
@@ -254,15 +254,15 @@ class LearnerStream:
         for r in victims:
             r.reset()
 
-    def _drop(self, r: _Rank, dead: bool, stop: bool = False, **extra) -> None:
-        """Record the rank's unfinished invocation and let its worker go (or leave it to the restart of every
-        worker: `ModePolicy.on_death`). `stop`: a survivor of a death after learn_end is ended at once, not asked to
-        shut down: it waits inside the group's rendezvous or broken all-reduce and would read `shutdown` only at
-        gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
+    def _drop(self, r: _Rank, dead: bool, stop: bool = False, whole: bool = False, **extra) -> None:
+        """Record the rank's unfinished invocation and let its worker go (`whole`: leave it to the restart of every
+        worker the mode decided on this death, `ModePolicy.on_death`). `stop`: a survivor of a death after learn_end
+        is ended at once, not asked to shut down: it waits inside the group's rendezvous or broken all-reduce and
+        would read `shutdown` only at gloo's timeout (the driver stalled 5 s per survivor before killing it)."""
         ctx = self.ctx
         ctx.ledger.record(self.step, "learner", r.handle, r.requested or now(), r.requested or now(), now(), r.cold,
                    r.tries.number, ok=False, **extra)
-        if not ctx.policy.on_death("learner").whole:
+        if not whole:
             if dead:
                 ctx.workers.pool.dead(r.handle)
             else:

@@ -1,7 +1,8 @@
 """Policy: how a step's work is split over workers, which workers exist, and when they start and go.
 
 `ModePolicy` answers what the mode decides (keep-alive, the split, migration, shipping KV, pre-warm, overlap, idle
-functions, billing rules, the learner's degree): `ServerlessPolicy` (the planner's assignment, functions released
+functions, what a death restarts, billing rules, the learner's degree), each decision returned as a frozen record that
+the worker set carries out (a mode never acts): `ServerlessPolicy` (the planner's assignment, functions released
 after `keep_alive_s` idle, pre-warmed) and `ServerfulPolicy` (verl-like: W pool workers held all run, prompts split
 evenly, no migration). The rule it keeps: the serverful control is a policy, not a second code path. A stage is
 pre-warmed at its expected start - measured cold start - buffer. Details: docs/internals.md#runtimemodespolicypy.
