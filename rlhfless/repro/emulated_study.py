@@ -98,7 +98,9 @@ def arm_table(cmp: dict) -> dict[str, dict]:
     from rlhfless.run.compare import label
 
     per = cmp["modelled"]["per_step"]
-    return {arm: {"label": label(arm), "step_time_s": m["step_time_s"], "billed_device_s": m["billed_device_s"],
+    names = cmp.get("arm_labels") or {}
+    return {arm: {"label": names.get(arm) or label(arm), "step_time_s": m["step_time_s"],
+                  "billed_device_s": m["billed_device_s"],
                   "step_time_ratio": m.get("step_time_ratio"), "cost_ratio": m.get("cost_ratio"),
                   "step_time_ratio_paper_engine": m.get("step_time_ratio_paper_engine"),
                   "cost_ratio_paper_engine": m.get("cost_ratio_paper_engine"),
