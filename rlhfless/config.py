@@ -209,9 +209,10 @@ class RunConfig:
                     f"units (got {units}); use runtime.mode=serverful or inline on one unit")
 
     def _cap_actors(self, units: int) -> None:
-        require(self.plan.min_actors <= units, "plan.min_actors", f"serverless decode functions need one unit each: "
-                f"at most runtime.units={units} (got {self.plan.min_actors}); lower it or raise runtime.units")
         k = self.runtime.function_units()
+        require(self.plan.min_actors <= units, "plan.min_actors", f"serverless decode functions need "
+                f"{'one unit' if k == 1 else f'{k} units'} each: at most {units} (got {self.plan.min_actors}); lower "
+                "it or raise runtime.units")
         at = f"runtime.units={units} (one unit" if k == 1 else f"runtime.units / {k} = {units} ({k} units"
         print(f"rlhfless: plan.max_actors={self.plan.max_actors} capped at {at} per serverless decode function)",
               file=sys.stderr)

@@ -100,9 +100,11 @@ class RuntimeConfig:
     """Device units the runtime may use (CPU cores, or GPUs x functions_per_gpu with device=cuda); 0 = all this
     process may use."""
     serverful_workers: int = 0
-    """W: workers the serverful control holds for the whole run; 0 = units."""
+    """W: workers the serverful control holds for the whole run; 0 = units / the units a pool worker holds
+    (`pool_worker_units`: 1, or on emulated devices its engine's TP)."""
     learner_units: int = 0
-    """Data-parallel ranks of the learner function (one unit each); 0 = units. Equal in both modes, so the two
+    """Data-parallel ranks of the learner function (one function each, of runtime.emulated_tp units on emulated
+    devices, else one unit); 0 = units / runtime.emulated_tp. Equal in both modes, so the two
     modes learn identically (the same all-reduce)."""
     scratch_dir: str = ""
     """Where workers exchange tensor files (weights, batches, KV): "" = a tmpfs folder under /dev/shm (one
