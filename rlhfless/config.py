@@ -261,8 +261,8 @@ class RunConfig:
         require(self.algo.name == "grpo", "runtime.emulated_tp", "TP-k functions are built for GRPO only (PPO's "
                 f"update runs on one actor and one critic rank); use 1 (got {self.runtime.emulated_tp})")
         k = self.runtime.function_units()
-        require(self.plan.gpus_per_actor in (1.0, float(k)), "plan.gpus_per_actor", f"must be {k} (runtime."
-                f"emulated_tp's units per decode function) or left at 1 (got {self.plan.gpus_per_actor})")
+        require(self.plan.gpus_per_actor in (1.0, float(k)), "plan.gpus_per_actor", "must be runtime.emulated_tp's "
+                f"units per decode function or left at 1 (got {self.plan.gpus_per_actor} at TP {k})")
         self.plan = replace(self.plan, gpus_per_actor=float(k))
 
     def _check_ppo_runtime(self) -> None:

@@ -69,8 +69,9 @@ class RuntimeConfig:
     """With device=emulated: the response lengths replayed, by (step, group, sample): paper-testbed (the
     simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""
     emulated_engine: str = "tuned"
-    """With device=emulated and mode=serverful: the pool's engine (`sim.devicemodel.engine_of`). tuned: TP 1, CUDA
-    graphs, the KV cache kept between rollouts, each device's shard resharded in place (verl's tuned engine at TP 1);
+    """With device=emulated and mode=serverful: the pool's engine (`sim.devicemodel.engine_of`). tuned: TP
+    runtime.emulated_tp (1 by default), CUDA graphs, the KV cache kept between rollouts, each device's shard resharded
+    in place (verl's tuned engine);
     paper: verl as the paper ran it, with the simulator's `paper_verl` settings (verl's example TP for the model's size,
     each pool worker holding TP units; vLLM's memory share; the KV cache slept and woken every step; the whole model
     resharded through each device's link). `compare` runs both as its two verl arms."""
@@ -280,8 +281,8 @@ class RuntimeConfig:
         if self.device != "emulated":
             require(self.emulated_engine == "tuned", "runtime.emulated_engine",
                     f"applies to runtime.device=emulated only (got {self.emulated_engine!r} on {self.device})")
-            require(self.emulated_tp == 1, "runtime.emulated_tp", "applies to runtime.device=emulated only: a "
-                    f"{self.device} unit runs one function on one device (got {self.emulated_tp} on {self.device})")
+            require(self.emulated_tp == 1, "runtime.emulated_tp", "applies to runtime.device=emulated only: a cpu "
+                    f"or cuda unit runs one function on one device (got {self.emulated_tp} on {self.device})")
             return
         from rlhfless.sim.hardware import MODELS
 
@@ -302,11 +303,11 @@ class RuntimeConfig:
     def _check_function_tp(self) -> None:
         """runtime.emulated_tp: functions of k units fill the units; the learner's ranks are units / k."""
         k = self.function_units()
-        require(self.units % k == 0, "runtime.emulated_tp", f"must divide runtime.units (a function holds TP "
-                f"units): got TP {k} for {self.units} units")
-        require(self.learner_units <= self.units // k, "runtime.learner_units", f"must be <= runtime.units / "
-                f"runtime.emulated_tp = {self.units // k} (each learner rank holds TP {k} units) (got "
-                f"{self.learner_units})")
+        require(self.units % k == 0, "runtime.emulated_tp", "must divide runtime.units (a function holds TP "
+                f"units) (got TP {k} for {self.units} units)")
+        require(self.learner_units <= self.units // k, "runtime.learner_units", "must be <= runtime.units / "
+                f"runtime.emulated_tp (each learner rank holds TP units) (got {self.learner_units}, at most "
+                f"{self.units // k} at TP {k})")
 
     def _check_paper_engine(self) -> None:
         """runtime.emulated_engine=paper is the serverful pool's, in replicas of TP units that fill the units."""

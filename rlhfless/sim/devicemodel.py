@@ -3,7 +3,8 @@
 The runtime's emulated workers (`runtime.devices.emulated`) sleep by these numbers and the simulator's validation of an
 emulated run (`sim.modelled`) plays by the same ones, so both read them from here, below both. Lengths come from
 the simulator's paper-testbed workload or a trace a user brings; the perf model, its time model and the KV
-capacity are the simulator's for one device of the configured kind (TP 1: one unit is one device).
+capacity are the simulator's for one replica of the configured kind at the tuned engine's TP (`runtime.emulated_tp`,
+`LengthTable.tp`: a function of k units is one TP-k replica; 1 by default: one unit is one device).
 
 Replay is keyed by prompt, across epochs (`LengthTable.prompts`): the run's train prompt i replays the trace's
 prompt i (the i-th by the number its id ends in), and its visit in run epoch e replays that prompt's trace epoch e,
@@ -12,8 +13,9 @@ epoch), whatever order the run draws its prompts in. The run's epoch of a group 
 stream over the train split's size (`run.runner.PromptStream`: every epoch visits every train prompt once, `batch`
 prompts a step). A table written before (no `prompts`) replays by (step, group, sample) as it did.
 
-The engine (`engine_of`): tuned (TP 1, CUDA graphs, the KV cache kept between rollouts, each device's shard resharded in
-place) for every function, or, for a serverful pool with `runtime.emulated_engine=paper`, verl as the paper ran it, with
+The engine (`engine_of`): tuned (TP k = `runtime.emulated_tp`, 1 by default; 0 = `tuned_tp`, the TP the simulator's
+tuned verl picks; CUDA graphs, the KV cache kept between rollouts, each device's shard resharded in place) for every
+function and tuned pool worker, or, for a serverful pool with `runtime.emulated_engine=paper`, verl as the paper ran it, with
 the simulator's `paper_verl` settings (`sim.scenario.PaperVerl`, sources in `sim.overheads`): verl's example TP for the
 model's size (a replica holds TP units), vLLM's memory share (its KV slots), CUDA graphs, the KV cache slept and woken
 every step (weights to the host and back) and the whole model resharded through each device's link. The learner is the
