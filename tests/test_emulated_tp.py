@@ -2,7 +2,8 @@
 the simulator's TP-k engine, and the simulator's prediction of such a run.
 
 The end-to-end part runs one serverless arm (design=paper: separate decode and learner functions, the one that starts
-the most functions) on 4 emulated L40S at TP 2 (two functions of two units at once), 3 steps at time scale 0.05.
+the most functions) on 4 emulated L40S at TP 2 (two functions of two units at once), 2 steps at time scale 0.05
+(step 2 is validated: step 1 starts the platform).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rlhfless.runtime.config import RuntimeConfig
 from rlhfless.sim.devicemodel import LengthTable, build_table, engine_of, tuned_tp
 
 SMALL_TP2 = ["runtime.device=emulated", "runtime.units=4", "runtime.emulated_model=qwen2.5-3b",
-             "runtime.time_scale=0.05", "plan.max_actors=4", "train.steps=3", "rollout.prompts_per_step=8",
+             "runtime.time_scale=0.05", "plan.max_actors=4", "train.steps=2", "rollout.prompts_per_step=8",
              "algo.group_size=4", "rollout.max_new_tokens=2048", "train.eval_prompts=0", "train.checkpoint_every=0",
              "tracking.mode=disabled", "runtime.gantt_every=0", "plan.gpu_kind=L40S", "plan.capacity=1024",
              "runtime.progress_every=64", "runtime.migrate=never", "runtime.mode=serverless", "runtime.design=paper",
