@@ -189,7 +189,8 @@ class RunConfig:
         plan.max_actors above the units of a serverless or compare run is capped at the units, with one line
         saying so (the scaler could never start more decode functions than there are units; a config sized for
         a larger machine then still runs here as written)."""
-        units = self.runtime.resolved_units() if self.runtime.mode in ("serverless", "compare") else None
+        k = self.runtime.function_units()  # runtime.emulated_tp: a function holds k units
+        units = self.runtime.resolved_units() // k if self.runtime.mode in ("serverless", "compare") else None
         cap = units if units is not None and self.plan.max_actors > units else None
         self.runtime.check_machine(self.plan.max_actors if cap is None else cap, compare_dp=self.algo.name == "grpo")
         if cap is not None:  # after the runtime's own checks: a machine it refuses is named first
@@ -208,10 +209,13 @@ class RunConfig:
                     f"units (got {units}); use runtime.mode=serverful or inline on one unit")
 
     def _cap_actors(self, units: int) -> None:
-        require(self.plan.min_actors <= units, "plan.min_actors", f"serverless decode functions need one unit each: "
-                f"at most runtime.units={units} (got {self.plan.min_actors}); lower it or raise runtime.units")
-        print(f"rlhfless: plan.max_actors={self.plan.max_actors} capped at runtime.units={units} (one unit per "
-              "serverless decode function)", file=sys.stderr)
+        k = self.runtime.function_units()
+        require(self.plan.min_actors <= units, "plan.min_actors", f"serverless decode functions need "
+                f"{'one unit' if k == 1 else f'{k} units'} each: at most {units} (got {self.plan.min_actors}); lower "
+                "it or raise runtime.units")
+        at = f"runtime.units={units} (one unit" if k == 1 else f"runtime.units / {k} = {units} ({k} units"
+        print(f"rlhfless: plan.max_actors={self.plan.max_actors} capped at {at} per serverless decode function)",
+              file=sys.stderr)
         self.plan = replace(self.plan, max_actors=units)
 
     def __post_init__(self) -> None:
@@ -234,6 +238,7 @@ class RunConfig:
         if self.runtime.device == "emulated" and self.runtime.executes:
             require(self.rollout.engine == "own", "rollout.engine", "must be own with runtime.device=emulated: "
                     f"no engine runs, the compute is modelled (got {self.rollout.engine!r})")
+            self._check_function_tp()
         if self.algo.name == "ppo" and self.runtime.executes:
             self._check_ppo_runtime()
         if self.runtime.executes:
@@ -247,6 +252,18 @@ class RunConfig:
         if self.algo.max_seq_len_norm is not None:
             require(self.algo.max_seq_len_norm >= self.rollout.max_new_tokens, "algo.max_seq_len_norm",
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")
+
+    def _check_function_tp(self) -> None:
+        """runtime.emulated_tp > 1: GRPO only (PPO's update runs on one actor and one critic rank, issue 40); the
+        planner prices a decode function as its TP's devices (plan.gpus_per_actor, set here when left at 1)."""
+        if self.runtime.emulated_tp == 1:
+            return
+        require(self.algo.name == "grpo", "runtime.emulated_tp", "TP-k functions are built for GRPO only (PPO's "
+                f"update runs on one actor and one critic rank); use 1 (got {self.runtime.emulated_tp})")
+        k = self.runtime.function_units()
+        require(self.plan.gpus_per_actor in (1.0, float(k)), "plan.gpus_per_actor", "must be runtime.emulated_tp's "
+                f"units per decode function or left at 1 (got {self.plan.gpus_per_actor} at TP {k})")
+        self.plan = replace(self.plan, gpus_per_actor=float(k))
 
     def _check_ppo_runtime(self) -> None:
         """What the runtime's PPO (`runtime.ppo_stages`) does not do."""

@@ -174,7 +174,7 @@ def test_emulated_compare_runs_five_arms_on_identical_samples(compared):
     r = json.loads((compared / "comparison.json").read_text())
     assert r["arms"] == ["serverful", "serverful-paper-engine", "serverful-overlap", "serverless", "serverless-paper"]
     assert r["arm_labels"]["serverful"] == "verl (tuned engine, TP 1)"
-    assert r["arm_labels"]["serverful-paper-engine"] == "verl (paper's settings)"
+    assert r["arm_labels"]["serverful-paper-engine"] == "verl (paper's settings, TP 2)"
     assert r["samples_identical"] and r["weights_identical"]
     m = r["modelled"]["per_step"]
     for arm in r["arms"]:  # modelled seconds = real / time_scale, steps 2.. (step 1 starts the platform)
@@ -213,7 +213,7 @@ def test_paper_engine_arm_is_verl_at_the_papers_settings(compared):
     # full reshard: the whole model through each device's link, TP times one device's shard
     assert eng.pm.weight_sync_s(colocated=True) == pytest.approx(2 * eng.pm.weight_bytes_per_device() /
                                                                  eng.pm.device.link_bw)
-    assert json.loads((paper / "summary.json").read_text())["arm_label"] == "verl (paper's settings)"
+    assert json.loads((paper / "summary.json").read_text())["arm_label"] == "verl (paper's settings, TP 2)"
     r = json.loads((compared / "comparison.json").read_text())
     m = r["modelled"]["per_step"]
     assert m["serverless"]["cost_ratio_paper_engine"] == pytest.approx(

@@ -34,9 +34,10 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "experiments" / "configs" / "emulated_testbed_7b_grpo.yaml"
 QUICK = ["runtime.units=8", "plan.max_actors=8", "runtime.emulated_model=qwen2.5-3b", "rollout.prompts_per_step=16",
          "task.arith.num_train=16", "train.steps=3", "runtime.time_scale=0.05", "runtime.keep_alive_s=0.25",
-         "runtime.prewarm_buffer_s=0.0025"]
+         "runtime.prewarm_buffer_s=0.0025", "runtime.emulated_tp=1"]
 """The quick size (module header): keep-alive and pre-warm buffer are real seconds, so they scale with the time
-scale (5 and 0.05 modelled seconds, as the full config's)."""
+scale (5 and 0.05 modelled seconds, as the full config's). TP 1 (one unit a function), as the quick size and the
+sensitivity sweep over it were measured (docs/emulated.md); the full size runs the testbed config's TP."""
 STEP_SHOWN = 2
 """The step drawn: step 1 starts every function of the platform cold."""
 TRACES = {
@@ -98,7 +99,9 @@ def arm_table(cmp: dict) -> dict[str, dict]:
     from rlhfless.run.compare import label
 
     per = cmp["modelled"]["per_step"]
-    return {arm: {"label": label(arm), "step_time_s": m["step_time_s"], "billed_device_s": m["billed_device_s"],
+    names = cmp.get("arm_labels") or {}
+    return {arm: {"label": names.get(arm) or label(arm), "step_time_s": m["step_time_s"],
+                  "billed_device_s": m["billed_device_s"],
                   "step_time_ratio": m.get("step_time_ratio"), "cost_ratio": m.get("cost_ratio"),
                   "step_time_ratio_paper_engine": m.get("step_time_ratio_paper_engine"),
                   "cost_ratio_paper_engine": m.get("cost_ratio_paper_engine"),

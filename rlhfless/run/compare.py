@@ -49,15 +49,24 @@ PAPER_ENGINE_ARM = "serverful-paper-engine"
 """With emulated devices and GRPO, verl as the paper ran it: the serverful pool with `runtime.emulated_engine=paper`
 (the simulator's paper-verl settings: verl's example TP, KV sleep and wake, full reshard), beside `serverful`, verl
 with the tuned engine. The serverless arms' ratios are reported against both."""
-ARM_LABELS = {"serverful": "verl (tuned engine, TP 1)", PAPER_ENGINE_ARM: "verl (paper's settings)",
-              "serverful-overlap": "verl (tuned engine, TP 1) + overlap", "serverless": "serverless (ours)",
-              PAPER_ARM: "serverless (paper's design)"}
-"""What each arm is, for reports and figures (`label`); `serverless` is the configured design (ours by default)."""
+ARM_LABELS = {"serverful": "verl (tuned engine, TP {tp})", PAPER_ENGINE_ARM: "verl (paper's settings, TP {tp})",
+              "serverful-overlap": "verl (tuned engine, TP {tp}) + overlap", "serverless": "serverless (ours, TP {tp})",
+              PAPER_ARM: "serverless (paper's design, TP {tp})"}
+"""What each arm is, for reports and figures (`label`), with the TP its replicas run at; `serverless` is the
+configured design (ours by default)."""
 
 
-def label(arm: str) -> str:
-    """An arm's label (`ARM_LABELS`; the arm's name when it has none)."""
-    return ARM_LABELS.get(arm, arm)
+def label(arm: str, cfg=None) -> str:
+    """An arm's label (`ARM_LABELS`; the arm's name when it has none) with its TP: `cfg`'s (the tuned engine's and
+    every function's: `runtime.emulated_tp` resolved; the paper-settings engine's own), TP 1 without a cfg (the
+    paper-settings engine's then without its TP)."""
+    tp = 1
+    if cfg is None and arm == PAPER_ENGINE_ARM:
+        return "verl (paper's settings)"
+    if cfg is not None:
+        tp = arm_config(cfg, arm).runtime.pool_worker_units() if arm == PAPER_ENGINE_ARM else \
+            cfg.runtime.function_units()
+    return ARM_LABELS.get(arm, arm).format(tp=tp)
 
 
 def arms(cfg) -> tuple[str, ...]:
@@ -177,7 +186,7 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
         window = CpuWindow.open()
         summaries[arm] = train(arm_config(cfg, arm), out / arm, progress=progress)
         machine[arm] = window.close()
-        _label_summary(out / arm, arm)
+        _label_summary(out / arm, arm, cfg)
     ran = list(summaries)
     digests = {arm: weights_digest(out / arm) for arm in ran}
     states = {arm: state_digests(out / arm) for arm in ran}
@@ -202,7 +211,8 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
         "overlap_only": _ratios(rs["serverful-overlap"], rs[BASE]) if "serverful-overlap" in rs else None,
         # the serverless arm against verl as the paper ran it (the ratios above are against the tuned engine)
         "against_paper_engine": _ratios(rs[TREATED], rs[PAPER_ENGINE_ARM]) if PAPER_ENGINE_ARM in rs else None,
-        "arms": ran, "arm_labels": {arm: label(arm) for arm in ran}, "seed": cfg.train.seed, "steps": cfg.train.steps,
+        "arms": ran, "arm_labels": {arm: label(arm, cfg) for arm in ran}, "seed": cfg.train.seed,
+        "steps": cfg.train.steps,
         **{arm: {**rs[arm], "eval_accuracy_final": summaries[arm]["eval_accuracy_final"],
                  "eval_greedy_accuracy_final": summaries[arm]["eval_greedy_accuracy_final"],
                  "wall_s": summaries[arm]["wall_s"], "weights_sha256": digests[arm],
@@ -216,7 +226,7 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
     result["gap_core_s_per_step"] = _gap(result[TREATED]["core_s_per_step"], result[BASE]["core_s_per_step"])
     charts = []
     for k in gantt_steps(cfg.train.steps, cfg.runtime.gantt_every):
-        p = plot_steps({label(arm): out / arm for arm in ran}, k, RunDir(out).gantt(k),
+        p = plot_steps({label(arm, cfg): out / arm for arm in ran}, k, RunDir(out).gantt(k),
                        cfg.runtime.time_scale if cfg.runtime.device == "emulated" else 1.0)  # modelled seconds
         if p is not None:
             charts.append(str(p))
@@ -229,12 +239,12 @@ def compare(cfg, out: Path, progress: bool = True) -> dict:
     return result
 
 
-def _label_summary(run: Path, arm: str) -> None:
+def _label_summary(run: Path, arm: str, cfg) -> None:
     """The arm's name and label into its summary.json (what it is, for a reader of that file alone)."""
     rd = RunDir(run)
     s = rd.read_summary()
     if s is not None:
-        write_json({**s, "arm": arm, "arm_label": label(arm)}, rd.summary)
+        write_json({**s, "arm": arm, "arm_label": label(arm, cfg)}, rd.summary)
 
 
 def _gap(a: dict, b: dict) -> dict:

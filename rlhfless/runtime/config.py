@@ -69,11 +69,19 @@ class RuntimeConfig:
     """With device=emulated: the response lengths replayed, by (step, group, sample): paper-testbed (the
     simulator's testbed workload for runtime.emulated_model) or the path of a length trace (`rlhfless.core.traces`)."""
     emulated_engine: str = "tuned"
-    """With device=emulated and mode=serverful: the pool's engine (`sim.devicemodel.engine_of`). tuned: TP 1, CUDA
-    graphs, the KV cache kept between rollouts, each device's shard resharded in place (verl's tuned engine at TP 1);
+    """With device=emulated and mode=serverful: the pool's engine (`sim.devicemodel.engine_of`). tuned: TP
+    runtime.emulated_tp (1 by default), CUDA graphs, the KV cache kept between rollouts, each device's shard resharded
+    in place (verl's tuned engine);
     paper: verl as the paper ran it, with the simulator's `paper_verl` settings (verl's example TP for the model's size,
     each pool worker holding TP units; vLLM's memory share; the KV cache slept and woken every step; the whole model
     resharded through each device's link). `compare` runs both as its two verl arms."""
+    emulated_tp: int = 1
+    """With device=emulated: the tensor-parallel degree of the tuned engine, the units each of its replicas holds: every
+    serverless function (decode, learner, reference: billed its k units, its compute the simulator's TP-k model,
+    `sim.devicemodel.engine_of`) and every pool worker of the tuned verl; the learner's data-parallel ranks are then
+    units / k. 0 = auto: the TP the simulator's tuned verl picks for runtime.emulated_model on runtime.units x
+    runtime.emulated_gpu (the fastest step that fits, `sim.devicemodel.tuned_tp`). The paper-settings engine keeps
+    its own TP (runtime.emulated_engine=paper). GRPO only; a real unit (cpu, cuda) is one device, TP 1."""
     emulated_container_start_s: float | None = None
     """With device=emulated: a function's container start, modelled s (None: the simulator's, `sim.overheads`)."""
     emulated_engine_init_s: float | None = None
@@ -93,9 +101,11 @@ class RuntimeConfig:
     """Device units the runtime may use (CPU cores, or GPUs x functions_per_gpu with device=cuda); 0 = all this
     process may use."""
     serverful_workers: int = 0
-    """W: workers the serverful control holds for the whole run; 0 = units."""
+    """W: workers the serverful control holds for the whole run; 0 = units / the units a pool worker holds
+    (`pool_worker_units`: 1, or on emulated devices its engine's TP)."""
     learner_units: int = 0
-    """Data-parallel ranks of the learner function (one unit each); 0 = units. Equal in both modes, so the two
+    """Data-parallel ranks of the learner function (one function each, of runtime.emulated_tp units on emulated
+    devices, else one unit); 0 = units / runtime.emulated_tp. Equal in both modes, so the two
     modes learn identically (the same all-reduce)."""
     scratch_dir: str = ""
     """Where workers exchange tensor files (weights, batches, KV): "" = a tmpfs folder under /dev/shm (one
@@ -266,9 +276,13 @@ class RuntimeConfig:
             require(v is None or v >= 0, f"runtime.{k}", f"must be >= 0 s or null (got {v})")
         v = self.emulated_storage_gbps
         require(v is None or v > 0, "runtime.emulated_storage_gbps", f"must be > 0 GB/s or null (got {v})")
+        require(isinstance(self.emulated_tp, int) and not isinstance(self.emulated_tp, bool) and self.emulated_tp >= 0,
+                "runtime.emulated_tp", f"must be an integer >= 0 (0 = auto) (got {self.emulated_tp!r})")
         if self.device != "emulated":
             require(self.emulated_engine == "tuned", "runtime.emulated_engine",
                     f"applies to runtime.device=emulated only (got {self.emulated_engine!r} on {self.device})")
+            require(self.emulated_tp == 1, "runtime.emulated_tp", "applies to runtime.device=emulated only: a cpu "
+                    f"or cuda unit runs one function on one device (got {self.emulated_tp} on {self.device})")
             return
         from rlhfless.sim.hardware import MODELS
 
@@ -284,6 +298,16 @@ class RuntimeConfig:
                 "runtime.device=emulated (an emulated prefill function is not built)")
         if self.emulated_engine == "paper":
             self._check_paper_engine()
+        self._check_function_tp()
+
+    def _check_function_tp(self) -> None:
+        """runtime.emulated_tp: functions of k units fill the units; the learner's ranks are units / k."""
+        k = self.function_units()
+        require(self.units % k == 0, "runtime.emulated_tp", "must divide runtime.units (a function holds TP "
+                f"units) (got TP {k} for {self.units} units)")
+        require(self.learner_units <= self.units // k, "runtime.learner_units", "must be <= runtime.units / "
+                f"runtime.emulated_tp (each learner rank holds TP units) (got {self.learner_units}, at most "
+                f"{self.units // k} at TP {k})")
 
     def _check_paper_engine(self) -> None:
         """runtime.emulated_engine=paper is the serverful pool's, in replicas of TP units that fill the units."""
@@ -320,15 +344,28 @@ class RuntimeConfig:
         return self.serverful_workers or self.resolved_units() // self.pool_worker_units()
 
     def pool_worker_units(self) -> int:
-        """Units each serverful pool worker holds: 1, or with runtime.emulated_engine=paper one replica's TP."""
+        """Units each serverful pool worker holds: the tuned engine's TP (`function_units`), or with
+        runtime.emulated_engine=paper one paper-settings replica's TP."""
         if self.emulated_engine != "paper":
-            return 1
+            return self.function_units()
         from rlhfless.sim.devicemodel import paper_tp
 
         return paper_tp(self.emulated_model)
 
+    def function_units(self) -> int:
+        """Units each function (and each tuned pool worker) holds: runtime.emulated_tp resolved (auto: the
+        simulator's tuned TP, `sim.devicemodel.tuned_tp`); 1 off emulated devices."""
+        if self.device != "emulated" or self.emulated_tp == 1:
+            return 1
+        if self.emulated_tp:
+            return self.emulated_tp
+        from rlhfless.sim.devicemodel import tuned_tp
+
+        return tuned_tp(self.emulated_gpu, self.emulated_model, self.units)
+
     def learners(self) -> int:
-        return self.learner_units or self.resolved_units()
+        """The learner's data-parallel ranks: runtime.learner_units, or one per function of `function_units`."""
+        return self.learner_units or self.resolved_units() // self.function_units()
 
     def check_machine(self, max_actors: int, compare_dp: bool = True) -> None:
         """Reject, before any work, a setting this machine cannot run (names the field). compare_dp: compare must
@@ -350,9 +387,11 @@ class RuntimeConfig:
         require(self.learners() <= units, "runtime.learner_units",
                 f"must be <= runtime.units={units} (got {self.learner_units})")
         if self.mode in ("serverless", "compare"):
-            require(max_actors <= units, "plan.max_actors",
-                    f"serverless decode functions need one unit each: at most runtime.units={units} "
-                    f"(got {max_actors}); lower plan.max_actors or raise runtime.units")
+            k = self.function_units()
+            require(max_actors <= units // k, "plan.max_actors",
+                    f"serverless decode functions need {k} unit{'s' if k > 1 else ''} each: at most "
+                    f"runtime.units / {k} = {units // k} (got {max_actors}); lower plan.max_actors or raise "
+                    "runtime.units")
         if self.mode == "compare" and compare_dp:
             require(self.learners() == self.workers(), "runtime.learner_units",
                     f"compare needs the same data-parallel degree in both modes (learner_units="

@@ -24,6 +24,8 @@ class WorkerSet:
     def __init__(self, cfg, policy, backend, setup: dict, units: int, t0: float, clock, weights, prefix: str = ""):
         self.cfg, self.rt, self.policy, self.backend, self.units = cfg, cfg.runtime, policy, backend, units
         self.hybrid = policy.hybrid_image(self.rt.hybrid)
+        self.fn_units = self.rt.function_units()
+        """Units each function holds (`runtime.emulated_tp`: a TP-k function, billed k devices; 1 otherwise)."""
         self.keep_alive_s = self.rt.idle_timeout_s()
         """Idle seconds before a serverless function is released (runtime.keep_alive_s or the billing preset's)."""
         # prefix: the run segment's (`core.rundir.Segment`): worker names unique across resumes
@@ -65,14 +67,16 @@ class WorkerSet:
 
     # -- starting functions -------------------------------------------------------------------------------------
     def claim(self, must: bool) -> tuple[int, ...] | None:
-        """A free unit for a new function. `must` (work is waiting for it): idle workers are evicted first, then a
-        learner rank that only waits for groups (it restarts later from the same inputs); otherwise None."""
-        cores = self.pool.claim(1)
+        """Free units for a new function (`fn_units` of them). `must` (work is waiting for it): idle workers are
+        evicted first, then a learner rank that only waits for groups (it restarts later from the same inputs);
+        otherwise None."""
+        k = self.fn_units
+        cores = self.pool.claim(k)
         if cores is None and must:
-            self.pool.make_room(1)
-            cores = self.pool.claim(1)
+            self.pool.make_room(k)
+            cores = self.pool.claim(k)
             if cores is None and self.stream is not None and self.stream.preempt():
-                cores = self.pool.claim(1)
+                cores = self.pool.claim(k)
             if cores is None:
                 raise RuntimeError(f"runtime: all {self.units} units are busy and a function must start "
                                    "(a bug: the runtime never holds more functions than runtime.units)")
@@ -83,10 +87,10 @@ class WorkerSet:
         return HYBRID if self.hybrid else (kind,)
 
     def start_learner(self, prewarmed: bool):
-        """One learner rank onto a free unit (not pre-warmed: work waits for it, so idle workers kept alive are
+        """One learner rank onto free units (not pre-warmed: work waits for it, so idle workers kept alive are
         released to make room), or None when every unit is busy (it waits for one)."""
         cores = self.claim(must=False)
-        if cores is None and not prewarmed and self.pool.make_room(1):  # work waits: idle capacity yields to it
+        if cores is None and not prewarmed and self.pool.make_room(self.fn_units):  # work waits: idle capacity yields
             cores = self.claim(must=False)
         if cores is None:
             return None

@@ -3,7 +3,8 @@
 The runtime's emulated workers (`runtime.devices.emulated`) sleep by these numbers and the simulator's validation of an
 emulated run (`sim.modelled`) plays by the same ones, so both read them from here, below both. Lengths come from
 the simulator's paper-testbed workload or a trace a user brings; the perf model, its time model and the KV
-capacity are the simulator's for one device of the configured kind (TP 1: one unit is one device).
+capacity are the simulator's for one replica of the configured kind at the tuned engine's TP (`runtime.emulated_tp`,
+`LengthTable.tp`: a function of k units is one TP-k replica; 1 by default: one unit is one device).
 
 Replay is keyed by prompt, across epochs (`LengthTable.prompts`): the run's train prompt i replays the trace's
 prompt i (the i-th by the number its id ends in), and its visit in run epoch e replays that prompt's trace epoch e,
@@ -12,8 +13,9 @@ epoch), whatever order the run draws its prompts in. The run's epoch of a group 
 stream over the train split's size (`run.runner.PromptStream`: every epoch visits every train prompt once, `batch`
 prompts a step). A table written before (no `prompts`) replays by (step, group, sample) as it did.
 
-The engine (`engine_of`): tuned (TP 1, CUDA graphs, the KV cache kept between rollouts, each device's shard resharded in
-place) for every function, or, for a serverful pool with `runtime.emulated_engine=paper`, verl as the paper ran it, with
+The engine (`engine_of`): tuned (TP k = `runtime.emulated_tp`, 1 by default; 0 = `tuned_tp`, the TP the simulator's
+tuned verl picks; CUDA graphs, the KV cache kept between rollouts, each device's shard resharded in place) for every
+function and tuned pool worker, or, for a serverful pool with `runtime.emulated_engine=paper`, verl as the paper ran it, with
 the simulator's `paper_verl` settings (`sim.scenario.PaperVerl`, sources in `sim.overheads`): verl's example TP for the
 model's size (a replica holds TP units), vLLM's memory share (its KV slots), CUDA graphs, the KV cache slept and woken
 every step (weights to the host and back) and the whole model resharded through each device's link. The learner is the
@@ -28,6 +30,7 @@ update is not built).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import zlib
@@ -72,6 +75,9 @@ class LengthTable:
     overheads: dict | None = None
     """The cold-start constants the run set (`OVERHEAD_KEYS`: runtime.emulated_*); None or a missing key: the
     simulator's default (`sim.overheads.DEFAULT`)."""
+    tp: int = 1
+    """The tuned engine's TP (`runtime.emulated_tp` resolved): the units each serverless function and tuned pool
+    worker holds; capacity is one such replica's KV slots. 1 in a table written before TP-k functions existed."""
 
     def slot(self, step: int, group: int, prompt_id: str) -> tuple[int, int]:
         """(trace prompt, trace epoch) that the run's `prompt_id`, drawn as group `group` of step `step` (1-based),
@@ -156,11 +162,12 @@ def build_table(cfg, steps: int, n_train: int = 0) -> LengthTable:
     and every epoch a `steps`-step run reaches, or a trace a user brings (`runtime.length_trace` = a path), whole;
     capacity and ctx as the simulator sizes them."""
     from rlhfless.sim import MAX_SIM_STEPS
-    from rlhfless.sim.scenario import SCENARIOS, SimConfig, build_cluster, workload
+    from rlhfless.sim.scenario import SCENARIOS, SimConfig, workload
 
     rt, batch = cfg.runtime, cfg.rollout.prompts_per_step
     over = overheads_of(rt)
-    base = dict(device=rt.emulated_gpu, n_devices=rt.units, model=rt.emulated_model, tp=1, algo=cfg.algo.name,
+    tp = rt.function_units()
+    base = dict(device=rt.emulated_gpu, n_devices=rt.units, model=rt.emulated_model, tp=tp, algo=cfg.algo.name,
                 group_size=cfg.algo.group_size, prompts_per_step=batch, **over)
     if rt.length_trace == "paper-testbed":
         cases = [c for c in SCENARIOS["paper-testbed"] if c["model"] == rt.emulated_model]  # this algo's first
@@ -180,14 +187,42 @@ def build_table(cfg, steps: int, n_train: int = 0) -> LengthTable:
                 f"must be paper-testbed or an existing trace file ({rt.length_trace!r} does not exist)")
         sim = SimConfig(**base, steps=MAX_SIM_STEPS, workload="trace", trace=rt.length_trace)
     work, note = workload(sim)
-    cluster = build_cluster(sim, 1, work)
+    cluster = tuned_cluster(sim, tp, work)
     lengths, rewards = by_prompt(work)
     paper = paper_engine(sim, work) if rt.emulated_engine == "paper" else None
     return LengthTable([], None, rt.emulated_gpu, rt.emulated_model, int(cluster.capacity),
                        float(_ctx(cluster.time_model.source)), f"{rt.length_trace}: {note}", shares=True,
                        exchange=True,
                        prompts=lengths, prompt_rewards=rewards, n_train=n_train or len(lengths), batch=batch,
-                       paper=paper, overheads=over or None)
+                       paper=paper, overheads=over or None, tp=tp)
+
+
+def tuned_cluster(sim, tp: int, work):
+    """The simulator's tuned-engine cluster at TP `tp` (`runtime.emulated_tp`): a ConfigError naming the field when
+    the model does not fit (or its heads do not split) at that TP."""
+    from rlhfless.sim import hardware as hw
+    from rlhfless.sim.scenario import build_cluster
+
+    heads = hw.model(sim.model).heads
+    require(heads % tp == 0, "runtime.emulated_tp", f"must divide {sim.model}'s {heads} attention heads (got {tp})")
+    try:
+        return build_cluster(sim, tp, work)
+    except ConfigError as exc:
+        raise ConfigError(f"runtime.emulated_tp: {sim.model} on {sim.device} at TP {tp}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def tuned_tp(gpu: str, model: str, units: int) -> int:
+    """`runtime.emulated_tp=0` (auto): the TP the simulator's tuned verl picks for `model` on `units` x `gpu`
+    (`sim.scenario._tuned_tp`: the fastest of the first two steps among the TPs that fit) on the paper-testbed
+    workload's case for the model (its GRPO case; the defaults for a model it has none of)."""
+    from rlhfless.sim.scenario import SCENARIOS, SimConfig, _tuned_tp, workload
+
+    case = next((c for c in SCENARIOS["paper-testbed"] if c["model"] == model and c.get("algo", "grpo") == "grpo"),
+                {})
+    keep = {k: v for k, v in case.items() if k not in ("name", "model", "n_devices", "device")}
+    sim = SimConfig(**{**keep, "device": gpu, "model": model, "n_devices": units, "tp": 0})
+    return _tuned_tp(sim, workload(sim)[0])
 
 
 def paper_engine(sim, work) -> dict:
@@ -234,7 +269,7 @@ def perf_model(gpu: str, model: str, overheads: dict | None = None, tp: int = 1,
         return PerfModel(hw.device(gpu), hw.model(model), tp, eff, ov["container_start_s"], ov["engine_init_s"],
                          ov["storage_gbps"] * 1e9, **engine)
     except ConfigError as exc:
-        raise ConfigError(f"runtime.emulated_model: one unit is one device: {exc}") from None
+        raise ConfigError(f"runtime.emulated_model: {model} on {tp} x {gpu}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -258,8 +293,8 @@ def engine_of(table: LengthTable, paper: bool = False) -> Engine:
         pm = perf_model(table.gpu, table.model, table.overheads, p["tp"], kv_mem_frac=p["mem_frac"],
                         eager_layer_s=p["eager_layer_s"], reshard_full=p["reshard_full"])
         return Engine(pm, pm.time_model(p["capacity"], table.ctx), p["capacity"], p["tp"], p["kv_s"], "paper")
-    pm = perf_model(table.gpu, table.model, table.overheads)
-    return Engine(pm, pm.time_model(table.capacity, table.ctx), table.capacity, 1, 0.0, "tuned")
+    pm = perf_model(table.gpu, table.model, table.overheads, table.tp)
+    return Engine(pm, pm.time_model(table.capacity, table.ctx), table.capacity, table.tp, 0.0, "tuned")
 
 
 def time_model(table: LengthTable):

@@ -29,15 +29,15 @@ critic)."""
 
 
 def _perf(run: Path, paper: bool = False):
-    """The run's engine (`sim.devicemodel.engine_of`: with `paper`, a serverful pool of the paper's verl) and
-    whether its ranks leave at their share."""
+    """The run's engine (`sim.devicemodel.engine_of`: with `paper`, a serverful pool of the paper's verl), whether
+    its ranks leave at their share and spend the exchange, and its functions' TP (`runtime.emulated_tp`)."""
     from rlhfless.sim.devicemodel import LengthTable, engine_of
 
     p = RunDir(run).emulated_lengths
     if not p.is_file():
         raise DataError(f"validate: {p} not found (a runtime.device=emulated run writes it)")
     t = LengthTable.load(p)
-    return engine_of(t, paper), t.shares, t.exchange
+    return engine_of(t, paper), t.shares, t.exchange, t.tp
 
 
 def _decode(tm, cap: int, work: StepWork, groups: list[int]) -> tuple[float, dict[int, float]]:
@@ -280,6 +280,7 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
             return {**out, "billed": len({i["worker"] for i in invs}) * pm.tp * learn_end, "by_role": None}
         billed, lapse = _bill_segments(invs, rel, end_of, learn_end, keep, released,
                                        {w: rel(t) for w, t in spawned.items()}, cut)
+        billed = {k: v * pm.tp for k, v in billed.items()}  # a function of TP units is billed each of them
     else:
         rank_end = _play_learner(run, work, [i for i in invs if i["kind"] == "learner"], rel, finish, ends, spans,
                                  overlap)
@@ -291,6 +292,7 @@ def predict_step(run: dict, work: StepWork, invs: list[dict], scale: float, t0: 
             return {**out, "billed": len({i["worker"] for i in invs}) * pm.tp * learn_end, "by_role": None}
         billed, lapse = _bill(spans, ends, learn_end, keep, released, run.get("shares", False), early, cut,
                               run["exchange_s"])
+        billed = {k: v * pm.tp for k, v in billed.items()}  # a function of TP units is billed each of them
     billed["decode"] = billed.get("decode", 0.0) + _ahead(spawned_next or {}, rel, learn_end)
     first: dict[str, float] = {}
     for i in invs:
@@ -312,11 +314,12 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
     if rt.get("device") != "emulated":
         raise DataError(f"validate: {p} is not a runtime.device=emulated run")
     scale = float(rt.get("time_scale", 1.0))
-    eng, shares, exchange = _perf(p, rt.get("mode") == "serverful" and rt.get("emulated_engine", "tuned") == "paper")
+    eng, shares, exchange, fn_tp = _perf(p, rt.get("mode") == "serverful" and
+                                         rt.get("emulated_engine", "tuned") == "paper")
     pm = eng.pm
     algo = cfg.get("algo") or {}
     run = {"pm": pm, "tm": eng.tm, "cap": eng.capacity, "kv_s": eng.kv_s, "rt": rt, "hybrid": rt.get("hybrid", True),
-           "learners": int(rt.get("learner_units") or rt.get("units") or 1),
+           "learners": int(rt.get("learner_units") or int(rt.get("units") or 1) // fn_tp),
            "skip_zero": bool(algo.get("skip_zero_variance_groups", False)), "algo": algo.get("name", "grpo"),
            "shares": shares and rt.get("mode") != "serverful", "exchange_s": 0.0}
     if exchange:  # each learner rank's part of the gradient all-reduce (`runtime.devices.emulated`)
@@ -324,7 +327,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         if rt.get("mode") == "serverful":  # the pool's data-parallel group: one rank per replica of TP units
             world = int(rt.get("serverful_workers") or units // pm.tp)
         else:
-            world = int(rt.get("learner_units") or units)
+            world = int(rt.get("learner_units") or units // fn_tp)  # ranks of TP units each
         run["exchange_s"] = pm.grad_exchange_s(world)
     if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.devices.emulated.ppo_steps`)
         rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
@@ -472,13 +475,13 @@ def _terms(workers: list[dict], invs: list[dict], run: dict, scale: float, a: fl
         i = opened.get(w["worker"], {"kind": "decode" if "decode" in w["kinds"] else "", "step": 1})
         return _cold_s(run, i["kind"], i["step"], "decode" in w["kinds"])
 
-    cold = sum(w["cold_start_s"] / scale - modelled(w) for w in workers
+    cold = sum((w["cold_start_s"] / scale - modelled(w)) * w["units"] for w in workers
                if w.get("ready_s") is not None and not w.get("prewarmed") and a <= w["spawned_s"] < b)
     def tail(w: dict) -> float:  # real seconds past what the model bills after its last invocation
         t = w["released_s"] - last[w["worker"]] - (0.0 if w["worker"] in early else keep_alive_s)
         return max(0.0, t) if w["worker"] in cut else t
 
-    lag = sum(tail(w) / scale for w in workers
+    lag = sum(tail(w) * w["units"] / scale for w in workers
               if w.get("released_s") is not None and w["worker"] in last and a <= w["released_s"] < b)
     held = sum(max(0.0, min(a + gap, w.get("released_s") or float("inf")) - max(a, w["spawned_s"])) * w["units"]
                for w in workers) / scale

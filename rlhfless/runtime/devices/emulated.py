@@ -3,8 +3,9 @@
 The runtime runs unchanged (planner, processes, messages, cold starts, keep-alive, migration, billing, faults);
 only what a worker computes is replaced: `worker.main` hands an emulated setup to `serve`, whose `EmulatedWorker`
 answers `worker.Worker`'s requests with the same replies and sleeps the modelled time (`sim.scenario.build_cluster`'s
-perf model for `runtime.emulated_model` on one `runtime.emulated_gpu`, scaled by `runtime.time_scale`). The rule it
-keeps: sleeping is deadline based, so a worker's own overhead is absorbed, not added. Each request's model:
+perf model for `runtime.emulated_model` on `runtime.emulated_tp` x `runtime.emulated_gpu`: a function of k units is
+one TP-k replica; scaled by `runtime.time_scale`). The rule it keeps: sleeping is deadline based, so a worker's own
+overhead is absorbed, not added. Each request's model:
 docs/internals.md#runtimedevicesemulatedpy. Non-goals: the prefill function, vLLM.
 
 Deviations:
@@ -16,8 +17,10 @@ Deviations:
 3. A serverful pool worker with `runtime.emulated_engine=paper` is one TP replica of verl as the paper ran it
    (`sim.devicemodel.engine_of`): it holds TP units, decodes with that engine's time model and KV slots, trains and
    scores its share on its TP devices, and after each optimiser step reshards the whole model and sleeps and wakes
-   its KV cache. A GRPO learner rank cold-started on a trained policy also reads its optimiser shard
-   (`sim.devicemodel.cold_start_s`).
+   its KV cache. A tuned-engine function or pool worker at `runtime.emulated_tp` = k holds k units the same way
+   (`sim.devicemodel.engine_of` at TP k: its decode, learner share, reference forward, cold start and weight
+   loads; the learner's data-parallel ranks are units / k). A GRPO learner rank cold-started on a trained policy
+   also reads its optimiser shard (`sim.devicemodel.cold_start_s`).
 """
 
 from __future__ import annotations
