@@ -570,8 +570,10 @@ class RLHFless:
             return self._prewarm(cold_s, self.gaps[0]), 0.0
         if not np.isfinite(self.update_s):  # no step before: nothing freed, nothing pre-warmed (`freed` is 0)
             return 0.0, cold_s
-        lead = min(max(0.0, self.update_s - lifecycle.prewarm_start_s(self.update_s, cold_s, 0.0)), self.update_s)
-        return lead, max(0.0, cold_s - lead)
+        start = lifecycle.prewarm_start_s(self.update_s, cold_s, 0.0)  # seconds after the share
+        lead = min(max(0.0, self.update_s - start), self.update_s)
+        left = cold_s - lead
+        return lead, left if left > 1e-9 else 0.0  # a cold start that fits the window: none left (float residue)
 
     def _share_go(self) -> bool:
         """Separate images: whether the step's learner ranks but the reducer are let go at their share, the
