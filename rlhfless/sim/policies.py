@@ -14,9 +14,16 @@ Deviations from the paper:
 4. RLHFuse is reduced to migration and fusion (its fused pipeline schedule is not modelled).
 5. PPO's critic has the policy's size (an assumption).
 6. Separate images: a function is held warm into the next step only when its keep-alive covers the gap, the gap
-   bills less than its cold start (`plan.lifecycle.hold_pays`) and the device budget has room (the learner holds
-   every device to the step's end, so in practice none is); otherwise it is let go at once, billed no keep-alive.
-   A kept function unused next step is billed its whole keep-alive (at most the gap over).
+   bills less than its cold start (`plan.lifecycle.hold_pays`) and the device budget has room (the learner works
+   on every device, so in practice none is); otherwise it is let go at once, billed no keep-alive. A kept
+   function unused next step is billed its whole keep-alive (at most the gap over).
+7. Separate images: the learner's ranks (a replica's devices each) but the reducer are let go at their share,
+   the end of the learner's work, as the runtime's are (`plan.lifecycle.let_go`, `plan.ranks.reducer`); the
+   reducer alone runs the optimizer step (all of verl's mini-batch steps under learner parity: the fluid learner
+   puts them after the work). The next step's decode and prefill functions are pre-warmed into the freed
+   devices from the share, at the lifecycle's time (`plan.lifecycle.prewarm_start_s`); a cold start longer than
+   the optimizer step runs on past the next step's start. The scaler still prices the learner held to the
+   step's end and plans a pre-warm that cannot hide the whole cold start as a cold actor (conservative).
 """
 
 from __future__ import annotations
@@ -288,7 +295,7 @@ class RLHFless:
         self.n_hybrid = 0  # hybrid functions the last step's learner ended with (warm, holding the new weights)
         self.n_kept = 0  # separate decode functions the last step left warm: their keep-alive covered their gap
         self.prefill_kept = self.learner_kept = False  # likewise the prefill function, every learner block
-        self.prefill_warm = sw.prewarm  # this step's prefill function is warm at t0 (pre-warmed or kept)
+        self.prefill_cold_s = 0.0  # this step's prefill function's cold start on the path (0: pre-warmed or kept)
         self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
         self.update_s = float("inf")  # the last step's optimizer step: its learner's share to this step's start
         self.freed = 0.0  # separate images: devices the last step's learner ranks freed at their share
@@ -337,10 +344,10 @@ class RLHFless:
             # kept: warm, its gap billed last step (`keeps`); pre-warmed: where the budget leaves room for it
             fresh = sw.prewarm and room - pre * pm.tp >= pm.tp * self.prefill_actors and not self.prefill_kept
             warm = fresh or self.prefill_kept
-            self.prefill_warm = warm and (self.prefill_kept or left <= 0)
             prefill = FnRun("prefill", pm.tp * self.prefill_actors, left if fresh else (0.0 if warm else
                                                                                          pm.cold_start_s()),
                             work, bill if fresh else 0.0)
+            self.prefill_cold_s = prefill.cold_s
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill), warm_bill_s=bill, hybrid_warm=hyb)
         memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
         t_sf = None
@@ -523,7 +530,7 @@ class RLHFless:
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill, left = self._warmth(cold_s)
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
-        t_prefill = 0.0 if self.prefill_warm or not sw.dedup else cold_s
+        t_prefill = self.prefill_cold_s if sw.dedup else 0.0
         out = []
         for a in sorted(active, key=lambda a: -predicted[a]):  # the prefill function serves the busiest first
             toks = sum(plen[j.group_id] for j in actor_jobs[a])
@@ -599,9 +606,10 @@ class RLHFless:
         return lifecycle.free_devices(c.n_devices, min(held, lp.block_devices) if lp.share_go else held)
 
     def _room(self) -> float:
-        """Devices free before t0 for the next step's functions (pre-warmed or kept warm): none with separate
-        images, whose learner holds every device to the step's end (`plan.lifecycle.free_devices`; never more
-        devices held than exist); the hybrid design's warm functions are the learner's own blocks."""
+        """Devices free through the last step's update for a function kept warm from its rollout into this step:
+        none with separate images, whose learner works on every device (`plan.lifecycle.free_devices`; never
+        more devices held than exist; a pre-warm may take the devices its ranks free at their share instead:
+        `freed`); the hybrid design's warm functions are the learner's own blocks."""
         c = self.c
         return float("inf") if self.sw.hybrid else lifecycle.free_devices(c.n_devices, float(c.n_devices))
 
