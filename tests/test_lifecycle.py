@@ -225,3 +225,19 @@ def test_the_simulators_share_release_is_the_shared_rule(monkeypatch):
     tl, rows, c = _paper_sim_play(2, "prewarm=false")
     bounds = _step_bounds(rows)
     assert all(x.end_s == pytest.approx(bounds[x.step][2]) for x in tl.spans if x.kind == "learner")
+
+
+def test_separate_images_with_overlap_and_the_wide_actor_stay_within_the_device_budget():
+    """The testbed's extended design on separate images (overlap, the sized learner and the wide actor on, hybrid
+    off): learner blocks cut into ranks at their share, decode functions pre-warmed into the freed devices (a wide
+    one only where its twice-the-TP devices are free), never more than the 16 devices held."""
+    from rlhfless.sim.scenario import case_configs, clusters, policies, simulate_policy, workload
+
+    cfg = case_configs("paper-testbed", 4, ["ablation=false", "design=extended", "hybrid=false"])[0]
+    work, _ = workload(cfg)
+    cb, cs, cp = clusters(cfg, work)
+    pol = next(p for p in policies(cfg, cb, cs, cp) if p.name == "rlhfless")
+    _, tl, rows = simulate_policy(pol, work, cs)
+    spans = [(x.start_s, x.end_s, x.devices) for x in tl.spans if x.billed]
+    assert any(r["sim/prewarmed"] > 0 for r in rows[1:])
+    assert L.peak_devices(spans) == pytest.approx(cfg.n_devices) and L.within_budget(spans, cfg.n_devices)
