@@ -229,8 +229,8 @@ def test_the_simulators_share_release_is_the_shared_rule(monkeypatch):
 
 def test_separate_images_with_overlap_and_the_wide_actor_stay_within_the_device_budget():
     """The testbed's extended design on separate images (overlap, the sized learner and the wide actor on, hybrid
-    off): learner blocks cut into ranks at their share, decode functions pre-warmed into the freed devices (a wide
-    one only where its twice-the-TP devices are free), never more than the 16 devices held."""
+    off): learner blocks cut into ranks at their share, decode functions pre-warmed into the freed devices, never
+    more than the 16 devices held."""
     from rlhfless.sim.scenario import case_configs, clusters, policies, simulate_policy, workload
 
     cfg = case_configs("paper-testbed", 4, ["ablation=false", "design=extended", "hybrid=false"])[0]
