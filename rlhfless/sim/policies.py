@@ -386,8 +386,9 @@ class RLHFless:
         self.n_hybrid = self._hybrid_after(plan) if sw.hybrid else 0
         self.n_warm = self._warm_pool(jobs, replace(cfg, hybrid_warm=self.n_hybrid), draws, len(actors), memo)
         if not sw.hybrid:
-            plan = replace(plan, learner=replace(learner, share_go=self._share_go()))
-            self.freed = self._freed_at_share(plan)
+            held = self._learner_devices(plan)
+            plan = replace(plan, learner=replace(learner, share_go=self._share_go(held)))
+            self.freed = self._freed_at_share(plan.learner, held)
         return plan, metrics
 
     def _serverful_step_s(self, step: StepWork, cfg: PlanConfig) -> float:
@@ -582,28 +583,32 @@ class RLHFless:
         left = cold_s - lead
         return lead, left if left > 1e-9 else 0.0  # a cold start that fits the window: none left (float residue)
 
-    def _share_go(self) -> bool:
+    def _share_go(self, learner_devices: float) -> bool:
         """Separate images: whether the step's learner ranks but the reducer are let go at their share, the
         runtime's rule (`runtime.streaming.LearnerStream._shared`): `plan.lifecycle.let_go` on the next learner
         work after the share (this update's optimizer step + the next rollout, from history; unknown before any
-        step), the learner's cold start and the keep-alive, or the next step's decode pre-warm waiting for the
-        devices (none is free at the share while every rank holds its own)."""
-        pm = self.c.perf
+        step), the learner's cold start and the keep-alive, or the next step's decode pre-warm waiting with no
+        device free for it (`learner_devices`, those the learner's ranks hold, leave less than one replica's)."""
+        pm, c = self.c.perf, self.c
         nxt = self.update_s + self.gaps[1] if np.isfinite(self.update_s) else None
-        return lifecycle.let_go(nxt, pm.learner_join_s(), self.c.billing.keep_alive_s) or (
-            self.sw.prewarm and self.n_warm > 0)
+        waiting = self.sw.prewarm and self.n_warm > 0
+        return lifecycle.let_go(nxt, pm.learner_join_s(), c.billing.keep_alive_s) or (
+            waiting and lifecycle.free_devices(c.n_devices, learner_devices) < pm.tp)
 
-    def _freed_at_share(self, plan: StepSchedule) -> float:
+    def _learner_devices(self, plan: StepSchedule) -> float:
+        """Devices the step's learner ranks hold at their share: every joined block's (every device without
+        overlap)."""
+        if not plan.learner.overlap:
+            return float(self.c.n_devices)
+        pre = plan.prefill.cold_s + plan.prefill.work_s if plan.prefill is not None else 0.0
+        _, blocks, joined = learner_schedule(plan, pre)
+        return float(blocks.devices[joined].sum())
+
+    def _freed_at_share(self, lp: LearnerPlan, learner_devices: float) -> float:
         """Devices free from the step's share to its end (`plan.lifecycle.free_devices`): all but the reducer's
-        when the ranks go at their share, else all but the learner's (every device without overlap)."""
-        lp, c = plan.learner, self.c
-        if lp.overlap:
-            pre = plan.prefill.cold_s + plan.prefill.work_s if plan.prefill is not None else 0.0
-            _, blocks, joined = learner_schedule(plan, pre)
-            held = float(blocks.devices[joined].sum())
-        else:
-            held = float(c.n_devices)
-        return lifecycle.free_devices(c.n_devices, min(held, lp.block_devices) if lp.share_go else held)
+        when the ranks go at their share, else all but the learner's."""
+        held = min(learner_devices, lp.block_devices) if lp.share_go else learner_devices
+        return lifecycle.free_devices(self.c.n_devices, held)
 
     def _room(self) -> float:
         """Devices free through the last step's update for a function kept warm from its rollout into this step:
