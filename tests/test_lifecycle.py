@@ -128,3 +128,116 @@ def test_let_go_is_release_at_the_lapse_or_a_hold_that_does_not_pay():
     assert L.let_go(4.0, 3.0, 5.0) and not L.let_go(4.0, 50.0, 5.0)  # kept warm only when the gap bills less
     with pytest.raises(ValueError, match="keep_alive_s"):
         L.let_go(1.0, 1.0, -1.0)
+
+
+# ---- the separate-image learner's share, as the runtime plays it -----------------------------------------------
+def _paper_sim_play(steps: int, *over: str):
+    """design=paper on paper-sim (separate images, one learner of every device): (timeline, rows, cluster)."""
+    from rlhfless.sim.scenario import case_configs, clusters, policies, simulate_policy, workload
+
+    cfg = case_configs("paper-sim", steps, ["ablation=false", *over])[0]
+    work, _ = workload(cfg)
+    cb, cs, cp = clusters(cfg, work)
+    pol = next(p for p in policies(cfg, cb, cs, cp) if p.name == "rlhfless")
+    _, tl, rows = simulate_policy(pol, work, cs)
+    return tl, rows, cs
+
+
+def _step_bounds(rows) -> list[tuple[float, float, float]]:
+    """(t0, share, end) of each step: the share is the learner's work end (`score_s` after the rollout)."""
+    out, t = [], 0.0
+    for r in rows:
+        out.append((t, t + r["rollout_s"] + r["score_s"], t + r["step_time_s"]))
+        t += r["step_time_s"]
+    return out
+
+
+def test_the_separate_learners_ranks_go_at_their_share_and_the_next_decode_prewarms_into_them():
+    """paper-sim design=paper: every learner rank (8 devices) but the reducer ends at its share (the runtime's
+    `LearnerStream._shared`: `lifecycle.let_go`, `ranks.reducer`); the reducer holds its 8 devices through the
+    optimizer step (4 s: verl's 4 mini-batch steps under learner parity); the next step's decode and prefill
+    functions start at the share, into the 152 devices freed, so 4 s of their 23.1 s cold start are off the path
+    and 19.1 s stay on it. Never more than 160 devices held. (Before: every rank held to the step's end and nothing
+    was pre-warmed: pre-warming was worth x1.000.)"""
+    tl, rows, c = _paper_sim_play(3)
+    pm, bounds = c.perf, _step_bounds(rows)
+    cold, update = pm.cold_start_s(), pm.update_fixed_s(c.algo, c.minibatches)
+    assert update == pytest.approx(4.0) and cold == pytest.approx(23.1, abs=0.05)
+    for k, (t0, share, end) in enumerate(bounds):
+        ranks = [x for x in tl.spans if x.kind == "learner" and x.step == k]
+        assert len(ranks) == c.n_devices // pm.tp and all(x.devices == pm.tp for x in ranks)
+        held = [x for x in ranks if x.end_s > share + 1e-6]
+        assert len(held) == 1 and held[0].end_s == pytest.approx(end)  # the reducer, to the step's end
+        assert all(x.end_s == pytest.approx(share) for x in ranks if x is not held[0])
+        fns = [x for x in tl.spans if x.step == k and x.kind in ("decode", "prefill")]
+        if k == 0:  # nothing before it freed a device
+            assert all(x.start_s == pytest.approx(t0) and x.cold_s == pytest.approx(cold) for x in fns)
+            continue
+        assert rows[k]["sim/prewarmed"] > 0
+        warm = [x for x in fns if x.start_s < t0 - 1e-6]
+        assert len(warm) >= rows[k]["sim/prewarmed"]
+        # started at the share before (the lifecycle's time, t0 - cold, is earlier: floored at the share)
+        assert all(x.start_s == pytest.approx(bounds[k - 1][1]) and x.cold_s == pytest.approx(cold - update)
+                   for x in warm)
+    spans = [(x.start_s, x.end_s, x.devices) for x in tl.spans if x.billed]
+    assert L.peak_devices(spans) == pytest.approx(c.n_devices) and L.within_budget(spans, c.n_devices)
+
+
+def test_keep_alive_at_least_the_gap_leaves_the_paper_designs_cold_starts_the_budget_does_not_free():
+    """The target "keep-alive >= the gap between steps leaves no cold start after step 1" on paper-sim
+    design=paper, and what forbids it. At keep-alive 300 s (longer than every gap):
+      * a decode function held from its rollout's end through the learner (gap 34-38 s) would hold 8 devices
+        while the learner, one block of every device without overlap, holds all 160: the device budget forbids
+        it (and the gap bills more than its 23.1 s cold start: `lifecycle.hold_pays` would let it go anyway);
+      * the only devices free before t0 are those the learner's ranks free at their share, for the 4 s optimizer
+        step: a pre-warm there hides 4 s of the 23.1 s cold start, and 19.1 s stay on the path every step;
+      * the learner (every device) starts only when the last decode function has freed its devices: its 5.9 s
+        join is on the path every step, and holding it through the ~55 s rollout would double the devices.
+    Where the window covers the cold start (container 0.5 s, engine init 0.5 s, storage 100 GB/s: 1.17 s), no
+    decode or prefill function starts cold after step 1."""
+    tl, rows, c = _paper_sim_play(4, "billing.keep_alive_s=300")
+    pm, bounds = c.perf, _step_bounds(rows)
+    gaps = [r["score_s"] + r["update_s"] for r in rows]
+    assert all(34.0 < g < 300.0 for g in gaps) and pm.cold_start_s() < min(gaps)  # hold_pays: False
+    for k in range(1, len(rows)):
+        # the functions that work (a pre-warmed one the scaler does not use ends at t0)
+        fns = [x for x in tl.spans if x.step == k and x.kind in ("decode", "prefill") and x.end_s > bounds[k][0]]
+        assert fns and all(x.cold_s >= pm.cold_start_s() - 4.0 - 1e-6 for x in fns)
+        ranks = [x for x in tl.spans if x.step == k and x.kind == "learner"]
+        assert all(x.cold and x.cold_s == pytest.approx(pm.learner_join_s()) for x in ranks)
+    tl, rows, c = _paper_sim_play(4, "billing.keep_alive_s=300", "container_start_s=0.5", "engine_init_s=0.5",
+                                  "storage_gbps=100")
+    assert c.perf.cold_start_s() < 4.0
+    for k in range(1, len(rows)):
+        fns = [x for x in tl.spans if x.step == k and x.kind in ("decode", "prefill")]
+        assert fns and all(x.cold_s == 0.0 and not x.cold for x in fns)
+
+
+def test_the_simulators_share_release_is_the_shared_rule(monkeypatch):
+    """The simulator's share release calls `lifecycle.let_go` as the runtime's `LearnerStream._shared` does: with
+    the rule changed to "hold" (and no pre-warm waiting for the devices) every rank holds to the step's end;
+    the runtime side of the same change is `test_lifecycle_runtime.py::test_the_runtime_holds_its_ranks_when_the_
+    shared_rule_says_hold`."""
+    tl, rows, c = _paper_sim_play(2, "prewarm=false")
+    bounds = _step_bounds(rows)
+    assert any(x.end_s < bounds[x.step][2] - 1e-6 for x in tl.spans if x.kind == "learner")
+    monkeypatch.setattr(L, "let_go", lambda *a, **k: False)
+    tl, rows, c = _paper_sim_play(2, "prewarm=false")
+    bounds = _step_bounds(rows)
+    assert all(x.end_s == pytest.approx(bounds[x.step][2]) for x in tl.spans if x.kind == "learner")
+
+
+def test_separate_images_with_overlap_and_the_wide_actor_stay_within_the_device_budget():
+    """The testbed's extended design on separate images (overlap, the sized learner and the wide actor on, hybrid
+    off): learner blocks cut into ranks at their share, decode functions pre-warmed into the freed devices, never
+    more than the 16 devices held."""
+    from rlhfless.sim.scenario import case_configs, clusters, policies, simulate_policy, workload
+
+    cfg = case_configs("paper-testbed", 4, ["ablation=false", "design=extended", "hybrid=false"])[0]
+    work, _ = workload(cfg)
+    cb, cs, cp = clusters(cfg, work)
+    pol = next(p for p in policies(cfg, cb, cs, cp) if p.name == "rlhfless")
+    _, tl, rows = simulate_policy(pol, work, cs)
+    spans = [(x.start_s, x.end_s, x.devices) for x in tl.spans if x.billed]
+    assert any(r["sim/prewarmed"] > 0 for r in rows[1:])
+    assert L.peak_devices(spans) == pytest.approx(cfg.n_devices) and L.within_budget(spans, cfg.n_devices)

@@ -90,3 +90,20 @@ def test_the_next_steps_decode_is_prewarmed_into_a_unit_a_rank_frees_at_its_shar
         learn = [i for i in invs if i["kind"] == "learner" and i["step"] == step - 1]
         dec = [ws[i["worker"]] for i in invs if i["kind"] == "decode" and i["step"] == step]
         assert dec and all(w["prewarmed"] and min(i["started_s"] for i in learn) < w["spawned_s"] < t0 for w in dec)
+
+
+def test_the_runtime_holds_its_ranks_when_the_shared_rule_says_hold(tight, tmp_path, monkeypatch):
+    """Both sides play one rule: the runtime lets a separate-image rank go at its share by `lifecycle.let_go`
+    (`LearnerStream._shared`), and so does the simulator (`test_lifecycle.py::test_the_simulators_share_release_is_
+    the_shared_rule`). With the rule changed to "hold" (and no pre-warm waiting for the unit) no rank is let go
+    at its share; as it is, ranks are."""
+    from rlhfless.run.launch import train
+
+    assert any(w.get("release_reason") == "share" for w in _rows(tight / "workers.jsonl"))
+    monkeypatch.setattr(lifecycle, "let_go", lambda *a, **k: False)
+    out = tmp_path / "hold"
+    over = [x for x in TIGHT if not x.startswith("train.steps=")] + ["train.steps=2", "runtime.prewarm=false"]
+    train(load_run_config("experiments/configs/quickstart.yaml", over), out, progress=False)
+    rows = _rows(out / "workers.jsonl")
+    assert any("learner" in w["kinds"] for w in rows)
+    assert not any(w.get("release_reason") == "share" for w in rows)

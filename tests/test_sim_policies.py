@@ -71,9 +71,15 @@ def test_prewarm_keeps_functions_warm_after_the_first_step():
     pol.observe(STEP, (10.0, 1.0, 2.0))
     second, _ = pol.decide(STEP)
     assert all(a.cold_s > 0 for a in first.actors)
-    # the separate learner holds every device to the step's end: a decode function pre-warmed (or kept) before t0
-    # would hold devices that do not exist (`plan.lifecycle`, the device budget), so none is: cold again
-    assert all(a.cold_s > 0 and a.prewarm_s == 0 for a in second.actors)
+    # the separate learner's ranks go at their share but the reducer, which holds its device through the 2 s
+    # optimizer step: the next step's decode is pre-warmed into the one device freed (never more devices held
+    # than exist), from the share, so 2 s of its cold start are off the path; the other actor starts cold
+    cold = c.perf.cold_start_s()
+    assert cold > 2.0
+    warm, cold_one = sorted(second.actors, key=lambda a: -a.prewarm_s)
+    assert warm.prewarm_s == pytest.approx(2.0) and warm.cold_s == pytest.approx(cold - 2.0)
+    assert cold_one.prewarm_s == 0 and cold_one.cold_s == pytest.approx(cold)
+    assert first.learner.share_go and second.learner.share_go
     # hybrid functions: the last step's joined learner block (one here: the sized learner dropped the other)
     # decodes the busiest actor, billed from the step's start (the learner's before); the other is pre-warmed
     hyb = RLHFless(c, Switches(scale=False), 0.5, 0.7)
@@ -144,8 +150,9 @@ def test_overlap_rung_and_verl_overlap_are_faster_on_a_long_tailed_workload():
     case = run_case(case_configs("quick", 4, ["ablation=true"])[0])
     p = case["policies"]
     assert p["+overlap"]["step_time_s"] < p["+prewarm"]["step_time_s"]
-    # the sized learner starts fewer blocks: a cheaper step, at most 1% more learner time
-    assert p["+sized learner"]["learner_device_s"] < p["+overlap"]["learner_device_s"]
+    # the sized learner starts no more blocks than the hybrid rung before it (+overlap's separate-image ranks go at
+    # their share, its hybrid ones hold to the update's end: not a comparison of sizing)
+    assert p["+sized learner"]["learner_device_s"] <= p["+hybrid"]["learner_device_s"]
     assert p["verl-overlap"]["step_time_s"] < p["verl"]["step_time_s"]
     assert p["verl-overlap"]["rollout_s"] == pytest.approx(p["verl"]["rollout_s"])  # the gain is after decode
     assert p["verl-overlap"]["score_s"] < p["verl"]["score_s"]

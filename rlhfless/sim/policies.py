@@ -14,9 +14,16 @@ Deviations from the paper:
 4. RLHFuse is reduced to migration and fusion (its fused pipeline schedule is not modelled).
 5. PPO's critic has the policy's size (an assumption).
 6. Separate images: a function is held warm into the next step only when its keep-alive covers the gap, the gap
-   bills less than its cold start (`plan.lifecycle.hold_pays`) and the device budget has room (the learner holds
-   every device to the step's end, so in practice none is); otherwise it is let go at once, billed no keep-alive.
-   A kept function unused next step is billed its whole keep-alive (at most the gap over).
+   bills less than its cold start (`plan.lifecycle.hold_pays`) and the device budget has room (the learner works
+   on every device, so in practice none is); otherwise it is let go at once, billed no keep-alive. A kept
+   function unused next step is billed its whole keep-alive (at most the gap over).
+7. Separate images: the learner's ranks (a replica's devices each) but the reducer are let go at their share,
+   the end of the learner's work, as the runtime's are (`plan.lifecycle.let_go`, `plan.ranks.reducer`); the
+   reducer alone runs the optimizer step (all of verl's mini-batch steps under learner parity: the fluid learner
+   puts them after the work). The next step's decode and prefill functions are pre-warmed into the freed
+   devices from the share, at the lifecycle's time (`plan.lifecycle.prewarm_start_s`); a cold start longer than
+   the optimizer step runs on past the next step's start. The scaler still prices the learner held to the
+   step's end and plans a pre-warm that cannot hide the whole cold start as a cold actor (conservative).
 """
 
 from __future__ import annotations
@@ -118,7 +125,7 @@ holding devices that would wait idle for groups until the optimizer step; `rlhfl
 def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float] | None, busy, overlap: bool,
              cold_s: float, prewarm: bool, work_scale: float = 1.0, prewarm_bill_s: float | None = None,
              size_slack: float | None = None, release_cold_s: float | None = None,
-             warm_spare: int = 0) -> LearnerPlan:
+             warm_spare: int = 0, share_go: bool = False) -> LearnerPlan:
     """The step's scoring + update (`LearnerPlan`): each group's work (tokens x the perf model's learner
     device-seconds per token) arriving when its last sample finishes on its actor. A group whose finish is past
     its actor's realised busy time was migrated: it arrives at the end of the rollout (its new actor is not
@@ -137,7 +144,7 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float] | 
         work.append(g.tokens * spt)
     return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
                        prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack, release_cold_s,
-                       warm_spare, step.tokens * after * work_scale)
+                       warm_spare, step.tokens * after * work_scale, share_go)
 
 
 def learner_split(c: Cluster) -> tuple[float, float]:
@@ -288,8 +295,10 @@ class RLHFless:
         self.n_hybrid = 0  # hybrid functions the last step's learner ended with (warm, holding the new weights)
         self.n_kept = 0  # separate decode functions the last step left warm: their keep-alive covered their gap
         self.prefill_kept = self.learner_kept = False  # likewise the prefill function, every learner block
-        self.prefill_warm = sw.prewarm  # this step's prefill function is warm at t0 (pre-warmed or kept)
+        self.prefill_cold_s = 0.0  # this step's prefill function's cold start on the path (0: pre-warmed or kept)
         self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
+        self.update_s = float("inf")  # the last step's optimizer step: its learner's share to this step's start
+        self.freed = 0.0  # separate images: devices the last step's learner ranks freed at their share
 
     def _hybrid_sync_s(self) -> float:
         """A hybrid function's switch between its decode engine's layout (TP shards) and its learner block's
@@ -324,25 +333,31 @@ class RLHFless:
         hyb = self.n_hybrid if sw.hybrid else 0
         kept = 0 if sw.hybrid else self.n_kept  # kept warm by their keep-alive (`plan.lifecycle`), no pre-warm
         # a pre-warm before t0 holds devices during the last step's update: only those its learner leaves free
-        room = self._room()
+        # (separate images: the devices its ranks freed at their share, `_share_go`)
+        room = self._room() if sw.hybrid else self.freed
         pre = (self.n_warm if room == float("inf") else min(self.n_warm, int(room // pm.tp))) if sw.prewarm else 0
         n_warm = max(pre, hyb, kept)  # the hybrid, kept and fresh pre-warmed ones
+        bill, left = self._warmth(pm.cold_start_s())
         prefill = None
         if sw.dedup:
             work = self._prefill_s(step, self._unique_tokens(step)) / self.prefill_actors
             # kept: warm, its gap billed last step (`keeps`); pre-warmed: where the budget leaves room for it
-            warm = sw.prewarm and room - pre * pm.tp >= pm.tp * self.prefill_actors or self.prefill_kept
-            self.prefill_warm = warm
-            prefill = FnRun("prefill", pm.tp * self.prefill_actors, 0.0 if warm else pm.cold_start_s(), work,
-                            self._prewarm(pm.cold_start_s(), self.gaps[0]) if warm and not self.prefill_kept else 0.0)
-        cfg = replace(self.cfg, learner=self._learner_costs(step, prefill),
-                      warm_bill_s=self._prewarm(pm.cold_start_s(), self.gaps[0]), hybrid_warm=hyb)
+            fresh = sw.prewarm and room - pre * pm.tp >= pm.tp * self.prefill_actors and not self.prefill_kept
+            warm = fresh or self.prefill_kept
+            prefill = FnRun("prefill", pm.tp * self.prefill_actors, left if fresh else (0.0 if warm else
+                                                                                         pm.cold_start_s()),
+                            work, bill if fresh else 0.0)
+            self.prefill_cold_s = prefill.cold_s
+        cfg = replace(self.cfg, learner=self._learner_costs(step, prefill), warm_bill_s=bill, hybrid_warm=hyb)
         memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
         t_sf = None
         if cfg.objective == "min_cost_at_deadline":  # the serverful step itself is the deadline (`_serverful`)
             t_sf = self._serverful_step_s(step, cfg)
             cfg = replace(cfg, objective="min_cost_under_deadline", deadline_s=cfg.deadline_ratio * t_sf)
-        decision, metrics = choose(jobs, cfg, c.time_model, n_warm, wide=self.wide, draws=draws, memo=memo)
+        # a pre-warm that cannot reach the step's start (its cold start runs on into it) is a cold actor to the
+        # scaler (conservative: it would otherwise plan on a warmth the actor lacks)
+        n_plan = n_warm if left <= 0 else max(hyb, kept)
+        decision, metrics = choose(jobs, cfg, c.time_model, n_plan, wide=self.wide, draws=draws, memo=memo)
         if t_sf is not None and self._runs_serverful(decision.chosen, t_sf, cfg):
             return self._serverful(step, jobs, cfg, draws, memo, metrics)
         real, busy, finish = self._realized(decision, true_jobs(step, self._prompt_of, key))
@@ -353,7 +368,7 @@ class RLHFless:
         # pre-warmed (not hybrid) instances left unused: billed idle; unused hybrid ones stay learner blocks; kept
         # ones unused lapse: billed the rest of their keep-alive (at most the keep-alive: their gap was billed)
         unused_kept = max(kept - len(actors), 0)
-        idle = tuple(FnRun("decode", pm.tp, 0.0, 0.0, self._prewarm(pm.cold_start_s(), self.gaps[0]))
+        idle = tuple(FnRun("decode", pm.tp, 0.0, 0.0, bill)
                      for _ in range(max(n_warm - hyb - kept - max(fresh_used, 0), 0))) + \
             tuple(FnRun("decode", pm.tp, 0.0, 0.0, c.billing.keep_alive_s) for _ in range(unused_kept))
         lk = self.learner_kept and not sw.hybrid  # kept warm from the last step: no join, nothing more billed
@@ -364,11 +379,16 @@ class RLHFless:
                            release_cold_s=self._hybrid_join_s() if sw.hybrid else None,
                            warm_spare=max(hyb - len(actors), 0))
         metrics = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+        metrics["sim/prewarmed"] = pre
         metrics["sim/realized_makespan_s"] = real.makespan_s
         metrics["sim/hybrid_warm"] = hyb
         plan = StepSchedule(False, 0.0, actors, prefill, learner, idle_warm=idle)
         self.n_hybrid = self._hybrid_after(plan) if sw.hybrid else 0
         self.n_warm = self._warm_pool(jobs, replace(cfg, hybrid_warm=self.n_hybrid), draws, len(actors), memo)
+        if not sw.hybrid:
+            held = self._learner_devices(plan)
+            plan = replace(plan, learner=replace(learner, share_go=self._share_go(held)))
+            self.freed = self._freed_at_share(plan.learner, held)
         return plan, metrics
 
     def _serverful_step_s(self, step: StepWork, cfg: PlanConfig) -> float:
@@ -509,9 +529,9 @@ class RLHFless:
         warm, hybrid = set(by_busy), set(by_busy[:min(n_hybrid, n_warm)])
         kept = set(by_busy[:min(n_kept, n_warm)]) - hybrid  # warm by keep-alive: their gap was billed last step
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
-        warm_bill = self._prewarm(cold_s, self.gaps[0])
+        warm_bill, left = self._warmth(cold_s)
         per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
-        t_prefill = 0.0 if self.prefill_warm or not sw.dedup else cold_s
+        t_prefill = self.prefill_cold_s if sw.dedup else 0.0
         out = []
         for a in sorted(active, key=lambda a: -predicted[a]):  # the prefill function serves the busiest first
             toks = sum(plen[j.group_id] for j in actor_jobs[a])
@@ -525,15 +545,17 @@ class RLHFless:
                 w = self.wide
                 # a new function of twice the TP (weights over the network), not a learner block: a warm one is
                 # pre-warmed, even in a hybrid function's place (that block is released at t0)
-                bill = self._prewarm(w.cold_start_s, self.gaps[0]) if is_warm else 0.0
-                out.append(ActorRun(a, w.gpus, 0.0 if is_warm else w.cold_start_s, w.weight_sync_s, kv_ready, tmpl,
-                                    busy[a], bill))
+                # separate images: pre-warmed into the devices the last learner freed only where they hold it
+                is_warm = is_warm and (sw.hybrid or self.freed >= (n_warm + 1) * pm.tp)
+                bill, w_left = self._warmth(w.cold_start_s) if is_warm else (0.0, w.cold_start_s)
+                out.append(ActorRun(a, w.gpus, w_left, w.weight_sync_s, kv_ready, tmpl, busy[a], bill))
                 continue
             if a in hybrid:  # held by the last step's learner up to t0, the new weights already on its devices
                 out.append(ActorRun(a, pm.tp, 0.0, self._hybrid_sync_s(), kv_ready, tmpl, busy[a], 0.0))
                 continue
-            out.append(ActorRun(a, pm.tp, 0.0 if is_warm else cold_s, sync, kv_ready, tmpl, busy[a],
-                                warm_bill if is_warm and a not in kept else 0.0))
+            fresh = is_warm and a not in kept  # pre-warmed (its cold start may run on past t0: `_warmth`)
+            out.append(ActorRun(a, pm.tp, left if fresh else (0.0 if is_warm else cold_s), sync, kv_ready, tmpl,
+                                busy[a], warm_bill if fresh else 0.0))
         return tuple(sorted(out, key=lambda r: r.instance))
 
     def _learner_prewarms(self) -> bool:
@@ -543,10 +565,56 @@ class RLHFless:
         its cold start is on the path."""
         return self.sw.prewarm and (self.sw.overlap or self.sw.hybrid)
 
+    def _warmth(self, cold_s: float) -> tuple[float, float]:
+        """(seconds billed before t0, cold-start seconds left after t0) of a function pre-warmed for this step.
+        Hybrid: the pre-warm rule from history (`_prewarm`), ready at t0. Separate images: started into the
+        devices the last step's learner ranks freed at their share (`_share_go`), no earlier (before it the
+        learner held every device), at the lifecycle's time (`plan.lifecycle.prewarm_start_s`: the predicted end
+        of the update, the last one's optimizer step after the share, less the cold start; floored at the share);
+        a cold start longer than that window runs on past t0, on the critical path."""
+        if not self.sw.prewarm:
+            return 0.0, 0.0
+        if self.sw.hybrid:
+            return self._prewarm(cold_s, self.gaps[0]), 0.0
+        if not np.isfinite(self.update_s):  # no step before: nothing freed, nothing pre-warmed (`freed` is 0)
+            return 0.0, cold_s
+        start = lifecycle.prewarm_start_s(self.update_s, cold_s, 0.0)  # seconds after the share
+        lead = min(max(0.0, self.update_s - start), self.update_s)
+        left = cold_s - lead
+        return lead, left if left > 1e-9 else 0.0  # a cold start that fits the window: none left (float residue)
+
+    def _share_go(self, learner_devices: float) -> bool:
+        """Separate images: whether the step's learner ranks but the reducer are let go at their share, the
+        runtime's rule (`runtime.streaming.LearnerStream._shared`): `plan.lifecycle.let_go` on the next learner
+        work after the share (this update's optimizer step + the next rollout, from history; unknown before any
+        step), the learner's cold start and the keep-alive, or the next step's decode pre-warm waiting with no
+        device free for it (`learner_devices`, those the learner's ranks hold, leave less than one replica's)."""
+        pm, c = self.c.perf, self.c
+        nxt = self.update_s + self.gaps[1] if np.isfinite(self.update_s) else None
+        waiting = self.sw.prewarm and self.n_warm > 0
+        return lifecycle.let_go(nxt, pm.learner_join_s(), c.billing.keep_alive_s) or (
+            waiting and lifecycle.free_devices(c.n_devices, learner_devices) < pm.tp)
+
+    def _learner_devices(self, plan: StepSchedule) -> float:
+        """Devices the step's learner ranks hold at their share: every joined block's (every device without
+        overlap)."""
+        if not plan.learner.overlap:
+            return float(self.c.n_devices)
+        pre = plan.prefill.cold_s + plan.prefill.work_s if plan.prefill is not None else 0.0
+        _, blocks, joined = learner_schedule(plan, pre)
+        return float(blocks.devices[joined].sum())
+
+    def _freed_at_share(self, lp: LearnerPlan, learner_devices: float) -> float:
+        """Devices free from the step's share to its end (`plan.lifecycle.free_devices`): all but the reducer's
+        when the ranks go at their share, else all but the learner's."""
+        held = min(learner_devices, lp.block_devices) if lp.share_go else learner_devices
+        return lifecycle.free_devices(self.c.n_devices, held)
+
     def _room(self) -> float:
-        """Devices free before t0 for the next step's functions (pre-warmed or kept warm): none with separate
-        images, whose learner holds every device to the step's end (`plan.lifecycle.free_devices`; never more
-        devices held than exist); the hybrid design's warm functions are the learner's own blocks."""
+        """Devices free through the last step's update for a function kept warm from its rollout into this step:
+        none with separate images, whose learner works on every device (`plan.lifecycle.free_devices`; never
+        more devices held than exist; a pre-warm may take the devices its ranks free at their share instead:
+        `freed`); the hybrid design's warm functions are the learner's own blocks."""
         c = self.c
         return float("inf") if self.sw.hybrid else lifecycle.free_devices(c.n_devices, float(c.n_devices))
 
@@ -580,5 +648,6 @@ class RLHFless:
         """Feed the true lengths to the predictor; remember the idle gaps the pre-warm rule expects next step."""
         rollout, score, update = stages
         self.gaps = (score + update, rollout)
+        self.update_s = update
         self.predictor.update([Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step)
                                for g in step.groups])

@@ -28,6 +28,8 @@ from rlhfless.plan.overlap import (
     sequential_blocks,
     size_blocks,
 )
+from rlhfless.plan.ranks import reducer
+from rlhfless.plan.records import Invocation
 from rlhfless.sim.events import PRIO_OTHER, PRIO_RELEASE, PRIO_START, EventLoop, Span, Timeline
 
 
@@ -94,6 +96,11 @@ class LearnerPlan:
     after_ds: float = 0.0
     """Learner device-seconds that can start only when the rollout has ended: verl's mini-batch updates under
     learner parity (mini-batch k trains on the policy mini-batch k-1 left; only the forwards stream)."""
+    share_go: bool = False
+    """Separate images: every rank (`block_devices` of a block) but the reducer is let go at its share, the end of
+    the learner's work, and only the reducer holds its devices through the optimizer step, as the runtime's
+    `LearnerStream._shared` does (the policy decides it with `plan.lifecycle.let_go`); False: every block holds
+    its devices to the step's end."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,29 @@ def learner_schedule(plan: StepSchedule, prefill_end: float) -> tuple[float, Blo
     return max(end, rollout_end), b, joined
 
 
+def share_invocations(b: Blocks, joined: np.ndarray, share_s: float, end_s: float, rank_devices: float,
+                      t0: float = 0.0) -> list[Invocation]:
+    """The learner's billed invocations when its ranks go at their share (`LearnerPlan.share_go`): each joined
+    block cut into ranks of `rank_devices` (the runtime's learner ranks: one data-parallel rank per replica's
+    devices), numbered in block order; every rank ends at the share `share_s` (the fluid learner's work end:
+    every share comes in then, in rank order) but the reducer (`plan.ranks.reducer`: the last share in), which
+    sums the shares and runs the optimizer step to `end_s`. Seconds after t0; a rank's cold start is its block's."""
+    spans = []
+    for k in np.flatnonzero(joined):
+        d = float(b.devices[k])
+        n = max(1, int(np.floor(d / rank_devices + 1e-9))) if rank_devices > 0 else 1
+        start = max(float(b.ready_s[k] - b.cold_s[k]), 0.0)
+        spans += [(start, float(b.cold_s[k]), d / n)] * n
+    if not spans:
+        return []
+    last = reducer(list(range(len(spans))))
+    out = []
+    for r, (start, cold, d) in enumerate(spans):
+        end = end_s if r == last else max(share_s, start)
+        out.append(Invocation("learner", r, t0 + start, t0 + end, True, d, min(cold, end - start)))
+    return out
+
+
 def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepSchedule, step: int) -> StepResult:
     """Schedule `plan` from t0 on `loop`; returns a StepResult filled in as the loop runs."""
     res = StepResult(t0)
@@ -196,8 +226,12 @@ def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepSchedule, step
         lp.at(lp.now + plan.learner.update_fixed_s, PRIO_OTHER, lambda lp2: _finish(lp2, blocks, joined))
 
     def _finish(lp: EventLoop, blocks: Blocks, joined: np.ndarray) -> None:
-        # every block that joined holds its devices (and its accumulated gradients) to the optimizer step's end
-        for inv in learner_invocations(blocks, joined, lp.now - t0, t0):
+        # every block that joined holds its devices (and its accumulated gradients) to the optimizer step's end;
+        # separate images: every rank but the reducer only to its share
+        lpl = plan.learner
+        invs = share_invocations(blocks, joined, res.score_end_s - t0, lp.now - t0, lpl.block_devices, t0) \
+            if lpl.share_go else learner_invocations(blocks, joined, lp.now - t0, t0)
+        for inv in invs:
             tl.add(Span("learner", inv.actor_id, inv.start_s, inv.end_s, inv.gpus, "score+update", inv.cold,
                         inv.cold_start_s, step, billed=not plan.serverful))
         tl.stage(step, "update", res.score_end_s, lp.now)
