@@ -247,10 +247,11 @@ def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[li
 
 def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float, tm: TimeModel, seqs: _Seqs,
            f: list[float]) -> None:
-    """Move sequences (running or queued); each destination stalls for the KV transfer."""
-    sources = {actors[src] for _, src, _ in cuts}
+    """Move sequences (running or queued); each destination stalls for the KV transfer. A cut moves every
+    unfinished sequence of its source (all or nothing, `_decide`), so a source is left with none: its heap and
+    queue are emptied whole, not filtered."""
+    sources = [actors[a] for a in released]
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
-    moved = set()
     start, true, plen, job_of, push = seqs.start_it, seqs.true, seqs.plen, seqs.job, heapq.heappush
     kv = tm.kv_transfer_s_per_token
     for sid, s, d in cuts:
@@ -263,13 +264,8 @@ def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float,
         push(dst.heap, (dst.it + rem, sid))
         dst.total += 1
         dst.t += kv * (plen[job_of(sid)] + gen)  # the destination stalls for the KV
-        moved.add(sid)
     for act in sources:
-        act.heap = [x for x in act.heap if x[1] not in moved]
-        heapq.heapify(act.heap)
-        act.queue = deque(job for job in ([s for s in j if s not in moved] for j in act.queue) if job)
-    for a in released:
-        actors[a].end = t
+        act.heap, act.queue, act.end = [], deque(), t
 
 
 def _room(actors: list[_Actor], tau: float, capacity: int, a: int) -> bool:
