@@ -601,5 +601,7 @@ class RLHFless:
         """Feed the true lengths to the predictor; remember the idle gaps the pre-warm rule expects next step."""
         rollout, score, update = stages
         self.gaps = (score + update, rollout)
+        if self.sw.oracle:  # the oracle plans on the true lengths: it never reads its predictor
+            return
         self.predictor.update([Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step)
                                for g in step.groups])
