@@ -377,3 +377,30 @@ def test_sequential_whole_step_tail_reads_no_finish_so_the_scaler_simulates_none
         ref = whole_step_tail(dur[dur > 0], arrive, tokens * lc.s_per_token, cfg.gpus_per_actor, 3.0, lc,
                               cfg.gpus_per_actor, 0, float(tokens.sum()) * lc.after_s_per_token)
         assert (end, invs) == ref
+
+
+def test_a_memo_shares_tails_between_equal_learner_costs_built_apart(monkeypatch):
+    """`_memo_tail` keys the learner's costs by value (`_learner_key`): twins build equal `LearnerCosts` as objects
+    of their own and share a step's memo, so the second costs no tail the first costed; a cost that differs
+    (even 0.0 against -0.0) is costed on its own."""
+    import numpy as np
+
+    from rlhfless.plan import scaler
+    from rlhfless.plan.balancer import JobArrays
+
+    ja = JobArrays.from_jobs([PlanJob("a", 1, 400.0), PlanJob("b", 1, 100.0), PlanJob("c", 1, 300.0)])
+    labels, rank, head = np.array([0, 0, 1]), np.arange(3), np.array([0.5, 0.5])
+    dur = head + np.array([2.0, 3.0])
+    calls, real = [], scaler._tail
+    monkeypatch.setattr(scaler, "_tail", lambda *a, **k: calls.append(1) or real(*a, **k))
+    memo = {}
+
+    def cost(**lc):
+        cfg = _cfg(max_actors=2, learner=LearnerCosts(whole_step=True, overlap=True, devices=2.0, s_per_token=0.001,
+                                                      **lc))
+        return scaler._memo_tail(ja, labels, rank, 2, dur, head, cfg, TM, None, None, 0, memo)
+
+    first = cost(cold_start_s=0.0)
+    assert cost(cold_start_s=0.0) == first and len(calls) == 1  # another object, the same value: shared
+    cost(cold_start_s=-0.0 + 0.0, update_fixed_s=-0.0)
+    assert len(calls) == 2  # -0.0 is not 0.0 by repr: costed anew

@@ -16,7 +16,7 @@ Deviations from the paper:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan,
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
-from rlhfless.plan.overlap import job_learner_tokens, sequential_tails, whole_step_tail
+from rlhfless.plan.overlap import LearnerCosts, job_learner_tokens, sequential_tails, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
     Invocation,
@@ -117,16 +117,27 @@ def _memo_tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur:
     if memo is None:
         return _tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
     warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)  # all _tail reads of n_warm
-    key = ("tail", id(ja), id(tm), id(cfg.learner), id(wide[0]) if wide else None, wide[1] if wide else None, n,
-           cfg.capacity, cfg.gpus_per_actor, _budget(cfg), warm_spare, labels.tobytes(), rank.tobytes(),
-           dur.tobytes(), head.tobytes(), None if own is None else own.tobytes())
+    key = ("tail", id(ja), id(tm), _learner_key(cfg.learner, memo), id(wide[0]) if wide else None,
+           wide[1] if wide else None, n, cfg.capacity, cfg.gpus_per_actor, _budget(cfg), warm_spare,
+           labels.tobytes(), rank.tobytes(), dur.tobytes(), head.tobytes(), None if own is None else own.tobytes())
     hit = memo.get(key)
-    objs = (ja, tm, cfg.learner, wide[0] if wide else None)
+    objs = (ja, tm, wide[0] if wide else None)
     if hit is not None and all(a is b for a, b in zip(hit[0], objs)):  # the objects themselves: ids stay theirs
         return hit[1]
     out = _tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
     memo[key] = (objs, out)
     return out
+
+
+def _learner_key(lc: LearnerCosts, memo: dict) -> tuple:
+    """The learner's costs by value (each field's repr: -0.0 and 0.0 apart, every float exact), once per object
+    in `memo`: twins (`sim.scenario.play_twins`) build equal costs as objects of their own."""
+    hit = memo.get(("learner", id(lc)))
+    if hit is not None and hit[0] is lc:
+        return hit[1]
+    key = tuple(repr(getattr(lc, f.name)) for f in fields(lc))
+    memo[("learner", id(lc))] = (lc, key)  # the object itself: its id stays its own while the memo holds it
+    return key
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
