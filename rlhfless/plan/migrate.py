@@ -118,7 +118,7 @@ class _Actor:
         self.it = 0.0
         self.t = 0.0
         self.heap: list[tuple[float, int]] = []
-        self.queue: deque[list[int]] = deque()  # jobs (lists of sids), admitted FIFO and together
+        self.queue: deque[Sequence[int]] = deque()  # jobs (ranges of sids), admitted FIFO and together
         self.finished = 0
         self.total = 0
         self.end: float | None = None
@@ -232,16 +232,25 @@ def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[li
         seqs.true = list(chain.from_iterable([truth[g].lengths() for g in seqs.group]))
     else:
         seqs.true = seqs.pred  # read only
-    k = 0
+    k, true, push, cap = 0, seqs.true, heapq.heappush, plan.capacity
     for a, jobs in enumerate(plan.actor_jobs):
         act = _Actor(a)
-        act.queue.extend([list(range(firsts[i], firsts[i] + sizes[i])) for i in range(k, k + len(jobs))])
+        # a job's sids are a range (read as a list is: iterated, measured); built once, never copied
+        act.queue.extend([range(firsts[i], firsts[i] + sizes[i]) for i in range(k, k + len(jobs))])
         act.total = sum(sizes[k:k + len(jobs)])
         k += len(jobs)
         actors.append(act)
+        # `_Actor.admit` at iteration 0, the same pushes in the same order: a prefix of the queue (one range of
+        # sids), each at 0.0 + its length (= its length) and its start already 0.0
+        queue, room, end = act.queue, cap, None
+        while queue and len(queue[0]) <= room:
+            room -= len(queue[0])
+            end = queue.popleft().stop
+        if end is not None:
+            heap, lo = act.heap, firsts[k - len(jobs)]
+            for x in zip(true[lo:end], range(lo, end)):
+                push(heap, x)
     seqs.start_it = [0.0] * len(seqs.true)
-    for act in actors:
-        act.admit(plan.capacity, seqs)
     return actors, seqs
 
 
