@@ -404,3 +404,23 @@ def test_a_memo_shares_tails_between_equal_learner_costs_built_apart(monkeypatch
     assert cost(cold_start_s=0.0) == first and len(calls) == 1  # another object, the same value: shared
     cost(cold_start_s=-0.0 + 0.0, update_fixed_s=-0.0)
     assert len(calls) == 2  # -0.0 is not 0.0 by repr: costed anew
+
+
+def test_a_memo_plays_a_plans_cuts_on_an_outcome_once(monkeypatch):
+    """Twins that choose the same N weigh cuts on the same plan object and draws (`_memo_cuts`): the second
+    `with_cuts` of a plan in one memo plays nothing again and gives the same row; another memo plays anew."""
+    from rlhfless.plan import scaler
+    from rlhfless.plan.balancer import assign
+
+    plays, real = [], scaler.play_with_migration
+    monkeypatch.setattr(scaler, "play_with_migration", lambda *a, **k: plays.append(1) or real(*a, **k))
+    cfg = _cfg(max_actors=2, migrate=True)
+    plan, _ = assign(STRAGGLER, 2, 4, TM, "contiguous")
+    draws = [list(STRAGGLER), [PlanJob(j.group_id, j.n_seqs, tuple(2.0 * x for x in j.lengths())) for j in STRAGGLER]]
+    memo = {}
+    first, _ = scaler.with_cuts(plan, cfg, TM, 0, draws, memo)
+    assert len(plays) == 3  # the predictions and each draw
+    again, _ = scaler.with_cuts(plan, cfg, TM, 0, draws, memo)
+    assert replace(again, score=0.0) == replace(first, score=0.0) and len(plays) == 3  # unscored: NaN
+    scaler.with_cuts(plan, cfg, TM, 0, draws, {})
+    assert len(plays) == 6

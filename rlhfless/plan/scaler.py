@@ -250,7 +250,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
                 memo[key] = (tuple(busy), ja, own)
         moves = 0
         if cuts is not None:
-            res = play_with_migration(plan, tm, cfg.tau, d)  # busy seconds and the count: no move named
+            res = _memo_cuts(plan, tm, cfg.tau, d, memo)  # busy seconds and the count: no move named
             busy, moves = list(res.busy_s), res.n_moves
         elif wide is not None:
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
@@ -266,8 +266,24 @@ def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int 
     """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations; over `draws` when given)
     and the cuts simulated on the predictions (what a runtime decides with; `Played.named()` for the moves);
     `memo` as in `_row`."""
-    res = play_with_migration(plan, tm, cfg.tau)
+    res = _memo_cuts(plan, tm, cfg.tau, None, memo)
     return _row(plan, cfg, tm, n_warm, draws, cuts=res, memo=memo), res
+
+
+def _memo_cuts(plan: AssignmentPlan, tm: TimeModel, tau: float, outcome: Sequence[PlanJob] | None,
+               memo: dict | None) -> Played:
+    """`play_with_migration(plan, tm, tau, outcome)`, once per plan, outcome (None: the predictions), tau and time
+    model in `memo`: twins (`sim.scenario.play_twins`) that choose the same N weigh cuts on the same plan object
+    (the step's memo builds each plan once) and the same draws; the result is read only."""
+    if memo is None:
+        return play_with_migration(plan, tm, tau, outcome)
+    key = ("cuts", id(plan), id(outcome), tau, id(tm))
+    hit = memo.get(key)
+    if hit is not None and hit[0] is plan and hit[1] is outcome and hit[2] is tm:
+        return hit[3]
+    res = play_with_migration(plan, tm, tau, outcome)
+    memo[key] = (plan, outcome, tm, res)  # the objects themselves: their ids stay theirs while the memo holds them
+    return res
 
 
 def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
