@@ -377,3 +377,50 @@ def test_sequential_whole_step_tail_reads_no_finish_so_the_scaler_simulates_none
         ref = whole_step_tail(dur[dur > 0], arrive, tokens * lc.s_per_token, cfg.gpus_per_actor, 3.0, lc,
                               cfg.gpus_per_actor, 0, float(tokens.sum()) * lc.after_s_per_token)
         assert (end, invs) == ref
+
+
+def test_a_memo_shares_tails_between_equal_learner_costs_built_apart(monkeypatch):
+    """`_memo_tail` keys the learner's costs by value (`_learner_key`): twins build equal `LearnerCosts` as objects
+    of their own and share a step's memo, so the second costs no tail the first costed; a cost that differs
+    (even 0.0 against -0.0) is costed on its own."""
+    import numpy as np
+
+    from rlhfless.plan import scaler
+    from rlhfless.plan.balancer import JobArrays
+
+    ja = JobArrays.from_jobs([PlanJob("a", 1, 400.0), PlanJob("b", 1, 100.0), PlanJob("c", 1, 300.0)])
+    labels, rank, head = np.array([0, 0, 1]), np.arange(3), np.array([0.5, 0.5])
+    dur = head + np.array([2.0, 3.0])
+    calls, real = [], scaler._tail
+    monkeypatch.setattr(scaler, "_tail", lambda *a, **k: calls.append(1) or real(*a, **k))
+    memo = {}
+
+    def cost(**lc):
+        cfg = _cfg(max_actors=2, learner=LearnerCosts(whole_step=True, overlap=True, devices=2.0, s_per_token=0.001,
+                                                      **lc))
+        return scaler._memo_tail(ja, labels, rank, 2, dur, head, cfg, TM, None, None, 0, memo)
+
+    first = cost(cold_start_s=0.0)
+    assert cost(cold_start_s=0.0) == first and len(calls) == 1  # another object, the same value: shared
+    cost(cold_start_s=-0.0 + 0.0, update_fixed_s=-0.0)
+    assert len(calls) == 2  # -0.0 is not 0.0 by repr: costed anew
+
+
+def test_a_memo_plays_a_plans_cuts_on_an_outcome_once(monkeypatch):
+    """Twins that choose the same N weigh cuts on the same plan object and draws (`_memo_cuts`): the second
+    `with_cuts` of a plan in one memo plays nothing again and gives the same row; another memo plays anew."""
+    from rlhfless.plan import scaler
+    from rlhfless.plan.balancer import assign
+
+    plays, real = [], scaler.play_with_migration
+    monkeypatch.setattr(scaler, "play_with_migration", lambda *a, **k: plays.append(1) or real(*a, **k))
+    cfg = _cfg(max_actors=2, migrate=True)
+    plan, _ = assign(STRAGGLER, 2, 4, TM, "contiguous")
+    draws = [list(STRAGGLER), [PlanJob(j.group_id, j.n_seqs, tuple(2.0 * x for x in j.lengths())) for j in STRAGGLER]]
+    memo = {}
+    first, _ = scaler.with_cuts(plan, cfg, TM, 0, draws, memo)
+    assert len(plays) == 3  # the predictions and each draw
+    again, _ = scaler.with_cuts(plan, cfg, TM, 0, draws, memo)
+    assert replace(again, score=0.0) == replace(first, score=0.0) and len(plays) == 3  # unscored: NaN
+    scaler.with_cuts(plan, cfg, TM, 0, draws, {})
+    assert len(plays) == 6

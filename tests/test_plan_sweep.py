@@ -15,7 +15,7 @@ from rlhfless.plan.bench import heavy_tailed_jobs
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.records import PlanJob
 from rlhfless.plan.scaler import choose
-from rlhfless.plan.timemodel import TimeModel, simulate, simulate_fast
+from rlhfless.plan.timemodel import TimeModel, admissions, simulate, simulate_fast
 
 TINY = TimeModel.default_tiny_cpu()
 ODD = TimeModel(batch_sizes=(2, 3, 7, 20), s_per_iter=(0.02, 0.021, 0.03, 0.031), prefill_s_per_token=0.001,
@@ -62,6 +62,23 @@ def test_simulate_fast_equals_simulate(n_actors, capacity, g, seed, tm):
     np.testing.assert_array_equal(got.peak_batch, ref.peak_batch)
     np.testing.assert_array_equal(got.peak_batch, ref.peak_batch)
     np.testing.assert_allclose(got.entry_iter, ref.entry_iter)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(1, 3), st.booleans(), st.integers(0, 2**31 - 1))
+def test_admissions_are_simulate_fasts_entries(n_actors, capacity, g, mixed, seed):
+    """`admissions` (what `labels_finish_s` reads) is `simulate_fast`'s entry_iter value for value: groups of
+    one size (the lock-step FIFO) and of mixed sizes (each queued actor's own FIFO)."""
+    rng = np.random.default_rng(seed)
+    job_actor = np.repeat(np.arange(n_actors), rng.integers(0, 8, n_actors))
+    if len(job_actor) == 0:
+        return
+    sizes = rng.integers(1, g + 2, len(job_actor)) if mixed else np.full(len(job_actor), g)
+    capacity = max(capacity, int(sizes.max()))
+    seq_actor = np.repeat(job_actor, sizes)
+    lengths = np.where(rng.random(len(seq_actor)) < 0.1, 0.0, rng.lognormal(3, 1, len(seq_actor)))
+    ref = simulate_fast(lengths, seq_actor, sizes, job_actor, n_actors, capacity, TINY).entry_iter
+    np.testing.assert_array_equal(admissions(lengths, seq_actor, sizes, job_actor, n_actors, capacity), ref)
 
 
 def test_sweep_estimate_error_on_heavy_tailed_per_sample_lengths():

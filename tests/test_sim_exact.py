@@ -186,8 +186,9 @@ def _sweep_tails_one_by_one(ja, res, dur, active, gpu_s, cfg, tm, n_warm=0, memo
     return step, total
 
 
-def _size_blocks_by_drains(arrive_s, work_ds, b, slack):
-    """`size_blocks` as a binary search that drains each count it tries on its own."""
+def _size_blocks_by_drains(arrive_s, work_ds, b, slack, arrivals=None):
+    """`size_blocks` as a binary search that drains each count it tries on its own (its arrivals sorted here,
+    whatever the caller passes)."""
     order = np.argsort(b.ready_s, kind="stable")
     if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
         return b

@@ -81,3 +81,44 @@ def test_simulate_shows_a_bar_on_stderr_unless_told_not_to(capsys):
     hidden = capsys.readouterr()
     assert hidden.err == "" and [ln for ln in hidden.out.splitlines() if "sim_wall_s" not in ln] == \
         [ln for ln in shown.out.splitlines() if "sim_wall_s" not in ln]
+
+
+def _fresh_policies(cfg):
+    work, _ = scenario.workload(cfg)
+    cb, cs, cp = scenario.clusters(cfg, work)
+    return work, scenario.policies(cfg, cb, cs, cp, scenario.wide_cluster(cfg, cs, work))
+
+
+def test_twins_are_rlhfless_on_one_cluster_with_equal_switches():
+    cfg = case_configs("quick", 2, ["design=extended"])[0]
+    _, pols = _fresh_policies(cfg)
+    names = [[pols[i].name for i in g] for g in scenario.twins(pols)]
+    assert ["rlhfless", "rlhfless-lam1"] in names  # lam differs only
+    assert ["oracle"] in names and ["verl"] in names  # other switches; not RLHFless
+
+
+def test_twins_in_lock_step_give_each_ones_own_results_and_share_the_plays(monkeypatch):
+    """rlhfless and rlhfless-lam1 played together (`play_twins`) give each one's results alone bit for bit,
+    and the second plays no placement on a draw that the first already played (the feature: without the
+    shared step memo both would play every one)."""
+    from rlhfless.plan import scaler
+
+    cfg = case_configs("quick", 4, ["design=extended"])[0]
+    plays, real = [], scaler._play
+
+    def counted(*a, **k):
+        plays.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(scaler, "_play", counted)
+    work, pols = _fresh_policies(cfg)
+    alone = [scenario.simulate_policy(p, work, p.c) for p in pols if p.name in ("rlhfless", "rlhfless-lam1")]
+    n_alone = len(plays)
+    work, pols = _fresh_policies(cfg)
+    pair = [p for p in pols if p.name in ("rlhfless", "rlhfless-lam1")]
+    plays.clear()
+    together = scenario.play_twins(pair, work)
+    assert n_alone > 0 and len(plays) <= n_alone // 2 + 1
+    for (s_a, tl_a, rows_a), (s_t, tl_t, rows_t) in zip(alone, together):
+        assert s_t == s_a and rows_t == rows_a and tl_t.spans == tl_a.spans
+    assert all(p.share is None for p in pair)  # nothing shared outlives the play

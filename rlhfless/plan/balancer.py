@@ -211,7 +211,7 @@ def labels_finish_s(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actor
                     tm: TimeModel) -> np.ndarray:
     """(J,) seconds from its actor's start at which each job (ja order) finishes under a labelling, simulated as
     `build_plan` does (admission by rank within an actor; fixed overhead and the actor's prefill first)."""
-    from rlhfless.plan.timemodel import finish_seconds
+    from rlhfless.plan.timemodel import admissions, finish_seconds
 
     if len(labels) == 0:
         return np.zeros(0)
@@ -220,8 +220,9 @@ def labels_finish_s(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actor
     before = np.cumsum(sizes) - sizes
     seq_idx = np.repeat(ja.offsets[order] - before, sizes) + np.arange(int(sizes.sum()))
     sactor = np.repeat(jactor, sizes)
-    sim = simulate_fast(ja.seq_len[seq_idx], sactor, sizes, jactor, n_actors, capacity, tm)
-    fin = finish_seconds(sim.entry_iter, sim.finish_iter, sactor, n_actors, tm)
+    lengths = ja.seq_len[seq_idx]
+    entry = admissions(lengths, sactor, sizes, jactor, n_actors, capacity)  # `simulate_fast`'s, its decode unread
+    fin = finish_seconds(entry, entry + lengths, sactor, n_actors, tm)
     head = tm.actor_fixed_s + np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
     out = np.empty(len(order))
     out[order] = np.maximum.reduceat(fin, np.concatenate(([0], np.cumsum(sizes)[:-1]))) + head[jactor]

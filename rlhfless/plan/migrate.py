@@ -118,7 +118,7 @@ class _Actor:
         self.it = 0.0
         self.t = 0.0
         self.heap: list[tuple[float, int]] = []
-        self.queue: deque[list[int]] = deque()  # jobs (lists of sids), admitted FIFO and together
+        self.queue: deque[Sequence[int]] = deque()  # jobs (ranges of sids), admitted FIFO and together
         self.finished = 0
         self.total = 0
         self.end: float | None = None
@@ -232,25 +232,35 @@ def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[li
         seqs.true = list(chain.from_iterable([truth[g].lengths() for g in seqs.group]))
     else:
         seqs.true = seqs.pred  # read only
-    k = 0
+    k, true, push, cap = 0, seqs.true, heapq.heappush, plan.capacity
     for a, jobs in enumerate(plan.actor_jobs):
         act = _Actor(a)
-        act.queue.extend([list(range(firsts[i], firsts[i] + sizes[i])) for i in range(k, k + len(jobs))])
+        # a job's sids are a range (read as a list is: iterated, measured); built once, never copied
+        act.queue.extend([range(firsts[i], firsts[i] + sizes[i]) for i in range(k, k + len(jobs))])
         act.total = sum(sizes[k:k + len(jobs)])
         k += len(jobs)
         actors.append(act)
+        # `_Actor.admit` at iteration 0, the same pushes in the same order: a prefix of the queue (one range of
+        # sids), each at 0.0 + its length (= its length) and its start already 0.0
+        queue, room, end = act.queue, cap, None
+        while queue and len(queue[0]) <= room:
+            room -= len(queue[0])
+            end = queue.popleft().stop
+        if end is not None:
+            heap, lo = act.heap, firsts[k - len(jobs)]
+            for x in zip(true[lo:end], range(lo, end)):
+                push(heap, x)
     seqs.start_it = [0.0] * len(seqs.true)
-    for act in actors:
-        act.admit(plan.capacity, seqs)
     return actors, seqs
 
 
 def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float, tm: TimeModel, seqs: _Seqs,
            f: list[float]) -> None:
-    """Move sequences (running or queued); each destination stalls for the KV transfer."""
-    sources = {actors[src] for _, src, _ in cuts}
+    """Move sequences (running or queued); each destination stalls for the KV transfer. A cut moves every
+    unfinished sequence of its source (all or nothing, `_decide`), so a source is left with none: its heap and
+    queue are emptied whole, not filtered."""
+    sources = [actors[a] for a in released]
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
-    moved = set()
     start, true, plen, job_of, push = seqs.start_it, seqs.true, seqs.plen, seqs.job, heapq.heappush
     kv = tm.kv_transfer_s_per_token
     for sid, s, d in cuts:
@@ -263,13 +273,8 @@ def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float,
         push(dst.heap, (dst.it + rem, sid))
         dst.total += 1
         dst.t += kv * (plen[job_of(sid)] + gen)  # the destination stalls for the KV
-        moved.add(sid)
     for act in sources:
-        act.heap = [x for x in act.heap if x[1] not in moved]
-        heapq.heapify(act.heap)
-        act.queue = deque(job for job in ([s for s in j if s not in moved] for j in act.queue) if job)
-    for a in released:
-        actors[a].end = t
+        act.heap, act.queue, act.end = [], deque(), t
 
 
 def _room(actors: list[_Actor], tau: float, capacity: int, a: int) -> bool:

@@ -179,16 +179,19 @@ def _prefix_ends(w: _Arrivals, r: np.ndarray, d: np.ndarray) -> np.ndarray:
     return np.where(valid, np.maximum(ends, w.last), np.nan)
 
 
-def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: float) -> Blocks:
+def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: float,
+                arrivals: _Arrivals | None = None) -> Blocks:
     """The fewest blocks, earliest ready first, whose work ends at most `slack` x the work end with every block
     later (a learner that starts only what its backlog needs: a block ready but idle until the optimizer step is
     billed for nothing). Binary search over the count; the work end never falls as blocks are removed. The work
     end of every count comes from one array computation (`_prefix_ends`; the scaler sizes the learner of every
-    candidate and draw), equal to `_drain` on each count."""
+    candidate and draw), equal to `_drain` on each count. `arrivals`: `_Arrivals.of(arrive_s, work_ds)` when the
+    caller has it (`whole_step_tail` drains the same work after)."""
     order = np.argsort(b.ready_s, kind="stable")
     if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
         return b
-    w = _Arrivals.of(arrive_s, work_ds)  # the work side is the same for every count tried
+    # the work side is the same for every count tried
+    w = arrivals if arrivals is not None else _Arrivals.of(arrive_s, work_ds)
     ends = _prefix_ends(w, np.asarray(b.ready_s, float)[order], np.asarray(b.devices, float)[order])
     end_all = float(ends[-1])  # every block: `_drain(w, b.ready_s, b.devices)`
     if not np.isfinite(end_all):
@@ -304,11 +307,12 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         arrive = np.asarray(arrive_s, float)
         if after_ds > 0:  # the post-rollout work joins before the blocks are sized for it, as the simulator's
             arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
+        w = _Arrivals.of(arrive, work_ds)  # sorted once: the sizing and the drain read the same work
         if lc.size_slack is not None:
-            b = size_blocks(arrive, work_ds, b, lc.size_slack)
+            b = size_blocks(arrive, work_ds, b, lc.size_slack, arrivals=w)
     else:
         return sequential_tails([rollout_end], work_ds, budget, lc, after_ds)[0]
-    work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
+    work_end, joined = _drain(w, b.ready_s, b.devices)  # `learner_drain(arrive, work_ds, ...)`
     end = max(work_end, rollout_end) + lc.update_fixed_s
     return end, invs + learner_invocations(b, joined, end)
 

@@ -16,7 +16,7 @@ Deviations from the paper:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan,
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, cost_step, price
 from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
-from rlhfless.plan.overlap import job_learner_tokens, sequential_tails, whole_step_tail
+from rlhfless.plan.overlap import LearnerCosts, job_learner_tokens, sequential_tails, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
     Invocation,
@@ -117,16 +117,27 @@ def _memo_tail(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n: int, dur:
     if memo is None:
         return _tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
     warm_spare = max(_hybrid_count(cfg, n_warm) - int((dur > 0).sum()), 0)  # all _tail reads of n_warm
-    key = ("tail", id(ja), id(tm), id(cfg.learner), id(wide[0]) if wide else None, wide[1] if wide else None, n,
-           cfg.capacity, cfg.gpus_per_actor, _budget(cfg), warm_spare, labels.tobytes(), rank.tobytes(),
-           dur.tobytes(), head.tobytes(), None if own is None else own.tobytes())
+    key = ("tail", id(ja), id(tm), _learner_key(cfg.learner, memo), id(wide[0]) if wide else None,
+           wide[1] if wide else None, n, cfg.capacity, cfg.gpus_per_actor, _budget(cfg), warm_spare,
+           labels.tobytes(), rank.tobytes(), dur.tobytes(), head.tobytes(), None if own is None else own.tobytes())
     hit = memo.get(key)
-    objs = (ja, tm, cfg.learner, wide[0] if wide else None)
+    objs = (ja, tm, wide[0] if wide else None)
     if hit is not None and all(a is b for a, b in zip(hit[0], objs)):  # the objects themselves: ids stay theirs
         return hit[1]
     out = _tail(ja, labels, rank, n, dur, head, cfg, tm, wide, own, n_warm)
     memo[key] = (objs, out)
     return out
+
+
+def _learner_key(lc: LearnerCosts, memo: dict) -> tuple:
+    """The learner's costs by value (each field's repr: -0.0 and 0.0 apart, every float exact), once per object
+    in `memo`: twins (`sim.scenario.play_twins`) build equal costs as objects of their own."""
+    hit = memo.get(("learner", id(lc)))
+    if hit is not None and hit[0] is lc:
+        return hit[1]
+    key = tuple(repr(getattr(lc, f.name)) for f in fields(lc))
+    memo[("learner", id(lc))] = (lc, key)  # the object itself: its id stays its own while the memo holds it
+    return key
 
 
 def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg: PlanConfig,
@@ -239,7 +250,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
                 memo[key] = (tuple(busy), ja, own)
         moves = 0
         if cuts is not None:
-            res = play_with_migration(plan, tm, cfg.tau, d)  # busy seconds and the count: no move named
+            res = _memo_cuts(plan, tm, cfg.tau, d, memo)  # busy seconds and the count: no move named
             busy, moves = list(res.busy_s), res.n_moves
         elif wide is not None:
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
@@ -255,8 +266,24 @@ def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int 
     """The plan with cut-and-migrate at cfg.tau: its candidate row (T, C, migrations; over `draws` when given)
     and the cuts simulated on the predictions (what a runtime decides with; `Played.named()` for the moves);
     `memo` as in `_row`."""
-    res = play_with_migration(plan, tm, cfg.tau)
+    res = _memo_cuts(plan, tm, cfg.tau, None, memo)
     return _row(plan, cfg, tm, n_warm, draws, cuts=res, memo=memo), res
+
+
+def _memo_cuts(plan: AssignmentPlan, tm: TimeModel, tau: float, outcome: Sequence[PlanJob] | None,
+               memo: dict | None) -> Played:
+    """`play_with_migration(plan, tm, tau, outcome)`, once per plan, outcome (None: the predictions), tau and time
+    model in `memo`: twins (`sim.scenario.play_twins`) that choose the same N weigh cuts on the same plan object
+    (the step's memo builds each plan once) and the same draws; the result is read only."""
+    if memo is None:
+        return play_with_migration(plan, tm, tau, outcome)
+    key = ("cuts", id(plan), id(outcome), tau, id(tm))
+    hit = memo.get(key)
+    if hit is not None and hit[0] is plan and hit[1] is outcome and hit[2] is tm:
+        return hit[3]
+    res = play_with_migration(plan, tm, tau, outcome)
+    memo[key] = (plan, outcome, tm, res)  # the objects themselves: their ids stay theirs while the memo holds them
+    return res
 
 
 def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,

@@ -395,6 +395,28 @@ def simulate_fast(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndar
     return SimResult(decode_s=decode, peak_batch=peak, entry_iter=entry, finish_iter=entry + lengths)
 
 
+def admissions(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray, job_actor: np.ndarray,
+               n_actors: int, capacity: int) -> np.ndarray:
+    """(S,) `simulate_fast`'s entry_iter alone (same arguments less the time model), the same values by the
+    same code: an actor that never queues admits everything at 0, a queued one by the lock-step FIFO (groups of
+    one size) or its own FIFO loop. For callers that read only admissions (`balancer.labels_finish_s`, every
+    (candidate, draw) the scaler plays): no decode seconds or peaks are computed only to be dropped."""
+    counts = np.bincount(seq_actor, minlength=n_actors)
+    queued = counts > capacity
+    entry = np.zeros(len(lengths))
+    if not queued.any():
+        return entry
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    if bool((job_sizes == job_sizes[0]).all()):
+        g = int(job_sizes[0])
+        _lockstep_entries(_lockstep_fifo(lengths, starts, np.flatnonzero(queued), g, capacity), starts, g, entry)
+        return entry
+    for a in np.flatnonzero(queued):
+        entry[starts[a]:starts[a + 1]] = _gang_fifo_entries(lengths[starts[a]:starts[a + 1]],
+                                                            job_sizes[job_actor == a], capacity)
+    return entry
+
+
 def _segments(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
               tm: TimeModel) -> tuple[np.ndarray, np.ndarray]:
     """Sum of (iterations x s_per_iter(batch)) over the piecewise-constant batch of every actor.

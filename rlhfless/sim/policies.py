@@ -299,6 +299,7 @@ class RLHFless:
         self.gaps = (float("inf"), float("inf"))  # idle gap before decode / before scoring, from history
         self.update_s = float("inf")  # the last step's optimizer step: its learner's share to this step's start
         self.freed = 0.0  # separate images: devices the last step's learner ranks freed at their share
+        self.share: dict | None = None  # a step's planned jobs, draws and memo, shared with twins (`_planned`)
 
     def _hybrid_sync_s(self) -> float:
         """A hybrid function's switch between its decode engine's layout (TP shards) and its learner block's
@@ -329,7 +330,7 @@ class RLHFless:
     def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm, sw = self.c, self.c.perf, self.sw
         key = "dedup" if sw.dedup else f"engine{c.template_tokens}"
-        jobs, draws = self._planned_jobs(step, key)
+        jobs, draws, memo = self._planned(step, key)
         hyb = self.n_hybrid if sw.hybrid else 0
         kept = 0 if sw.hybrid else self.n_kept  # kept warm by their keep-alive (`plan.lifecycle`), no pre-warm
         # a pre-warm before t0 holds devices during the last step's update: only those its learner leaves free
@@ -349,7 +350,6 @@ class RLHFless:
                             work, bill if fresh else 0.0)
             self.prefill_cold_s = prefill.cold_s
         cfg = replace(self.cfg, learner=self._learner_costs(step, prefill), warm_bill_s=bill, hybrid_warm=hyb)
-        memo = {}  # the step's plays of each placement on each draw, shared with `_warm_pool`
         t_sf = None
         if cfg.objective == "min_cost_at_deadline":  # the serverful step itself is the deadline (`_serverful`)
             t_sf = self._serverful_step_s(step, cfg)
@@ -439,12 +439,33 @@ class RLHFless:
         self.n_warm = self._warm_pool(jobs, replace(cfg, hybrid_warm=0), draws, len(plan.actors), memo)
         return plan, out
 
-    def _planned_jobs(self, step: StepWork, key: str) -> tuple[list[PlanJob], list[list[PlanJob]]]:
+    def _planned(self, step: StepWork, key: str) -> tuple[list[PlanJob], list[list[PlanJob]], dict]:
+        """`_planned_jobs` and the step's memo (its plays of each placement on each draw, shared with
+        `_warm_pool`). With `share` (`scenario.play_twins`: policies on the same cluster with the same switches,
+        played in lock step): where a twin already planned this step from the same prediction, its jobs, draws
+        and memo, the same objects (the jobs and draws are built from the prediction, the cluster and the
+        switches alone; every memo entry is keyed by the objects and settings it was computed from)."""
+        pred = None if self.sw.oracle else \
+            self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+        if self.share is None:
+            return *self._planned_jobs(step, key, pred), {}
+        mine = (key, self.sw, None if pred is None else (pred.prompt_ids, pred.mean, dict(pred.quantiles)))
+        hit = self.share.get("step")
+        if hit is not None and hit[0] is step and hit[1] is self.c and hit[2] == mine:
+            return hit[3], hit[4], hit[5]
+        jobs, draws = self._planned_jobs(step, key, pred)
+        memo: dict = {}
+        self.share["step"] = (step, self.c, mine, jobs, draws, memo)
+        return jobs, draws, memo
+
+    def _planned_jobs(self, step: StepWork, key: str, pred=None) -> tuple[list[PlanJob], list[list[PlanJob]]]:
         """The jobs the scaler plans with (the predicted means; the true lengths for the oracle) and the drawn
-        outcomes it averages over (none for the oracle or without `Switches.draws`)."""
+        outcomes it averages over (none for the oracle or without `Switches.draws`); `pred`: the predictor's
+        prediction of the step, when already made."""
         if self.sw.oracle:
             return true_jobs(step, self._prompt_of, key), []
-        pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+        if pred is None:
+            pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
         jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
         if not self.sw.draws:
             return jobs, []
@@ -649,5 +670,7 @@ class RLHFless:
         rollout, score, update = stages
         self.gaps = (score + update, rollout)
         self.update_s = update
+        if self.sw.oracle:  # the oracle plans on the true lengths: it never reads its predictor
+            return
         self.predictor.update([Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step)
                                for g in step.groups])

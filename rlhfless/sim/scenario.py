@@ -406,6 +406,57 @@ def policies(cfg: SimConfig, cb: Cluster, cs: Cluster, cp: Cluster, cw: Cluster 
 
 def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Timeline, list[dict]]:
     """Play every step of `work` under `policy`; returns (summary, timeline, per-step rows)."""
+    steps = _steps(policy, work, c)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def play_twins(pols: list, work: list[StepWork]) -> list[tuple[dict, Timeline, list[dict]]]:
+    """`simulate_policy` of each of `pols` (`twins`: RLHFless on one cluster with the same switches, e.g.
+    rlhfless and rlhfless-lam1), played in lock step, step by step, sharing each step's planned jobs, draws and
+    memo where their predictions agree (`RLHFless._planned`): the second plays every placement on every draw
+    from the first's plays instead of again. Each policy's results are its own alone's, bit for bit
+    (tests/test_sim_parallel.py)."""
+    share: dict = {}
+    for p in pols:
+        p.share = share
+    try:
+        gens, out = [_steps(p, work, p.c) for p in pols], [None] * len(pols)
+        live = list(range(len(pols)))
+        while live:
+            for i in list(live):
+                try:
+                    next(gens[i])
+                except StopIteration as done:
+                    out[i] = done.value
+                    live.remove(i)
+    finally:
+        for p in pols:
+            p.share = None
+    return out
+
+
+def twins(pols: list) -> list[list[int]]:
+    """The policies as groups that play together (`play_twins`): RLHFless policies on the same cluster object
+    with equal switches (they differ in lam, objective...: their predictions, and so their planned jobs and
+    draws, are the same every step), each other policy alone; in policy order."""
+    groups: list[list[int]] = []
+    for i, p in enumerate(pols):
+        for g in groups:
+            q = pols[g[0]]
+            if isinstance(p, RLHFless) and isinstance(q, RLHFless) and p.c is q.c and p.sw == q.sw:
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def _steps(policy, work: list[StepWork], c: Cluster):
+    """`simulate_policy` as a generator: yields after each step; returns (summary, timeline, per-step rows)."""
     loop, tl, t, rows = EventLoop(), Timeline(), 0.0, []
     dev = price(c.perf.device.price_kind)
     for k, step in enumerate(work):
@@ -429,6 +480,7 @@ def simulate_policy(policy, work: list[StepWork], c: Cluster) -> tuple[dict, Tim
                      "n_actors": len(plan.actors), **{k2: v for k2, v in metrics.items() if np.isscalar(v)}})
         policy.observe(step, (rows[-1]["rollout_s"], rows[-1]["score_s"], rows[-1]["update_s"]))
         t = res.end_s
+        yield
     keys = ("step_time_s", "rollout_s", "score_s", "update_s", "cost_device_s", "cost_usd", "n_actors",
             "learner_work_device_s", "learner_blocks", *BILLED_KINDS)
     summary = {k: float(np.mean([r[k] for r in rows])) for k in keys}
@@ -567,12 +619,14 @@ _FORKED: tuple = ()
 """(policies, work, keep_timelines) for the forked children of `play_policies` (inherited, not pickled)."""
 
 
-def _play_forked(i: int) -> tuple[dict, Timeline | None, list[dict]]:
+def _play_forked(group: list[int]) -> list[tuple[dict, Timeline | None, list[dict]]]:
     pols, work, keep = _FORKED
-    summary, tl, rows = simulate_policy(pols[i], work, pols[i].c)
-    if keep:
-        tl.hooks = []  # live observers only: closures do not cross processes
-    return summary, tl if keep else None, rows
+    out = []
+    for summary, tl, rows in play_twins([pols[i] for i in group], work):
+        if keep:
+            tl.hooks = []  # live observers only: closures do not cross processes
+        out.append((summary, tl if keep else None, rows))
+    return out
 
 
 def _play_cost(pol) -> int:
@@ -588,39 +642,42 @@ def _play_cost(pol) -> int:
     return 2 if pol.sw.draws and not pol.sw.oracle else 1
 
 
-def _play_forked_at(i: int) -> tuple[int, tuple[dict, Timeline | None, list[dict]]]:
-    return i, _play_forked(i)
+def _play_forked_at(group: list[int]) -> tuple[list[int], list[tuple[dict, Timeline | None, list[dict]]]]:
+    return group, _play_forked(group)
 
 
 def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False, jobs: int | None = None,
                   on_done: Callable[[str], None] | None = None) -> list[tuple[dict, Timeline | None, list[dict]]]:
     """`simulate_policy` of each policy, in order: in `jobs` forked processes (None: one per core of this
-    process, for cases of PARALLEL_MIN_STEPS steps or more). The policies share no state (each has its own
-    predictor, warm pool and event loop; clusters are read only), so the results are the sequential ones bit
-    for bit (tests/test_sim_parallel.py). Longest first (`_play_cost`), so the last one a process picks up is
-    short and the processes end together.
+    process, for cases of PARALLEL_MIN_STEPS steps or more). Twins (`twins`) play together in one process
+    (`play_twins`: the second reuses the first's plays of each step); otherwise the policies share no state
+    (each has its own predictor, warm pool and event loop; clusters are read only), so the results are the
+    sequential ones bit for bit (tests/test_sim_parallel.py). Longest first (`_play_cost`, summed over a
+    group), so the last one a process picks up is short and the processes end together.
     `on_done(policy name)` is called as each policy finishes (in the order they finish: progress only)."""
     done = on_done or (lambda name: None)
     if jobs is None:
         jobs = len(os.sched_getaffinity(0)) if len(work) >= PARALLEL_MIN_STEPS else 1
-    jobs = min(jobs, len(pols))
+    groups = twins(pols)
+    jobs = min(jobs, len(groups))
+    out = [None] * len(pols)
     if jobs <= 1:
-        out = []
-        for p in pols:
-            out.append(simulate_policy(p, work, p.c))
-            done(p.name)
+        for group in groups:
+            for i, r in zip(group, play_twins([pols[i] for i in group], work)):
+                out[i] = r
+                done(pols[i].name)
         return out
     global _FORKED
     prime_true_jobs(pols, work)  # shared by the forked processes, not built in each
     _FORKED = (pols, work, keep_timelines)
-    order = sorted(range(len(pols)), key=lambda i: -_play_cost(pols[i]))
-    out = [None] * len(pols)
+    order = sorted(groups, key=lambda g: -sum(_play_cost(pols[i]) for i in g))
     try:
         with mp.get_context("fork").Pool(jobs) as pool:
             # each result lands in its policy's slot, so the finishing order changes nothing but the progress
-            for i, r in pool.imap_unordered(_play_forked_at, order, chunksize=1):
-                out[i] = r
-                done(pols[i].name)
+            for group, rs in pool.imap_unordered(_play_forked_at, order, chunksize=1):
+                for i, r in zip(group, rs):
+                    out[i] = r
+                    done(pols[i].name)
     finally:
         _FORKED = ()
     return out
