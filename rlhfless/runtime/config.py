@@ -96,7 +96,8 @@ class RuntimeConfig:
     """W: workers the serverful control holds for the whole run; 0 = units."""
     learner_units: int = 0
     """Data-parallel ranks of the learner function (one unit each); 0 = units. Equal in both modes, so the two
-    modes learn identically (the same all-reduce)."""
+    modes learn identically (the same all-reduce). PPO: the ranks of the actor and of the critic each; 0 = one
+    rank each; serverful, 1 or runtime.serverful_workers (every pool worker an actor rank and a critic rank)."""
     scratch_dir: str = ""
     """Where workers exchange tensor files (weights, batches, KV): "" = a tmpfs folder under /dev/shm (one
     machine, or several Ray nodes on one machine); a Ray cluster of several machines needs a folder every node
@@ -329,6 +330,11 @@ class RuntimeConfig:
 
     def learners(self) -> int:
         return self.learner_units or self.resolved_units()
+
+    def ppo_ranks(self) -> int:
+        """PPO's data-parallel ranks of the actor and of the critic (`runtime.ppo_stages`): learner_units, and 0 is
+        one rank each (PPO's default before its update was data-parallel; GRPO's 0 is every unit)."""
+        return self.learner_units or 1
 
     def check_machine(self, max_actors: int, compare_dp: bool = True) -> None:
         """Reject, before any work, a setting this machine cannot run (names the field). compare_dp: compare must

@@ -421,19 +421,29 @@ class EmulatedWorker:
         t0 = pre["t_start"] if pre else now()
         sync_s = (pre["sync_s"] if pre else 0.0) + self._sync(msg)
         tok, _ = self._batch_tokens(msg["batch"])
+        world = msg.get("world", 1)
         self.clock.start()
-        if pre is None:
-            self.clock.sleep(self.fwd_tok * tok)
-        Path(msg["returns_out"]).write_bytes(b"")  # the critic reads nothing from it
-        wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
-        opt = self.train_tok * self.epochs * tok + self.perf.update_fixed_s("grpo", self.minibatches)
+        if pre is None:  # several ranks split the forward (`ppo_update.shard_old_logprobs`)
+            self.clock.sleep(self.fwd_tok * tok / world)
+        if msg.get("rank", 0) == 0:
+            Path(msg["returns_out"]).write_bytes(b"")  # the critic reads nothing from it
+            wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
+        opt = self._rank_steps(tok, world)
         if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine
             opt += self.perf.weight_sync_s(colocated=True)
         self.clock.sleep(opt)
-        self._link(msg["state_path"], msg["state_out"])
+        if msg.get("rank", 0) == 0:
+            self._link(msg["state_path"], msg["state_out"])
         self.version = msg["version"] + 1
         return {"op": "ppo_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
                 "old_ahead": pre is not None, "metrics": {}}
+
+    def _rank_steps(self, tok: int, world: int) -> float:
+        """One rank's optimiser steps of a PPO model over `world` data-parallel ranks: its share of the training
+        tokens (`rank_rows` balances every mini-batch by tokens), each step's fixed cost, and each step's gradient
+        exchange (`PerfModel.grad_exchange_s`, charged per rank)."""
+        return (self.train_tok * self.epochs * tok / world + self.perf.update_fixed_s("grpo", self.minibatches)
+                + self.minibatches * self.perf.grad_exchange_s(world))
 
     def _critic_learn(self, msg: dict, conn) -> dict:
         """The critic: `ppo_train_s_per_token` x tokens and one optimiser step per mini-batch."""
@@ -441,8 +451,9 @@ class EmulatedWorker:
         sync_s = self._sync_critic(msg)
         self.clock.start()
         tok, _ = self._batch_tokens(msg["batch"])
-        self.clock.sleep(self.train_tok * self.epochs * tok + self.perf.update_fixed_s("grpo", self.minibatches))
-        self._link(msg["critic_state"], msg["critic_out"])
+        self.clock.sleep(self._rank_steps(tok, msg.get("world", 1)))
+        if msg.get("rank", 0) == 0:
+            self._link(msg["critic_state"], msg["critic_out"])
         self.critic_version = msg["critic_version"] + 1
         return {"op": "critic_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
                 "metrics": {}}

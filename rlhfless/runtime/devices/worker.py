@@ -317,7 +317,8 @@ class Worker:
         from rlhfless.runtime.devices import ppo_worker
 
         op = msg["op"]
-        return ppo_worker.ppo_actor(self, msg, conn) if op == "ppo_actor" else getattr(ppo_worker, op)(self, msg)
+        return getattr(ppo_worker, op)(self, msg, conn) if op in ("ppo_actor", "critic_learn") \
+            else getattr(ppo_worker, op)(self, msg)
 
     def _profile(self, conn) -> dict:
         """Time rollouts of the run's own workload (its task's first train prompts, its sampling settings): the
