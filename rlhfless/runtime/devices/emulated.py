@@ -56,7 +56,7 @@ def setup_for(cfg, scratch: Path, steps: int) -> dict:
     table.save(path)
     a, rt = cfg.algo, cfg.runtime
     require(rt.emulated_engine == "tuned" or a.name == "grpo", "runtime.emulated_engine",
-            "paper is built for GRPO only (PPO's update runs on one rank)")
+            "paper is built for GRPO only (verl's paper-settings engine for PPO is not modelled)")
     return {"table": str(path), "time_scale": rt.time_scale, "algo": a.name, "G": a.group_size,
             "engine": rt.emulated_engine, "learners": rt.learners(),
             "max_new_tokens": cfg.rollout.max_new_tokens,
