@@ -243,12 +243,15 @@ def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
 
     records = []
     ledger = SimpleNamespace(record=lambda *a, **k: records.append(a[1]))
-    stream = SimpleNamespace(ctx=SimpleNamespace(ledger=ledger, policy=ServerfulPolicy()), step=2, actor_requested=None,
+    from rlhfless.runtime.config import RuntimeConfig
+
+    stream = SimpleNamespace(ctx=SimpleNamespace(ledger=ledger, policy=ServerfulPolicy(), config=RuntimeConfig()),
+                             step=2, actor_requested=None, early={},
                              actor_tries=Attempts("PPO actor of step 2", 3), _live=lambda h: True,
                              tries=lambda kind: Attempts(f"{kind} of step 2", 3))
     update = _Update(stream, {"op": "ppo_actor"}, {"op": "critic_learn"})
     old, actor, critic = object(), object(), object()
-    update.sent = {"learner": (actor, 1.0, False), "critic": (critic, 1.5, False)}
+    update.sent = {("learner", 0): (actor, 1.0, False), ("critic", 0): (critic, 1.5, False)}
     reply = {"step": 2, "t_start": 2.0, "t_end": 3.0, "sync_s": 0.0, "old_ahead": True, "metrics": {}}
     update._on(old, {"op": "ppo_returns", "step": 2})
     update._on(old, {**reply, "op": "critic_learned"})
@@ -256,8 +259,8 @@ def test_a_message_from_a_worker_that_no_longer_holds_a_role_is_ignored():
     assert not update.returns_ready and update.replies == {} and records == []
     update._on(actor, {"op": "ppo_returns", "step": 2})
     update._on(critic, {**reply, "op": "critic_learned"})
-    assert update.returns_ready and list(update.replies) == ["critic"] and records == ["critic"]
-    assert list(update.sent) == ["learner"]
+    assert update.returns_ready and list(update.replies) == [("critic", 0)] and records == ["critic"]
+    assert list(update.sent) == [("learner", 0)]
 
 
 def test_functions_idle_past_their_keep_alive_are_released_and_the_whole_state_still_matches(tmp_path):

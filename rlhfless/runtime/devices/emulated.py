@@ -34,7 +34,8 @@ from rlhfless.core.errors import ConfigError, require
 from rlhfless.runtime import wire
 from rlhfless.runtime.devices import ops
 from rlhfless.runtime.records import now
-from rlhfless.sim.devicemodel import LengthTable, build_table, cold_start_s, engine_of, mix, ppo_split, time_model
+from rlhfless.sim.devicemodel import (LengthTable, build_table, cold_start_s, engine_of, mix, ppo_split, ppo_update_s,
+                                      time_model)
 
 TOKEN_BASE, TOKEN_SPAN = 97, 26
 """Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
@@ -439,11 +440,9 @@ class EmulatedWorker:
                 "old_ahead": pre is not None, "metrics": {}}
 
     def _rank_steps(self, tok: int, world: int) -> float:
-        """One rank's optimiser steps of a PPO model over `world` data-parallel ranks: its share of the training
-        tokens (`rank_rows` balances every mini-batch by tokens), each step's fixed cost, and each step's gradient
-        exchange (`PerfModel.grad_exchange_s`, charged per rank)."""
-        return (self.train_tok * self.epochs * tok / world + self.perf.update_fixed_s("grpo", self.minibatches)
-                + self.minibatches * self.perf.grad_exchange_s(world))
+        """One rank's optimiser steps of a PPO model over `world` data-parallel ranks (`devicemodel.ppo_update_s`:
+        its share of the training tokens, each step's fixed cost and gradient exchange, charged per rank)."""
+        return ppo_update_s(self.perf, tok, world, self.epochs, self.minibatches)
 
     def _critic_learn(self, msg: dict, conn) -> dict:
         """The critic: `ppo_train_s_per_token` x tokens and one optimiser step per mini-batch."""

@@ -85,19 +85,27 @@ def ppo_old(worker, msg: dict) -> None:
                       "sync_s": sync_s}
 
 
-def _rank_shard(worker, msg: dict, conn):
+class GroupBroken(Exception):
+    """A peer of this PPO rank died in its group's rendezvous or all-reduce: the worker leaves (`worker.op_ppo`:
+    `leave_broken_group`), and the driver re-runs the role. args: (the error, where)."""
+
+
+def _rank_shard(worker, msg: dict):
     """This rank's `Shard` of a data-parallel PPO role (msg "rank" of "world"; None for one rank): the pool's group
     (serverful: every pool worker is a rank), or a group of this update's functions joined now (msg "dist",
-    serverless: left again by `_leave`). A peer that dies in the rendezvous: `leave_broken_group`."""
-    from rlhfless.runtime.devices.worker import GroupNotFormed, leave_broken_group
+    serverless: left again by `_leave`). A peer that dies in the rendezvous: GroupBroken; a rendezvous port this
+    rank 0 cannot bind (`PortTaken`) is its own death."""
+    from rlhfless.runtime.devices.dist import PortTaken
 
     if msg.get("world", 1) <= 1:
         return None
     if msg.get("dist"):
         try:
             worker._join(msg["dist"])
-        except GroupNotFormed as exc:
-            leave_broken_group(conn, msg["step"], exc.__cause__ or exc, where="PPO's rank group rendezvous")
+        except PortTaken:
+            raise
+        except RuntimeError as exc:  # `worker.GroupNotFormed`
+            raise GroupBroken(exc.__cause__ or exc, "PPO's rank group rendezvous") from exc
     if worker.shard is None or worker.shard.world != msg["world"] or worker.shard.rank != msg["rank"]:
         raise RuntimeError(f"PPO rank {msg.get('rank')} of {msg['world']}: this worker is not that rank of a group")
     return worker.shard
@@ -113,16 +121,14 @@ def _leave(worker, msg: dict) -> None:
 
 
 def _steps(worker, msg: dict, conn, run):
-    """run(shard) inside this rank's group: a peer dead in the all-reduce makes this rank leave (`LEFT`, exit)."""
-    from rlhfless.runtime.devices.worker import leave_broken_group
-
-    shard = _rank_shard(worker, msg, conn)
+    """run(shard) inside this rank's group: a peer dead in the all-reduce raises GroupBroken (this rank leaves)."""
+    shard = _rank_shard(worker, msg)
     try:
         out = run(shard)
     except RuntimeError as exc:
         if shard is None:
             raise
-        leave_broken_group(conn, msg["step"], exc, where="PPO's all-reduce")
+        raise GroupBroken(exc, "PPO's all-reduce") from exc
     _leave(worker, msg)
     return out
 
