@@ -6,10 +6,18 @@ Rollout and reference are GRPO's (the rollout without streaming: PPO whitens ove
 a fresh worker from the same files (state version k, batch, values, returns), so the update is the same.
 Which worker plays which role, per mode: docs/internals.md#runtimeppo_stagespy.
 
+Ranks (`runtime.learner_units`, `RuntimeConfig.ppo_ranks`; 0 = one each): the actor and the critic are data-parallel
+over W ranks each (`ppo_update`'s `shard=`). Serverful: W = 1 (the actor on pool worker 0, the critic on the last) or
+every pool worker, each an actor rank and a critic rank in the pool's group, run one after the other as verl's
+colocated workers run them. Serverless: W actor functions and W critic functions, each role a gloo group of its own
+per update (`dist`): actor ranks 1.. are taken as the value forward starts, critic ranks start once the returns are
+written and a unit is free (the actor's ranks free theirs as they reply); a rank's death re-runs its whole role.
+
 Deviations:
-1. From the paper: the actor and the critic are one rank each (its actor is FSDP over several devices);
-   data-parallel PPO is not built (`runtime.learner_units` above 1 is refused).
-2. From verl: the value forward is its own function after the reference forward, not on the critic's workers.
+1. From the paper: its actor is FSDP over several devices; here the ranks are data-parallel replicas (every rank
+   holds the whole model and AdamW).
+2. From verl: the value forward is its own function after the reference forward, not on the critic's workers, and
+   it is not split across ranks (one value function); the actor's old log-prob forward is (`shard_old_logprobs`).
 """
 
 from __future__ import annotations
@@ -367,10 +375,10 @@ class _Update:
             stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
         self.attempt = {"learner": stream.actor_tries, "critic": stream.tries("critic")}
 
-    def _worker(self, role: str, rank: int):
+    def function(self, role: str, rank: int):
+        """Serverless: the function of `role`'s rank (`ModePolicy.ppo_rank`). One rank: the step's actor, else a
+        new one (evicting idle workers), and the value function for the critic; several: `_function`."""
         s, ctx = self.s, self.ctx
-        if not self.ctx.policy.traits.starts_functions:
-            return s.held_worker(role, rank)
         if self.W > 1:
             return self._function(role, rank)
         if role == "learner":
@@ -426,7 +434,7 @@ class _Update:
             if self.ctx.policy.traits.restarts_whole else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
-        hs = [self._worker(role, r) for r in range(self.W)]
+        hs = [self.ctx.policy.ppo_rank(self, role, r) for r in range(self.W)]
         if any(h is None for h in hs):
             return
         dist = None

@@ -193,6 +193,11 @@ class ModePolicy(ABC):
         starts later, when it has work)."""
 
     @abstractmethod
+    def ppo_rank(self, update, role: str, rank: int):
+        """Which function holds rank `rank` of PPO's `role` ("learner": the actor; "critic") in this update
+        (`ppo_stages._Update`): a handle, or None while none can start (the rank waits for a unit)."""
+
+    @abstractmethod
     def learner_world(self, rt_cfg) -> int:
         """The learner's data-parallel degree (equal in both modes when compared: the same sum of shares)."""
 
@@ -293,6 +298,9 @@ class ServerlessPolicy(ModePolicy):
                 ctx.workers.pool.release(h, reason="regroup")
             ctx.workers.forget_learners()
 
+    def ppo_rank(self, update, role: str, rank: int):
+        return update.function(role, rank)  # the step's actor or value function, a warm one, else a new one
+
 
 class ServerfulPolicy(ModePolicy):
     name = "serverful"
@@ -351,6 +359,9 @@ class ServerfulPolicy(ModePolicy):
         workers = ctx.workers.pool_workers()
         for r in ranks:  # pool worker r is rank r for the whole run
             r.handle = workers[r.rank]
+
+    def ppo_rank(self, update, role: str, rank: int):
+        return update.s.held_worker(role, rank)  # one rank: the actor on worker 0, the critic on the last
 
 
 MODE_POLICIES: dict[str, type[ModePolicy]] = {}
