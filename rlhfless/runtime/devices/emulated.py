@@ -9,9 +9,10 @@ docs/internals.md#runtimedevicesemulatedpy. Non-goals: the prefill function, vLL
 
 Deviations:
 1. The all-reduce is modelled, not run: each rank sleeps `PerfModel.grad_exchange_s` for its part of it (the
-   pool's ranks in the optimiser step, a serverless rank before its share), but a rank that ends early returns
+   pool's ranks in the optimiser step, a serverless rank before its share), but a GRPO rank that ends early returns
    without waiting for its peers (the driver waits for every rank, so the step's time is the same; the wait shows
-   as held idle instead of busy).
+   as held idle instead of busy). A PPO rank waits for its group's last rank to arrive before its work (a file
+   barrier, `_group_barrier`), as its first real all-reduce would.
 2. An emulated worker imports neither torch nor the model (a few tens of MB).
 3. A serverful pool worker with `runtime.emulated_engine=paper` is one TP replica of verl as the paper ran it
    (`sim.devicemodel.engine_of`): it holds TP units, decodes with that engine's time model and KV slots, trains and
@@ -423,6 +424,7 @@ class EmulatedWorker:
         sync_s = (pre["sync_s"] if pre else 0.0) + self._sync(msg)
         tok, _ = self._batch_tokens(msg["batch"])
         world = msg.get("world", 1)
+        self._group_barrier(msg)
         self.clock.start()
         if pre is None:  # several ranks split the forward (`ppo_update.shard_old_logprobs`)
             self.clock.sleep(self.fwd_tok * tok / world)
@@ -439,6 +441,21 @@ class EmulatedWorker:
         return {"op": "ppo_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
                 "old_ahead": pre is not None, "metrics": {}}
 
+    def _group_barrier(self, msg: dict) -> None:
+        """Several ranks: wait until every rank of this group has arrived (a file each in the scratch folder), as a
+        real rank waits in its first collective for the last one to start (a cold one); the ranks then sleep the same
+        modelled work and end together. The group is the update's (`dist`, serverless) or the pool's (its port:
+        a restarted pool is a new group); a dead peer's role is stopped and re-run by the driver."""
+        world = msg.get("world", 1)
+        if world <= 1:
+            return
+        group = (msg.get("dist") or self.setup.get("dist") or {}).get("port")
+        d = Path(msg["batch"]).parent / f"ppo-group-{msg['op']}-{msg['step']}-{group}"
+        d.mkdir(exist_ok=True)
+        (d / str(msg["rank"])).write_bytes(b"")
+        while len(list(d.iterdir())) < world:
+            time.sleep(0.002)
+
     def _rank_steps(self, tok: int, world: int) -> float:
         """One rank's optimiser steps of a PPO model over `world` data-parallel ranks (`devicemodel.ppo_update_s`:
         its share of the training tokens, each step's fixed cost and gradient exchange, charged per rank)."""
@@ -448,6 +465,7 @@ class EmulatedWorker:
         """The critic: `ppo_train_s_per_token` x tokens and one optimiser step per mini-batch."""
         t0 = now()
         sync_s = self._sync_critic(msg)
+        self._group_barrier(msg)
         self.clock.start()
         tok, _ = self._batch_tokens(msg["batch"])
         self.clock.sleep(self._rank_steps(tok, msg.get("world", 1)))
