@@ -338,7 +338,8 @@ class RuntimeConfig:
 
     def check_machine(self, max_actors: int, compare_dp: bool = True) -> None:
         """Reject, before any work, a setting this machine cannot run (names the field). compare_dp: compare must
-        train with the same data-parallel degree in both modes (GRPO; PPO trains one rank each way)."""
+        train with the same data-parallel degree in both modes (GRPO; PPO's serverful ranks are checked in
+        `RunConfig.check_machine`)."""
         if self.device == "cuda":
             check_device("cuda", "runtime.device")
             require(self.backend == "local", "runtime.backend",
