@@ -193,6 +193,13 @@ class RunConfig:
         units = self.runtime.resolved_units() // k if self.runtime.mode in ("serverless", "compare") else None
         cap = units if units is not None and self.plan.max_actors > units else None
         self.runtime.check_machine(self.plan.max_actors if cap is None else cap, compare_dp=self.algo.name == "grpo")
+        rt = self.runtime
+        if self.algo.name == "ppo" and rt.mode in ("serverful", "compare"):
+            # the pool's one data-parallel group is every worker, so PPO's ranks are one worker (the actor on worker
+            # 0, the critic on the last) or all of them (each worker an actor rank and a critic rank)
+            require(rt.ppo_ranks() in (1, rt.workers()), "runtime.learner_units",
+                    f"PPO in the serverful pool trains on one worker or on all runtime.serverful_workers="
+                    f"{rt.workers()} (got {rt.learner_units}); use 0, 1 or {rt.workers()}")
         if cap is not None:  # after the runtime's own checks: a machine it refuses is named first
             self._cap_actors(cap)
         check_device(self.train.device, "train.device")
@@ -254,12 +261,13 @@ class RunConfig:
                     f"must be >= rollout.max_new_tokens={self.rollout.max_new_tokens}")
 
     def _check_function_tp(self) -> None:
-        """runtime.emulated_tp > 1: GRPO only (PPO's update runs on one actor and one critic rank, issue 40); the
+        """runtime.emulated_tp > 1: GRPO only (PPO's emulated actor and critic ranks hold one unit each: a TP-k PPO
+        rank is not built); the
         planner prices a decode function as its TP's devices (plan.gpus_per_actor, set here when left at 1)."""
         if self.runtime.emulated_tp == 1:
             return
         require(self.algo.name == "grpo", "runtime.emulated_tp", "TP-k functions are built for GRPO only (PPO's "
-                f"update runs on one actor and one critic rank); use 1 (got {self.runtime.emulated_tp})")
+                f"actor and critic ranks hold one unit each); use 1 (got {self.runtime.emulated_tp})")
         k = self.runtime.function_units()
         require(self.plan.gpus_per_actor in (1.0, float(k)), "plan.gpus_per_actor", "must be runtime.emulated_tp's "
                 f"units per decode function or left at 1 (got {self.plan.gpus_per_actor} at TP {k})")
@@ -272,8 +280,6 @@ class RunConfig:
                 "with PPO only the value forward can run while the rest decodes (its update whitens advantages "
                 "over the whole batch), and only in chunks: set critic.values_chunk (e.g. 8), or runtime.overlap "
                 "null (auto) or false")
-        require(rt.learner_units <= 1, "runtime.learner_units",
-                f"PPO's actor and critic run as one rank each for now (got {rt.learner_units}); leave it 0")
 
 
 def _load_with_defaults(path: Path, depth: int = 0) -> dict:

@@ -140,7 +140,6 @@ def test_a_critic_checkpoint_that_is_missing_or_has_another_vocabulary_is_refuse
 
 @pytest.mark.parametrize("override,field", [
     ("runtime.mode=serverless runtime.overlap=true", "runtime.overlap"),
-    ("runtime.mode=serverful runtime.learner_units=2", "runtime.learner_units"),
     ("critic.lr=0", "critic.lr"), ("train.eval_samples=0", "train.eval_samples"),
     ("train.device=cuda", "train.device"), ("runtime.mode=serverless runtime.device=cuda", "runtime.device"),
 ])
@@ -156,6 +155,12 @@ def test_the_runtime_modes_take_ppo_and_serverless_needs_two_units():
         load_run_config(None, ["algo.name=ppo", "runtime.mode=serverless", "runtime.units=1",
                          "plan.max_actors=1"]).check_machine()
     load_run_config(None, ["algo.name=ppo", "runtime.mode=serverful", "runtime.units=1"]).check_machine()
+    # the serverful pool's PPO ranks are one worker or all of them (its one data-parallel group)
+    with pytest.raises(ConfigError, match=r"runtime\.learner_units: PPO in the serverful pool"):
+        load_run_config(None, ["algo.name=ppo", "runtime.mode=compare", "runtime.units=2",
+                               "runtime.serverful_workers=1", "runtime.learner_units=2"]).check_machine()
+    load_run_config(None, ["algo.name=ppo", "runtime.mode=compare", "runtime.units=2",
+                           "runtime.learner_units=2"]).check_machine()
 
 
 def test_quickstart_ppo_config_loads():

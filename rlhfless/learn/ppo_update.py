@@ -88,6 +88,25 @@ def old_logprobs(learner: Learner, prompts: list[list[int]], responses: list[lis
     return response_logprobs(learner.model, rows, responses, 1).logp
 
 
+@torch.no_grad()
+def shard_old_logprobs(learner: Learner, prompts: list[list[int]], responses: list[list[int]],
+                       shard: Shard) -> torch.Tensor:
+    """[B*G, T] `old_logprobs` with the forward split across a data-parallel group: each rank runs its contiguous
+    rows (`split_groups`, balanced by response tokens + 1) and one all-reduce of the zero-filled [B*G, T] tensor
+    gathers them (adding zeros is exact, so every rank holds the same tensor). Equal to the one-rank forward up
+    to float rounding (other batch shapes); bitwise the same in every mode at the same world size."""
+    learner.model.eval()
+    rows = row_prompts(prompts, len(responses), learner.algo.group_size)
+    lo, hi = split_groups([len(r) + 1 for r in responses], shard.world)[shard.rank]
+    full = torch.zeros(len(responses), max((len(r) for r in responses), default=0),
+                       dtype=next(learner.model.parameters()).dtype)
+    if hi > lo:
+        mine = response_logprobs(learner.model, rows[lo:hi], responses[lo:hi], 1).logp
+        full[lo:hi, :mine.shape[1]] = mine.to(full.dtype)
+    shard.all_reduce(full)
+    return full
+
+
 def row_prompts(prompts: list[list[int]], n_rows: int, group_size: int) -> list[list[int]]:
     """[n_rows] each group-major row's prompt: PPO's mini-batches cut across groups, so rows go one by one."""
     return [prompts[r // group_size] for r in range(n_rows)]

@@ -105,8 +105,9 @@ class RuntimeConfig:
     (`pool_worker_units`: 1, or on emulated devices its engine's TP)."""
     learner_units: int = 0
     """Data-parallel ranks of the learner function (one function each, of runtime.emulated_tp units on emulated
-    devices, else one unit); 0 = units / runtime.emulated_tp. Equal in both modes, so the two
-    modes learn identically (the same all-reduce)."""
+    devices, else one unit); 0 = units / runtime.emulated_tp. Equal in both modes, so the two modes learn
+    identically (the same all-reduce). PPO: the ranks of the actor and of the critic each; 0 = one rank each;
+    serverful, 1 or runtime.serverful_workers (every pool worker an actor rank and a critic rank)."""
     scratch_dir: str = ""
     """Where workers exchange tensor files (weights, batches, KV): "" = a tmpfs folder under /dev/shm (one
     machine, or several Ray nodes on one machine); a Ray cluster of several machines needs a folder every node
@@ -367,9 +368,15 @@ class RuntimeConfig:
         """The learner's data-parallel ranks: runtime.learner_units, or one per function of `function_units`."""
         return self.learner_units or self.resolved_units() // self.function_units()
 
+    def ppo_ranks(self) -> int:
+        """PPO's data-parallel ranks of the actor and of the critic (`runtime.ppo_stages`): learner_units, and 0 is
+        one rank each (PPO's default before its update was data-parallel; GRPO's 0 is every unit)."""
+        return self.learner_units or 1
+
     def check_machine(self, max_actors: int, compare_dp: bool = True) -> None:
         """Reject, before any work, a setting this machine cannot run (names the field). compare_dp: compare must
-        train with the same data-parallel degree in both modes (GRPO; PPO trains one rank each way)."""
+        train with the same data-parallel degree in both modes (GRPO; PPO's serverful ranks are checked in
+        `RunConfig.check_machine`)."""
         if self.device == "cuda":
             check_device("cuda", "runtime.device")
             require(self.backend == "local", "runtime.backend",

@@ -6,10 +6,18 @@ Rollout and reference are GRPO's (the rollout without streaming: PPO whitens ove
 a fresh worker from the same files (state version k, batch, values, returns), so the update is the same.
 Which worker plays which role, per mode: docs/internals.md#runtimeppo_stagespy.
 
+Ranks (`runtime.learner_units`, `RuntimeConfig.ppo_ranks`; 0 = one each): the actor and the critic are data-parallel
+over W ranks each (`ppo_update`'s `shard=`). Serverful: W = 1 (the actor on pool worker 0, the critic on the last) or
+every pool worker, each an actor rank and a critic rank in the pool's group, run one after the other as verl's
+colocated workers run them. Serverless: W actor functions and W critic functions, each role a gloo group of its own
+per update (`dist`): actor ranks 1.. are taken as the value forward starts, critic ranks start once the returns are
+written and a unit is free (the actor's ranks free theirs as they reply); a rank's death re-runs its whole role.
+
 Deviations:
-1. From the paper: the actor and the critic are one rank each (its actor is FSDP over several devices);
-   data-parallel PPO is not built (`runtime.learner_units` above 1 is refused).
-2. From verl: the value forward is its own function after the reference forward, not on the critic's workers.
+1. From the paper: its actor is FSDP over several devices; here the ranks are data-parallel replicas (every rank
+   holds the whole model and AdamW).
+2. From verl: the value forward is its own function after the reference forward, not on the critic's workers, and
+   it is not split across ranks (one value function); the actor's old log-prob forward is (`shard_old_logprobs`).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class PpoStream:
         self.actor_requested: tuple | None = None  # (worker, when, cold): the actor's invocation began (take, start)
         self.actor_tries = self.tries("learner")
         self.files: set[Path] = set()
+        self.early: dict[int, object] = {}  # serverless actor ranks 1.. taken during the value forward (`_early_ranks`)
         if not ctx.policy.traits.starts_functions:  # every role has its held worker: the actor and the critic are set
             self.pool_restarted()
 
@@ -156,6 +165,11 @@ class PpoStream:
         a value function taking streamed chunks (its chunks are sent again to the next one)."""
         if not self.ctx.policy.traits.preempts_learners or self.working:
             return False
+        for r, h in list(self.early.items()):  # an actor rank waiting for the update goes first (it starts again)
+            if self._live(h):
+                del self.early[r]
+                self.ctx.workers.pool.release(h)
+                return True
         if self._live(self.actor):
             self._actor_lost(self.actor, dead=False)
             return True
@@ -179,12 +193,15 @@ class PpoStream:
         self.files.add(path)
         return path
 
-    def held_worker(self, role: str):
-        """The held pool worker of `role` (0: the actor, the last: the critic) when the policy starts no
-        functions; one found dead restarts the pool whole."""
+    def held_worker(self, role: str, rank: int = 0):
+        """The held pool worker of `role` when the policy starts no functions: with one rank, worker 0 the actor
+        and the last the critic; with several, pool worker r holds rank r of both. One found dead restarts the
+        pool whole."""
         if not all(self._live(h) for h in self.ctx.workers.pool_workers()):
             self.ctx.workers.restart_pool()
             self.pool_restarted()
+        if self.ctx.config.ppo_ranks() > 1:
+            return self.ctx.workers.pool_workers()[rank]
         return self.actor if role == "learner" else self.critic
 
     def _critic_worker(self, must: bool):
@@ -249,6 +266,7 @@ class PpoStream:
                 self.actor_requested = (self.actor, now(), ctx.ledger.first_use(self.actor))
                 ctx.workers.pool.busy(self.actor)  # invoked from its start: nothing may evict it while it loads
         self._old_ahead(responses)
+        self._early_ranks()
         while True:  # until a value function replies: one found dead is replaced and sent every chunk again
             h = self._critic_worker(must=True)
             if all(self._send_chunk(h, k) for k in range(len(self.chunks)) if k not in self.sent):
@@ -257,12 +275,35 @@ class PpoStream:
                     ctx.ledger.count(M.RUNTIME_VALUES_STREAMED, float(len(self.streamed)))
                     return wire.read_tensors(self.values_file)["values"]
 
+    def _early_ranks(self) -> None:
+        """Several actor ranks, serverless: ranks 1.. are taken when the value forward starts, as rank 0 is, so their
+        cold starts overlap it: idle warm functions of the learner's image first (hybrid: decode functions kept
+        alive), then new ones onto free units only (a rank that finds none starts with the update,
+        `_Update._function`; work that must start preempts a waiting rank first, `preempt`). Taken from the
+        learner pre-warm on instead, the 7B testbed's step was no shorter (the last rank waits for the value
+        function's unit and cold-starts then, whatever the others do) and billed 9% more (ranks held idle)."""
+        ctx, W = self.ctx, self.ctx.config.ppo_ranks()
+        if W <= 1 or not ctx.policy.traits.starts_functions:
+            return
+        pool = ctx.workers.pool
+        taken = {h.worker for h in (self.actor, self.critic, *self.early.values()) if self._live(h)}
+        for r in range(1, W):
+            if self._live(self.early.get(r)):
+                continue
+            warm = [h for h in pool.warm_idle(ctx.workers.image("learner")) if h.worker not in taken]
+            h = warm[0] if warm else ctx.workers.start_learner(prewarmed=True)
+            if h is None:
+                return
+            pool.busy(h)  # invoked from now on: nothing may evict it while it waits for the update
+            self.early[r] = h
+            taken.add(h.worker)
+
     def _old_ahead(self, responses: list[list[int]]) -> None:
         """The actor computes the old log-probs while the value function runs (verl computes them in the same
         phase); its invocation starts now. A death is handled when the update is sent."""
         ctx, h = self.ctx, self.actor
-        if not self._live(h) or not needs_old_logprobs(ctx.cfg.algo, len(responses)):
-            return
+        if not self._live(h) or not needs_old_logprobs(ctx.cfg.algo, len(responses)) or ctx.config.ppo_ranks() > 1:
+            return  # several ranks: they split the forward inside the update (`shard_old_logprobs`)
         path = self._file("old")
         wire.write_batch(path, self.prompts, responses, torch.zeros(len(responses)), None)
         if self.actor_requested is None or self.actor_requested[0] is not h:
@@ -313,29 +354,80 @@ class PpoStream:
 
 
 class _Update:
-    """One step's actor and critic invocations: sent, re-run on death, recorded, until both replied."""
+    """One step's actor and critic invocations over `runtime.learner_units` ranks each (`ppo_ranks`): sent, re-run
+    on death, recorded, until every rank of both roles replied. A role's ranks form one data-parallel group: the
+    serverful pool's (each pool worker an actor rank and a critic rank, run in turn as verl's colocated workers
+    run them), or a group per role and update of serverless functions (`dist`), so a rank's death re-runs its
+    whole role on fresh functions from the same files. Keys: (role, rank)."""
 
     def __init__(self, stream: PpoStream, actor_msg: dict, critic_msg: dict):
         self.s, self.ctx = stream, stream.ctx
         self.msgs = {"learner": actor_msg, "critic": critic_msg}
-        self.sent: dict[str, tuple[object, float, bool]] = {}  # role -> (worker, requested, cold)
-        self.replies: dict[str, dict] = {}
+        self.W = self.ctx.config.ppo_ranks()
+        self.sent: dict[tuple[str, int], tuple[object, float, bool]] = {}  # (role, rank) -> (worker, requested, cold)
+        self.replies: dict[tuple[str, int], dict] = {}
+        self.held: dict[str, list] = {"learner": [stream.early.get(r) for r in range(self.W)],
+                                      "critic": [None] * self.W}  # serverless ranks
+        self.ports: dict[str, object] = {}  # role -> its group's reserved rendezvous port (serverless, W > 1)
         self.returns_ready = False
         ahead = stream.actor_requested
         if ahead is not None and self.ctx.policy.traits.starts_functions and not stream._live(ahead[0]):
             stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
         self.attempt = {"learner": stream.actor_tries, "critic": stream.tries("critic")}
 
-    def _worker(self, role: str):
+    def _seat(self, role: str, rank: int):
+        """The worker of `role`'s rank, as the mode decides (`ModePolicy.ppo_rank`); None while none can start
+        (the rank waits for a unit)."""
+        if self.ctx.policy.ppo_rank(role, rank).held:
+            return self.s.held_worker(role, rank)
+        return self.function(role, rank)
+
+    def function(self, role: str, rank: int):
+        """Serverless: the function of `role`'s rank (`ModePolicy.ppo_rank`). One rank: the step's actor, else a
+        new one (evicting idle workers), and the value function for the critic; several: `_function`."""
         s, ctx = self.s, self.ctx
-        if not self.ctx.policy.traits.starts_functions:
-            return s.held_worker(role)
+        if self.W > 1:
+            return self._function(role, rank)
         if role == "learner":
             if not s._live(s.actor):
                 s.actor = (ctx.workers.start_learner(prewarmed=False)
                            or self._room(lambda: ctx.workers.start_learner(False)))
             return s.actor
         return s._critic_worker(must=True)
+
+    def _function(self, role: str, rank: int):
+        """Serverless rank `rank` of `role` (W > 1): the one it holds, rank 0 the step's actor (its old log-probs
+        ahead) or value function, else an idle warm function of the role's image, else a new one onto a free unit
+        (idle ones evicted for it); None while every unit is busy (the critic's ranks wait for the actor's)."""
+        s, w = self.s, self.ctx.workers
+        held = self.held[role]
+        if rank == 0 and not s._live(held[0]):
+            held[0] = s.actor if role == "learner" else s.critic
+        if s._live(held[rank]):
+            return held[rank]
+        image = CRITIC_IMAGE if role == "critic" else w.image("learner")
+        taken = {x.worker for hs in self.held.values() for x in hs if s._live(x)}
+        warm = [x for x in w.pool.warm_idle(image) if x.worker not in taken]
+        start = (lambda: w.start_critic(must=False)) if role == "critic" else (lambda: w.start_learner(False))
+        h = warm[0] if warm else start() or (w.pool.make_room(1) and start()) or None
+        if h is None and role == "learner" and self._free_value_function():
+            h = start()
+        if h is not None:
+            w.pool.busy(h)  # invoked from its start: nothing may evict it while it loads
+            if rank == 0:
+                s.actor, s.critic = (h, s.critic) if role == "learner" else (s.actor, h)
+        held[rank] = h
+        return h
+
+    def _free_value_function(self) -> bool:
+        """Every unit is busy and an actor rank must start: the value function, done and owing no critic rank
+        yet, is released (critic rank 0 starts again once the actor's ranks free their units)."""
+        s, h = self.s, self.s.critic
+        if not s._live(h) or any(x is h for x, _, _ in self.sent.values()):
+            return False
+        self.ctx.workers.pool.release(h, reason="evicted")
+        s.critic, self.held["critic"][0] = None, None
+        return True
 
     def _room(self, start):
         if not self.ctx.workers.pool.make_room(1):
@@ -344,29 +436,48 @@ class _Update:
         return start()
 
     def _send(self, role: str) -> None:
+        """Every rank of `role` its work; serverless with several ranks, only once all of them hold a unit."""
         dead = next((x for x in self.ctx.workers.pool_workers() if not self.s._live(x)), None) \
             if self.ctx.policy.on_death(role).whole else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
-        h = self._worker(role)
-        ahead = self.s.actor_requested if role == "learner" else None
-        self.sent[role] = ahead if ahead is not None and ahead[0] is h else (h, now(), self.ctx.ledger.first_use(h))
-        if role == "learner":
-            self.s.actor_requested = None  # from now on a death is this update's to record
-        self.ctx.workers.pool.busy(h)
-        try:
-            self.ctx.workers.backend.send(h, self.msgs[role])
-        except WorkerDied:
-            self._died(h)
+        hs = [self._seat(role, r) for r in range(self.W)]
+        if any(h is None for h in hs):
+            return
+        dist = None
+        if self.W > 1 and self.ctx.policy.traits.starts_functions:  # a group of this role's functions
+            from rlhfless.runtime.devices.dist import reserve_port
+
+            port, self.ports[role] = reserve_port()
+            dist = [self.ctx.workers.dist_spec(r, self.W, port) for r in range(self.W)]
+        for r, h in enumerate(hs):
+            ahead = self.s.actor_requested if role == "learner" else None
+            self.sent[(role, r)] = ahead if ahead is not None and ahead[0] is h else (h, now(),
+                                                                                     self.ctx.ledger.first_use(h))
+            if role == "learner" and r == 0:
+                self.s.actor_requested = None  # from now on a death is this update's to record
+            self.ctx.workers.pool.busy(h)
+            msg = {**self.msgs[role], **({"rank": r, "world": self.W} if self.W > 1 else {}),
+                   **({"dist": dist[r]} if dist else {})}
+            try:
+                self.ctx.workers.backend.send(h, msg)
+            except WorkerDied:
+                return self._died(h)
+
+    def _owed(self, role: str) -> bool:
+        return not any(k[0] == role for k in self.sent) and not self._done(role)
+
+    def _done(self, role: str) -> bool:
+        return all((role, r) in self.replies for r in range(self.W))
 
     def run(self) -> dict[str, dict]:
         ctx = self.ctx
         t0 = now()
         pw = ctx.clock.next_decode_prewarm()
-        while len(self.replies) < 2:
+        while not (self._done("learner") and self._done("critic")):
             for role in ("learner", "critic"):
                 # the critic's update needs the returns, which the actor writes first (`ppo_returns`)
-                if role not in self.sent and role not in self.replies and (role == "learner" or self.returns_ready):
+                if self._owed(role) and (role == "learner" or self.returns_ready):
                     self._send(role)
             if pw is not None and now() >= t0 + pw[0]:
                 ctx.workers.start_decoders(pw[1], prewarmed=True)  # into free units only
@@ -383,7 +494,14 @@ class _Update:
                     ctx.workers.backend.kill(h)  # over time: treated as a death on the next poll
         if pw is not None:  # the update ended before the pre-warm time: the next rollout needs them now
             ctx.workers.start_decoders(pw[1], prewarmed=True)
-        return self.replies
+        self._close_ports()
+        return {role: self.replies[(role, 0)] for role in ("learner", "critic")}
+
+    def _close_ports(self, role: str | None = None) -> None:
+        for r in [role] if role else list(self.ports):
+            held = self.ports.pop(r, None)
+            if held is not None:
+                held.close()
 
     def _on(self, h, msg: dict | None) -> None:
         ctx = self.ctx
@@ -394,39 +512,50 @@ class _Update:
             ctx.workers.on_ready(h, msg)
         elif msg.get("step") != self.s.step:
             return
-        elif op == "ppo_returns" and self._holds(h, "learner"):
+        elif op == "ppo_returns" and self._holds(h, "learner") == 0:
             self.returns_ready = True
-        elif op in REPLY_ROLES and self._holds(h, REPLY_ROLES[op]):
+        elif op in REPLY_ROLES and self._holds(h, REPLY_ROLES[op]) is not None:
             role = REPLY_ROLES[op]
-            _, requested, cold = self.sent.pop(role)
-            self.replies[role] = msg
+            key = (role, self._holds(h, role))
+            _, requested, cold = self.sent.pop(key)
+            self.replies[key] = msg
             extra = {"old_ahead": float(msg["old_ahead"])} if role == "learner" else {}
             ctx.ledger.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold,
-                       self.attempt[role].number, sync_s=msg["sync_s"], **extra)
+                              self.attempt[role].number, sync_s=msg["sync_s"], **extra)
+            if self.W > 1 and ctx.policy.traits.starts_functions:  # its part is done: its unit may go to the critic
+                ctx.workers.no_work_now(h)
+            if self._done(role):
+                self._close_ports(role)
 
-    def _holds(self, h, role: str) -> bool:
-        """Whether h was sent `role`'s work and still owes it (a message polled together with a death that
+    def _holds(self, h, role: str) -> int | None:
+        """The rank of `role` that h was sent and still owes, or None (a message polled together with a death that
         restarted the pool comes from a worker that no longer does)."""
-        return role in self.sent and self.sent[role][0] is h
+        return next((k[1] for k, (x, _, _) in self.sent.items() if k[0] == role and x is h), None)
 
     def _died(self, h) -> None:
-        """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on a
-        fresh worker; a mode whose deaths restart every worker (`ModePolicy.on_death`): every worker restarts and
-        the roles still owed re-run."""
+        """A worker of this update died (or another one: a pre-warmed decode function). Its role is re-run on fresh
+        workers, every rank of it (its group broke); a mode whose deaths restart every worker
+        (`ModePolicy.on_death`): every worker restarts and the roles still owed re-run. A role whose ranks had all
+        replied keeps its results (its files are written)."""
         ctx, s = self.ctx, self.s
         whole = ctx.policy.on_death("learner").whole
-        roles = [r for r, (x, _, _) in self.sent.items() if x is h]
+        roles = {k[0] for k, (x, _, _) in self.sent.items() if x is h}
         if not roles and not whole:
             if s._live(h):
                 ctx.workers.pool.dead(h)
             return
-        for role in (("learner", "critic") if whole else roles):
-            if role not in self.sent:
-                continue
-            x, requested, cold = self.sent.pop(role)
-            # only the role the dead worker held uses an attempt: the other one restarts with the pool
-            s._lost_attempt(role, x, (requested, cold), self.attempt[role], dead=True, retry=False,
-                            charged=role in roles)
+        for key in [k for k in self.sent if whole or k[0] in roles]:
+            x, requested, cold = self.sent.pop(key)
+            # only the role the dead worker held uses an attempt: the rest restart with it
+            s._lost_attempt(key[0], x, (requested, cold), self.attempt[key[0]], dead=True, retry=False,
+                            charged=x is h)
+            if x is not h and not whole and s._live(x):
+                ctx.workers.pool.stop(x)  # a peer in the broken group: its work is redone with the role
+        for role in ("learner", "critic"):
+            if not self._done(role) and (whole or role in roles):
+                for r in range(self.W):
+                    self.replies.pop((role, r), None)
+                self._close_ports(role)
         ctx.ledger.count(M.RUNTIME_RETRIES)  # one death, one retry (whole: both roles re-run)
         if whole:  # the roles that replied keep their results (their state files are written)
             ctx.workers.restart_pool(dead=h)

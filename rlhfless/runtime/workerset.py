@@ -146,10 +146,11 @@ class WorkerSet:
         while True:
             port, held = reserve_port()
             # W x k <= units (check_machine): k units each (an emulated paper-engine replica holds its TP);
-            # PPO's critic lives on the last worker (`ppo_stages`)
+            # PPO's critic lives on the last worker, or on every worker when each is a critic rank (`ppo_stages`)
+            critic = [self.ppo and (r == W - 1 or self.rt.ppo_ranks() > 1) for r in range(W)]
             hs = [self.pool.start(KINDS_ALL, tuple(range(r * k, r * k + k)),
                                   {**self.weights.state_setup(), "dist": self.dist_spec(r, W, port),
-                                                    **(self._critic_holder() if self.ppo and r == W - 1 else {})})
+                                                    **(self._critic_holder() if critic[r] else {})})
                   for r in range(W)]
             try:
                 self.pool.await_ready(hs)

@@ -24,8 +24,10 @@ same in both (one optimiser step, no old log-prob recompute): the algorithm is e
 from storage (`runtime.emulated_*` may replace the simulator's constants, for the sensitivity study) and, for a GRPO
 learner rank that resumes a trained policy, its ZeRO shard of the optimiser state from storage (12 bytes a parameter
 over the learner's ranks: 2.3 s at 7B over 16 L40S). Deviation: a hybrid decode function that joins the learner pays no
-optimiser shard (the simulator's `hybrid_join_s` moves it), nor does PPO's actor (one rank today: its data-parallel
-update is not built).
+optimiser shard (the simulator's `hybrid_join_s` moves it), nor does a PPO actor or critic rank. PPO's actor and critic
+are data-parallel over `runtime.learner_units` ranks each (`ppo_update_s`: a rank's share of the tokens plus the
+exchange per optimiser step); the actor's old log-prob forward is split across its ranks, the value forward is not
+(one value function).
 """
 
 from __future__ import annotations
@@ -317,6 +319,16 @@ def cold_start_s(pm, kinds, learner_ranks: int = 0) -> float:
     policy) its optimiser shard."""
     base = pm.cold_start_s(engine=bool({"decode", "prefill"} & set(kinds)))
     return base + (optimizer_shard_s(pm, learner_ranks) if learner_ranks > 0 else 0.0)
+
+
+def ppo_update_s(pm, tokens: int, world: int, epochs: int, steps: int) -> float:
+    """One data-parallel rank's part of a PPO model's update (the actor's or the critic's) over `world` ranks: its
+    share of `epochs` training passes over the batch's `tokens` (`ppo_update.rank_rows` balances each mini-batch by
+    tokens), the `steps` optimiser steps' fixed cost, and each step's gradient all-reduce
+    (`PerfModel.grad_exchange_s`, charged per rank; 0 for one rank). Every rank ends at the same instant (the
+    all-reduce is a barrier), so this is the role's time once its slowest rank starts."""
+    train = ppo_split(pm)[1]
+    return train * epochs * tokens / world + pm.update_fixed_s("grpo", steps) + steps * pm.grad_exchange_s(world)
 
 
 def ppo_split(pm) -> tuple[float, float]:

@@ -185,37 +185,47 @@ def _chunks(n_groups: int, G: int, chunk_seqs: int) -> list[list[int]]:
 
 def _play_ppo(run: dict, work: StepWork, invs: list[dict], rel, finish: dict, ends: dict, serverful: bool,
               overlap: bool) -> tuple[float, dict[str, float]]:
-    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.devicemodel.ppo_split`):
-    the value function's chunks (sent as their groups finish with overlap, else after the rollout), the actor's old
-    log-probs ahead from the rollout's end, the actor's update once the values are in (its returns, then its
-    training and optimiser steps), the critic's once the returns are. Returns (the step's learn end, each
-    invocation's predicted end by worker and kind)."""
-    from rlhfless.sim.devicemodel import ppo_split
+    """PPO after the rollout (`runtime.ppo_stages`), with the emulated worker's durations (`sim.devicemodel.ppo_split`,
+    `ppo_update_s`): the value function's chunks (sent as their groups finish with overlap, else after the rollout),
+    the actor's old log-probs ahead from the rollout's end (one rank) or split across its ranks, the actor's update
+    once the values are in (its returns, then its training and optimiser steps), the critic's once the returns are.
+    With several ranks a role starts when its last rank is ready (its group's all-reduce is a barrier) and a worker
+    holding an actor rank and a critic rank (the serverful pool) runs them in turn. Returns (the step's learn end,
+    each invocation's predicted end by worker and kind)."""
+    from rlhfless.sim.devicemodel import ppo_split, ppo_update_s
 
-    pm, rollout = run["pm"], max(ends.values())
-    fwd, train = ppo_split(pm)
+    pm, rollout, W = run["pm"], max(ends.values()), run.get("ppo_world", 1)
+    fwd, _ = ppo_split(pm)
     tok = sum(g.tokens for g in work.groups)
-    update = train * run["ppo_epochs"] * tok + pm.update_fixed_s("grpo", run["ppo_steps"])
-    by = {i["kind"]: i for i in invs if i["kind"] in ("values", "learner", "critic")}
+    update = ppo_update_s(pm, tok, W, run["ppo_epochs"], run["ppo_steps"])
+    v = next(i for i in invs if i["kind"] == "values")
+    actors = [i for i in invs if i["kind"] == "learner"]
+    critics = [i for i in invs if i["kind"] == "critic"]
 
     def ready(i: dict, engine: bool) -> float:
         t = max(_cold_ready(run, i, rel, engine), ends.get(i["worker"], 0.0))  # a hybrid take: after its decode
         return t + (pm.weight_sync_s(colocated=serverful) if i["extra"].get("sync_s", 0) > 0 else 0.0)
 
-    v, a, c = by["values"], by["learner"], by["critic"]
     t = ready(v, engine=False)
     for gs in _chunks(len(work.groups), work.groups[0].n if hasattr(work.groups[0], "n") else
                       len(work.groups[0].lengths), run["values_chunk"]):
         sent = max(finish.get(g, rollout) for g in gs) if overlap else rollout
         t = max(t, sent) + fwd * sum(work.groups[g].tokens for g in gs)
     values_end = max(t, rollout)
-    ta = max(ready(a, engine=bool(run["hybrid"])), rollout)
-    ahead = bool(a["extra"].get("old_ahead"))
-    returns = max(values_end, ta + fwd * tok) if ahead else max(values_end, ta) + fwd * tok
+    ta = max(max(ready(a, engine=bool(run["hybrid"])) for a in actors), rollout)
+    if any(a["extra"].get("old_ahead") for a in actors):  # one rank: its forward ran beside the value function
+        returns = max(values_end, ta + fwd * tok)
+    else:
+        returns = max(values_end, ta) + fwd * tok / W
     actor_end = returns + update + (pm.weight_sync_s(colocated=True) if serverful else 0.0)
-    critic_end = max(returns, values_end, ready(c, engine=False)) + update
-    return max(actor_end, critic_end), {(v["worker"], "values"): values_end, (a["worker"], "learner"): actor_end,
-                                        (c["worker"], "critic"): critic_end}
+    # a critic rank on a worker that also held an actor rank starts after it (one request at a time)
+    after = {a["worker"]: actor_end for a in actors}
+    critic_start = max(max(ready(c, engine=False), after.get(c["worker"], 0.0)) for c in critics)
+    critic_end = max(returns, values_end, critic_start) + update
+    end_of = {(v["worker"], "values"): values_end}
+    end_of.update({(a["worker"], "learner"): actor_end for a in actors})
+    end_of.update({(c["worker"], "critic"): critic_end for c in critics})
+    return max(actor_end, critic_end), end_of
 
 
 def _bill_segments(invs: list[dict], rel, end_of: dict, learn_end: float, keep: float, released: frozenset,
@@ -331,6 +341,7 @@ def validate_emulated(run_dir: str | Path, skip_first: bool = True) -> dict:
         run["exchange_s"] = pm.grad_exchange_s(world)
     if run["algo"] == "ppo":  # the emulated worker's optimiser steps and passes (`runtime.devices.emulated.ppo_steps`)
         rows = int((cfg.get("rollout") or {}).get("prompts_per_step", 1)) * int(algo.get("group_size", 1))
+        run["ppo_world"] = int(rt.get("learner_units") or 1)  # the actor's and critic's ranks (`ppo_ranks`)
         run.update(ppo_epochs=int(algo.get("ppo_epochs", 1)), values_chunk=int((cfg.get("critic") or {}).get(
             "values_chunk", 0)), ppo_steps=int(algo.get("ppo_epochs", 1)) * min(int(algo.get("ppo_mini_batches", 1)),
                                                                                  rows))

@@ -10,9 +10,10 @@ docs/internals.md#runtimedevicesemulatedpy. Non-goals: the prefill function, vLL
 
 Deviations:
 1. The all-reduce is modelled, not run: each rank sleeps `PerfModel.grad_exchange_s` for its part of it (the
-   pool's ranks in the optimiser step, a serverless rank before its share), but a rank that ends early returns
+   pool's ranks in the optimiser step, a serverless rank before its share), but a GRPO rank that ends early returns
    without waiting for its peers (the driver waits for every rank, so the step's time is the same; the wait shows
-   as held idle instead of busy).
+   as held idle instead of busy). A PPO rank waits for its group's last rank to arrive before its work (a file
+   barrier, `_group_barrier`), as its first real all-reduce would.
 2. An emulated worker imports neither torch nor the model (a few tens of MB).
 3. A serverful pool worker with `runtime.emulated_engine=paper` is one TP replica of verl as the paper ran it
    (`sim.devicemodel.engine_of`): it holds TP units, decodes with that engine's time model and KV slots, trains and
@@ -37,7 +38,8 @@ from rlhfless.core.errors import ConfigError, require
 from rlhfless.runtime import wire
 from rlhfless.runtime.devices import ops
 from rlhfless.runtime.records import now
-from rlhfless.sim.devicemodel import LengthTable, build_table, cold_start_s, engine_of, mix, ppo_split, time_model
+from rlhfless.sim.devicemodel import (LengthTable, build_table, cold_start_s, engine_of, mix, ppo_split, ppo_update_s,
+                                      time_model)
 
 TOKEN_BASE, TOKEN_SPAN = 97, 26
 """Emulated token ids: 'a'..'z' in any byte or BPE vocabulary, so the driver's traces and tables decode them."""
@@ -59,7 +61,7 @@ def setup_for(cfg, scratch: Path, steps: int) -> dict:
     table.save(path)
     a, rt = cfg.algo, cfg.runtime
     require(rt.emulated_engine == "tuned" or a.name == "grpo", "runtime.emulated_engine",
-            "paper is built for GRPO only (PPO's update runs on one rank)")
+            "paper is built for GRPO only (verl's paper-settings engine for PPO is not modelled)")
     return {"table": str(path), "time_scale": rt.time_scale, "algo": a.name, "G": a.group_size,
             "engine": rt.emulated_engine, "learners": rt.learners(),
             "max_new_tokens": cfg.rollout.max_new_tokens,
@@ -424,28 +426,54 @@ class EmulatedWorker:
         t0 = pre["t_start"] if pre else now()
         sync_s = (pre["sync_s"] if pre else 0.0) + self._sync(msg)
         tok, _ = self._batch_tokens(msg["batch"])
+        world = msg.get("world", 1)
+        self._group_barrier(msg)
         self.clock.start()
-        if pre is None:
-            self.clock.sleep(self.fwd_tok * tok)
-        Path(msg["returns_out"]).write_bytes(b"")  # the critic reads nothing from it
-        wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
-        opt = self.train_tok * self.epochs * tok + self.perf.update_fixed_s("grpo", self.minibatches)
+        if pre is None:  # several ranks split the forward (`ppo_update.shard_old_logprobs`)
+            self.clock.sleep(self.fwd_tok * tok / world)
+        if msg.get("rank", 0) == 0:
+            Path(msg["returns_out"]).write_bytes(b"")  # the critic reads nothing from it
+            wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
+        opt = self._rank_steps(tok, world)
         if self.pool_worker:  # verl's colocated resharding of the new weights into the rollout engine
             opt += self.perf.weight_sync_s(colocated=True)
         self.clock.sleep(opt)
-        self._link(msg["state_path"], msg["state_out"])
+        if msg.get("rank", 0) == 0:
+            self._link(msg["state_path"], msg["state_out"])
         self.version = msg["version"] + 1
         return {"op": "ppo_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
                 "old_ahead": pre is not None, "metrics": {}}
+
+    def _group_barrier(self, msg: dict) -> None:
+        """Several ranks: wait until every rank of this group has arrived (a file each in the scratch folder), as a
+        real rank waits in its first collective for the last one to start (a cold one); the ranks then sleep the same
+        modelled work and end together. The group is the update's (`dist`, serverless) or the pool's (its port:
+        a restarted pool is a new group); a dead peer's role is stopped and re-run by the driver."""
+        world = msg.get("world", 1)
+        if world <= 1:
+            return
+        group = (msg.get("dist") or self.setup.get("dist") or {}).get("port")
+        d = Path(msg["batch"]).parent / f"ppo-group-{msg['op']}-{msg['step']}-{group}"
+        d.mkdir(exist_ok=True)
+        (d / str(msg["rank"])).write_bytes(b"")
+        while len(list(d.iterdir())) < world:
+            time.sleep(0.002)
+
+    def _rank_steps(self, tok: int, world: int) -> float:
+        """One rank's optimiser steps of a PPO model over `world` data-parallel ranks (`devicemodel.ppo_update_s`:
+        its share of the training tokens, each step's fixed cost and gradient exchange, charged per rank)."""
+        return ppo_update_s(self.perf, tok, world, self.epochs, self.minibatches)
 
     def _critic_learn(self, msg: dict, conn) -> dict:
         """The critic: `ppo_train_s_per_token` x tokens and one optimiser step per mini-batch."""
         t0 = now()
         sync_s = self._sync_critic(msg)
+        self._group_barrier(msg)
         self.clock.start()
         tok, _ = self._batch_tokens(msg["batch"])
-        self.clock.sleep(self.train_tok * self.epochs * tok + self.perf.update_fixed_s("grpo", self.minibatches))
-        self._link(msg["critic_state"], msg["critic_out"])
+        self.clock.sleep(self._rank_steps(tok, msg.get("world", 1)))
+        if msg.get("rank", 0) == 0:
+            self._link(msg["critic_state"], msg["critic_out"])
         self.critic_version = msg["critic_version"] + 1
         return {"op": "critic_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
                 "metrics": {}}

@@ -85,29 +85,89 @@ def ppo_old(worker, msg: dict) -> None:
                       "sync_s": sync_s}
 
 
+class GroupBroken(Exception):
+    """A peer of this PPO rank died in its group's rendezvous or all-reduce: the worker leaves (`worker.op_ppo`:
+    `leave_broken_group`), and the driver re-runs the role. args: (the error, where)."""
+
+
+def _rank_shard(worker, msg: dict):
+    """This rank's `Shard` of a data-parallel PPO role (msg "rank" of "world"; None for one rank): the pool's group
+    (serverful: every pool worker is a rank), or a group of this update's functions joined now (msg "dist",
+    serverless: left again by `_leave`). A peer that dies in the rendezvous: GroupBroken; a rendezvous port this
+    rank 0 cannot bind (`PortTaken`) is its own death."""
+    from rlhfless.runtime.devices.dist import PortTaken
+
+    if msg.get("world", 1) <= 1:
+        return None
+    if msg.get("dist"):
+        try:
+            worker._join(msg["dist"])
+        except PortTaken:
+            raise
+        except RuntimeError as exc:  # `worker.GroupNotFormed`
+            raise GroupBroken(exc.__cause__ or exc, "PPO's rank group rendezvous") from exc
+    if worker.shard is None or worker.shard.world != msg["world"] or worker.shard.rank != msg["rank"]:
+        raise RuntimeError(f"PPO rank {msg.get('rank')} of {msg['world']}: this worker is not that rank of a group")
+    return worker.shard
+
+
+def _leave(worker, msg: dict) -> None:
+    """A serverless rank leaves its update's group (the pool's stays for the run)."""
+    if msg.get("dist"):
+        from rlhfless.runtime.devices.dist import destroy_group
+
+        destroy_group()
+        worker.shard = None
+
+
+def _steps(worker, msg: dict, conn, run):
+    """run(shard) inside this rank's group: a peer dead in the all-reduce raises GroupBroken (this rank leaves)."""
+    shard = _rank_shard(worker, msg)
+    try:
+        out = run(shard)
+    except RuntimeError as exc:
+        if shard is None:
+            raise
+        raise GroupBroken(exc, "PPO's all-reduce") from exc
+    _leave(worker, msg)
+    return out
+
+
 def ppo_actor(worker, msg: dict, conn) -> dict:
+    """The actor's update; rank 0 of several (msg "rank" of "world") writes the returns and the next state (every
+    rank ends with the same weights: the gradients are all-reduced before each step)."""
     from rlhfless.learn.learner import save_learner_state
-    from rlhfless.learn.ppo_update import actor_steps, ppo_schedule, ppo_targets
+    from rlhfless.learn.ppo_update import (actor_steps, needs_old_logprobs, ppo_schedule, ppo_targets,
+                                           shard_old_logprobs)
 
     pre, worker.ppo_old = worker.ppo_old, None
     pre = pre if pre is not None and pre["step"] == msg["step"] else None
     t0 = pre["t_start"] if pre else now()
     sync_s = (pre["sync_s"] if pre else 0.0) + worker._sync(msg["state_path"], msg["version"])
-    learner = worker.learner
+    learner, lead = worker.learner, msg.get("rank", 0) == 0
     prompts, responses, rewards, ref = wire.read_batch(Path(msg["batch"]))
     vals = wire.read_tensors(msg["values"])["values"]
-    t = ppo_targets(learner, prompts, responses, rewards, vals, ref, old=pre["old"] if pre else None)
-    wire.write_tensors(msg["returns_out"], {"returns": t.returns})
-    wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
-    schedule = ppo_schedule(learner.algo, len(responses), msg["seed"], msg["updates"])
-    metrics = {**t.metrics, **actor_steps(learner, t, responses, ref, schedule)}
-    save_learner_state(learner, msg["state_out"])
+
+    def update(shard):
+        old = pre["old"] if pre else None
+        if old is None and shard is not None and needs_old_logprobs(learner.algo, len(responses)):
+            old = shard_old_logprobs(learner, prompts, responses, shard)  # the forward split across the ranks
+        t = ppo_targets(learner, prompts, responses, rewards, vals, ref, old=old)
+        if lead:
+            wire.write_tensors(msg["returns_out"], {"returns": t.returns})
+            wire.send(conn, {"op": "ppo_returns", "step": msg["step"], "returns": msg["returns_out"]})
+        schedule = ppo_schedule(learner.algo, len(responses), msg["seed"], msg["updates"])
+        return {**t.metrics, **actor_steps(learner, t, responses, ref, schedule, shard)}
+
+    metrics = _steps(worker, msg, conn, update)
+    if lead:
+        save_learner_state(learner, msg["state_out"])
     worker.version = msg["version"] + 1
     return {"op": "ppo_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
             "old_ahead": pre is not None, "metrics": {k: v for k, v in metrics.items() if v is not None}}
 
 
-def critic_learn(worker, msg: dict) -> dict:
+def critic_learn(worker, msg: dict, conn=None) -> dict:
     from rlhfless.learn.critic import save_critic_state
     from rlhfless.learn.ppo_update import critic_steps, ppo_schedule, row_prompts
 
@@ -119,8 +179,10 @@ def critic_learn(worker, msg: dict) -> dict:
     returns = wire.read_tensors(msg["returns"])["returns"]
     cfg = worker.cfg.algo
     schedule = ppo_schedule(cfg, len(responses), msg["seed"], msg["updates"])
-    metrics = critic_steps(worker.critic, cfg, rows_prompts, responses, vals, returns, schedule)
-    save_critic_state(worker.critic, Path(msg["critic_out"]))
+    metrics = _steps(worker, msg, conn, lambda shard: critic_steps(worker.critic, cfg, rows_prompts, responses, vals,
+                                                                   returns, schedule, shard))
+    if msg.get("rank", 0) == 0:
+        save_critic_state(worker.critic, Path(msg["critic_out"]))
     worker.critic_version = msg["critic_version"] + 1
     return {"op": "critic_learned", "step": msg["step"], "t_start": t0, "t_end": now(), "sync_s": sync_s,
             "metrics": metrics}

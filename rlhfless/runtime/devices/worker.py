@@ -317,7 +317,12 @@ class Worker:
         from rlhfless.runtime.devices import ppo_worker
 
         op = msg["op"]
-        return ppo_worker.ppo_actor(self, msg, conn) if op == "ppo_actor" else getattr(ppo_worker, op)(self, msg)
+        if op not in ("ppo_actor", "critic_learn"):
+            return getattr(ppo_worker, op)(self, msg)
+        try:
+            return getattr(ppo_worker, op)(self, msg, conn)
+        except ppo_worker.GroupBroken as exc:  # a peer rank died: the driver re-runs the role
+            leave_broken_group(conn, msg["step"], exc.args[0], where=exc.args[1])
 
     def _profile(self, conn) -> dict:
         """Time rollouts of the run's own workload (its task's first train prompts, its sampling settings): the

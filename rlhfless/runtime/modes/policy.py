@@ -223,6 +223,15 @@ class Death:
     """The step's rollout starts over from its start on the new workers (a death during decode, `whole`)."""
 
 
+@dataclass(frozen=True)
+class PpoSeat:
+    """Who holds a rank of PPO's actor or critic in an update."""
+
+    held: bool
+    """True: the pool worker that holds the rank for the whole run (`ppo_stages.PpoStream.held_worker`); False: a
+    function of the role's own, taken warm or started when the rank has work (`ppo_stages._Update.function`)."""
+
+
 # -- the mode as a policy object: every decision that differs by mode, behind one interface ----------------------
 class ModePolicy(ABC):
     """What differs between the serverless runtime and the serverful control, asked by the stages instead of
@@ -272,6 +281,11 @@ class ModePolicy(ABC):
     def learner_ranks(self, n: int, kept: list, held: list) -> LearnerSeats:
         """Which functions hold the n learner ranks when the step starts. kept: the last step's learner functions
         still in the pool; held: the pool's workers in rank order."""
+
+    @abstractmethod
+    def ppo_rank(self, role: str, rank: int) -> PpoSeat:
+        """Who holds rank `rank` of PPO's `role` ("learner": the actor; "critic") in an update (`ppo_stages._Update`
+        carries it out)."""
 
     @abstractmethod
     def learner_world(self, rt_cfg) -> int:
@@ -366,6 +380,9 @@ class ServerlessPolicy(ModePolicy):
     def on_death(self, role: str) -> Death:
         return Death(whole=False)  # functions share nothing a death breaks: the dead one is replaced
 
+    def ppo_rank(self, role: str, rank: int) -> PpoSeat:
+        return PpoSeat(held=False)  # the step's actor or value function, a warm one, else a new one
+
 
 class ServerfulPolicy(ModePolicy):
     name = "serverful"
@@ -426,6 +443,9 @@ class ServerfulPolicy(ModePolicy):
         # a dead pool worker breaks the pool's data-parallel group; a death during decode re-runs the rollout from
         # the step's start, as a verl job resumed from the step's checkpoint would
         return Death(whole=True, rollout_over=role == "decode")
+
+    def ppo_rank(self, role: str, rank: int) -> PpoSeat:
+        return PpoSeat(held=True)  # one rank: the actor on worker 0, the critic on the last; W: pool worker r
 
 
 MODE_POLICIES: dict[str, type[ModePolicy]] = {}
