@@ -45,7 +45,8 @@ def test_tp_k_applies_to_emulated_devices_only():
 
 def test_tp_k_functions_are_grpo_only():
     with pytest.raises(ConfigError, match="runtime.emulated_tp: TP-k functions are built for GRPO only"):
-        load_run_config("experiments/configs/emulated_testbed_7b_ppo.yaml", ["runtime.emulated_tp=2"])
+        load_run_config("experiments/configs/emulated_testbed_7b_ppo.yaml",
+                        ["runtime.emulated_tp=2", "runtime.learner_units=8"])  # 8 ranks of 2 units fit 16
 
 
 def test_tp_k_sizes_the_functions_ranks_pool_and_planner():

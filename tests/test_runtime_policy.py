@@ -101,7 +101,7 @@ def test_each_mode_returns_its_decisions_as_frozen_data():
     `reference_function`; the stages read `on_death`)."""
     from dataclasses import FrozenInstanceError
 
-    from rlhfless.runtime.modes.policy import (HOLD, AfterDecode, DecodePick, Death, Keep, LearnerSeats,
+    from rlhfless.runtime.modes.policy import (HOLD, AfterDecode, DecodePick, Death, Keep, LearnerSeats, PpoSeat,
                                                ReferencePick, policy_for)
 
     sl, sf = policy_for("serverless"), policy_for("serverful")
@@ -130,5 +130,8 @@ def test_each_mode_returns_its_decisions_as_frozen_data():
     assert {sl.on_death(r) for r in ("decode", "reference", "learner", "critic")} == {Death(whole=False)}
     assert sf.on_death("decode") == Death(whole=True, rollout_over=True)
     assert sf.on_death("learner") == sf.on_death("critic") == Death(whole=True, rollout_over=False)
+    # PPO's ranks: a function of the role's own (serverless), or the pool worker that holds it all run
+    assert {sl.ppo_rank(r, k) for r in ("learner", "critic") for k in (0, 3)} == {PpoSeat(held=False)}
+    assert {sf.ppo_rank(r, k) for r in ("learner", "critic") for k in (0, 3)} == {PpoSeat(held=True)}
     with pytest.raises(FrozenInstanceError):
         sl.no_work_now(0.0).release = None
