@@ -14,9 +14,9 @@ Deviations from the runtime:
 5. Warm first: the decode functions with the lowest groups; the last step's ranks before its idle decode functions.
 6. A rank waiting with no worker starts on a unit freed by a lapse at that instant.
 7. Decode functions pre-warmed during the previous optimiser step are played cold.
-8. Separate images: a rank's share is in at its last group's compute end, or the rollout's end when that is
-   later (the runtime sends the end of the rollout then); the write of the share file is not played (the
-   reducer's part of it is in the fitted optimiser step).
+8. Separate images: a rank's share is in one fitted end interval (`opt_s`, which the meter counts busy on every
+   rank: the share's write, the reducer's reduce and step) after its last group's compute or the rollout's end,
+   whichever is later (the runtime sends the end of the rollout then); the reducer's reduce is not played apart.
 """
 
 from __future__ import annotations
@@ -369,7 +369,9 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], k
         comp_end.append(t)
     learn_end = max(comp_end) + c.opt_s
     period = learn_end + c.driver_s
-    shares = [max(t, rollout) for t in comp_end]  # a rank's share is in when its groups are done and the rollout is
+    # a rank's share is in after its end interval (`opt_s`, counted busy for every rank below, as the meter counts
+    # each rank's learner end) from its last group's compute or the rollout's end (`end` is sent then)
+    shares = [max(t, rollout) + c.opt_s for t in comp_end]
     billed, carry = _bill(arm, c, ends, surplus, holder, start, learn_end, period, shares)
     cold = dec_cold * c.cold_s["decode"] + sum(cold_rank) * c.cold_s["learner"]
     # busy as the meter counts it: a rank's compute intervals and its optimiser step, never its wait for groups
