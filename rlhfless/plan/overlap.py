@@ -311,8 +311,8 @@ def learner_billed(b: Blocks, joined: np.ndarray, share_s: float, end_s: float, 
     """The learner's invocations as the scaler prices them: cut into ranks let go at their share where
     `plan.lifecycle.share_release` says so on `lc` (separate images: rank_devices > 0; the joined blocks hold
     their devices of the `budget`), else every joined block held to the step's end (`learner_invocations`)."""
-    if lc.rank_devices > 0 and lifecycle.share_release(lc.share_go, lc.share_wait, budget, float(b.devices[joined].sum()),
-                                             lc.rank_devices):
+    held = float(b.devices[joined].sum())
+    if lc.rank_devices > 0 and lifecycle.share_release(lc.share_go, lc.share_wait, budget, held, lc.rank_devices):
         return share_invocations(b, joined, share_s, end_s, lc.rank_devices)
     return learner_invocations(b, joined, end_s)
 
