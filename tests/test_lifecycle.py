@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rlhfless.plan import lifecycle as L
@@ -241,3 +242,74 @@ def test_separate_images_with_overlap_and_the_wide_actor_stay_within_the_device_
     spans = [(x.start_s, x.end_s, x.devices) for x in tl.spans if x.billed]
     assert any(r["sim/prewarmed"] > 0 for r in rows[1:])
     assert L.peak_devices(spans) == pytest.approx(cfg.n_devices) and L.within_budget(spans, cfg.n_devices)
+
+
+# ---- the scaler prices the separate learner's share release as the simulator charges it -------------------------
+def _by_hand_step(overlap: bool, share_go: bool):
+    """test_sim_events' by-hand step (8 devices; decode 0 releases at 15.5 s, decode 1 at 9 s, the prefill function
+    at 3 s; groups of 4, 4 and 6 learner device-s arrive at 5, 9 and 15.5 s; learner blocks and ranks of 2
+    devices, 1 s cold start, pre-warmed, 1 s optimizer step) as the simulator plays it and as the scaler prices
+    it: (the simulator's learner device-seconds, the scaler's)."""
+    from rlhfless.plan.overlap import LearnerCosts, whole_step_tail
+    from rlhfless.sim.events import EventLoop, Timeline
+    from rlhfless.sim.step import ActorRun, FnRun, LearnerPlan, StepSchedule, play_step
+
+    actors = (ActorRun(0, 2, 4.0, 1.0, 2.0, 0.5, 10.0), ActorRun(1, 2, 0.0, 1.0, 3.0, 0.0, 6.0, prewarm_s=4.0))
+    learner = LearnerPlan(overlap, (1, 1, 0), (2.0, 6.0, 10.0), (4.0, 4.0, 6.0), 8.0, 2.0, 1.0, True, 1.0,
+                          share_go=share_go)
+    loop, tl = EventLoop(), Timeline()
+    play_step(loop, tl, 100.0, StepSchedule(False, 8, actors, FnRun("prefill", 2, 0.0, 3.0), learner), 0)
+    loop.run()
+    charged = sum(s.devices * (s.end_s - s.start_s) for s in tl.spans if s.kind == "learner")
+    lc = LearnerCosts(whole_step=True, overlap=overlap, devices=8.0, s_per_token=1.0, update_fixed_s=1.0,
+                      cold_start_s=1.0, prewarm=True, prefill_s=3.0, prefill_devices=2.0, rank_devices=2.0,
+                      share_go=share_go)
+    _, invs = whole_step_tail(np.array([15.5, 9.0]), np.array([5.0, 9.0, 15.5]), np.array([4.0, 4.0, 6.0]), 2.0,
+                              8.0, lc, 2.0)
+    priced = sum(i.gpus * i.duration_s for i in invs if i.kind == "learner")
+    return charged, priced
+
+
+def test_the_scaler_prices_the_separate_learners_share_release_as_the_simulator_charges_it():
+    """The learner's held device-seconds the scaler prices (`plan.overlap.whole_step_tail`, its sequential form
+    too) equal those the simulator charges (`sim.step.play_step`), ranks let go at their share or held to the
+    step's end. By hand, overlap: blocks of decode 1 (starts 9 s), the prefill's (3 s) and a spare (4 s), one rank
+    each; the work ends at 16.5 s, the optimizer step at 17.5 s; let go, the spare's rank is the reducer (the last
+    share in): 2 x (7.5 + 13.5 + 13.5) = 69; held: 2 x (8.5 + 14.5 + 13.5) = 73. Sequential: one block of 8
+    devices from 14.5 s, 4 ranks, share 17.25 s, end 18.25 s: 3 x 2 x 2.75 + 2 x 3.75 = 24; held 8 x 3.75 = 30.
+    Before the fix the scaler priced 73 and 30 whatever the simulator charged."""
+    for overlap, go, want in [(True, True, 69.0), (True, False, 73.0), (False, True, 24.0), (False, False, 30.0)]:
+        charged, priced = _by_hand_step(overlap, go)
+        assert charged == pytest.approx(want) and priced == pytest.approx(want), (overlap, go)
+
+
+def test_the_scaler_and_the_simulator_decide_the_share_release_on_the_same_terms(monkeypatch):
+    """The policy hands the scaler its share release's terms (`LearnerCosts.rank_devices`, `share_go`,
+    `share_wait`) and decides the simulator's release on the same ones, both with `plan.lifecycle.share_release`:
+    on paper-sim design=paper (no overlap: the learner holds every device, a pre-warm waits) the scaler prices a
+    candidate's learner cut into 20 ranks of 8 devices, the reducer alone to the end, and every step's charged
+    learner is cut so too; with the shared rule changed to "hold", both hold (one block of every device to the
+    step's end)."""
+    from rlhfless.plan.overlap import LearnerCosts, sequential_tails
+
+    def price():
+        lc = LearnerCosts(whole_step=True, overlap=False, devices=160.0, update_fixed_s=4.0, rank_devices=8.0,
+                          share_wait=True)
+        return sequential_tails([50.0], np.full(4, 100.0), 160.0, lc)[0][1]
+
+    def charged():
+        tl, _, _ = _paper_sim_play(2)
+        return [len([x for x in tl.spans if x.kind == "learner" and x.step == k]) for k in range(2)]
+
+    from rlhfless.sim.scenario import case_configs, clusters, policies, workload
+
+    cfg = case_configs("paper-sim", 2, ["ablation=false"])[0]
+    work, _ = workload(cfg)
+    pol = next(p for p in policies(cfg, *clusters(cfg, work)) if p.name == "rlhfless")
+    lc = pol._learner_costs(work[0], None)  # what the policy hands the scaler: the terms it then decides on
+    assert (lc.rank_devices, lc.share_go, lc.share_wait) == (8.0, False, True)  # keep-alive 5 s, history unknown
+    cut = price()
+    assert len(cut) == 20 and sum(i.end_s > cut[0].end_s for i in cut) == 1 and charged() == [20, 20]
+    monkeypatch.setattr(L, "share_release", lambda *a: False)
+    held = price()
+    assert len(held) == 1 and held[0].gpus == 160.0 and charged() == [1, 1]

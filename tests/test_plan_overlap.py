@@ -139,6 +139,14 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
     ends = [rollout_end, rollout_end * 0.5, rollout_end + 1.0]
     assert sequential_tails(ends, work, budget, lc, after) == \
         [whole_step_tail(np.array([e]), np.zeros(len(work)), work, 1.0, budget, lc, None, 0, after) for e in ends]
+    # separate images, ranks let go at their share: the scalar form cuts the one block as the general path does
+    from dataclasses import replace
+
+    from rlhfless.plan.overlap import learner_billed
+
+    shared = replace(lc, rank_devices=1.0, share_go=True)
+    assert _sequential_tail(rollout_end, top, budget, shared) == \
+        (end, learner_billed(b, joined, max(work_end, rollout_end), end, budget, shared))
 
 
 @pytest.mark.parametrize("seed", range(40))

@@ -197,22 +197,25 @@ def test_serverless_step_played_by_hand(tmp_path):
     1.0 s fixed (so every group finishes at 1.3), release lag 0.02 / 0.03, 0.1 s per group, opt 0.05, driver 0.1.
     One decode function on 2 units leaves one free: rank 0 is pre-warmed at 1.0 (planned makespan) - 0.4 - 0.05
     = 0.55, ready 0.95, computes its 4 groups from 1.3 to 1.7; rank 1 starts on the unit decode releases at 1.32,
-    ready 1.72, computes to 2.12. Learner ends 2.17, the step 2.27; billed 1.32 + (2.2 - 0.55) + (2.2 - 1.32).
-    Busy as the meter counts it: the decode span, and each rank's compute (0.4) and optimiser step (0.05), not
-    its wait for groups. (With makespan 1.0 the pre-warm comes first; see the second case for a rank started by
-    its first group.)"""
+    ready 1.72, computes to 2.12. Learner ends 2.17, the step 2.27. Separate images: rank 0's share is in one end
+    interval (opt 0.05) after its compute, at 1.75, and it is let go then (`LearnerStream._shared`), released
+    0.03 later; rank 1, the last share in (2.17), reduces and is held to the learner's end: billed 1.32 +
+    (1.78 - 0.55) + (2.2 - 1.32) = 3.43 (before the share release: rank 0 held to 2.2 too, 3.85). Busy as the meter counts it: the decode span, and each rank's compute (0.4)
+    and optimiser step (0.05), not its wait for groups. (With makespan 1.0 the pre-warm comes first; see the
+    second case for a rank started by its first group.)"""
     _serverless_records(tmp_path / "serverless")
     arm = read_arm(tmp_path / "serverless")
     c = Constants({"decode": 0.3, "learner": 0.4}, {"decode": 0.02, "learner": 0.03}, (1.0, 0.0, 0.0), (0.1, 0.0),
                   ctx=40.0, opt_s=0.05, driver_s=0.1)
     s = predict(arm, [arm.steps[0]], c)[0]
     assert s.rollout == pytest.approx(1.3) and s.learn_end == pytest.approx(2.17) and s.period == pytest.approx(2.27)
-    assert s.billed == pytest.approx(1.32 + 1.65 + 0.88) and s.cold == pytest.approx(1.1)
+    assert s.billed == pytest.approx(1.32 + 1.23 + 0.88) and s.cold == pytest.approx(1.1)
     assert s.busy == pytest.approx({"decode": 1.0, "learner": 2 * (0.4 + 0.05)})
     # planned makespan 3.0: the pre-warm would come at 2.55, but rank 0's first group is in at 1.3 and a unit is
-    # free, so it starts then (LearnerStream.pump), not at the pre-warm time
+    # free, so it starts then (LearnerStream.pump), not at the pre-warm time: ready 1.7, computes to 2.1, share in
+    # at 2.15, let go at 2.18 (rank 1 still the reducer, its share in at 2.17)
     late = predict(arm, [replace(arm.steps[0], predicted_makespan_s=3.0)], c)[0]
-    assert late.learn_end == pytest.approx(2.17) and late.billed == pytest.approx(1.32 + 0.9 + 0.88)
+    assert late.learn_end == pytest.approx(2.17) and late.billed == pytest.approx(1.32 + 0.88 + 0.88)
 
 
 def test_measure_splits_a_serverless_step_by_hand(tmp_path):

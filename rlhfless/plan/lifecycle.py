@@ -15,7 +15,8 @@ A function is COLD (none exists), STARTING (requested: its cold start runs), BUS
   * the device budget: never more devices held than exist (`free_devices`, `peak_devices`: the invariant both
     sides test). Who calls what: the runtime's modes (`prewarm_start_s`, `let_go`), `runtime.streaming` (the
     decode pre-warm retried into units ranks free at their share), `plan.cost` (`idle_billed_s`), the simulator's
-    `RLHFless` (`hold_pays`, `warm_after`, `free_devices`) and arm model (`prewarm_start_s`).
+    `RLHFless` (`hold_pays`, `warm_after`, `free_devices`, `share_release`), the scaler's learner price
+    (`plan.overlap`: `share_release`) and arm model (`prewarm_start_s`).
 Pure, numpy-free, no I/O. Times are seconds on any one clock.
 
 Deviations from the paper: its platform keeps a function "a few seconds" after each invocation; here the keep-alive
@@ -141,6 +142,15 @@ def prewarm_start_s(expected_s: float, cold_s: float, buffer_s: float, now_s: fl
 def free_devices(n_devices: float, held: float) -> float:
     """Devices a function may take (pre-warm, or be kept on) while others hold `held` of the `n_devices`."""
     return max(0.0, n_devices - held)
+
+
+def share_release(go: bool, waiting: bool, n_devices: float, held: float, rank_devices: float) -> bool:
+    """Whether a separate-image learner's ranks but the reducer are let go at their share (the runtime's
+    `LearnerStream._shared`, the simulator's play of it and the scaler's price of it): `go` (`let_go` said so: its
+    next work is past its keep-alive, or holding bills more than the cold start), or a pre-warm `waiting` for
+    devices while the learner's ranks hold `held` of the `n_devices` and leave fewer than one rank's
+    (`rank_devices`) free (the runtime's "no free unit": it asks the ranks to go)."""
+    return go or (waiting and free_devices(n_devices, held) < rank_devices)
 
 
 def peak_devices(spans: Iterable[tuple[float, float, float]]) -> float:

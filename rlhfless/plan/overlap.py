@@ -2,7 +2,8 @@
 
 Pure functions the scaler (T(N), C(N) of the whole step) and the simulator share: `LearnerCosts`,
 `learner_blocks` (which devices the learner gets, from when), `learner_drain` (when the last group's work is
-done) and `learner_invocations` (the learner's billed spans). The rule it keeps: one optimizer step after the last
+done) and `learner_invocations` / `share_invocations` (the learner's billed spans: blocks held to the step's end,
+or ranks let go at their share). The rule it keeps: one optimizer step after the last
 group, with the reduction order fixed by group index, so the overlapped update equals the sequential one. Every
 modelling assumption (fluid data-parallel work, blocks, hybrid functions, pre-warm) is listed in
 docs/internals.md#planoverlappy. Units are a budget: decode, prefill and learner never hold more than `devices`.
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlhfless.core.errors import DataError, require
+from rlhfless.plan import lifecycle
+from rlhfless.plan.ranks import reducer
 from rlhfless.plan.records import Invocation
 
 
@@ -67,6 +70,16 @@ class LearnerCosts:
     function). A hybrid function (`runtime.hybrid`) goes on as the learner rank itself: only the in-place reshard
     of the weights it decoded with into the learner's layout (the prefill function is another image: it keeps
     cold_start_s)."""
+    rank_devices: float = 0.0
+    """Separate images: devices of one learner rank (a replica's), whose ranks but the reducer may be let go at
+    their share, the learner's work end (`share_invocations`, when `plan.lifecycle.share_release` says so on
+    `share_go` and `share_wait`), the reducer alone holding through the optimizer step; 0 = every block holds its
+    devices to the step's end (hybrid functions, or none let go), >= 0."""
+    share_go: bool = False
+    """With rank_devices: the ranks go at their share whatever the devices (`plan.lifecycle.let_go` said so)."""
+    share_wait: bool = False
+    """With rank_devices: a pre-warm of the next step waits for devices, so the ranks go at their share where
+    they leave fewer than one rank's devices free."""
 
     def __post_init__(self) -> None:
         require(self.release_cold_s is None or self.release_cold_s >= 0, "plan.learner.release_cold_s",
@@ -76,7 +89,7 @@ class LearnerCosts:
         require(self.prewarm_bill_s is None or self.prewarm_bill_s >= 0, "plan.learner.prewarm_bill_s",
                 f"must be >= 0 or None (got {self.prewarm_bill_s})")
         for f in ("devices", "s_per_token", "after_s_per_token", "update_fixed_s", "cold_start_s", "prompt_tokens",
-                  "prefill_s", "prefill_devices"):
+                  "prefill_s", "prefill_devices", "rank_devices"):
             v = getattr(self, f)
             require(v >= 0, f"plan.learner.{f}", f"must be >= 0 (got {v})")
 
@@ -269,6 +282,41 @@ def learner_invocations(b: Blocks, joined: np.ndarray, end_s: float, t0: float =
             for k in np.flatnonzero(joined)]
 
 
+def share_invocations(b: Blocks, joined: np.ndarray, share_s: float, end_s: float, rank_devices: float,
+                      t0: float = 0.0) -> list[Invocation]:
+    """The learner's billed invocations when its ranks go at their share (`LearnerCosts.rank_devices`): each
+    joined block cut into ranks of `rank_devices` (the runtime's learner ranks: one data-parallel rank per
+    replica's devices), numbered in block order; every rank ends at the share `share_s` (the fluid learner's work
+    end: every share comes in then, in rank order) but the reducer (`plan.ranks.reducer`: the last share in),
+    which sums the shares and runs the optimizer step to `end_s`. Seconds after t0; a rank's cold start is its
+    block's. The simulator bills it, the scaler prices it (`learner_billed`)."""
+    spans = []
+    for k in np.flatnonzero(joined):
+        d = float(b.devices[k])
+        n = max(1, int(np.floor(d / rank_devices + 1e-9))) if rank_devices > 0 else 1
+        start = max(float(b.ready_s[k] - b.cold_s[k]), 0.0)
+        spans += [(start, float(b.cold_s[k]), d / n)] * n
+    if not spans:
+        return []
+    last = reducer(list(range(len(spans))))
+    out = []
+    for r, (start, cold, d) in enumerate(spans):
+        end = end_s if r == last else max(share_s, start)
+        out.append(Invocation("learner", r, t0 + start, t0 + end, True, d, min(cold, end - start)))
+    return out
+
+
+def learner_billed(b: Blocks, joined: np.ndarray, share_s: float, end_s: float, budget: float,
+                   lc: LearnerCosts) -> list[Invocation]:
+    """The learner's invocations as the scaler prices them: cut into ranks let go at their share where
+    `plan.lifecycle.share_release` says so on `lc` (separate images: rank_devices > 0; the joined blocks hold
+    their devices of the `budget`), else every joined block held to the step's end (`learner_invocations`)."""
+    held = float(b.devices[joined].sum())
+    if lc.rank_devices > 0 and lifecycle.share_release(lc.share_go, lc.share_wait, budget, held, lc.rank_devices):
+        return share_invocations(b, joined, share_s, end_s, lc.rank_devices)
+    return learner_invocations(b, joined, end_s)
+
+
 def job_learner_tokens(sizes: np.ndarray, prompt_len: np.ndarray, work: np.ndarray, lc: LearnerCosts) -> np.ndarray:
     """(J,) tokens the learner processes per job: predicted response tokens + every sequence's prompt (the
     job's prompt_len plus the `prompt_tokens` the jobs do not carry)."""
@@ -314,7 +362,7 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         return sequential_tails([rollout_end], work_ds, budget, lc, after_ds)[0]
     work_end, joined = _drain(w, b.ready_s, b.devices)  # `learner_drain(arrive, work_ds, ...)`
     end = max(work_end, rollout_end) + lc.update_fixed_s
-    return end, invs + learner_invocations(b, joined, end)
+    return end, invs + learner_billed(b, joined, max(work_end, rollout_end), end, budget, lc)
 
 
 def sequential_tails(rollout_ends: Sequence[float], work_ds: np.ndarray, budget: float, lc: LearnerCosts,
@@ -343,7 +391,7 @@ def _sequential_drain(rollout_end: float, work_ds: np.ndarray, budget: float, lc
         arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
     work_end, joined = learner_drain(arrive, work_ds, b.ready_s, b.devices)
     end = max(work_end, rollout_end) + lc.update_fixed_s
-    return end, learner_invocations(b, joined, end)
+    return end, learner_billed(b, joined, max(work_end, rollout_end), end, budget, lc)
 
 
 def _sequential_top(work_ds: np.ndarray, budget: float, after_ds: float) -> float | None:
@@ -380,5 +428,8 @@ def _sequential_tail(rollout_end: float, top: float, budget: float,
         cold = float(np.minimum(cold, lc.prewarm_bill_s))  # `prewarm_billed`
     if not ready < work_end - 1e-12:
         return end, []
+    if lc.rank_devices > 0 and lifecycle.share_release(lc.share_go, lc.share_wait, budget, budget, lc.rank_devices):
+        one = Blocks(np.array([ready]), np.array([budget]), np.array([cold]))  # `learner_billed`'s cut
+        return end, share_invocations(one, np.array([True]), max(work_end, rollout_end), end, lc.rank_devices)
     start = max(ready - cold, 0.0)  # `learner_invocations` at t0 = 0
     return end, [Invocation("learner", 0, 0.0 + start, 0.0 + end, True, budget, min(cold, end - start))]

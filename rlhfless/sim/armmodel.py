@@ -14,6 +14,9 @@ Deviations from the runtime:
 5. Warm first: the decode functions with the lowest groups; the last step's ranks before its idle decode functions.
 6. A rank waiting with no worker starts on a unit freed by a lapse at that instant.
 7. Decode functions pre-warmed during the previous optimiser step are played cold.
+8. Separate images: a rank's share is in one fitted end interval (`opt_s`, which the meter counts busy on every
+   rank: the share's write, the reducer's reduce and step) after its last group's compute or the rollout's end,
+   whichever is later (the runtime sends the end of the rollout then); the reducer's reduce is not played apart.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rlhfless.plan.balancer import job_finish_s
 from rlhfless.plan.billing import rule_set
 from rlhfless.plan import lifecycle
 from rlhfless.plan.lifecycle import PREWARM_HISTORY, planned_start_s
+from rlhfless.plan.ranks import reducer
 from rlhfless.plan.schedule import microbatches
 from rlhfless.sim.calibrate import cpu_decode_model
 from rlhfless.sim.hardware import tiny_model
@@ -365,7 +369,10 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], k
         comp_end.append(t)
     learn_end = max(comp_end) + c.opt_s
     period = learn_end + c.driver_s
-    billed, carry = _bill(arm, c, ends, surplus, holder, start, learn_end, period)
+    # a rank's share is in after its end interval (`opt_s`, counted busy for every rank below, as the meter counts
+    # each rank's learner end) from its last group's compute or the rollout's end (`end` is sent then)
+    shares = [max(t, rollout) + c.opt_s for t in comp_end]
+    billed, carry = _bill(arm, c, ends, surplus, holder, start, learn_end, period, shares)
     cold = dec_cold * c.cold_s["decode"] + sum(cold_rank) * c.cold_s["learner"]
     # busy as the meter counts it: a rank's compute intervals and its optimiser step, never its wait for groups
     split = Split(period, billed, cold, {"decode": dec_busy, "learner": sum(comp) + len(ranks) * c.opt_s},
@@ -374,11 +381,14 @@ def _serverless_step(arm: Arm, r: StepRec, c: Constants, history: list[float], k
 
 
 def _bill(arm: Arm, c: Constants, ends: list[float], surplus: list[float], holder: list[tuple[str, int]],
-          start: list[float], learn_end: float, period: float) -> tuple[float, list[float]]:
+          start: list[float], learn_end: float, period: float, shares: list[float]) -> tuple[float, list[float]]:
     """The step's billed seconds (every worker from its spawn, a kept one from the step's start, to its release or
     the step's end) and the idle-since instants of the workers alive at the next step's start, on its clock.
     Keep-alive is an event: an idle worker is released the instant its keep-alive lapses (`Pool.expire`), mid-step
-    included; with keep-alive 0 at its last invocation's end plus the release lag."""
+    included; with keep-alive 0 at its last invocation's end plus the release lag. Separate images: every rank but
+    the reducer (`plan.ranks.reducer`: the last share in, of `shares`, each rank's share time) ends its invocation
+    at its share and is let go there (`plan.lifecycle.let_go`, as `LearnerStream._shared`); the reducer steps and
+    is held to the learner's end. The hybrid image's ranks are held to the learner's end."""
     keep = arm.keep_alive_s
 
     def life(since: float, lag: float) -> tuple[float, list[float]]:  # billed to, and carried (idle since)
@@ -388,10 +398,15 @@ def _bill(arm: Arm, c: Constants, ends: list[float], surplus: list[float], holde
 
     taken = {h: k for k, h in enumerate(holder)}
     rank_end, carry = life(learn_end, c.release_s["learner"])
+    # the runtime asks let_go of the next learner work after the share; `read_arm` refuses separate images kept
+    # alive, so with keep-alive 0 the answer is "go" whatever that work is (passed as unknown)
+    go = not arm.hybrid and lifecycle.let_go(None, c.cold_s["learner"], keep)
+    last = reducer(sorted(range(len(holder)), key=lambda k: (shares[k], k))) if go and holder else -1
     billed = 0.0
-    for k, h in enumerate(holder):  # every rank's worker held from its start (or the step's) to the learner's end
-        billed += rank_end - (start[k] if h[0] == "new" else 0.0)
-    carry = carry * len(holder)
+    for k, h in enumerate(holder):  # a rank's worker held from its start (or the step's) to its share or the end
+        end = life(shares[k], c.release_s["learner"])[0] if go and k != last else rank_end
+        billed += end - (start[k] if h[0] == "new" else 0.0)
+    carry = carry * (1 if go else len(holder))  # let go at their share: only the reducer can be kept
     for src, idle in (("decode", ends), ("kept", surplus)):
         for j, since in enumerate(idle):
             if (src, j) not in taken:  # never a rank: idle from its end (or the last step) to its lapse

@@ -22,8 +22,9 @@ Deviations from the paper:
    reducer alone runs the optimizer step (all of verl's mini-batch steps under learner parity: the fluid learner
    puts them after the work). The next step's decode and prefill functions are pre-warmed into the freed
    devices from the share, at the lifecycle's time (`plan.lifecycle.prewarm_start_s`); a cold start longer than
-   the optimizer step runs on past the next step's start. The scaler still prices the learner held to the
-   step's end and plans a pre-warm that cannot hide the whole cold start as a cold actor (conservative).
+   the optimizer step runs on past the next step's start. The scaler prices the learner on the same release
+   (`plan.overlap.learner_billed`, `plan.lifecycle.share_release` on the terms `_share_rule` gives both), and
+   plans a pre-warm that cannot hide the whole cold start as a cold actor (conservative).
 """
 
 from __future__ import annotations
@@ -387,7 +388,7 @@ class RLHFless:
         self.n_warm = self._warm_pool(jobs, replace(cfg, hybrid_warm=self.n_hybrid), draws, len(actors), memo)
         if not sw.hybrid:
             held = self._learner_devices(plan)
-            plan = replace(plan, learner=replace(learner, share_go=self._share_go(held)))
+            plan = replace(plan, learner=replace(learner, share_go=self._share_go(cfg.learner, held)))
             self.freed = self._freed_at_share(plan.learner, held)
         return plan, metrics
 
@@ -524,7 +525,20 @@ class RLHFless:
                             prompt_tokens=mean_prompt if sw.dedup else min(c.template_tokens, mean_prompt),
                             prefill_s=prefill.cold_s + prefill.work_s if prefill else 0.0,
                             prefill_devices=prefill.devices if prefill else 0.0, size_slack=self._size_slack(),
-                            release_cold_s=self._hybrid_join_s() if sw.hybrid else None)
+                            release_cold_s=self._hybrid_join_s() if sw.hybrid else None,
+                            **({} if sw.hybrid else self._share_rule()))
+
+    def _share_rule(self) -> dict:
+        """Separate images: the share release's terms (`LearnerCosts.rank_devices`, `share_go`, `share_wait`),
+        which the scaler prices and `_share_go` then decides on with the same `plan.lifecycle.share_release`:
+        `plan.lifecycle.let_go` on the next learner work after the share (this update's optimizer step + the next
+        rollout, from history; unknown before any step), the learner's cold start and the keep-alive; and the next
+        step's decode pre-warm waiting for devices (`_warm_pool` never sizes an empty pool)."""
+        pm, c = self.c.perf, self.c
+        nxt = self.update_s + self.gaps[1] if np.isfinite(self.update_s) else None
+        return {"rank_devices": float(pm.tp), "share_go": lifecycle.let_go(nxt, pm.learner_join_s(),
+                                                                           c.billing.keep_alive_s),
+                "share_wait": self.sw.prewarm}
 
     def _size_slack(self) -> float | None:
         return SIZE_SLACK if self.sw.overlap and self.sw.size_learner else None
@@ -604,17 +618,13 @@ class RLHFless:
         left = cold_s - lead
         return lead, left if left > 1e-9 else 0.0  # a cold start that fits the window: none left (float residue)
 
-    def _share_go(self, learner_devices: float) -> bool:
+    def _share_go(self, lc: LearnerCosts, learner_devices: float) -> bool:
         """Separate images: whether the step's learner ranks but the reducer are let go at their share, the
-        runtime's rule (`runtime.streaming.LearnerStream._shared`): `plan.lifecycle.let_go` on the next learner
-        work after the share (this update's optimizer step + the next rollout, from history; unknown before any
-        step), the learner's cold start and the keep-alive, or the next step's decode pre-warm waiting with no
-        device free for it (`learner_devices`, those the learner's ranks hold, leave less than one replica's)."""
-        pm, c = self.c.perf, self.c
-        nxt = self.update_s + self.gaps[1] if np.isfinite(self.update_s) else None
-        waiting = self.sw.prewarm and self.n_warm > 0
-        return lifecycle.let_go(nxt, pm.learner_join_s(), c.billing.keep_alive_s) or (
-            waiting and lifecycle.free_devices(c.n_devices, learner_devices) < pm.tp)
+        runtime's rule (`runtime.streaming.LearnerStream._shared`), on the terms the scaler priced (`lc`, from
+        `_share_rule`): `plan.lifecycle.share_release` with the devices the learner's ranks hold
+        (`learner_devices`)."""
+        return lifecycle.share_release(lc.share_go, lc.share_wait, self.c.n_devices, learner_devices,
+                                       lc.rank_devices)
 
     def _learner_devices(self, plan: StepSchedule) -> float:
         """Devices the step's learner ranks hold at their share: every joined block's (every device without

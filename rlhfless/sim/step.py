@@ -26,10 +26,9 @@ from rlhfless.plan.overlap import (
     learner_invocations,
     prewarm_billed,
     sequential_blocks,
+    share_invocations,
     size_blocks,
 )
-from rlhfless.plan.ranks import reducer
-from rlhfless.plan.records import Invocation
 from rlhfless.sim.events import PRIO_OTHER, PRIO_RELEASE, PRIO_START, EventLoop, Span, Timeline
 
 
@@ -166,29 +165,6 @@ def learner_schedule(plan: StepSchedule, prefill_end: float) -> tuple[float, Blo
         b = size_blocks(arrive, work, b, lp.size_slack)
     end, joined = learner_drain(arrive, work, b.ready_s, b.devices)
     return max(end, rollout_end), b, joined
-
-
-def share_invocations(b: Blocks, joined: np.ndarray, share_s: float, end_s: float, rank_devices: float,
-                      t0: float = 0.0) -> list[Invocation]:
-    """The learner's billed invocations when its ranks go at their share (`LearnerPlan.share_go`): each joined
-    block cut into ranks of `rank_devices` (the runtime's learner ranks: one data-parallel rank per replica's
-    devices), numbered in block order; every rank ends at the share `share_s` (the fluid learner's work end:
-    every share comes in then, in rank order) but the reducer (`plan.ranks.reducer`: the last share in), which
-    sums the shares and runs the optimizer step to `end_s`. Seconds after t0; a rank's cold start is its block's."""
-    spans = []
-    for k in np.flatnonzero(joined):
-        d = float(b.devices[k])
-        n = max(1, int(np.floor(d / rank_devices + 1e-9))) if rank_devices > 0 else 1
-        start = max(float(b.ready_s[k] - b.cold_s[k]), 0.0)
-        spans += [(start, float(b.cold_s[k]), d / n)] * n
-    if not spans:
-        return []
-    last = reducer(list(range(len(spans))))
-    out = []
-    for r, (start, cold, d) in enumerate(spans):
-        end = end_s if r == last else max(share_s, start)
-        out.append(Invocation("learner", r, t0 + start, t0 + end, True, d, min(cold, end - start)))
-    return out
 
 
 def play_step(loop: EventLoop, tl: Timeline, t0: float, plan: StepSchedule, step: int) -> StepResult:
