@@ -1,7 +1,7 @@
 """Behaviour digest: SHA-256s of a few small runs, so a refactor can show behaviour bitwise unchanged.
 
-    python scripts/behaviour_digest.py run OUT.json [--work DIR] [--reuse]  # make the runs (--reuse: the ones
-                                                                           # in DIR), write their digests
+    python scripts/behaviour_digest.py run OUT.json [--work DIR] [--reuse] [--ppo]  # make the runs (--reuse: the
+                                                    # ones in DIR; --ppo: the PPO runs too), write their digests
     python scripts/behaviour_digest.py stable A.json B.json [...] KEEP.json  # keep the keys all base runs agree on
     python scripts/behaviour_digest.py diff BEFORE.json AFTER.json    # every key of BEFORE that AFTER changed
 
@@ -10,7 +10,10 @@ The runs (small sizes, a few minutes on 2 CPU cores):
     traces/samples_digest.jsonl;
   * `runtime.mode=compare` (serverless_vs_serverful.yaml): every arm's samples digest and final weights;
   * one emulated compare (emulated_testbed_7b_grpo.yaml at `repro --quick`'s size, 2 steps): every arm's
-    workers.jsonl, invocations.jsonl and metrics.jsonl, one digest per (file, field) over that field's column.
+    workers.jsonl, invocations.jsonl and metrics.jsonl, one digest per (file, field) over that field's column;
+  * PPO: `runtime.mode=compare` (serverless_vs_serverful_ppo.yaml, every arm's samples digest and final weights) and
+    one emulated PPO compare (emulated_testbed_3b_ppo.yaml on 8 units, the actor and critic on 8 ranks, 2 steps:
+    every arm's records, as above).
 Emulated records are timed in real seconds, so any field that depends on the wall clock (and any decision that
 depends on a measured time) can differ between two runs of the same code: `stable` keeps only the keys two runs of
 the base agree on, and `diff` compares only those.
@@ -32,6 +35,10 @@ EMULATED_QUICK = ["runtime.units=8", "plan.max_actors=8", "runtime.emulated_mode
                   "rollout.prompts_per_step=16", "train.steps=2", "runtime.time_scale=0.05",
                   "runtime.keep_alive_s=0.25", "runtime.prewarm_buffer_s=0.0025", "train.seed=0",
                   "tracking.mode=disabled", "runtime.gantt_every=0"]
+EMULATED_PPO_QUICK = ["runtime.units=8", "runtime.learner_units=8", "plan.max_actors=8", "rollout.prompts_per_step=16",
+                      "rollout.max_new_tokens=256", "critic.values_chunk=4", "task.arith.num_train=16",
+                      "train.steps=2", "runtime.time_scale=0.05", "runtime.keep_alive_s=0.25",
+                      "runtime.prewarm_buffer_s=0.0025", "train.seed=0", "runtime.gantt_every=0"]
 RECORDS = ("workers.jsonl", "invocations.jsonl", "metrics.jsonl")
 
 
@@ -66,7 +73,7 @@ def records_digest(out: Path) -> dict[str, str]:
     return d
 
 
-def make_runs(work: Path) -> None:
+def make_runs(work: Path, flags: tuple[str, ...] = ()) -> None:
     try:
         from rlhfless.run.launch import train
     except ImportError:  # a tree from before issue 38, where the runner dispatched a comparison itself
@@ -80,6 +87,11 @@ def make_runs(work: Path) -> None:
     train(cfg, work / "compare", progress=False)
     cfg = load_run_config(str(CONFIGS / "emulated_testbed_7b_grpo.yaml"), EMULATED_QUICK)
     train(cfg, work / "emulated", progress=False)
+    if "--ppo" in flags:
+        cfg = load_run_config(str(CONFIGS / "serverless_vs_serverful_ppo.yaml"), SMALL + ["runtime.gantt_every=0"])
+        train(cfg, work / "compare-ppo", progress=False)
+        cfg = load_run_config(str(CONFIGS / "emulated_testbed_3b_ppo.yaml"), EMULATED_PPO_QUICK)
+        train(cfg, work / "emulated-ppo", progress=False)
 
 
 def digest_runs(work: Path) -> dict[str, str]:
@@ -87,10 +99,12 @@ def digest_runs(work: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for mode in ("inline", "serverless"):
         out |= {f"quickstart/{mode}/{k}": v for k, v in run_digest(work / f"quick-{mode}").items()}
-    for arm in json.loads((work / "compare" / "comparison.json").read_text())["arms"]:
-        out |= {f"compare/{arm}/{k}": v for k, v in run_digest(work / "compare" / arm).items()}
-    for arm in json.loads((work / "emulated" / "comparison.json").read_text())["arms"]:
-        out |= {f"emulated/{arm}/{k}": v for k, v in records_digest(work / "emulated" / arm).items()}
+    for name, digest in (("compare", run_digest), ("emulated", records_digest),
+                         ("compare-ppo", run_digest), ("emulated-ppo", records_digest)):
+        if not (work / name).exists():  # the PPO runs are made only with --ppo
+            continue
+        for arm in json.loads((work / name / "comparison.json").read_text())["arms"]:
+            out |= {f"{name}/{arm}/{k}": v for k, v in digest(work / name / arm).items()}
     return out
 
 
@@ -99,7 +113,7 @@ def main(argv: list[str]) -> int:
     if cmd == "run":
         work = Path(args[args.index("--work") + 1]) if "--work" in args else Path(tempfile.mkdtemp(prefix="bdig-"))
         if "--reuse" not in args:
-            make_runs(work)
+            make_runs(work, tuple(a for a in args if a == "--ppo"))
         digests = digest_runs(work)
         Path(args[0]).write_text(json.dumps(digests, indent=1, sort_keys=True) + "\n")
         print(f"{len(digests)} digests -> {args[0]} (runs in {work})")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from rlhfless.runtime.config import MODES, available_cores
-from rlhfless.runtime.modes.policy import MODE_POLICIES, Keep, ServerlessPolicy, register_policy
+from rlhfless.runtime.modes.policy import MODE_POLICIES, Keep, ModeTraits, ServerlessPolicy, register_policy
 
 RUNTIME = Path(__file__).resolve().parents[1] / "rlhfless" / "runtime"
 STAGE_FILES = ("stages.py", "streaming.py", "ppo_stages.py", "executor.py", "workerset.py", "ledger.py", "weights.py",
@@ -128,3 +128,41 @@ def test_the_check_finds_a_mode_that_acts():
              "def decoders(self, ctx, n):\n    ctx.workers.pool.busy(h)\n"
              "    return ctx.workers.start_decoders(n, prewarmed=False)\n")
     assert [x.split(": ")[1] for x in mode_acts(acted)] == ["idle", "release", "busy", "start_decoders"]
+
+
+DRIVER_STAGES = ("stages.py", "streaming.py", "ppo_stages.py", "loop_stages.py")
+"""The stage files whose branches on a mode's flags issue 38 counts (24 at its filing, 16 before PPO's seats)."""
+MAX_FLAG_SITES = 10
+"""Issue 38's target: what is left of them once each other decision is the mode's, returned as data."""
+
+
+def trait_reads(source: str) -> list[str]:
+    """Reads of a mode's flag in `source` (`<x>.traits.<field>`, or `traits.<field>` off a local), as
+    `line N: field`, in source order."""
+    def on_traits(n) -> bool:
+        return isinstance(n, ast.Attribute) and n.attr == "traits" or isinstance(n, ast.Name) and n.id == "traits"
+
+    reads = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Attribute) and on_traits(n.value)]
+    return [f"line {n.lineno}: {n.attr}" for n in sorted(reads, key=lambda n: (n.lineno, n.col_offset))]
+
+
+def test_the_stages_branch_on_few_mode_flags():
+    """The stages ask the mode for its decisions (`ppo_rank`, `on_death`, `no_work_now`, ...) rather than branch on
+    its flags: at most `MAX_FLAG_SITES` flag reads are left in them."""
+    sites = {name: trait_reads((RUNTIME / name).read_text()) for name in DRIVER_STAGES}
+    assert sum(map(len, sites.values())) <= MAX_FLAG_SITES, sites
+
+
+def test_every_mode_flag_is_read():
+    """A flag no module reads any more is gone from `ModeTraits` (its decision became a method)."""
+    read = {r.split(": ")[1] for path in RUNTIME.rglob("*.py") for r in trait_reads(path.read_text())}
+    assert {f.name for f in fields(ModeTraits)} <= read
+
+
+def test_the_flag_count_finds_flag_reads():
+    """Not vacuous: PPO's stream as it branched on `starts_functions` before its seats were `ModePolicy.ppo_rank`'s."""
+    old = ("if not ctx.policy.traits.starts_functions:\n    pass\n"
+           "x = self.ctx.policy.traits.preempts_learners or self.working\n")
+    assert trait_reads(old) == ["line 1: starts_functions", "line 3: preempts_learners"]
+    cached = "traits = ctx.policy.traits\nx = traits.plans_decode and ctx.policy.name\n"
+    assert trait_reads(cached) == ["line 2: plans_decode"]  # a flag read off a local is still a flag read

@@ -66,7 +66,7 @@ class PpoStream:
         self.actor_tries = self.tries("learner")
         self.files: set[Path] = set()
         self.early: dict[int, object] = {}  # serverless actor ranks 1.. taken during the value forward (`_early_ranks`)
-        if not ctx.policy.traits.starts_functions:  # every role has its held worker: the actor and the critic are set
+        if ctx.policy.ppo_rank("learner", 0).held:  # the actor and the critic are held pool workers: set now
             self.pool_restarted()
 
     # -- the decode stage's side (LearnerStream's interface) ----------------------------------------------------
@@ -95,11 +95,12 @@ class PpoStream:
         return True
 
     def prewarm(self) -> None:
-        """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first)."""
+        """The learner pre-warm is due: the critic image goes into a free unit (the value forward comes first). Due
+        only where the mode pre-warms (`ModePolicy.prewarms`, `StepClock.learner_prewarm_after`), so only where
+        roles are functions started for their work: a held pool has nothing to pre-warm."""
         self.prewarm_due = True
         ctx = self.ctx
-        if (ctx.policy.traits.starts_functions and not self._live(self.critic)
-                and not ctx.workers.pool.warm(CRITIC_IMAGE)):
+        if not self._live(self.critic) and not ctx.workers.pool.warm(CRITIC_IMAGE):
             ctx.workers.start_critic(must=False, prewarmed=True)
 
     def pump(self) -> None:
@@ -206,8 +207,9 @@ class PpoStream:
 
     def _critic_worker(self, must: bool):
         """The value function: this step's, one kept warm or pre-warmed, else a new one (must: evicting idle
-        workers; otherwise only onto a free unit, or None); the held critic worker when no function starts."""
-        if not self.ctx.policy.traits.starts_functions:
+        workers; otherwise only onto a free unit, or None); the held critic worker where the mode seats the critic
+        on the pool (`ModePolicy.ppo_rank`)."""
+        if self.ctx.policy.ppo_rank("critic", 0).held:
             return self.held_worker("critic")
         if self._live(self.critic):
             return self.critic
@@ -260,7 +262,7 @@ class PpoStream:
         for g in range(len(self.prompts)):
             self.finished.setdefault(g, responses[g * self.G:(g + 1) * self.G])
         self.values_file = self._file("values")
-        if ctx.policy.traits.starts_functions and not self._live(self.actor):
+        if not ctx.policy.ppo_rank("learner", 0).held and not self._live(self.actor):
             self.actor = ctx.workers.start_learner(prewarmed=False)  # its cold start overlaps the value forward
             if self.actor is not None:
                 self.actor_requested = (self.actor, now(), ctx.ledger.first_use(self.actor))
@@ -283,13 +285,11 @@ class PpoStream:
         learner pre-warm on instead, the 7B testbed's step was no shorter (the last rank waits for the value
         function's unit and cold-starts then, whatever the others do) and billed 9% more (ranks held idle)."""
         ctx, W = self.ctx, self.ctx.config.ppo_ranks()
-        if W <= 1 or not ctx.policy.traits.starts_functions:
-            return
         pool = ctx.workers.pool
         taken = {h.worker for h in (self.actor, self.critic, *self.early.values()) if self._live(h)}
         for r in range(1, W):
-            if self._live(self.early.get(r)):
-                continue
+            if ctx.policy.ppo_rank("learner", r).held or self._live(self.early.get(r)):
+                continue  # held: the pool worker is the rank already
             warm = [h for h in pool.warm_idle(ctx.workers.image("learner")) if h.worker not in taken]
             h = warm[0] if warm else ctx.workers.start_learner(prewarmed=True)
             if h is None:
@@ -371,14 +371,16 @@ class _Update:
         self.ports: dict[str, object] = {}  # role -> its group's reserved rendezvous port (serverless, W > 1)
         self.returns_ready = False
         ahead = stream.actor_requested
-        if ahead is not None and self.ctx.policy.traits.starts_functions and not stream._live(ahead[0]):
-            stream._actor_lost(ahead[0], dead=True)  # died while the value function ran (reaped by its wait)
+        if ahead is not None and not stream._live(ahead[0]) and not self.ctx.policy.on_death("learner").whole:
+            # died while the value function ran (reaped by its wait): its loss is recorded and a new actor starts
+            # (a death that restarts every worker is `_send`'s, which finds it first)
+            stream._actor_lost(ahead[0], dead=True)
         self.attempt = {"learner": stream.actor_tries, "critic": stream.tries("critic")}
 
-    def _seat(self, role: str, rank: int):
-        """The worker of `role`'s rank, as the mode decides (`ModePolicy.ppo_rank`); None while none can start
-        (the rank waits for a unit)."""
-        if self.ctx.policy.ppo_rank(role, rank).held:
+    def _seat(self, role: str, rank: int, seat):
+        """The worker of `role`'s rank where the mode seats it (`seat`, `ModePolicy.ppo_rank`); None while none can
+        start (the rank waits for a unit)."""
+        if seat.held:
             return self.s.held_worker(role, rank)
         return self.function(role, rank)
 
@@ -441,11 +443,13 @@ class _Update:
             if self.ctx.policy.on_death(role).whole else None
         if dead is not None:  # a pool worker died since the last poll: the restart re-runs the roles still owed
             self._died(dead)
-        hs = [self._seat(role, r) for r in range(self.W)]
+        seats = [self.ctx.policy.ppo_rank(role, r) for r in range(self.W)]
+        hs = [self._seat(role, r, seat) for r, seat in enumerate(seats)]
         if any(h is None for h in hs):
             return
         dist = None
-        if self.W > 1 and self.ctx.policy.traits.starts_functions:  # a group of this role's functions
+        if self.W > 1 and not any(seat.held for seat in seats):  # a group of this role's functions (held workers
+            # are in the pool's group, formed when it started)
             from rlhfless.runtime.devices.dist import reserve_port
 
             port, self.ports[role] = reserve_port()
@@ -522,8 +526,8 @@ class _Update:
             extra = {"old_ahead": float(msg["old_ahead"])} if role == "learner" else {}
             ctx.ledger.record(self.s.step, role, h, requested, msg["t_start"], msg["t_end"], cold,
                               self.attempt[role].number, sync_s=msg["sync_s"], **extra)
-            if self.W > 1 and ctx.policy.traits.starts_functions:  # its part is done: its unit may go to the critic
-                ctx.workers.no_work_now(h)
+            if self.W > 1:  # its part is done: its unit may go to the critic (`ModePolicy.no_work_now`: a function's
+                ctx.workers.no_work_now(h)  # keep-alive runs; a held pool worker is held, still the other role's rank)
             if self._done(role):
                 self._close_ports(role)
 

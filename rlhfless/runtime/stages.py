@@ -194,9 +194,9 @@ class DecodeStage:
             watch = {a.handle.worker: a.handle for a in self.actors.values() if a.handle.worker in pool.handles}
             # workers still starting (pre-warmed ranks): their `ready` gives the measured cold start pre-warm reads
             watch.update({h.worker: h for h in pool.live() if h.ready_s is None and h.worker not in self.actors})
-            if ctx.policy.traits.roles_change_hands:  # else a learner rank is a decode actor, watched already
-                watch.update({h.worker: h for h in self.stream.handles()
-                              if h.ready_s is not None and h.worker in ctx.workers.pool.handles})
+            # learner ranks not watched as decode actors (where a worker holds both roles at once, every rank is)
+            watch.update({h.worker: h for h in self.stream.handles()
+                          if h.ready_s is not None and h.worker in ctx.workers.pool.handles and h.worker not in watch})
             # wake at the learner's pre-warm time, and at least every second: `_check_timeouts` needs no message
             for h, msg in ctx.workers.poll(list(watch.values()), min(timeout, 1.0) if timeout is not None else 1.0):
                 if msg is not None and h.worker not in ctx.workers.pool.handles:

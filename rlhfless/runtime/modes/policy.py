@@ -124,9 +124,6 @@ class ModeTraits:
     """Whether a function goes from one role to another within a step (a finished decode function becomes a learner
     rank: its messages and its death are the learner's from then on). False: each worker holds every role at once,
     so a decode worker is watched and handled as one thing."""
-    starts_functions: bool
-    """Whether a role's function is started when its work comes (the value function, PPO's actor, a pre-warmed
-    critic). False: every role has its held worker for the whole run."""
     ranks_leave_at_share: bool
     """Whether a learner rank writes its share and goes (the last one in reduces) instead of all ranks ending
     together in one group (`streaming._finish_shares`)."""
@@ -228,20 +225,23 @@ class PpoSeat:
     """Who holds a rank of PPO's actor or critic in an update."""
 
     held: bool
-    """True: the pool worker that holds the rank for the whole run (`ppo_stages.PpoStream.held_worker`); False: a
-    function of the role's own, taken warm or started when the rank has work (`ppo_stages._Update.function`)."""
+    """True: the pool worker that holds the rank for the whole run (`ppo_stages.PpoStream.held_worker`), seated
+    when the stream starts, in the pool's group; False: a function of the role's own, taken warm or started when
+    the rank has work (`ppo_stages._Update.function`; the actor's rank 0 with the value forward, so its cold start
+    overlaps it), the role's ranks forming their group per update."""
 
 
 # -- the mode as a policy object: every decision that differs by mode, behind one interface ----------------------
 class ModePolicy(ABC):
     """What differs between the serverless runtime and the serverful control, asked by the stages instead of
     branching on the mode. What the mode is, as data: `traits` (one frozen `ModeTraits`: holds a pool, ships KV,
-    starts functions, what is billed, ...). What it decides, from the step's inputs: when functions start
+    plans decode, what is billed, ...). What it decides, from the step's inputs: when functions start
     (`prewarms`), how a step's groups are split (`decode_split`, `migrates`), which function takes which role
-    (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`), what a function with no work now does
-    (`no_work_now`, `no_rows`), what a death restarts (`on_death`), and what is billed (`keep_alive`,
+    (`decoders`, `learner_ranks`, `decoder_done`, `reference_function`, `ppo_rank`), what a function with no work
+    now does (`no_work_now`, `no_rows`), what a death restarts (`on_death`), and what is billed (`keep_alive`,
     `billing_name`). A mode decides and never acts: each method returns its decision as data (`Keep`, `DecodePick`,
-    `AfterDecode`, `LearnerSeats`, `ReferencePick`, `Death`), which the worker set carries out. A new platform
+    `AfterDecode`, `LearnerSeats`, `ReferencePick`, `PpoSeat`, `Death`), which the worker set (or, for PPO's
+    seats, `ppo_stages`) carries out. A new platform
     policy is a subclass, registered under its name (`register_policy`): `Runtime(cfg, name, ...)` runs with it."""
 
     name = ""
@@ -320,7 +320,7 @@ class ModePolicy(ABC):
 class ServerlessPolicy(ModePolicy):
     name = "serverless"
     traits = ModeTraits(holds_pool=False, may_ship_kv=True, plans_decode=True, overlap_default=True,
-                        roles_change_hands=True, starts_functions=True, ranks_leave_at_share=True,
+                        roles_change_hands=True, ranks_leave_at_share=True,
                         forms_learner_group=True, preempts_learners=True,
                         bills_held_pool=False)
 
@@ -390,12 +390,11 @@ class ServerfulPolicy(ModePolicy):
     # may_ship_kv: each pool worker prefills its own groups once
     # overlap_default: verl: the update starts after the rollout
     # roles_change_hands: pool worker r decodes and is learner rank r at once
-    # starts_functions: the control never starts functions: PPO's actor is pool worker 0, its critic the last
     # ranks_leave_at_share: the pool's ranks end together in their gloo group
     # forms_learner_group: formed once, when the pool started (`WorkerSet.start_pool`)
     # preempts_learners: nothing ever needs a unit: the pool holds them all
     traits = ModeTraits(holds_pool=True, may_ship_kv=False, plans_decode=False, overlap_default=False,
-                        roles_change_hands=False, starts_functions=False, ranks_leave_at_share=False,
+                        roles_change_hands=False, ranks_leave_at_share=False,
                         forms_learner_group=False, preempts_learners=False,
                         bills_held_pool=True)
 
