@@ -318,7 +318,7 @@ def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
                         true_jobs: Sequence[PlanJob] | None = None) -> Played:
     """`simulate_with_migration`, its moves named only on request (`Played.named`)."""
     _check_tau(tau)
-    f = time_model.iter_seconds(np.arange(plan.capacity + 1)).tolist()
+    f = time_model.iter_seconds_at(np.arange(plan.capacity + 1)).tolist()
     actors, seqs = _load(plan, true_jobs)
     moves: list[Cut] = []
     released: list[int] = []
