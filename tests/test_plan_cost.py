@@ -18,6 +18,7 @@ from rlhfless.plan.cost import (
     cost_serverful,
     cost_step,
     price,
+    step_cost,
 )
 from rlhfless.plan.records import Invocation
 
@@ -67,6 +68,31 @@ def test_cost_never_negative_and_monotone_in_duration(d1, d2, gran, minimum, kee
     ca, cb = cost_step([a], price(kind), rules)[0], cost_step([b], price(kind), rules)[0]
     assert 0 <= ca.usd <= cb.usd and 0 <= ca.gpu_seconds <= cb.gpu_seconds
     assert billed_seconds(a, rules) >= minimum
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["decode", "learner"]), st.integers(0, 3), st.floats(0, 50),
+                          st.floats(0, 50), st.booleans(), st.sampled_from([0.5, 1.0, 8.0]), st.floats(0, 1)),
+                max_size=12),
+       st.floats(0.01, 10), st.floats(0, 5), st.booleans(), st.floats(0, 10), st.sampled_from(["lifetime",
+                                                                                             "invocations"]),
+       st.dictionaries(st.tuples(st.sampled_from(["decode", "learner"]), st.integers(0, 3)), st.floats(-1, 20)))
+def test_step_cost_is_billed_seconds_summed_in_order(rows, gran, minimum, bill_cold, keep, billed, gaps):
+    """`step_cost` inlines `billed_seconds` (rule lookups once per step): the same floats as each invocation
+    billed alone and summed in order, with and without gaps to the next invocation, under both billings."""
+    rules = BillingRules(gran, minimum, bill_cold, keep, billed)
+    invs = [Invocation(k, a, s, s + d, cold=c, gpus=g, cold_start_s=f * ((s + d) - s) if c else 0.0)
+            for k, a, s, d, c, g, f in rows]
+    dev = price("H100")
+    for gap_map in (None, gaps):
+        gpu_s, usd, kinds = 0.0, 0.0, {}
+        for inv in invs:
+            b = billed_seconds(inv, rules, gap_map.get((inv.kind, inv.actor_id)) if gap_map else None)
+            gpu_s, usd = gpu_s + b * inv.gpus, usd + b * inv.gpus * dev.serverless_usd_per_s
+            kinds[inv.kind] = kinds.get(inv.kind, 0.0) + b
+        got = step_cost(invs, dev, rules, gap_map)
+        assert (got.gpu_seconds, got.usd, got.billed_s_by_kind) == (gpu_s, usd, kinds)
+        assert cost_step(invs, dev, rules, gap_map)[0] == got
 
 
 def test_bad_input_is_a_clear_error():

@@ -163,6 +163,11 @@ def test_every_prefix_end_at_once_equals_the_drain_of_that_prefix(seed):
     devices = rng.choice([0.0, 1.0, 8.0, 3.5], k)
     w = _Arrivals.of(arrive, work)
     ends = _prefix_ends(w, ready, devices)
+    # `size_blocks` asks only the counts its search tries, one row at a time: each row the same floats
+    some = rng.permutation(np.arange(1, k + 1))[:int(rng.integers(1, k + 1))]
+    assert _prefix_ends(w, ready, devices, some).tobytes() == ends[some - 1].tobytes()
+    for n in range(1, k + 1):
+        assert _prefix_ends(w, ready, devices, [n]).tobytes() == ends[n - 1:n].tobytes()
     for n in range(1, k + 1):
         if float(np.sum(devices[:n])) > 0:
             assert ends[n - 1] == _drain(w, ready[:n], devices[:n], presorted=True)[0]

@@ -175,3 +175,20 @@ def test_finish_seconds_without_a_queue_equals_the_sort_of_every_event(seed):
     finish = [finish, np.round(finish), np.round(finish / 50) * 50][seed % 3]
     fast = T.finish_seconds(np.zeros(n), finish, actor, n_actors, tm)
     assert np.array_equal(fast, T._finish_seconds_events(np.zeros(n), finish, actor, n_actors, tm))
+
+
+def test_iter_seconds_at_is_iter_seconds_bit_for_bit():
+    """The table lookup the event sums use (`iter_seconds_at`) gives `iter_seconds`' floats for every whole
+    batch size, past the profile's last point too, as the table grows; a negative size falls back to it."""
+    rng = np.random.default_rng(7)
+    models = [TimeModel.default_tiny_cpu(), TimeModel.per_token(0.003)]
+    for _ in range(50):
+        b = np.cumsum(rng.integers(1, 300, rng.integers(1, 8)))
+        models.append(TimeModel(tuple(int(x) for x in b), tuple(float(x) for x in rng.random(len(b)) * 0.05 + 1e-4)))
+    for tm in models:
+        for sizes in (np.arange(5), np.arange(1500)[::-1].astype(float), rng.integers(0, 6000, 9),
+                      np.cumsum(rng.choice([1.0, -1.0], 400)) + 400.0):
+            assert tm.iter_seconds_at(sizes).tobytes() == tm.iter_seconds(sizes).tobytes()
+    tm = models[0]
+    assert tm.iter_seconds_at(np.array([-1.0, 2.0])).tobytes() == tm.iter_seconds(np.array([-1.0, 2.0])).tobytes()
+    assert tm.iter_seconds_at(np.zeros(0)).shape == (0,)

@@ -26,6 +26,7 @@ import rlhfless.plan.timemodel as timemodel
 import rlhfless.sim.policies as policies
 import rlhfless.sim.step as step
 from rlhfless.plan import balancer
+from rlhfless.plan.cost import billed_seconds
 from rlhfless.plan.migrate import _result, plan_migrations, simulate_with_migration
 from rlhfless.plan.records import ActorProgress, PlanJob, SeqProgress
 from rlhfless.sim.scenario import case_configs, run_case
@@ -182,8 +183,17 @@ def _sweep_tails_one_by_one(ja, res, dur, active, gpu_s, cfg, tm, n_warm=0, memo
     for r, n in enumerate(res.candidates):
         d = np.where(active[r], dur[r], 0.0)[:n]
         step[r], invs = scaler._tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm, n_warm=n_warm)
-        total[r] += scaler.cost_step(invs, scaler.price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
+        total[r] += _gpu_s_anew(invs, cfg.billing)
     return step, total
+
+
+def _gpu_s_anew(invs, rules):
+    """A step's billed device-seconds, invocation by invocation through `billed_seconds` (what `step_cost`
+    inlines), summed in order from 0.0 as `cost_step` sums them."""
+    total = 0.0
+    for inv in invs:
+        total = total + billed_seconds(inv, rules) * inv.gpus
+    return total
 
 
 def _size_blocks_by_drains(arrive_s, work_ds, b, slack, arrivals=None):

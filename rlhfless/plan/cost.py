@@ -15,6 +15,7 @@ Deviations from the paper:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -125,16 +126,37 @@ def cost_step(invocations: Iterable[Invocation], device: DevicePrice, rules: Bil
 
     gaps: (kind, instance) -> seconds to that function's next invocation, for the functions kept warm into the
     next step (`billed_seconds`: billed the gap, not a fresh keep-alive); None or absent: released at its lapse.
-    The sum of `cost_invocation`s in the same order (the same floats), without a summary per invocation: the
-    scaler costs every candidate of every draw of every step with it."""
-    gpu_s, usd, kinds = 0.0, 0.0, {}
-    for inv in invocations:
-        billed = billed_seconds(inv, rules, gaps.get((inv.kind, inv.actor_id)) if gaps else None)
-        g = billed * inv.gpus
-        gpu_s, usd = gpu_s + g, usd + g * device.serverless_usd_per_s
-        kinds[inv.kind] = kinds.get(inv.kind, 0.0) + billed
-    total = CostSummary(gpu_s, usd, kinds)
+    The sum of `cost_invocation`s in the same order (the same floats), without a summary per invocation."""
+    total = step_cost(invocations, device, rules, gaps)
     return total, total.metrics()
+
+
+def step_cost(invocations: Iterable[Invocation], device: DevicePrice, rules: BillingRules,
+              gaps: dict[tuple[str, int], float] | None = None) -> CostSummary:
+    """`cost_step`'s summary without its metrics dict: the scaler costs every candidate of every draw of every
+    step with it (21k steps costed in 100 steps of design=extended) and reads only the totals. `billed_seconds`
+    inlined, the same float operations in the same order (tests/test_plan_cost.py holds them equal for every
+    rule set): its rule lookups are made once per step, not once per invocation."""
+    gpu_s, usd, kinds = 0.0, 0.0, {}
+    rate = device.serverless_usd_per_s
+    lifetime, keep = rules.billed == "lifetime", rules.keep_alive_s
+    gran, least, bill_cold = rules.granularity_s, rules.minimum_s, rules.bill_cold_start
+    idle = keep if lifetime else 0.0  # `lifecycle.idle_billed_s` with no gap
+    ceil = math.ceil
+    for inv in invocations:
+        gap = gaps.get((inv.kind, inv.actor_id)) if gaps else None
+        if gap is None or not lifetime:
+            held = (inv.end_s - inv.start_s) + idle
+        else:
+            held = (inv.end_s - inv.start_s) + lifecycle.idle_billed_s(gap, rules)
+        # `BillingRules.bill_held(held, cold_start_s if cold else 0.0)`
+        raw = held - (0.0 if bill_cold else (inv.cold_start_s if inv.cold else 0.0))
+        units = ceil(raw / gran - 1e-9) if raw > 0 else 0
+        billed = max(least, units * gran)
+        g = billed * inv.gpus
+        gpu_s, usd = gpu_s + g, usd + g * rate
+        kinds[inv.kind] = kinds.get(inv.kind, 0.0) + billed
+    return CostSummary(gpu_s, usd, kinds)
 
 
 def cost_run(steps: Iterable[CostSummary]) -> tuple[CostSummary, dict[str, float]]:

@@ -254,11 +254,12 @@ def _load(plan: AssignmentPlan, true_jobs: Sequence[PlanJob] | None) -> tuple[li
     return actors, seqs
 
 
-def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float, tm: TimeModel, seqs: _Seqs,
-           f: list[float]) -> None:
+def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float, tm: TimeModel,
+           seqs: _Seqs) -> None:
     """Move sequences (running or queued); each destination stalls for the KV transfer. A cut moves every
     unfinished sequence of its source (all or nothing, `_decide`), so a source is left with none: its heap and
-    queue are emptied whole, not filtered."""
+    queue are emptied whole, not filtered. Every destination is live and `play_with_migration` moved every live
+    actor's clock to t before deciding, so none is advanced here (`_Actor.advance(t)` would do nothing)."""
     sources = [actors[a] for a in released]
     finish_of = {sid: fi for act in sources for fi, sid in act.heap}
     start, true, plen, job_of, push = seqs.start_it, seqs.true, seqs.plen, seqs.job, heapq.heappush
@@ -268,7 +269,6 @@ def _apply(cuts: list[Cut], released: list[int], actors: list[_Actor], t: float,
         finish = finish_of.get(sid)
         gen = src.it - start[sid] if finish is not None else 0.0
         rem = finish - src.it if finish is not None else true[sid]
-        dst.advance(t, f)
         start[sid] = dst.it - gen
         push(dst.heap, (dst.it + rem, sid))
         dst.total += 1
@@ -318,7 +318,7 @@ def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
                         true_jobs: Sequence[PlanJob] | None = None) -> Played:
     """`simulate_with_migration`, its moves named only on request (`Played.named`)."""
     _check_tau(tau)
-    f = time_model.iter_seconds(np.arange(plan.capacity + 1)).tolist()
+    f = time_model.iter_seconds_at(np.arange(plan.capacity + 1)).tolist()
     actors, seqs = _load(plan, true_jobs)
     moves: list[Cut] = []
     released: list[int] = []
@@ -352,7 +352,7 @@ def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
             cand = [b for b in live if b.finished / b.total >= tau or len(b.heap) < plan.capacity]
             cuts, cut_free = _decide(cand, tau, cap, seqs)
             if cuts:
-                _apply(cuts, cut_free, actors, t, time_model, seqs, f)
+                _apply(cuts, cut_free, actors, t, time_model, seqs)
                 moves.extend(cuts)
                 released.extend(cut_free)
                 for b in live:

@@ -166,22 +166,24 @@ def _drain(w: _Arrivals, ready_s: np.ndarray, devices: np.ndarray,
     return end, ready < end - 1e-12
 
 
-def _prefix_ends(w: _Arrivals, r: np.ndarray, d: np.ndarray) -> np.ndarray:
+def _prefix_ends(w: _Arrivals, r: np.ndarray, d: np.ndarray, ks: np.ndarray | None = None) -> np.ndarray:
     """(K,) `_drain`'s work end on the first k blocks of ascending ready times r with devices d, for every k in
     1..K at once, the same floats: a prefix's cumulative sums are the full ones' prefix (np.cumsum adds in
     order), and a search in a prefix is the full search capped at k. NaN where the first k blocks hold no
-    device (`_drain` refuses those; `size_blocks` never asks)."""
+    device (`_drain` refuses those; `size_blocks` never asks). `ks`: only these prefix lengths (each row is
+    computed on its own, elementwise, so a row's floats do not depend on the others asked with it)."""
     k_all = len(r)
+    ks = np.arange(1, k_all + 1) if ks is None else np.asarray(ks, dtype=np.intp)
     if len(w.arr) == 0 or w.total <= 0:
-        return np.full(k_all, w.last)
+        return np.full(len(ks), w.last)
     rate, offset = np.cumsum(d), np.cumsum(d * r)
     at_ready = r * rate - offset
-    ks = np.arange(1, k_all + 1)[:, None]  # (K, 1): the prefix length
+    ks = ks[:, None]  # (K, 1): the prefix length
     m = np.minimum(np.searchsorted(r, w.arr, side="right")[None, :], ks) - 1  # cap(t) on each prefix
     mm = np.maximum(m, 0)
     y = np.where(m >= 0, w.arr * rate[mm] - offset[mm], 0.0) + w.suffix
     m = np.maximum(np.minimum(np.searchsorted(at_ready, y, side="left"), ks) - 1, 0)  # inverse(y) on each
-    valid = rate > 0  # the prefix's last cumulative rate: some device among its blocks
+    valid = rate[ks[:, 0] - 1] > 0  # the prefix's last cumulative rate: some device among its blocks
     while True:  # a zero-rate segment cannot carry work: step to the next with a rate, as `_drain`
         bad = (rate[m] <= 0) & valid[:, None]
         if not bad.any():
@@ -197,23 +199,23 @@ def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: flo
     """The fewest blocks, earliest ready first, whose work ends at most `slack` x the work end with every block
     later (a learner that starts only what its backlog needs: a block ready but idle until the optimizer step is
     billed for nothing). Binary search over the count; the work end never falls as blocks are removed. The work
-    end of every count comes from one array computation (`_prefix_ends`; the scaler sizes the learner of every
-    candidate and draw), equal to `_drain` on each count. `arrivals`: `_Arrivals.of(arrive_s, work_ds)` when the
+    end of each count the search tries is one row of `_prefix_ends` (the scaler sizes the learner of every
+    candidate and draw: some 5 rows of 20 asked, not all 20), equal to `_drain` on that count. `arrivals`: `_Arrivals.of(arrive_s, work_ds)` when the
     caller has it (`whole_step_tail` drains the same work after)."""
     order = np.argsort(b.ready_s, kind="stable")
     if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
         return b
     # the work side is the same for every count tried
     w = arrivals if arrivals is not None else _Arrivals.of(arrive_s, work_ds)
-    ends = _prefix_ends(w, np.asarray(b.ready_s, float)[order], np.asarray(b.devices, float)[order])
-    end_all = float(ends[-1])  # every block: `_drain(w, b.ready_s, b.devices)`
+    r, d = np.asarray(b.ready_s, float)[order], np.asarray(b.devices, float)[order]
+    end_all = float(_prefix_ends(w, r, d, [len(order)])[0])  # every block: `_drain(w, b.ready_s, b.devices)`
     if not np.isfinite(end_all):
         end_all, _ = _drain(w, b.ready_s, b.devices)  # no device at all: `_drain` says so
     limit = end_all * (1.0 + slack) + 1e-12
     lo, hi = 1, len(order)
-    while lo < hi:
+    while lo < hi:  # only the counts the search tries (about log2 of them), each one row of `_prefix_ends`
         k = (lo + hi) // 2
-        if float(np.sum(b.devices[order[:k]])) > 0 and float(ends[k - 1]) <= limit:
+        if float(np.sum(b.devices[order[:k]])) > 0 and float(_prefix_ends(w, r, d, [k])[0]) <= limit:
             hi = k
         else:
             lo = k + 1

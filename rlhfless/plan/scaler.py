@@ -24,7 +24,7 @@ from rlhfless.core import metrics as M
 import rlhfless.plan.sweep as sw
 from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
-from rlhfless.plan.cost import billed_seconds_array, cost_step, price
+from rlhfless.plan.cost import billed_seconds_array, price, step_cost
 from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
 from rlhfless.plan.overlap import LearnerCosts, job_learner_tokens, sequential_tails, whole_step_tail
 from rlhfless.plan.records import (
@@ -171,7 +171,7 @@ def _costed(plan: AssignmentPlan, busy_s: Sequence[float], migrations: int, cfg:
         step, tail = _memo_tail(ja, labels, np.arange(len(labels)), plan.n_actors, dur, head, cfg, tm, wide, own,
                                 n_warm, memo)
         invs = invs + tail
-    cost, _ = cost_step(invs, price(cfg.gpu_kind), cfg.billing)
+    cost = step_cost(invs, price(cfg.gpu_kind), cfg.billing)
     return ScalingCandidate(plan.n_actors, plan.active_actors, step, cost.gpu_seconds, cost.usd, float("nan"), True,
                             migrations)
 
@@ -414,13 +414,13 @@ def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, activ
                                  float(tokens.sum()) * lc.after_s_per_token)
         for r, (end, invs) in enumerate(tails):
             step[r] = end
-            total[r] += cost_step(invs, price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
+            total[r] += step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds
         return step, total
     for r, n in enumerate(res.candidates):
         d = np.where(active[r], dur[r], 0.0)[:n]
         step[r], invs = _memo_tail(ja, res.labels(r), res.rank, n, d, d - res.busy_s[r, :n], cfg, tm, None, None,
                                    n_warm, memo)
-        total[r] += cost_step(invs, price(cfg.gpu_kind), cfg.billing)[0].gpu_seconds
+        total[r] += step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds
     return step, total
 
 

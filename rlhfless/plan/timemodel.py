@@ -50,6 +50,7 @@ class TimeModel:
     source: str = "given"
     _x: np.ndarray = field(init=False, repr=False, compare=False)
     _y: np.ndarray = field(init=False, repr=False, compare=False)
+    _table: np.ndarray | None = field(init=False, repr=False, compare=False, default=None)  # `iter_seconds_at`
 
     def __post_init__(self) -> None:
         b, s = tuple(self.batch_sizes), tuple(self.s_per_iter)
@@ -75,6 +76,20 @@ class TimeModel:
             slope = max((self._y[-1] - self._y[-2]) / (self._x[-1] - self._x[-2]), 0.0)
             y = np.where(b > self._x[-1], self._y[-1] + slope * (b - self._x[-1]), y)
         return np.where(b > 0, y, 0.0)
+
+    def iter_seconds_at(self, batch: np.ndarray) -> np.ndarray:
+        """`iter_seconds` of whole batch sizes (integers, or floats that hold integers, such as a cumsum of
+        +-1.0) by lookup in a table of `iter_seconds(0..n)` kept on the model: the same floats, since
+        `iter_seconds` is elementwise (np.interp, the extrapolation and the zero are each a function of one
+        size), without interpolating each event of each play again. A negative size falls back to it."""
+        idx = np.asarray(batch).astype(np.intp)
+        if idx.size == 0 or idx.min() < 0:
+            return self.iter_seconds(batch)
+        top, table = int(idx.max()), self._table
+        if table is None or top >= len(table):
+            table = self.iter_seconds(np.arange(max(top + 1, 1025, 2 * len(table) if table is not None else 0)))
+            object.__setattr__(self, "_table", table)
+        return table[idx]
 
     # ---- constructors -------------------------------------------------------------------------------
     def scaled(self, factor: float) -> TimeModel:
@@ -315,7 +330,7 @@ def _lockstep_decode(ls: _Lockstep, g: int, capacity: int, tm: TimeModel) -> tup
     capacity - i. After the last admission the same holds for the sorted final slot-free iterations.
     """
     k0, n_rows = capacity // g, len(ls.actors)
-    fv = tm.iter_seconds(capacity - np.arange(capacity))  # fv[i]: one iteration at batch capacity - i
+    fv = tm.iter_seconds_at(capacity - np.arange(capacity))  # fv[i]: one iteration at batch capacity - i
     steps = ls.popped[:, k0:, :]
     entry = steps[:, :, g - 1]
     prev = np.concatenate((np.zeros((n_rows, 1)), entry[:, :-1]), axis=1)
@@ -377,7 +392,7 @@ def simulate_fast(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndar
         first = np.concatenate(([True], act_sorted[1:] != act_sorted[:-1]))
         step[first] = tau[first]
         batch = ends[act_sorted] - np.arange(len(tau))
-        decode += np.bincount(act_sorted, weights=step * tm.iter_seconds(batch), minlength=n_actors)
+        decode += np.bincount(act_sorted, weights=step * tm.iter_seconds_at(batch), minlength=n_actors)
         peak += np.bincount(act, weights=lens > 0, minlength=n_actors).astype(np.int64)
     if queued.any() and bool((job_sizes == job_sizes[0]).all()):  # groups of one size: no event sort
         g, starts = int(job_sizes[0]), np.concatenate(([0], np.cumsum(counts)))
@@ -439,7 +454,7 @@ def _segments(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_ac
     seg = np.diff(key)
     live = (a[1:] == a[:-1]) & (seg > 0)  # zero-length segments (an exit and an entry at one instant) cost 0
     b = batch[:-1]
-    cost = np.where(live, seg * tm.iter_seconds(b), 0.0)
+    cost = np.where(live, seg * tm.iter_seconds_at(b), 0.0)
     decode = np.bincount(a[:-1], weights=cost, minlength=n_actors)
     peak = np.zeros(n_actors, dtype=np.int64)
     np.maximum.at(peak, a[:-1][live], b[live].astype(np.int64))
@@ -472,7 +487,7 @@ def _finish_seconds_events(entry: np.ndarray, finish: np.ndarray, seq_actor: np.
     batch = np.cumsum(d)
     seg = np.diff(key)
     live = (a[1:] == a[:-1]) & (seg > 0)
-    cost = np.where(live, seg * tm.iter_seconds(batch[:-1]), 0.0)
+    cost = np.where(live, seg * tm.iter_seconds_at(batch[:-1]), 0.0)
     cum = np.concatenate(([0.0], np.cumsum(cost)))  # seconds up to each event, all actors in one running sum
     first = np.concatenate(([True], a[1:] != a[:-1]))
     start = np.maximum.accumulate(np.where(first, np.arange(2 * n), 0))  # index of the actor's first event
@@ -499,7 +514,7 @@ def _finish_seconds_unqueued(finish: np.ndarray, seq_actor: np.ndarray, n_actors
     start = np.maximum.accumulate(np.where(first, np.arange(n), 0))  # each actor's first finish
     batch = np.bincount(seq_actor, minlength=n_actors)[a] - (np.arange(n) - start)
     seg = key - prev
-    cost = np.where(seg > 0, seg * tm.iter_seconds(batch), 0.0)
+    cost = np.where(seg > 0, seg * tm.iter_seconds_at(batch), 0.0)
     run = np.cumsum(cost)
     at = run - np.where(start > 0, run[start - 1], 0.0)
     out = np.empty(n)
