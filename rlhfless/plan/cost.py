@@ -139,9 +139,9 @@ def step_cost(invocations: Iterable[Invocation], device: DevicePrice, rules: Bil
     rule set): its rule lookups are made once per step, not once per invocation."""
     gpu_s, usd, kinds = 0.0, 0.0, {}
     rate = device.serverless_usd_per_s
-    lifetime, keep = rules.billed == "lifetime", rules.keep_alive_s
+    lifetime = rules.billed == "lifetime"
     gran, least, bill_cold = rules.granularity_s, rules.minimum_s, rules.bill_cold_start
-    idle = keep if lifetime else 0.0  # `lifecycle.idle_billed_s` with no gap
+    idle = lifecycle.idle_billed_s(None, rules)  # no next invocation: the shared rule, asked once a step
     ceil = math.ceil
     for inv in invocations:
         gap = gaps.get((inv.kind, inv.actor_id)) if gaps else None
