@@ -357,13 +357,7 @@ def simulate(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray, 
     starts = np.concatenate(([0], np.cumsum(counts)))
     queued = np.flatnonzero(counts > capacity)
     # lock-step numpy pays off from a few queued actors on (measured: slower than the loop for 1-3)
-    if len(queued) >= 4 and bool((job_sizes == job_sizes[0]).all()):
-        g = int(job_sizes[0])
-        _lockstep_entries(_lockstep_fifo(lengths, starts, queued, g, capacity), starts, g, entry)
-    else:
-        for a in queued:
-            sl = slice(starts[a], starts[a + 1])
-            entry[sl] = _gang_fifo_entries(lengths[sl], job_sizes[job_actor == a], capacity)
+    _fifo_entries(lengths, starts, queued, job_sizes, job_actor, capacity, entry, min_lockstep=4)
     finish = entry + lengths
     decode, peak = _segments(entry, finish, seq_actor, n_actors, tm)
     return SimResult(decode_s=decode, peak_batch=peak, entry_iter=entry, finish_iter=finish)
@@ -417,19 +411,26 @@ def admissions(lengths: np.ndarray, seq_actor: np.ndarray, job_sizes: np.ndarray
     one size) or its own FIFO loop. For callers that read only admissions (`balancer.labels_finish_s`, every
     (candidate, draw) the scaler plays): no decode seconds or peaks are computed only to be dropped."""
     counts = np.bincount(seq_actor, minlength=n_actors)
-    queued = counts > capacity
     entry = np.zeros(len(lengths))
-    if not queued.any():
-        return entry
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    if bool((job_sizes == job_sizes[0]).all()):
-        g = int(job_sizes[0])
-        _lockstep_entries(_lockstep_fifo(lengths, starts, np.flatnonzero(queued), g, capacity), starts, g, entry)
-        return entry
-    for a in np.flatnonzero(queued):
-        entry[starts[a]:starts[a + 1]] = _gang_fifo_entries(lengths[starts[a]:starts[a + 1]],
-                                                            job_sizes[job_actor == a], capacity)
+    queued = np.flatnonzero(counts > capacity)
+    if len(queued):
+        starts = np.concatenate(([0], np.cumsum(counts)))
+        _fifo_entries(lengths, starts, queued, job_sizes, job_actor, capacity, entry, min_lockstep=1)
     return entry
+
+
+def _fifo_entries(lengths: np.ndarray, starts: np.ndarray, queued: np.ndarray, job_sizes: np.ndarray,
+                  job_actor: np.ndarray, capacity: int, entry: np.ndarray, min_lockstep: int) -> None:
+    """Write the admission iteration of every sequence of the `queued` actors into `entry` (S,): by the lock-step
+    FIFO when every group has one size and at least `min_lockstep` actors queue, else each actor's own FIFO loop
+    (the same entries either way; the choice is speed only)."""
+    if len(queued) >= min_lockstep and bool((job_sizes == job_sizes[0]).all()):
+        g = int(job_sizes[0])
+        _lockstep_entries(_lockstep_fifo(lengths, starts, queued, g, capacity), starts, g, entry)
+        return
+    for a in queued:
+        sl = slice(starts[a], starts[a + 1])
+        entry[sl] = _gang_fifo_entries(lengths[sl], job_sizes[job_actor == a], capacity)
 
 
 def _segments(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
