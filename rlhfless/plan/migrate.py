@@ -11,16 +11,21 @@ Deviations from the paper:
 1. The paper cuts at tau (about 0.7) and moves stragglers to actors with free slots; the atomic-source rule, the
    earliest-free destination and the KV-stall model are ours (the paper's are not published).
 2. Cuts are kept in a plan only where the time model says they help the objective (`plan.scaler`).
+
+Which simulation runs (`kernel()`, the one switch): the compiled kernel (`plan.migrate_kernel`, numba) where numba
+imports and RLHFLESS_JIT is not 0, else the pure-Python one here (`_play_python`), the same results bit for bit.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from itertools import accumulate, chain
 from operator import attrgetter, itemgetter
+from types import ModuleType
 
 import numpy as np
 
@@ -296,28 +301,91 @@ def simulate_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: fl
 class Played:
     """A plan played with cuts (`play_with_migration`): each actor's busy seconds and the number of moves, and
     the named result (`simulate_with_migration`'s, a `Migration` per move) only when asked: most callers (the
-    scaler's outcome draws, a cut row it declines) read only busy seconds and the count."""
+    scaler's outcome draws, a cut row it declines) read only busy seconds and the count.
 
-    def __init__(self, plan: AssignmentPlan, tm: TimeModel, actors: list[_Actor], seqs: _Seqs, cuts: list[Cut],
-                 released: list[int]) -> None:
-        self.busy_s = _busy(plan, actors, tm)
+    ends[a]: actor a's end of decode (`end or 0.0`); finished[a]: its finished sequences; cuts: (sid, source,
+    destination) in order; seqs: names the sids (`_Seqs.name`)."""
+
+    def __init__(self, plan: AssignmentPlan, tm: TimeModel, ends: list[float], finished: list[int], seqs: _Seqs,
+                 cuts: Sequence[Sequence[int]], released: list[int]) -> None:
+        self.busy_s = _busy(plan, ends, tm)
         self.n_moves = len(cuts)
-        self._state = (plan, tm, actors, seqs, cuts, released)
+        self._state = (plan, tm, ends, finished, seqs, cuts, released)
 
     def named(self) -> tuple[MigrationResult, dict[str, float]]:
-        plan, tm, actors, seqs, cuts, released = self._state
+        plan, tm, ends, finished, seqs, cuts, released = self._state
         name = seqs.name
-        return _result(plan, actors, tm, [Migration(name(sid), a, b) for sid, a, b in cuts], released)
+        return _named_result(plan, ends, finished, tm, [Migration(name(sid), a, b) for sid, a, b in cuts], released)
 
     def metrics(self) -> dict[str, float]:
         """`simulate_with_migration`'s metrics (balancer/*), no move named."""
         return _metrics(self.busy_s, self.n_moves, len(self._state[-1]))
 
 
+_UNSET = object()
+_KERNEL: ModuleType | None | object = _UNSET
+
+
+def kernel() -> ModuleType | None:
+    """The compiled simulation (`plan.migrate_kernel`), or None where the pure-Python one runs: RLHFLESS_JIT=0, or
+    numba missing (the GPU image has none). Decided once per process; numba is imported here, not at import."""
+    global _KERNEL
+    if _KERNEL is _UNSET:
+        _KERNEL = None
+        if os.environ.get("RLHFLESS_JIT", "1") != "0":
+            try:
+                from rlhfless.plan import migrate_kernel
+                _KERNEL = migrate_kernel
+            except ImportError:  # no numba: the pure-Python simulation, the same results
+                pass
+    return _KERNEL  # type: ignore[return-value]
+
+
+def warm_kernel() -> None:
+    """Import numba and load (or compile) the kernel now where it runs: before a fork, so that the forked
+    processes share it instead of each loading or compiling it (`sim.scenario.play_policies`)."""
+    k = kernel()
+    if k is not None:
+        k.warm()
+
+
 def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
                         true_jobs: Sequence[PlanJob] | None = None) -> Played:
-    """`simulate_with_migration`, its moves named only on request (`Played.named`)."""
+    """`simulate_with_migration`, its moves named only on request (`Played.named`); compiled or pure Python
+    (`kernel()`), the same results."""
     _check_tau(tau)
+    k = kernel()
+    if k is None:
+        return _play_python(plan, time_model, tau, true_jobs)
+    return _play_kernel(k, plan, time_model, tau, true_jobs)
+
+
+def _play_kernel(k: ModuleType, plan: AssignmentPlan, time_model: TimeModel, tau: float,
+                 true_jobs: Sequence[PlanJob] | None) -> Played:
+    """The plan as the kernel's flat arrays (`migrate_kernel.play`), played there."""
+    flat = [j for jobs in plan.actor_jobs for j in jobs]
+    seqs = _Seqs()
+    seqs.group = [j.group_id for j in flat]
+    firsts = list(accumulate([j.n_seqs for j in flat], initial=0))
+    seqs.first = firsts[:-1]
+    first = np.array(firsts, np.int64)
+    pred = np.fromiter(chain.from_iterable([j.lengths() for j in flat]), np.float64, firsts[-1])
+    if true_jobs:
+        truth = {j.group_id: j for j in true_jobs}
+        true = np.fromiter(chain.from_iterable([truth[g].lengths() for g in seqs.group]), np.float64)
+    else:
+        true = pred
+    plen = np.array([j.prompt_len for j in flat], np.int64)
+    job_off = np.array(list(accumulate(map(len, plan.actor_jobs), initial=0)), np.int64)
+    f = np.asarray(time_model.iter_seconds_at(np.arange(plan.capacity + 1)), np.float64)
+    moves, released, end, finished = k.play(pred, true, first, plen, job_off, f, float(tau), int(plan.capacity),
+                                            float(time_model.kv_transfer_s_per_token))
+    return Played(plan, time_model, end.tolist(), finished.tolist(), seqs, moves.tolist(), released.tolist())
+
+
+def _play_python(plan: AssignmentPlan, time_model: TimeModel, tau: float,
+                 true_jobs: Sequence[PlanJob] | None = None) -> Played:
+    """`play_with_migration` in pure Python: the reference the kernel is held to, and where numba is missing."""
     f = time_model.iter_seconds_at(np.arange(plan.capacity + 1)).tolist()
     actors, seqs = _load(plan, true_jobs)
     moves: list[Cut] = []
@@ -363,24 +431,33 @@ def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
         else:
             wait = heap[0][0] - act.it
             nxt[a] = act.t + (wait if wait > 0.0 else 0.0) * f[len(heap)]
-    return Played(plan, time_model, actors, seqs, moves, released)
+    return Played(plan, time_model, [a.end or 0.0 for a in actors], [a.finished for a in actors], seqs,
+                  moves, released)
 
 
-def _busy(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel) -> list[float]:
+
+
+def _busy(plan: AssignmentPlan, ends: list[float], tm: TimeModel) -> list[float]:
     busy = []
-    for act, jobs in zip(actors, plan.actor_jobs):
+    for end, jobs in zip(ends, plan.actor_jobs):
         # prefill and fixed overhead are added after the decode simulation, as in the plan
         prefill = sum(j.prompt_len for j in jobs) * tm.prefill_s_per_token
-        busy.append(tm.actor_fixed_s + prefill + (act.end or 0.0) if jobs else 0.0)
+        busy.append(tm.actor_fixed_s + prefill + end if jobs else 0.0)
     return busy
 
 
 def _result(plan: AssignmentPlan, actors: list[_Actor], tm: TimeModel, moves: list[Migration],
             released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
-    busy = _busy(plan, actors, tm)
+    """The named result of simulated actors (tests/test_sim_exact.py's reference simulation builds it so)."""
+    return _named_result(plan, [a.end or 0.0 for a in actors], [a.finished for a in actors], tm, moves, released)
+
+
+def _named_result(plan: AssignmentPlan, ends: list[float], finished: list[int], tm: TimeModel,
+                  moves: list[Migration], released: list[int]) -> tuple[MigrationResult, dict[str, float]]:
+    busy = _busy(plan, ends, tm)
     metrics = _metrics(busy, len(moves), len(released))
     res = MigrationResult(tuple(busy), metrics[M.BAL_MAKESPAN_S], metrics[M.BAL_IDLE_DEVICE_S], tuple(moves),
-                          tuple(released), tuple(a.finished for a in actors))
+                          tuple(released), tuple(finished))
     return res, metrics
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from rlhfless.core.configbase import from_dict
 from rlhfless.core.errors import ConfigError, require
 from rlhfless.plan.cost import BillingRules, cost_serverful, cost_step, price
+from rlhfless.plan.migrate import warm_kernel
 from rlhfless.sim import MAX_SIM_STEPS
 from rlhfless.sim import hardware as hw
 from rlhfless.sim.events import EventLoop, Timeline
@@ -669,6 +670,7 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
         return out
     global _FORKED
     prime_true_jobs(pols, work)  # shared by the forked processes, not built in each
+    warm_kernel()  # numba and the cut simulation's kernel loaded once here, not in each forked process
     _FORKED = (pols, work, keep_timelines)
     order = sorted(groups, key=lambda g: -sum(_play_cost(pols[i]) for i in g))
     try:
