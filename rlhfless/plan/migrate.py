@@ -304,7 +304,8 @@ class Played:
     scaler's outcome draws, a cut row it declines) read only busy seconds and the count.
 
     ends[a]: actor a's end of decode (`end or 0.0`); finished[a]: its finished sequences; cuts: (sid, source,
-    destination) in order; seqs: names the sids (`_Seqs.name`)."""
+    destination) in order (the kernel's as an (M, 3) array: listing its rows cost more than playing them);
+    seqs: names the sids (`_Seqs.name`)."""
 
     def __init__(self, plan: AssignmentPlan, tm: TimeModel, ends: list[float], finished: list[int], seqs: _Seqs,
                  cuts: Sequence[Sequence[int]], released: list[int]) -> None:
@@ -315,6 +316,8 @@ class Played:
     def named(self) -> tuple[MigrationResult, dict[str, float]]:
         plan, tm, ends, finished, seqs, cuts, released = self._state
         name = seqs.name
+        if isinstance(cuts, np.ndarray):  # the kernel's (M, 3) rows: Python ints in the records, as built here
+            cuts = cuts.tolist()
         return _named_result(plan, ends, finished, tm, [Migration(name(sid), a, b) for sid, a, b in cuts], released)
 
     def metrics(self) -> dict[str, float]:
@@ -369,10 +372,10 @@ def _play_kernel(k: ModuleType, plan: AssignmentPlan, time_model: TimeModel, tau
     firsts = list(accumulate([j.n_seqs for j in flat], initial=0))
     seqs.first = firsts[:-1]
     first = np.array(firsts, np.int64)
-    pred = np.fromiter(chain.from_iterable([j.lengths() for j in flat]), np.float64, firsts[-1])
+    pred = np.fromiter(chain.from_iterable([_lengths(j) for j in flat]), np.float64, firsts[-1])
     if true_jobs:
         truth = {j.group_id: j for j in true_jobs}
-        true = np.fromiter(chain.from_iterable([truth[g].lengths() for g in seqs.group]), np.float64)
+        true = np.fromiter(chain.from_iterable([_lengths(truth[g]) for g in seqs.group]), np.float64)
     else:
         true = pred
     plen = np.array([j.prompt_len for j in flat], np.int64)
@@ -380,7 +383,14 @@ def _play_kernel(k: ModuleType, plan: AssignmentPlan, time_model: TimeModel, tau
     f = np.asarray(time_model.iter_seconds_at(np.arange(plan.capacity + 1)), np.float64)
     moves, released, end, finished = k.play(pred, true, first, plen, job_off, f, float(tau), int(plan.capacity),
                                             float(time_model.kv_transfer_s_per_token))
-    return Played(plan, time_model, end.tolist(), finished.tolist(), seqs, moves.tolist(), released.tolist())
+    return Played(plan, time_model, end.tolist(), finished.tolist(), seqs, moves, released.tolist())
+
+
+def _lengths(job: PlanJob) -> Sequence[float]:
+    """`PlanJob.lengths()` without its per-value `float`: `np.fromiter(..., float64)` converts each value as
+    `float` does (a tuple of floats, the usual case, is passed as it is)."""
+    lens = job.predicted_len
+    return lens if type(lens) is tuple else (lens,) * job.n_seqs
 
 
 def _play_python(plan: AssignmentPlan, time_model: TimeModel, tau: float,
