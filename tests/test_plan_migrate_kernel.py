@@ -47,18 +47,27 @@ def test_heap_push_and_pop_leave_heapqs_arrays():
             assert list(zip(keys[:n].tolist(), sids[:n].tolist())) == ref
 
 
+def test_stable_order_is_numpys_stable_argsort():
+    """The kernel's merge sort of indices orders as `np.argsort(kind="stable")`: ties in their listed order."""
+    rng = np.random.default_rng(1)
+    for n in [0, 1, 2, 3, 7, 8, 9, 64, 65, 300]:
+        for _ in range(20):
+            keys = rng.choice([-3.0, -1.0, -1.0, 0.0, 2.5], size=n)
+            assert K._stable_order(keys).tolist() == np.argsort(keys, kind="stable").tolist()
+
+
 def _plan(rng: np.random.Generator) -> tuple[AssignmentPlan, TimeModel, float, list[PlanJob] | None]:
     """A random plan: a few actors, jobs of 1-5 sequences from few distinct lengths (equal remainders are
     common), a capacity that makes some actors queue (and a job too large ever to admit now and then), a random
     iteration profile and KV stall, truth equal to the predictions or not (remainders then clip to 1 token)."""
-    cap = int(rng.integers(1, 12))
+    cap = int(rng.integers(1, 12)) if rng.random() < 0.7 else int(rng.integers(12, 40))
     n_act = int(rng.integers(1, 10))
     lens = [1.0, 2.0, 5.0, 8.0, 8.0, 13.0, 40.0, 7.5]
     actor_jobs, true_jobs, g = [], [], 0
     for _ in range(n_act):
         jobs = []
-        for _ in range(int(rng.integers(0, 6))):
-            n = int(rng.integers(1, min(cap, 5) + 1)) if rng.random() < 0.97 else cap + 1
+        for _ in range(int(rng.integers(0, 6 if cap < 12 else 14))):
+            n = int(rng.integers(1, min(cap, 8) + 1)) if rng.random() < 0.97 else cap + 1
             pred = tuple(float(rng.choice(lens)) for _ in range(n)) if rng.random() < 0.7 else float(rng.choice(lens))
             jobs.append(PlanJob(f"g{g}", n, pred, int(rng.integers(0, 50))))
             true_jobs.append(PlanJob(f"g{g}", n, tuple(float(rng.choice(lens)) * float(rng.choice([0.5, 1, 3]))

@@ -120,11 +120,48 @@ def _max_remaining(a: int, hs: np.ndarray, hn: np.ndarray, it: np.ndarray, start
 
 
 @_JIT
+def _stable_order(keys: np.ndarray) -> np.ndarray:
+    """`np.argsort(keys, kind="stable")` of float64 keys without NaN: a bottom-up merge sort of indices, each
+    merge taking from the left run unless the right one's key is smaller (numba's own stable argsort is the
+    same order, but compiling it for two key types took 2 of the kernel's 10 s of first compile)."""
+    n = keys.shape[0]
+    idx = np.arange(n)
+    tmp = np.empty(n, np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j, k = lo, mid, lo
+            while i < mid and j < hi:
+                if keys[idx[j]] < keys[idx[i]]:
+                    tmp[k] = idx[j]
+                    j += 1
+                else:
+                    tmp[k] = idx[i]
+                    i += 1
+                k += 1
+            while i < mid:
+                tmp[k] = idx[i]
+                i += 1
+                k += 1
+            while j < hi:
+                tmp[k] = idx[j]
+                j += 1
+                k += 1
+        idx, tmp = tmp, idx
+        width *= 2
+    return idx
+
+
+@_JIT
 def _grow(moves: np.ndarray, need: int) -> np.ndarray:
     if need <= moves.shape[0]:
         return moves
     out = np.empty((max(need, 2 * moves.shape[0]), 3), np.int64)
-    out[:moves.shape[0]] = moves
+    for i in range(moves.shape[0]):  # loops, not a slice assignment: numba's took 3 s to compile
+        for c in range(3):
+            out[i, c] = moves[i, c]
     return out
 
 
@@ -167,7 +204,7 @@ def _cut(tt: float, live: np.ndarray, n_live: int, tau: float, cap: int, kv: flo
             n_dst += 1
             n_free += free
     # sources by (unfinished, actor): a stable sort of candidates already in actor order, by count
-    order = np.argsort(s_n[:n_src], kind="mergesort")
+    order = _stable_order(s_n[:n_src].astype(np.float64))  # counts are far below 2**53: exact as floats
     for oi in range(n_src):
         n_unf, src = s_n[order[oi]], s_aid[order[oi]]
         if n_unf > n_free:  # all or nothing
@@ -188,7 +225,7 @@ def _cut(tt: float, live: np.ndarray, n_live: int, tau: float, cap: int, kv: flo
             rem[k] = pred[s]
             sid[k] = s
             s += 1
-        by = np.argsort(-rem, kind="mergesort")  # descending, equal lengths in listed order (`sorted(reverse)`)
+        by = _stable_order(-rem)  # descending, equal lengths in listed order (`sorted(..., reverse=True)`)
         moves = _grow(moves, n_moves + n_unf)
         for q in range(n_unf):
             k = by[q]
@@ -259,12 +296,13 @@ def play(pred: np.ndarray, true: np.ndarray, first: np.ndarray, plen: np.ndarray
     total = np.zeros(n_act, np.int64)
     ended = np.zeros(n_act, np.bool_)
     end = np.zeros(n_act)
-    qhead = job_off[:-1].copy()
+    qhead = job_off[:-1].copy()  # actor a's queue: jobs qhead[a]:qend[a]
     qend = job_off[1:].copy()
     start = np.zeros(n_seq)
     seq_plen = np.empty(n_seq, np.int64)
     for j in range(plen.shape[0]):
-        seq_plen[first[j]:first[j + 1]] = plen[j]
+        for s in range(first[j], first[j + 1]):
+            seq_plen[s] = plen[j]
     moves = np.empty((64, 3), np.int64)
     released = np.empty(n_act, np.int64)
     live = np.empty(n_act, np.int64)
