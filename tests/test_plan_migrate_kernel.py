@@ -57,8 +57,8 @@ def test_stable_order_is_numpys_stable_argsort():
 
 
 def _plan(rng: np.random.Generator) -> tuple[AssignmentPlan, TimeModel, float, list[PlanJob] | None]:
-    """A random plan: a few actors, jobs of 1-5 sequences from few distinct lengths (equal remainders are
-    common), a capacity that makes some actors queue (and a job too large ever to admit now and then), a random
+    """A random plan: a few actors, jobs of 1-8 sequences from few distinct lengths (equal remainders are
+    common), 1-39 slots, so that some actors queue (and a job too large ever to admit now and then), a random
     iteration profile and KV stall, truth equal to the predictions or not (remainders then clip to 1 token)."""
     cap = int(rng.integers(1, 12)) if rng.random() < 0.7 else int(rng.integers(12, 40))
     n_act = int(rng.integers(1, 10))
@@ -139,12 +139,17 @@ def test_kernel_equals_the_pure_python_simulation_on_a_paper_sim_run(monkeypatch
 
 
 def test_the_switch(monkeypatch):
-    """The kernel runs by default where numba imports; RLHFLESS_JIT=0 picks the pure-Python simulation."""
+    """The kernel runs by default where numba imports and can cache; RLHFLESS_JIT=0, or no cache folder (a
+    read-only install without a writable home), picks the pure-Python simulation."""
     monkeypatch.setattr(migrate, "_KERNEL", migrate._UNSET)
     monkeypatch.delenv("RLHFLESS_JIT", raising=False)
-    assert migrate.kernel() is K
+    assert K.CACHED and migrate.kernel() is K
     monkeypatch.setattr(migrate, "_KERNEL", migrate._UNSET)
     monkeypatch.setenv("RLHFLESS_JIT", "0")
+    assert migrate.kernel() is None
+    monkeypatch.setattr(migrate, "_KERNEL", migrate._UNSET)
+    monkeypatch.delenv("RLHFLESS_JIT")
+    monkeypatch.setattr(K, "CACHED", False)
     assert migrate.kernel() is None
 
 

@@ -13,7 +13,8 @@ Deviations from the paper:
 2. Cuts are kept in a plan only where the time model says they help the objective (`plan.scaler`).
 
 Which simulation runs (`kernel()`, the one switch): the compiled kernel (`plan.migrate_kernel`, numba) where numba
-imports and RLHFLESS_JIT is not 0, else the pure-Python one here (`_play_python`), the same results bit for bit.
+imports, can cache the compiled code and RLHFLESS_JIT is not 0, else the pure-Python one here (`_play_python`), the
+same results bit for bit.
 """
 
 from __future__ import annotations
@@ -330,15 +331,16 @@ _KERNEL: ModuleType | None | object = _UNSET
 
 
 def kernel() -> ModuleType | None:
-    """The compiled simulation (`plan.migrate_kernel`), or None where the pure-Python one runs: RLHFLESS_JIT=0, or
-    numba missing (the GPU image has none). Decided once per process; numba is imported here, not at import."""
+    """The compiled simulation (`plan.migrate_kernel`), or None where the pure-Python one runs: RLHFLESS_JIT=0,
+    numba missing (the GPU image has none), or no folder to cache the compiled code in (compiling it in every
+    process costs more than it saves). Decided once per process; numba is imported here, not at import."""
     global _KERNEL
     if _KERNEL is _UNSET:
         _KERNEL = None
         if os.environ.get("RLHFLESS_JIT", "1") != "0":
             try:
                 from rlhfless.plan import migrate_kernel
-                _KERNEL = migrate_kernel
+                _KERNEL = migrate_kernel if migrate_kernel.CACHED else None
             except ImportError:  # no numba: the pure-Python simulation, the same results
                 pass
     return _KERNEL  # type: ignore[return-value]

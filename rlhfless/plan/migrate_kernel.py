@@ -14,8 +14,9 @@ implementation runs and builds the named result.
 
 Importing this module imports numba (about 0.4 s of CPU) and loads or compiles the kernel on its first call
 (`warm`); `migrate` imports it only where a play runs. The compiled code is cached beside this file
-(`__pycache__`, numba's own cache); where that folder cannot be written numba uses its user-wide cache folder,
-and where neither can be written the kernel is compiled in each process, uncached (`_JIT`).
+(`__pycache__`, numba's own cache; NUMBA_CACHE_DIR moves it); where that folder cannot be written numba uses its
+user-wide cache folder, and where neither can be written (`CACHED` false) each process would compile it anew,
+4-5 s of CPU, more than it saves in a 100-step run, so `migrate.kernel()` then runs the pure-Python simulation.
 
 Deviations from the paper: none (an implementation of `migrate`'s simulation).
 """
@@ -25,11 +26,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-try:  # cached beside this file (or in numba's user-wide cache folder)
-    _JIT = njit(cache=True)
-    _JIT(lambda: None)  # numba picks its cache folder on decoration: find out here whether there is one
+
+
+def _probe() -> None:
+    """Decorated only to ask numba whether it has a folder to cache compiled code in."""
+
+
+try:  # cached beside this file (or in numba's user-wide cache folder); numba picks the folder on decoration
+    njit(cache=True)(_probe)
+    CACHED = True
 except RuntimeError:  # "cannot cache function ...: no locator available": a read-only install, no home cache
-    _JIT = njit(cache=False)
+    CACHED = False
+_JIT = njit(cache=CACHED)
 
 
 @_JIT
