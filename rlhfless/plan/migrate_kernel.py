@@ -12,11 +12,12 @@ orders. tests/test_plan_migrate_kernel.py holds its results equal to the pure-Py
 Non-goals: no parallelism, no fastmath (either would change floats); no decision of its own: `migrate` says which
 implementation runs and builds the named result.
 
-Importing this module imports numba (about 0.4 s of CPU) and loads or compiles the kernel on its first call
+Importing this module imports numba (tenths of a second of CPU) and loads or compiles the kernel on its first call
 (`warm`); `migrate` imports it only where a play runs. The compiled code is cached beside this file
 (`__pycache__`, numba's own cache; NUMBA_CACHE_DIR moves it); where that folder cannot be written numba uses its
 user-wide cache folder, and where neither can be written (`CACHED` false) each process would compile it anew,
-4-5 s of CPU, more than it saves in a 100-step run, so `migrate.kernel()` then runs the pure-Python simulation.
+which costs more CPU than the kernel saves in a 100-step `paper-sim` run, so `migrate.kernel()` then runs the
+pure-Python simulation.
 
 Deviations from the paper: none (an implementation of `migrate`'s simulation).
 """
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
-
 
 
 def _probe() -> None:
@@ -70,7 +70,7 @@ def heap_pop(keys: np.ndarray, sids: np.ndarray, n: int) -> None:
     child = 1
     while child < n:
         right = child + 1
-        # `not heap[child] < heap[right]`: the right child on ties of both key and sid (never: sids differ)
+        # `not heap[child] < heap[right]`, tuples compared key first, then sid: the smaller child
         if right < n and not (keys[child] < keys[right] or (keys[child] == keys[right] and sids[child] < sids[right])):
             child = right
         keys[pos] = keys[child]
@@ -131,7 +131,7 @@ def _max_remaining(a: int, hs: np.ndarray, hn: np.ndarray, it: np.ndarray, start
 def _stable_order(keys: np.ndarray) -> np.ndarray:
     """`np.argsort(keys, kind="stable")` of float64 keys without NaN: a bottom-up merge sort of indices, each
     merge taking from the left run unless the right one's key is smaller (numba's own stable argsort is the
-    same order, but compiling it for two key types took 2 of the kernel's 10 s of first compile)."""
+    same order, but compiling it for two key types was a fifth of the kernel's first compile)."""
     n = keys.shape[0]
     idx = np.arange(n)
     tmp = np.empty(n, np.int64)
