@@ -173,3 +173,32 @@ def test_every_prefix_end_at_once_equals_the_drain_of_that_prefix(seed):
             assert ends[n - 1] == _drain(w, ready[:n], devices[:n], presorted=True)[0]
         else:
             assert np.isnan(ends[n - 1]) or w.total <= 0 or len(w.arr) == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sizing_rows_and_end_equal_the_drains(seed):
+    """`size_blocks`' rows one at a time (`_Prefixes`, the shared parts computed once) equal `_prefix_ends`' bit
+    for bit, and the work end `_sized` hands `whole_step_tail` is `_drain` on the blocks it keeps, joined
+    flags included (the tail no longer drains them again)."""
+    from rlhfless.plan.overlap import Blocks, _Arrivals, _Prefixes, _drain, _prefix_ends, _sized
+
+    rng = np.random.default_rng(seed)
+    g, k = int(rng.integers(1, 60)), int(rng.integers(1, 25))
+    arrive = np.round(rng.uniform(0, 50, g), int(rng.integers(0, 3)))
+    work = rng.uniform(0, 40, g) * (rng.random(g) > 0.1)
+    ready = np.sort(np.round(rng.uniform(0, 60, k), 1))
+    devices = rng.choice([0.0, 1.0, 8.0, 3.5], k)
+    w = _Arrivals.of(arrive, work)
+    rows = _Prefixes(w, ready, devices)
+    assert np.array([rows.end(n) for n in range(1, k + 1)]).tobytes() == _prefix_ends(w, ready, devices).tobytes()
+    if float(np.sum(devices)) <= 0:
+        return
+    perm = rng.permutation(k)  # blocks in any order: the sizing sorts them by ready time
+    b = Blocks(ready[perm], devices[perm], rng.uniform(0, 3, k))
+    for slack in (0.0, 0.01, 0.3):
+        kept, end = _sized(arrive, work, b, slack)
+        alone = size_blocks(arrive, work, b, slack)
+        assert all(np.array_equal(getattr(kept, f), getattr(alone, f)) for f in ("ready_s", "devices", "cold_s"))
+        if end is not None:
+            d_end, d_joined = _drain(w, kept.ready_s, kept.devices)
+            assert end == d_end and np.array_equal(kept.ready_s < end - 1e-12, d_joined)
