@@ -320,10 +320,15 @@ def sequential_blocks(rollout_end_s: float, devices: float, cold_s: float) -> Bl
 
 
 def learner_invocations(b: Blocks, joined: np.ndarray, end_s: float, t0: float = 0.0) -> list[Invocation]:
-    """One billed `learner` invocation per joined block: from its start (ready - cold) to the step's end."""
-    return [Invocation("learner", k, t0 + max(float(b.ready_s[k] - b.cold_s[k]), 0.0), t0 + end_s, True,
-                       float(b.devices[k]), min(float(b.cold_s[k]), end_s - max(float(b.ready_s[k] - b.cold_s[k]), 0.0)))
-            for k in np.flatnonzero(joined)]
+    """One billed `learner` invocation per joined block: from its start (ready - cold) to the step's end. The
+    blocks are read as Python floats (the same IEEE doubles as numpy's scalars, the same operations): the scaler
+    builds some 20 a tail, thousands of tails a run."""
+    ready, cold, dev = b.ready_s.tolist(), b.cold_s.tolist(), b.devices.tolist()
+    out = []
+    for k in np.flatnonzero(joined):  # k stays numpy's integer: the invocation's id as before
+        start = max(ready[k] - cold[k], 0.0)
+        out.append(Invocation("learner", k, t0 + start, t0 + end_s, True, dev[k], min(cold[k], end_s - start)))
+    return out
 
 
 def share_invocations(b: Blocks, joined: np.ndarray, share_s: float, end_s: float, rank_devices: float,
