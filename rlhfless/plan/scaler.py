@@ -256,9 +256,21 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
             busy[a] = on_wide(ja.jobs[first:first + len(plan.actor_jobs[a])], wide)[0]
         rows.append(_costed(plan, busy, moves, cfg, n_warm, tm, on, (ja, own), memo))
-    return ScalingCandidate(plan.n_actors, plan.active_actors, float(np.mean([r.step_s for r in rows])),
-                            float(np.mean([r.gpu_seconds for r in rows])), float(np.mean([r.cost_usd for r in rows])),
-                            float("nan"), True, int(round(float(np.mean([r.migrations for r in rows])))))
+    return ScalingCandidate(plan.n_actors, plan.active_actors, _mean([r.step_s for r in rows]),
+                            _mean([r.gpu_seconds for r in rows]), _mean([r.cost_usd for r in rows]),
+                            float("nan"), True, int(round(_mean([float(r.migrations) for r in rows]))))
+
+
+def _mean(xs: list[float]) -> float:
+    """`float(np.mean(xs))` of a few floats (a row's draws) in Python, the same float: numpy's sum of fewer than
+    8 values adds them in order onto 0.0 (its pairwise blocks start at 8), then divides by the count
+    (test_plan_scaler holds it equal bit for bit, signed zeros and infinities included)."""
+    if not 0 < len(xs) < 8:
+        return float(np.mean(xs))
+    total = 0.0
+    for x in xs:
+        total += x
+    return total / len(xs)
 
 
 def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
