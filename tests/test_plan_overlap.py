@@ -202,3 +202,40 @@ def test_sizing_rows_and_end_equal_the_drains(seed):
         if end is not None:
             d_end, d_joined = _drain(w, kept.ready_s, kept.devices)
             assert end == d_end and np.array_equal(kept.ready_s < end - 1e-12, d_joined)
+
+
+def _share_invocations_plain(b, joined, share_s, end_s, rank_devices, t0=0.0):
+    """`share_invocations` with every rank's invocation built (and checked) on its own."""
+    from rlhfless.plan.records import Invocation
+
+    spans = []
+    for k in np.flatnonzero(joined):
+        d = float(b.devices[k])
+        n = max(1, int(np.floor(d / rank_devices + 1e-9))) if rank_devices > 0 else 1
+        spans += [(max(float(b.ready_s[k] - b.cold_s[k]), 0.0), float(b.cold_s[k]), d / n)] * n
+    out = []
+    for r, (start, cold, d) in enumerate(spans):
+        end = end_s if r == len(spans) - 1 else max(share_s, start)
+        out.append(Invocation("learner", r, t0 + start, t0 + end, True, d, min(cold, end - start)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_share_invocations_equal_the_ranks_built_one_by_one(seed):
+    """The ranks of one block are built once and renumbered (`_renumbered`): field for field (repr included)
+    the invocations built and checked one by one, in the same order; a bad span still raises."""
+    from rlhfless.plan.overlap import share_invocations
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 6))
+    ready = rng.uniform(0, 20, k)
+    b = Blocks(ready, rng.choice([8.0, 16.0, 4.0, 6.0], k), np.minimum(rng.uniform(0, 5, k), ready))
+    joined = rng.random(k) > 0.3
+    share = float(rng.uniform(20, 30))
+    t0 = float(rng.uniform(0, 3))
+    for rank_devices in (0.0, 4.0, 8.0):
+        got = share_invocations(b, joined, share, share + 2.0, rank_devices, t0)
+        want = _share_invocations_plain(b, joined, share, share + 2.0, rank_devices, t0)
+        assert got == want and repr(got) == repr(want)
+    with pytest.raises(DataError):  # a share before a rank's start and an end before the share
+        share_invocations(b, np.ones(k, bool), -1.0, -2.0, 4.0)
