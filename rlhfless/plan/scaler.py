@@ -181,17 +181,20 @@ def _plan_labels(plan: AssignmentPlan) -> np.ndarray:
     return np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
 
 
-def _outcome_arrays(outcome: Sequence[PlanJob], memo: dict | None) -> tuple[JobArrays, dict[str, int]]:
-    """An outcome's jobs as arrays and each group's position (the last job of a group id, as a dict by id
-    keeps), once per outcome in `memo` (every candidate plays the same outcomes)."""
+def _outcome_arrays(outcome: Sequence[PlanJob],
+                    memo: dict | None) -> tuple[JobArrays, dict[str, int], np.ndarray]:
+    """An outcome's jobs as arrays, each group's position (the last job of a group id, as a dict by id keeps)
+    and its sequences in ascending order of length (`labels_finish_s`' by_length), once per outcome in `memo`
+    (every candidate plays the same outcomes)."""
     key = ("outcome", id(outcome))
     hit = memo.get(key) if memo is not None else None
     if hit is not None and hit[0] is outcome:
-        return hit[1], hit[2]
+        return hit[1:]
     ja, index = JobArrays.from_jobs(outcome), {j.group_id: i for i, j in enumerate(outcome)}
+    by_length = np.argsort(ja.seq_len, kind="stable")
     if memo is not None:
-        memo[key] = (outcome, ja, index)  # the outcome itself: its id stays its own while the memo holds it
-    return ja, index
+        memo[key] = (outcome, ja, index, by_length)  # the outcome itself: its id stays its own while held
+    return ja, index, by_length
 
 
 def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
@@ -200,10 +203,15 @@ def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
     (each actor's busy seconds, the jobs in the plan's order with those lengths, (J,) each job's finish on its
     actor). Busy = its last job's finish (`labels_finish_s` charges the fixed overhead and prefill first, as
     `build_plan`), 0 for an idle actor. `memo`: the outcome's arrays, shared with the other candidates."""
-    base, index = _outcome_arrays(outcome, memo)
-    ja = base.take([index[j.group_id] for js in plan.actor_jobs for j in js])
+    base, index, base_by_length = _outcome_arrays(outcome, memo)
+    ja, src = base.take_seqs([index[j.group_id] for js in plan.actor_jobs for j in js])
+    at = np.full(len(base.seq_len), -1, dtype=np.intp)  # base position -> this play's position (-1: not played)
+    at[src] = np.arange(len(src))
+    by_length = at[base_by_length]
     labels = _plan_labels(plan)
-    own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm)
+    whole = len(src) == len(base.seq_len) and int(at.min(initial=0)) >= 0  # every sequence played once
+    own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm,
+                          by_length=by_length if whole else None)
     busy = np.zeros(plan.n_actors)
     np.maximum.at(busy, labels, own)
     return busy.tolist(), ja, own
