@@ -423,18 +423,14 @@ def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, activ
     `memo`: tails already costed (`_memo_tail`)."""
     step, total = np.empty(len(res.candidates)), gpu_s.copy()
     if not cfg.learner.overlap:  # every candidate's tail is the same work after its own rollout end (`_tail`)
-        lc = cfg.learner
-        tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
-        ends = []
-        for r, n in enumerate(res.candidates):
-            d = np.where(active[r], dur[r], 0.0)[:n]
-            rel = d[d > 0]
-            ends.append(float(rel.max()) if len(rel) else lc.prefill_s)
-        tails = sequential_tails(ends, tokens * lc.s_per_token, _budget(cfg), lc,
-                                 float(tokens.sum()) * lc.after_s_per_token)
-        for r, (end, invs) in enumerate(tails):
+        # each row's last active actor among its first n slots (the maximum of the positive durations is the
+        # row's maximum where any is positive; max is exact), else the prefill's end
+        first_n = np.arange(dur.shape[1])[None, :] < np.asarray(res.candidates)[:, None]
+        last = np.where(active & first_n, dur, 0.0).max(axis=1, initial=0.0)
+        ends = np.where(last > 0, last, cfg.learner.prefill_s).tolist()
+        for r, (end, tail_gpu_s) in enumerate(_sequential_costs(ja, ends, cfg, memo)):
             step[r] = end
-            total[r] += step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds
+            total[r] += tail_gpu_s
         return step, total
     for r, n in enumerate(res.candidates):
         d = np.where(active[r], dur[r], 0.0)[:n]
@@ -442,6 +438,34 @@ def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, activ
                                    n_warm, memo)
         total[r] += step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds
     return step, total
+
+
+def _sequential_costs(ja: JobArrays, ends: list[float], cfg: PlanConfig,
+                      memo: dict | None) -> list[tuple[float, float]]:
+    """(step seconds, the tail's billed device-seconds) after each rollout end without overlap
+    (`sequential_tails`, priced by `step_cost`), once per distinct end in `memo` (by its repr: -0.0 and 0.0
+    apart): the twins' and the warm pool's sweeps end a third of paper-sim's candidates' rollouts alike, and
+    each end's tail is computed on its own (`sequential_tails` shares only the work side)."""
+    lc = cfg.learner
+    base = None if memo is None else ("seqtail", id(ja), _learner_key(lc, memo), _budget(cfg), cfg.gpu_kind,
+                                      id(cfg.billing))
+    out: list = [None] * len(ends)
+    miss = []
+    for r, e in enumerate(ends):
+        hit = memo.get(base + (repr(e),)) if base is not None else None
+        if hit is not None and hit[0] is ja and hit[1] is cfg.billing:  # the objects themselves: ids stay theirs
+            out[r] = hit[2]
+        else:
+            miss.append(r)
+    if miss:
+        tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
+        tails = sequential_tails([ends[r] for r in miss], tokens * lc.s_per_token, _budget(cfg), lc,
+                                 float(tokens.sum()) * lc.after_s_per_token)
+        for r, (end, invs) in zip(miss, tails):
+            out[r] = (end, step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds)
+            if base is not None:
+                memo[base + (repr(ends[r]),)] = (ja, cfg.billing, out[r])
+    return out
 
 
 def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,
