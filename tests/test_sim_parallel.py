@@ -122,3 +122,34 @@ def test_twins_in_lock_step_give_each_ones_own_results_and_share_the_plays(monke
     for (s_a, tl_a, rows_a), (s_t, tl_t, rows_t) in zip(alone, together):
         assert s_t == s_a and rows_t == rows_a and tl_t.spans == tl_a.spans
     assert all(p.share is None for p in pair)  # nothing shared outlives the play
+
+
+def test_twins_with_equal_predictors_learn_and_predict_each_step_once(monkeypatch):
+    """Twins with equal predictors (`policies.TwinPredictor`) update and ask one predictor once a step, not once
+    a step each, give each one's results alone bit for bit, and end holding the state each would have learnt
+    (the feature: without the shared predictor each twin updates and asks its own)."""
+    from rlhfless.predictor.ewma import EWMAPredictor
+
+    cfg = case_configs("quick", 4, [])[0]
+    calls = {"update": 0, "predict": 0}
+    for name in calls:
+        real = getattr(EWMAPredictor, name)
+
+        def counted(self, *a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(EWMAPredictor, name, counted)
+    work, pols = _fresh_policies(cfg)
+    alone_pols = [p for p in pols if p.name in ("rlhfless", "rlhfless-lam1")]
+    alone = [scenario.simulate_policy(p, work, p.c) for p in alone_pols]
+    assert calls == {"update": 2 * len(work), "predict": 2 * len(work)}
+    calls.update(update=0, predict=0)
+    work, pols = _fresh_policies(cfg)
+    pair = [p for p in pols if p.name in ("rlhfless", "rlhfless-lam1")]
+    together = scenario.play_twins(pair, work)
+    assert calls == {"update": len(work), "predict": len(work)}
+    for (s_a, tl_a, rows_a), (s_t, tl_t, rows_t) in zip(alone, together):
+        assert s_t == s_a and rows_t == rows_a and tl_t.spans == tl_a.spans
+    for a, t in zip(alone_pols, pair):
+        assert t.twin is None and t.predictor.state() == a.predictor.state()

@@ -52,6 +52,7 @@ from rlhfless.plan.migrate import play_with_migration
 from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.wide import WideActor, on_wide
 from rlhfless.predictor import Observation, build_predictor
+from rlhfless.predictor.base import Prediction
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.predictor.spread import draw_lengths
 from rlhfless.sim.perf import PerfModel
@@ -301,6 +302,8 @@ class RLHFless:
         self.update_s = float("inf")  # the last step's optimizer step: its learner's share to this step's start
         self.freed = 0.0  # separate images: devices the last step's learner ranks freed at their share
         self.share: dict | None = None  # a step's planned jobs, draws and memo, shared with twins (`_planned`)
+        self.seen = 0  # steps observed
+        self.twin: TwinPredictor | None = None  # the predictor shared with twins (`share_predictor`)
 
     def _hybrid_sync_s(self) -> float:
         """A hybrid function's switch between its decode engine's layout (TP shards) and its learner block's
@@ -403,7 +406,7 @@ class RLHFless:
         if self.sw.oracle:  # the oracle plans on the true lengths, so does its deadline
             jobs = true_jobs(step, _engine_prompt_of(c), f"engine{c.template_tokens}")
         else:
-            pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+            pred = self._predict(step)
             jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], _engine_prompt_of(c))
         mean_prompt = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
         learner = replace(cfg.learner, overlap=False, cold_start_s=0.0, prewarm=False, prewarm_bill_s=None,
@@ -446,8 +449,7 @@ class RLHFless:
         played in lock step): where a twin already planned this step from the same prediction, its jobs, draws
         and memo, the same objects (the jobs and draws are built from the prediction, the cluster and the
         switches alone; every memo entry is keyed by the objects and settings it was computed from)."""
-        pred = None if self.sw.oracle else \
-            self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+        pred = None if self.sw.oracle else self._predict(step)
         if self.share is None:
             return *self._planned_jobs(step, key, pred), {}
         mine = (key, self.sw, None if pred is None else (pred.prompt_ids, pred.mean, dict(pred.quantiles)))
@@ -466,7 +468,7 @@ class RLHFless:
         if self.sw.oracle:
             return true_jobs(step, self._prompt_of, key), []
         if pred is None:
-            pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+            pred = self._predict(step)
         jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
         if not self.sw.draws:
             return jobs, []
@@ -680,7 +682,72 @@ class RLHFless:
         rollout, score, update = stages
         self.gaps = (score + update, rollout)
         self.update_s = update
+        seen, self.seen = self.seen, self.seen + 1
         if self.sw.oracle:  # the oracle plans on the true lengths: it never reads its predictor
             return
-        self.predictor.update([Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step)
-                               for g in step.groups])
+        if self.twin is not None:
+            self.twin.learn(step, seen)
+            return
+        self.predictor.update(observations(step))
+
+    def _predict(self, step: StepWork) -> Prediction:
+        """The predictor's prediction of the step's prompts (the twins' one, `TwinPredictor`, when shared)."""
+        if self.twin is not None:
+            return self.twin.predict(step, self.seen)
+        return self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+
+
+def observations(step: StepWork) -> list[Observation]:
+    """What a predictor learns from a step: each group's true lengths."""
+    return [Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step) for g in step.groups]
+
+
+class TwinPredictor:
+    """One predictor for RLHFless twins (`scenario.play_twins`) whose predictors are equal in kind and settings and
+    have observed nothing yet (`share_predictor`). Every policy observes each step's true lengths, whatever it
+    decided, so such twins' predictors would hold the same state at every step: this one learns each step once
+    (the first twin to observe it) and predicts each step once (the first twin to decide it, before any twin
+    learnt it), and hands that prediction to the others. The twins take turns step by step (the second decides
+    step k after the first observed it), so the prediction is kept by the steps seen before it; a twin asking
+    from any other point is a bug, refused."""
+
+    def __init__(self, predictor):
+        self.predictor = predictor
+        self.learned = 0  # steps learned
+        self.pred: tuple[int, Prediction] | None = None  # (steps learned before it, the prediction)
+
+    def predict(self, step: StepWork, seen: int) -> Prediction:
+        """The prediction of `step` for a twin that has observed `seen` steps."""
+        if self.pred is not None and self.pred[0] == seen:
+            return self.pred[1]
+        if seen != self.learned:
+            raise RuntimeError(f"TwinPredictor: a twin at step {seen} asks a predictor that learnt {self.learned}")
+        self.pred = (seen, self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups)))
+        return self.pred[1]
+
+    def learn(self, step: StepWork, seen: int) -> None:
+        """Learn `step` once: from the first twin to observe it (`seen` steps observed before it)."""
+        if seen == self.learned:
+            self.predictor.update(observations(step))
+            self.learned += 1
+
+
+def share_predictor(pols: list) -> list:
+    """Give RLHFless twins played in lock step (`scenario.play_twins`) one `TwinPredictor` where their predictors
+    are equal in kind and settings and none has observed a step; returns the policies given one (the first's
+    predictor is the one they share)."""
+    def kind(p):
+        return type(p.predictor), getattr(p.predictor, "cfg", None)
+
+    fresh = [p for p in pols if isinstance(p, RLHFless) and not p.sw.oracle and p.seen == 0 and p.twin is None
+             and kind(p)[1] is not None]
+    shared = []
+    for p in fresh:
+        lead = next(q for q in fresh if kind(q) == kind(p))
+        if lead is not p:
+            if lead.twin is None:
+                lead.twin = TwinPredictor(lead.predictor)
+                shared.append(lead)
+            p.twin = lead.twin
+            shared.append(p)
+    return shared

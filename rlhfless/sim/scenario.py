@@ -41,7 +41,7 @@ from rlhfless.sim.overheads import (
     PAPER_VERL_TP_LARGE,
 )
 from rlhfless.sim.perf import FITTED, ITERATION_SOURCES, PPO_MODELS, PerfModel, iteration_efficiency, smallest_tp
-from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl, prime_true_jobs
+from rlhfless.sim.policies import Cluster, RLHFless, RLHFuse, Switches, Verl, prime_true_jobs, share_predictor
 from rlhfless.sim.shapley import EXTRAS, SUB_PLAYERS, target_players, terms
 from rlhfless.sim.step import play_step
 from rlhfless.sim.workload import LengthDist, StepWork, gsm8k_prompt_tokens, replay_trace, synthetic
@@ -418,11 +418,13 @@ def play_twins(pols: list, work: list[StepWork]) -> list[tuple[dict, Timeline, l
     """`simulate_policy` of each of `pols` (`twins`: RLHFless on one cluster with the same switches, e.g.
     rlhfless and rlhfless-lam1), played in lock step, step by step, sharing each step's planned jobs, draws and
     memo where their predictions agree (`RLHFless._planned`): the second plays every placement on every draw
-    from the first's plays instead of again. Each policy's results are its own alone's, bit for bit
+    from the first's plays instead of again. Twins with equal predictors learn and predict each step once
+    (`policies.TwinPredictor`). Each policy's results are its own alone's, bit for bit
     (tests/test_sim_parallel.py)."""
     share: dict = {}
     for p in pols:
         p.share = share
+    shared = share_predictor(pols)  # one predictor update and prediction a step for twins with equal predictors
     try:
         gens, out = [_steps(p, work, p.c) for p in pols], [None] * len(pols)
         live = list(range(len(pols)))
@@ -436,6 +438,8 @@ def play_twins(pols: list, work: list[StepWork]) -> list[tuple[dict, Timeline, l
     finally:
         for p in pols:
             p.share = None
+        for p in shared:  # each holds what its own predictor would have learnt: the shared one's state
+            p.predictor, p.twin = p.twin.predictor, None
     return out
 
 
