@@ -137,14 +137,14 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float] | 
     actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
     stream, after = learner_split(c)
     spt = stream * work_scale
-    acts, done, work = [], [], []
-    for g in step.groups:
-        a = actor_of[g.prompt_id]
-        f = finish[g.prompt_id] if finish is not None else tail
-        acts.append(a)
-        done.append(f if f <= busy[a] + 1e-9 else tail)
-        work.append(g.tokens * spt)
-    return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
+    ids = step.prompt_ids
+    acts = tuple(map(actor_of.__getitem__, ids))
+    if finish is None:  # every group arrives at the rollout's end (`tail`, past no actor's busy time but its own)
+        done = (tail,) * len(ids)
+    else:
+        done = tuple([f if f <= busy[a] + 1e-9 else tail for f, a in zip(map(finish.__getitem__, ids), acts)])
+    work = tuple([t * spt for t in step.group_tokens])
+    return LearnerPlan(overlap, acts, done, work, float(c.n_devices), float(pm.tp), cold_s,
                        prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack, release_cold_s,
                        warm_spare, step.tokens * after * work_scale, share_go)
 
@@ -547,11 +547,12 @@ class RLHFless:
 
     def _prefill_s(self, step: StepWork, tokens: float) -> float:
         """Prefill of `tokens` prompt tokens batched together; each attends within its own prompt only."""
-        mean = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
+        mean = sum(step.prompt_lens) / max(len(step.groups), 1)
         return self.c.perf.prefill_s(tokens, context=mean / 2)
 
     def _unique_tokens(self, step: StepWork) -> int:
-        return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
+        t = self.c.template_tokens
+        return t + sum([p - t if p > t else 0 for p in step.prompt_lens])
 
     def _actors(self, step: StepWork, actor_jobs, busy: list[float], predicted: list[float], n_warm: int,
                 wide_actor: int = -1, n_hybrid: int = 0, n_kept: int = 0) -> tuple[ActorRun, ...]:
@@ -560,18 +561,19 @@ class RLHFless:
         from the last step's learner (the in-place reshard, billed from t0); `wide_actor` on the wide engine (its
         devices, cold start and weight sync; `busy` holds its time there)."""
         c, pm, sw = self.c, self.c.perf, self.sw
-        plen = {g.prompt_id: g.prompt_len for g in step.groups}
+        plen = dict(zip(step.prompt_ids, step.prompt_lens))
         active = [a for a, jobs in enumerate(actor_jobs) if jobs]
         by_busy = sorted(active, key=lambda a: (-predicted[a], a))[:n_warm]
         warm, hybrid = set(by_busy), set(by_busy[:min(n_hybrid, n_warm)])
         kept = set(by_busy[:min(n_kept, n_warm)]) - hybrid  # warm by keep-alive: their gap was billed last step
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill, left = self._warmth(cold_s)
-        per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
+        unique = max(self._unique_tokens(step), 1)
+        per_tok = self._prefill_s(step, unique) / unique
         t_prefill = self.prefill_cold_s if sw.dedup else 0.0
         out = []
         for a in sorted(active, key=lambda a: -predicted[a]):  # the prefill function serves the busiest first
-            toks = sum(plen[j.group_id] for j in actor_jobs[a])
+            toks = sum([plen[j.group_id] for j in actor_jobs[a]])
             kv_ready = 0.0
             if sw.dedup:
                 t_prefill += per_tok * toks / self.prefill_actors
