@@ -153,3 +153,28 @@ def test_twins_with_equal_predictors_learn_and_predict_each_step_once(monkeypatc
         assert s_t == s_a and rows_t == rows_a and tl_t.spans == tl_a.spans
     for a, t in zip(alone_pols, pair):
         assert t.twin is None and t.predictor.state() == a.predictor.state()
+
+
+def test_alike_verl_policies_play_once_and_report_as_if_each_had(cfg, monkeypatch):
+    """Verl policies of the same kind on equal clusters (`scenario.alike`: here verl-paper-fastest is
+    verl-paper-tp8's cluster, built again) play once (`play_alike_once`); each still reports, equal to its own
+    play (the feature: without it every one plays)."""
+    work, pols = _fresh_policies(cfg)
+    cb, cs, cp = scenario.clusters(cfg, work)
+    pols += [scenario.Verl(c, name=f"verl-paper-{k}") for k, c in scenario.paper_range(cfg, work).items()]
+    first = scenario.alike(pols)
+    twins = [(pols[i].name, pols[f].name) for i, f in enumerate(first) if f != i]
+    assert twins and all(pols[i].c == pols[f].c and pols[i].c is not pols[f].c for i, f in enumerate(first) if f != i)
+    played = []
+    real = scenario.play_policies
+    monkeypatch.setattr(scenario, "play_policies", lambda ps, *a, **k: played.extend(p.name for p in ps) or
+                        real(ps, *a, **k))
+    rec = _Record()
+    once = scenario.play_alike_once(pols, work, jobs=1, on_done=rec.played)
+    assert len(played) == len(pols) - len(twins) and sorted(rec.finished) == sorted(p.name for p in pols)
+    for i, f in enumerate(first):
+        if f != i:  # its own play, by a fresh verl on its own cluster
+            alone = scenario.simulate_policy(scenario.Verl(pols[i].c, name=pols[i].name), work, pols[i].c)
+            assert once[i][0] == alone[0] and once[i][2] == alone[2], pols[i].name
+            assert once[i][0] is not once[f][0]  # a copy: the report may change one without the other
+

@@ -687,6 +687,40 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
     return out
 
 
+def alike(pols: list) -> list[int]:
+    """For each policy, the index of the first policy that plays as it does (its own where none before it does):
+    verl of the same kind on equal clusters (e.g. verl-paper and verl-paper-tp8 at a 70B model, where the paper's
+    TP is 8: each builds its cluster from the same settings). verl keeps no state between steps (`Verl.observe`
+    learns nothing) and its name decides nothing, so two such play the same schedule, timeline and rows."""
+    first = list(range(len(pols)))
+    for i, p in enumerate(pols):
+        if type(p) is not Verl:
+            continue
+        for j in range(i):
+            q = pols[j]
+            if first[j] == j and type(q) is Verl and q.overlap == p.overlap and q.c == p.c:
+                first[i] = j
+                break
+    return first
+
+
+def play_alike_once(pols: list, work: list[StepWork], keep_timelines: bool = False, jobs: int | None = None,
+                    on_done: Callable[[str], None] | None = None) -> list[tuple[dict, Timeline | None, list[dict]]]:
+    """`play_policies` of each of `pols`, a policy that plays as one before it (`alike`) not played again: its
+    results are a copy of that one's (the same values; its own objects, so nothing one changes leaks)."""
+    from copy import deepcopy
+
+    first = alike(pols)
+    mine = [i for i, f in enumerate(first) if f == i]
+    played = dict(zip(mine, play_policies([pols[i] for i in mine], work, keep_timelines, jobs, on_done)))
+    for i, f in enumerate(first):
+        if f != i:
+            played[i] = deepcopy(played[f])
+            if on_done is not None:
+                on_done(pols[i].name)
+    return [played[i] for i in range(len(pols))]
+
+
 def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...] = (),
              jobs: int | None = None, progress: Progress | None = None) -> dict:
     """Every policy over the case's steps (`only`: just these, which must include verl, verl-paper and rlhfless;
@@ -710,7 +744,7 @@ def run_case(cfg: SimConfig, keep_timelines: bool = False, only: tuple[str, ...]
     if progress is not None:
         progress.case(cfg.name, [p.name for p in pols])
         on_done = progress.played
-    for pol, (summary, tl, rows) in zip(pols, play_policies(pols, work, keep_timelines, jobs, on_done)):
+    for pol, (summary, tl, rows) in zip(pols, play_alike_once(pols, work, keep_timelines, jobs, on_done)):
         out["policies"][pol.name] = summary
         extra[pol.name] = (tl, rows)
     p = out["policies"]
