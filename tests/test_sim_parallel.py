@@ -178,3 +178,18 @@ def test_alike_verl_policies_play_once_and_report_as_if_each_had(cfg, monkeypatc
             assert once[i][0] == alone[0] and once[i][2] == alone[2], pols[i].name
             assert once[i][0] is not once[f][0]  # a copy: the report may change one without the other
 
+
+def test_a_case_plays_with_fewer_collections_and_restores_the_threshold(cfg):
+    """`run_case` plays under `GC_THRESHOLD` (the feature: Python's default collects 60 times as often) and
+    leaves the caller's thresholds as they were."""
+    import gc
+
+    seen = []
+
+    class Watch(_Record):
+        def played(self, policy):
+            seen.append(gc.get_threshold())
+
+    before = gc.get_threshold()
+    run_case(cfg, jobs=1, progress=Watch())
+    assert seen and set(seen) == {scenario.GC_THRESHOLD} and gc.get_threshold() == before != scenario.GC_THRESHOLD
