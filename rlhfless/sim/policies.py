@@ -162,8 +162,7 @@ def learner_split(c: Cluster) -> tuple[float, float]:
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
     """One job per group; lengths: per group, a float for every sample or a tuple of floats per sample (true,
     predicted >= 1, or drawn in [1, cap]): checked where they were made, so built unchecked (`PlanJob.trusted`)."""
-    trusted = PlanJob.trusted
-    return [trusted(g.prompt_id, len(g.lengths), x, prompt_of(g)) for g, x in zip(step.groups, lengths)]
+    return PlanJob.trusted_many(step.prompt_ids, step.group_sizes, lengths, list(map(prompt_of, step.groups)))
 
 
 _TRUE_CACHE: dict[tuple, tuple[StepWork, list[PlanJob]]] = {}

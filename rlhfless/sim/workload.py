@@ -64,6 +64,11 @@ class StepWork:
         return tuple([g.prompt_len for g in self.groups])
 
     @cached_property
+    def group_sizes(self) -> tuple[int, ...]:
+        """Each group's sample count, in group order."""
+        return tuple([len(g.lengths) for g in self.groups])
+
+    @cached_property
     def group_tokens(self) -> tuple[int, ...]:
         """Each group's `GroupWork.tokens`, in group order."""
         return tuple([g.tokens for g in self.groups])
