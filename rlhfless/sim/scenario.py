@@ -312,7 +312,7 @@ def build_cluster(cfg: SimConfig, tp: int, work: list[StepWork], paper: bool = F
     # a running sequence holds its prompt and, on average over its life, half its response; the long ones
     # dominate the running set, so capacity is sized on prompt + mean response (assumed)
     capacity = pm.kv_capacity(plen + float(lens.mean()))
-    gmax = max(len(g.lengths) for s in work for g in s.groups)
+    gmax = max(max(s.group_sizes, default=0) for s in work)  # each step's sizes once, for every cluster built
     if capacity < gmax:
         raise ConfigError(f"n_devices: a {cfg.model} replica on {tp} x {cfg.device} holds {capacity} sequences of "
                           f"KV, fewer than one group of {gmax}; use larger devices or a higher tp")
