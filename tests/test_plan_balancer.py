@@ -169,6 +169,8 @@ def test_trusted_job_is_the_checked_one(gid, n, length, prompt, per_seq):
     checked, trusted = PlanJob(gid, n, x, prompt), PlanJob.trusted(gid, n, x, prompt)
     assert trusted == checked and hash(trusted) == hash(checked) and repr(trusted) == repr(checked)
     assert trusted.lengths() == checked.lengths() and trusted.tokens == checked.tokens
+    many = PlanJob.trusted_many([gid, gid + "x"], [n, n], [x, x], [prompt, 0])
+    assert many == [checked, PlanJob(gid + "x", n, x, 0)] and [vars(j) for j in many[:1]] == [vars(checked)]
 
 
 @settings(max_examples=60, deadline=None)

@@ -238,6 +238,7 @@ def _patch_plain(monkeypatch):
     monkeypatch.setattr(scaler, "play_with_migration", _ReferencePlayed)
     monkeypatch.setattr(policies, "play_with_migration", _ReferencePlayed)
     monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
+    monkeypatch.setattr(PlanJob, "trusted_many", staticmethod(lambda *cols: [_checked(*row) for row in zip(*cols)]))
     monkeypatch.setattr(scaler, "_memo_plan", _built_anew)
     monkeypatch.setattr(scaler, "_memo_tail", _tail_anew)
     monkeypatch.setattr(scaler, "_sweep_whole_step", _sweep_tails_one_by_one)

@@ -122,3 +122,74 @@ def test_twins_in_lock_step_give_each_ones_own_results_and_share_the_plays(monke
     for (s_a, tl_a, rows_a), (s_t, tl_t, rows_t) in zip(alone, together):
         assert s_t == s_a and rows_t == rows_a and tl_t.spans == tl_a.spans
     assert all(p.share is None for p in pair)  # nothing shared outlives the play
+
+
+def test_twins_with_equal_predictors_learn_and_predict_each_step_once(monkeypatch):
+    """Twins with equal predictors (`policies.TwinPredictor`) update and ask one predictor once a step, not once
+    a step each, give each one's results alone bit for bit, and end holding the state each would have learnt
+    (the feature: without the shared predictor each twin updates and asks its own)."""
+    from rlhfless.predictor.ewma import EWMAPredictor
+
+    cfg = case_configs("quick", 4, [])[0]
+    calls = {"update": 0, "predict": 0}
+    for name in calls:
+        real = getattr(EWMAPredictor, name)
+
+        def counted(self, *a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(EWMAPredictor, name, counted)
+    work, pols = _fresh_policies(cfg)
+    alone_pols = [p for p in pols if p.name in ("rlhfless", "rlhfless-lam1")]
+    alone = [scenario.simulate_policy(p, work, p.c) for p in alone_pols]
+    assert calls == {"update": 2 * len(work), "predict": 2 * len(work)}
+    calls.update(update=0, predict=0)
+    work, pols = _fresh_policies(cfg)
+    pair = [p for p in pols if p.name in ("rlhfless", "rlhfless-lam1")]
+    together = scenario.play_twins(pair, work)
+    assert calls == {"update": len(work), "predict": len(work)}
+    for (s_a, tl_a, rows_a), (s_t, tl_t, rows_t) in zip(alone, together):
+        assert s_t == s_a and rows_t == rows_a and tl_t.spans == tl_a.spans
+    for a, t in zip(alone_pols, pair):
+        assert t.twin is None and t.predictor.state() == a.predictor.state()
+
+
+def test_alike_verl_policies_play_once_and_report_as_if_each_had(cfg, monkeypatch):
+    """Verl policies of the same kind on equal clusters (`scenario.alike`: here verl-paper-fastest is
+    verl-paper-tp8's cluster, built again) play once (`play_alike_once`); each still reports, equal to its own
+    play (the feature: without it every one plays)."""
+    work, pols = _fresh_policies(cfg)
+    cb, cs, cp = scenario.clusters(cfg, work)
+    pols += [scenario.Verl(c, name=f"verl-paper-{k}") for k, c in scenario.paper_range(cfg, work).items()]
+    first = scenario.alike(pols)
+    twins = [(pols[i].name, pols[f].name) for i, f in enumerate(first) if f != i]
+    assert twins and all(pols[i].c == pols[f].c and pols[i].c is not pols[f].c for i, f in enumerate(first) if f != i)
+    played = []
+    real = scenario.play_policies
+    monkeypatch.setattr(scenario, "play_policies", lambda ps, *a, **k: played.extend(p.name for p in ps) or
+                        real(ps, *a, **k))
+    rec = _Record()
+    once = scenario.play_alike_once(pols, work, jobs=1, on_done=rec.played)
+    assert len(played) == len(pols) - len(twins) and sorted(rec.finished) == sorted(p.name for p in pols)
+    for i, f in enumerate(first):
+        if f != i:  # its own play, by a fresh verl on its own cluster
+            alone = scenario.simulate_policy(scenario.Verl(pols[i].c, name=pols[i].name), work, pols[i].c)
+            assert once[i][0] == alone[0] and once[i][2] == alone[2], pols[i].name
+            assert once[i][0] is not once[f][0]  # a copy: the report may change one without the other
+
+
+def test_a_case_plays_with_fewer_collections_and_restores_the_threshold(cfg):
+    """`run_case` plays under `GC_THRESHOLD` (the feature: Python's default collects 60 times as often) and
+    leaves the caller's thresholds as they were."""
+    import gc
+
+    seen = []
+
+    class Watch(_Record):
+        def played(self, policy):
+            seen.append(gc.get_threshold())
+
+    before = gc.get_threshold()
+    run_case(cfg, jobs=1, progress=Watch())
+    assert seen and set(seen) == {scenario.GC_THRESHOLD} and gc.get_threshold() == before != scenario.GC_THRESHOLD

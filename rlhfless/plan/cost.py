@@ -139,23 +139,22 @@ def step_cost(invocations: Iterable[Invocation], device: DevicePrice, rules: Bil
     rule set): its rule lookups are made once per step, not once per invocation."""
     gpu_s, usd, kinds = 0.0, 0.0, {}
     rate = device.serverless_usd_per_s
-    lifetime = rules.billed == "lifetime"
     gran, least, bill_cold = rules.granularity_s, rules.minimum_s, rules.bill_cold_start
     idle = lifecycle.idle_billed_s(None, rules)  # no next invocation: the shared rule, asked once a step
-    ceil = math.ceil
+    gaps = gaps if gaps and rules.billed == "lifetime" else None  # a gap bills only under lifetime billing
+    ceil, kind_s = math.ceil, kinds.get
     for inv in invocations:
-        gap = gaps.get((inv.kind, inv.actor_id)) if gaps else None
-        if gap is None or not lifetime:
-            held = (inv.end_s - inv.start_s) + idle
-        else:
-            held = (inv.end_s - inv.start_s) + lifecycle.idle_billed_s(gap, rules)
-        # `BillingRules.bill_held(held, cold_start_s if cold else 0.0)`
-        raw = held - (0.0 if bill_cold else (inv.cold_start_s if inv.cold else 0.0))
+        gap = gaps.get((inv.kind, inv.actor_id)) if gaps is not None else None
+        held = (inv.end_s - inv.start_s) + (idle if gap is None else lifecycle.idle_billed_s(gap, rules))
+        # `BillingRules.bill_held(held, cold_start_s if cold else 0.0)` (x - 0.0 is x: left out)
+        raw = held if bill_cold or not inv.cold else held - inv.cold_start_s
         units = ceil(raw / gran - 1e-9) if raw > 0 else 0
-        billed = max(least, units * gran)
+        billed = units * gran
+        if not billed > least:  # max(least, billed): the first unless the second is larger
+            billed = least
         g = billed * inv.gpus
         gpu_s, usd = gpu_s + g, usd + g * rate
-        kinds[inv.kind] = kinds.get(inv.kind, 0.0) + billed
+        kinds[inv.kind] = kind_s(inv.kind, 0.0) + billed
     return CostSummary(gpu_s, usd, kinds)
 
 

@@ -19,19 +19,37 @@ from pathlib import Path
 from rlhfless.core.errors import ConfigError
 
 
-def register(sub, bench) -> None:
+def _description() -> str:
+    """`repro --help`'s text: what it writes, and every study (which imports each study's module)."""
     from rlhfless.repro.studies import STUDIES
 
     names = "\n".join(f"  {s.name:12s} [{s.source}] {s.about}" for s in STUDIES.values())
+    return textwrap.fill(
+        "Regenerate the paper's figures from real runs on this machine and from the simulator, and write "
+        "DIR/report.md (each figure, the command and config hash behind it, and a table: the paper's number, "
+        "ours, and why they differ) and DIR/results.json. Each study is also an offline W&B run (group = "
+        "study, job_type = repro) under DIR/<study>/wandb.", 100) \
+        + "\n\nStudies ([real] = measured here, [sim] = simulated):\n" + names
+
+
+class _Help(argparse.Action):
+    """`repro --help` with the study list, made only when asked: every command line builds this parser, and the
+    list's imports cost each of them 40 ms of start-up (`rlhfless simulate` included)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="show this help message and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.description = _description()
+        parser.print_help()
+        parser.exit()
+
+
+def register(sub, bench) -> None:
     p = sub.add_parser(
         "repro", help="regenerate the paper's figures (real runs here + the simulator) and a report beside it",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=textwrap.fill(
-            "Regenerate the paper's figures from real runs on this machine and from the simulator, and write "
-            "DIR/report.md (each figure, the command and config hash behind it, and a table: the paper's number, "
-            "ours, and why they differ) and DIR/results.json. Each study is also an offline W&B run (group = "
-            "study, job_type = repro) under DIR/<study>/wandb.", 100)
-        + "\n\nStudies ([real] = measured here, [sim] = simulated):\n" + names)
+        formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    p.add_argument("-h", "--help", action=_Help)
     p.add_argument("studies", nargs="*", metavar="STUDY", help="studies to run (default: all)")
     p.add_argument("--out", type=Path, default=None, help="output folder (required unless --list)")
     p.add_argument("--quick", action="store_true",

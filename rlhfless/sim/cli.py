@@ -91,6 +91,8 @@ class _Bar:
         self.enabled, self.bar, self.name = enabled, None, ""
 
     def case(self, name: str, policies: list[str]) -> None:
+        if not self.enabled:  # --no-progress: no bar, and no tqdm import (30 ms of start-up)
+            return
         if self.bar is None:
             from tqdm.auto import tqdm
 
@@ -100,6 +102,8 @@ class _Bar:
         self.bar.set_postfix_str(f"{name}: {len(policies)} policies", refresh=True)
 
     def played(self, policy: str) -> None:
+        if self.bar is None:
+            return
         self.bar.set_postfix_str(f"{self.name}: {policy} done", refresh=False)
         self.bar.update()
 

@@ -82,6 +82,10 @@ class Timeline:
     spans: list[Span] = field(default_factory=list)
     stages: list[tuple[int, str, float, float]] = field(default_factory=list)  # (step, stage, start, end)
     hooks: list[Callable[[Span], None]] = field(default_factory=list)
+    _by_step: dict[int, list[Span]] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """The billed spans of `spans[:_indexed]` by step, in the order they closed (`invocations` reads a step's
+    without scanning every step's: a 100-step run scanned its spans 100 times). `spans` only grows."""
+    _indexed: int = field(default=0, init=False, repr=False, compare=False)
 
     def on_span(self, hook: Callable[[Span], None]) -> None:
         self.hooks.append(hook)
@@ -98,5 +102,12 @@ class Timeline:
 
     def invocations(self, step: int | None = None) -> list[Invocation]:
         """The billed spans (of one step, or all) as `Invocation`s for `plan.cost`."""
-        return [Invocation(s.kind, s.instance, s.start_s, s.end_s, s.cold, s.devices, s.cold_s)
-                for s in self.spans if s.billed and (step is None or s.step == step)]
+        if step is None:
+            spans = [s for s in self.spans if s.billed]
+        else:
+            for s in self.spans[self._indexed:]:  # those closed since the last call
+                if s.billed:
+                    self._by_step.setdefault(s.step, []).append(s)
+            self._indexed = len(self.spans)
+            spans = self._by_step.get(step, [])
+        return [Invocation(s.kind, s.instance, s.start_s, s.end_s, s.cold, s.devices, s.cold_s) for s in spans]

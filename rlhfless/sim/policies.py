@@ -52,6 +52,7 @@ from rlhfless.plan.migrate import play_with_migration
 from rlhfless.plan.overlap import LearnerCosts
 from rlhfless.plan.wide import WideActor, on_wide
 from rlhfless.predictor import Observation, build_predictor
+from rlhfless.predictor.base import Prediction
 from rlhfless.predictor.config import PredictorConfig
 from rlhfless.predictor.spread import draw_lengths
 from rlhfless.sim.perf import PerfModel
@@ -136,14 +137,14 @@ def _learner(c: Cluster, step: StepWork, actor_jobs, finish: dict[str, float] | 
     actor_of = {j.group_id: a for a, jobs in enumerate(actor_jobs) for j in jobs}
     stream, after = learner_split(c)
     spt = stream * work_scale
-    acts, done, work = [], [], []
-    for g in step.groups:
-        a = actor_of[g.prompt_id]
-        f = finish[g.prompt_id] if finish is not None else tail
-        acts.append(a)
-        done.append(f if f <= busy[a] + 1e-9 else tail)
-        work.append(g.tokens * spt)
-    return LearnerPlan(overlap, tuple(acts), tuple(done), tuple(work), float(c.n_devices), float(pm.tp), cold_s,
+    ids = step.prompt_ids
+    acts = tuple(map(actor_of.__getitem__, ids))
+    if finish is None:  # every group arrives at the rollout's end (`tail`, past no actor's busy time but its own)
+        done = (tail,) * len(ids)
+    else:
+        done = tuple([f if f <= busy[a] + 1e-9 else tail for f, a in zip(map(finish.__getitem__, ids), acts)])
+    work = tuple([t * spt for t in step.group_tokens])
+    return LearnerPlan(overlap, acts, done, work, float(c.n_devices), float(pm.tp), cold_s,
                        prewarm, pm.update_fixed_s(c.algo, c.minibatches), prewarm_bill_s, size_slack, release_cold_s,
                        warm_spare, step.tokens * after * work_scale, share_go)
 
@@ -161,8 +162,7 @@ def learner_split(c: Cluster) -> tuple[float, float]:
 def _jobs(step: StepWork, lengths, prompt_of) -> list[PlanJob]:
     """One job per group; lengths: per group, a float for every sample or a tuple of floats per sample (true,
     predicted >= 1, or drawn in [1, cap]): checked where they were made, so built unchecked (`PlanJob.trusted`)."""
-    trusted = PlanJob.trusted
-    return [trusted(g.prompt_id, len(g.lengths), x, prompt_of(g)) for g, x in zip(step.groups, lengths)]
+    return PlanJob.trusted_many(step.prompt_ids, step.group_sizes, lengths, list(map(prompt_of, step.groups)))
 
 
 _TRUE_CACHE: dict[tuple, tuple[StepWork, list[PlanJob]]] = {}
@@ -301,6 +301,8 @@ class RLHFless:
         self.update_s = float("inf")  # the last step's optimizer step: its learner's share to this step's start
         self.freed = 0.0  # separate images: devices the last step's learner ranks freed at their share
         self.share: dict | None = None  # a step's planned jobs, draws and memo, shared with twins (`_planned`)
+        self.seen = 0  # steps observed
+        self.twin: TwinPredictor | None = None  # the predictor shared with twins (`share_predictor`)
 
     def _hybrid_sync_s(self) -> float:
         """A hybrid function's switch between its decode engine's layout (TP shards) and its learner block's
@@ -403,7 +405,7 @@ class RLHFless:
         if self.sw.oracle:  # the oracle plans on the true lengths, so does its deadline
             jobs = true_jobs(step, _engine_prompt_of(c), f"engine{c.template_tokens}")
         else:
-            pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+            pred = self._predict(step)
             jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], _engine_prompt_of(c))
         mean_prompt = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
         learner = replace(cfg.learner, overlap=False, cold_start_s=0.0, prewarm=False, prewarm_bill_s=None,
@@ -446,8 +448,7 @@ class RLHFless:
         played in lock step): where a twin already planned this step from the same prediction, its jobs, draws
         and memo, the same objects (the jobs and draws are built from the prediction, the cluster and the
         switches alone; every memo entry is keyed by the objects and settings it was computed from)."""
-        pred = None if self.sw.oracle else \
-            self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+        pred = None if self.sw.oracle else self._predict(step)
         if self.share is None:
             return *self._planned_jobs(step, key, pred), {}
         mine = (key, self.sw, None if pred is None else (pred.prompt_ids, pred.mean, dict(pred.quantiles)))
@@ -466,7 +467,7 @@ class RLHFless:
         if self.sw.oracle:
             return true_jobs(step, self._prompt_of, key), []
         if pred is None:
-            pred = self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+            pred = self._predict(step)
         jobs = _jobs(step, [max(1.0, float(m)) for m in pred.mean], self._prompt_of)
         if not self.sw.draws:
             return jobs, []
@@ -545,11 +546,12 @@ class RLHFless:
 
     def _prefill_s(self, step: StepWork, tokens: float) -> float:
         """Prefill of `tokens` prompt tokens batched together; each attends within its own prompt only."""
-        mean = sum(g.prompt_len for g in step.groups) / max(len(step.groups), 1)
+        mean = sum(step.prompt_lens) / max(len(step.groups), 1)
         return self.c.perf.prefill_s(tokens, context=mean / 2)
 
     def _unique_tokens(self, step: StepWork) -> int:
-        return self.c.template_tokens + sum(max(g.prompt_len - self.c.template_tokens, 0) for g in step.groups)
+        t = self.c.template_tokens
+        return t + sum([p - t if p > t else 0 for p in step.prompt_lens])
 
     def _actors(self, step: StepWork, actor_jobs, busy: list[float], predicted: list[float], n_warm: int,
                 wide_actor: int = -1, n_hybrid: int = 0, n_kept: int = 0) -> tuple[ActorRun, ...]:
@@ -558,18 +560,19 @@ class RLHFless:
         from the last step's learner (the in-place reshard, billed from t0); `wide_actor` on the wide engine (its
         devices, cold start and weight sync; `busy` holds its time there)."""
         c, pm, sw = self.c, self.c.perf, self.sw
-        plen = {g.prompt_id: g.prompt_len for g in step.groups}
+        plen = dict(zip(step.prompt_ids, step.prompt_lens))
         active = [a for a, jobs in enumerate(actor_jobs) if jobs]
         by_busy = sorted(active, key=lambda a: (-predicted[a], a))[:n_warm]
         warm, hybrid = set(by_busy), set(by_busy[:min(n_hybrid, n_warm)])
         kept = set(by_busy[:min(n_kept, n_warm)]) - hybrid  # warm by keep-alive: their gap was billed last step
         cold_s, sync = pm.cold_start_s(), pm.weight_sync_s(colocated=False)
         warm_bill, left = self._warmth(cold_s)
-        per_tok = self._prefill_s(step, max(self._unique_tokens(step), 1)) / max(self._unique_tokens(step), 1)
+        unique = max(self._unique_tokens(step), 1)
+        per_tok = self._prefill_s(step, unique) / unique
         t_prefill = self.prefill_cold_s if sw.dedup else 0.0
         out = []
         for a in sorted(active, key=lambda a: -predicted[a]):  # the prefill function serves the busiest first
-            toks = sum(plen[j.group_id] for j in actor_jobs[a])
+            toks = sum([plen[j.group_id] for j in actor_jobs[a]])
             kv_ready = 0.0
             if sw.dedup:
                 t_prefill += per_tok * toks / self.prefill_actors
@@ -680,7 +683,72 @@ class RLHFless:
         rollout, score, update = stages
         self.gaps = (score + update, rollout)
         self.update_s = update
+        seen, self.seen = self.seen, self.seen + 1
         if self.sw.oracle:  # the oracle plans on the true lengths: it never reads its predictor
             return
-        self.predictor.update([Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step)
-                               for g in step.groups])
+        if self.twin is not None:
+            self.twin.learn(step, seen)
+            return
+        self.predictor.update(observations(step))
+
+    def _predict(self, step: StepWork) -> Prediction:
+        """The predictor's prediction of the step's prompts (the twins' one, `TwinPredictor`, when shared)."""
+        if self.twin is not None:
+            return self.twin.predict(step, self.seen)
+        return self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups))
+
+
+def observations(step: StepWork) -> list[Observation]:
+    """What a predictor learns from a step: each group's true lengths."""
+    return [Observation(g.prompt_id, "", tuple(g.lengths), step.epoch, step.step) for g in step.groups]
+
+
+class TwinPredictor:
+    """One predictor for RLHFless twins (`scenario.play_twins`) whose predictors are equal in kind and settings and
+    have observed nothing yet (`share_predictor`). Every policy observes each step's true lengths, whatever it
+    decided, so such twins' predictors would hold the same state at every step: this one learns each step once
+    (the first twin to observe it) and predicts each step once (the first twin to decide it, before any twin
+    learnt it), and hands that prediction to the others. The twins take turns step by step (the second decides
+    step k after the first observed it), so the prediction is kept by the steps seen before it; a twin asking
+    from any other point is a bug, refused."""
+
+    def __init__(self, predictor):
+        self.predictor = predictor
+        self.learned = 0  # steps learned
+        self.pred: tuple[int, Prediction] | None = None  # (steps learned before it, the prediction)
+
+    def predict(self, step: StepWork, seen: int) -> Prediction:
+        """The prediction of `step` for a twin that has observed `seen` steps."""
+        if self.pred is not None and self.pred[0] == seen:
+            return self.pred[1]
+        if seen != self.learned:
+            raise RuntimeError(f"TwinPredictor: a twin at step {seen} asks a predictor that learnt {self.learned}")
+        self.pred = (seen, self.predictor.predict([g.prompt_id for g in step.groups], [""] * len(step.groups)))
+        return self.pred[1]
+
+    def learn(self, step: StepWork, seen: int) -> None:
+        """Learn `step` once: from the first twin to observe it (`seen` steps observed before it)."""
+        if seen == self.learned:
+            self.predictor.update(observations(step))
+            self.learned += 1
+
+
+def share_predictor(pols: list) -> list:
+    """Give RLHFless twins played in lock step (`scenario.play_twins`) one `TwinPredictor` where their predictors
+    are equal in kind and settings and none has observed a step; returns the policies given one (the first's
+    predictor is the one they share)."""
+    def kind(p):
+        return type(p.predictor), getattr(p.predictor, "cfg", None)
+
+    fresh = [p for p in pols if isinstance(p, RLHFless) and not p.sw.oracle and p.seen == 0 and p.twin is None
+             and kind(p)[1] is not None]
+    shared = []
+    for p in fresh:
+        lead = next(q for q in fresh if kind(q) == kind(p))
+        if lead is not p:
+            if lead.twin is None:
+                lead.twin = TwinPredictor(lead.predictor)
+                shared.append(lead)
+            p.twin = lead.twin
+            shared.append(p)
+    return shared

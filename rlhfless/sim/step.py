@@ -142,8 +142,11 @@ def learner_schedule(plan: StepSchedule, prefill_end: float) -> tuple[float, Blo
     start = {a.instance: _decode_start(a) for a in plan.actors}
     release = np.array([start[a.instance] + a.decode_s for a in plan.actors])
     rollout_end = float(release.max()) if len(release) else prefill_end
-    arrive = np.array([start[a] + d for a, d in zip(lp.group_actor, lp.group_done_s)] +
-                      ([rollout_end] if lp.after_ds > 0 else []))
+    # each group's actor's decode start + its finish there (the same float additions, elementwise)
+    arrive = np.array(list(map(start.__getitem__, lp.group_actor)), dtype=float) + \
+        np.array(lp.group_done_s, dtype=float)
+    if lp.after_ds > 0:
+        arrive = np.append(arrive, rollout_end)
     work = np.array(list(lp.group_work_ds) + ([lp.after_ds] if lp.after_ds > 0 else []))
     if not lp.overlap:
         arrive = np.full(len(work), rollout_end)

@@ -54,6 +54,25 @@ class StepWork:
     def tokens(self) -> int:
         return sum(g.tokens for g in self.groups)
 
+    # read per group by every policy at every step (the learner's plan, the actors' prefill): built once
+    @cached_property
+    def prompt_ids(self) -> tuple[str, ...]:
+        return tuple([g.prompt_id for g in self.groups])
+
+    @cached_property
+    def prompt_lens(self) -> tuple[int, ...]:
+        return tuple([g.prompt_len for g in self.groups])
+
+    @cached_property
+    def group_sizes(self) -> tuple[int, ...]:
+        """Each group's sample count, in group order."""
+        return tuple([len(g.lengths) for g in self.groups])
+
+    @cached_property
+    def group_tokens(self) -> tuple[int, ...]:
+        """Each group's `GroupWork.tokens`, in group order."""
+        return tuple([g.tokens for g in self.groups])
+
 
 @dataclass(frozen=True)
 class LengthEvidence:
@@ -331,11 +350,12 @@ def _synthetic_arrays(p: SyntheticParams, plen: np.ndarray, steps: int, seed: in
         u = rng.normal(0.0, p.epoch_sigma, P)
         order = rng.permutation(P)
         logs = base[order, None] + p.drift_per_epoch * epoch + u[order, None] + rng.normal(0, p.within_sigma, (P, G))
-        lens = np.minimum(np.maximum(1, np.round(np.exp(logs))), p.max_length).astype(int)
+        lens = np.minimum(np.maximum(1, np.round(np.exp(logs))), p.max_length).astype(int).tolist()
+        ids, lens_of = order.tolist(), plen[order].tolist()  # Python ints, as int(...) and .tolist() per group
         for start in range(0, P, p.prompts_per_step):
             idx = range(start, min(start + p.prompts_per_step, P))
-            out.append(StepWork(step, epoch, tuple(GroupWork(f"syn-{order[i]}", int(plen[order[i]]),
-                                                             tuple(lens[i].tolist())) for i in idx)))
+            out.append(StepWork(step, epoch, tuple([GroupWork(f"syn-{ids[i]}", int(lens_of[i]), tuple(lens[i]))
+                                                    for i in idx])))
             step += 1
             if step >= steps:
                 return out
