@@ -73,13 +73,12 @@ def test_config_show_imports_no_torch(argv):
     assert found["code"] == 0 and "torch" not in found["heavy"], found
 
 
-def test_simulate_imports_no_scipy_tqdm_or_study_registry():
-    """`rlhfless simulate` (the simulator's whole command line) starts without scipy (`predictor.normal` is its
-    normal quantile), without tqdm under --no-progress and without the repro studies' registry (`repro --help`
-    builds it when asked): 0.3-0.4 s of CPU each run paid at start-up before."""
+def test_simulate_imports_no_tqdm_or_study_registry():
+    """`rlhfless simulate` (the simulator's whole command line) starts without tqdm under --no-progress and
+    without the repro studies' registry (`repro --help` builds it when asked): CPU each run paid at start-up."""
     code = ("import sys\nfrom rlhfless.cli import main\n"
             "main(['simulate', '--scenario', 'quick', '--steps', '1', '--no-progress'])\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('scipy', 'tqdm')}"
+            "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('tqdm',)}"
             " | {m for m in sys.modules if m == 'rlhfless.repro.studies'}), file=sys.__stderr__)")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
