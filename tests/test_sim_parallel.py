@@ -4,6 +4,7 @@ sequential one bit for bit (the policies share no state), timelines included whe
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -46,6 +47,20 @@ def test_short_cases_stay_in_this_process(cfg, monkeypatch):
     monkeypatch.setattr(mp, "get_context", refuse)
     assert cfg.steps < scenario.PARALLEL_MIN_STEPS
     run_case(cfg)
+
+
+def _die(group):
+    """A forked player that exits without a result (module level: the executor sends it by name)."""
+    os._exit(3)
+
+
+def test_a_forked_process_that_dies_fails_the_case_instead_of_hanging(cfg, monkeypatch):
+    """A worker killed mid-play (here it exits at once) must fail every pending result with a message; the
+    multiprocessing.Pool this replaced waited for the lost result forever. The wait is on the executor's
+    event (the child's exit), not on a clock."""
+    monkeypatch.setattr(scenario, "_play_forked_at", _die)
+    with pytest.raises(RuntimeError, match="died before it finished"):
+        run_case(cfg, jobs=2)
 
 
 class _Record:

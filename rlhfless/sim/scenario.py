@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -680,12 +682,19 @@ def play_policies(pols: list, work: list[StepWork], keep_timelines: bool = False
     _FORKED = (pols, work, keep_timelines)
     order = sorted(groups, key=lambda g: -sum(_play_cost(pols[i]) for i in g))
     try:
-        with mp.get_context("fork").Pool(jobs) as pool:
+        # an executor, not a multiprocessing.Pool: a Pool whose worker dies (killed, out of memory) waits for its
+        # result forever; the executor fails every pending result at once
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+            futures = [pool.submit(_play_forked_at, g) for g in order]  # taken in this order: longest first
             # each result lands in its policy's slot, so the finishing order changes nothing but the progress
-            for group, rs in pool.imap_unordered(_play_forked_at, order, chunksize=1):
+            for fut in as_completed(futures):
+                group, rs = fut.result()
                 for i, r in zip(group, rs):
                     out[i] = r
                     done(pols[i].name)
+    except BrokenProcessPool as e:
+        raise RuntimeError(f"a process playing the simulated policies died before it finished ({e}): killed or "
+                           "out of memory? Rerun it; with less memory free, simulate fewer steps at a time") from e
     finally:
         _FORKED = ()
     return out
