@@ -149,8 +149,7 @@ def run_map(quick: bool, steps: int, sim: tuple = (), jobs: int | None = None,
     if jobs <= 1:
         cells = [_condition(a) for a in todo]
     else:
-        with mp.get_context("fork").Pool(jobs) as pool:
-            cells = pool.map(_condition, todo, chunksize=1)
+        cells = _fork_map(_condition, todo, jobs)
     c1 = os.times()
     timing = {"conditions": len(todo), "steps": steps, "jobs": jobs, "wall_s": time.perf_counter() - t0,
               "cpu_s": (c1.children_user + c1.children_system + c1.user + c1.system)
@@ -158,6 +157,19 @@ def run_map(quick: bool, steps: int, sim: tuple = (), jobs: int | None = None,
               "load_avg": os.getloadavg(),
               "cpu_s_per_condition": sum(c.get("cpu_s", 0) for c in cells) / max(len(cells), 1)}
     return cells, timing
+
+
+def _fork_map(fn, args: list, jobs: int) -> list:
+    """[fn(a) for a in args] in `jobs` forked processes, in order. The cut simulation's numba kernel is loaded
+    here first, so the processes share it instead of each loading it; an executor, not a multiprocessing.Pool,
+    so a process that dies (killed, out of memory) fails the map instead of leaving it waiting forever."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from rlhfless.plan.migrate import warm_kernel
+
+    warm_kernel()
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
+        return list(pool.map(fn, args))
 
 
 def catalog_ratio(device: str = "H100") -> float:
@@ -272,8 +284,7 @@ def _mechanism_splits(regs: list[dict], sim: tuple, jobs: int) -> dict[tuple, di
         m = by_map.get(r["map"])
         ov = [*(m.fixed if m else ()), *(f"{k}={v}" for k, v in r["median"].items())]
         args.append(case_configs("paper-sim", MECHANISM_STEPS, [*sim, *BASE, *ov])[0])
-    with mp.get_context("fork").Pool(max(min(jobs, len(args)), 1)) as pool:
-        games = pool.map(_mechanisms_one, args, chunksize=1)
+    games = _fork_map(_mechanisms_one, args, max(min(jobs, len(args)), 1))
     return {k: {"map": r["map"], "at": r["median"], "steps": MECHANISM_STEPS, **g}
             for (k, r), g in zip(kinds.items(), games)}
 
