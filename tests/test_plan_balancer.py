@@ -181,3 +181,27 @@ def test_lpt_for_many_candidates_at_once_equals_the_heap(work, ns):
     many = lpt_labels_many(w, ns)
     for r, n in enumerate(ns):
         np.testing.assert_array_equal(many[r], lpt_labels(w, n)[0])  # ties included: lower actor first
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_labels_finish_given_the_lengths_order_equal_without(seed):
+    """`labels_finish_s` with `by_length` (ja's sequences shortest first: the scaler sorts each drawn outcome
+    once for all its plays) gives the finishes it computes without, bit for bit, whatever the labels and
+    admission ranks, queued actors (the event sort, by_length unread) or not (ordered by actor alone); and
+    `take_seqs` says where each gathered sequence came from."""
+    rng = np.random.default_rng(seed)
+    tm = TimeModel(batch_sizes=(1, 8, 64, 256), s_per_iter=(0.01, 0.012, 0.02, 0.05))
+    g, n_jobs = int(rng.integers(1, 5)), int(rng.integers(1, 80))
+    jobs = [PlanJob(f"g{i}", g, tuple(float(x) for x in np.round(rng.uniform(1, 900, g), int(rng.integers(0, 2)))),
+                    int(rng.integers(0, 50))) for i in range(n_jobs)]
+    ja = B.JobArrays.from_jobs(jobs)
+    idx = rng.permutation(n_jobs)
+    sub, src = ja.take_seqs(idx)
+    assert np.array_equal(sub.seq_len, ja.seq_len[src]) and np.array_equal(sub.work, ja.take(idx).work)
+    by_length = np.argsort(sub.seq_len, kind="stable")
+    n = int(rng.integers(1, 8))
+    labels, rank = rng.integers(0, n, n_jobs), rng.permutation(n_jobs)
+    for capacity in (g * n_jobs, max(g, g * n_jobs // (2 * n))):  # nothing queues; most actors queue
+        want = B.labels_finish_s(sub, labels, rank, n, capacity, tm)
+        got = B.labels_finish_s(sub, labels, rank, n, capacity, tm, by_length=by_length)
+        assert got.tobytes() == want.tobytes()

@@ -173,3 +173,69 @@ def test_every_prefix_end_at_once_equals_the_drain_of_that_prefix(seed):
             assert ends[n - 1] == _drain(w, ready[:n], devices[:n], presorted=True)[0]
         else:
             assert np.isnan(ends[n - 1]) or w.total <= 0 or len(w.arr) == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sizing_rows_and_end_equal_the_drains(seed):
+    """`size_blocks`' rows one at a time (`_Prefixes`, the shared parts computed once) equal `_prefix_ends`' bit
+    for bit, and the work end `_sized` hands `whole_step_tail` is `_drain` on the blocks it keeps, joined
+    flags included (the tail no longer drains them again)."""
+    from rlhfless.plan.overlap import Blocks, _Arrivals, _Prefixes, _drain, _prefix_ends, _sized
+
+    rng = np.random.default_rng(seed)
+    g, k = int(rng.integers(1, 60)), int(rng.integers(1, 25))
+    arrive = np.round(rng.uniform(0, 50, g), int(rng.integers(0, 3)))
+    work = rng.uniform(0, 40, g) * (rng.random(g) > 0.1)
+    ready = np.sort(np.round(rng.uniform(0, 60, k), 1))
+    devices = rng.choice([0.0, 1.0, 8.0, 3.5], k)
+    w = _Arrivals.of(arrive, work)
+    rows = _Prefixes(w, ready, devices)
+    assert np.array([rows.end(n) for n in range(1, k + 1)]).tobytes() == _prefix_ends(w, ready, devices).tobytes()
+    if float(np.sum(devices)) <= 0:
+        return
+    perm = rng.permutation(k)  # blocks in any order: the sizing sorts them by ready time
+    b = Blocks(ready[perm], devices[perm], rng.uniform(0, 3, k))
+    for slack in (0.0, 0.01, 0.3):
+        kept, end = _sized(arrive, work, b, slack)
+        alone = size_blocks(arrive, work, b, slack)
+        assert all(np.array_equal(getattr(kept, f), getattr(alone, f)) for f in ("ready_s", "devices", "cold_s"))
+        if end is not None:
+            d_end, d_joined = _drain(w, kept.ready_s, kept.devices)
+            assert end == d_end and np.array_equal(kept.ready_s < end - 1e-12, d_joined)
+
+
+def _share_invocations_plain(b, joined, share_s, end_s, rank_devices, t0=0.0):
+    """`share_invocations` with every rank's invocation built (and checked) on its own."""
+    from rlhfless.plan.records import Invocation
+
+    spans = []
+    for k in np.flatnonzero(joined):
+        d = float(b.devices[k])
+        n = max(1, int(np.floor(d / rank_devices + 1e-9))) if rank_devices > 0 else 1
+        spans += [(max(float(b.ready_s[k] - b.cold_s[k]), 0.0), float(b.cold_s[k]), d / n)] * n
+    out = []
+    for r, (start, cold, d) in enumerate(spans):
+        end = end_s if r == len(spans) - 1 else max(share_s, start)
+        out.append(Invocation("learner", r, t0 + start, t0 + end, True, d, min(cold, end - start)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_share_invocations_equal_the_ranks_built_one_by_one(seed):
+    """The ranks of one block are built once and renumbered (`_renumbered`): field for field (repr included)
+    the invocations built and checked one by one, in the same order; a bad span still raises."""
+    from rlhfless.plan.overlap import share_invocations
+
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, 6))
+    ready = rng.uniform(0, 20, k)
+    b = Blocks(ready, rng.choice([8.0, 16.0, 4.0, 6.0], k), np.minimum(rng.uniform(0, 5, k), ready))
+    joined = rng.random(k) > 0.3
+    share = float(rng.uniform(20, 30))
+    t0 = float(rng.uniform(0, 3))
+    for rank_devices in (0.0, 4.0, 8.0):
+        got = share_invocations(b, joined, share, share + 2.0, rank_devices, t0)
+        want = _share_invocations_plain(b, joined, share, share + 2.0, rank_devices, t0)
+        assert got == want and repr(got) == repr(want)
+    with pytest.raises(DataError):  # a share before a rank's start and an end before the share
+        share_invocations(b, np.ones(k, bool), -1.0, -2.0, 4.0)

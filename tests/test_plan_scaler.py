@@ -424,3 +424,20 @@ def test_a_memo_plays_a_plans_cuts_on_an_outcome_once(monkeypatch):
     assert replace(again, score=0.0) == replace(first, score=0.0) and len(plays) == 3  # unscored: NaN
     scaler.with_cuts(plan, cfg, TM, 0, draws, {})
     assert len(plays) == 6
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_draw_mean_is_numpys_mean_bit_for_bit(seed):
+    """`_mean` (a row's mean over its draws, in Python) equals `np.mean` for every count, signed zeros,
+    cancelling magnitudes and infinities included (its order of additions is numpy's below 8 values)."""
+    import numpy as np
+
+    from rlhfless.plan.scaler import _mean
+
+    rng = np.random.default_rng(seed)
+    pool = [1e16, -1e16, 1.0, 0.1, -0.0, 0.0, 3.3e-5, 7.0, float("inf"), 2.0 ** -1074]
+    for _ in range(8000):
+        n = int(rng.integers(1, 11))
+        xs = [float(x) * float(rng.uniform(0.5, 2.0)) ** int(rng.integers(0, 2)) for x in rng.choice(pool, n)]
+        want, got = float(np.mean(xs)), _mean(xs)
+        assert (want == got and np.signbit(want) == np.signbit(got)) or (np.isnan(want) and np.isnan(got)), xs

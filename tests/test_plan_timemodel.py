@@ -175,6 +175,27 @@ def test_finish_seconds_without_a_queue_equals_the_sort_of_every_event(seed):
     finish = [finish, np.round(finish), np.round(finish / 50) * 50][seed % 3]
     fast = T.finish_seconds(np.zeros(n), finish, actor, n_actors, tm)
     assert np.array_equal(fast, T._finish_seconds_events(np.zeros(n), finish, actor, n_actors, tm))
+    # given the sequences by length (`by_length`: an order with equal lengths shuffled among themselves, as
+    # any caller's sort may leave them), the finishes are ordered by actor alone: the same floats
+    shuffled = rng.permutation(n)
+    by_length = shuffled[np.argsort(finish[shuffled], kind="stable")]
+    ordered = T.finish_seconds(np.zeros(n), finish, actor, n_actors, tm, by_length=by_length)
+    assert ordered.tobytes() == fast.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_finish_seconds_by_length_where_keys_round_together(seed):
+    """Lengths so far apart that actor x span + length rounds distinct lengths to one key: the order by actor
+    and length (`_unqueued_order`) still gives the stable float sort's times bit for bit."""
+    rng = np.random.default_rng(seed)
+    tm = TimeModel(batch_sizes=(1, 8, 64, 256), s_per_iter=(0.01, 0.012, 0.02, 0.05))
+    n_actors, n = int(rng.integers(2, 40)), int(rng.integers(2, 300))
+    actor = np.sort(rng.integers(0, n_actors, n))
+    finish = rng.choice([1.0, 1.5, 2.0 ** 40, 2.0 ** 40 + 1.0, 3.0e15, 3.0e15 + 2.0, 7.25], n)
+    by_length = np.argsort(finish, kind="stable")
+    want = T.finish_seconds(np.zeros(n), finish, actor, n_actors, tm)
+    got = T.finish_seconds(np.zeros(n), finish, actor, n_actors, tm, by_length=by_length)
+    assert got.tobytes() == want.tobytes()
 
 
 def test_iter_seconds_at_is_iter_seconds_bit_for_bit():

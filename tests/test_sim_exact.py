@@ -217,6 +217,16 @@ def _size_blocks_by_drains(arrive_s, work_ds, b, slack, arrivals=None):
     return overlap.Blocks(b.ready_s[keep], b.devices[keep], b.cold_s[keep])
 
 
+def _sized_by_drains(arrive_s, work_ds, b, slack, arrivals=None):
+    """`overlap._sized` without the work end its search computed: the tail drains the kept blocks again."""
+    return _size_blocks_by_drains(arrive_s, work_ds, b, slack, arrivals), None
+
+
+def _finish_seconds_by_events(entry, finish, seq_actor, n_actors, tm, by_length=None):
+    """`finish_seconds` from every entry and finish event sorted together, whatever order the caller knows."""
+    return timemodel._finish_seconds_events(entry, finish, seq_actor, n_actors, tm)
+
+
 def _report(cfg) -> str:
     out = run_case(cfg, jobs=1)
     return json.dumps(out, sort_keys=True)
@@ -232,8 +242,9 @@ def _patch_plain(monkeypatch):
     monkeypatch.setattr(scaler, "_memo_tail", _tail_anew)
     monkeypatch.setattr(scaler, "_sweep_whole_step", _sweep_tails_one_by_one)
     monkeypatch.setattr(overlap, "size_blocks", _size_blocks_by_drains)
+    monkeypatch.setattr(overlap, "_sized", _sized_by_drains)
     monkeypatch.setattr(step, "size_blocks", _size_blocks_by_drains)
-    monkeypatch.setattr(timemodel, "finish_seconds", timemodel._finish_seconds_events)
+    monkeypatch.setattr(timemodel, "finish_seconds", _finish_seconds_by_events)
 
 
 @pytest.mark.parametrize("design,steps", [("paper", 3), ("extended", 2)])

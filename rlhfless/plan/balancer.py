@@ -66,14 +66,20 @@ class JobArrays:
     def take(self, idx: Sequence[int]) -> JobArrays:
         """The jobs at positions `idx`, in that order: the arrays `from_jobs` builds of them, gathered rather than
         read job by job again (the scaler plays each candidate's order of one outcome's jobs)."""
+        return self.take_seqs(idx)[0]
+
+    def take_seqs(self, idx: Sequence[int]) -> tuple[JobArrays, np.ndarray]:
+        """`take(idx)` and (S',) the position in these arrays of each sequence it gathered."""
         idx = np.asarray(idx, dtype=np.int64)
         sizes = self.sizes[idx]
         before = np.cumsum(sizes) - sizes
-        seq_len = self.seq_len[np.repeat(self.offsets[idx] - before, sizes) + np.arange(int(sizes.sum()))]
+        src = np.repeat(self.offsets[idx] - before, sizes) + np.arange(int(sizes.sum()))
+        seq_len = self.seq_len[src]
         offsets = np.concatenate(([0], np.cumsum(sizes)))
         work = np.add.reduceat(seq_len, offsets[:-1]) if len(idx) else np.zeros(0)  # as `from_jobs` sums
         jobs = tuple(map(self.jobs.__getitem__, idx.tolist()))  # in C: every candidate and draw gathers ~500
-        return JobArrays(jobs, sizes, self.prompt_len[idx], work, work / np.maximum(sizes, 1), seq_len, offsets)
+        return JobArrays(jobs, sizes, self.prompt_len[idx], work, work / np.maximum(sizes, 1), seq_len,
+                         offsets), src
 
 
 def validate_jobs(ja: JobArrays, n_actors: int, capacity: int) -> None:
@@ -208,9 +214,12 @@ def job_finish_s(plan: AssignmentPlan, true_jobs: Sequence[PlanJob], time_model:
 
 
 def labels_finish_s(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: int, capacity: int,
-                    tm: TimeModel) -> np.ndarray:
+                    tm: TimeModel, by_length: np.ndarray | None = None) -> np.ndarray:
     """(J,) seconds from its actor's start at which each job (ja order) finishes under a labelling, simulated as
-    `build_plan` does (admission by rank within an actor; fixed overhead and the actor's prefill first)."""
+    `build_plan` does (admission by rank within an actor; fixed overhead and the actor's prefill first).
+    by_length: (S,) ja's sequences in ascending order of length, when the caller has it (the scaler sorts each
+    drawn outcome once for its 21 candidates' plays): `finish_seconds` then orders an unqueued play's
+    finishes by actor alone."""
     from rlhfless.plan.timemodel import admissions, finish_seconds
 
     if len(labels) == 0:
@@ -222,7 +231,11 @@ def labels_finish_s(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actor
     sactor = np.repeat(jactor, sizes)
     lengths = ja.seq_len[seq_idx]
     entry = admissions(lengths, sactor, sizes, jactor, n_actors, capacity)  # `simulate_fast`'s, its decode unread
-    fin = finish_seconds(entry, entry + lengths, sactor, n_actors, tm)
+    if by_length is not None:  # the same sequences in this play's order (seq_idx: play position -> ja position)
+        at = np.empty(len(seq_idx), dtype=np.intp)
+        at[seq_idx] = np.arange(len(seq_idx))
+        by_length = at[by_length]
+    fin = finish_seconds(entry, entry + lengths, sactor, n_actors, tm, by_length=by_length)
     head = tm.actor_fixed_s + np.bincount(labels, weights=ja.prompt_len, minlength=n_actors) * tm.prefill_s_per_token
     out = np.empty(len(order))
     out[order] = np.maximum.reduceat(fin, np.concatenate(([0], np.cumsum(sizes)[:-1]))) + head[jactor]

@@ -194,33 +194,75 @@ def _prefix_ends(w: _Arrivals, r: np.ndarray, d: np.ndarray, ks: np.ndarray | No
     return np.where(valid, np.maximum(ends, w.last), np.nan)
 
 
+class _Prefixes:
+    """`_prefix_ends` one row at a time for the few counts `size_blocks` tries, the parts every row shares
+    (the blocks' cumulative sums and where each arrival falls among the ready times) computed once: each row
+    is then the same elementwise operations on the same floats as `_prefix_ends` (test_plan_overlap checks
+    bit for bit)."""
+
+    def __init__(self, w: _Arrivals, r: np.ndarray, d: np.ndarray):
+        self.w, self.r = w, r
+        self.rate, self.offset = np.cumsum(d), np.cumsum(d * r)
+        self.at_ready = r * self.rate - self.offset
+        self.seg = np.searchsorted(r, w.arr, side="right")  # capped at k per row: cap(t) on the first k blocks
+
+    def end(self, k: int) -> float:
+        """`_prefix_ends(w, r, d, [k])[0]` (k >= 1; NaN where the first k blocks hold no device)."""
+        w, rate, offset = self.w, self.rate, self.offset
+        if len(w.arr) == 0 or w.total <= 0:
+            return float(w.last)
+        m = np.minimum(self.seg, k) - 1
+        mm = np.maximum(m, 0)
+        y = np.where(m >= 0, w.arr * rate[mm] - offset[mm], 0.0) + w.suffix
+        m = np.maximum(np.minimum(np.searchsorted(self.at_ready, y, side="left"), k) - 1, 0)
+        if not rate[k - 1] > 0:
+            return float("nan")
+        k_all = len(self.r)
+        while True:  # a zero-rate segment cannot carry work: step to the next with a rate, as `_drain`
+            bad = rate[m] <= 0
+            if not bad.any():
+                break
+            m = np.where(bad, np.minimum(m + 1, k_all - 1), m)
+        return float(np.maximum(np.max((y + offset[m]) / rate[m]), w.last))
+
+
 def size_blocks(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: float,
                 arrivals: _Arrivals | None = None) -> Blocks:
     """The fewest blocks, earliest ready first, whose work ends at most `slack` x the work end with every block
     later (a learner that starts only what its backlog needs: a block ready but idle until the optimizer step is
     billed for nothing). Binary search over the count; the work end never falls as blocks are removed. The work
     end of each count the search tries is one row of `_prefix_ends` (the scaler sizes the learner of every
-    candidate and draw: some 5 rows of 20 asked, not all 20), equal to `_drain` on that count. `arrivals`: `_Arrivals.of(arrive_s, work_ds)` when the
-    caller has it (`whole_step_tail` drains the same work after)."""
+    candidate and draw: some 5 rows of 20 asked, not all 20), equal to `_drain` on that count. `arrivals`:
+    `_Arrivals.of(arrive_s, work_ds)` when the caller has it (`whole_step_tail` drains the same work after)."""
+    return _sized(arrive_s, work_ds, b, slack, arrivals)[0]
+
+
+def _sized(arrive_s: np.ndarray, work_ds: np.ndarray, b: Blocks, slack: float,
+           arrivals: _Arrivals | None = None) -> tuple[Blocks, float | None]:
+    """`size_blocks` and the work end on the blocks it keeps (None where it kept them all unsearched): the
+    search has already computed that end (the kept blocks in ready order are the first `lo` of the sorted
+    ones, so `_drain` on them is row `lo`), which `whole_step_tail` would otherwise drain again."""
     order = np.argsort(b.ready_s, kind="stable")
     if len(order) <= 1 or float(np.sum(work_ds)) <= 0:
-        return b
+        return b, None
     # the work side is the same for every count tried
     w = arrivals if arrivals is not None else _Arrivals.of(arrive_s, work_ds)
     r, d = np.asarray(b.ready_s, float)[order], np.asarray(b.devices, float)[order]
-    end_all = float(_prefix_ends(w, r, d, [len(order)])[0])  # every block: `_drain(w, b.ready_s, b.devices)`
+    rows = _Prefixes(w, r, d)
+    end_all = rows.end(len(order))  # every block: `_drain(w, b.ready_s, b.devices)`
     if not np.isfinite(end_all):
         end_all, _ = _drain(w, b.ready_s, b.devices)  # no device at all: `_drain` says so
     limit = end_all * (1.0 + slack) + 1e-12
-    lo, hi = 1, len(order)
+    lo, hi, end = 1, len(order), end_all
     while lo < hi:  # only the counts the search tries (about log2 of them), each one row of `_prefix_ends`
         k = (lo + hi) // 2
-        if float(np.sum(b.devices[order[:k]])) > 0 and float(_prefix_ends(w, r, d, [k])[0]) <= limit:
-            hi = k
+        e = rows.end(k) if float(np.sum(b.devices[order[:k]])) > 0 else None
+        if e is not None and e <= limit:
+            hi, end = k, e
         else:
             lo = k + 1
     keep = np.sort(order[:lo])
-    return Blocks(b.ready_s[keep], b.devices[keep], b.cold_s[keep])
+    return Blocks(b.ready_s[keep], b.devices[keep], b.cold_s[keep]), end
 
 
 @dataclass(frozen=True)
@@ -278,10 +320,15 @@ def sequential_blocks(rollout_end_s: float, devices: float, cold_s: float) -> Bl
 
 
 def learner_invocations(b: Blocks, joined: np.ndarray, end_s: float, t0: float = 0.0) -> list[Invocation]:
-    """One billed `learner` invocation per joined block: from its start (ready - cold) to the step's end."""
-    return [Invocation("learner", k, t0 + max(float(b.ready_s[k] - b.cold_s[k]), 0.0), t0 + end_s, True,
-                       float(b.devices[k]), min(float(b.cold_s[k]), end_s - max(float(b.ready_s[k] - b.cold_s[k]), 0.0)))
-            for k in np.flatnonzero(joined)]
+    """One billed `learner` invocation per joined block: from its start (ready - cold) to the step's end. The
+    blocks are read as Python floats (the same IEEE doubles as numpy's scalars, the same operations): the scaler
+    builds some 20 a tail, thousands of tails a run."""
+    ready, cold, dev = b.ready_s.tolist(), b.cold_s.tolist(), b.devices.tolist()
+    out = []
+    for k in np.flatnonzero(joined):  # k stays numpy's integer: the invocation's id as before
+        start = max(ready[k] - cold[k], 0.0)
+        out.append(Invocation("learner", k, t0 + start, t0 + end_s, True, dev[k], min(cold[k], end_s - start)))
+    return out
 
 
 def share_invocations(b: Blocks, joined: np.ndarray, share_s: float, end_s: float, rank_devices: float,
@@ -301,10 +348,25 @@ def share_invocations(b: Blocks, joined: np.ndarray, share_s: float, end_s: floa
     if not spans:
         return []
     last = reducer(list(range(len(spans))))
-    out = []
-    for r, (start, cold, d) in enumerate(spans):
+    out, proto = [], None
+    for r, span in enumerate(spans):
+        if proto is not None and span is spans[r - 1] and r != last:
+            out.append(_renumbered(proto, r))  # a block's ranks but the reducer: equal but for the id
+            continue
+        start, cold, d = span
         end = end_s if r == last else max(share_s, start)
-        out.append(Invocation("learner", r, t0 + start, t0 + end, True, d, min(cold, end - start)))
+        inv = Invocation("learner", r, t0 + start, t0 + end, True, d, min(cold, end - start))
+        out.append(inv)
+        proto = inv if r != last else None
+    return out
+
+
+def _renumbered(inv: Invocation, actor_id: int) -> Invocation:
+    """`dataclasses.replace(inv, actor_id=actor_id)` without running again the checks `inv` passed (its other
+    fields are the same values, and the id is not checked): the share release's ranks of one block differ only
+    in their id, some 20 a tail, and the scaler prices 126 tails a paper-sim step."""
+    out = object.__new__(Invocation)
+    out.__dict__.update(inv.__dict__, actor_id=actor_id)
     return out
 
 
@@ -358,11 +420,15 @@ def whole_step_tail(release_s: np.ndarray, arrive_s: np.ndarray, work_ds: np.nda
         if after_ds > 0:  # the post-rollout work joins before the blocks are sized for it, as the simulator's
             arrive, work_ds = np.append(arrive, rollout_end), np.append(np.asarray(work_ds, float), after_ds)
         w = _Arrivals.of(arrive, work_ds)  # sorted once: the sizing and the drain read the same work
-        if lc.size_slack is not None:
-            b = size_blocks(arrive, work_ds, b, lc.size_slack, arrivals=w)
+        sized = None
+        if lc.size_slack is not None:  # the sizing's search already drained the blocks it keeps
+            b, sized = _sized(arrive, work_ds, b, lc.size_slack, arrivals=w)
     else:
         return sequential_tails([rollout_end], work_ds, budget, lc, after_ds)[0]
-    work_end, joined = _drain(w, b.ready_s, b.devices)  # `learner_drain(arrive, work_ds, ...)`
+    if sized is None:
+        work_end, joined = _drain(w, b.ready_s, b.devices)  # `learner_drain(arrive, work_ds, ...)`
+    else:
+        work_end, joined = sized, b.ready_s < sized - 1e-12  # as `_drain` flags them
     end = max(work_end, rollout_end) + lc.update_fixed_s
     return end, invs + learner_billed(b, joined, max(work_end, rollout_end), end, budget, lc)
 

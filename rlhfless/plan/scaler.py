@@ -181,17 +181,20 @@ def _plan_labels(plan: AssignmentPlan) -> np.ndarray:
     return np.repeat(np.arange(plan.n_actors), [len(js) for js in plan.actor_jobs])
 
 
-def _outcome_arrays(outcome: Sequence[PlanJob], memo: dict | None) -> tuple[JobArrays, dict[str, int]]:
-    """An outcome's jobs as arrays and each group's position (the last job of a group id, as a dict by id
-    keeps), once per outcome in `memo` (every candidate plays the same outcomes)."""
+def _outcome_arrays(outcome: Sequence[PlanJob],
+                    memo: dict | None) -> tuple[JobArrays, dict[str, int], np.ndarray]:
+    """An outcome's jobs as arrays, each group's position (the last job of a group id, as a dict by id keeps)
+    and its sequences in ascending order of length (`labels_finish_s`' by_length), once per outcome in `memo`
+    (every candidate plays the same outcomes)."""
     key = ("outcome", id(outcome))
     hit = memo.get(key) if memo is not None else None
     if hit is not None and hit[0] is outcome:
-        return hit[1], hit[2]
+        return hit[1:]
     ja, index = JobArrays.from_jobs(outcome), {j.group_id: i for i, j in enumerate(outcome)}
+    by_length = np.argsort(ja.seq_len, kind="stable")
     if memo is not None:
-        memo[key] = (outcome, ja, index)  # the outcome itself: its id stays its own while the memo holds it
-    return ja, index
+        memo[key] = (outcome, ja, index, by_length)  # the outcome itself: its id stays its own while held
+    return ja, index, by_length
 
 
 def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
@@ -200,10 +203,15 @@ def _play(plan: AssignmentPlan, outcome: Sequence[PlanJob], tm: TimeModel,
     (each actor's busy seconds, the jobs in the plan's order with those lengths, (J,) each job's finish on its
     actor). Busy = its last job's finish (`labels_finish_s` charges the fixed overhead and prefill first, as
     `build_plan`), 0 for an idle actor. `memo`: the outcome's arrays, shared with the other candidates."""
-    base, index = _outcome_arrays(outcome, memo)
-    ja = base.take([index[j.group_id] for js in plan.actor_jobs for j in js])
+    base, index, base_by_length = _outcome_arrays(outcome, memo)
+    ja, src = base.take_seqs([index[j.group_id] for js in plan.actor_jobs for j in js])
+    at = np.full(len(base.seq_len), -1, dtype=np.intp)  # base position -> this play's position (-1: not played)
+    at[src] = np.arange(len(src))
+    by_length = at[base_by_length]
     labels = _plan_labels(plan)
-    own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm)
+    whole = len(src) == len(base.seq_len) and int(at.min(initial=0)) >= 0  # every sequence played once
+    own = labels_finish_s(ja, labels, np.arange(len(labels)), plan.n_actors, plan.capacity, tm,
+                          by_length=by_length if whole else None)
     busy = np.zeros(plan.n_actors)
     np.maximum.at(busy, labels, own)
     return busy.tolist(), ja, own
@@ -256,9 +264,21 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
             busy[a] = on_wide(ja.jobs[first:first + len(plan.actor_jobs[a])], wide)[0]
         rows.append(_costed(plan, busy, moves, cfg, n_warm, tm, on, (ja, own), memo))
-    return ScalingCandidate(plan.n_actors, plan.active_actors, float(np.mean([r.step_s for r in rows])),
-                            float(np.mean([r.gpu_seconds for r in rows])), float(np.mean([r.cost_usd for r in rows])),
-                            float("nan"), True, int(round(float(np.mean([r.migrations for r in rows])))))
+    return ScalingCandidate(plan.n_actors, plan.active_actors, _mean([r.step_s for r in rows]),
+                            _mean([r.gpu_seconds for r in rows]), _mean([r.cost_usd for r in rows]),
+                            float("nan"), True, int(round(_mean([float(r.migrations) for r in rows]))))
+
+
+def _mean(xs: list[float]) -> float:
+    """`float(np.mean(xs))` of a few floats (a row's draws) in Python, the same float: numpy's sum of fewer than
+    8 values adds them in order onto 0.0 (its pairwise blocks start at 8), then divides by the count
+    (test_plan_scaler holds it equal bit for bit, signed zeros and infinities included)."""
+    if not 0 < len(xs) < 8:
+        return float(np.mean(xs))
+    total = 0.0
+    for x in xs:
+        total += x
+    return total / len(xs)
 
 
 def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
@@ -403,18 +423,14 @@ def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, activ
     `memo`: tails already costed (`_memo_tail`)."""
     step, total = np.empty(len(res.candidates)), gpu_s.copy()
     if not cfg.learner.overlap:  # every candidate's tail is the same work after its own rollout end (`_tail`)
-        lc = cfg.learner
-        tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
-        ends = []
-        for r, n in enumerate(res.candidates):
-            d = np.where(active[r], dur[r], 0.0)[:n]
-            rel = d[d > 0]
-            ends.append(float(rel.max()) if len(rel) else lc.prefill_s)
-        tails = sequential_tails(ends, tokens * lc.s_per_token, _budget(cfg), lc,
-                                 float(tokens.sum()) * lc.after_s_per_token)
-        for r, (end, invs) in enumerate(tails):
+        # each row's last active actor among its first n slots (the maximum of the positive durations is the
+        # row's maximum where any is positive; max is exact), else the prefill's end
+        first_n = np.arange(dur.shape[1])[None, :] < np.asarray(res.candidates)[:, None]
+        last = np.where(active & first_n, dur, 0.0).max(axis=1, initial=0.0)
+        ends = np.where(last > 0, last, cfg.learner.prefill_s).tolist()
+        for r, (end, tail_gpu_s) in enumerate(_sequential_costs(ja, ends, cfg, memo)):
             step[r] = end
-            total[r] += step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds
+            total[r] += tail_gpu_s
         return step, total
     for r, n in enumerate(res.candidates):
         d = np.where(active[r], dur[r], 0.0)[:n]
@@ -422,6 +438,34 @@ def _sweep_whole_step(ja: JobArrays, res: sw.SweepResult, dur: np.ndarray, activ
                                    n_warm, memo)
         total[r] += step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds
     return step, total
+
+
+def _sequential_costs(ja: JobArrays, ends: list[float], cfg: PlanConfig,
+                      memo: dict | None) -> list[tuple[float, float]]:
+    """(step seconds, the tail's billed device-seconds) after each rollout end without overlap
+    (`sequential_tails`, priced by `step_cost`), once per distinct end in `memo` (by its repr: -0.0 and 0.0
+    apart): the twins' and the warm pool's sweeps end a third of paper-sim's candidates' rollouts alike, and
+    each end's tail is computed on its own (`sequential_tails` shares only the work side)."""
+    lc = cfg.learner
+    base = None if memo is None else ("seqtail", id(ja), _learner_key(lc, memo), _budget(cfg), cfg.gpu_kind,
+                                      id(cfg.billing))
+    out: list = [None] * len(ends)
+    miss = []
+    for r, e in enumerate(ends):
+        hit = memo.get(base + (repr(e),)) if base is not None else None
+        if hit is not None and hit[0] is ja and hit[1] is cfg.billing:  # the objects themselves: ids stay theirs
+            out[r] = hit[2]
+        else:
+            miss.append(r)
+    if miss:
+        tokens = job_learner_tokens(ja.sizes.astype(float), ja.prompt_len, ja.work, lc)
+        tails = sequential_tails([ends[r] for r in miss], tokens * lc.s_per_token, _budget(cfg), lc,
+                                 float(tokens.sum()) * lc.after_s_per_token)
+        for r, (end, invs) in zip(miss, tails):
+            out[r] = (end, step_cost(invs, price(cfg.gpu_kind), cfg.billing).gpu_seconds)
+            if base is not None:
+                memo[base + (repr(ends[r]),)] = (ja, cfg.billing, out[r])
+    return out
 
 
 def _with_deadline(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,

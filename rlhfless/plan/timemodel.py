@@ -463,15 +463,30 @@ def _segments(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_ac
 
 
 def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
-                   tm: TimeModel) -> np.ndarray:
+                   tm: TimeModel, by_length: np.ndarray | None = None) -> np.ndarray:
     """(S,) decode seconds from its actor's start at which each sequence finishes: the same piecewise-constant
     batch segments as `_segments`, accumulated per actor up to the sequence's finish event (ties: an exit and an
-    entry at one instant cost nothing, so any order among them gives the same time)."""
+    entry at one instant cost nothing, so any order among them gives the same time). by_length: (S,) the
+    sequences in ascending order of finish - entry (their lengths), when the caller has it: where nothing
+    queues, the finishes are then ordered without a float sort (`_unqueued_order`)."""
     if len(entry) == 0:
         return np.zeros(0)
     if not entry.any():  # no actor queued (the scaler's usual play): the entries need no sort
-        return _finish_seconds_unqueued(finish, seq_actor, n_actors, tm)
+        order = None if by_length is None else _unqueued_order(seq_actor, n_actors, by_length)
+        return _finish_seconds_unqueued(finish, seq_actor, n_actors, tm, order)
     return _finish_seconds_events(entry, finish, seq_actor, n_actors, tm)
+
+
+def _unqueued_order(seq_actor: np.ndarray, n_actors: int, by_length: np.ndarray) -> np.ndarray:
+    """(S,) the sequences by actor, shortest first within an actor: a stable sort of the actor ids of
+    `by_length` (an integer radix sort where the ids fit 16 bits) instead of a float sort of every finish key.
+    Where every entry is 0 a finish is its length, and the key actor x span + finish rounds monotonically, so
+    this order sorts the keys too; only sequences with equal keys may come out in another order than the
+    stable float sort's, and those `_finish_seconds_unqueued` gives equal times (zero-length segments)."""
+    actor = seq_actor[by_length]
+    if n_actors <= np.iinfo(np.int16).max:
+        actor = actor.astype(np.int16)
+    return by_length[np.argsort(actor, kind="stable")]
 
 
 def _finish_seconds_events(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
@@ -499,16 +514,18 @@ def _finish_seconds_events(entry: np.ndarray, finish: np.ndarray, seq_actor: np.
 
 
 def _finish_seconds_unqueued(finish: np.ndarray, seq_actor: np.ndarray, n_actors: int,
-                             tm: TimeModel) -> np.ndarray:
+                             tm: TimeModel, order: np.ndarray | None = None) -> np.ndarray:
     """`finish_seconds` where every sequence enters at iteration 0, the same floats from half the events: sorted
     by the same key, an actor's entries come first (key actor x span, below every finish of the actor and above
     every event of the actor before), so its j-th finish follows its (j-1)-th (its last entry for j = 0) at
     batch (the actor's sequences - j); the entries' segments cost exactly 0, and adding 0.0 leaves the running
-    sum as it was, so the running sum over the finishes alone takes the same values."""
+    sum as it was, so the running sum over the finishes alone takes the same values. order: an order that sorts
+    the keys (`_unqueued_order`), else a stable sort of them."""
     n = len(finish)
     span = float(finish.max()) + 1.0
     fkey = seq_actor * span + finish
-    order = np.argsort(fkey, kind="stable")
+    if order is None:
+        order = np.argsort(fkey, kind="stable")
     key, a = fkey[order], seq_actor[order]
     first = np.concatenate(([True], a[1:] != a[:-1]))
     prev = np.where(first, a * span + 0.0, np.concatenate(([0.0], key[:-1])))  # the last entry's key for j = 0
