@@ -18,10 +18,12 @@ import heapq
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 from rlhfless.core.errors import ConfigError, DataError, require
+from rlhfless.plan import jit
 
 # Assumed profile of the tiny CPU model (batch size -> seconds per decode iteration); docs/internals.md#plantimemodelpy.
 _TINY_CPU_TABLE = ((1, 0.010), (2, 0.011), (4, 0.012), (8, 0.015), (16, 0.021), (32, 0.033),
@@ -85,11 +87,15 @@ class TimeModel:
         idx = np.asarray(batch).astype(np.intp)
         if idx.size == 0 or idx.min() < 0:
             return self.iter_seconds(batch)
-        top, table = int(idx.max()), self._table
+        return self.iter_table(int(idx.max()))[idx]
+
+    def iter_table(self, top: int) -> np.ndarray:
+        """`iter_seconds(0..n)` for some n >= top, the model's own table (not a copy: read it, never write)."""
+        table = self._table
         if table is None or top >= len(table):
             table = self.iter_seconds(np.arange(max(top + 1, 1025, 2 * len(table) if table is not None else 0)))
             object.__setattr__(self, "_table", table)
-        return table[idx]
+        return table
 
     # ---- constructors -------------------------------------------------------------------------------
     def scaled(self, factor: float) -> TimeModel:
@@ -471,10 +477,42 @@ def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray,
     queues, the finishes are then ordered without a float sort (`_unqueued_order`)."""
     if len(entry) == 0:
         return np.zeros(0)
+    k = _kernel()
+    if k is not None:  # the same floats compiled (`plan.timemodel_kernel`)
+        span, fv = float(finish.max()) + 1.0, tm.iter_table(len(entry))
+        act = np.asarray(seq_actor, np.int64)
+        if not entry.any():
+            by = _NO_ORDER if by_length is None else np.asarray(by_length, np.int64)
+            return k.finish_unqueued(finish, act, n_actors, span, fv, by)
+        return k.finish_events(entry, finish, act, span, fv)
     if not entry.any():  # no actor queued (the scaler's usual play): the entries need no sort
         order = None if by_length is None else _unqueued_order(seq_actor, n_actors, by_length)
         return _finish_seconds_unqueued(finish, seq_actor, n_actors, tm, order)
     return _finish_seconds_events(entry, finish, seq_actor, n_actors, tm)
+
+
+_NO_ORDER = np.zeros(0, np.int64)
+_UNSET = object()
+_KERNEL: ModuleType | None | object = _UNSET
+
+
+def _kernel() -> ModuleType | None:
+    """The compiled event sums (`plan.timemodel_kernel`) where `plan.jit.on()`, the one switch for the planner's
+    kernels, says compiled code runs; else None and the numpy code here, their reference, runs. Decided once."""
+    global _KERNEL
+    if _KERNEL is _UNSET:
+        _KERNEL = None
+        if jit.on():
+            from rlhfless.plan import timemodel_kernel
+            _KERNEL = timemodel_kernel
+    return _KERNEL  # type: ignore[return-value]
+
+
+def warm_kernel() -> None:
+    """Load (or compile) the compiled event sums now where they run (before a fork: `migrate.warm_kernel`)."""
+    k = _kernel()
+    if k is not None:
+        k.warm()
 
 
 def _unqueued_order(seq_actor: np.ndarray, n_actors: int, by_length: np.ndarray) -> np.ndarray:

@@ -1,0 +1,115 @@
+"""`timemodel`'s per-play event sums (finish seconds, FIFO admissions) as compiled (numba) kernels over flat arrays.
+
+Purpose: the scaler plays every (candidate, draw) through `balancer.labels_finish_s` (6.6k plays in a 100-step
+extended `paper-sim` run), and each play's numpy path is some 15-30 small numpy calls on a few thousand events, so
+their per-call cost, not the arithmetic, dominated; one compiled loop does the same sums.
+
+Each kernel is its numpy reference's algorithm with the same floating-point operations in the same order (no
+fastmath): the events in the order a stable sort of the same float keys gives (a stable sort's permutation is
+unique, so any stable sort gives it: `migrate_kernel._stable_order`, or a counting sort by actor where the caller
+has the sequences by length), np.cumsum's sequential running sum, `cum - cum[start]` per actor. The references:
+`timemodel._finish_seconds_events`, `_finish_seconds_unqueued` and `_fifo_entries`;
+tests/test_plan_timemodel_kernel.py holds each kernel equal to its reference bit for bit.
+
+Non-goals: no parallelism, no fastmath (either would change floats); no decision of its own: `plan.jit.on()` says
+whether compiled kernels run and `timemodel` picks the implementation. Imported only where they run (it imports
+numba); compiled code is cached as `migrate_kernel`'s is.
+
+Deviations from the paper: none (an implementation of `timemodel`'s sums).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from rlhfless.plan.migrate_kernel import _stable_order
+
+
+@njit(cache=True)
+def finish_events(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, span: float,
+                  fv: np.ndarray) -> np.ndarray:
+    """`timemodel._finish_seconds_events`: entry, finish (S,) float64; seq_actor (S,) int64; span = finish.max() + 1.0;
+    fv: iteration seconds by batch size, len > S. Returns (S,) the decode seconds at each finish."""
+    n = entry.shape[0]
+    key = np.empty(2 * n)
+    for i in range(n):
+        key[i] = seq_actor[i] * span + entry[i]
+        key[n + i] = seq_actor[i] * span + finish[i]
+    order = _stable_order(key)
+    out = np.empty(n)
+    cum = 0.0  # cum[j]: the running sum of the costs of the segments before event j, every actor in one sum
+    base = 0.0  # cum at the actor's first event
+    batch = 0  # the running batch after the previous event (+1 per entry, -1 per finish, all actors)
+    prev_key, prev_a = 0.0, -1
+    for j in range(2 * n):
+        o = order[j]
+        k = key[o]
+        a = seq_actor[o - n] if o >= n else seq_actor[o]
+        if j > 0:
+            seg = k - prev_key
+            cost = seg * fv[batch] if a == prev_a and seg > 0 else 0.0
+            cum = cost if j == 1 else cum + cost  # np.cumsum's first value is cost[0] itself
+        if a != prev_a:
+            base = cum
+        if o >= n:
+            out[o - n] = cum - base
+            batch -= 1
+        else:
+            batch += 1
+        prev_key, prev_a = k, a
+    return out
+
+
+@njit(cache=True)
+def finish_unqueued(finish: np.ndarray, seq_actor: np.ndarray, n_actors: int, span: float, fv: np.ndarray,
+                    by_length: np.ndarray) -> np.ndarray:
+    """`timemodel._finish_seconds_unqueued`: finish (S,) float64 (every entry 0), seq_actor (S,) int64, span =
+    finish.max() + 1.0, fv as `finish_events`'; by_length: (S,) the sequences by ascending length (their order
+    stably by actor then sorts the keys: `timemodel._unqueued_order`), or empty for a stable sort of the keys."""
+    n = finish.shape[0]
+    counts = np.zeros(n_actors, np.int64)
+    for i in range(n):
+        counts[seq_actor[i]] += 1
+    key = np.empty(n)
+    for i in range(n):
+        key[i] = seq_actor[i] * span + finish[i]
+    if by_length.shape[0] == n:  # a counting sort by actor of the length order: a stable sort of the actor ids
+        pos = np.empty(n_actors, np.int64)
+        acc = 0
+        for a in range(n_actors):
+            pos[a] = acc
+            acc += counts[a]
+        order = np.empty(n, np.int64)
+        for i in range(n):
+            s = by_length[i]
+            a = seq_actor[s]
+            order[pos[a]] = s
+            pos[a] += 1
+    else:
+        order = _stable_order(key)
+    out = np.empty(n)
+    run = 0.0
+    base = 0.0  # run[start - 1]: the running sum before the actor's first finish (0.0 for the first actor)
+    prev_key, prev_a, start = 0.0, -1, 0
+    for j in range(n):
+        o = order[j]
+        k = key[o]
+        a = seq_actor[o]
+        if a != prev_a:
+            prev_key = a * span + 0.0  # the actor's last entry
+            start = j
+            base = run if j > 0 else 0.0
+        seg = k - prev_key
+        cost = seg * fv[counts[a] - (j - start)] if seg > 0 else 0.0
+        run = cost if j == 0 else run + cost
+        out[o] = run - base
+        prev_key, prev_a = k, a
+    return out
+
+
+def warm() -> None:
+    """Load (or compile) the kernels now (before `sim.scenario.play_policies` forks): one tiny call each."""
+    one, act = np.ones(1), np.zeros(1, np.int64)
+    finish_events(np.zeros(1), one, act, 2.0, np.ones(2))
+    finish_unqueued(one, act, 1, 2.0, np.ones(2), np.zeros(1, np.int64))

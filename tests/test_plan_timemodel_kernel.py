@@ -1,0 +1,77 @@
+"""The compiled event sums (plan/timemodel_kernel.py) against their numpy references in plan/timemodel.py, bit for
+bit: queued and unqueued actors, ties, empty actors, one actor, actors in or out of order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlhfless.plan import jit
+from rlhfless.plan import timemodel as T
+from rlhfless.plan.timemodel import TimeModel
+
+K = pytest.importorskip("rlhfless.plan.timemodel_kernel")
+TMS = [TimeModel(batch_sizes=(1, 8, 64, 256), s_per_iter=(0.01, 0.012, 0.02, 0.05)), TimeModel.default_tiny_cpu(),
+       TimeModel(batch_sizes=(1, 2), s_per_iter=(1.0, 1.5))]
+
+
+def _case(seed: int):
+    """A random play: actors (sorted or not, some empty), lengths with ties, entries from the FIFO or none."""
+    rng = np.random.default_rng(seed)
+    n_actors = int(rng.integers(1, 30)) if seed % 5 else 1
+    n = int(rng.integers(1, 600)) if seed % 7 else 1
+    actor = rng.integers(0, n_actors, n)
+    if seed % 3:
+        actor = np.sort(actor)
+    lengths = rng.uniform(0, 2000, n)
+    lengths = [lengths, np.round(lengths / 40) * 40, np.round(lengths), np.zeros(n) + 5.0][seed % 4]
+    return rng, n_actors, n, actor, lengths
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_finish_events_equal_numpy_bit_for_bit(seed):
+    rng, n_actors, n, actor, lengths = _case(seed)
+    tm = TMS[seed % 3]
+    entry = [rng.integers(0, 50, n).astype(float), np.round(rng.uniform(0, 3000, n), 1), np.zeros(n)][seed % 3]
+    entry[rng.random(n) < 0.3] = 0.0
+    finish = entry + lengths
+    want = T._finish_seconds_events(entry, finish, actor, n_actors, tm)
+    got = K.finish_events(entry, finish, actor.astype(np.int64), float(finish.max()) + 1.0, tm.iter_table(n))
+    assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_finish_unqueued_equal_numpy_bit_for_bit(seed):
+    rng, n_actors, n, actor, finish = _case(seed)
+    tm = TMS[seed % 3]
+    span, fv, act = float(finish.max()) + 1.0, tm.iter_table(n), actor.astype(np.int64)
+    want = T._finish_seconds_unqueued(finish, actor, n_actors, tm)
+    assert want.tobytes() == T._finish_seconds_events(np.zeros(n), finish, actor, n_actors, tm).tobytes()
+    assert K.finish_unqueued(finish, act, n_actors, span, fv, np.zeros(0, np.int64)).tobytes() == want.tobytes()
+    shuffled = rng.permutation(n)  # equal lengths in any order among themselves, as a caller's sort may leave them
+    by_length = shuffled[np.argsort(finish[shuffled], kind="stable")]
+    got = K.finish_unqueued(finish, act, n_actors, span, fv, by_length.astype(np.int64))
+    assert got.tobytes() == want.tobytes()
+
+
+def test_finish_seconds_runs_the_kernel_where_the_switch_is_on(monkeypatch):
+    """`finish_seconds` calls the kernel where `jit.on()` (and the numpy code where it is off): a kernel that
+    answers differently shows."""
+    monkeypatch.setattr(T, "_KERNEL", T._UNSET)
+    assert jit.on() and T._kernel() is K
+    monkeypatch.setattr(K, "finish_events", lambda *a: np.full(len(a[0]), 7.0))
+    entry, finish = np.array([0.0, 1.0]), np.array([2.0, 4.0])
+    assert T.finish_seconds(entry, finish, np.zeros(2, np.int64), 1, TMS[0]).tolist() == [7.0, 7.0]
+    monkeypatch.setattr(T, "_KERNEL", None)
+    assert T.finish_seconds(entry, finish, np.zeros(2, np.int64), 1, TMS[0]).tolist() != [7.0, 7.0]
+
+
+def test_one_switch_for_both_kernels(monkeypatch):
+    """RLHFLESS_JIT=0 turns off both compiled kernels (`jit.on()`), the cut simulation's and the event sums'."""
+    from rlhfless.plan import migrate
+
+    for mod in (T, migrate):
+        monkeypatch.setattr(mod, "_KERNEL", mod._UNSET)
+    monkeypatch.setattr(jit, "_ON", None)
+    monkeypatch.setenv("RLHFLESS_JIT", "0")
+    assert T._kernel() is None and migrate.kernel() is None
