@@ -28,6 +28,19 @@ def _case(seed: int):
     return rng, n_actors, n, actor, lengths
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_radix_order_is_the_stable_argsort(seed):
+    """`_order` gives `np.argsort(kind="stable")`'s permutation: ties in index order, keys equal in some digits
+    (whole numbers, one value), huge and tiny magnitudes; negative keys and -0.0, which a sort of the bits would
+    misplace, through the merge-sort fallback."""
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(1, 3000))
+    keys = [rng.uniform(0, 1e5, m), np.round(rng.uniform(0, 50, m)), np.full(m, 3.5),
+            rng.choice([0.0, 1e-300, 5e-324, 1.0, 2.0 ** 60, np.inf], m), rng.uniform(-5, 5, m),
+            rng.choice([0.0, -0.0, 1.0], m), rng.integers(0, 30, m) * 1234.5 + rng.uniform(0, 1000, m)]
+    for key in keys:
+        assert np.array_equal(K._order(key), np.argsort(key, kind="stable"))
+
 @pytest.mark.parametrize("seed", range(120))
 def test_finish_events_equal_numpy_bit_for_bit(seed):
     rng, n_actors, n, actor, lengths = _case(seed)

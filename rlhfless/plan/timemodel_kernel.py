@@ -27,16 +27,51 @@ from rlhfless.plan.migrate_kernel import _stable_order
 
 
 @njit(cache=True)
+def _order(key: np.ndarray) -> np.ndarray:
+    """`np.argsort(key, kind="stable")` of float64 keys: an LSD radix sort of their bits (11 a pass, a pass
+    skipped where every key has the same digit), stable by construction and in order for keys >= +0.0, whose
+    bits rise with their values; the result is checked (each key below the next, or equal with the lower index
+    first: the stable sort's unique permutation) and a negative key or -0.0 falls back to the merge sort
+    (`migrate_kernel._stable_order`)."""
+    m = key.shape[0]
+    bits = key.view(np.uint64)
+    ix = np.arange(m)
+    tmp = np.empty(m, np.int64)
+    cnt = np.empty(2048, np.int64)
+    for shift in range(0, 64, 11):
+        cnt[:] = 0
+        for i in range(m):
+            cnt[(bits[i] >> shift) & 2047] += 1
+        if cnt[(bits[0] >> shift) & 2047] == m:
+            continue
+        acc = 0
+        for d in range(2048):
+            c = cnt[d]
+            cnt[d] = acc
+            acc += c
+        for i in range(m):
+            j = ix[i]
+            d = (bits[j] >> shift) & 2047
+            tmp[cnt[d]] = j
+            cnt[d] += 1
+        ix, tmp = tmp, ix
+    for i in range(1, m):
+        if key[ix[i]] < key[ix[i - 1]] or (key[ix[i]] == key[ix[i - 1]] and ix[i] < ix[i - 1]):
+            return _stable_order(key)
+    return ix
+
+@njit(cache=True)
 def finish_events(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray, span: float,
                   fv: np.ndarray) -> np.ndarray:
-    """`timemodel._finish_seconds_events`: entry, finish (S,) float64; seq_actor (S,) int64; span = finish.max() + 1.0;
-    fv: iteration seconds by batch size, len > S. Returns (S,) the decode seconds at each finish."""
+    """`timemodel._finish_seconds_events`: entry, finish (S,) float64; seq_actor (S,) int64; span =
+    finish.max() + 1.0; fv: iteration seconds by batch size, len > S. Returns (S,) the decode seconds at each
+    finish."""
     n = entry.shape[0]
     key = np.empty(2 * n)
     for i in range(n):
         key[i] = seq_actor[i] * span + entry[i]
         key[n + i] = seq_actor[i] * span + finish[i]
-    order = _stable_order(key)
+    order = _order(key)
     out = np.empty(n)
     cum = 0.0  # cum[j]: the running sum of the costs of the segments before event j, every actor in one sum
     base = 0.0  # cum at the actor's first event
@@ -87,7 +122,7 @@ def finish_unqueued(finish: np.ndarray, seq_actor: np.ndarray, n_actors: int, sp
             order[pos[a]] = s
             pos[a] += 1
     else:
-        order = _stable_order(key)
+        order = _order(key)
     out = np.empty(n)
     run = 0.0
     base = 0.0  # run[start - 1]: the running sum before the actor's first finish (0.0 for the first actor)
