@@ -88,3 +88,44 @@ def test_one_switch_for_both_kernels(monkeypatch):
     monkeypatch.setattr(jit, "_ON", None)
     monkeypatch.setenv("RLHFLESS_JIT", "0")
     assert T._kernel() is None and migrate.kernel() is None
+
+
+def _fifo_case(seed: int):
+    """Jobs of one size (the lock-step FIFO's case) or mixed sizes, singletons, lengths with ties, some actors
+    queued and some not, empty actors, one actor."""
+    rng = np.random.default_rng(seed)
+    n_actors = int(rng.integers(1, 12)) if seed % 5 else 1
+    capacity = int(rng.choice([1, 2, 4, 8, 16, 32, 64]))
+    g_max = min(capacity, 8)
+    sizes = rng.integers(1, g_max + 1, int(rng.integers(1, 120)))
+    if seed % 3 == 0:
+        sizes[:] = min(g_max, int(rng.integers(1, 5)))
+    elif seed % 3 == 1:
+        sizes[:] = 1
+    job_actor = np.sort(rng.integers(0, n_actors, len(sizes)))
+    lengths = rng.uniform(0, 500, int(sizes.sum()))
+    lengths = [lengths, np.round(lengths / 25) * 25, np.round(lengths)][seed % 3]
+    return lengths, np.repeat(job_actor, sizes), sizes.astype(np.int64), job_actor, n_actors, capacity
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_fifo_entries_equal_numpy_bit_for_bit(seed, monkeypatch):
+    """`admissions` and `simulate` (through `_fifo_entries`) admit at the same iterations compiled as by the
+    lock-step FIFO and the loop, bit for bit."""
+    lengths, seq_actor, sizes, job_actor, n_actors, capacity = _fifo_case(seed)
+    monkeypatch.setattr(T, "_KERNEL", K)
+    got = T.admissions(lengths, seq_actor, sizes, job_actor, n_actors, capacity)
+    got_sim = T.simulate(lengths, seq_actor, sizes, job_actor, n_actors, capacity, TMS[0])
+    monkeypatch.setattr(T, "_KERNEL", None)
+    want = T.admissions(lengths, seq_actor, sizes, job_actor, n_actors, capacity)
+    want_sim = T.simulate(lengths, seq_actor, sizes, job_actor, n_actors, capacity, TMS[0])
+    assert got.tobytes() == want.tobytes()
+    for f in ("decode_s", "peak_batch", "entry_iter", "finish_iter"):
+        assert getattr(got_sim, f).tobytes() == getattr(want_sim, f).tobytes()
+    loop = np.zeros(len(lengths))  # the per-actor loop itself, whatever `_fifo_entries` would have picked
+    starts = np.concatenate(([0], np.cumsum(np.bincount(seq_actor, minlength=n_actors))))
+    for a in range(n_actors):
+        if starts[a + 1] - starts[a] > capacity:
+            sl = slice(starts[a], starts[a + 1])
+            loop[sl] = T._gang_fifo_entries(lengths[sl], sizes[job_actor == a], capacity)
+    assert got.tobytes() == loop.tobytes()

@@ -429,7 +429,12 @@ def _fifo_entries(lengths: np.ndarray, starts: np.ndarray, queued: np.ndarray, j
                   job_actor: np.ndarray, capacity: int, entry: np.ndarray, min_lockstep: int) -> None:
     """Write the admission iteration of every sequence of the `queued` actors into `entry` (S,): by the lock-step
     FIFO when every group has one size and at least `min_lockstep` actors queue, else each actor's own FIFO loop
-    (the same entries either way; the choice is speed only)."""
+    (the same entries either way; the choice is speed only), or the compiled FIFO (`timemodel_kernel`) where it runs."""
+    k = _kernel()
+    if k is not None:
+        k.fifo_entries(lengths, np.asarray(starts, np.int64), np.asarray(queued, np.int64),
+                       np.asarray(job_sizes, np.int64), np.asarray(job_actor, np.int64), capacity, entry)
+        return
     if len(queued) >= min_lockstep and bool((job_sizes == job_sizes[0]).all()):
         g = int(job_sizes[0])
         _lockstep_entries(_lockstep_fifo(lengths, starts, queued, g, capacity), starts, g, entry)

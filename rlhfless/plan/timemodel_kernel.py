@@ -143,8 +143,97 @@ def finish_unqueued(finish: np.ndarray, seq_actor: np.ndarray, n_actors: int, sp
     return out
 
 
+@njit(cache=True)
+def _pop(h: np.ndarray, n: int) -> float:
+    """Pop the smallest of the min-heap h[:n] (n >= 1); the caller's count drops by one."""
+    top = h[0]
+    n -= 1
+    v = h[n]
+    pos, child = 0, 1
+    while child < n:
+        if child + 1 < n and h[child + 1] < h[child]:
+            child += 1
+        if not h[child] < v:
+            break
+        h[pos] = h[child]
+        pos, child = child, 2 * child + 1
+    h[pos] = v
+    return top
+
+
+@njit(cache=True)
+def _push(h: np.ndarray, n: int, v: float) -> None:
+    """Push v onto the min-heap h[:n] (room for one more)."""
+    pos = n
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if not v < h[parent]:
+            break
+        h[pos] = h[parent]
+        pos = parent
+    h[pos] = v
+
+
+@njit(cache=True)
+def fifo_entries(lengths: np.ndarray, starts: np.ndarray, queued: np.ndarray, job_sizes: np.ndarray,
+                 job_actor: np.ndarray, capacity: int, entry: np.ndarray) -> None:
+    """`timemodel._fifo_entries`: each queued actor's admission iterations into entry (S,), jobs FIFO, a job's
+    g seqs entering together at the g-th earliest slot-free iteration, then freeing their slots at that
+    iteration + their lengths (`_gang_fifo_entries`' rule and float additions; its sorted list and heap hold the
+    same values as the min-heap of slot-free iterations here). lengths (S,) float64 grouped by actor; starts
+    (A+1,) first sequence of each actor; queued: the actors to run; job_sizes, job_actor (J,) int64 (an actor's
+    jobs in its admission order); g <= capacity."""
+    n_actors = starts.shape[0] - 1
+    jpos = np.zeros(n_actors + 1, np.int64)  # the jobs by actor, each actor's in their order (a counting sort)
+    for j in range(job_actor.shape[0]):
+        jpos[job_actor[j] + 1] += 1
+    for a in range(n_actors):
+        jpos[a + 1] += jpos[a]
+    fill = jpos[:-1].copy()
+    sizes = np.empty(job_actor.shape[0], np.int64)
+    for j in range(job_actor.shape[0]):
+        sizes[fill[job_actor[j]]] = job_sizes[j]
+        fill[job_actor[j]] += 1
+    h = np.empty(capacity + 1)
+    for a in queued:
+        i, j = starts[a], jpos[a]
+        n0 = 0  # jobs that fit the empty engine enter at 0
+        while j < jpos[a + 1] and n0 + sizes[j] <= capacity:
+            n0 += sizes[j]
+            j += 1
+        for q in range(n0):
+            entry[i + q] = 0.0
+            h[q] = lengths[i + q]
+        for q in range(n0, capacity):
+            h[q] = 0.0
+        for q in range(capacity // 2 - 1, -1, -1):  # heapify: sift each parent down
+            v, pos, child = h[q], q, 2 * q + 1
+            while child < capacity:
+                if child + 1 < capacity and h[child + 1] < h[child]:
+                    child += 1
+                if not h[child] < v:
+                    break
+                h[pos] = h[child]
+                pos, child = child, 2 * child + 1
+            h[pos] = v
+        i += n0
+        n = capacity
+        while j < jpos[a + 1]:
+            g = sizes[j]
+            t = 0.0
+            for q in range(g):  # the g earliest free slots; the job enters at the g-th
+                t = _pop(h, n)
+                n -= 1
+            for q in range(g):
+                entry[i + q] = t
+                _push(h, n, t + lengths[i + q])
+                n += 1
+            i += g
+            j += 1
+
 def warm() -> None:
     """Load (or compile) the kernels now (before `sim.scenario.play_policies` forks): one tiny call each."""
     one, act = np.ones(1), np.zeros(1, np.int64)
     finish_events(np.zeros(1), one, act, 2.0, np.ones(2))
     finish_unqueued(one, act, 1, 2.0, np.ones(2), np.zeros(1, np.int64))
+    fifo_entries(one, np.array([0, 1], np.int64), act, np.ones(1, np.int64), act, 1, np.zeros(1))
