@@ -71,7 +71,7 @@ def test_finish_seconds_runs_the_kernel_where_the_switch_is_on(monkeypatch):
     """`finish_seconds` calls the kernel where `jit.on()` (and the numpy code where it is off): a kernel that
     answers differently shows."""
     monkeypatch.setattr(T, "_KERNEL", T._UNSET)
-    assert jit.on() and T._kernel() is K
+    assert jit.on() and T.kernel() is K
     monkeypatch.setattr(K, "finish_events", lambda *a: np.full(len(a[0]), 7.0))
     entry, finish = np.array([0.0, 1.0]), np.array([2.0, 4.0])
     assert T.finish_seconds(entry, finish, np.zeros(2, np.int64), 1, TMS[0]).tolist() == [7.0, 7.0]
@@ -87,7 +87,7 @@ def test_one_switch_for_both_kernels(monkeypatch):
         monkeypatch.setattr(mod, "_KERNEL", mod._UNSET)
     monkeypatch.setattr(jit, "_ON", None)
     monkeypatch.setenv("RLHFLESS_JIT", "0")
-    assert T._kernel() is None and migrate.kernel() is None
+    assert T.kernel() is None and migrate.kernel() is None
 
 
 def _fifo_case(seed: int):
@@ -129,3 +129,26 @@ def test_fifo_entries_equal_numpy_bit_for_bit(seed, monkeypatch):
             sl = slice(starts[a], starts[a + 1])
             loop[sl] = T._gang_fifo_entries(lengths[sl], sizes[job_actor == a], capacity)
     assert got.tobytes() == loop.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_prefix_end_equals_numpy_bit_for_bit(seed):
+    """`overlap._Prefixes.end` compiled (`prefix_end`) and in numpy, every count of blocks: ties in ready and
+    arrival times, zero-device blocks (NaN rows and zero-rate segments stepped over), one block, one arrival."""
+    from rlhfless.plan.overlap import _Arrivals, _Prefixes
+
+    rng = np.random.default_rng(seed)
+    g, k = int(rng.integers(1, 60)) if seed % 4 else 1, int(rng.integers(1, 25)) if seed % 5 else 1
+    arrive = np.round(rng.uniform(0, 50, g), int(rng.integers(0, 3)))
+    work = rng.uniform(0, 40, g) * (rng.random(g) > 0.1)
+    ready = np.sort(np.round(rng.uniform(0, 60, k), int(rng.integers(0, 2))))
+    devices = rng.choice([0.0, 1.0, 8.0, 3.5], k)
+    if seed % 2:  # whole numbers: the work's curve meets a block's ready time exactly (searchsorted's ties)
+        arrive, work, ready = np.round(arrive), np.round(work), np.round(ready)
+        devices = rng.choice([0.0, 1.0, 2.0], k)
+    rows = _Prefixes(_Arrivals.of(arrive, work), ready, devices)
+    assert rows.kernel is K
+    got = np.array([rows.end(n) for n in range(1, k + 1)])
+    rows.kernel = None
+    want = np.array([rows.end(n) for n in range(1, k + 1)])
+    assert got.tobytes() == want.tobytes()

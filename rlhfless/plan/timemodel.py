@@ -430,7 +430,7 @@ def _fifo_entries(lengths: np.ndarray, starts: np.ndarray, queued: np.ndarray, j
     """Write the admission iteration of every sequence of the `queued` actors into `entry` (S,): by the lock-step
     FIFO when every group has one size and at least `min_lockstep` actors queue, else each actor's own FIFO loop
     (the same entries either way; the choice is speed only), or the compiled FIFO (`timemodel_kernel`) where it runs."""
-    k = _kernel()
+    k = kernel()
     if k is not None:
         k.fifo_entries(lengths, np.asarray(starts, np.int64), np.asarray(queued, np.int64),
                        np.asarray(job_sizes, np.int64), np.asarray(job_actor, np.int64), capacity, entry)
@@ -482,7 +482,7 @@ def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray,
     queues, the finishes are then ordered without a float sort (`_unqueued_order`)."""
     if len(entry) == 0:
         return np.zeros(0)
-    k = _kernel()
+    k = kernel()
     if k is not None:  # the same floats compiled (`plan.timemodel_kernel`)
         span, fv = float(finish.max()) + 1.0, tm.iter_table(len(entry))
         act = np.asarray(seq_actor, np.int64)
@@ -501,7 +501,7 @@ _UNSET = object()
 _KERNEL: ModuleType | None | object = _UNSET
 
 
-def _kernel() -> ModuleType | None:
+def kernel() -> ModuleType | None:
     """The compiled event sums (`plan.timemodel_kernel`) where `plan.jit.on()`, the one switch for the planner's
     kernels, says compiled code runs; else None and the numpy code here, their reference, runs. Decided once."""
     global _KERNEL
@@ -515,7 +515,7 @@ def _kernel() -> ModuleType | None:
 
 def warm_kernel() -> None:
     """Load (or compile) the compiled event sums now where they run (before a fork: `migrate.warm_kernel`)."""
-    k = _kernel()
+    k = kernel()
     if k is not None:
         k.warm()
 

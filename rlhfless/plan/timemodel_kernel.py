@@ -231,9 +231,44 @@ def fifo_entries(lengths: np.ndarray, starts: np.ndarray, queued: np.ndarray, jo
             i += g
             j += 1
 
+@njit(cache=True)
+def prefix_end(arr: np.ndarray, suffix: np.ndarray, last: float, seg: np.ndarray, rate: np.ndarray,
+               offset: np.ndarray, at_ready: np.ndarray, k: int) -> float:
+    """`overlap._Prefixes.end(k)`: the work end on the first k (>= 1) blocks by ready time, given the arrivals
+    (arr, suffix: (G,) ascending, G >= 1; last), each arrival's place among the ready times (seg), and the
+    blocks' cumulative rate, offset and at_ready (B,) -- the same float operations elementwise; the maximum
+    over the arrivals is exact in any order. NaN where rate[k - 1] is not positive; -0.0 where the maximum is
+    a zero or last is NaN (the caller then runs numpy's code: its choice between signed zeros is not copied)."""
+    if not rate[k - 1] > 0:
+        return np.nan
+    k_all = rate.shape[0]
+    best = -np.inf
+    for i in range(arr.shape[0]):
+        m = min(seg[i], k) - 1
+        y = (arr[i] * rate[m] - offset[m] if m >= 0 else 0.0) + suffix[i]
+        lo, hi = 0, k_all  # np.searchsorted(at_ready, y, side="left")
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if at_ready[mid] < y:
+                lo = mid + 1
+            else:
+                hi = mid
+        m = max(min(lo, k) - 1, 0)
+        while rate[m] <= 0:  # a zero-rate segment cannot carry work: step to the next with a rate
+            m = min(m + 1, k_all - 1)
+        v = (y + offset[m]) / rate[m]
+        if v != v:
+            return np.nan
+        if v > best:
+            best = v
+    if best == 0.0 or last != last:
+        return -0.0
+    return best if best > last else last
+
 def warm() -> None:
     """Load (or compile) the kernels now (before `sim.scenario.play_policies` forks): one tiny call each."""
     one, act = np.ones(1), np.zeros(1, np.int64)
     finish_events(np.zeros(1), one, act, 2.0, np.ones(2))
     finish_unqueued(one, act, 1, 2.0, np.ones(2), np.zeros(1, np.int64))
     fifo_entries(one, np.array([0, 1], np.int64), act, np.ones(1, np.int64), act, 1, np.zeros(1))
+    prefix_end(one, one, 1.0, np.ones(1, np.int64), one, np.zeros(1), np.zeros(1), 1)
