@@ -4,7 +4,7 @@
 per process. Where it is false each kernel's numpy or pure-Python reference runs, with the same results (the GPU
 image has no numba; without a cache folder every process would compile the kernels anew, which costs more CPU than
 they save in a 100-step run). The kernels: `plan.migrate_kernel` (the cut simulation, `migrate.kernel()`) and
-`plan.timemodel_kernel` (the event sums, `timemodel.kernel()`). Importing this module imports no numba.
+`plan.timemodel_kernel` (the scaler's per-play sums, `timemodel.kernel()`). Importing this module imports no numba.
 
 Deviations from the paper: none (an implementation switch).
 """

@@ -1,21 +1,24 @@
-"""`timemodel`'s per-play event sums (finish seconds, FIFO admissions) as compiled (numba) kernels over flat arrays.
+"""The scaler's per-play sums as compiled (numba) kernels over flat arrays: `timemodel`'s finish seconds and FIFO
+admissions, and `overlap`'s learner-sizing rows.
 
 Purpose: the scaler plays every (candidate, draw) through `balancer.labels_finish_s` (6.6k plays in a 100-step
-extended `paper-sim` run), and each play's numpy path is some 15-30 small numpy calls on a few thousand events, so
-their per-call cost, not the arithmetic, dominated; one compiled loop does the same sums.
+extended `paper-sim` run) and sizes each learner a few rows at a time (36.7k rows), each a dozen or more small
+numpy calls on a few thousand events or a few dozen arrivals, so their per-call cost, not the arithmetic,
+dominated; one compiled loop does the same sums.
 
 Each kernel is its numpy reference's algorithm with the same floating-point operations in the same order (no
 fastmath): the events in the order a stable sort of the same float keys gives (a stable sort's permutation is
-unique, so any stable sort gives it: `migrate_kernel._stable_order`, or a counting sort by actor where the caller
-has the sequences by length), np.cumsum's sequential running sum, `cum - cum[start]` per actor. The references:
-`timemodel._finish_seconds_events`, `_finish_seconds_unqueued` and `_fifo_entries`;
-tests/test_plan_timemodel_kernel.py holds each kernel equal to its reference bit for bit.
+unique, so any stable sort gives it: a radix sort checked against it, `migrate_kernel._stable_order`, or a
+counting sort by actor where the caller has the sequences by length), np.cumsum's sequential running sum,
+`cum - cum[start]` per actor. The references: `timemodel._finish_seconds_events`, `_finish_seconds_unqueued`,
+`_fifo_entries` and `overlap._Prefixes.end`; tests/test_plan_timemodel_kernel.py holds each kernel equal to its
+reference bit for bit.
 
 Non-goals: no parallelism, no fastmath (either would change floats); no decision of its own: `plan.jit.on()` says
-whether compiled kernels run and `timemodel` picks the implementation. Imported only where they run (it imports
-numba); compiled code is cached as `migrate_kernel`'s is.
+whether compiled kernels run and `timemodel.kernel()` hands them to the callers. Imported only where they run (it
+imports numba); compiled code is cached as `migrate_kernel`'s is.
 
-Deviations from the paper: none (an implementation of `timemodel`'s sums).
+Deviations from the paper: none (an implementation of `timemodel`'s and `overlap`'s sums).
 """
 
 from __future__ import annotations
