@@ -152,3 +152,30 @@ def test_prefix_end_equals_numpy_bit_for_bit(seed):
     rows.kernel = None
     want = np.array([rows.end(n) for n in range(1, k + 1)])
     assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_labels_finish_equals_numpy_bit_for_bit(seed, monkeypatch):
+    """`balancer.labels_finish_s` compiled (`labels_finish`) and in numpy: any labels and ranks, jobs of one
+    size or mixed, queued actors or none, with and without the lengths order, empty actors, one actor."""
+    from rlhfless.plan import balancer as B
+    from rlhfless.plan.records import PlanJob
+
+    rng = np.random.default_rng(seed)
+    tm = TMS[seed % 3]
+    n_jobs, g = int(rng.integers(1, 80)), int(rng.integers(1, 5))
+    sizes = [g] * n_jobs if seed % 2 else rng.integers(1, 5, n_jobs).tolist()
+    jobs = [PlanJob(f"g{i}", s, tuple(float(x) for x in np.round(rng.uniform(0, 900, s), int(rng.integers(0, 2)))),
+                    int(rng.integers(0, 50))) for i, s in enumerate(sizes)]
+    sub, _ = B.JobArrays.from_jobs(jobs).take_seqs(rng.permutation(n_jobs))
+    n = int(rng.integers(1, 8)) if seed % 5 else 1
+    labels, rank = rng.integers(0, n, n_jobs), rng.permutation(n_jobs)
+    shuffled = rng.permutation(len(sub.seq_len))
+    by_length = shuffled[np.argsort(sub.seq_len[shuffled], kind="stable")]
+    for capacity in (int(sum(sizes)), max(4, int(sum(sizes)) // (2 * n)), 4):
+        for by in (None, by_length):
+            monkeypatch.setattr(T, "_KERNEL", K)
+            got = B.labels_finish_s(sub, labels, rank, n, capacity, tm, by_length=by)
+            monkeypatch.setattr(T, "_KERNEL", None)
+            want = B.labels_finish_s(sub, labels, rank, n, capacity, tm, by_length=by)
+            assert got.tobytes() == want.tobytes()

@@ -268,6 +268,74 @@ def prefix_end(arr: np.ndarray, suffix: np.ndarray, last: float, seg: np.ndarray
         return -0.0
     return best if best > last else last
 
+@njit(cache=True)
+def labels_finish(order: np.ndarray, sizes_all: np.ndarray, offsets: np.ndarray, seq_len: np.ndarray,
+                  prompt_len: np.ndarray, labels: np.ndarray, n_actors: int, capacity: int, fv: np.ndarray,
+                  fixed_s: float, prefill_s: float, by_length: np.ndarray) -> np.ndarray:
+    """`balancer.labels_finish_s` after its lexsort (order: the jobs by (label, rank)), the same steps: the
+    sequences gathered in that order, `fifo_entries`, `finish_unqueued` or `finish_events`, each job's last
+    finish plus its actor's fixed seconds and prefill (np.bincount's sum: in job order from 0.0). sizes_all,
+    offsets (J+1,), prompt_len, labels: ja's and the labelling's (J,) arrays; seq_len (S,), S >= 1; fv as
+    `finish_events`'; by_length (S,) ja's sequences by length, or empty."""
+    n_jobs, n = order.shape[0], seq_len.shape[0]
+    sizes = np.empty(n_jobs, np.int64)
+    jactor = np.empty(n_jobs, np.int64)
+    lengths = np.empty(n)
+    sactor = np.empty(n, np.int64)
+    at = np.empty(n, np.int64)  # ja position -> play position
+    counts = np.zeros(n_actors, np.int64)
+    p = 0
+    for j in range(n_jobs):
+        o = order[j]
+        sizes[j], jactor[j] = sizes_all[o], labels[o]
+        counts[labels[o]] += sizes_all[o]
+        for q in range(sizes_all[o]):
+            lengths[p] = seq_len[offsets[o] + q]
+            sactor[p] = labels[o]
+            at[offsets[o] + q] = p
+            p += 1
+    starts = np.zeros(n_actors + 1, np.int64)
+    n_queued = 0
+    for a in range(n_actors):
+        starts[a + 1] = starts[a] + counts[a]
+        n_queued += counts[a] > capacity
+    queued = np.empty(n_queued, np.int64)
+    n_queued = 0
+    for a in range(n_actors):
+        if counts[a] > capacity:
+            queued[n_queued] = a
+            n_queued += 1
+    entry = np.zeros(n)
+    if n_queued:
+        fifo_entries(lengths, starts, queued, sizes, jactor, capacity, entry)
+    finish = np.empty(n)
+    top = -np.inf
+    later = False  # `finish_seconds`' `entry.any()`
+    for i in range(n):
+        finish[i] = entry[i] + lengths[i]
+        top = max(top, finish[i])
+        later = later or entry[i] != 0.0
+    span = top + 1.0
+    if later:
+        fin = finish_events(entry, finish, sactor, span, fv)
+    else:
+        by = np.empty(by_length.shape[0], np.int64)
+        for i in range(by_length.shape[0]):
+            by[i] = at[by_length[i]]
+        fin = finish_unqueued(finish, sactor, n_actors, span, fv, by)
+    acc = np.zeros(n_actors)
+    for j in range(n_jobs):
+        acc[labels[j]] += prompt_len[j]
+    out = np.empty(n_jobs)
+    p = 0
+    for j in range(n_jobs):
+        best = fin[p]
+        for q in range(1, sizes[j]):
+            best = max(best, fin[p + q])
+        p += sizes[j]
+        out[order[j]] = best + (fixed_s + acc[jactor[j]] * prefill_s)
+    return out
+
 def warm() -> None:
     """Load (or compile) the kernels now (before `sim.scenario.play_policies` forks): one tiny call each."""
     one, act = np.ones(1), np.zeros(1, np.int64)
@@ -275,3 +343,5 @@ def warm() -> None:
     finish_unqueued(one, act, 1, 2.0, np.ones(2), np.zeros(1, np.int64))
     fifo_entries(one, np.array([0, 1], np.int64), act, np.ones(1, np.int64), act, 1, np.zeros(1))
     prefix_end(one, one, 1.0, np.ones(1, np.int64), one, np.zeros(1), np.zeros(1), 1)
+    labels_finish(act, np.ones(1, np.int64), np.array([0, 1], np.int64), one, one, act, 1, 1, np.ones(2), 0.0, 0.0,
+                  np.zeros(0, np.int64))
