@@ -67,16 +67,20 @@ def test_finish_unqueued_equal_numpy_bit_for_bit(seed):
     assert got.tobytes() == want.tobytes()
 
 
-def test_finish_seconds_runs_the_kernel_where_the_switch_is_on(monkeypatch):
-    """`finish_seconds` calls the kernel where `jit.on()` (and the numpy code where it is off): a kernel that
-    answers differently shows."""
+def test_labels_finish_s_runs_the_kernel_where_the_switch_is_on(monkeypatch):
+    """`balancer.labels_finish_s` calls the kernel where `jit.on()` (and the numpy code where it is off): a
+    kernel that answers differently shows."""
+    from rlhfless.plan import balancer as B
+    from rlhfless.plan.records import PlanJob
+
     monkeypatch.setattr(T, "_KERNEL", T._UNSET)
     assert jit.on() and T.kernel() is K
-    monkeypatch.setattr(K, "finish_events", lambda *a: np.full(len(a[0]), 7.0))
-    entry, finish = np.array([0.0, 1.0]), np.array([2.0, 4.0])
-    assert T.finish_seconds(entry, finish, np.zeros(2, np.int64), 1, TMS[0]).tolist() == [7.0, 7.0]
+    ja = B.JobArrays.from_jobs([PlanJob("a", 2, (3.0, 5.0)), PlanJob("b", 1, (4.0,))])
+    args = (ja, np.array([0, 0]), np.array([0, 1]), 1, 2, TMS[0])
+    monkeypatch.setattr(K, "labels_finish", lambda *a: np.full(2, 7.0))
+    assert B.labels_finish_s(*args).tolist() == [7.0, 7.0]
     monkeypatch.setattr(T, "_KERNEL", None)
-    assert T.finish_seconds(entry, finish, np.zeros(2, np.int64), 1, TMS[0]).tolist() != [7.0, 7.0]
+    assert B.labels_finish_s(*args).tolist() != [7.0, 7.0]
 
 
 def test_one_switch_for_both_kernels(monkeypatch):

@@ -482,21 +482,12 @@ def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray,
     queues, the finishes are then ordered without a float sort (`_unqueued_order`)."""
     if len(entry) == 0:
         return np.zeros(0)
-    k = kernel()
-    if k is not None:  # the same floats compiled (`plan.timemodel_kernel`)
-        span, fv = float(finish.max()) + 1.0, tm.iter_table(len(entry))
-        act = np.asarray(seq_actor, np.int64)
-        if not entry.any():
-            by = _NO_ORDER if by_length is None else np.asarray(by_length, np.int64)
-            return k.finish_unqueued(finish, act, n_actors, span, fv, by)
-        return k.finish_events(entry, finish, act, span, fv)
     if not entry.any():  # no actor queued (the scaler's usual play): the entries need no sort
         order = None if by_length is None else _unqueued_order(seq_actor, n_actors, by_length)
         return _finish_seconds_unqueued(finish, seq_actor, n_actors, tm, order)
     return _finish_seconds_events(entry, finish, seq_actor, n_actors, tm)
 
 
-_NO_ORDER = np.zeros(0, np.int64)
 _UNSET = object()
 _KERNEL: ModuleType | None | object = _UNSET
 

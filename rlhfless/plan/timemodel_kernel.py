@@ -11,8 +11,8 @@ fastmath): the events in the order a stable sort of the same float keys gives (a
 unique, so any stable sort gives it: a radix sort checked against it, `migrate_kernel._stable_order`, or a
 counting sort by actor where the caller has the sequences by length), np.cumsum's sequential running sum,
 `cum - cum[start]` per actor. The references: `timemodel._finish_seconds_events`, `_finish_seconds_unqueued`,
-`_fifo_entries` and `overlap._Prefixes.end`; tests/test_plan_timemodel_kernel.py holds each kernel equal to its
-reference bit for bit.
+`_fifo_entries`, `balancer.labels_finish_s` and `overlap._Prefixes.end`; tests/test_plan_timemodel_kernel.py
+holds each kernel equal to its reference bit for bit.
 
 Non-goals: no parallelism, no fastmath (either would change floats); no decision of its own: `plan.jit.on()` says
 whether compiled kernels run and `timemodel.kernel()` hands them to the callers. Imported only where they run (it
