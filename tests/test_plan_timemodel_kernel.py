@@ -183,3 +183,32 @@ def test_labels_finish_equals_numpy_bit_for_bit(seed, monkeypatch):
             monkeypatch.setattr(T, "_KERNEL", None)
             want = B.labels_finish_s(sub, labels, rank, n, capacity, tm, by_length=by)
             assert got.tobytes() == want.tobytes()
+
+
+def test_without_numba_the_numpy_sums_run():
+    """Where numba is missing (the GPU machine's image) `labels_finish_s` and the sizing rows run in numpy, with
+    the same floats as the kernels here."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from rlhfless.plan import balancer as B
+    from rlhfless.plan.records import PlanJob
+
+    code = """
+import sys
+sys.modules["numba"] = None  # import numba raises ImportError
+import numpy as np
+from rlhfless.plan import balancer as B, timemodel as T
+from rlhfless.plan.records import PlanJob
+assert T.kernel() is None
+ja = B.JobArrays.from_jobs([PlanJob(f"g{i}", 2, (3.0 + i, 50.0 / (i + 1))) for i in range(9)])
+print(B.labels_finish_s(ja, np.arange(9) % 2, np.arange(9), 2, 4, T.TimeModel.default_tiny_cpu()).tobytes().hex())
+"""
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ja = B.JobArrays.from_jobs([PlanJob(f"g{i}", 2, (3.0 + i, 50.0 / (i + 1))) for i in range(9)])
+    assert T.kernel() is K
+    got = B.labels_finish_s(ja, np.arange(9) % 2, np.arange(9), 2, 4, TimeModel.default_tiny_cpu())
+    assert done.stdout.strip() == got.tobytes().hex()
