@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlhfless.plan import migrate
+from rlhfless.plan import jit, migrate
 from rlhfless.plan.records import AssignmentPlan, PlanJob
 from rlhfless.plan.timemodel import TimeModel
 
@@ -142,12 +142,15 @@ def test_the_switch(monkeypatch):
     """The kernel runs by default where numba imports and can cache; RLHFLESS_JIT=0, or no cache folder (a
     read-only install without a writable home), picks the pure-Python simulation."""
     monkeypatch.setattr(migrate, "_KERNEL", migrate._UNSET)
+    monkeypatch.setattr(jit, "_ON", None)
     monkeypatch.delenv("RLHFLESS_JIT", raising=False)
     assert K.CACHED and migrate.kernel() is K
     monkeypatch.setattr(migrate, "_KERNEL", migrate._UNSET)
+    monkeypatch.setattr(jit, "_ON", None)
     monkeypatch.setenv("RLHFLESS_JIT", "0")
     assert migrate.kernel() is None
     monkeypatch.setattr(migrate, "_KERNEL", migrate._UNSET)
+    monkeypatch.setattr(jit, "_ON", None)
     monkeypatch.delenv("RLHFLESS_JIT")
     monkeypatch.setattr(K, "CACHED", False)
     assert migrate.kernel() is None
@@ -163,7 +166,7 @@ def test_without_numba_the_pure_python_simulation_runs():
     code = """
 import sys
 sys.modules["numba"] = None  # import numba raises ImportError
-from rlhfless.plan import migrate
+from rlhfless.plan import jit, migrate
 from rlhfless.plan.balancer import assign
 from rlhfless.plan.records import PlanJob
 from rlhfless.plan.timemodel import TimeModel

@@ -213,6 +213,9 @@ def job_finish_s(plan: AssignmentPlan, true_jobs: Sequence[PlanJob], time_model:
     return {j.group_id: float(x) for j, x in zip(flat, fin.tolist())}
 
 
+_NO_ORDER = np.zeros(0, np.int64)
+
+
 def labels_finish_s(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actors: int, capacity: int,
                     tm: TimeModel, by_length: np.ndarray | None = None) -> np.ndarray:
     """(J,) seconds from its actor's start at which each job (ja order) finishes under a labelling, simulated as
@@ -220,11 +223,18 @@ def labels_finish_s(ja: JobArrays, labels: np.ndarray, rank: np.ndarray, n_actor
     by_length: (S,) ja's sequences in ascending order of length, when the caller has it (the scaler sorts each
     drawn outcome once for its 21 candidates' plays): `finish_seconds` then orders an unqueued play's
     finishes by actor alone."""
-    from rlhfless.plan.timemodel import admissions, finish_seconds
+    from rlhfless.plan.timemodel import admissions, finish_seconds, kernel
 
     if len(labels) == 0:
         return np.zeros(0)
     order = np.lexsort((rank, labels))
+    k = kernel()
+    if k is not None and len(ja.seq_len):  # the steps below compiled, the same floats (`timemodel_kernel`)
+        by = _NO_ORDER if by_length is None else np.asarray(by_length, np.int64)
+        return k.labels_finish(order, np.asarray(ja.sizes, np.int64), np.asarray(ja.offsets, np.int64),
+                               np.asarray(ja.seq_len, np.float64), np.asarray(ja.prompt_len, np.float64),
+                               np.asarray(labels, np.int64), n_actors, capacity, tm.iter_table(len(ja.seq_len)),
+                               float(tm.actor_fixed_s), float(tm.prefill_s_per_token), by)
     sizes, jactor = ja.sizes[order], labels[order]
     before = np.cumsum(sizes) - sizes
     seq_idx = np.repeat(ja.offsets[order] - before, sizes) + np.arange(int(sizes.sum()))

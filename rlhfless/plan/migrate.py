@@ -20,7 +20,6 @@ same results bit for bit.
 from __future__ import annotations
 
 import heapq
-import os
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ import numpy as np
 
 from rlhfless.core import metrics as M
 from rlhfless.core.errors import ConfigError
+from rlhfless.plan import jit
 from rlhfless.plan.records import (
     ActorProgress,
     AssignmentPlan,
@@ -41,7 +41,7 @@ from rlhfless.plan.records import (
     PlanJob,
     SeqProgress,
 )
-from rlhfless.plan.timemodel import TimeModel
+from rlhfless.plan.timemodel import TimeModel, warm_kernel as warm_events
 
 
 _PREDICTED_REMAINING = attrgetter("predicted_remaining")
@@ -337,21 +337,20 @@ def kernel() -> ModuleType | None:
     global _KERNEL
     if _KERNEL is _UNSET:
         _KERNEL = None
-        if os.environ.get("RLHFLESS_JIT", "1") != "0":
-            try:
-                from rlhfless.plan import migrate_kernel
-                _KERNEL = migrate_kernel if migrate_kernel.CACHED else None
-            except ImportError:  # no numba: the pure-Python simulation, the same results
-                pass
+        if jit.on():  # the one switch for every compiled kernel
+            from rlhfless.plan import migrate_kernel
+            _KERNEL = migrate_kernel if migrate_kernel.CACHED else None
     return _KERNEL  # type: ignore[return-value]
 
 
 def warm_kernel() -> None:
-    """Import numba and load (or compile) the kernel now where it runs: before a fork, so that the forked
-    processes share it instead of each loading or compiling it (`sim.scenario.play_policies`)."""
+    """Import numba and load (or compile) the kernels now where they run (this one and `timemodel`'s event sums):
+    before a fork, so that the forked processes share them instead of each loading or compiling them
+    (`sim.scenario.play_policies`)."""
     k = kernel()
     if k is not None:
         k.warm()
+    warm_events()
 
 
 def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,

@@ -23,6 +23,7 @@ from rlhfless.core.errors import DataError, require
 from rlhfless.plan import lifecycle
 from rlhfless.plan.ranks import reducer
 from rlhfless.plan.records import Invocation
+from rlhfless.plan.timemodel import kernel
 
 
 @dataclass(frozen=True)
@@ -205,12 +206,18 @@ class _Prefixes:
         self.rate, self.offset = np.cumsum(d), np.cumsum(d * r)
         self.at_ready = r * self.rate - self.offset
         self.seg = np.searchsorted(r, w.arr, side="right")  # capped at k per row: cap(t) on the first k blocks
+        self.kernel = kernel()
 
     def end(self, k: int) -> float:
-        """`_prefix_ends(w, r, d, [k])[0]` (k >= 1; NaN where the first k blocks hold no device)."""
+        """`_prefix_ends(w, r, d, [k])[0]` (k >= 1; NaN where the first k blocks hold no device); compiled
+        (`timemodel_kernel.prefix_end`, the same floats) where the planner's kernels run."""
         w, rate, offset = self.w, self.rate, self.offset
         if len(w.arr) == 0 or w.total <= 0:
             return float(w.last)
+        if self.kernel is not None:
+            e = self.kernel.prefix_end(w.arr, w.suffix, w.last, self.seg, rate, offset, self.at_ready, k)
+            if e != 0.0:  # a zero: numpy's below picks between signed zeros as the reference does
+                return e
         m = np.minimum(self.seg, k) - 1
         mm = np.maximum(m, 0)
         y = np.where(m >= 0, w.arr * rate[mm] - offset[mm], 0.0) + w.suffix

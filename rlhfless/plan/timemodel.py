@@ -18,10 +18,12 @@ import heapq
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 from rlhfless.core.errors import ConfigError, DataError, require
+from rlhfless.plan import jit
 
 # Assumed profile of the tiny CPU model (batch size -> seconds per decode iteration); docs/internals.md#plantimemodelpy.
 _TINY_CPU_TABLE = ((1, 0.010), (2, 0.011), (4, 0.012), (8, 0.015), (16, 0.021), (32, 0.033),
@@ -85,11 +87,15 @@ class TimeModel:
         idx = np.asarray(batch).astype(np.intp)
         if idx.size == 0 or idx.min() < 0:
             return self.iter_seconds(batch)
-        top, table = int(idx.max()), self._table
+        return self.iter_table(int(idx.max()))[idx]
+
+    def iter_table(self, top: int) -> np.ndarray:
+        """`iter_seconds(0..n)` for some n >= top, the model's own table (not a copy: read it, never write)."""
+        table = self._table
         if table is None or top >= len(table):
             table = self.iter_seconds(np.arange(max(top + 1, 1025, 2 * len(table) if table is not None else 0)))
             object.__setattr__(self, "_table", table)
-        return table[idx]
+        return table
 
     # ---- constructors -------------------------------------------------------------------------------
     def scaled(self, factor: float) -> TimeModel:
@@ -423,7 +429,12 @@ def _fifo_entries(lengths: np.ndarray, starts: np.ndarray, queued: np.ndarray, j
                   job_actor: np.ndarray, capacity: int, entry: np.ndarray, min_lockstep: int) -> None:
     """Write the admission iteration of every sequence of the `queued` actors into `entry` (S,): by the lock-step
     FIFO when every group has one size and at least `min_lockstep` actors queue, else each actor's own FIFO loop
-    (the same entries either way; the choice is speed only)."""
+    (the same entries either way; the choice is speed only), or the compiled FIFO (`timemodel_kernel`) where it runs."""
+    k = kernel()
+    if k is not None:
+        k.fifo_entries(lengths, np.asarray(starts, np.int64), np.asarray(queued, np.int64),
+                       np.asarray(job_sizes, np.int64), np.asarray(job_actor, np.int64), capacity, entry)
+        return
     if len(queued) >= min_lockstep and bool((job_sizes == job_sizes[0]).all()):
         g = int(job_sizes[0])
         _lockstep_entries(_lockstep_fifo(lengths, starts, queued, g, capacity), starts, g, entry)
@@ -475,6 +486,29 @@ def finish_seconds(entry: np.ndarray, finish: np.ndarray, seq_actor: np.ndarray,
         order = None if by_length is None else _unqueued_order(seq_actor, n_actors, by_length)
         return _finish_seconds_unqueued(finish, seq_actor, n_actors, tm, order)
     return _finish_seconds_events(entry, finish, seq_actor, n_actors, tm)
+
+
+_UNSET = object()
+_KERNEL: ModuleType | None | object = _UNSET
+
+
+def kernel() -> ModuleType | None:
+    """The compiled event sums (`plan.timemodel_kernel`) where `plan.jit.on()`, the one switch for the planner's
+    kernels, says compiled code runs; else None and the numpy code here, their reference, runs. Decided once."""
+    global _KERNEL
+    if _KERNEL is _UNSET:
+        _KERNEL = None
+        if jit.on():
+            from rlhfless.plan import timemodel_kernel
+            _KERNEL = timemodel_kernel
+    return _KERNEL  # type: ignore[return-value]
+
+
+def warm_kernel() -> None:
+    """Load (or compile) the compiled event sums now where they run (before a fork: `migrate.warm_kernel`)."""
+    k = kernel()
+    if k is not None:
+        k.warm()
 
 
 def _unqueued_order(seq_actor: np.ndarray, n_actors: int, by_length: np.ndarray) -> np.ndarray:
