@@ -154,7 +154,7 @@ def reference_simulation(plan, tm, tau, true_jobs=None):
 class _ReferencePlayed:
     """`migrate.Played` of the reference simulation."""
 
-    def __init__(self, plan, tm, tau, true_jobs=None):
+    def __init__(self, plan, tm, tau, true_jobs=None, arrays=None, true_len=None):  # the kernel's inputs unread
         self._named = reference_simulation(plan, tm, tau, true_jobs)
         self.busy_s, self.n_moves = list(self._named[0].busy_s), len(self._named[0].moves)
 
