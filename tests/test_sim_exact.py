@@ -237,6 +237,7 @@ def _patch_plain(monkeypatch):
     monkeypatch.setattr(scaler, "simulate_with_migration", reference_simulation)
     monkeypatch.setattr(scaler, "play_with_migration", _ReferencePlayed)
     monkeypatch.setattr(policies, "play_with_migration", _ReferencePlayed)
+    monkeypatch.setattr(policies, "true_arrays", balancer.JobArrays.from_jobs)  # built anew for every policy and step
     monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
     monkeypatch.setattr(PlanJob, "trusted_many", staticmethod(lambda *cols: [_checked(*row) for row in zip(*cols)]))
     monkeypatch.setattr(scaler, "_memo_plan", _built_anew)
