@@ -117,25 +117,34 @@ def test_kernel_equals_the_pure_python_simulation_on_random_plans():
 
 def test_kernel_equals_the_pure_python_simulation_on_a_paper_sim_run(monkeypatch):
     """Every play of a short `paper-sim` run (the scaler's cut rows on predictions and draws, RLHFuse's plays
-    on the truth), captured and played by both."""
+    on the truth), captured and played by both; the kernel also on the inputs the scaler built once and handed
+    over (`PlanArrays` with the plan's lengths gathered from the step's arrays, a draw's lengths in the plan's
+    order), which must be the ones it builds itself."""
     from rlhfless.plan import scaler
     from rlhfless.sim import policies
     from rlhfless.sim.scenario import case_configs, run_case
 
     plays = []
 
-    def capture(plan, tm, tau, true_jobs=None):
-        plays.append((plan, tm, tau, true_jobs))
+    def capture(plan, tm, tau, true_jobs=None, arrays=None, true_len=None):
+        plays.append((plan, tm, tau, true_jobs, arrays, true_len))
         return migrate._play_python(plan, tm, tau, true_jobs)
 
     monkeypatch.setattr(scaler, "play_with_migration", capture)
     monkeypatch.setattr(policies, "play_with_migration", capture)
-    run_case(case_configs("paper-sim", 2, ["design=paper"])[0], jobs=1)
-    assert len(plays) >= 8
-    moved = 0
-    for play in plays:
-        moved += _same(*play).n_moves
-    assert moved > 0
+    for design in ("paper", "extended"):  # extended's scaler plays its cuts on draws too
+        run_case(case_configs("paper-sim", 2, [f"design={design}"])[0], jobs=1)
+    assert len(plays) >= 16
+    moved = handed = handed_truth = 0
+    for plan, tm, tau, true_jobs, arrays, true_len in plays:
+        py = _same(plan, tm, tau, true_jobs)
+        moved += py.n_moves
+        if arrays is not None:
+            handed += 1
+            handed_truth += true_len is not None and bool(true_jobs)
+            jit = migrate._play_kernel(K, plan, tm, tau, true_jobs, arrays, true_len)
+            assert _raw(jit) == _raw(py)
+    assert moved > 0 and handed >= 8 and handed_truth >= 4
 
 
 def test_the_switch(monkeypatch):

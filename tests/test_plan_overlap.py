@@ -222,7 +222,7 @@ def _share_invocations_plain(b, joined, share_s, end_s, rank_devices, t0=0.0):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_share_invocations_equal_the_ranks_built_one_by_one(seed):
-    """The ranks of one block are built once and renumbered (`_renumbered`): field for field (repr included)
+    """The ranks of one block are built once and copied renumbered: field for field (repr included)
     the invocations built and checked one by one, in the same order; a bad span still raises."""
     from rlhfless.plan.overlap import share_invocations
 

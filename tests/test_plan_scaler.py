@@ -441,3 +441,30 @@ def test_draw_mean_is_numpys_mean_bit_for_bit(seed):
         xs = [float(x) * float(rng.uniform(0.5, 2.0)) ** int(rng.integers(0, 2)) for x in rng.choice(pool, n)]
         want, got = float(np.mean(xs)), _mean(xs)
         assert (want == got and np.signbit(want) == np.signbit(got)) or (np.isnan(want) and np.isnan(got)), xs
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "contiguous", "lpt", "karmarkar_karp"])
+def test_a_memoised_plans_arrays_are_those_its_jobs_give(policy):
+    """`_plan_jobs` gathers a plan `_memo_plan` built from the step's arrays in `build_plan`'s order; they must
+    be `JobArrays.from_jobs` of the plan's jobs, bit for bit (per-sequence lengths and jobs of several sizes, so
+    a gather in another order differs)."""
+    import numpy as np
+
+    from rlhfless.plan import scaler
+    from rlhfless.plan.balancer import JobArrays
+
+    rng = np.random.default_rng(7)
+    jobs = [PlanJob(f"g{i}", int(k), tuple(float(x) for x in rng.integers(1, 300, int(k))), int(rng.integers(0, 50)))
+            for i, k in enumerate(rng.integers(1, 5, 23))]
+    cfg = _cfg(max_actors=5, policy=policy, capacity=8)
+    ja, memo = JobArrays.from_jobs(jobs), {}
+    res = scaler._memo_sweep(ja, cfg, TM, memo)
+    for n in cfg.candidates():
+        plan = scaler._memo_plan(ja, res, n, cfg, TM, memo)
+        got = scaler._plan_jobs(plan, memo)
+        want = JobArrays.from_jobs([j for js in plan.actor_jobs for j in js])
+        assert got.jobs == want.jobs
+        for f in ("sizes", "prompt_len", "work", "mean_len", "seq_len", "offsets"):
+            a, b = getattr(got, f), getattr(want, f)
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f
+        assert scaler._plan_jobs(plan, memo) is got  # once per plan

@@ -154,7 +154,7 @@ def reference_simulation(plan, tm, tau, true_jobs=None):
 class _ReferencePlayed:
     """`migrate.Played` of the reference simulation."""
 
-    def __init__(self, plan, tm, tau, true_jobs=None):
+    def __init__(self, plan, tm, tau, true_jobs=None, arrays=None, true_len=None):  # the kernel's inputs unread
         self._named = reference_simulation(plan, tm, tau, true_jobs)
         self.busy_s, self.n_moves = list(self._named[0].busy_s), len(self._named[0].moves)
 
@@ -237,6 +237,7 @@ def _patch_plain(monkeypatch):
     monkeypatch.setattr(scaler, "simulate_with_migration", reference_simulation)
     monkeypatch.setattr(scaler, "play_with_migration", _ReferencePlayed)
     monkeypatch.setattr(policies, "play_with_migration", _ReferencePlayed)
+    monkeypatch.setattr(policies, "true_arrays", balancer.JobArrays.from_jobs)  # built anew for every policy and step
     monkeypatch.setattr(PlanJob, "trusted", staticmethod(_checked))
     monkeypatch.setattr(PlanJob, "trusted_many", staticmethod(lambda *cols: [_checked(*row) for row in zip(*cols)]))
     monkeypatch.setattr(scaler, "_memo_plan", _built_anew)

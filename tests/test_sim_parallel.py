@@ -208,3 +208,27 @@ def test_a_case_plays_with_fewer_collections_and_restores_the_threshold(cfg):
     before = gc.get_threshold()
     run_case(cfg, jobs=1, progress=Watch())
     assert seen and set(seen) == {scenario.GC_THRESHOLD} and gc.get_threshold() == before != scenario.GC_THRESHOLD
+
+
+def test_verl_policies_share_each_steps_true_arrays(cfg, monkeypatch):
+    """The verl policies of a case assign the same step's true jobs, each on its own cluster: the jobs' arrays
+    are built once per step (`policies.true_arrays`; the feature: without it once per policy and step), and
+    the report is the one built anew each time (tests/test_sim_exact.py holds that for paper-sim too)."""
+    from rlhfless.plan.balancer import JobArrays
+    from rlhfless.sim import policies
+
+    shipped = _canon(run_case(cfg, jobs=1))
+    built = []
+    real = JobArrays.from_jobs.__func__
+    monkeypatch.setattr(JobArrays, "from_jobs", classmethod(lambda cls, jobs: built.append(id(jobs)) or
+                                                            real(cls, jobs)))
+    policies._ARRAYS_CACHE.clear()
+    work, pols = _fresh_policies(cfg)
+    pols = [p for p in pols if type(p) is policies.Verl and not p.overlap]
+    assert len(pols) >= 2
+    for pol in pols:
+        scenario.simulate_policy(pol, work, pol.c)
+    assert len(built) == len(work)
+    monkeypatch.setattr(policies, "true_arrays", real.__get__(JobArrays))
+    policies._TRUE_CACHE.clear()
+    assert _canon(run_case(cfg, jobs=1)) == shipped

@@ -354,37 +354,59 @@ def warm_kernel() -> None:
 
 
 def play_with_migration(plan: AssignmentPlan, time_model: TimeModel, tau: float,
-                        true_jobs: Sequence[PlanJob] | None = None) -> Played:
+                        true_jobs: Sequence[PlanJob] | None = None, arrays: PlanArrays | None = None,
+                        true_len: np.ndarray | None = None) -> Played:
     """`simulate_with_migration`, its moves named only on request (`Played.named`); compiled or pure Python
-    (`kernel()`), the same results."""
+    (`kernel()`), the same results. For a caller that plays one plan several times (`plan.scaler`: on the
+    predictions and on each draw), the kernel's inputs built once: `arrays` = `PlanArrays(plan, time_model)`,
+    `true_len` = (S,) float64 the true_jobs' lengths in the plan's order (a group's last job, as matched here;
+    `JobArrays.take_seqs`' seq_len); the pure-Python simulation reads the records themselves."""
     _check_tau(tau)
     k = kernel()
     if k is None:
         return _play_python(plan, time_model, tau, true_jobs)
-    return _play_kernel(k, plan, time_model, tau, true_jobs)
+    return _play_kernel(k, plan, time_model, tau, true_jobs, arrays, true_len)
+
+
+class PlanArrays:
+    """A plan's kernel inputs that do not depend on the outcome played (`migrate_kernel.play`'s pred, first,
+    plen, job_off and f; seqs names the sids). Read only: shared by every play of the plan. `pred`: the
+    plan's predicted lengths in its order where the caller holds them (`JobArrays.seq_len`), else read here."""
+
+    __slots__ = ("seqs", "pred", "first", "plen", "job_off", "f")
+
+    def __init__(self, plan: AssignmentPlan, time_model: TimeModel, pred: np.ndarray | None = None) -> None:
+        flat = [j for jobs in plan.actor_jobs for j in jobs]
+        self.seqs = _Seqs()
+        self.seqs.group = [j.group_id for j in flat]
+        firsts = list(accumulate([j.n_seqs for j in flat], initial=0))
+        self.seqs.first = firsts[:-1]
+        self.first = np.array(firsts, np.int64)
+        if pred is None:
+            pred = np.fromiter(chain.from_iterable([_lengths(j) for j in flat]), np.float64, firsts[-1])
+        self.pred = pred
+        self.plen = np.array([j.prompt_len for j in flat], np.int64)
+        self.job_off = np.array(list(accumulate(map(len, plan.actor_jobs), initial=0)), np.int64)
+        self.f = np.asarray(time_model.iter_seconds_at(np.arange(plan.capacity + 1)), np.float64)
+
 
 
 def _play_kernel(k: ModuleType, plan: AssignmentPlan, time_model: TimeModel, tau: float,
-                 true_jobs: Sequence[PlanJob] | None) -> Played:
-    """The plan as the kernel's flat arrays (`migrate_kernel.play`), played there."""
-    flat = [j for jobs in plan.actor_jobs for j in jobs]
-    seqs = _Seqs()
-    seqs.group = [j.group_id for j in flat]
-    firsts = list(accumulate([j.n_seqs for j in flat], initial=0))
-    seqs.first = firsts[:-1]
-    first = np.array(firsts, np.int64)
-    pred = np.fromiter(chain.from_iterable([_lengths(j) for j in flat]), np.float64, firsts[-1])
-    if true_jobs:
-        truth = {j.group_id: j for j in true_jobs}
-        true = np.fromiter(chain.from_iterable([_lengths(truth[g]) for g in seqs.group]), np.float64)
+                 true_jobs: Sequence[PlanJob] | None, arrays: PlanArrays | None = None,
+                 true_len: np.ndarray | None = None) -> Played:
+    """The plan as the kernel's flat arrays (`migrate_kernel.play`; `arrays`, `true_len`: built by the caller,
+    as in `play_with_migration`), played there."""
+    a = arrays if arrays is not None else PlanArrays(plan, time_model)
+    if not true_jobs:
+        true = a.pred
+    elif true_len is not None:
+        true = true_len
     else:
-        true = pred
-    plen = np.array([j.prompt_len for j in flat], np.int64)
-    job_off = np.array(list(accumulate(map(len, plan.actor_jobs), initial=0)), np.int64)
-    f = np.asarray(time_model.iter_seconds_at(np.arange(plan.capacity + 1)), np.float64)
-    moves, released, end, finished = k.play(pred, true, first, plen, job_off, f, float(tau), int(plan.capacity),
-                                            float(time_model.kv_transfer_s_per_token))
-    return Played(plan, time_model, end.tolist(), finished.tolist(), seqs, moves, released.tolist())
+        truth = {j.group_id: j for j in true_jobs}
+        true = np.fromiter(chain.from_iterable([_lengths(truth[g]) for g in a.seqs.group]), np.float64)
+    moves, released, end, finished = k.play(a.pred, true, a.first, a.plen, a.job_off, a.f, float(tau),
+                                            int(plan.capacity), float(time_model.kv_transfer_s_per_token))
+    return Played(plan, time_model, end.tolist(), finished.tolist(), a.seqs, moves, released.tolist())
 
 
 def _lengths(job: PlanJob) -> Sequence[float]:

@@ -25,7 +25,7 @@ import rlhfless.plan.sweep as sw
 from rlhfless.plan.balancer import JobArrays, validate_jobs, assign, build_plan, evaluate_plan, labels_finish_s
 from rlhfless.plan.config import PlanConfig
 from rlhfless.plan.cost import billed_seconds_array, price, step_cost
-from rlhfless.plan.migrate import Played, play_with_migration, simulate_with_migration
+from rlhfless.plan.migrate import PlanArrays, Played, kernel, play_with_migration, simulate_with_migration
 from rlhfless.plan.overlap import LearnerCosts, job_learner_tokens, sequential_tails, whole_step_tail
 from rlhfless.plan.records import (
     AssignmentPlan,
@@ -244,7 +244,8 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
         busy = list(cuts.busy_s if cuts is not None else plan.busy_s)
         if wide is not None:
             busy[a] = on_wide(plan.actor_jobs[a], wide)[0]
-        return _costed(plan, busy, cuts.n_moves if cuts is not None else 0, cfg, n_warm, tm, on)
+        return _costed(plan, busy, cuts.n_moves if cuts is not None else 0, cfg, n_warm, tm, on,
+                       (_plan_jobs(plan, memo), None) if cfg.learner.whole_step else None)
     rows = []
     placed = _placement(plan, memo)
     for d in draws:
@@ -258,7 +259,7 @@ def _row(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int | Non
                 memo[key] = (tuple(busy), ja, own)
         moves = 0
         if cuts is not None:
-            res = _memo_cuts(plan, tm, cfg.tau, d, memo)  # busy seconds and the count: no move named
+            res = _memo_cuts(plan, tm, cfg.tau, d, memo, ja.seq_len)  # busy seconds and the count: no move named
             busy, moves = list(res.busy_s), res.n_moves
         elif wide is not None:
             first = sum(len(js) for js in plan.actor_jobs[:a])  # the straggler's jobs with this outcome's lengths
@@ -291,19 +292,35 @@ def with_cuts(plan: AssignmentPlan, cfg: PlanConfig, tm: TimeModel, n_warm: int 
 
 
 def _memo_cuts(plan: AssignmentPlan, tm: TimeModel, tau: float, outcome: Sequence[PlanJob] | None,
-               memo: dict | None) -> Played:
+               memo: dict | None, true_len: np.ndarray | None = None) -> Played:
     """`play_with_migration(plan, tm, tau, outcome)`, once per plan, outcome (None: the predictions), tau and time
     model in `memo`: twins (`sim.scenario.play_twins`) that choose the same N weigh cuts on the same plan object
-    (the step's memo builds each plan once) and the same draws; the result is read only."""
+    (the step's memo builds each plan once) and the same draws; the result is read only. The plan's kernel
+    inputs are built once per plan and time model in `memo` too, and `true_len` (the outcome's lengths in the
+    plan's order, `_play`'s seq_len) is handed over rather than gathered again from the records."""
     if memo is None:
         return play_with_migration(plan, tm, tau, outcome)
     key = ("cuts", id(plan), id(outcome), tau, id(tm))
     hit = memo.get(key)
     if hit is not None and hit[0] is plan and hit[1] is outcome and hit[2] is tm:
         return hit[3]
-    res = play_with_migration(plan, tm, tau, outcome)
+    res = play_with_migration(plan, tm, tau, outcome, _plan_arrays(plan, tm, memo), true_len)
     memo[key] = (plan, outcome, tm, res)  # the objects themselves: their ids stay theirs while the memo holds them
     return res
+
+
+def _plan_arrays(plan: AssignmentPlan, tm: TimeModel, memo: dict) -> PlanArrays | None:
+    """`PlanArrays(plan, tm)`, once per plan and time model object in `memo` (played on the predictions and on
+    each draw); None where the pure-Python simulation runs (it reads the records)."""
+    if kernel() is None:
+        return None
+    key = ("kernel-in", id(plan), id(tm))
+    hit = memo.get(key)
+    if hit is not None and hit[0] is plan and hit[1] is tm:
+        return hit[2]
+    arrays = PlanArrays(plan, tm, _plan_jobs(plan, memo).seq_len)
+    memo[key] = (plan, tm, arrays)  # the objects themselves: their ids stay theirs while the memo holds them
+    return arrays
 
 
 def evaluate_candidate(ja: JobArrays, n: int, cfg: PlanConfig, tm: TimeModel, n_warm: int | None,
@@ -373,10 +390,29 @@ def _memo_plan(ja: JobArrays, res: sw.SweepResult, n: int, cfg: PlanConfig, tm: 
     hit = memo.get(key) if memo is not None else None
     if hit is not None and hit[0] is res:
         return hit[1]
-    plan = build_plan(ja, res.labels(res.candidates.index(n)), res.rank, n, cfg.capacity, tm, cfg.policy)
+    labels = res.labels(res.candidates.index(n))
+    plan = build_plan(ja, labels, res.rank, n, cfg.capacity, tm, cfg.policy)
     if memo is not None:
         memo[key] = (res, plan)  # the result itself: its id stays its own while the memo holds it
+        memo[("plan-jobs", id(plan))] = (plan, ja, (labels, res.rank))  # `_plan_jobs` gathers them when asked
     return plan
+
+
+def _plan_jobs(plan: AssignmentPlan, memo: dict | None) -> JobArrays:
+    """The plan's jobs as arrays in its order (`JobArrays.from_jobs` of them), once per plan in `memo`: its
+    rows on the predictions cost it and `_plan_arrays` plays it. A plan `_memo_plan` built gathers them from the
+    step's arrays in `build_plan`'s order (`JobArrays.take`: the same arrays) instead of reading each job."""
+    hit = memo.get(("plan-jobs", id(plan))) if memo is not None else None
+    if hit is None or hit[0] is not plan:
+        ja = JobArrays.from_jobs([j for js in plan.actor_jobs for j in js])
+    elif isinstance(hit[2], tuple):
+        labels, rank = hit[2]
+        ja = hit[1].take(np.lexsort((rank, labels)))  # build_plan's order
+    else:
+        return hit[1]
+    if memo is not None:
+        memo[("plan-jobs", id(plan))] = (plan, ja, None)  # the plan itself: its id stays its own while held
+    return ja
 
 
 def sweep_candidates(ja: JobArrays, cfg: PlanConfig, tm: TimeModel,

@@ -46,7 +46,7 @@ from rlhfless.plan import (
     realized_plan,
 )
 from rlhfless.plan import lifecycle
-from rlhfless.plan.balancer import job_finish_s
+from rlhfless.plan.balancer import JobArrays, job_finish_s
 from rlhfless.plan.cost import BillingRules, price
 from rlhfless.plan.migrate import play_with_migration
 from rlhfless.plan.overlap import LearnerCosts
@@ -189,6 +189,23 @@ def true_jobs(step: StepWork, prompt_of, key: str = "") -> list[PlanJob]:
     return jobs
 
 
+_ARRAYS_CACHE: dict[int, tuple[list[PlanJob], JobArrays]] = {}
+
+
+def true_arrays(jobs: list[PlanJob]) -> JobArrays:
+    """`JobArrays.from_jobs(jobs)` of a step's true jobs (`true_jobs`' list), once per list while `true_jobs`
+    keeps it: the verl policies of a case (verl, verl-paper and its range, RLHFuse's twin clusters) assign the
+    same step's jobs, each on its own cluster. Read only, as `assign` reads it."""
+    hit = _ARRAYS_CACHE.get(id(jobs))
+    if hit is not None and hit[0] is jobs:
+        return hit[1]
+    ja = JobArrays.from_jobs(jobs)
+    if len(_ARRAYS_CACHE) >= TRUE_CACHE_SIZE:
+        _ARRAYS_CACHE.clear()
+    _ARRAYS_CACHE[id(jobs)] = (jobs, ja)  # the list itself: its id stays its own while held
+    return ja
+
+
 def prime_true_jobs(pols: list, work: list[StepWork]) -> None:
     """Build the true jobs of every step of `work` for every key the policies read (`true_keys`) into
     `true_jobs`' cache, where it holds them all: before the processes that play the policies fork, so they
@@ -223,7 +240,7 @@ class Verl:
     def decide(self, step: StepWork) -> tuple[StepSchedule, dict]:
         c, pm = self.c, self.c.perf
         jobs = true_jobs(step, _engine_prompt_of(c), f"engine{c.template_tokens}")
-        plan, metrics = assign(jobs, c.replicas, c.capacity, c.time_model, "round_robin")
+        plan, metrics = assign(true_arrays(jobs), c.replicas, c.capacity, c.time_model, "round_robin")
         tmpl, sync = pm.prefill_s(c.template_tokens), pm.weight_sync_s(colocated=True) + c.kv_rebuild_s
         actors = tuple(ActorRun(a, pm.tp, 0.0, sync, 0.0, tmpl, b) for a, b in enumerate(plan.busy_s) if b > 0)
         # colocated: a finished replica's devices already hold the model; no learner cold start
