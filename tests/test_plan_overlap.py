@@ -149,11 +149,10 @@ def test_sequential_tail_in_scalars_equals_the_fluid_queue(rollout_end, work, bu
         (end, learner_billed(b, joined, max(work_end, rollout_end), end, budget, shared))
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_every_prefix_end_at_once_equals_the_drain_of_that_prefix(seed):
-    """`size_blocks` reads the work end of every count of blocks from one array computation (`_prefix_ends`):
-    bit for bit `_drain` on the first k blocks, zero-device blocks and ties in ready time included."""
-    from rlhfless.plan.overlap import _Arrivals, _drain, _prefix_ends
+def _sizing_case(seed: int):
+    """(rng, k, arrive (G,), work (G,), their arrivals, ready (k,) sorted, devices (k,)): a learner sizing case with ties in arrival and ready
+    times, zero-work groups and zero-device blocks."""
+    from rlhfless.plan.overlap import _Arrivals
 
     rng = np.random.default_rng(seed)
     g, k = int(rng.integers(1, 60)), int(rng.integers(1, 25))
@@ -161,7 +160,16 @@ def test_every_prefix_end_at_once_equals_the_drain_of_that_prefix(seed):
     work = rng.uniform(0, 40, g) * (rng.random(g) > 0.1)
     ready = np.sort(np.round(rng.uniform(0, 60, k), 1))
     devices = rng.choice([0.0, 1.0, 8.0, 3.5], k)
-    w = _Arrivals.of(arrive, work)
+    return rng, k, arrive, work, _Arrivals.of(arrive, work), ready, devices
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_prefix_end_at_once_equals_the_drain_of_that_prefix(seed):
+    """`size_blocks` reads the work end of every count of blocks from one array computation (`_prefix_ends`):
+    bit for bit `_drain` on the first k blocks, zero-device blocks and ties in ready time included."""
+    from rlhfless.plan.overlap import _drain, _prefix_ends
+
+    rng, k, arrive, work, w, ready, devices = _sizing_case(seed)
     ends = _prefix_ends(w, ready, devices)
     # `size_blocks` asks only the counts its search tries, one row at a time: each row the same floats
     some = rng.permutation(np.arange(1, k + 1))[:int(rng.integers(1, k + 1))]
@@ -180,15 +188,9 @@ def test_sizing_rows_and_end_equal_the_drains(seed):
     """`size_blocks`' rows one at a time (`_Prefixes`, the shared parts computed once) equal `_prefix_ends`' bit
     for bit, and the work end `_sized` hands `whole_step_tail` is `_drain` on the blocks it keeps, joined
     flags included (the tail no longer drains them again)."""
-    from rlhfless.plan.overlap import Blocks, _Arrivals, _Prefixes, _drain, _prefix_ends, _sized
+    from rlhfless.plan.overlap import Blocks, _Prefixes, _drain, _prefix_ends, _sized
 
-    rng = np.random.default_rng(seed)
-    g, k = int(rng.integers(1, 60)), int(rng.integers(1, 25))
-    arrive = np.round(rng.uniform(0, 50, g), int(rng.integers(0, 3)))
-    work = rng.uniform(0, 40, g) * (rng.random(g) > 0.1)
-    ready = np.sort(np.round(rng.uniform(0, 60, k), 1))
-    devices = rng.choice([0.0, 1.0, 8.0, 3.5], k)
-    w = _Arrivals.of(arrive, work)
+    rng, k, arrive, work, w, ready, devices = _sizing_case(seed)
     rows = _Prefixes(w, ready, devices)
     assert np.array([rows.end(n) for n in range(1, k + 1)]).tobytes() == _prefix_ends(w, ready, devices).tobytes()
     if float(np.sum(devices)) <= 0:

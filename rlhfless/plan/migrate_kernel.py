@@ -41,10 +41,9 @@ _JIT = njit(cache=CACHED)
 
 
 @_JIT
-def heap_push(keys: np.ndarray, sids: np.ndarray, n: int, key: float, sid: int) -> None:
-    """`heapq.heappush(heap, (key, sid))` on a heap of n entries stored as keys[:n], sids[:n] (room for one
-    more): CPython's `_siftdown`, tuples compared as Python compares them (key first, then sid)."""
-    pos = n
+def _sift_to_root(keys: np.ndarray, sids: np.ndarray, pos: int, key: float, sid: int) -> None:
+    """CPython heapq's `_siftdown`: (key, sid) put at pos, moved up past every larger parent, tuples compared as
+    Python compares them (key first, then sid)."""
     while pos > 0:
         parent = (pos - 1) >> 1
         pk = keys[parent]
@@ -56,6 +55,13 @@ def heap_push(keys: np.ndarray, sids: np.ndarray, n: int, key: float, sid: int) 
         break
     keys[pos] = key
     sids[pos] = sid
+
+
+@_JIT
+def heap_push(keys: np.ndarray, sids: np.ndarray, n: int, key: float, sid: int) -> None:
+    """`heapq.heappush(heap, (key, sid))` on a heap of n entries stored as keys[:n], sids[:n] (room for one
+    more)."""
+    _sift_to_root(keys, sids, n, key, sid)
 
 
 @_JIT
@@ -77,17 +83,7 @@ def heap_pop(keys: np.ndarray, sids: np.ndarray, n: int) -> None:
         sids[pos] = sids[child]
         pos = child
         child = 2 * pos + 1
-    while pos > 0:  # `_siftdown(heap, 0, pos)`
-        parent = (pos - 1) >> 1
-        pk = keys[parent]
-        if key < pk or (key == pk and sid < sids[parent]):
-            keys[pos] = pk
-            sids[pos] = sids[parent]
-            pos = parent
-            continue
-        break
-    keys[pos] = key
-    sids[pos] = sid
+    _sift_to_root(keys, sids, pos, key, sid)  # `_siftdown(heap, 0, pos)`
 
 
 @_JIT

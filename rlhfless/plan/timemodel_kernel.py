@@ -147,12 +147,9 @@ def finish_unqueued(finish: np.ndarray, seq_actor: np.ndarray, n_actors: int, sp
 
 
 @njit(cache=True)
-def _pop(h: np.ndarray, n: int) -> float:
-    """Pop the smallest of the min-heap h[:n] (n >= 1); the caller's count drops by one."""
-    top = h[0]
-    n -= 1
-    v = h[n]
-    pos, child = 0, 1
+def _sift_down(h: np.ndarray, n: int, pos: int, v: float) -> None:
+    """v put at pos of the min-heap h[:n], moved down past every smaller child."""
+    child = 2 * pos + 1
     while child < n:
         if child + 1 < n and h[child + 1] < h[child]:
             child += 1
@@ -161,6 +158,13 @@ def _pop(h: np.ndarray, n: int) -> float:
         h[pos] = h[child]
         pos, child = child, 2 * child + 1
     h[pos] = v
+
+
+@njit(cache=True)
+def _pop(h: np.ndarray, n: int) -> float:
+    """Pop the smallest of the min-heap h[:n] (n >= 1); the caller's count drops by one."""
+    top = h[0]
+    _sift_down(h, n - 1, 0, h[n - 1])
     return top
 
 
@@ -210,15 +214,7 @@ def fifo_entries(lengths: np.ndarray, starts: np.ndarray, queued: np.ndarray, jo
         for q in range(n0, capacity):
             h[q] = 0.0
         for q in range(capacity // 2 - 1, -1, -1):  # heapify: sift each parent down
-            v, pos, child = h[q], q, 2 * q + 1
-            while child < capacity:
-                if child + 1 < capacity and h[child + 1] < h[child]:
-                    child += 1
-                if not h[child] < v:
-                    break
-                h[pos] = h[child]
-                pos, child = child, 2 * child + 1
-            h[pos] = v
+            _sift_down(h, capacity, q, h[q])
         i += n0
         n = capacity
         while j < jpos[a + 1]:
