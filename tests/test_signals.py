@@ -256,7 +256,10 @@ def test_an_interrupted_run_stops_cleanly_and_resumes_to_the_same_samples(sft_ch
     assert proc.returncode == 128 + signum, err
     lines = err.strip().splitlines()
     assert "Traceback" not in err and len(lines) == 1, err
-    assert "step 4 of 4 was cut short" in lines[0] and "--resume" in lines[0]
+    # step 3's line is the event waited for; the signal then lands in step 4 or, on a fast run, in the checkpoint
+    # written after it: either is a clean stop that names what was cut and how to go on
+    cut = ("step 4 of 4 was cut short", "the checkpoint after step 4 was cut short")
+    assert any(c in lines[0] for c in cut) and "--resume" in lines[0], lines[0]
     end = time.monotonic() + 5
     while any(_running(k) for k in kids) and time.monotonic() < end:
         time.sleep(0.05)
