@@ -12,9 +12,9 @@ Deviations from the paper:
    earliest-free destination and the KV-stall model are ours (the paper's are not published).
 2. Cuts are kept in a plan only where the time model says they help the objective (`plan.scaler`).
 
-Which simulation runs (`kernel()`, the one switch): the compiled kernel (`plan.migrate_kernel`, numba) where numba
-imports, can cache the compiled code and RLHFLESS_JIT is not 0, else the pure-Python one here (`_play_python`), the
-same results bit for bit.
+Which simulation runs (`kernel()`): the compiled kernel (`plan.migrate_kernel`, numba) where `plan.jit.on()` (numba
+imports, can cache the compiled code, RLHFLESS_JIT is not 0 and no vLLM is installed), else the pure-Python one here
+(`_play_python`), the same results bit for bit.
 """
 
 from __future__ import annotations
