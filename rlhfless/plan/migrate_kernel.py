@@ -27,16 +27,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from rlhfless.plan import jit
 
-def _probe() -> None:
-    """Decorated only to ask numba whether it has a folder to cache compiled code in."""
-
-
-try:  # cached beside this file (or in numba's user-wide cache folder); numba picks the folder on decoration
-    njit(cache=True)(_probe)
-    CACHED = True
-except RuntimeError:  # "cannot cache function ...: no locator available": a read-only install, no home cache
-    CACHED = False
+# cached beside this file (or in numba's user-wide cache folder) where the switch found a folder to cache in
+CACHED = jit.on()
 _JIT = njit(cache=CACHED)
 
 
